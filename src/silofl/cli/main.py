@@ -1,0 +1,153 @@
+"""``silofl`` command line: ``silofl run`` and ``silofl evaluate``.
+
+Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
+fix are printed as one line (exit code 2), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from silofl.config import RunConfig
+from silofl.errors import SiloflError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def friendly_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SiloflError as e:
+            err_console.print(f"[bold red]error:[/] {e}")
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.command()
+@friendly_errors
+def run(
+    config: Path | None = typer.Option(None, "--config", help="YAML file with any RunConfig options."),
+    method: str | None = typer.Option(None, help="proxyfl"),
+    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz"),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
+    clients: int | None = typer.Option(None, help="Number of clients K."),
+    rounds: int | None = typer.Option(None, help="Number of rounds R."),
+    seed: int | None = typer.Option(None, help="Run seed; clients get seeds derived from it."),
+    out: str | None = typer.Option(None, help="Run folder to write."),
+    privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda"),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    private_model: str | None = typer.Option(None, "--private-model", help="mlp | lenet5 | cnn1 | cnn2"),
+    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | lenet5 | cnn1 | cnn2"),
+    partition: str | None = typer.Option(None, help="p_major | iid | dirichlet"),
+    p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
+    dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),
+    samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Expected Poisson batch size B (q = B/n)."),
+    lr: float | None = typer.Option(None),
+    noise_multiplier: float | None = typer.Option(None, "--noise-multiplier", help="σ"),
+    clip: float | None = typer.Option(None, help="Per-example clipping norm C."),
+    delta: float | None = typer.Option(None, help="δ (must be < 1/n)."),
+    accountant: str | None = typer.Option(None, help="rdp | prv"),
+    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget: a client leaves before exceeding it."),
+    secure_noise: bool | None = typer.Option(None, "--secure-noise/--seeded-noise", help="Cryptographic noise source."),
+    dml_alpha: float | None = typer.Option(None, "--dml-alpha", help="α, private model's KL weight."),
+    dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
+    graph: str | None = typer.Option(None, help="exponential | ring"),
+    self_weight: float | None = typer.Option(None, "--self-weight", help="PushSum self weight (0: replace)."),
+    optimizer_state: str | None = typer.Option(None, "--optimizer-state", help="keep | reset Adam moments on proxy replacement"),
+    dp_backend: str | None = typer.Option(None, "--dp-backend", help="auto | ghost | vmap"),
+    eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
+    test_limit: int | None = typer.Option(None, "--test-limit", help="Evaluate on the first N test examples only."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+):
+    """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
+    from silofl.runtime.simulator import run as simulate
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    cfg = RunConfig.from_yaml(config) if config else RunConfig()
+    flags = {k: v for k, v in locals().items() if k not in ("config", "quiet", "simulate", "cfg")}
+    cfg = cfg.replace(**flags)
+    resolved = cfg.resolve()
+    console.print(
+        f"[bold]silofl run[/] {resolved.method} on {resolved.dataset}: {resolved.clients} clients, {resolved.rounds} rounds, "
+        f"private {resolved.private_model} / proxy {resolved.proxy_model}, privacy [bold]{resolved.privacy}[/] "
+        f"(α={resolved.dml_alpha}, β={resolved.dml_beta}) → {resolved.out}"
+    )
+    summary = simulate(resolved, progress=not quiet, console=console)
+    print_summary(summary)
+
+
+def print_summary(summary: dict) -> None:
+    priv = summary["privacy"]
+    t = Table(title=f"{summary['method']} · {summary['dataset']} · {summary['rounds_run']} rounds")
+    for col in ("client", "private", "proxy", "private acc", "proxy acc", "ε", "left at"):
+        t.add_column(col, justify="right")
+    for r in summary["final"]["per_client"]:
+        t.add_row(str(r["client"]), r["private_model"], r["proxy_model"], _f(r["private_acc"]), _f(r["proxy_acc"]),
+                  _f(r["epsilon"], 2), str(r["left_at"] or "—"))
+    fin = summary["final"]
+    t.add_row("mean±std", "", "", _ms(fin["private_acc"]), _ms(fin["proxy_acc"]), _ms(fin["epsilon"], 2), "")
+    console.print(t)
+    if priv["mode"] == "off":
+        console.print("privacy: [bold]off[/] — no differential privacy.")
+    else:
+        style = "green" if priv["formal_guarantee"] else "bold yellow"
+        console.print(f"privacy: [{style}]{priv['mode']}[/] — ε at δ={priv['delta']:g} from {priv['accountant']}; {priv['note']}.")
+    console.print(f"wall time {summary['wall_time_s']:.1f} s, {summary['seconds_per_round']:.2f} s/round "
+                  f"({summary['threads']} threads, {summary['device']})")
+    if summary["left"]:
+        console.print("left the protocol (budget spent): " + ", ".join(f"client {x['client']} before round {x['round']}" for x in summary["left"]))
+    if summary["rejected_messages"]:
+        console.print(f"[yellow]{len(summary['rejected_messages'])} received proxies rejected[/] (see summary.json)")
+
+
+def _f(v, nd: int = 4) -> str:
+    return "—" if v is None else f"{v:.{nd}f}"
+
+
+def _ms(d: dict, nd: int = 4) -> str:
+    return "—" if d["mean"] is None else f"{d['mean']:.{nd}f}±{d['std']:.{nd}f}"
+
+
+@app.command()
+@friendly_errors
+def evaluate(
+    run_dir: Path = typer.Argument(..., help="A run folder written by `silofl run`."),
+    data_dir: str | None = typer.Option(None, "--data-dir"),
+):
+    """Reload a run's saved models and recompute their test accuracy."""
+    from silofl.evaluate import evaluate_run
+
+    results = evaluate_run(run_dir, data_dir=data_dir)
+    t = Table(title=f"evaluate {run_dir}")
+    for col in ("model", "architecture", "test accuracy", "in summary"):
+        t.add_column(col, justify="right")
+    for r in results:
+        t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]))
+    console.print(t)
+    (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,215 @@
+"""Typed run configuration: defaults, validation in one place, YAML in and out.
+
+Everything a run needs is a field of :class:`RunConfig`. ``resolve()`` fills the values that
+depend on others (e.g. the proxy's DML weight from the privacy mode) so the ``config.yaml`` a run
+writes is enough to repeat it. Checks that need the data (δ < 1/n, enough examples for the
+clients) live in :func:`check_against_data`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from silofl.errors import ConfigError
+
+METHODS = ("proxyfl",)
+PRIVACY_MODES = ("strict", "paper", "off")
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz")
+PARTITIONS = ("p_major", "iid", "dirichlet")
+ACCOUNTANTS = ("rdp", "prv")
+GRAPHS = ("exponential", "ring")
+DEVICES = ("auto", "cpu", "cuda")
+DP_BACKENDS = ("auto", "ghost", "vmap")
+OPTIMIZER_STATE = ("keep", "reset")
+
+
+@dataclass
+class RunConfig:
+    # what to run
+    method: str = "proxyfl"
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    clients: int = 8
+    rounds: int = 300
+    seed: int = 0
+    out: str = "runs/latest"
+    device: str = "auto"
+    threads: int | None = None
+    # privacy
+    privacy: str = "strict"
+    noise_multiplier: float = 1.0
+    clip: float = 1.0
+    delta: float = 1e-5
+    accountant: str = "rdp"
+    target_epsilon: float | None = None
+    secure_noise: bool = False
+    dp_backend: str = "auto"
+    # models
+    private_model: str = "lenet5"
+    private_models: list[str] | None = None
+    proxy_model: str = "mlp"
+    # data split
+    partition: str = "p_major"
+    p_major: float = 0.8
+    dirichlet_alpha: float = 0.5
+    samples_per_client: int = 1000
+    # local training (deep mutual learning)
+    batch_size: int = 250
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    dml_alpha: float = 0.5
+    dml_beta: float | None = None
+    # exchange
+    graph: str = "exponential"
+    self_weight: float = 0.0
+    optimizer_state: str = "keep"
+    # evaluation
+    eval_every: int = 1
+    test_limit: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a mapping of option names to values, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in data if k.replace("-", "_") not in known)
+        if unknown:
+            raise ConfigError(f"unknown config option(s): {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
+        cfg = cls(**{k.replace("-", "_"): v for k, v in data.items()})
+        return cfg
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunConfig:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    # ------------------------------------------------------------------ checks
+    def resolve(self) -> RunConfig:
+        """Validate and fill derived values; returns a new config."""
+        self._coerce_types()
+        self.validate()
+        beta = self.dml_beta
+        if beta is None:
+            beta = 0.0 if self.privacy == "strict" else 0.5
+        return dataclasses.replace(self, dml_beta=float(beta))
+
+    def _coerce_types(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            t = f.type if isinstance(f.type, str) else str(f.type)
+            try:
+                if t.startswith("int"):
+                    if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                        raise ValueError
+                    setattr(self, f.name, int(v))
+                elif t.startswith("float"):
+                    setattr(self, f.name, float(v))
+                elif t == "bool" and not isinstance(v, bool):
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError(f"option {f.name!r} must be of type {t}, got {v!r}") from None
+
+    def validate(self) -> None:
+        def choice(name: str, allowed: tuple[str, ...]) -> None:
+            v = getattr(self, name)
+            if v not in allowed:
+                raise ConfigError(f"unknown {name} {v!r}; choose one of: {', '.join(allowed)}")
+
+        choice("method", METHODS)
+        choice("privacy", PRIVACY_MODES)
+        choice("dataset", DATASETS)
+        choice("partition", PARTITIONS)
+        choice("accountant", ACCOUNTANTS)
+        choice("graph", GRAPHS)
+        choice("device", DEVICES)
+        choice("dp_backend", DP_BACKENDS)
+        choice("optimizer_state", OPTIMIZER_STATE)
+        from silofl.models import MODEL_NAMES
+
+        for name in [self.private_model, self.proxy_model, *(self.private_models or [])]:
+            if name not in MODEL_NAMES:
+                raise ConfigError(f"unknown model {name!r}; available models: {', '.join(MODEL_NAMES)}")
+        if self.private_models is not None and len(self.private_models) != self.clients:
+            raise ConfigError(
+                f"private_models lists {len(self.private_models)} architectures for {self.clients} clients"
+            )
+        positive_ints = ("clients", "rounds", "samples_per_client", "batch_size", "eval_every")
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.test_limit is not None and self.test_limit < 1:
+            raise ConfigError(f"test_limit must be at least 1, got {self.test_limit}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be at least 1, got {self.threads}")
+        if not 0.0 <= self.p_major <= 1.0:
+            raise ConfigError(f"p_major must lie in [0, 1], got {self.p_major}")
+        if self.dirichlet_alpha <= 0:
+            raise ConfigError(f"dirichlet_alpha must be positive, got {self.dirichlet_alpha}")
+        for name in ("dml_alpha", "self_weight"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{name} must lie in [0, 1], got {v}")
+        if self.self_weight == 1.0:
+            raise ConfigError("self_weight 1 would never use a received proxy; use a value in [0, 1)")
+        if self.dml_beta is not None and not 0.0 <= self.dml_beta <= 1.0:
+            raise ConfigError(f"dml_beta must lie in [0, 1], got {self.dml_beta}")
+        if self.privacy == "strict" and self.dml_beta not in (None, 0.0):
+            raise ConfigError(
+                "privacy 'strict' needs dml_beta = 0 (the proxy may learn only from labels under DP-SGD); "
+                "use privacy 'paper' for dml_beta > 0"
+            )
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be non-negative, got {self.weight_decay}")
+        if self.privacy != "off":
+            if self.noise_multiplier <= 0:
+                raise ConfigError(f"noise_multiplier must be positive under DP, got {self.noise_multiplier}")
+            if self.clip <= 0:
+                raise ConfigError(f"clip must be positive, got {self.clip}")
+            if not 0.0 < self.delta < 1.0:
+                raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
+            if self.target_epsilon is not None and self.target_epsilon <= 0:
+                raise ConfigError(f"target_epsilon must be positive, got {self.target_epsilon}")
+
+    @property
+    def is_private(self) -> bool:
+        return self.privacy != "off"
+
+    def private_model_of(self, client: int) -> str:
+        return self.private_models[client] if self.private_models else self.private_model
+
+
+def check_against_data(cfg: RunConfig, client_sizes: list[int]) -> None:
+    """Checks that need the partitioned data: δ < 1/n for every client, batch not above n."""
+    for k, n in enumerate(client_sizes):
+        if cfg.is_private and cfg.delta >= 1.0 / n:
+            raise ConfigError(
+                f"delta {cfg.delta:g} must be below 1/n = {1.0 / n:.3g} for client {k} with n = {n} examples"
+            )
+        if cfg.batch_size > n:
+            raise ConfigError(f"batch_size {cfg.batch_size} exceeds client {k}'s {n} examples")

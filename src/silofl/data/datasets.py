@@ -1,0 +1,227 @@
+"""Image data sets from the standard files, as float tensors in N×C×H×W.
+
+Search order for a data set's files: ``data_dir`` (the ``--data-dir`` flag), ``$SILOFL_DATA``,
+``~/.cache/silofl``, then the Debian package location ``/usr/share/datasets`` (Fashion-MNIST ships
+as ``dataset-fashion-mnist``). Each root is searched as-is and in a sub-folder named after the
+data set. scikit-learn's bundled digits set is always available (upsampled 8×8 → 16×16 so the
+convolutional models fit).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from silofl.errors import DataError
+
+IDX_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+HOW_TO_GET = {
+    "fashion-mnist": "install it with `apt-get install -y dataset-fashion-mnist` (Debian), or put the four IDX "
+    "files (train-images-idx3-ubyte[.gz], …) in $SILOFL_DATA/fashion-mnist",
+    "mnist": "put the four MNIST IDX files (train-images-idx3-ubyte[.gz], …) in $SILOFL_DATA/mnist",
+    "cifar10": "put the CIFAR-10 python batches (cifar-10-batches-py/data_batch_1…5, test_batch) in $SILOFL_DATA",
+    "npz": "pass --data-dir pointing at a .npz file (or a folder holding data.npz) with x_train, y_train, x_test, y_test",
+}
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: torch.Tensor  # float32, N×C×H×W, normalised
+    y_train: torch.Tensor  # int64
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    source: str
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+
+def search_roots(data_dir: str | os.PathLike | None = None) -> list[Path]:
+    roots: list[Path] = []
+    if data_dir:
+        roots.append(Path(data_dir))
+    if os.environ.get("SILOFL_DATA"):
+        roots.append(Path(os.environ["SILOFL_DATA"]))
+    roots.append(Path.home() / ".cache" / "silofl")
+    roots.append(Path("/usr/share/datasets"))
+    return roots
+
+
+def _open_maybe_gz(path: Path) -> bytes:
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        return f.read()
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (optionally gzipped): unsigned-byte images or labels."""
+    try:
+        raw = _open_maybe_gz(path)
+    except (OSError, EOFError) as e:
+        raise DataError(f"cannot read IDX file {path}: {e}") from None
+    if len(raw) < 4:
+        raise DataError(f"IDX file {path} is truncated")
+    zero, dtype_code, ndim = raw[0:2], raw[2], raw[3]
+    if zero != b"\x00\x00" or dtype_code != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte IDX file (magic {raw[:4].hex()})")
+    dims = struct.unpack(">" + "I" * ndim, raw[4 : 4 + 4 * ndim])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise DataError(f"IDX file {path} holds {data.size} values, its header says {dims}")
+    return data.reshape(dims)
+
+
+def _find_idx_dir(name: str, data_dir) -> Path | None:
+    for root in search_roots(data_dir):
+        for d in (root / name, root):
+            if all(_idx_path(d, f) is not None for f in IDX_FILES.values()):
+                return d
+    return None
+
+
+def _idx_path(d: Path, stem: str) -> Path | None:
+    for cand in (d / stem, d / f"{stem}.gz"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _to_float_images(x: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def load_idx_dataset(name: str, data_dir=None) -> Dataset:
+    d = _find_idx_dir(name, data_dir)
+    if d is None:
+        tried = ", ".join(str(r) for r in search_roots(data_dir))
+        raise DataError(f"{name} not found (searched {tried}); {HOW_TO_GET[name]}")
+    arrays = {k: read_idx(_idx_path(d, stem)) for k, stem in IDX_FILES.items()}
+    for split in ("train", "test"):
+        if len(arrays[f"{split}_x"]) != len(arrays[f"{split}_y"]):
+            raise DataError(f"{name} in {d}: {split} images and labels differ in count")
+    return Dataset(
+        name=name,
+        x_train=_to_float_images(arrays["train_x"]),
+        y_train=torch.from_numpy(arrays["train_y"].astype(np.int64)),
+        x_test=_to_float_images(arrays["test_x"]),
+        y_test=torch.from_numpy(arrays["test_y"].astype(np.int64)),
+        num_classes=10,
+        source=str(d),
+    )
+
+
+def load_cifar10(data_dir=None) -> Dataset:
+    for root in search_roots(data_dir):
+        for d in (root / "cifar-10-batches-py", root / "cifar10" / "cifar-10-batches-py", root):
+            if (d / "test_batch").is_file() and (d / "data_batch_1").is_file():
+                break
+        else:
+            continue
+        break
+    else:
+        tried = ", ".join(str(r) for r in search_roots(data_dir))
+        raise DataError(f"cifar10 not found (searched {tried}); {HOW_TO_GET['cifar10']}")
+
+    def batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+        # The CIFAR-10 python batches are pickles by format; they are local files the user
+        # placed, never data received from another site.
+        with open(path, "rb") as f:
+            obj = pickle.load(f, encoding="bytes")
+        return np.asarray(obj[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(obj[b"labels"])
+
+    parts = [batch(d / f"data_batch_{i}") for i in range(1, 6)]
+    xtr, ytr = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    xte, yte = batch(d / "test_batch")
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+    return Dataset(
+        name="cifar10",
+        x_train=(_to_float_images(xtr) - mean) / std,
+        y_train=torch.from_numpy(ytr.astype(np.int64)),
+        x_test=(_to_float_images(xte) - mean) / std,
+        y_test=torch.from_numpy(yte.astype(np.int64)),
+        num_classes=10,
+        source=str(d),
+    )
+
+
+def load_npz(data_dir=None) -> Dataset:
+    """A ``.npz`` with x_train, y_train, x_test, y_test (uint8 images 0–255 or floats already scaled)."""
+    cands = []
+    if data_dir:
+        p = Path(data_dir)
+        cands = [p] if p.suffix == ".npz" else [p / "data.npz"]
+    path = next((c for c in cands if c.is_file()), None)
+    if path is None:
+        raise DataError(f"npz data not found at {data_dir!r}; {HOW_TO_GET['npz']}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    except KeyError as e:
+        raise DataError(f"{path} lacks array {e}; it needs x_train, y_train, x_test, y_test") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {path}: {e}") from None
+
+    def images(x: np.ndarray) -> torch.Tensor:
+        if x.dtype == np.uint8:
+            t = _to_float_images(x)
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+            t = t.unsqueeze(1) if t.dim() == 3 else t
+        if t.dim() not in (2, 4):
+            raise DataError(f"{path}: images must be N×H×W, N×C×H×W or N×D, got shape {tuple(x.shape)}")
+        return t
+
+    ytr, yte = arrays["y_train"].astype(np.int64), arrays["y_test"].astype(np.int64)
+    return Dataset(
+        name="npz",
+        x_train=images(arrays["x_train"]),
+        y_train=torch.from_numpy(ytr),
+        x_test=images(arrays["x_test"]),
+        y_test=torch.from_numpy(yte),
+        num_classes=int(max(ytr.max(), yte.max())) + 1,
+        source=str(path),
+    )
+
+
+def load_digits_dataset(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
+    """scikit-learn's bundled 8×8 digits (1797 images), 2× nearest upsampling to 16×16."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.from_numpy(d.images.astype(np.float32) / 16.0).unsqueeze(1)
+    x = x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)
+    y = torch.from_numpy(d.target.astype(np.int64))
+    perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
+    n_test = int(round(len(y) * test_fraction))
+    te, tr = perm[:n_test], perm[n_test:]
+    return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10, source="sklearn.datasets.load_digits")
+
+
+def load_dataset(name: str, data_dir=None) -> Dataset:
+    if name in ("fashion-mnist", "mnist"):
+        return load_idx_dataset(name, data_dir)
+    if name == "cifar10":
+        return load_cifar10(data_dir)
+    if name == "digits":
+        return load_digits_dataset()
+    if name == "npz":
+        return load_npz(data_dir)
+    raise DataError(f"unknown dataset {name!r}; choose one of: fashion-mnist, mnist, cifar10, digits, npz")

@@ -1,0 +1,39 @@
+"""Re-evaluate a finished run from its files alone (config.yaml + models/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from silofl.config import RunConfig
+from silofl.data import load_dataset
+from silofl.errors import ConfigError
+from silofl.methods.base import accuracy
+from silofl.models import load_model
+
+
+def evaluate_run(run_dir: str | Path, data_dir: str | None = None) -> list[dict]:
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
+    cfg = RunConfig.from_yaml(run_dir / "config.yaml")
+    data = load_dataset(cfg.dataset, data_dir or cfg.data_dir)
+    x, y = data.x_test, data.y_test
+    if cfg.test_limit is not None:
+        x, y = x[: cfg.test_limit], y[: cfg.test_limit]
+    recorded = {}
+    if (run_dir / "summary.json").is_file():
+        for r in json.loads((run_dir / "summary.json").read_text())["final"]["per_client"]:
+            recorded[f"client{r['client']}_private"] = r.get("private_acc")
+            recorded[f"client{r['client']}_proxy"] = r.get("proxy_acc")
+    specs = sorted((run_dir / "models").glob("*.json"))
+    if not specs:
+        raise ConfigError(f"no models found under {run_dir / 'models'}")
+    results = []
+    for spec_file in specs:
+        model, spec = load_model(spec_file.with_suffix(""))
+        if tuple(spec.input_shape) != data.input_shape:
+            raise ConfigError(f"{spec_file.name} expects inputs {spec.input_shape}, the data has {data.input_shape}")
+        results.append({"model": spec_file.stem, "architecture": spec.name,
+                        "accuracy": accuracy(model, x, y), "recorded": recorded.get(spec_file.stem)})
+    return results

@@ -1,0 +1,147 @@
+"""Model architectures of the ProxyFL papers (appendix), built for any 1- or 3-channel input size.
+
+``build_model(name, input_shape, num_classes)`` builds one; :class:`ModelSpec` is the small JSON
+that is saved next to each ``.safetensors`` file and rebuilds the same architecture.
+Every layer with parameters is ``Linear`` or ``Conv2d`` (no BatchNorm), so DP-SGD's fast
+per-example norms apply to all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from silofl.errors import ConfigError
+
+
+class MLP(nn.Module):
+    """784-200-200-10 for 28×28 inputs (input width follows the data)."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (200, 200)):
+        super().__init__()
+        dims = [math.prod(input_shape), *hidden]
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.out = nn.Linear(dims[-1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        for layer in self.hidden:
+            x = F.relu(layer(x))
+        return self.out(x)
+
+
+class _ConvNet(nn.Module):
+    """conv → relu → maxpool(2) blocks, then fully connected layers; fc input size from a dry run."""
+
+    def __init__(self, input_shape, num_classes, channels, kernel, fc):
+        super().__init__()
+        c_in = input_shape[0]
+        self.convs = nn.ModuleList()
+        for c_out in channels:
+            self.convs.append(nn.Conv2d(c_in, c_out, kernel))
+            c_in = c_out
+        with torch.no_grad():
+            try:
+                n_flat = self._features(torch.zeros(1, *input_shape)).shape[1]
+            except RuntimeError:
+                n_flat = 0
+        if n_flat == 0:
+            raise ConfigError(
+                f"{type(self).__name__} needs larger inputs than {tuple(input_shape)} "
+                f"({len(channels)} conv{kernel}×{kernel} + pool blocks)"
+            )
+        dims = [n_flat, *fc]
+        self.fcs = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.out = nn.Linear(dims[-1], num_classes)
+
+    def _features(self, x):
+        for conv in self.convs:
+            x = F.max_pool2d(F.relu(conv(x)), 2)
+        return x.flatten(1)
+
+    def forward(self, x):
+        x = self._features(x)
+        for fc in self.fcs:
+            x = F.relu(fc(x))
+        return self.out(x)
+
+
+class LeNet5(_ConvNet):
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes, channels=(6, 16), kernel=5, fc=(120, 84))
+
+
+class CNN1(_ConvNet):
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes, channels=(6, 16), kernel=3, fc=(64,))
+
+
+class CNN2(_ConvNet):
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes, channels=(128, 128), kernel=3, fc=())
+
+
+REGISTRY: dict[str, Callable[..., nn.Module]] = {"mlp": MLP, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2}
+MODEL_NAMES = tuple(REGISTRY)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    def build(self) -> nn.Module:
+        return build_model(self.name, self.input_shape, self.num_classes)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "input_shape": list(self.input_shape), "format": "silofl.model/1"})
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        try:
+            d = json.loads(text)
+            return cls(d["name"], tuple(int(s) for s in d["input_shape"]), int(d["num_classes"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"invalid model spec: {e}") from None
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    key = name.lower()
+    if key not in REGISTRY:
+        raise ConfigError(f"unknown model {name!r}; available models: {', '.join(MODEL_NAMES)}")
+    return REGISTRY[key](tuple(input_shape), num_classes)
+
+
+def save_model(model: nn.Module, spec: ModelSpec, path: str | Path) -> None:
+    """Write ``path.safetensors`` and ``path.json`` (the spec that rebuilds it)."""
+    from safetensors.torch import save_file
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(p.with_suffix(".safetensors")), metadata={"spec": spec.to_json()})
+    p.with_suffix(".json").write_text(spec.to_json() + "\n")
+
+
+def load_model(path: str | Path) -> tuple[nn.Module, ModelSpec]:
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    spec_file = p.with_suffix(".json")
+    if not spec_file.is_file():
+        raise ConfigError(f"model spec {spec_file} not found")
+    spec = ModelSpec.from_json(spec_file.read_text())
+    model = spec.build()
+    try:
+        model.load_state_dict(load_file(str(p.with_suffix(".safetensors"))))
+    except (RuntimeError, OSError) as e:
+        raise ConfigError(f"cannot load {p.with_suffix('.safetensors')} into {spec.name}: {e}") from None
+    return model, spec

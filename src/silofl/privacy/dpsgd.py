@@ -1,0 +1,80 @@
+"""DP-SGD's gradient: clip each example's gradient to C, sum, add N(0, σ²C²), divide by the
+*expected* batch size q·n (Opacus' convention for Poisson sampling).
+
+:class:`DPGradient` writes that gradient into ``p.grad`` of every trainable parameter; the caller's
+optimizer then steps as usual (Adam's moments and weight decay are post-processing of DP
+gradients). An empty Poisson batch still produces a noise-only gradient — and is a step the
+accountant must count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from silofl.privacy.grad_sample import GhostClipper, GhostUnsupported, LossFn, VmapClipper, make_clipper
+from silofl.privacy.noise import NoiseSource
+
+
+@dataclass
+class StepStats:
+    batch_size: int
+    mean_norm: float
+    clipped_fraction: float
+
+
+class DPGradient:
+    def __init__(
+        self,
+        model: nn.Module,
+        clip: float,
+        noise_multiplier: float,
+        expected_batch_size: float,
+        noise: NoiseSource,
+        backend: str = "auto",
+    ):
+        self.model = model
+        self.clip = float(clip)
+        self.noise_multiplier = float(noise_multiplier)
+        self.expected_batch_size = float(expected_batch_size)
+        self.noise = noise
+        self.backend = backend
+        self.clipper = make_clipper(model, backend)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    @property
+    def backend_name(self) -> str:
+        return "ghost" if isinstance(self.clipper, GhostClipper) else "vmap"
+
+    def compute(self, x: torch.Tensor, loss_fn: LossFn, *extras: torch.Tensor) -> tuple[torch.Tensor, StepStats]:
+        """Set ``p.grad`` to the DP gradient of Σ_i loss_fn(model(x), *extras)_i; return the logits."""
+        B = x.shape[0]
+        if B == 0:
+            grads, sq = {}, torch.zeros(0)
+            with torch.no_grad():
+                logits = self.model(x) if x.dim() > 1 else torch.zeros(0)
+        else:
+            try:
+                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip)
+            except GhostUnsupported:
+                if self.backend == "ghost":
+                    raise
+                self.clipper.close()
+                self.clipper = VmapClipper(self.model)
+                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip)
+        std = self.noise_multiplier * self.clip
+        for p in self.params:
+            g = grads.get(p)
+            total = self.noise.normal(tuple(p.shape), std, dtype=p.dtype)
+            if g is not None:
+                total = total.to(g.device).add_(g.detach())
+            p.grad = total.div_(self.expected_batch_size)
+        norms = sq.sqrt()
+        stats = StepStats(
+            batch_size=B,
+            mean_norm=float(norms.mean()) if B else 0.0,
+            clipped_fraction=float((norms > self.clip).float().mean()) if B else 0.0,
+        )
+        return logits, stats

@@ -1,0 +1,225 @@
+"""Per-example gradient norms and clipped gradient sums.
+
+Two backends compute, for a batch of per-example losses L_i, the per-example gradient norms
+‖∇L_i‖ and the clipped sum Σ_i c_i ∇L_i with c_i = min(1, C / (‖∇L_i‖ + 1e-6)) (Opacus' rule):
+
+``ghost`` — no per-example gradients stored for Linear layers. A Linear layer's per-example weight
+gradient is the outer product g_i a_iᵀ of the output gradient and the input, so
+‖∇W_i‖² + ‖∇b_i‖² = ‖g_i‖² (‖a_i‖² + 1); the clipped sum is (c ⊙ g)ᵀ a, one matmul. Conv2d layers
+use the same identity on unfolded patches U_i: the per-example gradient g_i U_iᵀ is formed when it
+is smaller than the L×L Gram matrices, else its norm is Σ (U_iᵀU_i) ⊙ (g_iᵀg_i) ("ghost norm").
+Only the gradients w.r.t. layer *outputs* are requested from autograd, so the usual weight gradient
+is never computed. Needs every parameter to live in a Linear or Conv2d (groups=1) used once per
+forward.
+
+``vmap`` — ``torch.func.vmap(grad(...))`` per-example gradients for any architecture.
+
+``auto`` picks ghost where it applies and falls back to vmap otherwise, including when the first
+ghost step finds a layer reused or an output modified in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from silofl.errors import ConfigError
+
+LossFn = Callable[..., torch.Tensor]  # (logits, *extras) -> per-example losses, shape (B,)
+
+
+class GhostUnsupported(Exception):
+    pass
+
+
+def clip_factors(sq_norms: torch.Tensor, clip: float) -> torch.Tensor:
+    return (clip / (sq_norms.sqrt() + 1e-6)).clamp(max=1.0)
+
+
+def _check_no_batchnorm(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            raise ConfigError(
+                f"{type(m).__name__} mixes examples within a batch, so per-example clipping is undefined; "
+                "use GroupNorm or LayerNorm in a DP-trained model"
+            )
+
+
+def ghost_support(model: nn.Module) -> str | None:
+    """None if the ghost backend applies to ``model``, else the reason it does not."""
+    for name, m in model.named_modules():
+        own = [p for p in m.parameters(recurse=False)]
+        if not own:
+            continue
+        if not all(p.requires_grad for p in own):
+            return f"{name} has frozen parameters"
+        if isinstance(m, nn.Linear):
+            continue
+        if isinstance(m, nn.Conv2d) and m.groups == 1 and m.padding_mode == "zeros" and not isinstance(m.padding, str):
+            continue
+        return f"{name} ({type(m).__name__}) has no per-layer norm rule"
+    return None
+
+
+class GhostClipper:
+    """Per-layer norm trick for Linear/Conv2d models (see module doc)."""
+
+    def __init__(self, model: nn.Module):
+        _check_no_batchnorm(model)
+        reason = ghost_support(model)
+        if reason:
+            raise GhostUnsupported(reason)
+        self.model = model
+        self.layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+        self._records: list | None = None
+        self._handles = [m.register_forward_hook(self._hook) for m in self.layers]
+
+    def _hook(self, mod, inp, out):
+        if self._records is not None:
+            self._records.append((mod, inp[0].detach(), out, out._version))
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float):
+        """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms)."""
+        self._records = []
+        try:
+            logits = self.model(x)
+        finally:
+            records, self._records = self._records, None
+        losses = loss_fn(logits, *extras)
+        if len({id(r[0]) for r in records}) != len(records):
+            raise GhostUnsupported("a layer ran more than once in one forward pass")
+        if any(r[2]._version != r[3] for r in records):
+            raise GhostUnsupported("a layer output was modified in place")
+        outs = [r[2] for r in records]
+        gouts = torch.autograd.grad(losses.sum(), outs, allow_unused=True)
+        B = x.shape[0]
+        sq = torch.zeros(B, dtype=logits.dtype, device=logits.device)
+        prepared = []
+        for (mod, a, z, _), g in zip(records, gouts, strict=True):
+            if g is None:
+                g = torch.zeros_like(z)
+            n2, ctx = _LINEAR(mod, a, g) if isinstance(mod, nn.Linear) else _CONV(mod, a, g)
+            sq += n2
+            prepared.append((mod, ctx))
+        c = clip_factors(sq, clip)
+        grads: dict[nn.Parameter, torch.Tensor] = {}
+        for mod, ctx in prepared:
+            w, b = ctx(c)
+            grads[mod.weight] = w.view_as(mod.weight)
+            if mod.bias is not None:
+                grads[mod.bias] = b
+        return logits.detach(), grads, sq
+
+
+def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor):
+    B = a.shape[0]
+    has_bias = mod.bias is not None
+    if a.dim() == 2:
+        n2 = g.pow(2).sum(1) * (a.pow(2).sum(1) + (1.0 if has_bias else 0.0))
+
+        def ctx(c):
+            gc = g * c[:, None]
+            return gc.t() @ a, (gc.sum(0) if has_bias else None)
+
+        return n2, ctx
+    a3, g3 = a.reshape(B, -1, a.shape[-1]), g.reshape(B, -1, g.shape[-1])
+    T, din, dout = a3.shape[1], a3.shape[2], g3.shape[2]
+    if T * T <= din * dout:
+        n2 = (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(g3, g3.transpose(1, 2))).sum((1, 2))
+    else:
+        n2 = torch.bmm(g3.transpose(1, 2), a3).pow(2).sum((1, 2))
+    gsum = g3.sum(1)
+    if has_bias:
+        n2 = n2 + gsum.pow(2).sum(1)
+
+    def ctx(c):
+        gc = g3 * c[:, None, None]
+        return gc.reshape(-1, dout).t() @ a3.reshape(-1, din), ((gsum * c[:, None]).sum(0) if has_bias else None)
+
+    return n2, ctx
+
+
+def _conv_norms(mod: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
+    B = a.shape[0]
+    U = F.unfold(a, mod.kernel_size, dilation=mod.dilation, padding=mod.padding, stride=mod.stride)  # B×D×L
+    gg = g.reshape(B, g.shape[1], -1)  # B×Cout×L
+    cout, D, L = gg.shape[1], U.shape[1], U.shape[2]
+    has_bias = mod.bias is not None
+    gsum = gg.sum(2)
+    if cout * D <= L * L:
+        G = torch.bmm(gg, U.transpose(1, 2))  # per-example weight gradients, B×Cout×D
+        n2 = G.pow(2).sum((1, 2))
+
+        def wsum(c):
+            return (c @ G.reshape(B, -1)).view(cout, D)
+    else:
+        n2 = (torch.bmm(U.transpose(1, 2), U) * torch.bmm(gg.transpose(1, 2), gg)).sum((1, 2))
+
+        def wsum(c):
+            gc = gg * c[:, None, None]
+            return gc.transpose(0, 1).reshape(cout, -1) @ U.transpose(1, 2).reshape(-1, D)
+
+    if has_bias:
+        n2 = n2 + gsum.pow(2).sum(1)
+
+    def ctx(c):
+        return wsum(c), (c @ gsum if has_bias else None)
+
+    return n2, ctx
+
+
+_LINEAR = _linear_norms
+_CONV = _conv_norms
+
+
+class VmapClipper:
+    """Per-example gradients with torch.func for any architecture (no BatchNorm)."""
+
+    def __init__(self, model: nn.Module):
+        _check_no_batchnorm(model)
+        self.model = model
+
+    def close(self) -> None:
+        pass
+
+    def per_example_grads(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple) -> dict[str, torch.Tensor]:
+        from torch.func import functional_call, grad, vmap
+
+        params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        buffers = dict(self.model.named_buffers())
+
+        def one(prm, xi, *ex):
+            out = functional_call(self.model, (prm, buffers), (xi.unsqueeze(0),))
+            return loss_fn(out, *[e.unsqueeze(0) for e in ex]).sum()
+
+        return vmap(grad(one), in_dims=(None, 0, *([0] * len(extras))))(params, x, *extras)
+
+    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float):
+        per = self.per_example_grads(x, loss_fn, extras)
+        sq = sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in per.values())
+        c = clip_factors(sq, clip)
+        named = dict(self.model.named_parameters())
+        grads = {named[n]: torch.einsum("b,b...->...", c, g) for n, g in per.items()}
+        with torch.no_grad():
+            logits = self.model(x)
+        return logits, grads, sq
+
+
+def make_clipper(model: nn.Module, backend: str = "auto"):
+    if backend not in ("auto", "ghost", "vmap"):
+        raise ConfigError(f"unknown DP backend {backend!r}; choose auto, ghost or vmap")
+    if backend == "vmap":
+        return VmapClipper(model)
+    try:
+        return GhostClipper(model)
+    except GhostUnsupported as e:
+        if backend == "ghost":
+            raise ConfigError(f"the ghost DP backend does not apply to this model: {e}") from None
+        return VmapClipper(model)

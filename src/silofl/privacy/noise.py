@@ -1,0 +1,51 @@
+"""Noise sources for DP mechanisms.
+
+``NoiseSource(seed)`` draws from a seeded ``torch.Generator`` (reproducible runs);
+``NoiseSource(secure=True)`` draws Gaussians from the operating system's cryptographic random
+source (``os.urandom``) via the Box–Muller transform in float64, for deployments where the noise
+must not be predictable from a seed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+
+class NoiseSource:
+    def __init__(self, seed: int | None = None, secure: bool = False, device: torch.device | str = "cpu"):
+        self.secure = secure
+        self.device = torch.device(device)
+        self.generator = None
+        if not secure:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(int(seed or 0))
+
+    def normal(self, shape: tuple[int, ...], std: float, dtype=torch.float32) -> torch.Tensor:
+        if std == 0:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+        if self.secure:
+            return _secure_normal(shape, std).to(device=self.device, dtype=dtype)
+        return torch.normal(0.0, std, size=shape, generator=self.generator, device=self.device, dtype=dtype)
+
+    def state_dict(self) -> dict:
+        return {"secure": self.secure, "rng": None if self.generator is None else self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.generator is not None and state.get("rng") is not None:
+            self.generator.set_state(state["rng"])
+
+
+def _secure_normal(shape: tuple[int, ...], std: float) -> torch.Tensor:
+    n = math.prod(shape)
+    m = (n + 1) // 2
+    u = np.frombuffer(os.urandom(16 * m), dtype=np.uint64).reshape(2, m)
+    # 53-bit uniforms in (0, 1]
+    u1 = ((u[0] >> np.uint64(11)).astype(np.float64) + 1.0) / 2.0**53
+    u2 = (u[1] >> np.uint64(11)).astype(np.float64) / 2.0**53
+    r = np.sqrt(-2.0 * np.log(u1))
+    z = np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:n]
+    return torch.from_numpy(z * std).reshape(shape)

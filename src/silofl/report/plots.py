@@ -1,0 +1,59 @@
+"""Plots of a run: accuracy (mean ± std over clients) and ε against rounds."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+ACC_KEYS = ("private_acc", "proxy_acc", "global_acc")
+
+
+def _series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    by_round: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        if r.get(key) is not None:
+            by_round[r["round"]].append(float(r[key]))
+    rounds = np.array(sorted(by_round))
+    vals = [np.array(by_round[t]) for t in rounds]
+    return rounds, np.array([v.mean() for v in vals]), np.array([v.std() for v in vals])
+
+
+def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note: str = "") -> Path:
+    """Two panels: accuracy vs round, ε vs round (one line per client). Returns the PNG path."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key in ACC_KEYS:
+        rounds, mean, std = _series(records, key)
+        if len(rounds) == 0:
+            continue
+        ax1.plot(rounds, mean, label=key.replace("_acc", ""))
+        ax1.fill_between(rounds, mean - std, mean + std, alpha=0.2)
+    ax1.set_xlabel("round")
+    ax1.set_ylabel("test accuracy (mean ± std over clients)")
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+    clients = sorted({r["client"] for r in records})
+    any_eps = False
+    for c in clients:
+        pts = [(r["round"], r["epsilon"]) for r in records if r["client"] == c and r.get("epsilon") is not None]
+        if pts:
+            any_eps = True
+            xs, ys = zip(*pts, strict=True)
+            ax2.plot(xs, ys, label=f"client {c}", lw=1)
+    ax2.set_xlabel("round")
+    ax2.set_ylabel("ε (δ in summary)")
+    ax2.set_title(epsilon_note or ("no DP: ε not defined" if not any_eps else ""), fontsize=9)
+    ax2.grid(alpha=0.3)
+    if any_eps and len(clients) <= 16:
+        ax2.legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(out)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

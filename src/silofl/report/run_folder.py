@@ -1,0 +1,70 @@
+"""The run folder contract (shared/CONVENTIONS.md): config.yaml, metrics.jsonl (+ .csv),
+summary.json, PNG plots and models/*.safetensors with a JSON spec each."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from silofl.config import RunConfig
+from silofl.models import save_model
+
+
+def _clean(v):
+    """JSON has no inf/nan: write them as null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+class RunFolder:
+    def __init__(self, out: str | Path):
+        self.path = Path(out)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.metrics_path.write_text("")
+        self.records: list[dict] = []
+
+    def write_config(self, cfg: RunConfig) -> None:
+        (self.path / "config.yaml").write_text(cfg.to_yaml())
+
+    def add_metrics(self, records: list[dict]) -> None:
+        with self.metrics_path.open("a") as f:
+            for r in records:
+                f.write(json.dumps(_clean(r)) + "\n")
+        self.records += records
+
+    def write_metrics_csv(self) -> None:
+        if not self.records:
+            return
+        keys: list[str] = []
+        for r in self.records:
+            keys += [k for k in r if k not in keys]
+        with (self.path / "metrics.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in self.records:
+                w.writerow(_clean(r))
+
+    def write_summary(self, summary: dict) -> None:
+        (self.path / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")
+
+    def write_models(self, clients) -> list[str]:
+        written = []
+        for c in clients:
+            for name, (model, spec) in c.final_models().items():
+                p = self.path / "models" / f"client{c.cid}_{name}"
+                save_model(model, spec, p)
+                written.append(str(p.with_suffix(".safetensors").relative_to(self.path)))
+        return written
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    p = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

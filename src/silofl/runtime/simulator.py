@@ -1,0 +1,200 @@
+"""In-process simulator: every client in one process, messages through InProcessTransport.
+
+``run(cfg)`` loads and partitions the data, builds the method's clients, runs the rounds with a
+progress display, evaluates every ``eval_every`` rounds (and at the last), and writes the run
+folder. It returns the summary dict.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from silofl.config import RunConfig, check_against_data
+from silofl.data import load_dataset, partition
+from silofl.errors import ConfigError
+from silofl.methods import ProxyFL, ProxyFLClient
+from silofl.models import ModelSpec, build_model
+from silofl.report import RunFolder, plot_run
+from silofl.runtime.transport import InProcessTransport
+from silofl.topology import make_graph
+
+log = logging.getLogger("silofl")
+
+PRIVACY_NOTES = {
+    "strict": "formal (ε, δ)-DP guarantee for each client's proxy and everything derived from it "
+    "(β = 0: the proxy's per-example gradients depend only on that example and its label)",
+    "paper": "NOT a formal guarantee: with β > 0 the proxy distils from the private model, a non-private "
+    "function of the whole local data set, so DP-SGD's sensitivity bound does not hold; ε is what the "
+    "accountant reports for the DP-SGD mechanism alone",
+    "off": "no differential privacy: the proxy is trained without clipping or noise",
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda requested but no CUDA device is available")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def prepare_data(cfg: RunConfig, device: torch.device):
+    data = load_dataset(cfg.dataset, cfg.data_dir)
+    rng = np.random.default_rng(cfg.seed)
+    shards = partition(
+        cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
+        p=cfg.p_major, alpha=cfg.dirichlet_alpha,
+    )
+    check_against_data(cfg, [len(s) for s in shards])
+    x_test, y_test = data.x_test, data.y_test
+    if cfg.test_limit is not None:
+        x_test, y_test = x_test[: cfg.test_limit], y_test[: cfg.test_limit]
+    parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
+    return data, parts, x_test.to(device), y_test.to(device)
+
+
+def build_proxyfl(cfg: RunConfig, data, parts) -> ProxyFL:
+    proxy_spec = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
+    clients = []
+    for k, (x, y) in enumerate(parts):
+        private_spec = ModelSpec(cfg.private_model_of(k), data.input_shape, data.num_classes)
+        build_model(private_spec.name, private_spec.input_shape, private_spec.num_classes)  # fail early, clearly
+        clients.append(ProxyFLClient(k, x, y, private_spec, proxy_spec, cfg))
+    return ProxyFL(clients, InProcessTransport(), make_graph(cfg.graph))
+
+
+def _mean_std(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None}
+    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0}
+
+
+def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
+    cfg = cfg.resolve()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    t_start = time.perf_counter()
+    data, parts, x_test, y_test = prepare_data(cfg, device)
+    protocol = build_proxyfl(cfg, data, parts)
+    folder = RunFolder(cfg.out)
+    folder.write_config(cfg)
+    clients = protocol.clients
+    last: dict[int, dict] = {}
+    left_log: list[dict] = []
+    rejected_log: list[dict] = []
+    train_s = eval_s = 0.0
+    rounds_run = 0
+
+    bar = _progress(console) if progress else nullcontext()
+    with bar as p:
+        task = p.add_task("ProxyFL", total=cfg.rounds) if p else None
+        for rnd in range(1, cfg.rounds + 1):
+            if not protocol.active_ids and all(c.left_at is not None for c in clients):
+                break
+            t0 = time.perf_counter()
+            ev = protocol.run_round(rnd)
+            train_s += time.perf_counter() - t0
+            rounds_run = rnd
+            left_log += [{"client": c, "round": rnd} for c in ev.left]
+            rejected_log += ev.rejected
+            if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left:
+                t0 = time.perf_counter()
+                records = []
+                for c in clients:
+                    if not c.active:
+                        continue
+                    rec = {"round": rnd, "client": c.cid, **c.evaluate(x_test, y_test),
+                           "epsilon": c.epsilon(), "delta": cfg.delta if cfg.is_private else None,
+                           "bytes_sent": protocol.transport.bytes_sent[c.cid],
+                           "bytes_received": protocol.transport.bytes_received[c.cid],
+                           "pushsum_weight": c.pushsum_weight, **c.last_train}
+                    records.append(rec)
+                    last[c.cid] = rec
+                folder.add_metrics(records)
+                eval_s += time.perf_counter() - t0
+                if p and records:
+                    p.update(task, description=_describe(records, cfg))
+            if p:
+                p.update(task, advance=1)
+            if not protocol.active_ids:
+                log.info("every client has left the protocol after round %d", rnd)
+                break
+
+    wall = time.perf_counter() - t_start
+    per_client = [
+        {"client": c.cid, "private_model": c.private_spec.name, "proxy_model": c.proxy_spec.name,
+         **{k: last.get(c.cid, {}).get(k) for k in ("round", "private_acc", "proxy_acc")},
+         "epsilon": c.epsilon(), "left_at": c.left_at}
+        for c in clients
+    ]
+    summary = {
+        "method": cfg.method,
+        "dataset": cfg.dataset,
+        "data_source": data.source,
+        "clients": cfg.clients,
+        "rounds_requested": cfg.rounds,
+        "rounds_run": rounds_run,
+        "privacy": {
+            "mode": cfg.privacy,
+            "formal_guarantee": cfg.privacy == "strict",
+            "note": PRIVACY_NOTES[cfg.privacy],
+            "unit": "one training example of one client (example-level DP, per client)",
+            "delta": cfg.delta if cfg.is_private else None,
+            "accountant": clients[0].accountant.name if cfg.is_private else None,
+            "dml_alpha": cfg.dml_alpha,
+            "dml_beta": cfg.dml_beta,
+        },
+        "final": {
+            "per_client": per_client,
+            "private_acc": _mean_std([r["private_acc"] for r in per_client]),
+            "proxy_acc": _mean_std([r["proxy_acc"] for r in per_client]),
+            "epsilon": _mean_std([r["epsilon"] for r in per_client]),
+        },
+        "wall_time_s": wall,
+        "train_time_s": train_s,
+        "eval_time_s": eval_s,
+        "seconds_per_round": (train_s + eval_s) / max(1, rounds_run),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "accounting": [c.privacy_report() for c in clients],
+        "left": left_log,
+        "rejected_messages": rejected_log,
+        "bytes": {"sent": dict(protocol.transport.bytes_sent), "received": dict(protocol.transport.bytes_received)},
+    }
+    summary["models"] = folder.write_models(clients)
+    folder.write_metrics_csv()
+    if folder.records:
+        note = {"paper": "ε: NOT a formal guarantee (paper mode)", "off": "no DP"}.get(cfg.privacy, "")
+        summary["plots"] = [plot_run(folder.records, folder.path / "accuracy_epsilon.png",
+                                     title=f"ProxyFL on {cfg.dataset}, {cfg.clients} clients, privacy {cfg.privacy}",
+                                     epsilon_note=note).name]
+    folder.write_summary(summary)
+    return summary
+
+
+def _describe(records: list[dict], cfg: RunConfig) -> str:
+    priv = statistics.fmean(r["private_acc"] for r in records)
+    prox = statistics.fmean(r["proxy_acc"] for r in records)
+    eps = [r["epsilon"] for r in records if r["epsilon"] is not None]
+    e = f" ε {max(eps):.2f}" if eps else ""
+    return f"ProxyFL private {priv:.3f} proxy {prox:.3f}{e}"
+
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
+        disable=bool(os.environ.get("SILOFL_NO_PROGRESS")),
+    )
