@@ -84,7 +84,7 @@ def read_idx(path: Path) -> np.ndarray:
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
         raise DataError(f"IDX file {path} holds {data.size} values, its header says {dims}")
-    return data.reshape(dims)
+    return data.reshape(dims).copy()  # writable, independent of the file buffer
 
 
 def _find_idx_dir(name: str, data_dir) -> Path | None:

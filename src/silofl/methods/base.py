@@ -27,7 +27,7 @@ def client_seeds(run_seed: int, client: int, n: int = 4) -> list[int]:
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2500) -> float:
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> float:
     """Top-1 accuracy over (x, y) in batches, under no_grad, in eval mode."""
     was_training = model.training
     model.eval()

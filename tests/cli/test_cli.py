@@ -1,0 +1,67 @@
+"""The CLI end to end on digits, and clear one-line errors (exit code 2, no traceback) on bad input."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from silofl.cli.main import app
+
+runner = CliRunner()
+TINY = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--samples-per-client", "100",
+        "--batch-size", "25", "--delta", "1e-3", "--test-limit", "150", "--quiet"]
+
+
+def test_run_then_evaluate(tmp_path):
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["run", "--method", "proxyfl", *TINY, "--private-model", "cnn1", "--seed", "3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "mean±std" in r.output and "strict" in r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["rounds_run"] == 2 and len(s["final"]["per_client"]) == 3
+    r = runner.invoke(app, ["evaluate", str(out)])
+    assert r.exit_code == 0, r.output
+    ev = json.loads((out / "evaluation.json").read_text())
+    assert len(ev) == 6
+    for row in ev:
+        assert row["accuracy"] == pytest.approx(row["recorded"])
+
+
+def test_config_file_and_flag_override(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("dataset: digits\nclients: 2\nrounds: 5\nsamples_per_client: 100\nbatch_size: 25\ndelta: 0.001\n"
+                   "test_limit: 100\nprivate_model: mlp\n")
+    r = runner.invoke(app, ["run", "--config", str(cfg), "--rounds", "1", "--quiet", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "rounds: 1" in (tmp_path / "o" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--private-model", "resnet999"], "unknown model 'resnet999'"),
+        (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
+        (["--p-major", "1.5"], "p_major must lie in [0, 1]"),
+        (["--clients", "40"], "exceeds the 1348 training examples"),
+        (["--delta", "0.05"], "must be below 1/n"),
+        (["--privacy", "loose"], "unknown privacy 'loose'"),
+        (["--privacy", "strict", "--dml-beta", "0.5"], "privacy 'strict' needs dml_beta = 0"),
+        (["--noise-multiplier", "0"], "noise_multiplier must be positive"),
+    ],
+)
+def test_bad_input_gives_a_clear_error(tmp_path, args, message):
+    r = runner.invoke(app, ["run", *TINY, "--out", str(tmp_path / "x"), *args])
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output
+
+
+def test_bad_config_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("clients: 3\nbogus_option: 1\n")
+    r = runner.invoke(app, ["run", "--config", str(cfg)])
+    assert r.exit_code == 2 and "unknown config option(s): bogus_option" in " ".join(r.output.split())
+    r = runner.invoke(app, ["run", "--config", str(tmp_path / "missing.yaml")])
+    assert r.exit_code == 2 and "not found" in r.output
+    r = runner.invoke(app, ["evaluate", str(tmp_path)])
+    assert r.exit_code == 2 and "not a run folder" in r.output

@@ -1,0 +1,111 @@
+import json
+
+import pytest
+import torch
+
+from silofl.methods.proxyfl import PUSHSUM_KEY, dml_loss
+from silofl.runtime.simulator import build_proxyfl, prepare_data
+from silofl.runtime.simulator import run as simulate
+from silofl.runtime.transport import Envelope
+from silofl.runtime.wire import encode
+
+
+def protocol_for(cfg):
+    cfg = cfg.resolve()
+    data, parts, x_test, y_test = prepare_data(cfg, torch.device("cpu"))
+    return build_proxyfl(cfg, data, parts), x_test, y_test
+
+
+def test_round_trains_exchanges_and_accounts(tiny_cfg):
+    proto, _, _ = protocol_for(tiny_cfg)
+    before = [{k: v.clone() for k, v in c.proxy.state_dict().items()} for c in proto.clients]
+    ev = proto.run_round(1)
+    assert ev.left == [] and ev.rejected == []
+    c0, c1 = proto.clients[0], proto.clients[1]
+    # exponential graph, round 1 → hop 2 with K = 4: client 0 now holds client 2's trained proxy
+    assert not torch.equal(c0.proxy.state_dict()["out.weight"], before[0]["out.weight"])
+    assert c0.accountant.steps == c0.steps_per_round == 4
+    assert c0.epsilon() == pytest.approx(c1.epsilon())
+    assert proto.transport.bytes_sent[0] == proto.transport.bytes_received[2] > 0
+
+
+def test_corrupt_or_wrong_shape_proxy_is_rejected_and_client_keeps_its_own(tiny_cfg, caplog):
+    proto, _, _ = protocol_for(tiny_cfg)
+    c = proto.clients[0]
+    c.outgoing(1, [1])  # self weight 0: keeps no mass of its own
+    own = {k: v.clone() for k, v in c.proxy.state_dict().items()}
+    bad_nan = dict(own)
+    bad_nan["out.weight"] = torch.full_like(own["out.weight"], float("nan"))
+    bad_nan[PUSHSUM_KEY] = torch.tensor(1.0, dtype=torch.float64)
+    bad_shape = {k: v for k, v in own.items() if k != "out.weight"}
+    bad_shape["out.weight"] = torch.zeros(3, 3)
+    bad_shape[PUSHSUM_KEY] = torch.tensor(1.0, dtype=torch.float64)
+    envs = [Envelope(2, encode(bad_nan)), Envelope(3, encode(bad_shape)), Envelope(1, b"not a model")]
+    rejected = c.incoming(1, envs)
+    assert [r["src"] for r in rejected] == [2, 3, 1]
+    assert "non-finite" in rejected[0]["reason"] and "shape" in rejected[1]["reason"]
+    for k, v in c.proxy.state_dict().items():
+        assert torch.equal(v, own[k])
+    assert "rejected the proxy from client 2" in caplog.text
+
+
+def test_budget_exhaustion_drops_a_client_and_the_rest_continue(tiny_cfg):
+    proto, _, _ = protocol_for(tiny_cfg.replace(rounds=4))
+    low = proto.clients[1]
+    low.budget.target_epsilon = low.accountant.epsilon_after(low.cfg.noise_multiplier, low.sample_rate, 8, low.cfg.delta) * 1.0001
+    for rnd in range(1, 5):
+        ev = proto.run_round(rnd)
+        if rnd == 3:
+            assert ev.left == [1]
+    assert not low.active and low.left_at == 3 and low.rounds_trained == 2
+    assert low.epsilon() <= low.budget.target_epsilon
+    assert all(c.rounds_trained == 4 for c in proto.clients if c.cid != 1)
+    assert proto.active_ids == [0, 2, 3]
+    with pytest.raises(Exception, match="budget"):
+        low.train_round(5)  # training past the budget is refused, not silently done
+
+
+def test_empty_poisson_batches_are_noise_steps_and_counted(tiny_cfg):
+    proto, _, _ = protocol_for(tiny_cfg.replace(batch_size=1, samples_per_client=60, clients=2))
+    c = proto.clients[0]
+    c.train_round(1)
+    assert c.steps_per_round == 60 and c.accountant.steps == 60
+    assert c.empty_batches > 0
+
+
+def test_same_seed_same_metrics_and_different_seed_differs(tiny_cfg, tmp_path):
+    a = simulate(tiny_cfg.replace(out=str(tmp_path / "a")), progress=False)
+    b = simulate(tiny_cfg.replace(out=str(tmp_path / "b")), progress=False)
+    c = simulate(tiny_cfg.replace(out=str(tmp_path / "c"), seed=1), progress=False)
+    ma, mb, mc = ((tmp_path / x / "metrics.jsonl").read_text() for x in "abc")
+    assert ma == mb and ma != mc
+    assert a["final"] == b["final"]
+    assert c["final"] != a["final"]
+
+
+def test_run_folder_contract_and_privacy_modes(tiny_cfg, tmp_path):
+    s = simulate(tiny_cfg.replace(privacy="paper", out=str(tmp_path / "p")), progress=False)
+    out = tmp_path / "p"
+    for f in ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "accuracy_epsilon.png"):
+        assert (out / f).is_file(), f
+    rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    for k in ("round", "client", "private_acc", "proxy_acc", "epsilon", "delta", "bytes_sent", "bytes_received"):
+        assert k in rec
+    assert s["privacy"]["mode"] == "paper" and s["privacy"]["formal_guarantee"] is False
+    assert "NOT a formal guarantee" in s["privacy"]["note"] and s["privacy"]["dml_beta"] == 0.5
+    acc = s["accounting"][0]
+    assert set(acc) >= {"noise_multiplier", "sample_rate", "steps", "delta", "epsilon", "accountant"}
+    assert acc["steps"] == 3 * 4 and acc["sample_rate"] == pytest.approx(30 / 120)
+    assert len(list((out / "models").glob("*.safetensors"))) == 8
+    off = simulate(tiny_cfg.replace(privacy="off", out=str(tmp_path / "o")), progress=False)
+    assert off["final"]["epsilon"]["mean"] is None and off["privacy"]["formal_guarantee"] is False
+
+
+def test_dml_loss_matches_the_published_definition():
+    torch.manual_seed(0)
+    logits, other = torch.randn(6, 4), torch.randn(6, 4)
+    y = torch.randint(0, 4, (6,))
+    ours = dml_loss(logits, y, torch.log_softmax(other, 1), 0.5).mean()
+    kl = torch.nn.KLDivLoss(reduction="batchmean")(torch.log_softmax(logits, 1), torch.softmax(other, 1))
+    ref = 0.5 * torch.nn.functional.cross_entropy(logits, y) + 0.5 * kl
+    torch.testing.assert_close(ours, ref)
