@@ -12,9 +12,11 @@ Target from the issue: silofl's DP proxy step ≤ 1.5× the non-DP step.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -112,11 +114,13 @@ def main():
     ap.add_argument("--batch", type=int, default=250)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None, help="also write the medians and ratios to this JSON file")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     x, y = torch.rand(a.batch, 1, 28, 28), torch.randint(0, 10, (a.batch,))
+    results: dict[str, dict[str, float]] = {}
     print(f"batch {a.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, {a.reps} interleaved reps, medians")
 
     for name in ("mlp", "lenet5"):
@@ -127,13 +131,20 @@ def main():
             "silofl DP (vmap)": silofl_step(models["vmap"], torch.optim.Adam(models["vmap"].parameters(), lr=1e-3), "vmap", a.batch),
             "Opacus hooks": opacus_step(models["opacus"], a.batch),
         }
-        report(f"{name} step", measure(variants, x, y, a.reps), "non-DP")
+        results[f"{name} step"] = measure(variants, x, y, a.reps)
+        report(f"{name} step", results[f"{name} step"], "non-DP")
 
     variants = {
         "non-DP": proxyfl_step(build_model("lenet5", (1, 28, 28), 10), build_model("mlp", (1, 28, 28), 10), False, a.batch),
         "silofl DP proxy": proxyfl_step(build_model("lenet5", (1, 28, 28), 10), build_model("mlp", (1, 28, 28), 10), True, a.batch),
     }
-    report("ProxyFL step (LeNet5 private non-DP + MLP proxy, KL both ways)", measure(variants, x, y, a.reps), "non-DP")
+    key = "ProxyFL step (LeNet5 private non-DP + MLP proxy, KL both ways)"
+    results[key] = measure(variants, x, y, a.reps)
+    report(key, results[key], "non-DP")
+    if a.json:
+        meta = {"batch": a.batch, "reps": a.reps, "threads": torch.get_num_threads(), "torch": torch.__version__}
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"meta": meta, "ms": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

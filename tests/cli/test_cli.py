@@ -47,6 +47,7 @@ def test_config_file_and_flag_override(tmp_path):
         (["--privacy", "loose"], "unknown privacy 'loose'"),
         (["--privacy", "strict", "--dml-beta", "0.5"], "privacy 'strict' needs dml_beta = 0"),
         (["--noise-multiplier", "0"], "noise_multiplier must be positive"),
+        (["--target-epsilon", "0.01"], "is below the ε of a single round"),
     ],
 )
 def test_bad_input_gives_a_clear_error(tmp_path, args, message):

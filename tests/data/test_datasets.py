@@ -75,3 +75,17 @@ def test_fashion_mnist_system_package_if_installed():
         pytest.skip("Fashion-MNIST not installed here")
     assert d.x_train.shape == (60000, 1, 28, 28) and d.x_test.shape == (10000, 1, 28, 28)
     assert torch.bincount(d.y_test).tolist() == [1000] * 10
+
+
+def test_cifar10_python_batches(tmp_path):
+    import pickle
+
+    rng = np.random.default_rng(2)
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(d / name, "wb") as f:
+            pickle.dump({b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), b"labels": list(rng.integers(0, 10, 4))}, f)
+    ds = load_dataset("cifar10", tmp_path)
+    assert ds.x_train.shape == (20, 3, 32, 32) and ds.x_test.shape == (4, 3, 32, 32)
+    assert abs(float(ds.x_train.mean())) < 1.0  # normalised with the CIFAR-10 mean/std

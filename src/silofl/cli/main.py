@@ -98,12 +98,12 @@ def print_summary(summary: dict) -> None:
     priv = summary["privacy"]
     t = Table(title=f"{summary['method']} · {summary['dataset']} · {summary['rounds_run']} rounds")
     for col in ("client", "private", "proxy", "private acc", "proxy acc", "ε", "left at"):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", overflow="fold")
     for r in summary["final"]["per_client"]:
         t.add_row(str(r["client"]), r["private_model"], r["proxy_model"], _f(r["private_acc"]), _f(r["proxy_acc"]),
                   _f(r["epsilon"], 2), str(r["left_at"] or "—"))
     fin = summary["final"]
-    t.add_row("mean±std", "", "", _ms(fin["private_acc"]), _ms(fin["proxy_acc"]), _ms(fin["epsilon"], 2), "")
+    t.add_row("mean±std", "", "", _ms(fin["private_acc"], 3), _ms(fin["proxy_acc"], 3), _ms(fin["epsilon"], 2), "")
     console.print(t)
     if priv["mode"] == "off":
         console.print("privacy: [bold]off[/] — no differential privacy.")

@@ -18,7 +18,7 @@ import torch
 
 from silofl.config import RunConfig, check_against_data
 from silofl.data import load_dataset, partition
-from silofl.errors import ConfigError
+from silofl.errors import BudgetExhausted, ConfigError
 from silofl.methods import ProxyFL, ProxyFLClient
 from silofl.models import ModelSpec, build_model
 from silofl.report import RunFolder, plot_run
@@ -86,6 +86,13 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
     t_start = time.perf_counter()
     data, parts, x_test, y_test = prepare_data(cfg, device)
     protocol = build_proxyfl(cfg, data, parts)
+    if not any(c.can_continue() for c in protocol.clients):
+        c = protocol.clients[0]
+        one_round = c.accountant.epsilon_after(cfg.noise_multiplier, c.sample_rate, c.steps_per_round, cfg.delta)
+        raise BudgetExhausted(
+            f"target_epsilon {cfg.target_epsilon:g} is below the ε of a single round ({one_round:.3f} at δ={cfg.delta:g}): "
+            "no client could train; raise the budget, the noise multiplier, or lower the batch size"
+        )
     folder = RunFolder(cfg.out)
     folder.write_config(cfg)
     clients = protocol.clients
@@ -99,8 +106,6 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
     with bar as p:
         task = p.add_task("ProxyFL", total=cfg.rounds) if p else None
         for rnd in range(1, cfg.rounds + 1):
-            if not protocol.active_ids and all(c.left_at is not None for c in clients):
-                break
             t0 = time.perf_counter()
             ev = protocol.run_round(rnd)
             train_s += time.perf_counter() - t0
