@@ -5,6 +5,7 @@
 Prints ms per step and the ratio to the non-DP step for:
   * the MLP proxy step (784-200-200-10): non-DP, silofl ghost, silofl vmap, Opacus hooks;
   * the LeNet5 step: non-DP, silofl ghost (unfold conv norms), silofl vmap, Opacus hooks;
+  * the Gaussian noise draw alone, for reference (part of every DP step, whatever the implementation);
   * the whole ProxyFL step (LeNet5 private non-DP + MLP proxy DP, KL both ways): non-DP vs silofl.
 Target from the issue: silofl's DP proxy step ≤ 1.5× the non-DP step.
 """
@@ -90,6 +91,17 @@ def proxyfl_step(private, proxy, dp: bool, batch):
     return step
 
 
+def noise_only(model):
+    """Just the Gaussian draw DP-SGD must make for every parameter (the mechanism's own floor)."""
+    src = NoiseSource(0)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+
+    def step(x, y):
+        for s in shapes:
+            src.normal(s, 1.0)
+    return step
+
+
 def measure(variants: dict, x, y, reps: int) -> dict[str, float]:
     for f in variants.values():  # warm-up
         for _ in range(3):
@@ -130,6 +142,7 @@ def main():
             "silofl DP (ghost norms)": silofl_step(models["ghost"], torch.optim.Adam(models["ghost"].parameters(), lr=1e-3), "ghost", a.batch),
             "silofl DP (vmap)": silofl_step(models["vmap"], torch.optim.Adam(models["vmap"].parameters(), lr=1e-3), "vmap", a.batch),
             "Opacus hooks": opacus_step(models["opacus"], a.batch),
+            "(noise draw alone)": noise_only(models["nondp"]),
         }
         results[f"{name} step"] = measure(variants, x, y, a.reps)
         report(f"{name} step", results[f"{name} step"], "non-DP")

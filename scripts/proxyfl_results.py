@@ -1,6 +1,8 @@
 """Generate docs/proxyfl.md from run folders and bench JSON files (nothing in it is typed by hand).
 
     .venv/bin/python scripts/proxyfl_results.py --strict runs/main-strict --paper runs/main-paper \
+        --seeds strict=runs/main-strict,runs/strict-s1,runs/strict-s2 --seeds paper=runs/main-paper,runs/paper-s1,runs/paper-s2 \
+        --ablation "optimizer_state reset"=runs/strict-reset-s0 \
         --bench-step bench/out/dp_step.json --bench-round bench/out/proxyfl_round.json --out docs/proxyfl.md
 """
 
@@ -42,6 +44,31 @@ def run_rows(runs: dict[str, Path]) -> list[str]:
     return rows
 
 
+def seed_section(specs: list[str]) -> list[str]:
+    """Per mode: each seed's client-mean accuracy, then mean ± std over seeds."""
+    import statistics
+
+    lines = ["## Over seeds (8-client mean per run; mean ± std over runs)", "",
+             "| mode | seeds | private acc | proxy acc | ε | per-seed private | per-seed proxy |", "|---|---|---|---|---|---|---|"]
+    means = {}
+    for spec in specs:
+        mode, dirs = spec.split("=", 1)
+        sums = [json.loads((Path(d) / "summary.json").read_text()) for d in dirs.split(",")]
+        seeds = [yaml.safe_load((Path(d) / "config.yaml").read_text())["seed"] for d in dirs.split(",")]
+        pv = [x["final"]["private_acc"]["mean"] for x in sums]
+        px = [x["final"]["proxy_acc"]["mean"] for x in sums]
+        eps = {round(x["final"]["epsilon"]["mean"], 2) for x in sums}
+        sd = statistics.pstdev
+        means[mode] = (statistics.fmean(pv), statistics.fmean(px))
+        lines.append(f"| {mode} | {','.join(map(str, seeds))} | {statistics.fmean(pv):.4f} ± {sd(pv):.4f} | "
+                     f"{statistics.fmean(px):.4f} ± {sd(px):.4f} | {', '.join(map(str, sorted(eps)))} | "
+                     f"{', '.join(f'{v:.4f}' for v in pv)} | {', '.join(f'{v:.4f}' for v in px)} |")
+    if {"strict", "paper"} <= set(means):
+        lines += ["", f"Accuracy cost of strict mode over seeds (paper − strict): private "
+                  f"{means['paper'][0] - means['strict'][0]:+.4f}, proxy {means['paper'][1] - means['strict'][1]:+.4f}."]
+    return lines + [""]
+
+
 def comparison_plot(runs: dict[str, Path], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for mode, d in runs.items():
@@ -64,12 +91,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strict", type=Path, required=True)
     ap.add_argument("--paper", type=Path, required=True)
+    ap.add_argument("--seeds", action="append", default=[], help="MODE=DIR,DIR,…: runs of one mode over seeds")
+    ap.add_argument("--ablation", action="append", default=[], help="LABEL=DIR: a strict seed-0 variant")
     ap.add_argument("--bench-step", type=Path)
     ap.add_argument("--bench-round", type=Path)
     ap.add_argument("--out", type=Path, default=Path("docs/proxyfl.md"))
     a = ap.parse_args()
     runs = {"strict": a.strict, "paper": a.paper}
     img = a.out.parent / "proxyfl_strict_vs_paper.png"
+    a.out.parent.mkdir(parents=True, exist_ok=True)
     comparison_plot(runs, img)
     sums = {m: json.loads((d / "summary.json").read_text()) for m, d in runs.items()}
     lines = [
@@ -96,6 +126,18 @@ def main():
         f"![strict vs paper]({img.name})",
         "",
     ]
+    if a.seeds:
+        lines += seed_section(a.seeds)
+    if a.ablation:
+        lines += ["## Ablation against the strict seed-0 run", "",
+                  "| variant | private acc | proxy acc | run |", "|---|---|---|---|",
+                  f"| strict (optimizer_state keep) | {ms(sums['strict']['final']['private_acc'])} | "
+                  f"{ms(sums['strict']['final']['proxy_acc'])} | `{a.strict}` |"]
+        for spec in a.ablation:
+            label, d = spec.split("=", 1)
+            fin = json.loads((Path(d) / "summary.json").read_text())["final"]
+            lines.append(f"| {label} | {ms(fin['private_acc'])} | {ms(fin['proxy_acc'])} | `{d}` |")
+        lines.append("")
     if a.bench_step and a.bench_step.is_file():
         b = json.loads(a.bench_step.read_text())
         meta = b["meta"]
@@ -119,7 +161,6 @@ def main():
                   f"| Opacus `make_private` (hooks) | {r['opacus_median_s']:.3f} |",
                   "", f"Speed-up: **{r['speedup']:.2f}×**. ε after {r['rounds'] + 1} rounds: silofl {r['epsilon_silofl']:.3f}, "
                   f"Opacus {r['epsilon_opacus']:.3f} (same mechanism, same accountant).", ""]
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out} and {img}")
 

@@ -120,3 +120,6 @@ def test_run_stops_when_every_client_spent_its_budget(tiny_cfg, tmp_path):
     assert s["rounds_run"] == 3
     assert sorted(x["client"] for x in s["left"]) == [0, 1, 2, 3] and {x["round"] for x in s["left"]} == {3}
     assert all(a["steps"] == 8 and a["epsilon"] <= target for a in s["accounting"])
+    last = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()][-4:]
+    assert [(r["round"], r["active"]) for r in last] == [(3, False)] * 4  # evaluated as they left
+    assert all(r["round"] == 3 for r in s["final"]["per_client"])

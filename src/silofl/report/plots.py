@@ -24,7 +24,7 @@ def _series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.n
     return rounds, np.array([v.mean() for v in vals]), np.array([v.std() for v in vals])
 
 
-def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note: str = "") -> Path:
+def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note: str = "", delta: float | None = None) -> Path:
     """Two panels: accuracy vs round, ε vs round (one line per client). Returns the PNG path."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for key in ACC_KEYS:
@@ -46,7 +46,7 @@ def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note
             xs, ys = zip(*pts, strict=True)
             ax2.plot(xs, ys, label=f"client {c}", lw=1)
     ax2.set_xlabel("round")
-    ax2.set_ylabel("ε (δ in summary)")
+    ax2.set_ylabel(f"ε at δ = {delta:g}" if delta else "ε")
     ax2.set_title(epsilon_note or ("no DP: ε not defined" if not any_eps else ""), fontsize=9)
     ax2.grid(alpha=0.3)
     if any_eps and len(clients) <= 16:

@@ -116,9 +116,9 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
                 t0 = time.perf_counter()
                 records = []
                 for c in clients:
-                    if not c.active:
-                        continue
-                    rec = {"round": rnd, "client": c.cid, **c.evaluate(x_test, y_test),
+                    if not c.active and c.left_at != rnd:
+                        continue  # departing clients get one last evaluation of the models they leave with
+                    rec = {"round": rnd, "client": c.cid, "active": c.active, **c.evaluate(x_test, y_test),
                            "epsilon": c.epsilon(), "delta": cfg.delta if cfg.is_private else None,
                            "bytes_sent": protocol.transport.bytes_sent[c.cid],
                            "bytes_received": protocol.transport.bytes_received[c.cid],
@@ -182,7 +182,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
         note = {"paper": "ε: NOT a formal guarantee (paper mode)", "off": "no DP"}.get(cfg.privacy, "")
         summary["plots"] = [plot_run(folder.records, folder.path / "accuracy_epsilon.png",
                                      title=f"ProxyFL on {cfg.dataset}, {cfg.clients} clients, privacy {cfg.privacy}",
-                                     epsilon_note=note).name]
+                                     epsilon_note=note, delta=cfg.delta if cfg.is_private else None).name]
     folder.write_summary(summary)
     return summary
 
