@@ -47,6 +47,7 @@ class RunConfig:
     delta: float = 1e-5
     accountant: str = "rdp"
     target_epsilon: float | None = None
+    target_epsilons: list[float] | None = None  # one budget per client; overrides target_epsilon
     secure_noise: bool = False
     dp_backend: str = "auto"
     # models
@@ -195,10 +196,22 @@ class RunConfig:
                 raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
             if self.target_epsilon is not None and self.target_epsilon <= 0:
                 raise ConfigError(f"target_epsilon must be positive, got {self.target_epsilon}")
+            if self.target_epsilons is not None:
+                if len(self.target_epsilons) != self.clients:
+                    raise ConfigError(f"target_epsilons lists {len(self.target_epsilons)} budgets for {self.clients} clients")
+                try:
+                    self.target_epsilons = [float(e) for e in self.target_epsilons]
+                except (TypeError, ValueError):
+                    raise ConfigError(f"target_epsilons must be numbers, got {self.target_epsilons!r}") from None
+                if any(e <= 0 for e in self.target_epsilons):
+                    raise ConfigError(f"every target_epsilons entry must be positive, got {self.target_epsilons}")
 
     @property
     def is_private(self) -> bool:
         return self.privacy != "off"
+
+    def target_epsilon_of(self, client: int) -> float | None:
+        return self.target_epsilons[client] if self.target_epsilons else self.target_epsilon
 
     def private_model_of(self, client: int) -> str:
         return self.private_models[client] if self.private_models else self.private_model

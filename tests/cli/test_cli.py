@@ -66,3 +66,22 @@ def test_bad_config_file(tmp_path):
     assert r.exit_code == 2 and "not found" in r.output
     r = runner.invoke(app, ["evaluate", str(tmp_path)])
     assert r.exit_code == 2 and "not a run folder" in r.output
+
+
+def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
+    from silofl.privacy import epsilon_of
+
+    tight = 1.0001 * epsilon_of("rdp", ((1.0, 0.25, 8),), 1e-3)  # room for exactly two rounds of 4 steps
+    out = tmp_path / "b"
+    args = [a if a != "2" else "5" for a in TINY]  # 5 rounds
+    r = runner.invoke(app, ["run", *args, "--target-epsilons", f"1000,{tight},1000", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["rounds_run"] == 5 and s["left"] == [{"client": 1, "round": 3}]
+    steps = [a["steps"] for a in s["accounting"]]
+    assert steps == [20, 8, 20]
+    assert s["accounting"][1]["epsilon"] <= tight == s["accounting"][1]["target_epsilon"]
+    r = runner.invoke(app, ["run", *TINY, "--target-epsilons", "1,x", "--out", str(out)])
+    assert r.exit_code == 2 and "comma-separated numbers" in r.output
+    r = runner.invoke(app, ["run", *TINY, "--target-epsilons", "5,5", "--out", str(out)])
+    assert r.exit_code == 2 and "2 budgets for 3 clients" in r.output

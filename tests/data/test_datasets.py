@@ -28,10 +28,10 @@ def make_idx_set(root, n_train=30, n_test=10, gz=True):
     return arrays
 
 
-@pytest.mark.parametrize("gz", [True, False])
-def test_idx_dataset_from_data_dir(tmp_path, gz):
-    arrays = make_idx_set(tmp_path / "fashion-mnist", gz=gz)
-    d = load_dataset("fashion-mnist", tmp_path)
+@pytest.mark.parametrize("gz,name", [(True, "fashion-mnist"), (False, "fashion-mnist"), (True, "mnist")])
+def test_idx_dataset_from_data_dir(tmp_path, gz, name):
+    arrays = make_idx_set(tmp_path / name, gz=gz)
+    d = load_dataset(name, tmp_path)
     assert d.x_train.shape == (30, 1, 28, 28) and d.x_train.dtype == torch.float32
     assert float(d.x_train.max()) <= 1.0
     np.testing.assert_array_equal(d.y_test.numpy(), arrays["test_y"])

@@ -123,3 +123,16 @@ def test_run_stops_when_every_client_spent_its_budget(tiny_cfg, tmp_path):
     last = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()][-4:]
     assert [(r["round"], r["active"]) for r in last] == [(3, False)] * 4  # evaluated as they left
     assert all(r["round"] == 3 for r in s["final"]["per_client"])
+
+
+def test_heterogeneous_private_models_and_prv_accountant(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(rounds=2, accountant="prv", private_models=["mlp", "cnn1", "lenet5", "cnn2"],
+                           out=str(tmp_path / "h"))
+    s = simulate(cfg, progress=False)
+    assert [r["private_model"] for r in s["final"]["per_client"]] == ["mlp", "cnn1", "lenet5", "cnn2"]
+    acc = s["accounting"][0]
+    assert acc["accountant"] == "opacus.prv" and acc["steps"] == 8
+    from silofl.privacy import epsilon_of
+
+    assert acc["epsilon"] == pytest.approx(epsilon_of("prv", ((1.0, 0.25, 8),), 1e-3))
+    assert acc["epsilon"] <= epsilon_of("rdp", ((1.0, 0.25, 8),), 1e-3)

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from silofl.config import RunConfig
-from silofl.errors import SiloflError
+from silofl.errors import ConfigError, SiloflError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
 console = Console()
@@ -66,6 +66,7 @@ def run(
     delta: float | None = typer.Option(None, help="δ (must be < 1/n)."),
     accountant: str | None = typer.Option(None, help="rdp | prv"),
     target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget: a client leaves before exceeding it."),
+    target_epsilons: str | None = typer.Option(None, "--target-epsilons", help="One budget per client, comma-separated (e.g. 20,50,80)."),
     secure_noise: bool | None = typer.Option(None, "--secure-noise/--seeded-noise", help="Cryptographic noise source."),
     dml_alpha: float | None = typer.Option(None, "--dml-alpha", help="α, private model's KL weight."),
     dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
@@ -83,6 +84,8 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cfg = RunConfig.from_yaml(config) if config else RunConfig()
     flags = {k: v for k, v in locals().items() if k not in ("config", "quiet", "simulate", "cfg")}
+    if target_epsilons is not None:
+        flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
     cfg = cfg.replace(**flags)
     resolved = cfg.resolve()
     console.print(
@@ -92,6 +95,13 @@ def run(
     )
     summary = simulate(resolved, progress=not quiet, console=console)
     print_summary(summary)
+
+
+def _number_list(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated numbers, got {text!r}") from None
 
 
 def print_summary(summary: dict) -> None:

@@ -90,7 +90,7 @@ class ProxyFLClient(Client):
                 backend=cfg.dp_backend,
             )
             self.accountant = Accountant(cfg.accountant)
-            self.budget = Budget(self.accountant, cfg.target_epsilon, cfg.delta)
+            self.budget = Budget(self.accountant, cfg.target_epsilon_of(cid), cfg.delta)
         self.pushsum_weight = 1.0
         self._kept_weight = 1.0
         self.rounds_trained = 0
@@ -198,7 +198,7 @@ class ProxyFLClient(Client):
         rep = self.accountant.report(self.cfg.delta)
         rep["noise_multiplier"] = self.cfg.noise_multiplier
         rep["sample_rate"] = self.sample_rate
-        return {**base, **rep, "dp_backend": self.dp.backend_name}
+        return {**base, **rep, "target_epsilon": self.budget.target_epsilon, "dp_backend": self.dp.backend_name}
 
     def final_models(self):
         return {"private": (self.private, self.private_spec), "proxy": (self.proxy, self.proxy_spec)}

@@ -90,8 +90,9 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
         c = protocol.clients[0]
         one_round = c.accountant.epsilon_after(cfg.noise_multiplier, c.sample_rate, c.steps_per_round, cfg.delta)
         raise BudgetExhausted(
-            f"target_epsilon {cfg.target_epsilon:g} is below the ε of a single round ({one_round:.3f} at δ={cfg.delta:g}): "
-            "no client could train; raise the budget, the noise multiplier, or lower the batch size"
+            f"target_epsilon {c.budget.target_epsilon:g} is below the ε of a single round ({one_round:.3f} at "
+            f"δ={cfg.delta:g}) for every client: no client could train; raise the budget or the noise multiplier, "
+            "or lower the batch size"
         )
     folder = RunFolder(cfg.out)
     folder.write_config(cfg)
