@@ -68,7 +68,7 @@ class RunConfig:
     # exchange
     graph: str = "exponential"
     self_weight: float = 0.0
-    optimizer_state: str = "keep"
+    optimizer_state: str = "reset"
     # evaluation
     eval_every: int = 1
     test_limit: int | None = None
