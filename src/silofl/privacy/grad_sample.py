@@ -105,7 +105,7 @@ class GhostClipper:
         for (mod, a, z, _), g in zip(records, gouts, strict=True):
             if g is None:
                 g = torch.zeros_like(z)
-            n2, ctx = _LINEAR(mod, a, g) if isinstance(mod, nn.Linear) else _CONV(mod, a, g)
+            n2, ctx = _linear_norms(mod, a, g) if isinstance(mod, nn.Linear) else _conv_norms(mod, a, g)
             sq += n2
             prepared.append((mod, ctx))
         c = clip_factors(sq, clip)
@@ -173,10 +173,6 @@ def _conv_norms(mod: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
         return wsum(c), (c @ gsum if has_bias else None)
 
     return n2, ctx
-
-
-_LINEAR = _linear_norms
-_CONV = _conv_norms
 
 
 class VmapClipper:

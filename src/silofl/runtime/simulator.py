@@ -20,7 +20,7 @@ from silofl.config import RunConfig, check_against_data
 from silofl.data import load_dataset, partition
 from silofl.errors import BudgetExhausted, ConfigError
 from silofl.methods import ProxyFL, ProxyFLClient
-from silofl.models import ModelSpec, build_model
+from silofl.models import ModelSpec
 from silofl.report import RunFolder, plot_run
 from silofl.runtime.transport import InProcessTransport
 from silofl.topology import make_graph
@@ -65,7 +65,6 @@ def build_proxyfl(cfg: RunConfig, data, parts) -> ProxyFL:
     clients = []
     for k, (x, y) in enumerate(parts):
         private_spec = ModelSpec(cfg.private_model_of(k), data.input_shape, data.num_classes)
-        build_model(private_spec.name, private_spec.input_shape, private_spec.num_classes)  # fail early, clearly
         clients.append(ProxyFLClient(k, x, y, private_spec, proxy_spec, cfg))
     return ProxyFL(clients, InProcessTransport(), make_graph(cfg.graph))
 
