@@ -107,13 +107,16 @@ def _number_list(text: str, flag: str) -> list[float]:
 def print_summary(summary: dict) -> None:
     priv = summary["privacy"]
     t = Table(title=f"{summary['method']} · {summary['dataset']} · {summary['rounds_run']} rounds")
-    for col in ("client", "private", "proxy", "private acc", "proxy acc", "ε", "left at"):
+    any_left = bool(summary["left"])
+    cols = ("client", "private", "proxy", "private acc", "proxy acc", "ε") + (("left at",) if any_left else ())
+    for col in cols:
         t.add_column(col, justify="right", overflow="fold")
     for r in summary["final"]["per_client"]:
-        t.add_row(str(r["client"]), r["private_model"], r["proxy_model"], _f(r["private_acc"]), _f(r["proxy_acc"]),
-                  _f(r["epsilon"], 2), str(r["left_at"] or "—"))
+        row = [str(r["client"]), r["private_model"], r["proxy_model"], _f(r["private_acc"]), _f(r["proxy_acc"]), _f(r["epsilon"], 2)]
+        t.add_row(*row, *((str(r["left_at"] or "—"),) if any_left else ()))
     fin = summary["final"]
-    t.add_row("mean±std", "", "", _ms(fin["private_acc"], 3), _ms(fin["proxy_acc"], 3), _ms(fin["epsilon"], 2), "")
+    t.add_row("mean±std", "", "", _ms(fin["private_acc"], 3), _ms(fin["proxy_acc"], 3), _ms(fin["epsilon"], 2),
+              *(("",) if any_left else ()))
     console.print(t)
     if priv["mode"] == "off":
         console.print("privacy: [bold]off[/] — no differential privacy.")
