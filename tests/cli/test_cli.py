@@ -81,6 +81,7 @@ def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
     steps = [a["steps"] for a in s["accounting"]]
     assert steps == [20, 8, 20]
     assert s["accounting"][1]["epsilon"] <= tight == s["accounting"][1]["target_epsilon"]
+    assert s["accounting"][1]["rounds_within_budget"] == 2 and s["accounting"][0]["rounds_within_budget"] > 5
     r = runner.invoke(app, ["run", *TINY, "--target-epsilons", "1,x", "--out", str(out)])
     assert r.exit_code == 2 and "comma-separated numbers" in r.output
     r = runner.invoke(app, ["run", *TINY, "--target-epsilons", "5,5", "--out", str(out)])

@@ -33,7 +33,7 @@ from silofl.config import RunConfig
 from silofl.errors import PeerModelRejected
 from silofl.methods.base import Client, Protocol, RoundEvents, accuracy, client_seeds
 from silofl.models import ModelSpec
-from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, poisson_batch
+from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within, poisson_batch
 from silofl.runtime.transport import Envelope, Transport
 from silofl.runtime.wire import decode, encode, validate
 from silofl.topology import combine, share
@@ -198,7 +198,14 @@ class ProxyFLClient(Client):
         rep = self.accountant.report(self.cfg.delta)
         rep["noise_multiplier"] = self.cfg.noise_multiplier
         rep["sample_rate"] = self.sample_rate
-        return {**base, **rep, "target_epsilon": self.budget.target_epsilon, "dp_backend": self.dp.backend_name}
+        target = self.budget.target_epsilon
+        rounds_within = None
+        if target is not None:
+            steps = max_steps_within(self.accountant.kind, self.cfg.noise_multiplier, self.sample_rate, self.cfg.delta,
+                                     target, step_block=self.steps_per_round)
+            rounds_within = steps // self.steps_per_round
+        return {**base, **rep, "target_epsilon": target, "rounds_within_budget": rounds_within,
+                "dp_backend": self.dp.backend_name}
 
     def final_models(self):
         return {"private": (self.private, self.private_spec), "proxy": (self.proxy, self.proxy_spec)}
