@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from silofl.report import read_metrics  # noqa: E402
-from silofl.report.plots import _series  # noqa: E402
+from silofl.report.plots import series  # noqa: E402
 
 
 def ms(d: dict, nd: int = 4) -> str:
@@ -114,7 +114,7 @@ def comparison_plot(runs: dict[str, Path], out: Path) -> None:
     for mode, d in runs.items():
         recs = read_metrics(d)
         for key, ls in (("private_acc", "-"), ("proxy_acc", "--")):
-            r, m, sd = _series(recs, key)
+            r, m, sd = series(recs, key)
             ax.plot(r, m, ls, label=f"{mode} {key.replace('_acc', '')}")
             ax.fill_between(r, m - sd, m + sd, alpha=0.15)
     ax.set_xlabel("round")

@@ -9,7 +9,7 @@ clients) live in :func:`check_against_data`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,6 @@ class RunConfig:
     # evaluation
     eval_every: int = 1
     test_limit: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ building
     @classmethod

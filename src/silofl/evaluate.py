@@ -18,9 +18,7 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None) -> list[dict]
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
     cfg = RunConfig.from_yaml(run_dir / "config.yaml")
     data = load_dataset(cfg.dataset, data_dir or cfg.data_dir)
-    x, y = data.x_test, data.y_test
-    if cfg.test_limit is not None:
-        x, y = x[: cfg.test_limit], y[: cfg.test_limit]
+    x, y = data.test_split(cfg.test_limit)
     recorded = {}
     if (run_dir / "summary.json").is_file():
         for r in json.loads((run_dir / "summary.json").read_text())["final"]["per_client"]:

@@ -52,6 +52,12 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
+    def test_split(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The test set, or its first ``limit`` examples."""
+        if limit is None:
+            return self.x_test, self.y_test
+        return self.x_test[:limit], self.y_test[:limit]
+
 
 def search_roots(data_dir: str | os.PathLike | None = None) -> list[Path]:
     roots: list[Path] = []

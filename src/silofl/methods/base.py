@@ -8,7 +8,6 @@ transport is in-process or spans machines.
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -17,8 +16,6 @@ import torch
 from torch import nn
 
 from silofl.runtime.transport import Envelope, Transport
-
-log = logging.getLogger("silofl")
 
 
 def client_seeds(run_seed: int, client: int, n: int = 4) -> list[int]:

@@ -196,8 +196,6 @@ class ProxyFLClient(Client):
         if self.accountant is None:
             return {**base, "accountant": None, "epsilon": None, "delta": None}
         rep = self.accountant.report(self.cfg.delta)
-        rep["noise_multiplier"] = self.cfg.noise_multiplier
-        rep["sample_rate"] = self.sample_rate
         target = self.budget.target_epsilon
         rounds_within = None
         if target is not None:

@@ -116,13 +116,6 @@ class Accountant:
             "epsilon": self.epsilon(delta),
         }
 
-    def state_dict(self) -> dict:
-        return {"kind": self.kind, "history": [list(x) for x in self.history]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.kind = state["kind"]
-        self._history = [[float(s), float(q), int(n)] for s, q, n in state["history"]]
-
 
 class Budget:
     """A target ε at δ: says whether more steps may run without exceeding it."""

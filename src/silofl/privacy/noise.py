@@ -31,13 +31,6 @@ class NoiseSource:
             return _secure_normal(shape, std).to(device=self.device, dtype=dtype)
         return torch.normal(0.0, std, size=shape, generator=self.generator, device=self.device, dtype=dtype)
 
-    def state_dict(self) -> dict:
-        return {"secure": self.secure, "rng": None if self.generator is None else self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.generator is not None and state.get("rng") is not None:
-            self.generator.set_state(state["rng"])
-
 
 def _secure_normal(shape: tuple[int, ...], std: float) -> torch.Tensor:
     n = math.prod(shape)

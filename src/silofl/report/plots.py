@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 ACC_KEYS = ("private_acc", "proxy_acc", "global_acc")
 
 
-def _series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     by_round: dict[int, list[float]] = defaultdict(list)
     for r in records:
         if r.get(key) is not None:
@@ -28,7 +28,7 @@ def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note
     """Two panels: accuracy vs round, ε vs round (one line per client). Returns the PNG path."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for key in ACC_KEYS:
-        rounds, mean, std = _series(records, key)
+        rounds, mean, std = series(records, key)
         if len(rounds) == 0:
             continue
         ax1.plot(rounds, mean, label=key.replace("_acc", ""))

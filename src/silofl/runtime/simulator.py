@@ -53,9 +53,7 @@ def prepare_data(cfg: RunConfig, device: torch.device):
         p=cfg.p_major, alpha=cfg.dirichlet_alpha,
     )
     check_against_data(cfg, [len(s) for s in shards])
-    x_test, y_test = data.x_test, data.y_test
-    if cfg.test_limit is not None:
-        x_test, y_test = x_test[: cfg.test_limit], y_test[: cfg.test_limit]
+    x_test, y_test = data.test_split(cfg.test_limit)
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
     return data, parts, x_test.to(device), y_test.to(device)
 
@@ -128,7 +126,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
                 folder.add_metrics(records)
                 eval_s += time.perf_counter() - t0
                 if p and records:
-                    p.update(task, description=_describe(records, cfg))
+                    p.update(task, description=_describe(records))
             if p:
                 p.update(task, advance=1)
             if not protocol.active_ids:
@@ -187,7 +185,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
     return summary
 
 
-def _describe(records: list[dict], cfg: RunConfig) -> str:
+def _describe(records: list[dict]) -> str:
     priv = statistics.fmean(r["private_acc"] for r in records)
     prox = statistics.fmean(r["proxy_acc"] for r in records)
     eps = [r["epsilon"] for r in records if r["epsilon"] is not None]
