@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from silofl.config import RunConfig
 from silofl.methods.proxyfl import dml_loss
 from silofl.models import build_model
-from silofl.runtime.simulator import build_proxyfl, prepare_data
+from silofl.runtime.simulator import build, prepare_data
 from silofl.topology import ExponentialGraph
 
 warnings.filterwarnings("ignore")
@@ -87,7 +87,7 @@ def main():
         torch.set_num_threads(args.threads)
     cfg = RunConfig(privacy=args.privacy, rounds=args.rounds).resolve()
     data, parts, _, _ = prepare_data(cfg, torch.device("cpu"))
-    ours = build_proxyfl(cfg, data, parts)
+    ours = build(cfg, data, parts)
     theirs = OpacusProxyFL(parts, cfg)
     ours.run_round(0)
     theirs.run_round(0)  # warm-up

@@ -17,7 +17,8 @@ import yaml
 
 from silofl.errors import ConfigError
 
-METHODS = ("proxyfl",)
+METHODS = ("proxyfl", "fedavg", "fml", "avgpush", "cwt", "regular", "joint")
+AGGREGATIONS = ("size", "uniform")
 PRIVACY_MODES = ("strict", "paper", "off")
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz")
 PARTITIONS = ("p_major", "iid", "dirichlet")
@@ -68,6 +69,7 @@ class RunConfig:
     # exchange
     graph: str = "exponential"
     self_weight: float = 0.0
+    aggregation: str = "size"  # FedAvg/FML server: weight clients by data size, or uniformly
     optimizer_state: str = "reset"
     # evaluation
     eval_every: int = 1
@@ -148,6 +150,7 @@ class RunConfig:
         choice("device", DEVICES)
         choice("dp_backend", DP_BACKENDS)
         choice("optimizer_state", OPTIMIZER_STATE)
+        choice("aggregation", AGGREGATIONS)
         from silofl.models import MODEL_NAMES
 
         for name in [self.private_model, self.proxy_model, *(self.private_models or [])]:

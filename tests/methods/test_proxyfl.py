@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from silofl.methods.proxyfl import PUSHSUM_KEY, dml_loss
-from silofl.runtime.simulator import build_proxyfl, prepare_data
+from silofl.runtime.simulator import build, prepare_data
 from silofl.runtime.simulator import run as simulate
 from silofl.runtime.transport import Envelope
 from silofl.runtime.wire import encode
@@ -13,7 +13,7 @@ from silofl.runtime.wire import encode
 def protocol_for(cfg):
     cfg = cfg.resolve()
     data, parts, x_test, y_test = prepare_data(cfg, torch.device("cpu"))
-    return build_proxyfl(cfg, data, parts), x_test, y_test
+    return build(cfg, data, parts), x_test, y_test
 
 
 def test_round_trains_exchanges_and_accounts(tiny_cfg):
@@ -46,7 +46,7 @@ def test_corrupt_or_wrong_shape_proxy_is_rejected_and_client_keeps_its_own(tiny_
     assert "non-finite" in rejected[0]["reason"] and "shape" in rejected[1]["reason"]
     for k, v in c.proxy.state_dict().items():
         assert torch.equal(v, own[k])
-    assert "rejected the proxy from client 2" in caplog.text
+    assert "rejected the model from node 2" in caplog.text
 
 
 def test_budget_exhaustion_drops_a_client_and_the_rest_continue(tiny_cfg):

@@ -43,7 +43,7 @@ def friendly_errors(fn):
 @friendly_errors
 def run(
     config: Path | None = typer.Option(None, "--config", help="YAML file with any RunConfig options."),
-    method: str | None = typer.Option(None, help="proxyfl"),
+    method: str | None = typer.Option(None, help="proxyfl | fedavg | fml | avgpush | cwt | regular | joint"),
     dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
     clients: int | None = typer.Option(None, help="Number of clients K."),
@@ -72,6 +72,7 @@ def run(
     dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
     graph: str | None = typer.Option(None, help="exponential | ring"),
     self_weight: float | None = typer.Option(None, "--self-weight", help="PushSum self weight (0: replace)."),
+    aggregation: str | None = typer.Option(None, help="FedAvg/FML server weights: size | uniform"),
     optimizer_state: str | None = typer.Option(None, "--optimizer-state", help="keep | reset Adam moments on proxy replacement"),
     dp_backend: str | None = typer.Option(None, "--dp-backend", help="auto | ghost | vmap"),
     eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
@@ -105,17 +106,22 @@ def _number_list(text: str, flag: str) -> list[float]:
 
 
 def print_summary(summary: dict) -> None:
+    from silofl.report.plots import ACC_KEYS
+
     priv = summary["privacy"]
+    fin = summary["final"]
+    rows = fin["per_client"]
+    acc_keys = [k for k in ACC_KEYS if k in fin]
+    arch_keys = [k for k in ("private_model", "proxy_model", "global_model") if any(k in r for r in rows)]
     t = Table(title=f"{summary['method']} · {summary['dataset']} · {summary['rounds_run']} rounds")
     any_left = bool(summary["left"])
-    cols = ("client", "private", "proxy", "private acc", "proxy acc", "ε") + (("left at",) if any_left else ())
-    for col in cols:
+    cols = ("client", *(k.removesuffix("_model") for k in arch_keys), *(k.replace("_", " ") for k in acc_keys), "ε")
+    for col in cols + (("left at",) if any_left else ()):
         t.add_column(col, justify="right", overflow="fold")
-    for r in summary["final"]["per_client"]:
-        row = [str(r["client"]), r["private_model"], r["proxy_model"], _f(r["private_acc"]), _f(r["proxy_acc"]), _f(r["epsilon"], 2)]
+    for r in rows:
+        row = [str(r["client"]), *(r.get(k) or "—" for k in arch_keys), *(_f(r.get(k)) for k in acc_keys), _f(r["epsilon"], 2)]
         t.add_row(*row, *((str(r["left_at"] or "—"),) if any_left else ()))
-    fin = summary["final"]
-    t.add_row("mean±std", "", "", _ms(fin["private_acc"], 3), _ms(fin["proxy_acc"], 3), _ms(fin["epsilon"], 2),
+    t.add_row("mean±std", *([""] * len(arch_keys)), *(_ms(fin[k], 3) for k in acc_keys), _ms(fin["epsilon"], 2),
               *(("",) if any_left else ()))
     console.print(t)
     if priv["mode"] == "off":
@@ -128,7 +134,7 @@ def print_summary(summary: dict) -> None:
     if summary["left"]:
         console.print("left the protocol (budget spent): " + ", ".join(f"client {x['client']} before round {x['round']}" for x in summary["left"]))
     if summary["rejected_messages"]:
-        console.print(f"[yellow]{len(summary['rejected_messages'])} received proxies rejected[/] (see summary.json)")
+        console.print(f"[yellow]{len(summary['rejected_messages'])} received models rejected[/] (see summary.json)")
 
 
 def _f(v, nd: int = 4) -> str:

@@ -1,13 +1,15 @@
 """The client/round abstraction every method shares.
 
-A :class:`Client` is one site: it trains locally, says what it sends to which peer (bytes), takes
-what it received, evaluates, and reports its privacy spend. A :class:`Protocol` runs one round over
-all clients through a :class:`~silofl.runtime.transport.Transport`; it never knows whether that
-transport is in-process or spans machines.
+A :class:`Client` is one site: it trains locally, evaluates, and reports its privacy spend. A
+:class:`Protocol` runs one round over all clients (and, for centralized methods, a server node)
+through a :class:`~silofl.runtime.transport.Transport`; it never knows whether that transport is
+in-process or spans machines. Node ids: clients are ``0..K-1``; a server, where a method has one,
+is node ``K`` — just another role in the runtime.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -15,7 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from silofl.runtime.transport import Envelope, Transport
+from silofl.runtime.transport import Transport
+
+log = logging.getLogger("silofl")
 
 
 def client_seeds(run_seed: int, client: int, n: int = 4) -> list[int]:
@@ -54,14 +58,10 @@ class Client(ABC):
     def train_round(self, rnd: int) -> dict: ...
 
     @abstractmethod
-    def outgoing(self, rnd: int, out_neighbors: list[int]) -> dict[int, bytes]: ...
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]: ...
 
     @abstractmethod
-    def incoming(self, rnd: int, envelopes: list[Envelope]) -> list[dict]:
-        """Use received messages; return a record per rejected message."""
-
-    @abstractmethod
-    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]: ...
+    def epsilon(self) -> float | None: ...
 
     @abstractmethod
     def privacy_report(self) -> dict: ...
@@ -76,6 +76,10 @@ class Client(ABC):
 
 
 class Protocol(ABC):
+    """One method's round logic. ``headline`` is the accuracy field the method is judged by."""
+
+    headline: str = "private_acc"
+
     def __init__(self, clients: list[Client], transport: Transport):
         self.clients = clients
         self.transport = transport
@@ -84,5 +88,29 @@ class Protocol(ABC):
     def active_ids(self) -> list[int]:
         return [c.cid for c in self.clients if c.active]
 
+    @property
+    def server_id(self) -> int:
+        return len(self.clients)
+
+    def start(self) -> None:
+        """Anything that happens before round 1 (e.g. a server broadcasting its initial model)."""
+
+    def retire_spent(self, rnd: int, events: RoundEvents) -> list[Client]:
+        """Clients whose budget cannot pay for another round leave; returns the active ones."""
+        for c in self.clients:
+            if c.active and not c.can_continue():
+                c.leave(rnd)
+                events.left.append(c.cid)
+                log.info("client %d spent its budget and leaves the protocol before round %d", c.cid, rnd)
+        return [c for c in self.clients if c.active]
+
     @abstractmethod
     def run_round(self, rnd: int) -> RoundEvents: ...
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, rnd: int) -> dict[int, dict[str, float]]:
+        """Metrics per client still active, or leaving this round (its last evaluation)."""
+        cache: dict = {}
+        return {c.cid: c.evaluate(x, y, cache) for c in self.clients if c.active or c.left_at == rnd}
+
+    def extra_metrics(self, client: Client) -> dict:
+        return {}

@@ -19,9 +19,9 @@ import torch
 from silofl.config import RunConfig, check_against_data
 from silofl.data import load_dataset, partition
 from silofl.errors import BudgetExhausted, ConfigError
-from silofl.methods import ProxyFL, ProxyFLClient
-from silofl.models import ModelSpec
+from silofl.methods.registry import build_protocol, method_info
 from silofl.report import RunFolder, plot_run
+from silofl.report.plots import ACC_KEYS
 from silofl.runtime.transport import InProcessTransport
 from silofl.topology import make_graph
 
@@ -33,8 +33,19 @@ PRIVACY_NOTES = {
     "paper": "NOT a formal guarantee: with β > 0 the proxy distils from the private model, a non-private "
     "function of the whole local data set, so DP-SGD's sensitivity bound does not hold; ε is what the "
     "accountant reports for the DP-SGD mechanism alone",
-    "off": "no differential privacy: the proxy is trained without clipping or noise",
+    "off": "no differential privacy: the shared model is trained without clipping or noise",
+    "single": "formal (ε, δ)-DP guarantee for each client's DP model (DP-SGD on cross-entropy; the privacy "
+    "mode's β does not apply to a method without mutual learning)",
 }
+
+
+def privacy_note(cfg: RunConfig) -> tuple[str, bool]:
+    """(note, formal) for the run's privacy mode and method."""
+    if not cfg.is_private:
+        return PRIVACY_NOTES["off"], False
+    if not method_info(cfg.method).mutual_learning:
+        return PRIVACY_NOTES["single"], True
+    return PRIVACY_NOTES[cfg.privacy], cfg.privacy == "strict"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,13 +69,9 @@ def prepare_data(cfg: RunConfig, device: torch.device):
     return data, parts, x_test.to(device), y_test.to(device)
 
 
-def build_proxyfl(cfg: RunConfig, data, parts) -> ProxyFL:
-    proxy_spec = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
-    clients = []
-    for k, (x, y) in enumerate(parts):
-        private_spec = ModelSpec(cfg.private_model_of(k), data.input_shape, data.num_classes)
-        clients.append(ProxyFLClient(k, x, y, private_spec, proxy_spec, cfg))
-    return ProxyFL(clients, InProcessTransport(), make_graph(cfg.graph))
+def build(cfg: RunConfig, data, parts, transport=None):
+    """The method's protocol over an in-process transport (or the one given)."""
+    return build_protocol(cfg, data, parts, transport if transport is not None else InProcessTransport())
 
 
 def _mean_std(values: list[float]) -> dict:
@@ -82,9 +89,11 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
     device = resolve_device(cfg.device)
     t_start = time.perf_counter()
     data, parts, x_test, y_test = prepare_data(cfg, device)
-    protocol = build_proxyfl(cfg, data, parts)
-    if not any(c.can_continue() for c in protocol.clients):
-        c = protocol.clients[0]
+    info = method_info(cfg.method)
+    protocol = build(cfg, data, parts)
+    clients = protocol.clients
+    if not any(c.can_continue() for c in clients):
+        c = clients[0]
         one_round = c.accountant.epsilon_after(cfg.noise_multiplier, c.sample_rate, c.steps_per_round, cfg.delta)
         raise BudgetExhausted(
             f"target_epsilon {c.budget.target_epsilon:g} is below the ε of a single round ({one_round:.3f} at "
@@ -93,16 +102,17 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
         )
     folder = RunFolder(cfg.out)
     folder.write_config(cfg)
-    clients = protocol.clients
+    protocol.start()
     last: dict[int, dict] = {}
     left_log: list[dict] = []
     rejected_log: list[dict] = []
     train_s = eval_s = 0.0
     rounds_run = 0
+    tr = protocol.transport
 
     bar = _progress(console) if progress else nullcontext()
     with bar as p:
-        task = p.add_task("ProxyFL", total=cfg.rounds) if p else None
+        task = p.add_task(info.name, total=cfg.rounds) if p else None
         for rnd in range(1, cfg.rounds + 1):
             t0 = time.perf_counter()
             ev = protocol.run_round(rnd)
@@ -113,20 +123,18 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
             if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left:
                 t0 = time.perf_counter()
                 records = []
-                for c in clients:
-                    if not c.active and c.left_at != rnd:
-                        continue  # departing clients get one last evaluation of the models they leave with
-                    rec = {"round": rnd, "client": c.cid, "active": c.active, **c.evaluate(x_test, y_test),
+                for cid, accs in protocol.evaluate(x_test, y_test, rnd).items():
+                    c = clients[cid]
+                    rec = {"round": rnd, "client": cid, "active": c.active, **accs,
                            "epsilon": c.epsilon(), "delta": cfg.delta if cfg.is_private else None,
-                           "bytes_sent": protocol.transport.bytes_sent[c.cid],
-                           "bytes_received": protocol.transport.bytes_received[c.cid],
-                           "pushsum_weight": c.pushsum_weight, **c.last_train}
+                           "bytes_sent": tr.bytes_sent[cid], "bytes_received": tr.bytes_received[cid],
+                           **protocol.extra_metrics(c), **c.last_train}
                     records.append(rec)
-                    last[c.cid] = rec
+                    last[cid] = rec
                 folder.add_metrics(records)
                 eval_s += time.perf_counter() - t0
                 if p and records:
-                    p.update(task, description=_describe(records))
+                    p.update(task, description=_describe(info, records))
             if p:
                 p.update(task, advance=1)
             if not protocol.active_ids:
@@ -134,33 +142,39 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
                 break
 
     wall = time.perf_counter() - t_start
+    acc_keys = [k for k in ACC_KEYS if any(k in r for r in last.values())]
     per_client = [
-        {"client": c.cid, "private_model": c.private_spec.name, "proxy_model": c.proxy_spec.name,
-         **{k: last.get(c.cid, {}).get(k) for k in ("round", "private_acc", "proxy_acc")},
-         "epsilon": c.epsilon(), "left_at": c.left_at}
+        {"client": c.cid, **{f"{role}_model": arch for role, arch in c.architectures().items()},
+         "round": last.get(c.cid, {}).get("round"), **{k: last.get(c.cid, {}).get(k) for k in acc_keys},
+         "epsilon": c.epsilon(), "left_at": c.left_at,
+         "bytes_sent": tr.bytes_sent[c.cid], "bytes_received": tr.bytes_received[c.cid]}
         for c in clients
     ]
+    note, formal = privacy_note(cfg)
+    nodes = sorted(set(tr.bytes_sent) | set(tr.bytes_received))
     summary = {
         "method": cfg.method,
+        "headline": info.headline,
         "dataset": cfg.dataset,
         "data_source": data.source,
         "clients": cfg.clients,
+        "sites_trained": len(clients),
         "rounds_requested": cfg.rounds,
         "rounds_run": rounds_run,
         "privacy": {
             "mode": cfg.privacy,
-            "formal_guarantee": cfg.privacy == "strict",
-            "note": PRIVACY_NOTES[cfg.privacy],
-            "unit": "one training example of one client (example-level DP, per client)",
+            "formal_guarantee": formal,
+            "note": note,
+            "unit": ("one training example of the pooled data set (example-level DP)" if cfg.method == "joint"
+                     else "one training example of one client (example-level DP, per client)"),
             "delta": cfg.delta if cfg.is_private else None,
             "accountant": clients[0].accountant.name if cfg.is_private else None,
-            "dml_alpha": cfg.dml_alpha,
-            "dml_beta": cfg.dml_beta,
+            "dml_alpha": cfg.dml_alpha if info.mutual_learning else None,
+            "dml_beta": cfg.dml_beta if info.mutual_learning else None,
         },
         "final": {
             "per_client": per_client,
-            "private_acc": _mean_std([r["private_acc"] for r in per_client]),
-            "proxy_acc": _mean_std([r["proxy_acc"] for r in per_client]),
+            **{k: _mean_std([r[k] for r in per_client]) for k in acc_keys},
             "epsilon": _mean_std([r["epsilon"] for r in per_client]),
         },
         "wall_time_s": wall,
@@ -172,25 +186,35 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
         "accounting": [c.privacy_report() for c in clients],
         "left": left_log,
         "rejected_messages": rejected_log,
-        "bytes": {"sent": dict(protocol.transport.bytes_sent), "received": dict(protocol.transport.bytes_received)},
+        "bytes": {
+            "sent": {str(n): tr.bytes_sent[n] for n in nodes},
+            "received": {str(n): tr.bytes_received[n] for n in nodes},
+            "server_node": protocol.server_id if info.exchange == "server" else None,
+            "total_sent": sum(tr.bytes_sent.values()),
+            "per_client_mean": statistics.fmean(tr.bytes_sent[c.cid] + tr.bytes_received[c.cid] for c in clients),
+        },
     }
     summary["models"] = folder.write_models(clients)
     folder.write_metrics_csv()
     if folder.records:
-        note = {"paper": "ε: NOT a formal guarantee (paper mode)", "off": "no DP"}.get(cfg.privacy, "")
+        eps_note = {"paper": "ε: NOT a formal guarantee (paper mode)", "off": "no DP"}.get(cfg.privacy, "")
+        if formal:
+            eps_note = ""
         summary["plots"] = [plot_run(folder.records, folder.path / "accuracy_epsilon.png",
-                                     title=f"ProxyFL on {cfg.dataset}, {cfg.clients} clients, privacy {cfg.privacy}",
-                                     epsilon_note=note, delta=cfg.delta if cfg.is_private else None).name]
+                                     title=f"{info.name} on {cfg.dataset}, {cfg.clients} clients, privacy {cfg.privacy}",
+                                     epsilon_note=eps_note, delta=cfg.delta if cfg.is_private else None).name]
     folder.write_summary(summary)
     return summary
 
 
-def _describe(records: list[dict]) -> str:
-    priv = statistics.fmean(r["private_acc"] for r in records)
-    prox = statistics.fmean(r["proxy_acc"] for r in records)
+def _describe(info, records: list[dict]) -> str:
+    accs = " ".join(
+        f"{k.removesuffix('_acc')} {statistics.fmean(r[k] for r in records):.3f}"
+        for k in ACC_KEYS if all(k in r for r in records)
+    )
     eps = [r["epsilon"] for r in records if r["epsilon"] is not None]
     e = f" ε {max(eps):.2f}" if eps else ""
-    return f"ProxyFL private {priv:.3f} proxy {prox:.3f}{e}"
+    return f"{info.name} {accs}{e}"
 
 
 def _progress(console):

@@ -1,0 +1,62 @@
+"""CWT, cyclical weight transfer (Chang et al.): one DP model passed from client to client.
+
+Each round the model visits every active client in id order; each trains it for one local epoch
+with DP-SGD and sends it to the next; the last one hands it back to the first, which holds it
+at the start of the next round. If the holder leaves (budget spent), it hands the model to the
+first active client before that round. There is one model, so ``global_acc`` is that model's
+accuracy, evaluated once and reported in every client's row.
+"""
+
+from __future__ import annotations
+
+from silofl.errors import PeerModelRejected
+from silofl.methods.base import Protocol, RoundEvents
+from silofl.methods.client import SiteClient
+from silofl.models import ModelSpec
+from silofl.runtime.transport import Transport
+
+
+class CWT(Protocol):
+    headline = "global_acc"
+
+    def __init__(self, clients: list[SiteClient], transport: Transport):
+        super().__init__(clients, transport)
+        self.holder = clients[0]
+
+    def _hand(self, rnd: int, src: SiteClient, dst: SiteClient, events: RoundEvents) -> SiteClient:
+        """Send the model src → dst; returns the client holding the newest model afterwards."""
+        self.transport.send(src.cid, dst.cid, src.payload(rnd))
+        holder = src
+        for env in self.transport.receive(dst.cid):
+            try:
+                tensors, _, _ = dst.read(env)
+                dst.replace_shared(tensors)
+                holder = dst
+            except PeerModelRejected as e:
+                events.rejected.append(dst.reject(rnd, env, e))
+        return holder
+
+    def run_round(self, rnd: int) -> RoundEvents:
+        events = RoundEvents()
+        active = self.retire_spent(rnd, events)
+        if not active:
+            return events
+        if self.holder is not active[0]:
+            self._hand(rnd, self.holder, active[0], events)
+        for i, c in enumerate(active):
+            c.train_round(rnd)
+            nxt = active[(i + 1) % len(active)]
+            if nxt is not c:
+                self.holder = self._hand(rnd, c, nxt, events)
+            else:
+                self.holder = c
+        return events
+
+    def evaluate(self, x, y, rnd: int) -> dict[int, dict[str, float]]:
+        acc = self.holder.evaluate(x, y)["global_acc"]
+        return {c.cid: {"global_acc": acc} for c in self.clients if c.active or c.left_at == rnd}
+
+
+def build(cfg, data, parts, transport: Transport) -> CWT:
+    spec = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
+    return CWT([SiteClient(k, x, y, spec, cfg, shared_field="global") for k, (x, y) in enumerate(parts)], transport)

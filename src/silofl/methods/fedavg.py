@@ -1,0 +1,69 @@
+"""FedAvg (McMahan et al.) with example-level DP-SGD at every client.
+
+Each round every active client trains the shared model on its local data with DP-SGD (one epoch
+of Poisson batches), sends it to the server with its aggregation weight (its data size, or 1 with
+``aggregation: uniform``), the server averages and broadcasts, and every client replaces its copy.
+Before round 1 the server broadcasts its initial model so all clients start from the same weights.
+The accuracy reported is the *aggregated* model's (``global_acc``), evaluated once per round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from silofl.errors import PeerModelRejected
+from silofl.methods.base import Protocol, RoundEvents, client_seeds
+from silofl.methods.client import SiteClient
+from silofl.methods.server import WEIGHT_KEY, AveragingServer
+from silofl.models import ModelSpec
+from silofl.runtime.transport import Transport
+
+
+class Centralized(Protocol):
+    """Train locally → upload to the server → average → broadcast → replace (FedAvg, FML)."""
+
+    headline = "global_acc"
+
+    def __init__(self, clients: list[SiteClient], transport: Transport, server: AveragingServer, uniform: bool = False):
+        super().__init__(clients, transport)
+        self.server = server
+        self.uniform = uniform
+
+    def _broadcast(self, rnd: int, clients: list[SiteClient], events: RoundEvents) -> None:
+        data = self.server.payload(rnd)
+        for c in clients:
+            self.transport.send(self.server.node, c.cid, data)
+        for c in clients:
+            for env in self.transport.receive(c.cid):
+                try:
+                    tensors, _, _ = c.read(env)
+                    c.replace_shared(tensors, token=("server", rnd))
+                except PeerModelRejected as e:
+                    events.rejected.append(c.reject(rnd, env, e))
+
+    def start(self) -> None:
+        self._broadcast(0, self.clients, RoundEvents())
+
+    def run_round(self, rnd: int) -> RoundEvents:
+        events = RoundEvents()
+        active = self.retire_spent(rnd, events)
+        if not active:
+            return events
+        for c in active:
+            c.train_round(rnd)
+            w = 1.0 if self.uniform else float(c.n)
+            self.transport.send(c.cid, self.server.node, c.payload(rnd, {WEIGHT_KEY: torch.tensor(w, dtype=torch.float64)}))
+        events.rejected += self.server.aggregate(rnd, self.transport.receive(self.server.node))
+        self._broadcast(rnd, active, events)
+        return events
+
+
+class FedAvg(Centralized):
+    headline = "global_acc"
+
+
+def build(cfg, data, parts, transport: Transport) -> FedAvg:
+    spec = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
+    clients = [SiteClient(k, x, y, spec, cfg, shared_field="global") for k, (x, y) in enumerate(parts)]
+    server = AveragingServer(len(clients), spec, client_seeds(cfg.seed, len(clients))[0], parts[0][0].device)
+    return FedAvg(clients, transport, server, uniform=cfg.aggregation == "uniform")

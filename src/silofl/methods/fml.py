@@ -1,0 +1,31 @@
+"""FML, Federated Mutual Learning (Shen et al.): a private model and a shared "meme" per client.
+
+Local training is the same deep mutual learning as ProxyFL (private loss with α, meme loss with β,
+DP-SGD on the meme), but the memes are averaged by a central server, as in FedAvg, instead of
+gossiped. ``proxy_acc`` is the meme's accuracy (after averaging all clients hold the same one),
+``private_acc`` the private model's — the method is judged by the private models.
+"""
+
+from __future__ import annotations
+
+from silofl.methods.base import client_seeds
+from silofl.methods.client import SiteClient
+from silofl.methods.fedavg import Centralized
+from silofl.methods.server import AveragingServer
+from silofl.models import ModelSpec
+from silofl.runtime.transport import Transport
+
+
+class FML(Centralized):
+    headline = "private_acc"
+
+
+def build(cfg, data, parts, transport: Transport) -> FML:
+    meme = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
+    clients = [
+        SiteClient(k, x, y, meme, cfg, private_spec=ModelSpec(cfg.private_model_of(k), data.input_shape, data.num_classes),
+                   shared_field="proxy")
+        for k, (x, y) in enumerate(parts)
+    ]
+    server = AveragingServer(len(clients), meme, client_seeds(cfg.seed, len(clients))[0], parts[0][0].device)
+    return FML(clients, transport, server, uniform=cfg.aggregation == "uniform")

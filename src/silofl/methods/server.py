@@ -1,0 +1,69 @@
+"""The aggregator role of centralized methods (FedAvg, FML): node ``K`` in the runtime.
+
+It receives every participating client's shared model with an aggregation weight, validates each
+one like any site would (names, shapes, dtypes, finite values), averages them in float64 and
+broadcasts the result. A rejected model is logged and left out of the average; if none is usable
+the server keeps the previous global model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from silofl.errors import PeerModelRejected
+from silofl.methods.base import accuracy
+from silofl.models import ModelSpec
+from silofl.runtime.transport import Envelope
+from silofl.runtime.wire import decode, encode, validate
+
+log = logging.getLogger("silofl")
+
+WEIGHT_KEY = "__aggregation_weight__"
+
+
+class AveragingServer:
+    def __init__(self, node: int, spec: ModelSpec, seed: int, device: torch.device):
+        torch.manual_seed(seed)
+        self.node = node
+        self.spec = spec
+        self.model = spec.build().to(device)
+        self.version = 0
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.state_dict())
+
+    def payload(self, rnd: int) -> bytes:
+        return encode(self.state(), meta={"round": rnd, "src": self.node, "model": self.spec.name, "global": True})
+
+    def aggregate(self, rnd: int, envelopes: list[Envelope]) -> list[dict]:
+        template = {k: v.detach().clone() for k, v in self.state().items()}
+        received, rejected = [], []
+        for env in envelopes:
+            try:
+                tensors, _ = decode(env.data)
+                w = tensors.pop(WEIGHT_KEY, None)
+                if w is None or w.numel() != 1 or not torch.isfinite(w).all() or float(w) <= 0:
+                    raise PeerModelRejected("missing or invalid aggregation weight")
+                validate(tensors, template)
+                received.append((tensors, float(w)))
+            except PeerModelRejected as e:
+                log.warning("server rejected the model from client %d in round %d: %s", env.src, rnd, e)
+                rejected.append({"round": rnd, "client": self.node, "src": env.src, "reason": str(e)})
+        if not received:
+            log.warning("server received no usable model in round %d and keeps the previous global model", rnd)
+            return rejected
+        total = sum(w for _, w in received)
+        new = {}
+        for k, v in template.items():
+            acc = torch.zeros_like(v, dtype=torch.float64)
+            for params, w in received:
+                acc += params[k].double() * (w / total)
+            new[k] = acc.to(v.dtype)
+        self.model.load_state_dict(new)
+        self.version = rnd
+        return rejected
+
+    def accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        return accuracy(self.model, x, y)
