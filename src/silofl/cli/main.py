@@ -147,6 +147,65 @@ def _ms(d: dict, nd: int = 4) -> str:
 
 @app.command()
 @friendly_errors
+def compare(
+    config: Path | None = typer.Option(None, "--config", help="YAML with compare options (methods, seeds, preset, variants, jobs, comm_clients, out) and run options under 'run:'."),
+    methods: str | None = typer.Option(None, help="Comma-separated, e.g. proxyfl,fedavg,fml,avgpush,cwt,regular,joint; 'regular:nodp' runs a method without DP."),
+    seeds: str | None = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
+    preset: str | None = typer.Option(None, help="Ablation: none | noniid | hetero | dp | batch | alpha | privacy-mode"),
+    out: str | None = typer.Option(None, help="Report folder (runs go under OUT/runs/)."),
+    jobs: int | None = typer.Option(None, help="Runs in parallel processes (one torch thread each unless --threads)."),
+    resume: bool = typer.Option(False, "--resume", help="Skip runs whose folder already holds a finished run of the same config."),
+    comm_clients: str | None = typer.Option(None, "--comm-clients", help="Also measure bytes per round at these K, e.g. 2,4,8,16,32,64."),
+    dataset: str | None = typer.Option(None), data_dir: str | None = typer.Option(None, "--data-dir"),
+    rounds: int | None = typer.Option(None), clients: int | None = typer.Option(None),
+    samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
+    batch_size: int | None = typer.Option(None, "--batch-size"), privacy: str | None = typer.Option(None),
+    private_model: str | None = typer.Option(None, "--private-model"), proxy_model: str | None = typer.Option(None, "--proxy-model"),
+    eval_every: int | None = typer.Option(None, "--eval-every"), test_limit: int | None = typer.Option(None, "--test-limit"),
+    threads: int | None = typer.Option(None),
+    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+):
+    """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots)."""
+    import yaml
+
+    from silofl.compare import CompareConfig, run_compare
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    cc = CompareConfig.from_yaml(config) if config else CompareConfig()
+    if methods is not None:
+        cc.methods = [m.strip() for m in methods.split(",") if m.strip()]
+    if seeds is not None:
+        cc.seeds = [int(x) for x in _number_list(seeds, "--seeds")]
+    if comm_clients is not None:
+        cc.comm_clients = [int(x) for x in _number_list(comm_clients, "--comm-clients")]
+    for name, v in (("preset", preset), ("out", out), ("jobs", jobs)):
+        if v is not None:
+            setattr(cc, name, v)
+    cc.resume = cc.resume or resume
+    run_opts = {"dataset": dataset, "data_dir": data_dir, "rounds": rounds, "clients": clients,
+                "samples_per_client": samples_per_client, "batch_size": batch_size, "privacy": privacy,
+                "private_model": private_model, "proxy_model": proxy_model, "eval_every": eval_every,
+                "test_limit": test_limit, "threads": threads}
+    for item in set_:
+        key, eq, val = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+        run_opts[key.strip().replace("-", "_")] = yaml.safe_load(val)
+    cc.run = {**cc.run, **{k: v for k, v in run_opts.items() if v is not None}}
+    report = run_compare(cc, console=console, progress=not quiet)
+    from silofl.report.comparison import markdown_table
+
+    if report["rows"]:
+        console.print(markdown_table(report["rows"]), markup=False, highlight=False)
+    console.print(f"report: {Path(cc.out) / 'report.md'}")
+    if report["failed"]:
+        err_console.print(f"[red]{len(report['failed'])} run(s) failed[/]: " + ", ".join(f["run"] for f in report["failed"]))
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly_errors
 def evaluate(
     run_dir: Path = typer.Argument(..., help="A run folder written by `silofl run`."),
     data_dir: str | None = typer.Option(None, "--data-dir"),

@@ -94,6 +94,7 @@ class Protocol(ABC):
 
     def start(self) -> None:
         """Anything that happens before round 1 (e.g. a server broadcasting its initial model)."""
+        return None
 
     def retire_spent(self, rnd: int, events: RoundEvents) -> list[Client]:
         """Clients whose budget cannot pay for another round leave; returns the active ones."""

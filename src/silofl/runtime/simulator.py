@@ -23,7 +23,6 @@ from silofl.methods.registry import build_protocol, method_info
 from silofl.report import RunFolder, plot_run
 from silofl.report.plots import ACC_KEYS
 from silofl.runtime.transport import InProcessTransport
-from silofl.topology import make_graph
 
 log = logging.getLogger("silofl")
 

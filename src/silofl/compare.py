@@ -1,0 +1,278 @@
+"""``silofl compare``: methods × variants × seeds, one run folder each, then one report.
+
+A :class:`CompareConfig` names the methods (``regular:nodp`` = that method with privacy off), the
+seeds, a base :class:`~silofl.config.RunConfig` and either a named ablation *preset* or explicit
+variants (a label and the options it changes). Runs go to ``OUT/runs/<variant>/<method>/seed<s>``.
+A run that raises is recorded as failed and the others still run; with ``resume`` a run whose
+folder already holds a ``summary.json`` for the same resolved config is not run again. With
+``jobs > 1`` runs execute in separate processes (one torch thread each unless ``threads`` is set).
+``comm_clients`` adds a measured communication sweep: bytes of one round at K clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from silofl.config import METHODS, RunConfig
+from silofl.errors import ConfigError
+
+log = logging.getLogger("silofl")
+
+HETERO_ARCHS = ("mlp", "lenet5", "cnn1", "cnn2")  # one architecture per pair of clients (paper's ablation)
+
+
+def _hetero(clients: int) -> list[str]:
+    return [HETERO_ARCHS[(k // 2) % len(HETERO_ARCHS)] for k in range(clients)]
+
+
+PRESETS: dict[str, tuple[str, list[tuple[str, dict]]]] = {
+    "none": ("no ablation: the base config", [("base", {})]),
+    "noniid": ("non-IID sweep: fraction of each client's data from its major class",
+               [(f"p_major={p}", {"p_major": p}) for p in (0.1, 0.3, 0.5, 0.8)]),
+    "hetero": ("heterogeneous private architectures, one per pair of clients",
+               [("homogeneous", {}), ("mixed", {"private_models": "hetero"})]),
+    "dp": ("DP vs non-DP", [("DP", {}), ("no DP", {"privacy": "off"})]),
+    "batch": ("batch size vs ε", [(f"B={b}", {"batch_size": b}) for b in (50, 125, 250, 500)]),
+    "alpha": ("DML weight α sweep", [(f"alpha={a}", {"dml_alpha": a}) for a in (0.1, 0.3, 0.5, 0.7, 0.9)]),
+    "privacy-mode": ("ProxyFL strict vs paper privacy mode", [("strict", {"privacy": "strict"}),
+                                                               ("paper", {"privacy": "paper"})]),
+}
+
+COMM_METHODS = ("proxyfl", "avgpush", "fedavg", "fml")
+
+
+@dataclass
+class CompareConfig:
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    out: str = "reports/latest"
+    preset: str = "none"
+    variants: list[dict] | None = None  # [{"name": ..., "set": {option: value}}], overrides preset
+    jobs: int = 1
+    resume: bool = False
+    comm_clients: list[int] | None = None
+    run: dict[str, Any] = field(default_factory=dict)  # RunConfig options shared by every run
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> CompareConfig:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: a compare config must be a mapping")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown compare option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))} "
+                              "(run options go under 'run:')")
+        return cls(**data)
+
+    def base(self) -> RunConfig:
+        return RunConfig.from_dict(self.run)
+
+    def variant_list(self) -> list[tuple[str, dict]]:
+        if self.variants is not None:
+            out = []
+            for v in self.variants:
+                if not isinstance(v, dict) or "name" not in v:
+                    raise ConfigError(f"each variant needs a 'name' and optional 'set' mapping, got {v!r}")
+                out.append((str(v["name"]), dict(v.get("set") or {})))
+            return out
+        if self.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {self.preset!r}; choose one of: {', '.join(PRESETS)}")
+        return PRESETS[self.preset][1]
+
+    def plan(self) -> list[PlannedRun]:
+        if not self.methods:
+            raise ConfigError("no methods to compare")
+        if not self.seeds:
+            raise ConfigError("no seeds to run")
+        if self.jobs < 1:
+            raise ConfigError(f"jobs must be at least 1, got {self.jobs}")
+        base = self.base()
+        runs = []
+        for vname, changes in self.variant_list():
+            for label in self.methods:
+                method, _, flag = label.partition(":")
+                if method not in METHODS:
+                    raise ConfigError(f"unknown method {method!r} in {label!r}; choose from: {', '.join(METHODS)}")
+                if flag not in ("", "nodp"):
+                    raise ConfigError(f"unknown method flag {flag!r} in {label!r}; the only flag is ':nodp'")
+                for seed in self.seeds:
+                    ch = dict(changes)
+                    if ch.get("private_models") == "hetero":
+                        ch["private_models"] = _hetero(ch.get("clients", base.clients))
+                    if flag == "nodp":
+                        ch["privacy"] = "off"
+                    if method != "proxyfl" and method != "fml" and ch.get("privacy") == "paper":
+                        ch["privacy"] = "strict"  # paper mode only changes mutual-learning methods
+                    if self.jobs > 1 and base.threads is None:
+                        ch["threads"] = 1
+                    rid = f"{_slug(vname)}/{_slug(label)}/seed{seed}"
+                    cfg = dataclasses.replace(base, method=method, seed=int(seed), out=str(Path(self.out) / "runs" / rid))
+                    cfg = RunConfig.from_dict({**cfg.to_dict(), **ch}).resolve()
+                    runs.append(PlannedRun(rid, vname, label, int(seed), cfg))
+        return runs
+
+
+@dataclass
+class PlannedRun:
+    rid: str
+    variant: str
+    label: str
+    seed: int
+    cfg: RunConfig
+
+    def done(self) -> bool:
+        d = Path(self.cfg.out)
+        if not (d / "summary.json").is_file() or not (d / "config.yaml").is_file():
+            return False
+        return yaml.safe_load((d / "config.yaml").read_text()) == self.cfg.to_dict()
+
+
+def _slug(s: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in s)
+
+
+def _execute(cfg_dict: dict) -> dict:
+    """Run one config; never raises (a crash comes back as {'error': ...})."""
+    import os
+
+    os.environ.setdefault("SILOFL_NO_PROGRESS", "1")
+    from silofl.runtime.simulator import run as simulate
+
+    t0 = time.perf_counter()
+    try:
+        return {"summary": simulate(RunConfig.from_dict(cfg_dict), progress=False)}
+    except Exception as e:  # noqa: BLE001 - every failure is reported, the comparison goes on
+        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+                "seconds": time.perf_counter() - t0}
+
+
+def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
+    from silofl.report.comparison import write_report
+
+    runs = cc.plan()
+    out = Path(cc.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cc), sort_keys=False))
+    results: dict[str, dict] = {}
+    todo = []
+    for r in runs:
+        if cc.resume and r.done():
+            results[r.rid] = {"summary": json.loads((Path(r.cfg.out) / "summary.json").read_text()), "resumed": True}
+        else:
+            todo.append(r)
+    _say(console, f"{len(runs)} runs planned, {len(runs) - len(todo)} already complete (resume), {len(todo)} to run"
+         f"{f' in {cc.jobs} processes' if cc.jobs > 1 else ''} → {out}")
+    with _progress(console, progress) as p:
+        task = p.add_task("compare", total=len(todo)) if p else None
+        started = 0
+
+        def label(r: PlannedRun) -> str:
+            return f"run {started}/{len(todo)}: {r.rid}"
+
+        if cc.jobs == 1:
+            for r in todo:
+                started += 1
+                if p:
+                    p.update(task, description=label(r))
+                results[r.rid] = _execute(r.cfg.to_dict())
+                _report_one(console, r, results[r.rid])
+                if p:
+                    p.update(task, advance=1)
+        else:
+            with ProcessPoolExecutor(max_workers=cc.jobs, mp_context=get_context("spawn")) as pool:
+                pending = {}
+                queue = list(todo)
+                while queue or pending:
+                    while queue and len(pending) < cc.jobs:
+                        r = queue.pop(0)
+                        started += 1
+                        pending[pool.submit(_execute, r.cfg.to_dict())] = r
+                        if p:
+                            p.update(task, description=label(r))
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        r = pending.pop(fut)
+                        try:
+                            results[r.rid] = fut.result()
+                        except Exception as e:  # noqa: BLE001 - a dead worker process
+                            results[r.rid] = {"error": f"worker died: {type(e).__name__}: {e}"}
+                        _report_one(console, r, results[r.rid])
+                        if p:
+                            p.update(task, advance=1)
+    comm = None
+    if cc.comm_clients:
+        _say(console, f"communication sweep: K = {', '.join(map(str, cc.comm_clients))}")
+        comm = communication_sweep(cc.base(), cc.comm_clients, [m for m in COMM_METHODS])
+    return write_report(out, runs, results, comm, cc)
+
+
+def _report_one(console, r: PlannedRun, res: dict) -> None:
+    if "error" in res:
+        _say(console, f"[red]FAILED[/] {r.rid}: {res['error']}")
+        log.error("run %s failed:\n%s", r.rid, res.get("traceback", res["error"]))
+    else:
+        s = res["summary"]
+        h = s["final"][s["headline"]]["mean"]
+        _say(console, f"done {r.rid}: {s['headline']} {h:.4f}, {s['wall_time_s']:.0f} s")
+
+
+def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> list[dict]:
+    """Bytes of one round (after any start-up broadcast), measured on real messages, per method and K."""
+    import torch
+
+    from silofl.data import load_dataset
+    from silofl.runtime.simulator import build, prepare_data
+
+    n_train = len(load_dataset(base.dataset, base.data_dir).y_train)
+    per = max(2, min(base.samples_per_client, n_train // max(ks)))
+    rows = []
+    for k in ks:
+        for m in methods:
+            cfg = base.replace(method=m, clients=k, samples_per_client=per, batch_size=min(base.batch_size, per),
+                               delta=min(base.delta, 0.5 / per), target_epsilon=None, target_epsilons=None,
+                               private_models=None).resolve()
+            data, parts, _, _ = prepare_data(cfg, torch.device("cpu"))
+            proto = build(cfg, data, parts)
+            proto.start()
+            before = sum(proto.transport.bytes_sent.values())
+            proto.run_round(1)
+            tr = proto.transport
+            total = sum(tr.bytes_sent.values()) - before
+            rows.append({"method": m, "clients": k, "bytes_per_round": total,
+                         "bytes_per_client_per_round": total / k,
+                         "server_bytes_per_round": (tr.bytes_sent[proto.server_id] + tr.bytes_received[proto.server_id])
+                         if m in ("fedavg", "fml") else 0})
+    return rows
+
+
+def _say(console, text: str) -> None:
+    if console is not None:
+        console.print(text)
+
+
+def _progress(console, enabled: bool):
+    from contextlib import nullcontext
+
+    if not enabled:
+        return nullcontext()
+    from silofl.runtime.simulator import _progress as bar
+
+    return bar(console)

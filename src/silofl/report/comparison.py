@@ -1,0 +1,223 @@
+"""The report of a ``silofl compare``: table (Markdown, CSV, JSON) and plots.
+
+Accuracies are pooled over clients and seeds (mean ± std of every client's final value in every
+seed); ε is the final ε averaged over clients and seeds, marked † where it is not a formal
+guarantee; bytes are measured by the transport (per client: sent + received; total: everything
+sent, server included).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from silofl.report.plots import ACC_KEYS  # noqa: E402
+from silofl.report.run_folder import _clean, read_metrics  # noqa: E402
+
+
+def _ms(vals: list[float]) -> dict:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+
+
+def summarize(runs, results) -> tuple[list[dict], list[dict]]:
+    """Rows per (variant, method label) and the list of failed runs."""
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    failed = []
+    for r in runs:
+        res = results.get(r.rid, {"error": "not run"})
+        if "error" in res:
+            failed.append({"run": r.rid, "error": res["error"]})
+        else:
+            groups[(r.variant, r.label)].append((r, res["summary"]))
+    rows = []
+    for (variant, label), items in groups.items():
+        sums = [s for _, s in items]
+        per = [c for s in sums for c in s["final"]["per_client"]]
+        row = {"variant": variant, "method": label, "headline": sums[0]["headline"], "seeds": [r.seed for r, _ in items]}
+        for k in ACC_KEYS:
+            row[k] = _ms([c.get(k) for c in per])
+        row["headline_acc"] = row[sums[0]["headline"]]
+        row["epsilon"] = _ms([c.get("epsilon") for c in per])
+        row["delta"] = sums[0]["privacy"]["delta"]
+        row["formal_guarantee"] = sums[0]["privacy"]["formal_guarantee"]
+        row["privacy"] = sums[0]["privacy"]["mode"] if sums[0]["privacy"]["delta"] is not None else "off"
+        row["bytes_per_client"] = statistics.fmean(s["bytes"]["per_client_mean"] for s in sums)
+        row["bytes_total"] = statistics.fmean(s["bytes"]["total_sent"] for s in sums)
+        row["wall_time_s"] = _ms([s["wall_time_s"] for s in sums])
+        row["rounds"] = max(s["rounds_run"] for s in sums)
+        row["runs"] = [r.rid for r, _ in items]
+        rows.append(row)
+    return rows, failed
+
+
+def _fmt(d: dict, nd: int = 4) -> str:
+    return "—" if d is None or d.get("mean") is None else f"{d['mean']:.{nd}f} ± {d['std']:.{nd}f}"
+
+
+def _bytes(n: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= f:
+            return f"{n / f:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    show_variant = len({r["variant"] for r in rows}) > 1
+    head = (["variant"] if show_variant else []) + [
+        "method", "judged by", "private acc", "proxy acc", "global acc", "ε", "bytes / client", "bytes total",
+        "wall s", "rounds", "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["epsilon"]["mean"] is None:
+            eps = "no DP"
+        else:
+            eps = f"{r['epsilon']['mean']:.2f}{'' if r['formal_guarantee'] else ' †'}"
+        cells = ([r["variant"]] if show_variant else []) + [
+            r["method"], r["headline"].removesuffix("_acc"), _fmt(r["private_acc"]), _fmt(r["proxy_acc"]),
+            _fmt(r["global_acc"]), eps, _bytes(r["bytes_per_client"]), _bytes(r["bytes_total"]),
+            f"{r['wall_time_s']['mean']:.0f}", str(r["rounds"]), ",".join(map(str, r["seeds"]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _curves(runs, results, key_of) -> dict:
+    """(variant, label) -> {round: [values over clients and seeds]} for the value key_of(record, summary)."""
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        res = results.get(r.rid, {})
+        if "summary" not in res:
+            continue
+        for rec in read_metrics(r.cfg.out):
+            v = key_of(rec, res["summary"])
+            if v is not None:
+                out[(r.variant, r.label)][rec["round"]].append(v)
+    return out
+
+
+def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
+    curves = _curves(runs, results, lambda rec, s: rec.get(s["headline"]))
+    variants = list(dict.fromkeys(r.variant for r in runs))
+    fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 4.5), squeeze=False)
+    for ax, v in zip(axes[0], variants, strict=True):
+        for (var, label), by_round in curves.items():
+            if var != v:
+                continue
+            xs = np.array(sorted(by_round))
+            m = np.array([np.mean(by_round[x]) for x in xs])
+            sd = np.array([np.std(by_round[x]) for x in xs])
+            ax.plot(xs, m, label=label)
+            ax.fill_between(xs, m - sd, m + sd, alpha=0.15)
+        ax.set_title(v if len(variants) > 1 else "")
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy of the judged model\n(mean ± std over clients and seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
+    acc = _curves(runs, results, lambda rec, s: rec.get(s["headline"]))
+    eps = _curves(runs, results, lambda rec, s: rec.get("epsilon"))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    multi = len({r.variant for r in runs}) > 1
+    delta = None
+    for key, by_round in acc.items():
+        e = eps.get(key)
+        if not e:
+            continue
+        xs = sorted(set(by_round) & set(e))
+        if not xs:
+            continue
+        ax.plot([np.mean(e[x]) for x in xs], [np.mean(by_round[x]) for x in xs], label=f"{key[0]} · {key[1]}" if multi else key[1])
+        drawn = True
+    for r in runs:
+        if r.cfg.is_private:
+            delta = r.cfg.delta
+            break
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel(f"ε at δ = {delta:g} (as the rounds go)")
+    ax.set_ylabel("test accuracy of the judged model (mean)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_communication(comm: list[dict], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in dict.fromkeys(r["method"] for r in comm):
+        pts = sorted((r["clients"], r["bytes_per_round"]) for r in comm if r["method"] == m)
+        ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("number of clients K")
+    ax.set_ylabel("MB sent per round, all nodes (measured)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, runs, results, comm, cc) -> dict:
+    rows, failed = summarize(runs, results)
+    plots = [plot_accuracy_vs_round(runs, results, out / "accuracy_vs_round.png").name] if rows else []
+    if rows:
+        p = plot_accuracy_vs_epsilon(runs, results, out / "accuracy_vs_epsilon.png")
+        if p:
+            plots.append(p.name)
+    if comm:
+        plots.append(plot_communication(comm, out / "communication_vs_clients.png").name)
+    report = {"rows": rows, "failed": failed, "communication": comm, "plots": plots,
+              "resumed": sorted(k for k, v in results.items() if v.get("resumed")),
+              "compare": {"methods": cc.methods, "seeds": cc.seeds, "preset": cc.preset}}
+    (out / "results.json").write_text(json.dumps(_clean(report), indent=2) + "\n")
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["variant", "method", "headline", "headline_mean", "headline_std", "private_mean", "private_std",
+                    "proxy_mean", "proxy_std", "global_mean", "global_std", "epsilon", "delta", "formal_guarantee",
+                    "bytes_per_client", "bytes_total", "wall_time_s", "rounds", "seeds"])
+        for r in rows:
+            w.writerow([r["variant"], r["method"], r["headline"], r["headline_acc"]["mean"], r["headline_acc"]["std"],
+                        r["private_acc"]["mean"], r["private_acc"]["std"], r["proxy_acc"]["mean"], r["proxy_acc"]["std"],
+                        r["global_acc"]["mean"], r["global_acc"]["std"], r["epsilon"]["mean"], r["delta"],
+                        r["formal_guarantee"], r["bytes_per_client"], r["bytes_total"], r["wall_time_s"]["mean"],
+                        r["rounds"], " ".join(map(str, r["seeds"]))])
+    md = ["# silofl compare report", ""]
+    if rows:
+        md += [markdown_table(rows), "",
+               "Accuracies: mean ± std over every client's final value in every seed. ε: final, at δ = "
+               f"{next((r['delta'] for r in rows if r['delta']), 0):g}, from the runs' accountants; † = not a formal "
+               "guarantee (paper privacy mode). Bytes: measured on the serialized messages.", ""]
+    if failed:
+        md += ["## Failed runs", ""] + [f"- `{f['run']}`: {f['error']}" for f in failed] + [""]
+    if comm:
+        md += ["## Communication per round (measured)", "", "| method | K | bytes / round | bytes / client / round |",
+               "|---|---|---|---|"]
+        md += [f"| {r['method']} | {r['clients']} | {_bytes(r['bytes_per_round'])} | {_bytes(r['bytes_per_client_per_round'])} |"
+               for r in comm]
+        md.append("")
+    md += [f"![{p}]({p})" for p in plots]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    return report
