@@ -252,14 +252,13 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
             data, parts, _, _ = prepare_data(cfg, torch.device("cpu"))
             proto = build(cfg, data, parts)
             proto.start()
-            before = sum(proto.transport.bytes_sent.values())
-            proto.run_round(1)
             tr = proto.transport
+            sid = proto.server_id
+            before, server_before = sum(tr.bytes_sent.values()), tr.bytes_sent[sid] + tr.bytes_received[sid]
+            proto.run_round(1)
             total = sum(tr.bytes_sent.values()) - before
-            rows.append({"method": m, "clients": k, "bytes_per_round": total,
-                         "bytes_per_client_per_round": total / k,
-                         "server_bytes_per_round": (tr.bytes_sent[proto.server_id] + tr.bytes_received[proto.server_id])
-                         if m in ("fedavg", "fml") else 0})
+            rows.append({"method": m, "clients": k, "bytes_per_round": total, "bytes_per_client_per_round": total / k,
+                         "server_bytes_per_round": tr.bytes_sent[sid] + tr.bytes_received[sid] - server_before})
     return rows
 
 

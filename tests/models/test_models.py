@@ -5,7 +5,10 @@ from silofl.errors import ConfigError
 from silofl.models import MODEL_NAMES, ModelSpec, build_model, load_model, save_model
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+IMAGE_MODELS = [n for n in MODEL_NAMES if n != "deepset"]
+
+
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 @pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (1, 16, 16)])
 def test_models_build_and_run(name, shape):
     m = build_model(name, shape, 10)
@@ -35,3 +38,30 @@ def test_save_load_roundtrip(tmp_path):
     assert spec2 == spec
     x = torch.randn(3, 1, 28, 28)
     assert torch.equal(m(x), m2(x))
+
+
+def test_resnet18_has_the_resnet18_layout_with_groupnorm():
+    m = build_model("resnet18", (3, 64, 64), 2)
+    convs = [x for x in m.modules() if isinstance(x, torch.nn.Conv2d)]
+    assert len(convs) == 1 + 16 + 3  # stem, 8 blocks x 2 convs, 3 projection shortcuts
+    assert sum(isinstance(x, torch.nn.GroupNorm) for x in m.modules()) == 1 + 16 + 3
+    assert 11.0e6 < sum(p.numel() for p in m.parameters()) < 11.3e6  # torchvision's resnet18 has 11.2 M (2 classes)
+    assert m(torch.zeros(2, 3, 64, 64)).shape == (2, 2)
+
+
+def test_deepset_is_invariant_to_instance_order_and_ignores_padding():
+    torch.manual_seed(0)
+    m = build_model("deepset", (5, 4), 3)
+    x = torch.randn(2, 5, 4)
+    x[..., -1] = 1.0
+    x[1, 3:, -1] = 0.0  # bag 1 has 3 real instances
+    perm = x[:, [2, 0, 1, 4, 3]]
+    perm[1] = x[1, [2, 0, 1, 3, 4]]
+    torch.testing.assert_close(m(x), m(perm))
+    changed = x.clone()
+    changed[1, 3:, :-1] = 99.0  # padding content must not matter
+    torch.testing.assert_close(m(x), m(changed))
+    with pytest.raises(ConfigError, match="bag inputs"):
+        build_model("deepset", (1, 28, 28), 10)
+    with pytest.raises(ConfigError, match="image inputs"):
+        build_model("vgg", (5, 4), 10)

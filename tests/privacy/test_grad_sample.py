@@ -83,10 +83,10 @@ def test_every_clipped_example_gradient_is_at_most_C(backend):
 
 
 def test_auto_falls_back_to_vmap_for_other_layers_and_rejects_batchnorm():
-    gn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
-    assert isinstance(make_clipper(gn, "auto"), VmapClipper)
+    ln = nn.Sequential(nn.Conv2d(1, 4, 3), nn.LayerNorm([4, 6, 6]), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    assert isinstance(make_clipper(ln, "auto"), VmapClipper)
     with pytest.raises(ConfigError):
-        make_clipper(gn, "ghost")
+        make_clipper(ln, "ghost")
     bn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4))
     with pytest.raises(ConfigError, match="BatchNorm2d"):
         make_clipper(bn, "auto")
@@ -115,3 +115,28 @@ def test_reused_layer_is_detected_and_dp_gradient_falls_back():
     _, ref, _ = VmapClipper(model).clipped_sum(x, ce, (y,), 1.0)
     for g, p in zip(got, model.parameters(), strict=True):
         torch.testing.assert_close(g, ref[p] / 4)
+
+
+def _bag_batch(n, m, d):
+    x = torch.randn(n, m, d + 1)
+    x[..., -1] = (torch.rand(n, m) < 0.7).float()
+    x[:, 0, -1] = 1.0  # every bag has at least one instance
+    return x
+
+
+@pytest.mark.parametrize("name,shape", [("vgg", (3, 16, 16)), ("resnet18", (3, 8, 8)), ("deepset", (6, 5))])
+def test_vgg_resnet18_groupnorm_and_deepset_use_the_ghost_rules_and_match_opacus(name, shape):
+    torch.manual_seed(2)
+    model = build_model(name, shape, 4)
+    ref_model = build_model(name, shape, 4)
+    ref_model.load_state_dict(model.state_dict())
+    x = _bag_batch(7, *shape[:1], shape[1] - 1) if name == "deepset" else torch.randn(7, *shape)
+    y = torch.randint(0, 4, (7,))
+    ref_sq, ref_sum = opacus_reference(ref_model, x, y, clip=0.5)
+    clipper = make_clipper(model, "auto")
+    assert isinstance(clipper, GhostClipper)  # GroupNorm has its own per-layer rule: no vmap fallback
+    _, grads, sq = clipper.clipped_sum(x, ce, (y,), 0.5)
+    clipper.close()
+    torch.testing.assert_close(sq.sqrt(), ref_sq.sqrt(), rtol=1e-4, atol=1e-5)
+    for p, ref_p in zip(model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(grads[p].flatten(), ref_sum[ref_p], rtol=1e-3, atol=1e-5)

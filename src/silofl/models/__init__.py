@@ -2,8 +2,9 @@
 
 ``build_model(name, input_shape, num_classes)`` builds one; :class:`ModelSpec` is the small JSON
 that is saved next to each ``.safetensors`` file and rebuilds the same architecture.
-Every layer with parameters is ``Linear`` or ``Conv2d`` (no BatchNorm), so DP-SGD's fast
-per-example norms apply to all of them.
+Every layer with parameters is ``Linear``, ``Conv2d`` or ``GroupNorm`` (no BatchNorm), so DP-SGD's
+fast per-example norms apply to all of them. VGG, ResNet-18 (GroupNorm) and DeepSet are in
+:mod:`silofl.models.large`.
 """
 
 from __future__ import annotations
@@ -88,7 +89,11 @@ class CNN2(_ConvNet):
         super().__init__(input_shape, num_classes, channels=(128, 128), kernel=3, fc=())
 
 
-REGISTRY: dict[str, Callable[..., nn.Module]] = {"mlp": MLP, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2}
+from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
+
+REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    "mlp": MLP, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2, "vgg": VGG, "resnet18": ResNet18, "deepset": DeepSet,
+}
 MODEL_NAMES = tuple(REGISTRY)
 
 

@@ -9,7 +9,8 @@ gradient is the outer product g_i a_iᵀ of the output gradient and the input, s
 use the same identity on unfolded patches U_i: the per-example gradient g_i U_iᵀ is formed when it
 is smaller than the L×L Gram matrices, else its norm is Σ (U_iᵀU_i) ⊙ (g_iᵀg_i) ("ghost norm").
 Only the gradients w.r.t. layer *outputs* are requested from autograd, so the usual weight gradient
-is never computed. Needs every parameter to live in a Linear or Conv2d (groups=1) used once per
+is never computed. GroupNorm's per-example gradients (C numbers per example) are formed directly.
+Needs every parameter to live in a Linear, Conv2d (groups=1) or affine GroupNorm used once per
 forward.
 
 ``vmap`` — ``torch.func.vmap(grad(...))`` per-example gradients for any architecture.
@@ -60,6 +61,8 @@ def ghost_support(model: nn.Module) -> str | None:
             continue
         if isinstance(m, nn.Conv2d) and m.groups == 1 and m.padding_mode == "zeros" and not isinstance(m.padding, str):
             continue
+        if isinstance(m, nn.GroupNorm) and m.affine:
+            continue
         return f"{name} ({type(m).__name__}) has no per-layer norm rule"
     return None
 
@@ -73,7 +76,7 @@ class GhostClipper:
         if reason:
             raise GhostUnsupported(reason)
         self.model = model
-        self.layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+        self.layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.GroupNorm))]
         self._records: list | None = None
         self._handles = [m.register_forward_hook(self._hook) for m in self.layers]
 
@@ -105,7 +108,8 @@ class GhostClipper:
         for (mod, a, z, _), g in zip(records, gouts, strict=True):
             if g is None:
                 g = torch.zeros_like(z)
-            n2, ctx = _linear_norms(mod, a, g) if isinstance(mod, nn.Linear) else _conv_norms(mod, a, g)
+            rule = _linear_norms if isinstance(mod, nn.Linear) else _conv_norms if isinstance(mod, nn.Conv2d) else _groupnorm_norms
+            n2, ctx = rule(mod, a, g)
             sq += n2
             prepared.append((mod, ctx))
         c = clip_factors(sq, clip)
@@ -171,6 +175,20 @@ def _conv_norms(mod: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
 
     def ctx(c):
         return wsum(c), (c @ gsum if has_bias else None)
+
+    return n2, ctx
+
+
+def _groupnorm_norms(mod: nn.GroupNorm, a: torch.Tensor, g: torch.Tensor):
+    """GroupNorm's per-example gradients are C numbers each: ∂w_c = Σ g·x̂ over the channel, ∂b_c = Σ g."""
+    B, C = a.shape[0], a.shape[1]
+    xhat = F.group_norm(a, mod.num_groups, eps=mod.eps)
+    gw = (g * xhat).reshape(B, C, -1).sum(2)
+    gb = g.reshape(B, C, -1).sum(2)
+    n2 = gw.pow(2).sum(1) + gb.pow(2).sum(1)
+
+    def ctx(c):
+        return c @ gw, c @ gb
 
     return n2, ctx
 

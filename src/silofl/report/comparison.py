@@ -123,7 +123,10 @@ def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy of the judged model\n(mean ± std over clients and seeds)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no finished run", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

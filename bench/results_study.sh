@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every run behind docs/results.md (the ProxyFL papers' Fashion-MNIST study), then the doc itself.
+# Settings of the papers: 8 clients x 1000 images, p_major 0.8, batch 250, C = 1, sigma = 1, Adam 1e-3,
+# LeNet5 private / MLP proxy (the shared model of FedAvg, AvgPush and CWT), strict privacy mode.
+# ROUNDS and JOBS may be overridden: ROUNDS=300 JOBS=2 bash bench/results_study.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-300}
+ABL_ROUNDS=${ABL_ROUNDS:-100}
+JOBS=${JOBS:-2}
+SILOFL=${SILOFL:-.venv/bin/silofl}
+export SILOFL_NO_PROGRESS=${SILOFL_NO_PROGRESS:-}
+$SILOFL compare --methods proxyfl,fedavg,fml,avgpush,cwt,regular,joint --dataset fashion-mnist \
+  --seeds 0,1,2 --rounds "$ROUNDS" --eval-every 25 --jobs "$JOBS" --resume \
+  --comm-clients 2,4,8,16,32,64 --out reports/fmnist --quiet
+$SILOFL compare --methods proxyfl,fedavg,fml,avgpush,cwt,regular --preset dp --dataset fashion-mnist \
+  --seeds 0,1,2 --rounds "$ABL_ROUNDS" --eval-every 25 --jobs "$JOBS" --resume --out reports/fmnist-dp --quiet
+.venv/bin/python scripts/results_doc.py reports/fmnist reports/fmnist-dp > docs/results.md
