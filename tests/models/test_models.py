@@ -4,7 +4,6 @@ import torch
 from silofl.errors import ConfigError
 from silofl.models import MODEL_NAMES, ModelSpec, build_model, load_model, save_model
 
-
 IMAGE_MODELS = [n for n in MODEL_NAMES if n != "deepset"]
 
 

@@ -16,7 +16,6 @@ All parameters live in Linear, Conv2d or GroupNorm layers, so DP-SGD's per-layer
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
