@@ -20,8 +20,8 @@ from silofl.errors import ConfigError
 METHODS = ("proxyfl", "fedavg", "fml", "avgpush", "cwt", "regular", "joint")
 AGGREGATIONS = ("size", "uniform")
 PRIVACY_MODES = ("strict", "paper", "off")
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz")
-PARTITIONS = ("p_major", "iid", "dirichlet")
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags")
+PARTITIONS = ("p_major", "iid", "dirichlet", "site")
 ACCOUNTANTS = ("rdp", "prv")
 GRAPHS = ("exponential", "ring")
 DEVICES = ("auto", "cpu", "cuda")
@@ -35,6 +35,8 @@ class RunConfig:
     method: str = "proxyfl"
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
+    image_size: int = 32  # dataset "folder": images resized to this many pixels per side
+    max_bag_size: int = 64  # dataset "bags": instances per bag (padded or subsampled)
     clients: int = 8
     rounds: int = 300
     seed: int = 0
@@ -160,7 +162,7 @@ class RunConfig:
             raise ConfigError(
                 f"private_models lists {len(self.private_models)} architectures for {self.clients} clients"
             )
-        positive_ints = ("clients", "rounds", "samples_per_client", "batch_size", "eval_every")
+        positive_ints = ("clients", "rounds", "samples_per_client", "batch_size", "eval_every", "image_size", "max_bag_size")
         for name in positive_ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -47,6 +47,14 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int
     source: str
+    class_names: list[str] | None = None
+    groups: np.ndarray | None = None  # site of each training example (bags), for partition "site"
+    test_groups: np.ndarray | None = None
+    # set by the simulator for partition "site": per-client internal test sets, the sites, and what
+    # the shared test set is
+    internal_tests: list | None = None
+    sites: list[str] | None = None
+    test_set: str = "the data set's test split"
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -221,7 +229,15 @@ def load_digits_dataset(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10, source="sklearn.datasets.load_digits")
 
 
-def load_dataset(name: str, data_dir=None) -> Dataset:
+def load_dataset(name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64, seed: int = 0) -> Dataset:
+    if name == "folder":
+        from silofl.data.formats import load_image_folder
+
+        return load_image_folder(data_dir, image_size=image_size, seed=seed)
+    if name == "bags":
+        from silofl.data.formats import load_bags
+
+        return load_bags(data_dir, max_bag_size=max_bag_size, seed=seed)
     if name in ("fashion-mnist", "mnist"):
         return load_idx_dataset(name, data_dir)
     if name == "cifar10":
@@ -230,4 +246,4 @@ def load_dataset(name: str, data_dir=None) -> Dataset:
         return load_digits_dataset()
     if name == "npz":
         return load_npz(data_dir)
-    raise DataError(f"unknown dataset {name!r}; choose one of: fashion-mnist, mnist, cifar10, digits, npz")
+    raise DataError(f"unknown dataset {name!r}; choose one of: fashion-mnist, mnist, cifar10, digits, npz, folder, bags")

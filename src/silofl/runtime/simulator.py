@@ -18,6 +18,7 @@ import torch
 
 from silofl.config import RunConfig, check_against_data
 from silofl.data import load_dataset, partition
+from silofl.data.formats import site_split
 from silofl.errors import BudgetExhausted, ConfigError
 from silofl.methods.registry import build_protocol, method_info
 from silofl.report import RunFolder, plot_run
@@ -56,14 +57,25 @@ def resolve_device(name: str) -> torch.device:
 
 
 def prepare_data(cfg: RunConfig, device: torch.device):
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    rng = np.random.default_rng(cfg.seed)
-    shards = partition(
-        cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
-        p=cfg.p_major, alpha=cfg.dirichlet_alpha,
-    )
+    data = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
+                        seed=cfg.seed)
+    if cfg.partition == "site":
+        shards, internal, external, data.sites = site_split(data, cfg.clients)
+        data.internal_tests = [(data.x_test[i].to(device), data.y_test[i].to(device)) for i in internal]
+        ext_sites = sorted(set(data.test_groups[external]) - set(data.sites))
+        data.test_set = (f"external: held-out bags of sites {', '.join(ext_sites)} (no client trains on them)"
+                         if ext_sites else "every held-out bag (no site is left out of training)")
+        x_test, y_test = data.x_test[external], data.y_test[external]
+        if cfg.test_limit is not None:
+            x_test, y_test = x_test[: cfg.test_limit], y_test[: cfg.test_limit]
+    else:
+        rng = np.random.default_rng(cfg.seed)
+        shards = partition(
+            cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
+            p=cfg.p_major, alpha=cfg.dirichlet_alpha,
+        )
+        x_test, y_test = data.test_split(cfg.test_limit)
     check_against_data(cfg, [len(s) for s in shards])
-    x_test, y_test = data.test_split(cfg.test_limit)
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
     return data, parts, x_test.to(device), y_test.to(device)
 
@@ -108,6 +120,8 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
     train_s = eval_s = 0.0
     rounds_run = 0
     tr = protocol.transport
+    # per-client internal test sets (partition "site"); Joint pools every site, so it has none
+    internal = data.internal_tests if data.internal_tests and len(data.internal_tests) == len(clients) else None
 
     bar = _progress(console) if progress else nullcontext()
     with bar as p:
@@ -124,6 +138,8 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
                 records = []
                 for cid, accs in protocol.evaluate(x_test, y_test, rnd).items():
                     c = clients[cid]
+                    if internal:
+                        accs.update({f"{k}_internal": v for k, v in c.evaluate(*internal[cid]).items()})
                     rec = {"round": rnd, "client": cid, "active": c.active, **accs,
                            "epsilon": c.epsilon(), "delta": cfg.delta if cfg.is_private else None,
                            "bytes_sent": tr.bytes_sent[cid], "bytes_received": tr.bytes_received[cid],
@@ -141,7 +157,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
                 break
 
     wall = time.perf_counter() - t_start
-    acc_keys = [k for k in ACC_KEYS if any(k in r for r in last.values())]
+    acc_keys = [k + sfx for sfx in ("", "_internal") for k in ACC_KEYS if any(k + sfx in r for r in last.values())]
     per_client = [
         {"client": c.cid, **{f"{role}_model": arch for role, arch in c.architectures().items()},
          "round": last.get(c.cid, {}).get("round"), **{k: last.get(c.cid, {}).get(k) for k in acc_keys},
@@ -156,6 +172,8 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
         "headline": info.headline,
         "dataset": cfg.dataset,
         "data_source": data.source,
+        "test_set": data.test_set,
+        "sites": data.sites,
         "clients": cfg.clients,
         "sites_trained": len(clients),
         "rounds_requested": cfg.rounds,
