@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from silofl.config import RunConfig
-from silofl.data import load_dataset
 from silofl.errors import ConfigError
 from silofl.methods.base import accuracy
 from silofl.models import load_model
+from silofl.runtime.simulator import prepare_data
 
 
 def evaluate_run(run_dir: str | Path, data_dir: str | None = None) -> list[dict]:
@@ -17,13 +19,14 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None) -> list[dict]
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
     cfg = RunConfig.from_yaml(run_dir / "config.yaml")
-    data = load_dataset(cfg.dataset, data_dir or cfg.data_dir)
-    x, y = data.test_split(cfg.test_limit)
+    if data_dir:
+        cfg = cfg.replace(data_dir=data_dir)
+    data, _, x, y = prepare_data(cfg.resolve(), torch.device("cpu"))  # the run's own test set (e.g. external sites)
     recorded = {}
     if (run_dir / "summary.json").is_file():
         for r in json.loads((run_dir / "summary.json").read_text())["final"]["per_client"]:
-            recorded[f"client{r['client']}_private"] = r.get("private_acc")
-            recorded[f"client{r['client']}_proxy"] = r.get("proxy_acc")
+            for role in ("private", "proxy", "global"):
+                recorded[f"client{r['client']}_{role}"] = r.get(f"{role}_acc")
     specs = sorted((run_dir / "models").glob("*.json"))
     if not specs:
         raise ConfigError(f"no models found under {run_dir / 'models'}")
