@@ -44,7 +44,7 @@ def friendly_errors(fn):
 def run(
     config: Path | None = typer.Option(None, "--config", help="YAML file with any RunConfig options."),
     method: str | None = typer.Option(None, help="proxyfl | fedavg | fml | avgpush | cwt | regular | joint"),
-    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz"),
+    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
     clients: int | None = typer.Option(None, help="Number of clients K."),
     rounds: int | None = typer.Option(None, help="Number of rounds R."),
@@ -53,9 +53,9 @@ def run(
     privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
     device: str | None = typer.Option(None, help="auto | cpu | cuda"),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
-    private_model: str | None = typer.Option(None, "--private-model", help="mlp | lenet5 | cnn1 | cnn2"),
-    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | lenet5 | cnn1 | cnn2"),
-    partition: str | None = typer.Option(None, help="p_major | iid | dirichlet"),
+    private_model: str | None = typer.Option(None, "--private-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    partition: str | None = typer.Option(None, help="p_major | iid | dirichlet | site"),
     p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
     dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),
     samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
@@ -77,6 +77,7 @@ def run(
     dp_backend: str | None = typer.Option(None, "--dp-backend", help="auto | ghost | vmap"),
     eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
     test_limit: int | None = typer.Option(None, "--test-limit", help="Evaluate on the first N test examples only."),
+    set_: list[str] = typer.Option([], "--set", help="Any other option, KEY=VALUE (YAML value); repeatable."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
@@ -84,10 +85,10 @@ def run(
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cfg = RunConfig.from_yaml(config) if config else RunConfig()
-    flags = {k: v for k, v in locals().items() if k not in ("config", "quiet", "simulate", "cfg")}
+    flags = {k: v for k, v in locals().items() if k not in ("config", "quiet", "simulate", "cfg", "set_")}
     if target_epsilons is not None:
         flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
-    cfg = cfg.replace(**flags)
+    cfg = RunConfig.from_dict({**cfg.to_dict(), **_parse_sets(set_)}).replace(**flags)
     resolved = cfg.resolve()
     console.print(
         f"[bold]silofl run[/] {resolved.method} on {resolved.dataset}: {resolved.clients} clients, {resolved.rounds} rounds, "
@@ -96,6 +97,21 @@ def run(
     )
     summary = simulate(resolved, progress=not quiet, console=console)
     print_summary(summary)
+
+
+def _parse_sets(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(val)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {key}: {val!r} is not a valid value") from None
+    return out
 
 
 def _number_list(text: str, flag: str) -> list[float]:
@@ -167,8 +183,6 @@ def compare(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ):
     """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots)."""
-    import yaml
-
     from silofl.compare import CompareConfig, run_compare
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -187,11 +201,7 @@ def compare(
                 "samples_per_client": samples_per_client, "batch_size": batch_size, "privacy": privacy,
                 "private_model": private_model, "proxy_model": proxy_model, "eval_every": eval_every,
                 "test_limit": test_limit, "threads": threads}
-    for item in set_:
-        key, eq, val = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
-        run_opts[key.strip().replace("-", "_")] = yaml.safe_load(val)
+    run_opts.update(_parse_sets(set_))
     cc.run = {**cc.run, **{k: v for k, v in run_opts.items() if v is not None}}
     report = run_compare(cc, console=console, progress=not quiet)
     from silofl.report.comparison import markdown_table
