@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from silofl.config import METHODS, RunConfig
+from silofl.config import METHODS, RunConfig, load_yaml_mapping
 from silofl.errors import ConfigError
 
 log = logging.getLogger("silofl")
@@ -66,15 +66,7 @@ class CompareConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> CompareConfig:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: a compare config must be a mapping")
+        data = load_yaml_mapping(path)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -91,14 +91,7 @@ class RunConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RunConfig:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(load_yaml_mapping(path))
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -219,6 +212,20 @@ class RunConfig:
 
     def private_model_of(self, client: int) -> str:
         return self.private_models[client] if self.private_models else self.private_model
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping, or a ConfigError saying what is wrong with the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of option names to values, got {type(data).__name__}")
+    return data
 
 
 def check_against_data(cfg: RunConfig, client_sizes: list[int]) -> None:
