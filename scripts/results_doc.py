@@ -152,7 +152,8 @@ def main(argv: list[str]) -> None:
         rounds = max(r["rounds"] for r in dp_rep["rows"])
         seeds = sorted({s for r in dp_rep["rows"] for s in r["seeds"]})
         w(f"From `silofl compare --preset dp` ({rounds} rounds, seeds {', '.join(map(str, seeds))}; same settings "
-          "otherwise). Drop = non-DP − DP accuracy of the judged model.")
+          "otherwise). Drop = non-DP − DP accuracy of the judged model. Without DP the mutual-learning methods "
+          "(ProxyFL, FML) use β = 0.5 (the papers' setting); with DP, strict mode's β = 0.")
         w("")
         w("| method | exchange | no DP | DP | drop |")
         w("|---|---|---|---|---|")

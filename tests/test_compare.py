@@ -67,6 +67,8 @@ def test_a_crashed_run_is_reported_and_the_others_finish_then_resume_skips_done_
     assert done.stat().st_mtime_ns == stamp
     assert sorted(rep2["resumed"]) == ["ok/avgpush/seed0", "ok/regular/seed0"]
     assert rep2["rows"] == rep["rows"]
+    cc.run = {**TINY, "threads": 1}  # another thread count is the same experiment
+    assert len(run_compare(cc, progress=False)["resumed"]) == 2
     # a changed config is not "done": it runs again
     cc.run = {**TINY, "rounds": 3}
     rep3 = run_compare(cc, progress=False)

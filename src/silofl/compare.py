@@ -111,7 +111,7 @@ class CompareConfig:
                         ch["private_models"] = _hetero(ch.get("clients", base.clients))
                     if flag == "nodp":
                         ch["privacy"] = "off"
-                    if method != "proxyfl" and method != "fml" and ch.get("privacy") == "paper":
+                    if not mutual_learning(method) and ch.get("privacy") == "paper":
                         ch["privacy"] = "strict"  # paper mode only changes mutual-learning methods
                     if self.jobs > 1 and base.threads is None:
                         ch["threads"] = 1
@@ -131,10 +131,19 @@ class PlannedRun:
     cfg: RunConfig
 
     def done(self) -> bool:
+        """A finished run of the same resolved config (the thread count aside) is in the folder."""
         d = Path(self.cfg.out)
         if not (d / "summary.json").is_file() or not (d / "config.yaml").is_file():
             return False
-        return yaml.safe_load((d / "config.yaml").read_text()) == self.cfg.to_dict()
+        have = yaml.safe_load((d / "config.yaml").read_text())
+        want = self.cfg.to_dict()
+        return isinstance(have, dict) and {**have, "threads": None} == {**want, "threads": None}
+
+
+def mutual_learning(method: str) -> bool:
+    from silofl.methods.registry import METHODS as REGISTRY
+
+    return REGISTRY[method].mutual_learning
 
 
 def _slug(s: str) -> str:
