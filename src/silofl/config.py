@@ -72,6 +72,7 @@ class RunConfig:
     graph: str = "exponential"
     self_weight: float = 0.0
     aggregation: str = "size"  # FedAvg/FML server: weight clients by data size, or uniformly
+    cwt_visits: int | None = None  # CWT: clients that train per round (default all: one full cycle)
     optimizer_state: str = "reset"
     # evaluation
     eval_every: int = 1
@@ -161,6 +162,8 @@ class RunConfig:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.test_limit is not None and self.test_limit < 1:
             raise ConfigError(f"test_limit must be at least 1, got {self.test_limit}")
+        if self.cwt_visits is not None and self.cwt_visits < 1:
+            raise ConfigError(f"cwt_visits must be at least 1, got {self.cwt_visits}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be at least 1, got {self.threads}")
         if not 0.0 <= self.p_major <= 1.0:

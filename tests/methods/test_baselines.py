@@ -153,3 +153,15 @@ def test_regular_with_and_without_dp_and_joint_trains_once_on_pooled_data(tiny_c
     proto, _, _ = protocol_for(tiny_cfg.replace(method="joint"))
     assert len(proto.clients) == 1 and proto.clients[0].n == 4 * 120
     assert proto.clients[0].shared_spec.name == "cnn1"
+
+
+def test_cwt_with_one_visit_per_round_moves_the_model_one_hop_per_round(tiny_cfg):
+    proto, _, _ = protocol_for(tiny_cfg.replace(method="cwt", cwt_visits=1))
+    order = []
+    real_send = proto.transport.send
+    proto.transport.send = lambda s, d, data: (order.append((s, d)), real_send(s, d, data))
+    for rnd in range(1, 6):
+        proto.run_round(rnd)
+    assert order == [(0, 1), (1, 2), (2, 3), (3, 0), (0, 1)]
+    assert [c.rounds_trained for c in proto.clients] == [2, 1, 1, 1]  # ε is spent only by the client that trains
+    assert proto.clients[0].accountant.steps == 2 * proto.clients[0].steps_per_round

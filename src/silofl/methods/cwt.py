@@ -1,10 +1,12 @@
 """CWT, cyclical weight transfer (Chang et al.): one DP model passed from client to client.
 
-Each round the model visits every active client in id order; each trains it for one local epoch
-with DP-SGD and sends it to the next; the last one hands it back to the first, which holds it
-at the start of the next round. If the holder leaves (budget spent), it hands the model to the
-first active client before that round. There is one model, so ``global_acc`` is that model's
-accuracy, evaluated once and reported in every client's row.
+By default each round the model visits every active client in id order (one full cycle, so every
+client trains one local epoch per round, as in the other methods, and spends the same ε); each
+trains it with DP-SGD and sends it to the next; the last one hands it back to the first, which
+holds it at the start of the next round. ``cwt_visits: v`` lets only v clients train per round (the
+model moves v hops; ``1`` = one client per communication round). If the holder leaves (budget
+spent), it hands the model to the next active client first. There is one model, so ``global_acc``
+is that model's accuracy, evaluated once and reported in every client's row.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from silofl.runtime.transport import Transport
 class CWT(Protocol):
     headline = "global_acc"
 
-    def __init__(self, clients: list[SiteClient], transport: Transport):
+    def __init__(self, clients: list[SiteClient], transport: Transport, visits: int | None = None):
         super().__init__(clients, transport)
         self.holder = clients[0]
+        self.visits = visits
 
     def _hand(self, rnd: int, src: SiteClient, dst: SiteClient, events: RoundEvents) -> SiteClient:
         """Send the model src → dst; returns the client holding the newest model afterwards."""
@@ -41,15 +44,17 @@ class CWT(Protocol):
         active = self.retire_spent(rnd, events)
         if not active:
             return events
-        if self.holder is not active[0]:
-            self._hand(rnd, self.holder, active[0], events)
-        for i, c in enumerate(active):
+        # the cycle from the holder on (or from the next active client after a holder that left)
+        start = next((i for i, c in enumerate(active) if c.cid >= self.holder.cid), 0)
+        order = active[start:] + active[:start]
+        if self.holder is not order[0]:
+            self._hand(rnd, self.holder, order[0], events)
+        visits = len(order) if self.visits is None else min(self.visits, len(order))
+        for i in range(visits):
+            c = order[i]
             c.train_round(rnd)
-            nxt = active[(i + 1) % len(active)]
-            if nxt is not c:
-                self.holder = self._hand(rnd, c, nxt, events)
-            else:
-                self.holder = c
+            nxt = order[(i + 1) % len(order)]
+            self.holder = self._hand(rnd, c, nxt, events) if nxt is not c else c
         return events
 
     def evaluate(self, x, y, rnd: int) -> dict[int, dict[str, float]]:
@@ -59,4 +64,5 @@ class CWT(Protocol):
 
 def build(cfg, data, parts, transport: Transport) -> CWT:
     spec = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
-    return CWT([SiteClient(k, x, y, spec, cfg, shared_field="global") for k, (x, y) in enumerate(parts)], transport)
+    return CWT([SiteClient(k, x, y, spec, cfg, shared_field="global") for k, (x, y) in enumerate(parts)], transport,
+               visits=cfg.cwt_visits)
