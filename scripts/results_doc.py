@@ -34,8 +34,9 @@ def load(folder: Path) -> dict:
     return rep
 
 
-def per_seed(folder: Path, row: dict) -> dict[int, float]:
+def per_seed(row: dict) -> dict[int, float]:
     """Judged accuracy per seed (mean over clients) of one report row."""
+    folder = row["_folder"]
     out = {}
     for rid in row["runs"]:
         s = json.loads((folder / "runs" / rid / "summary.json").read_text())
@@ -43,7 +44,8 @@ def per_seed(folder: Path, row: dict) -> dict[int, float]:
     return out
 
 
-def curve(folder: Path, row: dict) -> dict[int, float]:
+def curve(folder: Path | None, row: dict) -> dict[int, float]:
+    folder = folder or row["_folder"]
     by_round = defaultdict(list)
     for rid in row["runs"]:
         s = json.loads((folder / "runs" / rid / "summary.json").read_text())
@@ -60,9 +62,19 @@ def main(argv: list[str]) -> None:
     ap.add_argument("main")
     ap.add_argument("--dp", default=None)
     ap.add_argument("--long", default=None)
+    ap.add_argument("--extra", action="append", default=[],
+                    help="more report folders whose rows join the main table as 'method (variant)'")
     args = ap.parse_args(argv)
     main_dir = Path(args.main)
     rep = load(main_dir)
+    for r in rep["rows"]:
+        r["_folder"] = main_dir
+    for extra in args.extra:
+        if (Path(extra) / "results.json").is_file():
+            for r in load(Path(extra))["rows"]:
+                r["method"], r["_folder"] = f"{r['method']} ({r['variant']})", Path(extra)
+                r["variant"] = "base"
+                rep["rows"].append(r)
     dp_rep = load(Path(args.dp)) if args.dp and (Path(args.dp) / "results.json").is_file() else None
     long_rep = load(Path(args.long)) if args.long and (Path(args.long) / "results.json").is_file() else None
     rows = {r["method"]: r for r in rep["rows"]}
@@ -84,7 +96,11 @@ def main(argv: list[str]) -> None:
       f"global model) {cfg['proxy_model']}, privacy mode {cfg['privacy']}, δ = {cfg['delta']:g}, "
       f"{first['rounds']} rounds, seeds {', '.join(map(str, first['seeds']))}, accuracy on the full 10 000-image test "
       f"set every {cfg['eval_every']} rounds. Regular trains the private architecture alone with DP-SGD; Joint trains "
-      "the private architecture once on the pooled data with DP-SGD (q = B / (K·n)).")
+      "the private architecture once on the pooled data with DP-SGD (q = B / (K·n)). CWT: a round is one full "
+      "cycle — every client trains the model for one local epoch, as in the other methods, so every client spends "
+      "the same ε; the model gets K sequential epochs per round, and in a deployment a CWT round takes about K "
+      "times as long because the visits are sequential. `cwt (one client per round)` (`cwt_visits: 1`, where "
+      "run) moves the model one hop per round: each client trains in 1/K of the rounds and spends less ε.")
     w("")
     w("## Main table")
     w("")
@@ -105,7 +121,7 @@ def main(argv: list[str]) -> None:
     w("| method | judged acc at round R/2 | at R−50 | at R | change over the last 50 rounds |")
     w("|---|---|---|---|---|")
     for m, r in rows.items():
-        c = curve(main_dir, r)
+        c = curve(None, r)
         rs = sorted(c)
         last = rs[-1]
         mid = min(rs, key=lambda x: abs(x - last / 2))
@@ -132,18 +148,18 @@ def main(argv: list[str]) -> None:
     w("")
     if "proxyfl" in rows:
         px = rows["proxyfl"]
-        px_seed = per_seed(main_dir, px)
+        px_seed = per_seed(px)
         verdicts = []
         w("| other method | its judged acc | ProxyFL private − it | seeds where ProxyFL is higher |")
         w("|---|---|---|---|")
         for m in [m for m in rows if m != "proxyfl"]:
             o = rows[m]
-            o_seed = per_seed(main_dir, o)
+            o_seed = per_seed(o)
             common = sorted(set(px_seed) & set(o_seed))
             wins = sum(px_seed[s] > o_seed[s] for s in common)
             diff = px["headline_acc"]["mean"] - o["headline_acc"]["mean"]
             w(f"| {m} | {o['headline_acc']['mean']:.4f} | {diff:+.4f} | {wins}/{len(common)} |")
-            if m in FEDERATED:
+            if m.split(" ")[0] in FEDERATED:
                 verdicts.append((m, diff, wins, len(common)))
         w("")
         beaten = [m for m, d, wins, n in verdicts if d > 0 and wins == n]
