@@ -67,8 +67,15 @@ def test_a_crashed_run_is_reported_and_the_others_finish_then_resume_skips_done_
     assert done.stat().st_mtime_ns == stamp
     assert sorted(rep2["resumed"]) == ["ok/avgpush/seed0", "ok/regular/seed0"]
     assert rep2["rows"] == rep["rows"]
+    stored = tmp_path / "c/runs/ok/regular/seed0/config.yaml"
+    old = yaml.safe_load(stored.read_text())
+    del old["cwt_visits"]  # a run written before an option existed: the option's default applies
+    stored.write_text(yaml.safe_dump(old))
+    assert all(r.done() for r in cc.plan() if r.variant == "ok")
     cc.run = {**TINY, "threads": 1}  # another thread count is the same experiment
     assert len(run_compare(cc, progress=False)["resumed"]) == 2
+    only = run_compare(CompareConfig(**{**cc.__dict__, "report_only": True, "seeds": [0, 1]}), progress=False)
+    assert "ok/regular/seed1" in {f["run"] for f in only["failed"]} and not (tmp_path / "c/runs/ok/regular/seed1").exists()
     # a changed config is not "done": it runs again
     cc.run = {**TINY, "rounds": 3}
     rep3 = run_compare(cc, progress=False)

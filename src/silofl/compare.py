@@ -62,6 +62,7 @@ class CompareConfig:
     jobs: int = 1
     resume: bool = False
     comm_clients: list[int] | None = None
+    report_only: bool = False  # write the report from the finished runs; run nothing
     run: dict[str, Any] = field(default_factory=dict)  # RunConfig options shared by every run
 
     @classmethod
@@ -135,9 +136,12 @@ class PlannedRun:
         d = Path(self.cfg.out)
         if not (d / "summary.json").is_file() or not (d / "config.yaml").is_file():
             return False
-        have = yaml.safe_load((d / "config.yaml").read_text())
+        try:  # options added since the run was written take their defaults
+            have = RunConfig.from_dict(yaml.safe_load((d / "config.yaml").read_text())).resolve().to_dict()
+        except Exception:  # noqa: BLE001 - an unreadable or outdated config is simply not "done"
+            return False
         want = self.cfg.to_dict()
-        return isinstance(have, dict) and {**have, "threads": None} == {**want, "threads": None}
+        return {**have, "threads": None} == {**want, "threads": None}
 
 
 def mutual_learning(method: str) -> bool:
@@ -175,8 +179,10 @@ def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
     results: dict[str, dict] = {}
     todo = []
     for r in runs:
-        if cc.resume and r.done():
+        if (cc.resume or cc.report_only) and r.done():
             results[r.rid] = {"summary": json.loads((Path(r.cfg.out) / "summary.json").read_text()), "resumed": True}
+        elif cc.report_only:
+            results[r.rid] = {"error": "not run (report only)"}
         else:
             todo.append(r)
     _say(console, f"{len(runs)} runs planned, {len(runs) - len(todo)} already complete (resume), {len(todo)} to run"
@@ -219,9 +225,13 @@ def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
                         if p:
                             p.update(task, advance=1)
     comm = None
-    if cc.comm_clients:
+    if cc.comm_clients and not cc.report_only:
         _say(console, f"communication sweep: K = {', '.join(map(str, cc.comm_clients))}")
-        comm = communication_sweep(cc.base(), cc.comm_clients, [m for m in COMM_METHODS])
+        try:
+            comm = communication_sweep(cc.base(), cc.comm_clients, list(COMM_METHODS))
+        except Exception as e:  # noqa: BLE001 - the runs' report is still written
+            log.error("communication sweep failed: %s", e)
+            results["communication sweep"] = {"error": f"{type(e).__name__}: {e}"}
     return write_report(out, runs, results, comm, cc)
 
 
@@ -236,7 +246,10 @@ def _report_one(console, r: PlannedRun, res: dict) -> None:
 
 
 def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> list[dict]:
-    """Bytes of one round (after any start-up broadcast), measured on real messages, per method and K."""
+    """Bytes of one round (after any start-up broadcast), measured on real messages, per method and K.
+
+    Message sizes do not depend on the data split, so clients get IID shares of at most
+    ``n_train / max(K)`` examples each (any partition could not serve 64 clients at p_major 0.8)."""
     import torch
 
     from silofl.data import load_dataset
@@ -248,6 +261,7 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
     for k in ks:
         for m in methods:
             cfg = base.replace(method=m, clients=k, samples_per_client=per, batch_size=min(base.batch_size, per),
+                               partition="iid",
                                delta=min(base.delta, 0.5 / per), target_epsilon=None, target_epsilons=None,
                                private_models=None).resolve()
             data, parts, _, _ = prepare_data(cfg, torch.device("cpu"))

@@ -171,6 +171,7 @@ def compare(
     out: str | None = typer.Option(None, help="Report folder (runs go under OUT/runs/)."),
     jobs: int | None = typer.Option(None, help="Runs in parallel processes (one torch thread each unless --threads)."),
     resume: bool = typer.Option(False, "--resume", help="Skip runs whose folder already holds a finished run of the same config."),
+    report_only: bool = typer.Option(False, "--report-only", help="Write the report from the runs already finished; run nothing."),
     comm_clients: str | None = typer.Option(None, "--comm-clients", help="Also measure bytes per round at these K, e.g. 2,4,8,16,32,64."),
     dataset: str | None = typer.Option(None), data_dir: str | None = typer.Option(None, "--data-dir"),
     rounds: int | None = typer.Option(None), clients: int | None = typer.Option(None),
@@ -197,6 +198,7 @@ def compare(
         if v is not None:
             setattr(cc, name, v)
     cc.resume = cc.resume or resume
+    cc.report_only = cc.report_only or report_only
     run_opts = {"dataset": dataset, "data_dir": data_dir, "rounds": rounds, "clients": clients,
                 "samples_per_client": samples_per_client, "batch_size": batch_size, "privacy": privacy,
                 "private_model": private_model, "proxy_model": proxy_model, "eval_every": eval_every,

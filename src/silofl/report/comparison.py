@@ -41,6 +41,8 @@ def summarize(runs, results) -> tuple[list[dict], list[dict]]:
             failed.append({"run": r.rid, "error": res["error"]})
         else:
             groups[(r.variant, r.label)].append((r, res["summary"]))
+    planned = {r.rid for r in runs}
+    failed += [{"run": k, "error": v["error"]} for k, v in results.items() if k not in planned and "error" in v]
     rows = []
     for (variant, label), items in groups.items():
         sums = [s for _, s in items]
