@@ -225,6 +225,9 @@ def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
                         if p:
                             p.update(task, advance=1)
     comm = None
+    previous = out / "results.json"
+    if cc.report_only and previous.is_file():  # keep the measured sweep of the last full run
+        comm = json.loads(previous.read_text()).get("communication")
     if cc.comm_clients and not cc.report_only:
         _say(console, f"communication sweep: K = {', '.join(map(str, cc.comm_clients))}")
         try:

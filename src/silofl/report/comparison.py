@@ -170,9 +170,12 @@ def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
 
 def plot_communication(comm: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m in dict.fromkeys(r["method"] for r in comm):
+    styles = [("o", "-", 9), ("s", "--", 6), ("^", ":", 9), ("x", "-.", 6)]  # overlapping lines stay visible
+    for i, m in enumerate(dict.fromkeys(r["method"] for r in comm)):
         pts = sorted((r["clients"], r["bytes_per_round"]) for r in comm if r["method"] == m)
-        ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker="o", label=m)
+        marker, ls, size = styles[i % len(styles)]
+        ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker=marker, ls=ls, ms=size, label=m,
+                fillstyle="none" if i % 2 else "full")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("number of clients K")
