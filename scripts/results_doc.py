@@ -173,6 +173,11 @@ def main(argv: list[str]) -> None:
         else:
             w(f"**Partly disagrees.** ProxyFL-private ({px['headline_acc']['mean']:.4f}) is higher on average and in "
               f"every seed than {', '.join(beaten) or 'none'}, but not than {', '.join(not_beaten)}.")
+        if "fml" in rows and "fedavg" in rows and rows["fml"]["proxy_acc"] == rows["fedavg"]["global_acc"]:
+            w("")
+            w("FML's meme accuracy equals FedAvg's exactly: in strict mode (β = 0) the memes get label gradients only, "
+              "so with the same seeds, sampling and noise they *are* FedAvg's model; FML's gain is all in the private "
+              "models distilled from them.")
         if "regular" in rows:
             w("")
             w(f"Against training alone (Regular, {rows['regular']['headline_acc']['mean']:.4f}) ProxyFL-private gains "
@@ -208,6 +213,14 @@ def main(argv: list[str]) -> None:
         if p2p and srv:
             mp, ms = statistics.fmean(p2p), statistics.fmean(srv)
             verdict = "Agrees" if max(p2p) < min(srv) else ("Partly agrees" if mp < ms else "Disagrees")
+            pairs = [("avgpush", "fedavg", "one DP model: gossip vs server"),
+                     ("proxyfl", "fml", "private model distilled from a DP shared model: gossip vs server")]
+            for a, b, what in pairs:
+                if a in drops and b in drops:
+                    w(f"- Like for like, {what}: {a} drop {drops[a]:+.4f} vs {b} {drops[b]:+.4f}.")
+            w("- ProxyFL's and FML's judged (private) models are never DP-trained; DP reaches them only through the "
+              "shared model they distil from, so their small drop is not a property of decentralization.")
+            w("")
             w(f"**{verdict}.** Mean drop: peer-to-peer methods {mp:+.4f} ({', '.join(m for m in PEER_TO_PEER if m in drops)}), "
               f"server methods {ms:+.4f} ({', '.join(m for m in SERVER if m in drops)}); largest peer-to-peer drop "
               f"{max(p2p):+.4f}, smallest server drop {min(srv):+.4f}.")
