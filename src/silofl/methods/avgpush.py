@@ -7,17 +7,13 @@ exactly ProxyFL's exchange. Every client holds its own copy, so ``global_acc`` i
 
 from __future__ import annotations
 
-from silofl.methods.proxyfl import ProxyFL, PushSumClient
+from silofl.methods.proxyfl import Gossip, PushSumClient
 from silofl.models import ModelSpec
 from silofl.runtime.transport import Transport
 from silofl.topology import make_graph
 
 
-class AvgPush(ProxyFL):
-    headline = "global_acc"
-
-
-def build(cfg, data, parts, transport: Transport) -> AvgPush:
+def build(cfg, data, parts, transport: Transport) -> Gossip:
     spec = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
     clients = [PushSumClient(k, x, y, spec, cfg, shared_field="global") for k, (x, y) in enumerate(parts)]
-    return AvgPush(clients, transport, make_graph(cfg.graph))
+    return Gossip(clients, transport, make_graph(cfg.graph))

@@ -76,9 +76,7 @@ class Client(ABC):
 
 
 class Protocol(ABC):
-    """One method's round logic. ``headline`` is the accuracy field the method is judged by."""
-
-    headline: str = "private_acc"
+    """One method's round logic (how it is judged lives in :mod:`silofl.methods.registry`)."""
 
     def __init__(self, clients: list[Client], transport: Transport):
         self.clients = clients

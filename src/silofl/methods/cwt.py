@@ -19,8 +19,6 @@ from silofl.runtime.transport import Transport
 
 
 class CWT(Protocol):
-    headline = "global_acc"
-
     def __init__(self, clients: list[SiteClient], transport: Transport, visits: int | None = None):
         super().__init__(clients, transport)
         self.holder = clients[0]

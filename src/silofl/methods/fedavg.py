@@ -22,8 +22,6 @@ from silofl.runtime.transport import Transport
 class Centralized(Protocol):
     """Train locally → upload to the server → average → broadcast → replace (FedAvg, FML)."""
 
-    headline = "global_acc"
-
     def __init__(self, clients: list[SiteClient], transport: Transport, server: AveragingServer, uniform: bool = False):
         super().__init__(clients, transport)
         self.server = server
@@ -58,12 +56,8 @@ class Centralized(Protocol):
         return events
 
 
-class FedAvg(Centralized):
-    headline = "global_acc"
-
-
-def build(cfg, data, parts, transport: Transport) -> FedAvg:
+def build(cfg, data, parts, transport: Transport) -> Centralized:
     spec = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
     clients = [SiteClient(k, x, y, spec, cfg, shared_field="global") for k, (x, y) in enumerate(parts)]
     server = AveragingServer(len(clients), spec, client_seeds(cfg.seed, len(clients))[0], parts[0][0].device)
-    return FedAvg(clients, transport, server, uniform=cfg.aggregation == "uniform")
+    return Centralized(clients, transport, server, uniform=cfg.aggregation == "uniform")

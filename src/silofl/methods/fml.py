@@ -16,11 +16,7 @@ from silofl.models import ModelSpec
 from silofl.runtime.transport import Transport
 
 
-class FML(Centralized):
-    headline = "private_acc"
-
-
-def build(cfg, data, parts, transport: Transport) -> FML:
+def build(cfg, data, parts, transport: Transport) -> Centralized:
     meme = ModelSpec(cfg.proxy_model, data.input_shape, data.num_classes)
     clients = [
         SiteClient(k, x, y, meme, cfg, private_spec=ModelSpec(cfg.private_model_of(k), data.input_shape, data.num_classes),
@@ -28,4 +24,4 @@ def build(cfg, data, parts, transport: Transport) -> FML:
         for k, (x, y) in enumerate(parts)
     ]
     server = AveragingServer(len(clients), meme, client_seeds(cfg.seed, len(clients))[0], parts[0][0].device)
-    return FML(clients, transport, server, uniform=cfg.aggregation == "uniform")
+    return Centralized(clients, transport, server, uniform=cfg.aggregation == "uniform")

@@ -18,6 +18,8 @@ from silofl.runtime.transport import Transport
 
 
 class Local(Protocol):
+    """Train every client that can still pay for a round; nothing is exchanged."""
+
     def run_round(self, rnd: int) -> RoundEvents:
         events = RoundEvents()
         for c in self.retire_spent(rnd, events):
@@ -25,22 +27,14 @@ class Local(Protocol):
         return events
 
 
-class Regular(Local):
-    headline = "private_acc"
-
-
-class Joint(Local):
-    headline = "global_acc"
-
-
-def build_regular(cfg, data, parts, transport: Transport) -> Regular:
+def build_regular(cfg, data, parts, transport: Transport) -> Local:
     clients = [SiteClient(k, x, y, ModelSpec(cfg.private_model_of(k), data.input_shape, data.num_classes), cfg,
                           shared_field="private") for k, (x, y) in enumerate(parts)]
-    return Regular(clients, transport)
+    return Local(clients, transport)
 
 
-def build_joint(cfg, data, parts, transport: Transport) -> Joint:
+def build_joint(cfg, data, parts, transport: Transport) -> Local:
     x = torch.cat([p[0] for p in parts])
     y = torch.cat([p[1] for p in parts])
     spec = ModelSpec(cfg.private_model, data.input_shape, data.num_classes)
-    return Joint([SiteClient(0, x, y, spec, cfg, shared_field="global")], transport)
+    return Local([SiteClient(0, x, y, spec, cfg, shared_field="global")], transport)

@@ -35,7 +35,7 @@ log = logging.getLogger("silofl")
 
 PUSHSUM_KEY = "__pushsum_weight__"
 
-__all__ = ["PUSHSUM_KEY", "ProxyFL", "ProxyFLClient", "PushSumClient", "dml_loss"]
+__all__ = ["PUSHSUM_KEY", "Gossip", "ProxyFL", "ProxyFLClient", "PushSumClient", "dml_loss"]
 
 
 class PushSumClient(SiteClient):
@@ -78,10 +78,9 @@ class ProxyFLClient(PushSumClient):
         return self.shared
 
 
-class ProxyFL(Protocol):
-    """One round: leave if the budget is spent, train, push shared models along the graph, mix."""
-
-    headline = "private_acc"
+class Gossip(Protocol):
+    """One round: leave if the budget is spent, train, push shared models along the graph, mix
+    (ProxyFL's exchange; AvgPush runs it on clients without private models)."""
 
     def __init__(self, clients: list[PushSumClient], transport: Transport, graph):
         super().__init__(clients, transport)
@@ -104,7 +103,10 @@ class ProxyFL(Protocol):
         return {"pushsum_weight": client.pushsum_weight}
 
 
-def build(cfg, data, parts, transport: Transport) -> ProxyFL:
+ProxyFL = Gossip  # the published name of the protocol
+
+
+def build(cfg, data, parts, transport: Transport) -> Gossip:
     from silofl.models import ModelSpec
     from silofl.topology import make_graph
 
@@ -114,4 +116,4 @@ def build(cfg, data, parts, transport: Transport) -> ProxyFL:
                       private_spec=ModelSpec(cfg.private_model_of(k), data.input_shape, data.num_classes))
         for k, (x, y) in enumerate(parts)
     ]
-    return ProxyFL(clients, transport, make_graph(cfg.graph))
+    return Gossip(clients, transport, make_graph(cfg.graph))
