@@ -24,12 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from silofl.config import RunConfig
-from silofl.errors import PeerModelRejected
 from silofl.methods.base import Client, accuracy, client_seeds
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within, poisson_batch
 from silofl.runtime.transport import Envelope
-from silofl.runtime.wire import decode, encode, validate
+from silofl.runtime.wire import encode, read_model
 
 log = logging.getLogger("silofl")
 
@@ -157,18 +156,9 @@ class SiteClient(Client):
         state.update(extra or {})
         return encode(state, meta={"round": rnd, "src": self.cid, "model": self.shared_spec.name, **meta})
 
-    def read(self, env: Envelope, extra_keys: tuple[str, ...] = ()) -> tuple[dict, dict, dict]:
+    def read(self, env: Envelope, extra_keys: tuple[str, ...] = ()) -> tuple[dict, dict[str, float], dict]:
         """Decode and validate a received shared model: (tensors, extras, meta). Raises PeerModelRejected."""
-        tensors, meta = decode(env.data)
-        extras = {k: tensors.pop(k) for k in extra_keys if k in tensors}
-        missing = [k for k in extra_keys if k not in extras]
-        if missing:
-            raise PeerModelRejected(f"message lacks {', '.join(missing)}")
-        for k, v in extras.items():
-            if v.numel() != 1 or not torch.isfinite(v).all() or float(v) < 0:
-                raise PeerModelRejected(f"invalid {k}: {v.flatten()[:3].tolist()}")
-        validate(tensors, dict(self.shared.state_dict()))
-        return tensors, extras, meta
+        return read_model(env.data, dict(self.shared.state_dict()), extra_keys)
 
     def reject(self, rnd: int, env: Envelope, err: Exception) -> dict:
         log.warning("client %d rejected the model from node %d in round %d: %s", self.cid, env.src, rnd, err)

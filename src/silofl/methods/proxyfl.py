@@ -59,7 +59,7 @@ class PushSumClient(SiteClient):
         for env in envelopes:
             try:
                 tensors, extras, _ = self.read(env, (PUSHSUM_KEY,))
-                received.append((tensors, float(extras[PUSHSUM_KEY])))
+                received.append((tensors, extras[PUSHSUM_KEY]))
             except PeerModelRejected as e:
                 rejected.append(self.reject(rnd, env, e))
         new_state, self.pushsum_weight = combine(own, self._kept_weight, received)

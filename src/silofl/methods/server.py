@@ -16,7 +16,8 @@ from silofl.errors import PeerModelRejected
 from silofl.methods.base import accuracy
 from silofl.models import ModelSpec
 from silofl.runtime.transport import Envelope
-from silofl.runtime.wire import decode, encode, validate
+from silofl.runtime.wire import encode, read_model
+from silofl.topology import combine
 
 log = logging.getLogger("silofl")
 
@@ -42,26 +43,16 @@ class AveragingServer:
         received, rejected = [], []
         for env in envelopes:
             try:
-                tensors, _ = decode(env.data)
-                w = tensors.pop(WEIGHT_KEY, None)
-                if w is None or w.numel() != 1 or not torch.isfinite(w).all() or float(w) <= 0:
-                    raise PeerModelRejected("missing or invalid aggregation weight")
-                validate(tensors, template)
-                received.append((tensors, float(w)))
+                tensors, weights, _ = read_model(env.data, template, (WEIGHT_KEY,), positive=True)
+                received.append((tensors, weights[WEIGHT_KEY]))
             except PeerModelRejected as e:
                 log.warning("server rejected the model from client %d in round %d: %s", env.src, rnd, e)
                 rejected.append({"round": rnd, "client": self.node, "src": env.src, "reason": str(e)})
         if not received:
             log.warning("server received no usable model in round %d and keeps the previous global model", rnd)
             return rejected
-        total = sum(w for _, w in received)
-        new = {}
-        for k, v in template.items():
-            acc = torch.zeros_like(v, dtype=torch.float64)
-            for params, w in received:
-                acc += params[k].double() * (w / total)
-            new[k] = acc.to(v.dtype)
-        self.model.load_state_dict(new)
+        average, _ = combine(template, 0.0, received)  # weighted mean in float64, as PushSum mixes
+        self.model.load_state_dict(average)
         self.version = rnd
         return rejected
 

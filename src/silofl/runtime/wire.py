@@ -51,3 +51,24 @@ def validate(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor
             raise PeerModelRejected(f"{k}: dtype {t.dtype}, expected {ref.dtype}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise PeerModelRejected(f"{k}: contains non-finite values")
+
+
+def read_model(
+    data: bytes, reference: dict[str, torch.Tensor], scalars: tuple[str, ...] = (), positive: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, float], dict]:
+    """Decode a model message carrying extra scalar weights (e.g. a PushSum or aggregation weight).
+
+    Returns (model tensors, {scalar name: value}, meta). Every scalar must be present, single,
+    finite and non-negative (strictly positive with ``positive``); the model must match ``reference``.
+    """
+    tensors, meta = decode(data)
+    values = {}
+    for k in scalars:
+        v = tensors.pop(k, None)
+        if v is None:
+            raise PeerModelRejected(f"message lacks {k}")
+        if v.numel() != 1 or not bool(torch.isfinite(v).all()) or float(v) < 0 or (positive and float(v) == 0):
+            raise PeerModelRejected(f"invalid {k}: {v.flatten()[:3].tolist()}")
+        values[k] = float(v)
+    validate(tensors, reference)
+    return tensors, values, meta
