@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from silofl.report.comparison import markdown_table
-from silofl.report.run_folder import read_metrics
+from silofl.report.run_folder import values_by_round
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 FEDERATED = ("proxyfl", "fml", "fedavg", "avgpush", "cwt")
@@ -49,9 +49,8 @@ def curve(folder: Path | None, row: dict) -> dict[int, float]:
     by_round = defaultdict(list)
     for rid in row["runs"]:
         s = json.loads((folder / "runs" / rid / "summary.json").read_text())
-        for rec in read_metrics(folder / "runs" / rid):
-            if rec.get(s["headline"]) is not None:
-                by_round[rec["round"]].append(rec[s["headline"]])
+        for rnd, vals in values_by_round(folder / "runs" / rid, s["headline"]).items():
+            by_round[rnd] += vals
     return {r: statistics.fmean(v) for r, v in sorted(by_round.items())}
 
 

@@ -21,14 +21,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from silofl.report.plots import ACC_KEYS  # noqa: E402
-from silofl.report.run_folder import _clean, read_metrics  # noqa: E402
+from silofl.report.run_folder import _clean, mean_std, values_by_round  # noqa: E402
 
 
 def _ms(vals: list[float]) -> dict:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+    return {**mean_std(vals), "n": sum(v is not None for v in vals)}
 
 
 def summarize(runs, results) -> tuple[list[dict], list[dict]]:
@@ -95,21 +92,19 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def _curves(runs, results, key_of) -> dict:
-    """(variant, label) -> {round: [values over clients and seeds]} for the value key_of(record, summary)."""
+    """(variant, label) -> {round: [values over clients and seeds]} of the metric key_of(summary)."""
     out: dict = defaultdict(lambda: defaultdict(list))
     for r in runs:
         res = results.get(r.rid, {})
         if "summary" not in res:
             continue
-        for rec in read_metrics(r.cfg.out):
-            v = key_of(rec, res["summary"])
-            if v is not None:
-                out[(r.variant, r.label)][rec["round"]].append(v)
+        for rnd, vals in values_by_round(r.cfg.out, key_of(res["summary"])).items():
+            out[(r.variant, r.label)][rnd] += vals
     return out
 
 
 def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
-    curves = _curves(runs, results, lambda rec, s: rec.get(s["headline"]))
+    curves = _curves(runs, results, lambda s: s["headline"])
     variants = list(dict.fromkeys(r.variant for r in runs))
     fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 4.5), squeeze=False)
     for ax, v in zip(axes[0], variants, strict=True):
@@ -136,8 +131,8 @@ def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
 
 
 def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
-    acc = _curves(runs, results, lambda rec, s: rec.get(s["headline"]))
-    eps = _curves(runs, results, lambda rec, s: rec.get("epsilon"))
+    acc = _curves(runs, results, lambda s: s["headline"])
+    eps = _curves(runs, results, lambda s: "epsilon")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
     multi = len({r.variant for r in runs}) > 1

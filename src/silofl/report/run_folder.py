@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from pathlib import Path
 
 from silofl.config import RunConfig
@@ -21,6 +22,14 @@ def _clean(v):
     if isinstance(v, (list, tuple)):
         return [_clean(x) for x in v]
     return v
+
+
+def mean_std(values) -> dict:
+    """{"mean", "std"} (population std) of the values that are not None; both None if there are none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None}
+    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0}
 
 
 class RunFolder:
@@ -68,3 +77,12 @@ class RunFolder:
 def read_metrics(run_dir: str | Path) -> list[dict]:
     p = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def values_by_round(run_dir: str | Path, key: str) -> dict[int, list[float]]:
+    """Every client's value of ``key`` per evaluated round of one run."""
+    out: dict[int, list[float]] = {}
+    for rec in read_metrics(run_dir):
+        if rec.get(key) is not None:
+            out.setdefault(rec["round"], []).append(rec[key])
+    return out

@@ -23,6 +23,7 @@ from silofl.errors import BudgetExhausted, ConfigError
 from silofl.methods.registry import build_protocol, method_info
 from silofl.report import RunFolder, plot_run
 from silofl.report.plots import ACC_KEYS
+from silofl.report.run_folder import mean_std
 from silofl.runtime.transport import InProcessTransport
 
 log = logging.getLogger("silofl")
@@ -83,13 +84,6 @@ def prepare_data(cfg: RunConfig, device: torch.device):
 def build(cfg: RunConfig, data, parts, transport=None):
     """The method's protocol over an in-process transport (or the one given)."""
     return build_protocol(cfg, data, parts, transport if transport is not None else InProcessTransport())
-
-
-def _mean_std(values: list[float]) -> dict:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return {"mean": None, "std": None}
-    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0}
 
 
 def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
@@ -191,8 +185,8 @@ def run(cfg: RunConfig, progress: bool = True, console=None) -> dict:
         },
         "final": {
             "per_client": per_client,
-            **{k: _mean_std([r[k] for r in per_client]) for k in acc_keys},
-            "epsilon": _mean_std([r["epsilon"] for r in per_client]),
+            **{k: mean_std([r[k] for r in per_client]) for k in acc_keys},
+            "epsilon": mean_std([r["epsilon"] for r in per_client]),
         },
         "wall_time_s": wall,
         "train_time_s": train_s,
