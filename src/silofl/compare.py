@@ -258,7 +258,9 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
     from silofl.data import load_dataset
     from silofl.runtime.simulator import build, prepare_data
 
-    n_train = len(load_dataset(base.dataset, base.data_dir).y_train)
+    data = load_dataset(base.dataset, base.data_dir, image_size=base.image_size, max_bag_size=base.max_bag_size,
+                        seed=base.seed)
+    n_train = len(data.y_train)
     per = max(2, min(base.samples_per_client, n_train // max(ks)))
     rows = []
     for k in ks:
@@ -267,7 +269,7 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
                                partition="iid",
                                delta=min(base.delta, 0.5 / per), target_epsilon=None, target_epsilons=None,
                                private_models=None).resolve()
-            data, parts, _, _ = prepare_data(cfg, torch.device("cpu"))
+            _, parts, _, _ = prepare_data(cfg, torch.device("cpu"), data)
             proto = build(cfg, data, parts)
             proto.start()
             tr = proto.transport

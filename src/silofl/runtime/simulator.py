@@ -57,9 +57,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare_data(cfg: RunConfig, device: torch.device):
-    data = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
-                        seed=cfg.seed)
+def prepare_data(cfg: RunConfig, device: torch.device, data=None):
+    """Load (unless ``data`` is given, already loaded for this config's data set) and partition."""
+    if data is None:
+        data = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
+                            seed=cfg.seed)
     if cfg.partition == "site":
         shards, internal, external, data.sites = site_split(data, cfg.clients)
         data.internal_tests = [(data.x_test[i].to(device), data.y_test[i].to(device)) for i in internal]
