@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -115,6 +116,8 @@ def run(
 
         init_from_env(timeout_s=peer_timeout)
         transport = TorchDistTransport(resolved.clients, timeout_s=peer_timeout)
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and resolved.checkpoint_every:
+            resume = True  # torchrun restarted the group after a failure: every process resumes together
         if transport.rank != 0:
             quiet = True
             console.quiet = True
@@ -141,28 +144,44 @@ def launch(
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="host:port every machine reaches "
                                              "(several machines; one machine uses a local endpoint)."),
     rdzv_id: str = typer.Option("silofl", "--rdzv-id", help="A name shared by the machines of one run."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="torchrun: restart every process up to N times "
+                                     "after a failure; with --checkpoint-every they resume from the last checkpoint."),
+    survive_faults: bool = typer.Option(False, "--survive-faults", help="Start the processes without torchrun's "
+                                        "agent (which stops all when one fails): a crashed or hung process is "
+                                        "dropped and the others finish."),
+    node_rank: int = typer.Option(0, "--node-rank", help="With --survive-faults on several machines: this "
+                                  "machine's index (0 hosts the rendezvous at --rdzv-endpoint)."),
+    grace_s: float = typer.Option(30.0, "--grace-s", help="With --survive-faults: seconds the processes may take "
+                                  "to exit after the reporting one; still running then (hung), they are killed."),
 ):
     """Run `silofl run ARGS` as one process per client on torch.distributed (gloo), launched with torchrun.
 
     Every other option is passed to `silofl run` (e.g. --method fedavg --clients 4 --out runs/x). Client k
     runs on process k mod (processes); a server runs with client 0 on process 0, which writes the run folder.
     """
-    from torch.distributed.run import main as torchrun
-
     from silofl.runtime.distributed import check_method
 
     method = _option_value(ctx.args, "--method")
     if method is not None:
         check_method(method)
-    args = ["--nproc-per-node", str(nproc_per_node), "--nnodes", str(nnodes)]
+    run_args = ["-m", "silofl.cli.main", "run", "--distributed", *ctx.args]
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ConfigError("several machines need --rdzv-endpoint host:port")
+    if survive_faults:
+        from silofl.runtime.launcher import launch_processes
+
+        code = launch_processes(run_args, nproc_per_node, nnodes, node_rank, rdzv_endpoint, console=err_console,
+                                grace_s=grace_s)
+        raise typer.Exit(code)
+    from torch.distributed.run import main as torchrun
+
+    args = ["--nproc-per-node", str(nproc_per_node), "--nnodes", str(nnodes), "--max-restarts", str(max_restarts)]
     if rdzv_endpoint:
         args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
-    elif nnodes > 1:
-        raise ConfigError("several machines need --rdzv-endpoint host:port")
     else:
         args += ["--standalone"]
     try:
-        torchrun([*args, "-m", "silofl.cli.main", "run", "--distributed", *ctx.args])
+        torchrun([*args, *run_args])
     except Exception as e:  # torchrun's ChildFailedError: say which process failed, not a traceback
         err_console.print(f"[bold red]error:[/] a process of the run failed: {e}")
         raise typer.Exit(1) from None
@@ -242,7 +261,9 @@ def print_summary(summary: dict) -> None:
     console.print(f"wall time {summary['wall_time_s']:.1f} s, {summary['seconds_per_round']:.2f} s/round "
                   f"({summary['threads']} threads, {summary['device']})")
     if summary["left"]:
-        console.print("left the protocol (budget spent): " + ", ".join(f"client {x['client']} before round {x['round']}" for x in summary["left"]))
+        for x in summary["left"]:
+            console.print(f"client {x['client']} left the protocol before round {x['round']}: "
+                          f"{x.get('reason', 'budget spent')}")
     if summary["rejected_messages"]:
         console.print(f"[yellow]{len(summary['rejected_messages'])} received models rejected[/] (see summary.json)")
 

@@ -41,8 +41,9 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 
 @dataclass
 class RoundEvents:
-    left: list[int] = field(default_factory=list)
+    left: list[int] = field(default_factory=list)  # budget spent
     rejected: list[dict] = field(default_factory=list)
+    lost: dict[int, str] = field(default_factory=dict)  # client -> why its process was lost
 
 
 class Client(ABC):
@@ -131,16 +132,37 @@ class Protocol(ABC):
         return [c for c in clients if self.transport.is_local(c.cid)]
 
     def retire_spent(self, rnd: int, events: RoundEvents) -> list[Client]:
-        """Clients whose budget cannot pay for another round leave; returns the active ones. Each
+        """Clients whose budget cannot pay for another round leave, and so do clients whose process was
+        lost (crashed or stopped answering; between processes only); returns the active ones. Each
         process decides for its own clients and every process learns every decision."""
         mine = {c.cid: c.can_continue() for c in self.local(self.clients) if c.active}
         verdict = self.transport.agree(mine, len(self.clients))
+        lost = self.transport.lost_nodes()
+        if getattr(self, "server", None) is not None and self.server_id in lost:
+            lost.update({c.cid: f"the server's {lost[self.server_id]}" for c in self.clients if c.cid not in lost})
+        if self.transport.isolated:
+            lost.update({c.cid: "every other process was lost (this one may be the one cut off)"
+                         for c in self.local(self.clients)})
         for c in self.clients:
-            if c.active and not verdict.get(c.cid, True):
+            if not c.active:
+                continue
+            if c.cid in lost:
+                c.leave(rnd)
+                events.lost[c.cid] = lost[c.cid]
+                if self.transport.writes_reports or self.transport.is_local(c.cid):
+                    log.warning("client %d leaves the protocol before round %d: process lost (%s)", c.cid, rnd,
+                                lost[c.cid])
+            elif not verdict.get(c.cid, True):
                 c.leave(rnd)
                 events.left.append(c.cid)
                 log.info("client %d spent its budget and leaves the protocol before round %d", c.cid, rnd)
+        if events.lost:
+            self.on_lost(set(events.lost), rnd)
         return [c for c in self.clients if c.active]
+
+    def on_lost(self, nodes: set[int], rnd: int) -> None:
+        """Repair after losing ``nodes`` (e.g. take back PushSum mass sent to them)."""
+        return None
 
     @abstractmethod
     def run_round(self, rnd: int) -> RoundEvents: ...

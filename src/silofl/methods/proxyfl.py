@@ -46,20 +46,47 @@ class PushSumClient(SiteClient):
         super().__init__(*args, **kwargs)
         self.pushsum_weight = 1.0
         self._kept_weight = 1.0
+        self._sent: tuple[dict[str, torch.Tensor], float, set[int]] | None = None  # last round's (θ, w each, to)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "pushsum_weight": self.pushsum_weight, "kept_weight": self._kept_weight}
+        sent = None if self._sent is None else {"theta": self._sent[0], "each": self._sent[1], "to": sorted(self._sent[2])}
+        return {**super().state_dict(), "pushsum_weight": self.pushsum_weight, "kept_weight": self._kept_weight,
+                "sent": sent}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.pushsum_weight, self._kept_weight = float(state["pushsum_weight"]), float(state["kept_weight"])
+        sent = state.get("sent")
+        self._sent = None if sent is None else (sent["theta"], float(sent["each"]), set(sent["to"]))
 
     def outgoing(self, rnd: int, out_neighbors: list[int]) -> dict[int, bytes]:
         self._kept_weight, each = share(self.pushsum_weight, self.cfg.self_weight, len(out_neighbors))
         if not out_neighbors:
+            self._sent = None
             return {}
+        self._sent = (self.shared_state(), each, set(out_neighbors))
         data = self.payload(rnd, {PUSHSUM_KEY: torch.tensor(each, dtype=torch.float64)})
         return {d: data for d in out_neighbors}
+
+    def reclaim(self, lost: set[int], rnd: int) -> None:
+        """Take back the PushSum mass sent last round to nodes since lost (their process crashed or hung,
+        so the mass never entered a live client), so that the live clients' total weight stays what it
+        was. Every de-biased proxy stays a weighted average of live clients' proxies either way. (A client
+        that received nothing that round already kept its own proxy with weight 1 and takes nothing back;
+        without acknowledgements a lost message's mass can only be estimated, not tracked exactly.)"""
+        if self._sent is None:
+            return
+        theta, each, to = self._sent
+        gone = to & lost
+        if not gone:
+            return
+        self._sent = (theta, each, to - gone)
+        own = self.shared_state()
+        theta = {k: theta[k].to(v.device) for k, v in own.items()}
+        new_state, self.pushsum_weight = combine(own, self.pushsum_weight, [(theta, each * len(gone))])
+        self.replace_shared(new_state)
+        log.info("client %d took back the PushSum mass (weight %.4g) sent to lost node(s) %s before round %d",
+                 self.cid, each * len(gone), sorted(gone), rnd)
 
     def incoming(self, rnd: int, envelopes: list[Envelope]) -> list[dict]:
         own = self.shared_state()
@@ -73,7 +100,9 @@ class PushSumClient(SiteClient):
         new_state, self.pushsum_weight = combine(own, self._kept_weight, received)
         if received:
             self.replace_shared(new_state)
-        elif self._kept_weight == 0.0:
+        elif self._kept_weight == 0.0:  # combine gave it back its own proxy with weight 1
+            self._sent = None  # so nothing more to take back from this round
+
             log.warning("client %d received no usable model in round %d and keeps its own", self.cid, rnd)
         return rejected
 
@@ -108,6 +137,11 @@ class Gossip(Protocol):
         for c in mine:
             events.rejected += c.incoming(rnd, self.transport.receive(c.cid, senders.get(c.cid, [])))
         return events
+
+    def on_lost(self, nodes: set[int], rnd: int) -> None:
+        for c in self.local(self.clients):
+            if c.active:
+                c.reclaim(nodes, rnd)
 
     def extra_metrics(self, client) -> dict:
         return {"pushsum_weight": client.pushsum_weight}

@@ -95,9 +95,10 @@ def load_node(folder: str | Path, node: int | str) -> tuple[dict, dict]:
 RUN_FILE = "run.json"
 
 
-def save_run(root: str | Path, rnd: int, states: dict, run_state: dict) -> Path:
+def save_run(root: str | Path, rnd: int, states: dict, run_state: dict, keep: int = 1) -> Path:
     """A whole run's checkpoint of round ``rnd``: ``root/round{rnd}/`` with one file pair per node and
-    ``run.json``; ``root/latest`` names it once it is complete, and older rounds are removed."""
+    ``run.json``; ``root/latest`` names it once it is complete, and all but the newest ``keep`` rounds
+    are removed."""
     root = Path(root)
     d = root / f"round{rnd}"
     for node, state in states.items():
@@ -106,21 +107,31 @@ def save_run(root: str | Path, rnd: int, states: dict, run_state: dict) -> Path:
     tmp = root / "latest.tmp"
     tmp.write_text(d.name)
     os.replace(tmp, root / "latest")
-    for old in root.glob("round*"):
-        if old != d and old.is_dir():
-            for f in old.iterdir():
-                f.unlink()
-            old.rmdir()
+    for old in saved_rounds(root, complete=False)[:-keep]:
+        old_dir = root / f"round{old}"
+        for f in old_dir.iterdir():
+            f.unlink()
+        old_dir.rmdir()
     return d
 
 
-def load_run(root: str | Path) -> tuple[int, dict, dict]:
-    """(round, {node: state}, run state) of the latest complete checkpoint under ``root``."""
+def saved_rounds(root: str | Path, complete: bool = True) -> list[int]:
+    """Rounds with a checkpoint under ``root`` (complete ones: ``run.json`` written), ascending."""
+    root = Path(root)
+    found = []
+    for d in root.glob("round*"):
+        if d.is_dir() and d.name[5:].isdigit() and (not complete or (d / RUN_FILE).is_file()):
+            found.append(int(d.name[5:]))
+    return sorted(found)
+
+
+def load_run(root: str | Path, rnd: int | None = None) -> tuple[int, dict, dict]:
+    """(round, {node: state}, run state) of the latest complete checkpoint under ``root``, or of round ``rnd``."""
     root = Path(root)
     latest = root / "latest"
-    if not latest.is_file():
+    if rnd is None and not latest.is_file():
         raise ConfigError(f"no checkpoint to resume from in {root} (run with --checkpoint-every N first)")
-    d = root / latest.read_text().strip()
+    d = root / (latest.read_text().strip() if rnd is None else f"round{rnd}")
     try:
         run_state = json.loads((d / RUN_FILE).read_text())
     except (OSError, ValueError) as e:

@@ -108,11 +108,35 @@ def _checkpoint_state(protocol, tr, last, left_log, rejected_log, train_s, eval_
     return states, run_state
 
 
-def _resume(cfg: RunConfig, protocol) -> tuple[int, dict]:
-    """Load the latest checkpoint of cfg.out into the protocol; (its round, the run state)."""
-    from silofl.runtime.checkpoint import load_run
+def _checkpoint_root(cfg: RunConfig, tr) -> Path:
+    """``OUT/checkpoint``; between processes each writes its own nodes under ``OUT/checkpoint/rankR``."""
+    root = Path(cfg.out) / CHECKPOINT_DIR
+    return root / f"rank{tr.rank}" if hasattr(tr, "rank") else root
 
-    rnd, states, run_state = load_run(Path(cfg.out) / CHECKPOINT_DIR)
+
+def _resume(cfg: RunConfig, protocol, root: Path) -> tuple[int, dict]:
+    """Load the latest checkpoint under ``root`` into the protocol; (its round, the run state).
+
+    Between processes every process resumes from the same round: the latest one all of them completed
+    (each keeps its last two, so a crash while writing leaves an earlier common one). A client whose
+    own latest checkpoint is newer keeps that checkpoint's accountant: rounds run again are counted
+    again, and the privacy spend never goes back."""
+    from silofl.runtime.checkpoint import load_run, saved_rounds
+
+    tr = protocol.transport
+    rounds = saved_rounds(root)
+    common = tr.all_min(max(rounds, default=0))
+    if common == 0:
+        raise ConfigError(f"no checkpoint to resume from in {root} (run with --checkpoint-every N first)"
+                          if not rounds else "a process of the run has no checkpoint to resume from")
+    rnd, states, run_state = load_run(root, common)
+    if rounds[-1] > rnd:
+        _, newest, _ = load_run(root, rounds[-1])
+        for node, state in newest.items():
+            if isinstance(state, dict) and state.get("accountant") is not None:
+                states[node]["accountant"] = state["accountant"]
+                log.warning("node %d resumes from round %d but keeps its accountant of round %d: rounds %d–%d are "
+                            "counted again", node, rnd, rounds[-1], rnd + 1, rounds[-1])
     saved = RunConfig.from_dict(run_state["config"]).to_dict()
     want = cfg.to_dict()
     diff = sorted(k for k in want if k not in RESUMABLE_CHANGES and saved.get(k) != want[k])
@@ -123,7 +147,6 @@ def _resume(cfg: RunConfig, protocol) -> tuple[int, dict]:
         raise ConfigError(f"the checkpoint of {cfg.out} is at round {rnd}; ask for more rounds than that to resume")
     torch.set_rng_state(states.pop("simulator")["torch_rng"])
     protocol.load_state_dict(states)
-    tr = protocol.transport
     for k, v in run_state["bytes_sent"].items():
         tr.bytes_sent[int(k)] = v
     for k, v in run_state["bytes_received"].items():
@@ -151,8 +174,6 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
         from silofl.runtime.distributed import check_method
 
         check_method(cfg.method)
-        if resume or cfg.checkpoint_every:
-            raise ConfigError("checkpoints are not supported across processes yet")
     parts = [(x, y) if tr.is_local(k) else (None, None) for k, (x, y) in enumerate(parts)]  # keep only our shards
     info = method_info(cfg.method)
     protocol = build(cfg, data, parts, tr)
@@ -169,11 +190,11 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     reporting = tr.writes_reports
     folder = None
     if resume:
-        rounds_run, rs = _resume(cfg, protocol)
+        rounds_run, rs = _resume(cfg, protocol, _checkpoint_root(cfg, tr))
         left_log, rejected_log, train_s, eval_s = rs["left"], rs["rejected"], rs["train_s"], rs["eval_s"]
         last = {int(k): v for k, v in rs["last"].items()}
         log.info("resuming %s after round %d", cfg.out, rounds_run)
-        folder = RunFolder(cfg.out, keep_until=rounds_run)
+        folder = RunFolder(cfg.out, keep_until=rounds_run) if reporting else None
     else:
         if reporting:
             folder = RunFolder(cfg.out)
@@ -188,13 +209,19 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     with bar as p:
         task = p.add_task(info.name, total=cfg.rounds, completed=first - 1) if p else None
         for rnd in range(first, cfg.rounds + 1):
+            if distributed:
+                from silofl.runtime.distributed import inject_fault
+
+                tr.round = rnd
+                inject_fault(tr.rank, rnd)
             t0 = time.perf_counter()
             ev = protocol.run_round(rnd)
             train_s += time.perf_counter() - t0
             rounds_run = rnd
-            left_log += [{"client": c, "round": rnd} for c in ev.left]
+            left_log += [{"client": c, "round": rnd, "reason": "budget spent"} for c in ev.left]
+            left_log += [{"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()]
             rejected_log += ev.rejected
-            if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left:
+            if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost:
                 t0 = time.perf_counter()
                 records = []
                 for cid, accs in protocol.evaluate(x_test, y_test, rnd).items():
@@ -216,8 +243,9 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
             if cfg.checkpoint_every and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds):
                 from silofl.runtime.checkpoint import save_run
 
-                save_run(folder.path / CHECKPOINT_DIR, rnd,
-                         *_checkpoint_state(protocol, tr, last, left_log, rejected_log, train_s, eval_s, cfg))
+                save_run(_checkpoint_root(cfg, tr), rnd,
+                         *_checkpoint_state(protocol, tr, last, left_log, rejected_log, train_s, eval_s, cfg),
+                         keep=2 if distributed else 1)
             if p:
                 p.update(task, advance=1)
             if not protocol.active_ids:
@@ -301,6 +329,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
         },
     }
     if distributed:  # measured between processes: seconds each node spent in receive, waiting included
+        summary["lost_processes"] = {str(r): why for r, why in sorted(tr.lost.items())}
         summary["receive_seconds"] = {k: v for g in gathered for k, v in g["receive_s"].items()}
     history = protocol.round_history()
     if history:

@@ -4,7 +4,8 @@ Algorithms call ``send(src, dst, payload_bytes)`` and ``receive(dst, sources)``;
 whether the bytes move within one process (:class:`InProcessTransport`, the simulator) or between
 processes (:class:`~silofl.runtime.distributed.TorchDistTransport`). ``is_local(node)`` says
 whether this process runs a node (in-process: every node), ``agree`` merges per-node decisions
-(who stays in the protocol) so that every process sees the same ones, and ``gather_json`` brings
+(who stays in the protocol) so that every process sees the same ones (and, between processes, which
+processes were lost), and ``gather_json`` brings
 plain-JSON reports to the process that writes the run folder. Every transport counts the bytes
 each node sent and received.
 """
@@ -47,6 +48,19 @@ class Transport(ABC):
     def agree(self, decisions: dict[int, bool], nodes: int) -> dict[int, bool]:
         """Every process's decisions for its own nodes, merged (in-process: already all of them)."""
         return dict(decisions)
+
+    def lost_nodes(self) -> dict[int, str]:
+        """Nodes whose process crashed or stopped answering -> why (in-process: none)."""
+        return {}
+
+    @property
+    def isolated(self) -> bool:
+        """Whether this process lost every other one (in-process: never)."""
+        return False
+
+    def all_min(self, value: int) -> int:
+        """The smallest ``value`` over the live processes (in-process: ``value``)."""
+        return value
 
     def gather_json(self, obj) -> list | None:
         """``obj`` (plain JSON) of every process, in process order, on the reporting process; else None."""
