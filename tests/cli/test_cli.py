@@ -77,7 +77,7 @@ def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
     r = runner.invoke(app, ["run", *args, "--target-epsilons", f"1000,{tight},1000", "--out", str(out)])
     assert r.exit_code == 0, r.output
     s = json.loads((out / "summary.json").read_text())
-    assert s["rounds_run"] == 5 and s["left"] == [{"client": 1, "round": 3}]
+    assert s["rounds_run"] == 5 and s["left"] == [{"client": 1, "round": 3, "reason": "budget spent"}]
     steps = [a["steps"] for a in s["accounting"]]
     assert steps == [20, 8, 20]
     assert s["accounting"][1]["epsilon"] <= tight == s["accounting"][1]["target_epsilon"]
