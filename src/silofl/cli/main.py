@@ -6,7 +6,6 @@ fix are printed as one line (exit code 2), never as a traceback.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -17,27 +16,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from silofl.cli.common import err_console, friendly_errors
 from silofl.config import RunConfig
-from silofl.errors import ConfigError, SiloflError
+from silofl.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
 console = Console()
-err_console = Console(stderr=True)
-
-
-def friendly_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SiloflError as e:
-            err_console.print(f"[bold red]error:[/] {e}")
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/]")
-            raise typer.Exit(130) from None
-
-    return wrapper
 
 
 @app.command()
@@ -356,3 +340,8 @@ def main() -> None:  # pragma: no cover
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
+
+
+from silofl.cli.pubsub import app as pubsub_app  # noqa: E402 - the subcommand group registers last
+
+app.add_typer(pubsub_app, name="pubsub")

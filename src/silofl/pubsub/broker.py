@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS sites (name TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS features (
     site TEXT NOT NULL REFERENCES sites(name) ON DELETE CASCADE, name TEXT NOT NULL,
     kind TEXT NOT NULL CHECK (kind IN ('continuous', 'categorical')), public_default TEXT NOT NULL,
-    PRIMARY KEY (site, name));
+    lo REAL, hi REAL, PRIMARY KEY (site, name));
 CREATE TABLE IF NOT EXISTS channels (
     id INTEGER PRIMARY KEY AUTOINCREMENT, subscriber TEXT NOT NULL REFERENCES sites(name) ON DELETE CASCADE,
     spec TEXT NOT NULL);
@@ -68,24 +68,30 @@ class Broker:
         return db
 
     # ------------------------------------------------------------------ sites and features
-    def join(self, site: str, features: dict[str, tuple[str, object]] | None = None) -> None:
-        """Register a site (idempotent) and its features: ``{name: (continuous|categorical, public default)}``."""
+    def join(self, site: str, features: dict[str, tuple] | None = None) -> None:
+        """Register a site (idempotent) and its features: ``{name: (continuous|categorical, public default)}``
+        or ``(kind, default, lo, hi)`` with public bounds (DP models clip and scale inputs by them)."""
         if not isinstance(site, str) or not site.strip():
             raise ConfigError("a site needs a non-empty name")
         rows = []
         for name, spec in (features or {}).items():
             try:
-                kind, default = spec
+                kind, default, *bounds = spec
+                lo, hi = bounds if bounds else (None, None)
             except (TypeError, ValueError):
-                raise ConfigError(f"feature {name!r}: give (kind, public default), got {spec!r}") from None
+                raise ConfigError(f"feature {name!r}: give (kind, public default[, lo, hi]), got {spec!r}") from None
+            if lo is not None and not (float(lo) <= float(hi)):
+                raise ConfigError(f"feature {name!r}: public bounds need lo ≤ hi, got {lo}, {hi}")
             if kind not in ("continuous", "categorical"):
                 raise ConfigError(f"feature {name!r}: kind must be continuous or categorical, got {kind!r}")
             if kind == "continuous" and (isinstance(default, bool) or not isinstance(default, (int, float))):
                 raise ConfigError(f"feature {name!r}: a continuous feature's public default is a number (its mean)")
-            rows.append((site, name, kind, json.dumps(default)))
+            rows.append((site, name, kind, json.dumps(default), None if lo is None else float(lo),
+                         None if hi is None else float(hi)))
         with closing(self._connect()) as db, db:
             db.execute("INSERT OR IGNORE INTO sites (name) VALUES (?)", (site,))
-            db.executemany("INSERT OR REPLACE INTO features (site, name, kind, public_default) VALUES (?, ?, ?, ?)", rows)
+            db.executemany("INSERT OR REPLACE INTO features (site, name, kind, public_default, lo, hi) "
+                           "VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def leave(self, site: str) -> int:
         """Remove a site with its features, channels and models; returns how many models went with it."""
@@ -108,6 +114,12 @@ class Broker:
             for name, default in db.execute("SELECT name, public_default FROM features ORDER BY site, name"):
                 out.setdefault(name, json.loads(default))
         return out
+
+    def public_bounds(self, site: str) -> dict[str, tuple[float, float]]:
+        """A site's declared public bounds per feature (features declared without bounds are left out)."""
+        with closing(self._connect()) as db:
+            return {n: (lo, hi) for n, lo, hi in db.execute(
+                "SELECT name, lo, hi FROM features WHERE site = ? AND lo IS NOT NULL", (site,))}
 
     def _features_of(self, db, site: str) -> set[str]:
         return {r[0] for r in db.execute("SELECT name FROM features WHERE site = ?", (site,))}
@@ -202,6 +214,12 @@ class Broker:
         if row is None:
             raise ConfigError(f"no channel {channel_id}")
         return Channel(channel_id, row[0], tuple(frozenset(c) for c in json.loads(row[1])))
+
+    def channels(self, subscriber: str) -> list[Channel]:
+        """A subscriber's channels."""
+        with closing(self._connect()) as db:
+            ids = [r[0] for r in db.execute("SELECT id FROM channels WHERE subscriber = ? ORDER BY id", (subscriber,))]
+        return [self.channel(i) for i in ids]
 
     def unsubscribe(self, channel_id: int) -> None:
         with closing(self._connect()) as db, db:

@@ -78,6 +78,23 @@ class PublishedModel:
         return model
 
 
+def _check_bounds(m: PublishedModel) -> None:
+    """Optional public input bounds ``input_lo``/``input_hi`` [F] (inputs are clipped and scaled by them)."""
+    lo, hi = m.tensors.get("input_lo"), m.tensors.get("input_hi")
+    if (lo is None) != (hi is None):
+        raise ModelRejected("input_lo and input_hi come together")
+    if lo is not None:
+        if lo.shape != (len(m.features),) or hi.shape != (len(m.features),):
+            raise ModelRejected(f"input bounds have shapes {tuple(lo.shape)} / {tuple(hi.shape)} for "
+                                f"{len(m.features)} features")
+        if bool((hi < lo).any()):
+            raise ModelRejected("input bounds have hi < lo")
+
+
+def _core(m: PublishedModel) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in m.tensors.items() if k not in ("input_lo", "input_hi")}
+
+
 def _check_linear(m: PublishedModel) -> None:
     """Linear / logistic model: ``coef`` [outputs, F], ``intercept`` [outputs]."""
     coef, icpt = m.tensors.get("coef"), m.tensors.get("intercept")
@@ -92,11 +109,15 @@ def _check_mlp(m: PublishedModel) -> None:
     """The state dict of :class:`silofl.models.MLP`: ``hidden.{i}.weight/bias`` for i = 0…H−1, then
     ``out.weight/bias``, each layer's input the previous layer's output (safetensors keeps no order,
     so the layer order comes from the names)."""
-    hidden = sorted({int(k.split(".")[1]) for k in m.tensors if k.startswith("hidden.")})
+    core = _core(m)
+    try:
+        hidden = sorted({int(k.split(".")[1]) for k in core if k.startswith("hidden.")})
+    except (IndexError, ValueError):
+        raise ModelRejected(f"an mlp model holds hidden.<i>.weight/bias and out.weight/bias, got {sorted(core)}") from None
     names = [f"hidden.{i}" for i in range(len(hidden))] + ["out"]
     expected = {f"{n}.{p}" for n in names for p in ("weight", "bias")}
-    if hidden != list(range(len(hidden))) or set(m.tensors) != expected:
-        raise ModelRejected(f"an mlp model holds {sorted(expected)}, got {sorted(m.tensors)}")
+    if hidden != list(range(len(hidden))) or set(core) != expected:
+        raise ModelRejected(f"an mlp model holds {sorted(expected)}, got {sorted(core)}")
     width = None
     for n in names:
         w, b = m.tensors[f"{n}.weight"], m.tensors[f"{n}.bias"]
@@ -116,7 +137,47 @@ def _check_io(m: PublishedModel, n_in: int, n_out: int, binary_single_output: bo
         raise ModelRejected(f"the model has {n_out} outputs for {len(m.classes)} classes")
 
 
-KIND_CHECKS: dict[str, Callable[[PublishedModel], None]] = {"linear": _check_linear, "mlp": _check_mlp}
+def _check_gnb(m: PublishedModel) -> None:
+    """Gaussian naive Bayes: ``theta`` and ``var`` [classes, F], ``class_prior`` [classes]."""
+    if m.task != "classification":
+        raise ModelRejected("a naive Bayes model is a classifier")
+    t, v, p = (m.tensors.get(k) for k in ("theta", "var", "class_prior"))
+    if t is None or v is None or p is None or t.dim() != 2 or v.shape != t.shape or p.shape != (t.shape[0],):
+        raise ModelRejected("a gnb model needs theta and var [classes, features] and class_prior [classes]")
+    if bool((v <= 0).any()) or bool((p < 0).any()):
+        raise ModelRejected("gnb variances must be positive and priors non-negative")
+    _check_io(m, t.shape[1], t.shape[0])
+
+
+def _check_forest(m: PublishedModel) -> None:
+    """Decision trees ``tree{t}.left/right/feature/threshold`` [nodes] and ``tree{t}.value`` [nodes, classes]
+    (class probabilities at each node); children −1 at leaves, every child index inside the tree."""
+    if m.task != "classification":
+        raise ModelRejected("a forest model is a classifier")
+    core = _core(m)
+    trees = sorted({k.split(".")[0] for k in core})
+    if not trees or any(not t.startswith("tree") or not t[4:].isdigit() for t in trees):
+        raise ModelRejected(f"a forest model holds tree<t>.<part> tensors, got {sorted(core)[:6]}")
+    for t in trees:
+        parts = {p: core.get(f"{t}.{p}") for p in ("left", "right", "feature", "threshold", "value")}
+        if any(v is None for v in parts.values()) or len(core) != 5 * len(trees):
+            raise ModelRejected(f"{t} needs left, right, feature, threshold and value")
+        n = parts["left"].shape[0]
+        if any(parts[p].shape != (n,) for p in ("left", "right", "feature", "threshold")) or parts["value"].dim() != 2 \
+                or parts["value"].shape[0] != n:
+            raise ModelRejected(f"{t}: node arrays disagree in length")
+        for p in ("left", "right"):
+            c = parts[p]
+            if bool(((c != -1) & ((c <= torch.arange(n)) | (c >= n))).any()):
+                raise ModelRejected(f"{t}: child indices must point forward inside the tree")
+        internal = parts["left"] != -1
+        if bool(((parts["feature"][internal] < 0) | (parts["feature"][internal] >= len(m.features))).any()):
+            raise ModelRejected(f"{t}: a split uses a feature outside the declared {len(m.features)}")
+        _check_io(m, len(m.features), parts["value"].shape[1])
+
+
+KIND_CHECKS: dict[str, Callable[[PublishedModel], None]] = {
+    "linear": _check_linear, "mlp": _check_mlp, "gnb": _check_gnb, "forest": _check_forest}
 
 
 def validate(m: PublishedModel) -> None:
@@ -135,16 +196,20 @@ def validate(m: PublishedModel) -> None:
             raise ModelRejected("a classification model needs at least two distinct class labels")
     elif m.classes is not None:
         raise ModelRejected("a regression model has no class labels")
-    for name in ("epsilon", "delta"):
-        v = getattr(m, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ModelRejected(f"{name} must be a positive finite number, got {v!r}")
-    if m.delta >= 1:
-        raise ModelRejected(f"delta must be below 1, got {m.delta}")
-    if m.chunk is not None and (isinstance(m.chunk, bool) or not isinstance(m.chunk, int) or m.chunk < 0):
-        raise ModelRejected(f"chunk must be a non-negative integer, got {m.chunk!r}")
     if not isinstance(m.mechanism, dict):
         raise ModelRejected("mechanism must be a mapping")
+    if is_nonprivate(m):  # a baseline (PubSub-ML*): says so, and claims no ε
+        if m.epsilon != math.inf or m.delta != 0:
+            raise ModelRejected("a non-private model has epsilon = inf and delta = 0")
+    else:
+        for name in ("epsilon", "delta"):
+            v = getattr(m, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ModelRejected(f"{name} must be a non-negative finite number, got {v!r}")
+        if m.epsilon <= 0 or m.delta >= 1:
+            raise ModelRejected(f"need ε > 0 and δ < 1, got ε={m.epsilon}, δ={m.delta}")
+    if m.chunk is not None and (isinstance(m.chunk, bool) or not isinstance(m.chunk, int) or m.chunk < 0):
+        raise ModelRejected(f"chunk must be a non-negative integer, got {m.chunk!r}")
     if not m.tensors:
         raise ModelRejected("the model holds no tensors")
     for k, t in m.tensors.items():
@@ -152,4 +217,59 @@ def validate(m: PublishedModel) -> None:
             raise ModelRejected(f"{k} is not a tensor")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ModelRejected(f"{k} contains non-finite values")
+    _check_bounds(m)
     KIND_CHECKS[m.kind](m)
+
+
+def is_nonprivate(m: PublishedModel) -> bool:
+    return str(m.mechanism.get("name", "")).startswith("none")
+
+
+# ---------------------------------------------------------------------------------------------- inference
+def outputs(m: PublishedModel, x) -> torch.Tensor:
+    """The model's outputs on raw inputs ``x`` [n, F] (in ``m.features`` order): class probabilities
+    [n, classes] for a classifier, predictions [n, 1] for a regressor. Inputs are clipped and scaled
+    by the model's public bounds when it has them."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    if x.dim() != 2 or x.shape[1] != len(m.features):
+        raise ModelRejected(f"{m.publisher}'s model takes {len(m.features)} features, got input of shape {tuple(x.shape)}")
+    if "input_lo" in m.tensors:
+        lo, hi = m.tensors["input_lo"].double(), m.tensors["input_hi"].double()
+        x = ((x - lo) / torch.where(hi > lo, hi - lo, torch.ones_like(hi))).clamp(0, 1)
+    t = {k: v.double() if v.is_floating_point() else v for k, v in m.tensors.items()}
+    if m.kind == "linear":
+        z = x @ t["coef"].T + t["intercept"]
+        if m.task == "regression":
+            return z
+        if z.shape[1] == 1:
+            p = torch.sigmoid(z)
+            return torch.cat([1 - p, p], 1)
+        p = torch.sigmoid(z)  # one-vs-rest scores, normalised as scikit-learn does
+        return p / p.sum(1, keepdim=True).clamp_min(1e-12)
+    if m.kind == "mlp":
+        h = x
+        i = 0
+        while f"hidden.{i}.weight" in t:
+            h = torch.relu(h @ t[f"hidden.{i}.weight"].T + t[f"hidden.{i}.bias"])
+            i += 1
+        z = h @ t["out.weight"].T + t["out.bias"]
+        return z if m.task == "regression" else torch.softmax(z, 1)
+    if m.kind == "gnb":
+        var = t["var"]
+        ll = -0.5 * (torch.log(2 * math.pi * var).sum(1) + ((x[:, None, :] - t["theta"]) ** 2 / var).sum(2))
+        return torch.softmax(ll + torch.log(t["class_prior"].clamp_min(1e-300)), 1)
+    if m.kind == "forest":
+        trees = sorted({k.split(".")[0] for k in _core(m)})
+        total = 0
+        for tr in trees:
+            left, right, feat, thr = (t[f"{tr}.{p}"] for p in ("left", "right", "feature", "threshold"))
+            node = torch.zeros(x.shape[0], dtype=torch.int64)
+            for _ in range(left.shape[0]):
+                leaf = left[node] == -1
+                if bool(leaf.all()):
+                    break
+                go_left = x[torch.arange(x.shape[0]), feat[node].clamp_min(0)] <= thr[node]
+                node = torch.where(leaf, node, torch.where(go_left, left[node], right[node]))
+            total = total + t[f"{tr}.value"][node]
+        return total / len(trees)
+    raise ModelRejected(f"unknown model kind {m.kind!r}")

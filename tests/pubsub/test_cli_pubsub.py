@@ -1,0 +1,49 @@
+"""silofl pubsub publish / subscribe / list / customize on CSV files, end to end."""
+
+import csv
+import json
+
+import numpy as np
+from sklearn.datasets import load_breast_cancer
+from typer.testing import CliRunner
+
+from silofl.cli.main import app
+
+
+def _csv(path, x, y, names, cols):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([names[c] for c in cols] + ["diagnosis"])
+        for row, label in zip(x[:, cols], y, strict=True):
+            w.writerow([*row, ["malignant", "benign"][label]])
+
+
+def test_publish_subscribe_customize(tmp_path):
+    d = load_breast_cancer()
+    names = [n.replace(" ", "_") for n in d.feature_names]
+    p = np.array_split(np.random.default_rng(0).permutation(len(d.data)), 3)
+    _csv(tmp_path / "a.csv", d.data[p[0]], d.target[p[0]], names, range(0, 15))
+    _csv(tmp_path / "b.csv", d.data[p[1]], d.target[p[1]], names, range(10, 30))
+    _csv(tmp_path / "s.csv", d.data[p[2]], d.target[p[2]], names, [*range(0, 5), *range(20, 25)])
+    r = CliRunner()
+    broker = str(tmp_path / "broker")
+    for site, model in (("a", "dp-logreg"), ("b", "dp-forest")):
+        res = r.invoke(app, ["pubsub", "publish", "--broker", broker, "--site", site, "--data", str(tmp_path / f"{site}.csv"),
+                             "--target", "diagnosis", "--model", model, "--epsilon", "2"])
+        assert res.exit_code == 0, res.output
+        assert "published model" in res.output
+    res = r.invoke(app, ["pubsub", "subscribe", "--broker", broker, "--site", "s", "--channel",
+                         "mean_radius|worst_radius,worst_texture"])
+    assert res.exit_code == 0 and "2 models match" in res.output, res.output
+    res = r.invoke(app, ["pubsub", "list", "--broker", broker])
+    assert res.exit_code == 0 and "dp" not in res.output.split("sites:")[0]
+    out = tmp_path / "out"
+    res = r.invoke(app, ["pubsub", "customize", "--broker", broker, "--site", "s", "--data", str(tmp_path / "s.csv"),
+                         "--target", "diagnosis", "--top-m", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((out / "customization.json").read_text())
+    assert rep["models_fetched"] == [1, 2] and len(rep["selected"]) == 2
+    assert set(rep["seconds"]) == {"load", "own", "select", "fuse"}
+    res = r.invoke(app, ["pubsub", "publish", "--broker", broker, "--site", "a", "--data", str(tmp_path / "a.csv"),
+                         "--target", "nope", "--epsilon", "1"])
+    assert res.exit_code == 2 and "no column 'nope'" in res.output
