@@ -334,6 +334,11 @@ def evaluate(
     (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
+from silofl.cli.pubsub import app as pubsub_app  # noqa: E402 - the subcommand group registers after the commands
+
+app.add_typer(pubsub_app, name="pubsub")
+
+
 def main() -> None:  # pragma: no cover
     app()
 
@@ -341,7 +346,3 @@ def main() -> None:  # pragma: no cover
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
 
-
-from silofl.cli.pubsub import app as pubsub_app  # noqa: E402 - the subcommand group registers last
-
-app.add_typer(pubsub_app, name="pubsub")
