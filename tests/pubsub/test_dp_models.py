@@ -82,6 +82,8 @@ def test_bad_input_is_a_clear_error(cancer):
         train("dp-logreg", x[:, :5], y, features=feats, **kw)
     with pytest.raises(ConfigError, match="0 < ε < ∞"):
         train("dp-logreg", x, y, features=feats, **{**kw, "epsilon": 0.0})
+    with pytest.raises(ConfigError, match="cannot be met"):
+        train("dp-nn", x, y, features=feats, **{**kw, "epsilon": 1e-6})
     with pytest.raises(ConfigError, match="is a classifier"):
         train("dp-nb", x, y.astype(float), features=feats, **{**kw, "task": "regression", "classes": None})
     m = train("dp-forest", x, y, features=feats, **kw)

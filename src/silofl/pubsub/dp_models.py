@@ -130,8 +130,12 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
         return dict(model.state_dict()), {"name": "none (non-private)"}, math.inf
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sigma = float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=q, steps=steps,
-                                           accountant="rdp"))
+        try:
+            sigma = float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=q, steps=steps,
+                                               accountant="rdp"))
+        except ValueError:
+            raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met by DP-SGD with {steps} steps at "
+                              f"sampling rate {q:.3g}: raise ε, or train fewer epochs") from None
     dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed=seed + 1), backend="vmap")
     acc = Accountant("rdp")
     for _ in range(steps):

@@ -76,8 +76,11 @@ def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            z = float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=1.0, steps=rounds,
-                                           accountant="rdp"))
+            try:
+                z = float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=1.0,
+                                               steps=rounds, accountant="rdp"))
+            except ValueError:
+                raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met over {rounds} rounds") from None
     acc = Accountant("rdp")
     for _ in range(rounds):
         w = parameters_to_vector(model.parameters()).detach().clone()
