@@ -8,7 +8,8 @@
    is filled with the broker's public default; each model reads only its own features, in its order.
 5. m(x) = the selected models' outputs concatenated (class probabilities, or predictions).
 6. Train a fully connected fusion network on {(m(x), y)} of the customize part (softmax/cross-entropy,
-   or MSE); the customized model is fusion ∘ m.
+   or MSE; m(x) standardised per column on that part, small weight decay); the customized model is
+   fusion ∘ m.
 
 The subscriber spends no privacy budget: it only post-processes published DP models (each with its
 publisher's own (ε, δ)) and its own data, which it keeps.
@@ -27,6 +28,8 @@ from torch import nn
 from silofl.errors import ConfigError
 from silofl.pubsub.dp_models import Bounds, train
 from silofl.pubsub.model import PublishedModel, is_nonprivate, outputs
+
+SMALL = 200  # customize parts smaller than this get a linear fusion layer (hidden="auto")
 
 
 @dataclass
@@ -63,11 +66,14 @@ class Customized:
     task: str
     y_mean: float = 0.0
     y_std: float = 1.0
+    in_mean: torch.Tensor | None = None  # standardisation of m(x), from the customize part
+    in_std: torch.Tensor | None = None
     report: dict = field(default_factory=dict)
 
     def features_of(self, x: np.ndarray) -> torch.Tensor:
-        return torch.cat([model_outputs(m, x, c, f) for m, c, f in zip(self.models, self.columns, self.fill,
-                                                                     strict=True)], 1).float()
+        z = torch.cat([model_outputs(m, x, c, f) for m, c, f in zip(self.models, self.columns, self.fill, strict=True)],
+                      1).float()
+        return z if self.in_mean is None else (z - self.in_mean) / self.in_std
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -124,8 +130,8 @@ def check_compatible(models: list[PublishedModel], data: LocalData) -> None:
 
 
 def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str, float], *, top_m: int | None = None,
-              fractions=(0.6, 0.2, 0.2), own: str | None = "auto", seed: int = 0, hidden: int = 64,
-              epochs: int = 200, lr: float = 0.01, idx=None) -> Customized:
+              fractions=(0.6, 0.2, 0.2), own: str | None = "auto", seed: int = 0, hidden: int | str = "auto",
+              epochs: int = 200, lr: float = 0.01, weight_decay: float = 1e-3, idx=None) -> Customized:
     """Algorithm 2. ``own``: the subscriber's own model type (``auto``: logistic / linear regression; None:
     no own model); ``idx``: given (train, customize, test) row indices instead of a random split."""
     t0 = time.perf_counter()
@@ -159,16 +165,23 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     # fuse: train the fusion network on the selected models' outputs
     t2 = time.perf_counter()
     feats = torch.cat([outs[i] for i in keep], 1).float()
+    # standardise each output column on the customize part: DP models' outputs can sit far from 0 with
+    # tiny spread (noisy regressors especially), which a small fusion network fits badly
+    in_mean, in_std = feats.mean(0), feats.std(0, unbiased=False).clamp_min(1e-3)
+    feats = (feats - in_mean) / in_std
     torch.manual_seed(seed)
     n_out = len(data.classes) if data.task == "classification" else 1
-    fusion = nn.Sequential(nn.Linear(feats.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+    if hidden == "auto":  # a linear layer when the customize part is small (it over-fits less), else one hidden layer
+        hidden = 0 if len(cu) < SMALL else 64
+    fusion = (nn.Linear(feats.shape[1], n_out) if hidden == 0 else
+              nn.Sequential(nn.Linear(feats.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, n_out)))
     y_mean, y_std = 0.0, 1.0
     if data.task == "classification":
         target = torch.as_tensor(data.y[cu], dtype=torch.long)
     else:
         y_mean, y_std = float(data.y[cu].mean()), float(data.y[cu].std() or 1.0)
         target = torch.as_tensor((data.y[cu] - y_mean) / y_std, dtype=torch.float32)
-    opt = torch.optim.Adam(fusion.parameters(), lr=lr)
+    opt = torch.optim.Adam(fusion.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(epochs):
         opt.zero_grad()
         z = fusion(feats)
@@ -178,7 +191,7 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     fusion.eval()
     t_fuse = time.perf_counter() - t2
     result = Customized([cands[i] for i in keep], [names[i] for i in keep], [aligned[i][0] for i in keep],
-                        [aligned[i][1] for i in keep], fusion, data.task, y_mean, y_std)
+                        [aligned[i][1] for i in keep], fusion, data.task, y_mean, y_std, in_mean, in_std)
     test_pred = result.predict(data.x[te])
     metric = "accuracy" if data.task == "classification" else "mse"
     test = float((test_pred == data.y[te]).mean()) if data.task == "classification" else \
