@@ -47,3 +47,15 @@ def test_publish_subscribe_customize(tmp_path):
     res = r.invoke(app, ["pubsub", "publish", "--broker", broker, "--site", "a", "--data", str(tmp_path / "a.csv"),
                          "--target", "nope", "--epsilon", "1"])
     assert res.exit_code == 2 and "no column 'nope'" in res.output
+
+
+def test_leave(tmp_path):
+    from silofl.pubsub.broker import Broker
+
+    b = Broker(tmp_path / "broker")
+    b.join("a", {"x": ("continuous", 0.0, -1.0, 1.0)})
+    r = CliRunner()
+    res = r.invoke(app, ["pubsub", "leave", "--broker", str(tmp_path / "broker"), "--site", "a"])
+    assert res.exit_code == 0 and "0 published model(s) withdrawn" in res.output
+    res = r.invoke(app, ["pubsub", "leave", "--broker", str(tmp_path / "broker"), "--site", "a"])
+    assert res.exit_code == 2 and "unknown site" in res.output

@@ -116,6 +116,14 @@ def subscribe(
                   + f" — {len(b.stream(ch.id))} models match now")
 
 
+@app.command()
+@friendly_errors
+def leave(broker: str = typer.Option(...), site: str = typer.Option(..., help="The site that leaves.")):
+    """A site leaves: its models, feature metadata and channels go with it."""
+    n = _broker(broker).leave(site)
+    console.print(f"{site} left the broker; {n} published model(s) withdrawn")
+
+
 @app.command(name="list")
 @friendly_errors
 def list_(broker: str = typer.Option(...)):

@@ -14,7 +14,8 @@ from its private data at publish time) and scaled to [0, 1]; the bounds travel w
 
 ``nonprivate=True`` trains the same model type without DP (PubSub-ML*, a baseline): ε = ∞ and the
 mechanism says so. No DP gradient-boosted trees: the one DP GBDT package on the package index here,
-``dp-xgboost`` 0.2.10 (Sarus), was last released in January 2024 (see docs/pubsub.md).
+``dp-xgboost`` 0.2.10 (Sarus), was last released in January 2024 and comes only as a source archive (no
+wheel: installing it means building XGBoost's C++ core), so it does not install cleanly.
 """
 
 from __future__ import annotations
