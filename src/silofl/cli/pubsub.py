@@ -61,6 +61,21 @@ def _broker(path: str):
     return Broker(path)
 
 
+def _join(b, site: str, x: np.ndarray, features: list[str]):
+    """Join ``site`` on first use with public metadata from its data (per-feature mean and min/max, released
+    without DP as in the paper); the public bounds its DP models clip to."""
+    from silofl.pubsub.dp_models import Bounds
+
+    if site not in b.sites():
+        b.join(site, {f: ("continuous", float(x[:, i].mean()), float(x[:, i].min()), float(x[:, i].max()))
+                      for i, f in enumerate(features)})
+    declared = b.public_bounds(site)
+    missing = [f for f in features if f not in declared]
+    if missing:
+        raise ConfigError(f"site {site!r} has not declared public bounds for {missing[:5]}")
+    return Bounds(np.array([declared[f][0] for f in features]), np.array([declared[f][1] for f in features]))
+
+
 @app.command()
 @friendly_errors
 def publish(
@@ -77,18 +92,11 @@ def publish(
     """Train a DP model on DATA under (ε, δ) and publish it. On first use the site joins the broker with
     public feature metadata taken from DATA: mean (default for subscribers that lack the feature) and
     min/max (the bounds DP models clip to). These statistics are released without DP, as in the paper."""
-    from silofl.pubsub.dp_models import Bounds, train
+    from silofl.pubsub.dp_models import train
 
     x, y, features, classes = read_csv(data, target, task)
     b = _broker(broker)
-    if site not in b.sites():
-        b.join(site, {f: ("continuous", float(x[:, i].mean()), float(x[:, i].min()), float(x[:, i].max()))
-                      for i, f in enumerate(features)})
-    declared = b.public_bounds(site)
-    missing = [f for f in features if f not in declared]
-    if missing:
-        raise ConfigError(f"site {site!r} has not declared public bounds for {missing[:5]}")
-    bounds = Bounds(np.array([declared[f][0] for f in features]), np.array([declared[f][1] for f in features]))
+    bounds = _join(b, site, x, features)
     t0 = time.perf_counter()
     y_bounds = (float(y.min()), float(y.max())) if task == "regression" else None
     m = train(model, x, y, publisher=site, features=features, task=task, bounds=bounds, epsilon=epsilon, delta=delta,
@@ -193,18 +201,13 @@ def stream(
 ):
     """Algorithm 4: publish one DP model per disjoint chunk of DATA, keeping the k latest published. Every
     record is in exactly one chunk, so the stream's guarantee stays (ε, δ) however long it runs."""
-    from silofl.pubsub.dp_models import Bounds
     from silofl.pubsub.stream import StreamPublisher
 
     if chunk_size < 1:
         raise ConfigError(f"--chunk-size must be ≥ 1, got {chunk_size}")
     x, y, features, classes = read_csv(data, target, task)
     b = _broker(broker)
-    if site not in b.sites():
-        b.join(site, {f: ("continuous", float(x[:, i].mean()), float(x[:, i].min()), float(x[:, i].max()))
-                      for i, f in enumerate(features)})
-    declared = b.public_bounds(site)
-    bounds = Bounds(np.array([declared[f][0] for f in features]), np.array([declared[f][1] for f in features]))
+    bounds = _join(b, site, x, features)
     pub = StreamPublisher(site, features, task, model, epsilon, delta, bounds, k=ensemble, classes=classes, broker=b,
                           seed=seed)
     for start in range(0, len(x), chunk_size):
