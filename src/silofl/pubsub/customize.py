@@ -66,14 +66,11 @@ class Customized:
     task: str
     y_mean: float = 0.0
     y_std: float = 1.0
-    in_mean: torch.Tensor | None = None  # standardisation of m(x), from the customize part
-    in_std: torch.Tensor | None = None
     report: dict = field(default_factory=dict)
 
     def features_of(self, x: np.ndarray) -> torch.Tensor:
-        z = torch.cat([model_outputs(m, x, c, f) for m, c, f in zip(self.models, self.columns, self.fill, strict=True)],
-                      1).float()
-        return z if self.in_mean is None else (z - self.in_mean) / self.in_std
+        return torch.cat([_fusion_input(self.task, model_outputs(m, x, c, f))
+                          for m, c, f in zip(self.models, self.columns, self.fill, strict=True)], 1).float()
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -81,6 +78,48 @@ class Customized:
         if self.task == "classification":
             return z.argmax(1).numpy()
         return (z.squeeze(1) * self.y_std + self.y_mean).numpy()
+
+
+def _fusion_input(task: str, out: torch.Tensor) -> torch.Tensor:
+    """What the fusion network sees of one model: log-probabilities (classifiers) or predictions."""
+    return torch.log(out.clamp_min(1e-6)) if task == "classification" else out
+
+
+class Fusion(nn.Module):
+    """The fusion network: a linear layer over m(x) that starts as the plain ensemble (the mean of the
+    models' log-probabilities, or of their predictions), plus optionally one hidden layer whose output
+    starts at zero. Training moves it away from the ensemble only as far as the customize part
+    supports: ``penalty`` is the squared distance of the linear layer from its start plus the squared
+    weights of the hidden part."""
+
+    def __init__(self, n_in: int, n_out: int, n_models: int, hidden: int, task: str, y_mean: float = 0.0,
+                 y_std: float = 1.0):
+        super().__init__()
+        self.linear = nn.Linear(n_in, n_out)
+        with torch.no_grad():
+            if task == "classification":
+                self.linear.weight.copy_(torch.eye(n_out).repeat(1, n_models) / n_models)
+                self.linear.bias.zero_()
+            else:  # the mean prediction, in the standardised target's units
+                self.linear.weight.fill_(1.0 / (n_models * y_std))
+                self.linear.bias.fill_(-y_mean / y_std)
+        self.start = [p.detach().clone() for p in self.linear.parameters()]
+        self.mlp = None
+        if hidden:
+            self.mlp = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+            with torch.no_grad():
+                self.mlp[2].weight.zero_()
+                self.mlp[2].bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.linear(x)
+        return z if self.mlp is None else z + self.mlp(x)
+
+    def penalty(self) -> torch.Tensor:
+        pen = sum(((p - s) ** 2).sum() for p, s in zip(self.linear.parameters(), self.start, strict=True))
+        if self.mlp is not None:
+            pen = pen + sum((p ** 2).sum() for p in self.mlp.parameters())
+        return pen
 
 
 def model_outputs(m: PublishedModel, x: np.ndarray, columns: list[int | None], fill: np.ndarray) -> torch.Tensor:
@@ -131,7 +170,7 @@ def check_compatible(models: list[PublishedModel], data: LocalData) -> None:
 
 def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str, float], *, top_m: int | None = None,
               fractions=(0.6, 0.2, 0.2), own: str | None = "auto", seed: int = 0, hidden: int | str = "auto",
-              epochs: int = 200, lr: float = 0.01, weight_decay: float = 1e-3, idx=None) -> Customized:
+              epochs: int = 100, weight_decay: float = 1e-2, idx=None) -> Customized:
     """Algorithm 2. ``own``: the subscriber's own model type (``auto``: logistic / linear regression; None:
     no own model); ``idx``: given (train, customize, test) row indices instead of a random split."""
     t0 = time.perf_counter()
@@ -164,34 +203,36 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
 
     # fuse: train the fusion network on the selected models' outputs
     t2 = time.perf_counter()
-    feats = torch.cat([outs[i] for i in keep], 1).float()
-    # standardise each output column on the customize part: DP models' outputs can sit far from 0 with
-    # tiny spread (noisy regressors especially), which a small fusion network fits badly
-    in_mean, in_std = feats.mean(0), feats.std(0, unbiased=False).clamp_min(1e-3)
-    feats = (feats - in_mean) / in_std
+    feats = torch.cat([_fusion_input(data.task, outs[i]) for i in keep], 1).float()
     torch.manual_seed(seed)
     n_out = len(data.classes) if data.task == "classification" else 1
-    if hidden == "auto":  # a linear layer when the customize part is small (it over-fits less), else one hidden layer
+    if hidden == "auto":  # no hidden layer when the customize part is small (it over-fits less)
         hidden = 0 if len(cu) < SMALL else 64
-    fusion = (nn.Linear(feats.shape[1], n_out) if hidden == 0 else
-              nn.Sequential(nn.Linear(feats.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, n_out)))
     y_mean, y_std = 0.0, 1.0
     if data.task == "classification":
         target = torch.as_tensor(data.y[cu], dtype=torch.long)
     else:
         y_mean, y_std = float(data.y[cu].mean()), float(data.y[cu].std() or 1.0)
         target = torch.as_tensor((data.y[cu] - y_mean) / y_std, dtype=torch.float32)
-    opt = torch.optim.Adam(fusion.parameters(), lr=lr, weight_decay=weight_decay)
-    for _ in range(epochs):
+    fusion = Fusion(feats.shape[1], n_out, len(keep), hidden, data.task, y_mean, y_std)
+    # full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps swung the logits
+    # of log-probability inputs by whole units and lost the ensemble it started from
+    opt = torch.optim.LBFGS(fusion.parameters(), lr=1.0, max_iter=epochs, line_search_fn="strong_wolfe")
+
+    def closure():
         opt.zero_grad()
         z = fusion(feats)
         loss = F.cross_entropy(z, target) if data.task == "classification" else F.mse_loss(z.squeeze(1), target)
+        loss = loss + weight_decay * fusion.penalty()
         loss.backward()
-        opt.step()
+        return loss
+
+    if epochs > 0:
+        opt.step(closure)
     fusion.eval()
     t_fuse = time.perf_counter() - t2
     result = Customized([cands[i] for i in keep], [names[i] for i in keep], [aligned[i][0] for i in keep],
-                        [aligned[i][1] for i in keep], fusion, data.task, y_mean, y_std, in_mean, in_std)
+                        [aligned[i][1] for i in keep], fusion, data.task, y_mean, y_std)
     test_pred = result.predict(data.x[te])
     metric = "accuracy" if data.task == "classification" else "mse"
     test = float((test_pred == data.y[te]).mean()) if data.task == "classification" else \

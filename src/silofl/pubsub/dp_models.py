@@ -160,10 +160,15 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # diffprivlib warns about settings we pass on purpose
         if kind == "dp-logreg":
-            if nonprivate:
+            if nonprivate:  # one-vs-rest like diffprivlib's, so that the published form (and its inference) match
                 from sklearn.linear_model import LogisticRegression as LR
+                from sklearn.multiclass import OneVsRestClassifier
 
                 m = LR(max_iter=1000).fit(x, y)
+                if len(m.classes_) > 2:
+                    ovr = OneVsRestClassifier(LR(max_iter=1000)).fit(x, y)
+                    m.coef_ = np.vstack([e.coef_ for e in ovr.estimators_])
+                    m.intercept_ = np.concatenate([e.intercept_ for e in ovr.estimators_])
             else:
                 from diffprivlib.models import LogisticRegression
 

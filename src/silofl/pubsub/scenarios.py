@@ -153,7 +153,7 @@ def image_case(kind: str, quick: bool, seed: int) -> tuple[World, list[Site], Si
     from silofl.data.partition import iid, p_major
 
     x, y, feats, world, name = _images(quick, seed)
-    k, n, n_sub = (4, 150, 300) if quick else (9, 1000, 2000)
+    k, n, n_sub = ((4, 150, 300) if kind == "iid" else (4, 100, 100)) if quick else (9, 1000, 2000)
     rng = np.random.default_rng(seed)
     if kind == "iid":
         parts = iid(y, k + 1, n, rng)
