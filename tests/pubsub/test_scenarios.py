@@ -17,7 +17,7 @@ def test_distributed_features_quick(tmp_path):
     for population in ("same", "different"):
         summary = r["populations"][population]["summary"]
         assert list(summary) == ROWS and all(0 <= v["mean"] <= 1 for v in summary.values())
-        details = r["populations"][population]["seeds"][0]["details"]
+        details = r["populations"][population]["per_seed"][0]["details"]
         assert details["fl_epsilon_target"] == 1.0 and all(details[f"{m}_epsilon"] <= 1.0
                                                            for m in ("FedAvg", "FedProx", "FedAdam"))
     table = (tmp_path / "table.md").read_text()

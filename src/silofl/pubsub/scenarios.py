@@ -192,7 +192,7 @@ def scenario_images(kind: str, seeds, quick: bool) -> dict:
         cases.append(run_case(world, pubs, sub, kinds=["dp-nn"] * len(pubs), epsilons=[eps] * len(pubs), delta=1e-5,
                               seed=seed, fl_rounds=3 if quick else 30, train_options=opts))
     return {"setting": {**info, "model": "dp-nn (DP-SGD MLP)", "epsilon": eps, "delta": 1e-5},
-            "summary": _summarise(cases), "seeds": cases}
+            "summary": _summarise(cases), "per_seed": cases}
 
 
 def scenario_distributed_features(seeds, quick: bool) -> dict:
@@ -216,7 +216,7 @@ def scenario_distributed_features(seeds, quick: bool) -> dict:
             sub = rows(x, y, sub_part, sub_feats, feats, "subscriber")
             cases.append(run_case(world, pubs, sub, kinds=["dp-logreg"] * 4, epsilons=[1.0, 1.0, 2.0, 2.0],
                                   delta=1e-5, seed=seed, fl_rounds=5 if quick else 30))
-        out[population] = {"summary": _summarise(cases), "seeds": cases}
+        out[population] = {"summary": _summarise(cases), "per_seed": cases}
     return {"setting": {"data": "breast cancer (569 rows, 30 features)", "publishers": 4,
                         "publisher_features": [len(f) for f in pub_feats], "subscriber_features": sub_feats,
                         "model": "dp-logreg", "epsilons": [1.0, 1.0, 2.0, 2.0], "delta": 1e-5}, "populations": out}
@@ -242,7 +242,7 @@ def scenario_regression(seeds, quick: bool) -> dict:
                               train_options={"epochs": 5 if quick else 30, "hidden": 16}))
     return {"setting": {"data": "diabetes (442 rows, 10 features); target scaled to [0, 1] by its public range; "
                         "metric MSE (lower is better)", "publishers": 3, "models": ["dp-linreg", "dp-nn", "dp-linreg"],
-                        "epsilons": [1.0, 2.0, 1.0], "delta": 1e-5}, "summary": _summarise(cases), "seeds": cases}
+                        "epsilons": [1.0, 2.0, 1.0], "delta": 1e-5}, "summary": _summarise(cases), "per_seed": cases}
 
 
 def _hyperplane(n: int, seed: int, n_features: int = 10, drift: float = 0.001):
