@@ -86,23 +86,26 @@ def _fusion_input(task: str, out: torch.Tensor) -> torch.Tensor:
 
 
 class Fusion(nn.Module):
-    """The fusion network: a linear layer over m(x) that starts as the plain ensemble (the mean of the
-    models' log-probabilities, or of their predictions), plus optionally one hidden layer whose output
-    starts at zero. Training moves it away from the ensemble only as far as the customize part
+    """The fusion network: a linear layer over m(x) that starts as the best model on the customize part
+    (``start="best"``; the selected models come ranked) or as the plain ensemble (``"mean"``: the mean of
+    the models' log-probabilities, or of their predictions), plus optionally one hidden layer whose
+    output starts at zero. Training moves it away from the ensemble only as far as the customize part
     supports: ``penalty`` is the squared distance of the linear layer from its start plus the squared
     weights of the hidden part."""
 
     def __init__(self, n_in: int, n_out: int, n_models: int, hidden: int, task: str, y_mean: float = 0.0,
-                 y_std: float = 1.0):
+                 y_std: float = 1.0, start: str = "best"):
         super().__init__()
         self.linear = nn.Linear(n_in, n_out)
         with torch.no_grad():
-            if task == "classification":
-                self.linear.weight.copy_(torch.eye(n_out).repeat(1, n_models) / n_models)
-                self.linear.bias.zero_()
-            else:  # the mean prediction, in the standardised target's units
-                self.linear.weight.fill_(1.0 / (n_models * y_std))
-                self.linear.bias.fill_(-y_mean / y_std)
+            w = torch.zeros(n_out, n_in)
+            if start == "best":  # the first block: the best model on the customize part
+                w[:, :n_out] = torch.eye(n_out) if task == "classification" else 1.0 / y_std
+            else:  # the plain ensemble: mean of the models' log-probabilities / predictions
+                w[:] = (torch.eye(n_out).repeat(1, n_models) if task == "classification"
+                        else torch.ones(n_out, n_in) / y_std) / n_models
+            self.linear.weight.copy_(w)
+            self.linear.bias.fill_(0.0 if task == "classification" else -y_mean / y_std)
         self.start = [p.detach().clone() for p in self.linear.parameters()]
         self.mlp = None
         if hidden:
@@ -170,7 +173,7 @@ def check_compatible(models: list[PublishedModel], data: LocalData) -> None:
 
 def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str, float], *, top_m: int | None = None,
               fractions=(0.6, 0.2, 0.2), own: str | None = "auto", seed: int = 0, hidden: int | str = "auto",
-              epochs: int = 100, weight_decay: float = 1e-2, idx=None) -> Customized:
+              epochs: int = 100, weight_decay: float = 1e-2, start: str = "best", idx=None) -> Customized:
     """Algorithm 2. ``own``: the subscriber's own model type (``auto``: logistic / linear regression; None:
     no own model); ``idx``: given (train, customize, test) row indices instead of a random split."""
     t0 = time.perf_counter()
@@ -214,7 +217,7 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     else:
         y_mean, y_std = float(data.y[cu].mean()), float(data.y[cu].std() or 1.0)
         target = torch.as_tensor((data.y[cu] - y_mean) / y_std, dtype=torch.float32)
-    fusion = Fusion(feats.shape[1], n_out, len(keep), hidden, data.task, y_mean, y_std)
+    fusion = Fusion(feats.shape[1], n_out, len(keep), hidden, data.task, y_mean, y_std, start=start)
     # full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps swung the logits
     # of log-probability inputs by whole units and lost the ensemble it started from
     opt = torch.optim.LBFGS(fusion.parameters(), lr=1.0, max_iter=epochs, line_search_fn="strong_wolfe")
