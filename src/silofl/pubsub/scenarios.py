@@ -465,11 +465,15 @@ def _plot(name: str, result: dict, path: Path) -> None:
         width = 0.8 / len(series)
         for j, (label, summ) in enumerate(series.items()):
             pos = np.arange(len(methods)) + j * width
-            ax.bar(pos, [summ[m]["mean"] for m in methods], width, yerr=[summ[m]["std"] for m in methods],
-                   capsize=2, label=f"{label} population" if label else None)
+            means = np.array([summ[m]["mean"] for m in methods])
+            stds = np.array([summ[m]["std"] for m in methods])
+            low = np.minimum(stds, means * 0.999) if name == "regression" else stds
+            ax.bar(pos, means, width, yerr=[low, stds], capsize=2, label=f"{label} population" if label else None)
         ax.set_xticks(np.arange(len(methods)) + width * (len(series) - 1) / 2)
         ax.set_xticklabels(methods, rotation=35, ha="right", fontsize=8)
-        ax.set_ylabel("MSE (lower is better)" if name == "regression" else "accuracy")
+        ax.set_ylabel("MSE (lower is better, log scale)" if name == "regression" else "accuracy")
+        if name == "regression":  # diverged baselines sit orders of magnitude above the rest
+            ax.set_yscale("log")
         if len(series) > 1:
             ax.legend(fontsize=8)
     ax.set_title(ax.get_title() or f"PubSub-ML scenario: {name}")
