@@ -213,13 +213,13 @@ class Broker:
             row = db.execute("SELECT subscriber, spec FROM channels WHERE id = ?", (channel_id,)).fetchone()
         if row is None:
             raise ConfigError(f"no channel {channel_id}")
-        return Channel(channel_id, row[0], tuple(frozenset(c) for c in json.loads(row[1])))
+        return _channel(channel_id, *row)
 
     def channels(self, subscriber: str) -> list[Channel]:
         """A subscriber's channels."""
         with closing(self._connect()) as db:
-            ids = [r[0] for r in db.execute("SELECT id FROM channels WHERE subscriber = ? ORDER BY id", (subscriber,))]
-        return [self.channel(i) for i in ids]
+            rows = db.execute("SELECT id, spec FROM channels WHERE subscriber = ? ORDER BY id", (subscriber,)).fetchall()
+        return [_channel(i, subscriber, spec) for i, spec in rows]
 
     def unsubscribe(self, channel_id: int) -> None:
         with closing(self._connect()) as db, db:
@@ -231,3 +231,7 @@ class Broker:
         ch = self.channel(channel_id)
         return [m["id"] for m in self.models() if m["id"] > since and m["publisher"] != ch.subscriber
                 and ch.matches(m["features"])]
+
+
+def _channel(channel_id: int, subscriber: str, spec: str) -> Channel:
+    return Channel(int(channel_id), subscriber, tuple(frozenset(c) for c in json.loads(spec)))

@@ -23,13 +23,14 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from silofl.errors import ConfigError
-from silofl.pubsub.model import PublishedModel
+from silofl.pubsub.model import PublishedModel, scale_inputs
 
 KINDS = ("dp-nn", "dp-logreg", "dp-nb", "dp-forest", "dp-linreg")
 CLASSIFIERS = ("dp-nn", "dp-logreg", "dp-nb", "dp-forest")
@@ -44,8 +45,8 @@ class Bounds:
     hi: np.ndarray
 
     def scale(self, x: np.ndarray) -> np.ndarray:
-        span = np.where(self.hi > self.lo, self.hi - self.lo, 1.0)
-        return np.clip((x - self.lo) / span, 0.0, 1.0)
+        t = partial(torch.as_tensor, dtype=torch.float64)
+        return scale_inputs(t(x), t(self.lo), t(self.hi)).numpy()
 
 
 def train(kind: str, x: np.ndarray, y: np.ndarray, *, publisher: str, features: list[str], task: str,

@@ -21,10 +21,12 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from silofl.errors import ConfigError
+from silofl.methods.base import accuracy
 from silofl.methods.server_opt import FedAdam, ServerOptimizer
 from silofl.models import MLP
 from silofl.privacy.accountant import Accountant
 from silofl.privacy.client_level import clip_update
+from silofl.privacy.noise import NoiseSource
 
 METHODS = ("fedavg", "fedprox", "fedadam")
 
@@ -68,7 +70,7 @@ def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n
     model = MLP((d,), n_out, hidden=(hidden,))
     data = [(torch.as_tensor(x, dtype=torch.float32), _targets(task, y)) for x, y in sites]
     gen = torch.Generator().manual_seed(seed)
-    noise_gen = torch.Generator().manual_seed(seed + 7919)
+    noise = NoiseSource(seed=seed + 7919)
     opt: ServerOptimizer = FedAdam(server_lr or 0.03) if method == "fedadam" else ServerOptimizer(server_lr or 1.0)
     z = 0.0
     if not nonprivate:
@@ -92,7 +94,7 @@ def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n
             delta_k = parameters_to_vector(model.parameters()).detach() - w
             total += delta_k if nonprivate else clip_update(delta_k, clip)[0]
         if not nonprivate:
-            total += torch.randn(total.shape, generator=noise_gen) * z * clip
+            total += noise.normal(tuple(total.shape), z * clip)
             acc.step(z, 1.0)
         vector_to_parameters(w + opt.step(total / k), model.parameters())
     info = {"method": method, "rounds": rounds, "sites": k, "private": not nonprivate}
@@ -116,7 +118,7 @@ def fine_tune(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, task: str, e
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, task: str) -> float:
     """Accuracy (classification) or MSE (regression)."""
-    out = model(torch.as_tensor(x, dtype=torch.float32))
+    xt = torch.as_tensor(x, dtype=torch.float32)
     if task == "classification":
-        return float((out.argmax(1).numpy() == y).mean())
-    return float(((out.squeeze(1).numpy() - y) ** 2).mean())
+        return accuracy(model, xt, torch.as_tensor(y))
+    return float(((model(xt).squeeze(1).numpy() - y) ** 2).mean())

@@ -226,6 +226,12 @@ def is_nonprivate(m: PublishedModel) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- inference
+def scale_inputs(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Raw inputs clipped to public bounds and scaled to [0, 1] (a feature with lo = hi maps to 0): what DP
+    models are trained on and what their inference applies."""
+    return ((x - lo) / torch.where(hi > lo, hi - lo, torch.ones_like(hi))).clamp(0, 1)
+
+
 def outputs(m: PublishedModel, x) -> torch.Tensor:
     """The model's outputs on raw inputs ``x`` [n, F] (in ``m.features`` order): class probabilities
     [n, classes] for a classifier, predictions [n, 1] for a regressor. Inputs are clipped and scaled
@@ -234,8 +240,7 @@ def outputs(m: PublishedModel, x) -> torch.Tensor:
     if x.dim() != 2 or x.shape[1] != len(m.features):
         raise ModelRejected(f"{m.publisher}'s model takes {len(m.features)} features, got input of shape {tuple(x.shape)}")
     if "input_lo" in m.tensors:
-        lo, hi = m.tensors["input_lo"].double(), m.tensors["input_hi"].double()
-        x = ((x - lo) / torch.where(hi > lo, hi - lo, torch.ones_like(hi))).clamp(0, 1)
+        x = scale_inputs(x, m.tensors["input_lo"].double(), m.tensors["input_hi"].double())
     t = {k: v.double() if v.is_floating_point() else v for k, v in m.tensors.items()}
     if m.kind == "linear":
         z = x @ t["coef"].T + t["intercept"]

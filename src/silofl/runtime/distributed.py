@@ -48,14 +48,6 @@ FAULT_ENV = "SILOFL_INJECT_FAULT"  # testing hook: "RANK:ROUND:KIND", see inject
 FAULT_KINDS = ("crash", "hang", "crash-receiving", "hang-receiving")
 
 
-class PeerTimeout(SiloflError):
-    """A peer did not send an expected message in time."""
-
-
-class PeerLost(SiloflError):
-    """A peer process crashed or stopped answering."""
-
-
 def check_method(method: str) -> None:
     if method not in SUPPORTED:
         raise ConfigError(f"method {method!r} does not run across processes yet; use one of: {', '.join(SUPPORTED)} "

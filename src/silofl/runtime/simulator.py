@@ -171,7 +171,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     tr = transport if transport is not None else InProcessTransport()
     distributed = transport is not None
     if distributed:
-        from silofl.runtime.distributed import check_method
+        from silofl.runtime.distributed import check_method, inject_fault
 
         check_method(cfg.method)
     parts = [(x, y) if tr.is_local(k) else (None, None) for k, (x, y) in enumerate(parts)]  # keep only our shards
@@ -210,8 +210,6 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
         task = p.add_task(info.name, total=cfg.rounds, completed=first - 1) if p else None
         for rnd in range(first, cfg.rounds + 1):
             if distributed:
-                from silofl.runtime.distributed import inject_fault
-
                 tr.round = rnd
                 inject_fault(tr.rank, rnd)
             t0 = time.perf_counter()
