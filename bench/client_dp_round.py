@@ -18,18 +18,17 @@ from pathlib import Path
 
 import torch
 
-from silofl.config import RunConfig
-from silofl.methods import client_dp
-from silofl.methods.local_sgd import local_updates
-from silofl.runtime.simulator import build, prepare_data
+from silofl.run.config import RunConfig
+from silofl.run.loop import build
+from silofl.site import subclients
+from silofl.training.local_sgd import local_updates
 
 
 def setup(v: int, private: bool, data):
-    cfg = RunConfig(method="dp-fedavg", dataset="fashion-mnist", partition="iid", clients=6, samples_per_client=2000,
-                    batch_size=64, proxy_model="mlp256", intermediaries=str(v),
-                    privacy="strict" if private else "off").resolve()
-    _, parts, _, _ = prepare_data(cfg, torch.device("cpu"), data)
-    proto = build(cfg, data, parts)
+    cfg = RunConfig.from_dict(dict(method="dp-fedavg", dataset="fashion-mnist", partition="iid", clients=6,
+                                   samples_per_client=2000, batch_size=64, proxy_model="mlp256", intermediaries=str(v),
+                                   privacy="strict" if private else "off"))
+    _, _, proto, _ = build(cfg, data=data)
     proto.start()
     return proto
 
@@ -58,14 +57,14 @@ def main() -> None:
             variants[f"v={v} DP one-at-a-time"] = (v, True, 1)
     protos = {k: setup(v, p, data) for k, (v, p, _) in variants.items()}
     times: dict[str, list[float]] = {k: [] for k in variants}
-    original = client_dp.local_updates
+    original = subclients.local_updates
     for rep in range(a.rounds + 1):  # round 0 of each is a warm-up (vmap tracing), not counted
         for k, (_, _, chunk) in variants.items():
-            client_dp.local_updates = functools.partial(local_updates, chunk=chunk)
+            subclients.local_updates = functools.partial(local_updates, chunk=chunk)
             t = time_round(protos[k], rep + 1)
             if rep > 0:
                 times[k].append(t)
-    client_dp.local_updates = original
+    subclients.local_updates = original
     med = {k: statistics.median(ts) for k, ts in times.items()}
     print(f"s/round (median of {a.rounds}, {a.threads} threads), DP-FedAvg, 6 clients × 2000 Fashion-MNIST, mlp256")
     rows = []

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from silofl.methods.proxyfl import dml_loss
 from silofl.models import build_model
 from silofl.privacy import DPGradient, NoiseSource
+from silofl.training import dml_loss
 
 warnings.filterwarnings("ignore")
 
@@ -42,7 +42,8 @@ def nondp_step(model, opt):
 
 
 def silofl_step(model, opt, backend, batch):
-    dp = DPGradient(model, clip=1.0, noise_multiplier=1.0, expected_batch_size=batch, noise=NoiseSource(0), backend=backend)
+    dp = DPGradient(model, clip=1.0, noise_multiplier=1.0, expected_batch_size=batch, noise=NoiseSource(0), backend=backend,
+                    sample_rate=batch / 1000)
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
@@ -69,7 +70,7 @@ def opacus_step(model, batch):
 def proxyfl_step(private, proxy, dp: bool, batch):
     popt = torch.optim.Adam(private.parameters(), lr=1e-3, weight_decay=1e-4)
     xopt = torch.optim.Adam(proxy.parameters(), lr=1e-3, weight_decay=1e-4)
-    dpg = DPGradient(proxy, 1.0, 1.0, batch, NoiseSource(0)) if dp else None
+    dpg = DPGradient(proxy, 1.0, 1.0, batch, NoiseSource(0), sample_rate=batch / 1000) if dp else None
 
     def proxy_loss(logits, y, plogp):
         return dml_loss(logits, y, plogp, 0.5)

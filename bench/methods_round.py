@@ -17,15 +17,16 @@ import time
 
 import torch
 
-from silofl.config import METHODS, RunConfig
-from silofl.runtime.simulator import build, prepare_data
+from silofl.fl.registry import methods
+from silofl.run.config import RunConfig
+from silofl.run.loop import build
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(methods()))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -33,9 +34,7 @@ def main() -> None:
     variants = {}
     for m in args.methods.split(","):
         for privacy in ("strict", "off"):
-            cfg = RunConfig(method=m, privacy=privacy).resolve()
-            data, parts, _, _ = prepare_data(cfg, torch.device("cpu"))
-            proto = build(cfg, data, parts)
+            _, _, proto, _ = build(RunConfig(method=m, privacy=privacy))
             proto.start()
             proto.run_round(1)  # warm-up
             variants[(m, privacy)] = (proto, [])

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from silofl.config import RunConfig
-from silofl.methods.proxyfl import dml_loss
 from silofl.models import build_model
-from silofl.runtime.simulator import build, prepare_data
+from silofl.run.config import RunConfig
+from silofl.run.loop import build
 from silofl.topology import ExponentialGraph
+from silofl.training import dml_loss
 
 warnings.filterwarnings("ignore")
 
@@ -33,6 +33,7 @@ class OpacusProxyFL:
     """The straightforward implementation: one PrivacyEngine per client, GradSampleModule hooks."""
 
     def __init__(self, parts, cfg: RunConfig):
+        o = cfg.options
         from opacus import PrivacyEngine
         from torch.utils.data import DataLoader, TensorDataset
 
@@ -40,10 +41,10 @@ class OpacusProxyFL:
         self.clients = []
         for k, (x, y) in enumerate(parts):
             torch.manual_seed(k)
-            private = build_model(cfg.private_model, tuple(x.shape[1:]), 10)
-            proxy = build_model(cfg.proxy_model, tuple(x.shape[1:]), 10)
-            popt = torch.optim.Adam(private.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-            xopt = torch.optim.Adam(proxy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            private = build_model(o.private_model, tuple(x.shape[1:]), 10)
+            proxy = build_model(o.proxy_model, tuple(x.shape[1:]), 10)
+            popt = torch.optim.Adam(private.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+            xopt = torch.optim.Adam(proxy.parameters(), lr=o.lr, weight_decay=o.weight_decay)
             engine = PrivacyEngine(accountant="rdp")
             loader = DataLoader(TensorDataset(x, y), batch_size=cfg.batch_size)
             proxy, xopt, loader = engine.make_private(
@@ -54,7 +55,7 @@ class OpacusProxyFL:
         self.graph = ExponentialGraph()
 
     def run_round(self, rnd: int) -> None:
-        a, b = self.cfg.dml_alpha, self.cfg.dml_beta
+        a, b = self.cfg.options.dml_alpha, self.cfg.options.dml_beta
         for c in self.clients:
             for xb, yb in c["loader"]:
                 if len(yb) == 0:
@@ -85,17 +86,16 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = RunConfig(privacy=args.privacy, rounds=args.rounds).resolve()
-    data, parts, _, _ = prepare_data(cfg, torch.device("cpu"))
-    ours = build(cfg, data, parts)
-    theirs = OpacusProxyFL(parts, cfg)
+    cfg, split, ours, engine = build(RunConfig(privacy=args.privacy, rounds=args.rounds))
+    sites = [engine.sites[k] for k in sorted(engine.sites)]
+    theirs = OpacusProxyFL(split.parts, cfg)
     ours.run_round(0)
     theirs.run_round(0)  # warm-up
     t_ours, t_theirs = [], []
     for r in range(1, args.rounds + 1):
         t = time.perf_counter()
         ours.run_round(r)
-        for c in ours.clients:
+        for c in sites:
             c.epsilon()
         t_ours.append(time.perf_counter() - t)
         t = time.perf_counter()
@@ -106,14 +106,14 @@ def main():
     print(f"  silofl                      {mo:7.3f} s/round   (per-round {', '.join(f'{x:.2f}' for x in t_ours)})")
     print(f"  Opacus make_private (hooks) {mt:7.3f} s/round   (per-round {', '.join(f'{x:.2f}' for x in t_theirs)})")
     print(f"  speed-up: {mt / mo:.2f}×")
-    print(f"  ε after {args.rounds + 1} rounds: silofl {ours.clients[0].epsilon():.3f}, Opacus {theirs.clients[0]['eps']:.3f}")
+    print(f"  ε after {args.rounds + 1} rounds: silofl {sites[0].epsilon():.3f}, Opacus {theirs.clients[0]['eps']:.3f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({
             "privacy": args.privacy, "threads": torch.get_num_threads(), "rounds": args.rounds,
             "silofl_s_per_round": t_ours, "opacus_s_per_round": t_theirs,
             "silofl_median_s": mo, "opacus_median_s": mt, "speedup": mt / mo,
-            "epsilon_silofl": ours.clients[0].epsilon(), "epsilon_opacus": theirs.clients[0]["eps"],
+            "epsilon_silofl": sites[0].epsilon(), "epsilon_opacus": theirs.clients[0]["eps"],
         }, indent=2) + "\n")
 
 

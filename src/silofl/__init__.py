@@ -1,7 +1,14 @@
 """silofl: cross-silo learning with measured privacy."""
 
-from silofl.errors import BudgetExhausted, ConfigError, DataError, PeerModelRejected, SiloflError
+from silofl.core.errors import (
+    BudgetExhausted,
+    ConfigError,
+    DataError,
+    ModelRejected,
+    PeerModelRejected,
+    SiloflError,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["SiloflError", "ConfigError", "DataError", "BudgetExhausted", "PeerModelRejected", "__version__"]
+__all__ = ["SiloflError", "ConfigError", "DataError", "BudgetExhausted", "PeerModelRejected", "ModelRejected", "__version__"]

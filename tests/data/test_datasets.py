@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from silofl.core.errors import DataError
 from silofl.data import load_dataset, read_idx
 from silofl.data.datasets import IDX_FILES
-from silofl.errors import DataError
 
 
 def write_idx(path, arr, gz=False):

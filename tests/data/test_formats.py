@@ -5,11 +5,11 @@ import pytest
 import torch
 from PIL import Image
 
-from silofl.config import RunConfig
+from silofl.core.errors import DataError
 from silofl.data import load_dataset
 from silofl.data.formats import site_split
-from silofl.errors import DataError
-from silofl.runtime.simulator import run as simulate
+from silofl.run.config import RunConfig
+from silofl.run.loop import run as simulate
 
 
 def _write_images(root, classes=("benign", "malignant", "normal"), n=10, mode="L", size=20):
@@ -94,9 +94,9 @@ def test_bags_bad_files_are_clear_errors(tmp_path):
 
 def test_proxyfl_with_deepsets_on_bags_by_site_reports_internal_and_external_accuracy(tmp_path):
     write_bags(tmp_path / "bags.npz")
-    cfg = RunConfig(dataset="bags", data_dir=str(tmp_path / "bags.npz"), partition="site", clients=3, rounds=4,
+    cfg = RunConfig.from_dict(dict(dataset="bags", data_dir=str(tmp_path / "bags.npz"), partition="site", clients=3, rounds=4,
                     batch_size=5, delta=1e-3, private_model="deepset", proxy_model="deepset", max_bag_size=10,
-                    lr=1e-2, out=str(tmp_path / "run"))
+                    lr=1e-2, out=str(tmp_path / "run")))
     s = simulate(cfg, progress=False)
     assert s["test_set"].startswith("external") and len(s["sites"]) == 3
     fin = s["final"]

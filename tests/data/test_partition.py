@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from silofl.core.errors import ConfigError
 from silofl.data import dirichlet, iid, p_major
-from silofl.errors import ConfigError
 
 LABELS = np.repeat(np.arange(10), 600)
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.models import MODEL_NAMES, ModelSpec, build_model, load_model, save_model
 
 IMAGE_MODELS = [n for n in MODEL_NAMES if n != "deepset"]

@@ -7,9 +7,9 @@ from dp_accounting import rdp as gdp_rdp
 from dp_accounting.pld import pld_privacy_accountant
 from opacus.accountants import RDPAccountant
 
-from silofl.errors import BudgetExhausted, ConfigError
+from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.privacy import Accountant, Budget, epsilon_of, max_steps_within
-from silofl.privacy.accountant import DEFAULT_ORDERS
+from silofl.privacy.analysis import DEFAULT_ORDERS
 
 # (σ, q, steps): DP-SGD regimes from ε ≈ 1 to ε ≈ 30. The paper's (1.0, 0.25, 1200) is left out of the
 # dp-accounting comparison: its best RDP order is 1.4, where dp-accounting's fractional-order series does
@@ -79,7 +79,7 @@ def test_budget_and_max_steps():
 def test_accountant_state_round_trips_and_never_shrinks():
     import json
 
-    from silofl.errors import ConfigError
+    from silofl.core.errors import ConfigError
 
     a = Accountant("rdp")
     a.step(1.0, 0.1, 30)

@@ -4,15 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.privacy import epsilon_of
-from silofl.privacy.client_level import (
-    AdaptiveClip,
-    clip_update,
-    subclient_clip,
-    unit_noise_multipliers,
-    update_noise_multiplier,
-)
+from silofl.privacy.analysis import subclient_clip, unit_noise_multipliers, update_noise_multiplier
+from silofl.privacy.client_level import AdaptiveClip, clip_update
 
 
 def test_clip_update_bounds_the_global_norm_and_keeps_small_updates():
@@ -72,7 +67,7 @@ def test_hospital_epsilon_of_a_subclient_calibrated_run_matches_dp_accounting(q)
     dpa = pytest.importorskip("dp_accounting")
     from dp_accounting.rdp import RdpAccountant
 
-    from silofl.privacy.accountant import DEFAULT_ORDERS
+    from silofl.privacy.analysis import DEFAULT_ORDERS
 
     z, v, rounds, delta = 1.5, 2, 30, 1e-4
     zh = unit_noise_multipliers(z, v, "subclient")["hospital"]

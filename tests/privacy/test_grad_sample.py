@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from opacus import GradSampleModule
 from torch import nn
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.models import build_model
 from silofl.privacy.grad_sample import GhostClipper, VmapClipper, clip_factors, make_clipper
 
@@ -106,7 +106,7 @@ def test_reused_layer_is_detected_and_dp_gradient_falls_back():
 
     torch.manual_seed(3)
     model = Reused()
-    dp = DPGradient(model, clip=1.0, noise_multiplier=0.0, expected_batch_size=4, noise=NoiseSource(0))
+    dp = DPGradient(model, clip=1.0, noise_multiplier=0.0, expected_batch_size=4, noise=NoiseSource(0), sample_rate=0.5)
     assert dp.backend_name == "ghost"
     x, y = torch.randn(4, 5), torch.randint(0, 5, (4,))
     dp.compute(x, ce, y)

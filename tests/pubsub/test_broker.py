@@ -3,7 +3,7 @@ import sqlite3
 import pytest
 import torch
 
-from silofl.errors import ConfigError, ModelRejected
+from silofl.core.errors import ConfigError, ModelRejected
 from silofl.pubsub import Broker, PublishedModel
 from silofl.pubsub.model import checksum
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from sklearn.datasets import load_breast_cancer
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.pubsub.customize import LocalData, align, customize, model_outputs, split
 from silofl.pubsub.dp_models import Bounds, train
 from silofl.pubsub.model import PublishedModel

@@ -11,7 +11,7 @@ from opacus.accountants import RDPAccountant
 from safetensors.torch import save
 from sklearn.datasets import load_breast_cancer
 
-from silofl.errors import ConfigError, ModelRejected
+from silofl.core.errors import ConfigError, ModelRejected
 from silofl.pubsub.dp_models import Bounds, _forest_tensors, _full_nb, train
 from silofl.pubsub.model import PublishedModel, outputs
 

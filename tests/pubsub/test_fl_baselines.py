@@ -5,7 +5,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.pubsub.fl_baselines import evaluate, fine_tune, run_fl
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.pubsub.broker import Broker
 from silofl.pubsub.dp_models import Bounds
 from silofl.pubsub.stream import StreamPublisher

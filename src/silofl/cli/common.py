@@ -7,9 +7,9 @@ import functools
 import typer
 from rich.console import Console
 
-from silofl.errors import SiloflError
+from silofl.core.errors import SiloflError
 
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one line per error, whatever the terminal width
 
 
 def friendly_errors(fn):

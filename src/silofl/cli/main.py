@@ -1,4 +1,4 @@
-"""``silofl`` command line: ``silofl run`` and ``silofl evaluate``.
+"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate`` and the ``pubsub`` group.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
 fix are printed as one line (exit code 2), never as a traceback.
@@ -17,19 +17,23 @@ from rich.console import Console
 from rich.table import Table
 
 from silofl.cli.common import err_console, friendly_errors
-from silofl.config import RunConfig
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
 console = Console()
 
 
+def _method_help() -> str:
+    from silofl.fl.registry import methods
+
+    return " | ".join(methods())
+
+
 @app.command()
 @friendly_errors
 def run(
-    config: Path | None = typer.Option(None, "--config", help="YAML file with any RunConfig options."),
-    method: str | None = typer.Option(None, help="proxyfl | fedavg | fml | avgpush | cwt | regular | joint | dp-fedavg | "
-                                      "dp-fedadam | dp-fednova | dp2-rmsprop | fedadam | fednova | rmsprop"),
+    config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
+    method: str | None = typer.Option(None, help=f"{_method_help()}"),
     dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
     clients: int | None = typer.Option(None, help="Number of clients K."),
@@ -44,12 +48,12 @@ def run(
     partition: str | None = typer.Option(None, help="p_major | iid | dirichlet | site"),
     p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
     dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),
-    samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Expected Poisson batch size B (q = B/n)."),
+    samples_per_client: int | None = typer.Option(None, "--samples-per-client", help="Default: min(1000, training examples / clients)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Expected Poisson batch size B (q = B/n); default n/4, at most 250."),
     lr: float | None = typer.Option(None),
     noise_multiplier: float | None = typer.Option(None, "--noise-multiplier", help="σ"),
     clip: str | None = typer.Option(None, help="Clipping norm C (per example; per client update for client-level "
-                                    "methods), or 'adaptive' / 'adaptive:C0' (private quantile estimate, start C0)."),
+                                    "methods), or 'adaptive' / 'adaptive:C0' (client-level: private quantile estimate, start C0)."),
     delta: float | None = typer.Option(None, help="δ (must be < 1/n)."),
     accountant: str | None = typer.Option(None, help="rdp | prv"),
     target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget: a client leaves before exceeding it."),
@@ -71,9 +75,10 @@ def run(
     eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
     test_limit: int | None = typer.Option(None, "--test-limit", help="Evaluate on the first N test examples only."),
     checkpoint_every: int | None = typer.Option(None, "--checkpoint-every",
-                                                help="Save every node's state to OUT/checkpoint every N rounds."),
+                                                help="Save every party's state to OUT/checkpoint every N rounds."),
     resume: bool = typer.Option(False, "--resume", help="Continue OUT from its latest checkpoint (same options; "
                                 "--rounds may grow). The privacy spend carries on."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in OUT (refused otherwise)."),
     distributed: bool = typer.Option(False, "--distributed", hidden=True,
                                      help="Run as one process of a `silofl launch` (torchrun) group."),
     peer_timeout: float = typer.Option(300.0, "--peer-timeout", help="Seconds to wait for a peer's message "
@@ -82,41 +87,88 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
-    from silofl.runtime.simulator import run as simulate
+    from silofl.run.config import RunConfig, load_yaml_mapping
+    from silofl.run.loop import run as run_loop
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    cfg = RunConfig.from_yaml(config) if config else RunConfig()
-    flags = {k: v for k, v in locals().items()
-             if k not in ("config", "quiet", "simulate", "cfg", "set_", "resume", "distributed", "peer_timeout")}
+    flags = {k: v for k, v in locals().items() if v is not None and k not in (
+        "config", "quiet", "run_loop", "RunConfig", "load_yaml_mapping", "set_", "resume", "overwrite", "distributed",
+        "peer_timeout")}
     if target_epsilons is not None:
         flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
     if clip is not None:
         flags.update(_parse_clip(clip))
-    cfg = RunConfig.from_dict({**cfg.to_dict(), **_parse_sets(set_)}).replace(**flags)
+    flags = {k: v for k, v in flags.items() if v is not None}
+    base = load_yaml_mapping(config) if config else {}
+    cfg = RunConfig.from_dict({**base, **_parse_sets(set_), **flags})
     resolved = cfg.resolve()
-    transport = None
     if distributed:
-        from silofl.runtime.distributed import TorchDistTransport, init_from_env
+        from silofl.comm.torchdist import init_from_env
 
         init_from_env(timeout_s=peer_timeout)
-        transport = TorchDistTransport(resolved.clients, timeout_s=peer_timeout)
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and resolved.checkpoint_every:
             resume = True  # torchrun restarted the group after a failure: every process resumes together
-        if transport.rank != 0:
-            quiet = True
-            console.quiet = True
+        if _serve_if_worker(resolved, peer_timeout):
+            return
+    requested = cfg.privacy
     head = f"[bold]silofl run[/] {resolved.method} on {resolved.dataset}: {resolved.clients} clients, {resolved.rounds} rounds, "
+    o = resolved.options
     if resolved.is_client_level:
-        clip_txt = f"adaptive from {resolved.clip:g}" if resolved.adaptive_clip else f"{resolved.clip:g}"
-        console.print(head + f"model {resolved.proxy_model}, privacy [bold]{resolved.privacy}[/] per "
-                      f"{resolved.privacy_unit} (z={resolved.noise_multiplier:g}, clip {clip_txt}, intermediaries "
-                      f"{resolved.intermediaries}) → {resolved.out}")
+        clip_txt = f"adaptive from {resolved.clip:g}" if o.adaptive_clip else f"{resolved.clip:g}"
+        console.print(head + f"model {o.proxy_model}, privacy [bold]{resolved.privacy}[/] per "
+                      f"{o.privacy_unit} (z={resolved.noise_multiplier:g}, clip {clip_txt}, intermediaries "
+                      f"{o.intermediaries}) → {resolved.out}")
     else:
-        console.print(head + f"private {resolved.private_model} / proxy {resolved.proxy_model}, privacy "
-                      f"[bold]{resolved.privacy}[/] (α={resolved.dml_alpha}, β={resolved.dml_beta}) → {resolved.out}")
-    summary = simulate(resolved, progress=not quiet, console=console, resume=resume, transport=transport)
-    if summary is not None:
-        print_summary(summary)
+        models = [f"{role} {getattr(o, f)}" for role, f in (("private", "private_model"), ("proxy", "proxy_model"))
+                  if hasattr(o, f)]
+        dml = f" (α={o.dml_alpha}, β={o.dml_beta})" if resolved.info.mutual_learning else ""
+        console.print(head + f"{' / '.join(models)}, privacy [bold]{resolved.privacy}[/]{dml} → {resolved.out}")
+    if requested != resolved.privacy and not resolved.info.traits.nonprivate:
+        console.print(f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
+                      f"{resolved.privacy!r} mode")
+    engine_factory = None
+    if distributed:
+        from silofl.comm.torchdist import TorchDistEngine
+
+        def engine_factory(make_site, n_sites):
+            return TorchDistEngine(make_site, n_sites, timeout_s=peer_timeout)
+    try:
+        summary = run_loop(resolved, progress=not quiet, console=console, resume=resume,
+                           engine_factory=engine_factory, overwrite=overwrite)
+    finally:
+        if distributed:
+            from silofl.comm.torchdist import shutdown
+
+            shutdown()
+    print_summary(summary)
+
+
+def _serve_if_worker(cfg, peer_timeout: float) -> bool:
+    """On a rank other than 0 of a `silofl launch` group: build this rank's sites and serve their steps;
+    True when this process was such a worker."""
+    import torch.distributed as dist
+
+    from silofl.comm.torchdist import serve, shutdown
+    from silofl.run.data import prepare_data
+    from silofl.run.loop import resolve_device, site_factory
+
+    if dist.get_rank() == 0:
+        if dist.get_world_size() > cfg.clients:
+            raise ConfigError(f"{dist.get_world_size()} processes for {cfg.clients} clients: use at most one "
+                              "process per client")
+        return False
+    console.quiet = True
+    if cfg.threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    cfg, split = prepare_data(cfg, resolve_device(cfg.device))
+    make, n_sites = site_factory(cfg.info.cls(cfg), split)
+    try:
+        serve(make, n_sites)
+    finally:
+        shutdown()
+    return True
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -143,16 +195,11 @@ def launch(
     Every other option is passed to `silofl run` (e.g. --method fedavg --clients 4 --out runs/x). Client k
     runs on process k mod (processes); a server runs with client 0 on process 0, which writes the run folder.
     """
-    from silofl.runtime.distributed import check_method
-
-    method = _option_value(ctx.args, "--method")
-    if method is not None:
-        check_method(method)
     run_args = ["-m", "silofl.cli.main", "run", "--distributed", *ctx.args]
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("several machines need --rdzv-endpoint host:port")
     if survive_faults:
-        from silofl.runtime.launcher import launch_processes
+        from silofl.comm.launcher import launch_processes
 
         code = launch_processes(run_args, nproc_per_node, nnodes, node_rank, rdzv_endpoint, console=err_console,
                                 grace_s=grace_s)
@@ -171,15 +218,6 @@ def launch(
         raise typer.Exit(1) from None
 
 
-def _option_value(args: list[str], name: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def _parse_sets(items: list[str]) -> dict:
     import yaml
 
@@ -196,14 +234,15 @@ def _parse_sets(items: list[str]) -> dict:
 
 
 def _parse_clip(text: str) -> dict:
-    """``--clip 0.5`` | ``--clip adaptive`` | ``--clip adaptive:0.1`` → RunConfig options."""
+    """``--clip 0.5`` | ``--clip adaptive`` | ``--clip adaptive:0.1`` → run options (the clip as a number; the
+    adaptive form turns on client-level adaptive clipping, starting from C0 or the default clip)."""
     kind, _, start = text.strip().partition(":")
     try:
         if kind == "adaptive":
-            return {"adaptive_clip": True, **({"clip": float(start)} if start else {})}
+            return {"adaptive_clip": True, "clip": float(start) if start else None}
         if start:
             raise ValueError
-        return {"clip": float(kind), "adaptive_clip": False}
+        return {"clip": float(kind)}
     except ValueError:
         raise ConfigError(f"--clip takes a number, 'adaptive' or 'adaptive:C0', got {text!r}") from None
 
@@ -216,7 +255,7 @@ def _number_list(text: str, flag: str) -> list[float]:
 
 
 def print_summary(summary: dict) -> None:
-    from silofl.report.plots import ACC_KEYS
+    from silofl.fl.registry import ACC_FIELDS as ACC_KEYS
 
     priv = summary["privacy"]
     fin = summary["final"]
@@ -283,7 +322,7 @@ def compare(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ):
     """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots)."""
-    from silofl.compare import CompareConfig, run_compare
+    from silofl.experiments.compare import CompareConfig, run_compare
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cc = CompareConfig.from_yaml(config) if config else CompareConfig()
@@ -322,7 +361,7 @@ def evaluate(
     data_dir: str | None = typer.Option(None, "--data-dir"),
 ):
     """Reload a run's saved models and recompute their test accuracy."""
-    from silofl.evaluate import evaluate_run
+    from silofl.experiments.evaluate import evaluate_run
 
     results = evaluate_run(run_dir, data_dir=data_dir)
     t = Table(title=f"evaluate {run_dir}")

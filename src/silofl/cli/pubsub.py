@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from silofl.cli.common import friendly_errors
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, help="PubSub-ML: publish DP models, subscribe by feature channels, customize.")
 console = Console()
@@ -170,6 +170,8 @@ def customize(
     ids = sorted({i for ch in b.channels(site) for i in b.stream(ch.id)})
     models = [b.fetch(i) for i in ids]
     t_load = time.perf_counter() - t0
+    if top_m != "all" and not top_m.strip().isdigit():
+        raise ConfigError(f"--top-m takes a positive number of models or 'all', got {top_m!r}")
     m = None if top_m == "all" else int(top_m)
     res = run_customize(models, LocalData(x, y, features, task, classes), b.public_defaults(), top_m=m, seed=seed)
     rep = {**res.report, "models_fetched": ids}
@@ -230,7 +232,7 @@ def scenario(
     seeds: str | None = typer.Option(None, help="Comma-separated seeds (default depends on the scenario)."),
 ):
     """Run one PubSub-ML experiment: PubSub-ML, PubSub-ML*, Own and the DP FL baselines (V and F)."""
-    from silofl.pubsub.scenarios import run_scenario
+    from silofl.experiments.pubsub_scenarios import run_scenario
 
     seed_list = None
     if seeds:

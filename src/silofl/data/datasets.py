@@ -13,13 +13,14 @@ import gzip
 import os
 import pickle
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from silofl.errors import DataError
+from silofl.core.errors import DataError
+from silofl.data.formats import load_bags, load_image_folder
+from silofl.data.types import Dataset
 
 IDX_FILES = {
     "train_x": "train-images-idx3-ubyte",
@@ -36,35 +37,6 @@ HOW_TO_GET = {
     "cifar10": "put the CIFAR-10 python batches (cifar-10-batches-py/data_batch_1…5, test_batch) in $SILOFL_DATA",
     "npz": "pass --data-dir pointing at a .npz file (or a folder holding data.npz) with x_train, y_train, x_test, y_test",
 }
-
-
-@dataclass
-class Dataset:
-    name: str
-    x_train: torch.Tensor  # float32, N×C×H×W, normalised
-    y_train: torch.Tensor  # int64
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    num_classes: int
-    source: str
-    class_names: list[str] | None = None
-    groups: np.ndarray | None = None  # site of each training example (bags), for partition "site"
-    test_groups: np.ndarray | None = None
-    # set by the simulator for partition "site": per-client internal test sets, the sites, and what
-    # the shared test set is
-    internal_tests: list | None = None
-    sites: list[str] | None = None
-    test_set: str = "the data set's test split"
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
-
-    def test_split(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The test set, or its first ``limit`` examples."""
-        if limit is None:
-            return self.x_test, self.y_test
-        return self.x_test[:limit], self.y_test[:limit]
 
 
 def search_roots(data_dir: str | os.PathLike | None = None) -> list[Path]:
@@ -230,13 +202,10 @@ def load_digits_dataset(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
 
 
 def load_dataset(name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64, seed: int = 0) -> Dataset:
+    """Load data set ``name`` (searched as the module doc says); DataError if it is missing or unreadable."""
     if name == "folder":
-        from silofl.data.formats import load_image_folder
-
         return load_image_folder(data_dir, image_size=image_size, seed=seed)
     if name == "bags":
-        from silofl.data.formats import load_bags
-
         return load_bags(data_dir, max_bag_size=max_bag_size, seed=seed)
     if name in ("fashion-mnist", "mnist"):
         return load_idx_dataset(name, data_dir)

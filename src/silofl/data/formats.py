@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from silofl.errors import DataError
+from silofl.core.errors import DataError
+from silofl.data.types import Dataset
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif"}
 
@@ -36,8 +37,6 @@ def _files(d: Path) -> list[Path]:
 
 def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fraction: float = 0.2):
     from PIL import Image, UnidentifiedImageError
-
-    from silofl.data.datasets import Dataset
 
     if not data_dir or not Path(data_dir).is_dir():
         raise DataError(f"image folder {data_dir!r} not found; pass --data-dir ROOT with ROOT/<class>/ images "
@@ -102,8 +101,6 @@ def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fracti
 
 
 def load_bags(data_dir, max_bag_size: int = 64, seed: int = 0, test_fraction: float = 0.2):
-    from silofl.data.datasets import Dataset
-
     p = Path(data_dir) if data_dir else None
     if p is not None and p.is_dir():
         p = p / "bags.npz"

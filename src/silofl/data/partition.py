@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 
 
 def _check(labels: np.ndarray, n_clients: int, n_per_client: int) -> None:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 
 
 class MLP(nn.Module):

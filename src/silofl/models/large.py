@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 
 
 def _image_shape(name: str, input_shape) -> tuple[int, int, int]:

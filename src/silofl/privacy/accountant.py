@@ -1,66 +1,42 @@
-"""Privacy accountants: stateful wrappers around Opacus' accounting math.
+"""Stateful accountants and budgets: they record the mechanisms that actually ran and ask the pure
+analysis (:mod:`silofl.privacy.analysis`) for ε.
 
-An accountant records exactly the mechanism that ran: a history of (noise_multiplier σ,
-sample_rate q, steps) for the Poisson-subsampled Gaussian mechanism. ε is computed from that
-history by Opacus:
-
-* ``rdp``: ``opacus.accountants.analysis.rdp`` (Mironov et al.), the same orders as
-  ``opacus.accountants.RDPAccountant``. RDP composes additively over steps, so the per-step RDP
-  vector is computed once per (q, σ) and scaled by the step count — the same numbers
-  ``RDPAccountant`` gives (tested), at a fraction of the cost.
-* ``prv``: ``opacus.accountants.PRVAccountant`` (Gopi et al.), tighter, slower.
-
-ε for a given history is cached, so 8 clients with the same (σ, q, steps) cost one call.
+An :class:`Accountant` holds one party's history of (σ, q, steps) of the Poisson-subsampled Gaussian
+mechanism; it is fed from a mechanism's own report of what it ran (:meth:`Accountant.record`), never
+from a configured number. Its state serialises to plain JSON and can only grow: a checkpoint that
+would shrink it is refused. A :class:`Budget` says whether more steps fit under a target ε.
 """
 
 from __future__ import annotations
 
-import math
-from functools import lru_cache
+from dataclasses import dataclass
 
-import numpy as np
+from silofl.core.errors import BudgetExhausted, ConfigError
+from silofl.privacy.analysis import (
+    ACCOUNTANT_NAMES,
+    DEFAULT_ORDERS,
+    History,
+    check_mechanism,
+    epsilon_of,
+    max_steps_within,
+)
 
-from silofl.errors import BudgetExhausted, ConfigError
-
-DEFAULT_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
-ACCOUNTANT_NAMES = {"rdp": "opacus.rdp", "prv": "opacus.prv"}
-
-History = tuple[tuple[float, float, int], ...]
-
-
-@lru_cache(maxsize=256)
-def _rdp_per_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarray:
-    from opacus.accountants.analysis.rdp import compute_rdp
-
-    return np.asarray(compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders)), dtype=np.float64)
+__all__ = ["ACCOUNTANT_NAMES", "DEFAULT_ORDERS", "Accountant", "Budget", "MechanismRun", "epsilon_of",
+           "max_steps_within"]
 
 
-@lru_cache(maxsize=4096)
-def _epsilon(kind: str, history: History, delta: float, orders: tuple[float, ...] = DEFAULT_ORDERS) -> tuple[float, float | None]:
-    if not history:
-        return 0.0, None
-    if kind == "rdp":
-        from opacus.accountants.analysis.rdp import get_privacy_spent
+@dataclass(frozen=True)
+class MechanismRun:
+    """What a Gaussian mechanism ran since its last report: ``steps`` steps at noise multiplier σ and
+    Poisson sampling rate q."""
 
-        rdp = sum(steps * _rdp_per_step(q, sigma, orders) for sigma, q, steps in history)
-        eps, best = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
-        return float(eps), float(best)
-    if kind == "prv":
-        from opacus.accountants import PRVAccountant
-
-        acc = PRVAccountant()
-        acc.history = list(history)
-        return float(acc.get_epsilon(delta=delta)), None
-    raise ConfigError(f"unknown accountant {kind!r}; choose one of: {', '.join(ACCOUNTANT_NAMES)}")
-
-
-def epsilon_of(kind: str, history: History, delta: float) -> float:
-    """ε(δ) of a Poisson-subsampled Gaussian history under accountant ``kind``."""
-    return _epsilon(kind, tuple(history), float(delta))[0]
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
 
 
 class Accountant:
-    """Tracks one party's privacy spend. ``step`` records what ran; ``epsilon`` asks Opacus."""
+    """Tracks one party's privacy spend. ``record``/``step`` add what ran; ``epsilon`` asks Opacus."""
 
     def __init__(self, kind: str = "rdp"):
         if kind not in ACCOUNTANT_NAMES:
@@ -70,27 +46,35 @@ class Accountant:
 
     @property
     def name(self) -> str:
+        """The accountant's name as reported (``opacus.rdp`` or ``opacus.prv``)."""
         return ACCOUNTANT_NAMES[self.kind]
 
     @property
     def history(self) -> History:
+        """The recorded (σ, q, steps) of every mechanism that ran, consecutive equal ones merged."""
         return tuple((float(s), float(q), int(n)) for s, q, n in self._history)
 
     def step(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
+        """Record ``steps`` steps of the subsampled Gaussian mechanism with (σ, q)."""
         if steps <= 0:
             return
-        if not (noise_multiplier > 0 and 0 < sample_rate <= 1):
-            raise ConfigError(f"invalid mechanism: noise_multiplier={noise_multiplier}, sample_rate={sample_rate}")
+        check_mechanism(noise_multiplier, sample_rate, steps)
         if self._history and self._history[-1][0] == noise_multiplier and self._history[-1][1] == sample_rate:
             self._history[-1][2] += steps
         else:
             self._history.append([float(noise_multiplier), float(sample_rate), int(steps)])
 
+    def record(self, run: MechanismRun) -> None:
+        """Record a mechanism's own report of what it ran."""
+        self.step(run.noise_multiplier, run.sample_rate, run.steps)
+
     @property
     def steps(self) -> int:
+        """Steps recorded so far."""
         return sum(n for _, _, n in self._history)
 
     def epsilon(self, delta: float) -> float:
+        """ε at δ of everything recorded."""
         return epsilon_of(self.kind, self.history, delta)
 
     def epsilon_after(self, noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
@@ -147,33 +131,16 @@ class Budget:
         self.delta = delta
 
     def allows(self, noise_multiplier: float, sample_rate: float, steps: int) -> bool:
+        """Whether ``steps`` more steps of (σ, q) keep ε within the target."""
         if self.target_epsilon is None:
             return True
         return self.accountant.epsilon_after(noise_multiplier, sample_rate, steps, self.delta) <= self.target_epsilon
 
     def require(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
+        """Raise BudgetExhausted unless :meth:`allows`."""
         if not self.allows(noise_multiplier, sample_rate, steps):
             spent = self.accountant.epsilon(self.delta)
             raise BudgetExhausted(
                 f"budget ε={self.target_epsilon:g} (δ={self.delta:g}) does not allow {steps} more steps: "
                 f"spent ε={spent:.3f} so far"
             )
-
-
-def max_steps_within(kind: str, noise_multiplier: float, sample_rate: float, delta: float, target_epsilon: float, step_block: int = 1) -> int:
-    """Largest multiple of ``step_block`` steps whose ε stays ≤ target (binary search on the accountant)."""
-    def eps(blocks: int) -> float:
-        return epsilon_of(kind, ((noise_multiplier, sample_rate, blocks * step_block),), delta) if blocks else 0.0
-
-    if eps(1) > target_epsilon:
-        return 0
-    hi = 1
-    while eps(hi * 2) <= target_epsilon:
-        hi *= 2
-        if hi > 2**40:
-            return math.inf  # type: ignore[return-value]
-    lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if eps(mid) <= target_epsilon else (lo, mid)
-    return lo * step_block

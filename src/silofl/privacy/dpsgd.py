@@ -4,7 +4,8 @@
 :class:`DPGradient` writes that gradient into ``p.grad`` of every trainable parameter; the caller's
 optimizer then steps as usual (Adam's moments and weight decay are post-processing of DP
 gradients). An empty Poisson batch still produces a noise-only gradient — and is a step the
-accountant must count.
+accountant must count. The mechanism counts the steps it ran and reports them
+(:meth:`DPGradient.take_run`): accountants are fed from that report, not from a configured number.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from silofl.privacy.accountant import MechanismRun
 from silofl.privacy.grad_sample import GhostClipper, GhostUnsupported, LossFn, VmapClipper, make_clipper
 from silofl.privacy.noise import NoiseSource
 
@@ -26,6 +28,8 @@ class StepStats:
 
 
 class DPGradient:
+    """The DP-SGD gradient of one model: clip, sum, noise, divide (see the module doc)."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -34,8 +38,12 @@ class DPGradient:
         expected_batch_size: float,
         noise: NoiseSource,
         backend: str = "auto",
+        *,
+        sample_rate: float,
     ):
         self.model = model
+        self.sample_rate = float(sample_rate)
+        self._steps = 0  # steps run since the last take_run()
         self.clip = float(clip)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_batch_size = float(expected_batch_size)
@@ -44,8 +52,15 @@ class DPGradient:
         self.clipper = make_clipper(model, backend)
         self.params = [p for p in model.parameters() if p.requires_grad]
 
+    def take_run(self) -> MechanismRun:
+        """The steps this mechanism ran since the last call, with its (σ, q); the count restarts."""
+        run = MechanismRun(self.noise_multiplier, self.sample_rate, self._steps)
+        self._steps = 0
+        return run
+
     @property
     def backend_name(self) -> str:
+        """The per-example gradient backend in use: ``ghost`` or ``vmap``."""
         return "ghost" if isinstance(self.clipper, GhostClipper) else "vmap"
 
     def compute(self, x: torch.Tensor, loss_fn: LossFn, *extras: torch.Tensor) -> tuple[torch.Tensor, StepStats]:
@@ -71,6 +86,7 @@ class DPGradient:
             if g is not None:
                 total = total.to(g.device).add_(g.detach())
             p.grad = total.div_(self.expected_batch_size)
+        self._steps += 1
         norms = sq.sqrt()
         stats = StepStats(
             batch_size=B,

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 
 LossFn = Callable[..., torch.Tensor]  # (logits, *extras) -> per-example losses, shape (B,)
 

@@ -21,7 +21,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from silofl.errors import ConfigError, ModelRejected
+from silofl.core.errors import ConfigError, ModelRejected
 from silofl.pubsub.model import MAX_BYTES, PublishedModel, checksum
 
 SCHEMA = """

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.pubsub.dp_models import Bounds, train
 from silofl.pubsub.model import PublishedModel, is_nonprivate, outputs
 

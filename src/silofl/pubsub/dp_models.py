@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.pubsub.model import PublishedModel, scale_inputs
 
 KINDS = ("dp-nn", "dp-logreg", "dp-nb", "dp-forest", "dp-linreg")
@@ -97,13 +97,11 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
 
 # ---------------------------------------------------------------------------------------------- DP-SGD
 def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr):
-    from opacus.accountants.utils import get_noise_multiplier
-
+    """An MLP trained with the core's Poisson DP-SGD loop (:func:`silofl.training.poisson_steps`), σ calibrated
+    by Opacus for (ε, δ) at the exact q and step count; the ε published is the accountant's for what ran."""
     from silofl.models import MLP
-    from silofl.privacy.accountant import Accountant
-    from silofl.privacy.dpsgd import DPGradient
-    from silofl.privacy.noise import NoiseSource
-    from silofl.privacy.sampling import poisson_batch
+    from silofl.privacy import Accountant, DPGradient, NoiseSource, noise_multiplier_for
+    from silofl.training import poisson_steps
 
     n, d = x.shape
     outputs = len(classes) if task == "classification" else 1
@@ -116,36 +114,23 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     gen = torch.Generator().manual_seed(seed)
 
-    def loss_fn(out, target):
+    def loss_fn(out, target, _partner_logp=None):
         if task == "classification":
             return F.cross_entropy(out, target, reduction="none")
         return (out.squeeze(1) - target) ** 2
 
     if nonprivate:
-        for _ in range(steps):
-            idx = poisson_batch(n, q, gen)
-            if len(idx) == 0:
-                continue
-            opt.zero_grad()
-            loss_fn(model(xt[idx]), yt[idx]).mean().backward()
-            opt.step()
+        poisson_steps(model, opt, xt, yt, sample_rate=q, steps=steps, sampler=gen, loss_fn=loss_fn)
         return dict(model.state_dict()), {"name": "none (non-private)"}, math.inf
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            sigma = float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=q, steps=steps,
-                                               accountant="rdp"))
-        except ValueError:
-            raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met by DP-SGD with {steps} steps at "
-                              f"sampling rate {q:.3g}: raise ε, or train fewer epochs") from None
-    dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed=seed + 1), backend="vmap")
+    try:
+        sigma = noise_multiplier_for(epsilon, delta, q, steps)
+    except ValueError:
+        raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met by DP-SGD with {steps} steps at "
+                          f"sampling rate {q:.3g}: raise ε, or train fewer epochs") from None
+    dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed=seed + 1), backend="vmap", sample_rate=q)
+    poisson_steps(model, opt, xt, yt, sample_rate=q, steps=steps, sampler=gen, loss_fn=loss_fn, dp=dp)
     acc = Accountant("rdp")
-    for _ in range(steps):
-        idx = poisson_batch(n, q, gen)
-        opt.zero_grad()
-        dp.compute(xt[idx], loss_fn, yt[idx])
-        opt.step()
-        acc.step(sigma, q)
+    acc.record(dp.take_run())
     eps = acc.epsilon(delta)
     if eps > epsilon * (1 + 1e-6):
         raise RuntimeError(f"DP-SGD spent ε={eps:.4f} above the target {epsilon}")  # cannot happen: σ is calibrated

@@ -13,20 +13,18 @@ every site at once. Fine-tuning uses only the subscriber's own data and so costs
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from silofl.errors import ConfigError
-from silofl.methods.base import accuracy
-from silofl.methods.server_opt import FedAdam, ServerOptimizer
+from silofl.core.errors import ConfigError
 from silofl.models import MLP
-from silofl.privacy.accountant import Accountant
+from silofl.privacy import Accountant, NoiseSource, noise_multiplier_for
 from silofl.privacy.client_level import clip_update
-from silofl.privacy.noise import NoiseSource
+from silofl.training import accuracy
+from silofl.training.server_opt import FedAdam, ServerOptimizer
 
 METHODS = ("fedavg", "fedprox", "fedadam")
 
@@ -74,15 +72,10 @@ def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n
     opt: ServerOptimizer = FedAdam(server_lr or 0.03) if method == "fedadam" else ServerOptimizer(server_lr or 1.0)
     z = 0.0
     if not nonprivate:
-        from opacus.accountants.utils import get_noise_multiplier
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                z = float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=1.0,
-                                               steps=rounds, accountant="rdp"))
-            except ValueError:
-                raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met over {rounds} rounds") from None
+        try:
+            z = noise_multiplier_for(epsilon, delta, 1.0, rounds)
+        except ValueError:
+            raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met over {rounds} rounds") from None
     acc = Accountant("rdp")
     for _ in range(rounds):
         w = parameters_to_vector(model.parameters()).detach().clone()

@@ -6,7 +6,7 @@ trained under and the mechanism that achieved it, the stream chunk it was traine
 created. ``to_bytes`` / ``from_bytes`` convert to and from one safetensors blob whose header holds
 the metadata; ``from_bytes`` validates everything (size, schema, finite values, and the tensor
 shapes against the feature list and classes for the model kinds it knows) and raises
-:class:`~silofl.errors.ModelRejected` with a clear reason.
+:class:`~silofl.core.errors.ModelRejected` with a clear reason.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from silofl.errors import ModelRejected
+from silofl.core.errors import ModelRejected
 
 FORMAT = "silofl.pubsub.model/1"
 TASKS = ("classification", "regression")

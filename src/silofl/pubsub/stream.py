@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 from silofl.pubsub.dp_models import Bounds, train
 
 

@@ -1,4 +1,5 @@
-from silofl.report.plots import plot_run
-from silofl.report.run_folder import RunFolder, read_metrics
+"""Plots of a run and the report of a comparison."""
 
-__all__ = ["plot_run", "RunFolder", "read_metrics"]
+from silofl.report.plots import plot_run
+
+__all__ = ["plot_run"]

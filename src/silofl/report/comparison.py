@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from silofl.report.plots import ACC_KEYS  # noqa: E402
-from silofl.report.run_folder import _clean, mean_std, values_by_round  # noqa: E402
+from silofl.run.folder import clean_json, mean_std, values_by_round  # noqa: E402
 
 
 def _ms(vals: list[float]) -> dict:
@@ -209,7 +209,7 @@ def write_report(out: Path, runs, results, comm, cc) -> dict:
     report = {"rows": rows, "failed": failed, "communication": comm, "plots": plots,
               "resumed": sorted(k for k, v in results.items() if v.get("resumed")),
               "compare": {"methods": cc.methods, "seeds": cc.seeds, "preset": cc.preset}}
-    (out / "results.json").write_text(json.dumps(_clean(report), indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps(clean_json(report), indent=2) + "\n")
     with (out / "results.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["variant", "method", "headline", "headline_mean", "headline_std", "private_mean", "private_std",

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-ACC_KEYS = ("private_acc", "proxy_acc", "global_acc")
+from silofl.fl.registry import ACC_FIELDS as ACC_KEYS  # noqa: E402
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from silofl.errors import ConfigError
+from silofl.core.errors import ConfigError
 
 
 def exponential_hops(n_active: int) -> list[int]:

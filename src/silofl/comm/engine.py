@@ -1,0 +1,95 @@
+"""The one seam through which every engine drives sites.
+
+A method's coordinator (:mod:`silofl.fl`) runs a round as a sequence of *calls*:
+``engine.call(step, {site: request})`` runs ``site.handle(step, request)`` on every addressed site and
+returns ``{site: reply}`` for the sites that answered. Where the sites run — in this process
+(:class:`InProcessEngine`, the simulator), in other processes (:mod:`silofl.comm.torchdist`), at other
+institutions (Flower) — is the engine's business: a method never knows, and an engine never knows a
+method by name.
+
+The engine counts every packet's bytes for its source and destination node when it crosses: a
+packet in a request arrives at the site it is addressed to (and leaves the coordinator, when a role
+the coordinator plays — a server — sent it); a packet in a reply leaves its site (and arrives at the
+coordinator's role it is addressed to). A packet from one site to another is counted as sent when it
+leaves its sender and as received when it is delivered. A site that stops answering is *lost*
+(:attr:`Engine.lost`): it gets no more requests, and the coordinator decides what that means for the
+protocol.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import defaultdict
+
+from silofl.comm.messages import Message
+
+
+class Engine(ABC):
+    """Runs site steps and counts the bytes that cross (see the module doc)."""
+
+    name = "engine"
+
+    def __init__(self, site_ids: list[int]):
+        self.site_ids = list(site_ids)
+        self._is_site = set(self.site_ids)
+        self.bytes_sent: dict[int, int] = defaultdict(int)
+        self.bytes_received: dict[int, int] = defaultdict(int)
+        self.lost: dict[int, str] = {}  # site -> why it was lost
+
+    def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        """Run ``step`` on every addressed site that is not lost; the replies of those that answered."""
+        requests = {k: m for k, m in requests.items() if k not in self.lost}
+        replies = self._call(step, requests)
+        for k, reply in replies.items():
+            for p in requests[k].packets:
+                self.bytes_received[p.dst] += len(p.data)
+                if p.src not in self._is_site:
+                    self.bytes_sent[p.src] += len(p.data)
+            for p in reply.packets:
+                self.bytes_sent[p.src] += len(p.data)
+                if p.dst not in self._is_site:
+                    self.bytes_received[p.dst] += len(p.data)
+        return replies
+
+    @abstractmethod
+    def _call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        """Deliver the requests and collect the replies (sites that fail are added to ``self.lost``)."""
+
+    @property
+    def processes(self) -> int:
+        """How many processes the sites run in."""
+        return 1
+
+    def describe(self) -> dict:
+        """What summary.json records about the engine (its name and security settings)."""
+        return {"name": self.name, "processes": self.processes}
+
+    def close(self) -> None:
+        """Release whatever the engine holds (processes, connections)."""
+        return None
+
+
+class InProcessEngine(Engine):
+    """The simulator's engine: every site is an object in this process; a call is a method call.
+
+    Messages are still real wire bytes, so sizes and validation are real. Evaluation of sites that hold
+    the same model (a broadcast global model) is shared through one cache per ``evaluate`` call.
+    """
+
+    name = "simulator"
+
+    def __init__(self, sites: dict):
+        super().__init__(sorted(sites))
+        self.sites = sites
+
+    def _call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        cache: dict | None = {} if step == "evaluate" else None
+        replies = {}
+        for k, req in requests.items():
+            site = self.sites[k]
+            site.eval_cache = cache
+            try:
+                replies[k] = site.handle(step, req)
+            finally:
+                site.eval_cache = None
+        return replies

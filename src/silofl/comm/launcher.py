@@ -1,0 +1,82 @@
+"""``silofl launch --survive-faults``: start the processes of a run without torchrun's agent.
+
+torchrun's elastic agent is fail-stop: when one worker fails it stops every worker on its machine
+(and restarts them all with ``--max-restarts``). Sites that must outlive each other's crash are
+started here instead, each as a plain child process that joins torch.distributed's ``env://``
+rendezvous (a TCP store on the machine of rank 0; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its
+environment), so a crash or a hang only removes that process: the others drop it after their
+timeout (:mod:`silofl.runtime.distributed`) and finish. Once the reporting process (rank 0) has
+exited, the others get a grace period and a process still running then (a hung one) is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from silofl.core.errors import ConfigError
+
+GRACE_S = 30.0  # how long the other processes may take to exit after rank 0 (or the first one here)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_processes(run_args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
+                     endpoint: str | None = None, console=None, grace_s: float = GRACE_S) -> int:
+    """Start ``nproc`` processes ``python RUN_ARGS`` of a ``nproc × nnodes`` group; the exit code is the
+    reporting process's (rank 0's; on other machines: 0 if every process here finished cleanly)."""
+    if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--nproc-per-node {nproc}, --nnodes {nnodes}, --node-rank {node_rank}: need "
+                          "nproc ≥ 1, nnodes ≥ 1 and 0 ≤ node-rank < nnodes")
+    if endpoint:
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"--rdzv-endpoint takes host:port, got {endpoint!r}")
+    else:
+        host, port = "127.0.0.1", str(free_port())
+    world = nproc * nnodes
+    procs: dict[int, subprocess.Popen] = {}
+    for local in range(nproc):
+        rank = node_rank * nproc + local
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": host, "MASTER_PORT": port}
+        procs[rank] = subprocess.Popen([sys.executable, *run_args], env=env)
+    codes: dict[int, int | None] = {}
+    deadline = None
+    try:
+        while len(codes) < len(procs):
+            for rank, p in procs.items():
+                if rank not in codes and p.poll() is not None:
+                    codes[rank] = p.returncode
+            if deadline is None and (0 in codes or (0 not in procs and codes)):
+                deadline = time.monotonic() + grace_s
+            if deadline is not None and time.monotonic() > deadline:
+                for rank, p in procs.items():
+                    if rank not in codes:
+                        p.kill()
+                        p.wait()
+                        codes[rank] = None  # did not exit: hung
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        for p in procs.values():
+            p.send_signal(signal.SIGINT)
+        raise
+    for rank in sorted(procs):
+        code = codes.get(rank)
+        if code and console is not None:
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            console.print(f"[yellow]process {rank} {how}[/]")
+        elif code is None and console is not None:
+            console.print(f"[yellow]process {rank} still ran {grace_s:g} s after the run ended (hung) and was killed[/]")
+    if 0 in procs:
+        return 0 if codes.get(0) == 0 else 1
+    return 0 if all(c == 0 for c in codes.values()) else 1

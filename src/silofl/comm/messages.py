@@ -1,0 +1,91 @@
+"""The messages of the engine seam, and their framing when they cross a process or machine boundary.
+
+A :class:`Message` is plain JSON (``meta``) plus :class:`Packet` s: wire-format bytes (safetensors,
+:mod:`silofl.comm.wire`) travelling from one node to another. Nodes are sites (ids ``0..K-1``) or a
+role the coordinator plays (a server, node ``K``). An engine delivers a request message to a site and
+brings back its reply; packets between two sites ride in the sender's reply and the recipient's next
+request, so the coordinator routes them without ever opening them.
+
+:func:`pack` / :func:`unpack` turn ``{node: Message}`` plus a step name into one frame of bytes and
+back — JSON and raw bytes only, never pickle. Everything in a received frame is bounded and checked
+before anything is allocated from it: the frame size, the header size, every declared length, the
+node ids, the JSON types.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from silofl.core.errors import PeerModelRejected
+
+MAX_FRAME_BYTES = 1 << 30  # one call's frame (all packets of all sites of one process)
+MAX_HEADER_BYTES = 16 << 20
+
+
+@dataclass
+class Packet:
+    """Wire bytes from node ``src`` to node ``dst``."""
+
+    src: int
+    dst: int
+    data: bytes
+
+
+@dataclass
+class Message:
+    """What an engine delivers to a site (a request) or brings back from it (a reply)."""
+
+    meta: dict = field(default_factory=dict)
+    packets: list[Packet] = field(default_factory=list)
+
+
+def pack(step: str, messages: dict[int, Message]) -> bytes:
+    """One frame: 8-byte little-endian header length, the JSON header, then every packet's bytes."""
+    header = {"step": step, "messages": {
+        str(k): {"meta": m.meta, "packets": [[p.src, p.dst, len(p.data)] for p in m.packets]}
+        for k, m in messages.items()}}
+    head = json.dumps(header, allow_nan=False).encode()
+    return b"".join([len(head).to_bytes(8, "little"), head, *(p.data for m in messages.values() for p in m.packets)])
+
+
+def _int(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise PeerModelRejected(f"frame: {what} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def unpack(frame: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES) -> tuple[str, dict[int, Message]]:
+    """The step and messages of a frame; PeerModelRejected with the reason if it is malformed or too large."""
+    n = len(frame)
+    if n > max_bytes:
+        raise PeerModelRejected(f"frame of {n} bytes exceeds the limit of {max_bytes}")
+    if n < 8:
+        raise PeerModelRejected("frame shorter than its header length")
+    hlen = int.from_bytes(bytes(frame[:8]), "little")
+    if hlen > min(MAX_HEADER_BYTES, n - 8):
+        raise PeerModelRejected(f"frame declares a header of {hlen} bytes in a frame of {n}")
+    try:
+        header = json.loads(bytes(frame[8 : 8 + hlen]))
+    except ValueError as e:
+        raise PeerModelRejected(f"frame header is not JSON: {e}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("step"), str) or not isinstance(header.get("messages"), dict):
+        raise PeerModelRejected("frame header must hold a step name and a mapping of messages")
+    offset, out = 8 + hlen, {}
+    for key, m in header["messages"].items():
+        if not key.isdigit() or not isinstance(m, dict) or not isinstance(m.get("meta"), dict) \
+                or not isinstance(m.get("packets"), list):
+            raise PeerModelRejected(f"frame: malformed message for node {key!r}")
+        packets = []
+        for desc in m["packets"]:
+            if not isinstance(desc, list) or len(desc) != 3:
+                raise PeerModelRejected("frame: a packet is described by [src, dst, length]")
+            src, dst, length = (_int(v, w) for v, w in zip(desc, ("src", "dst", "length"), strict=True))
+            if length > n - offset:
+                raise PeerModelRejected(f"frame: a packet declares {length} bytes, {n - offset} remain")
+            packets.append(Packet(src, dst, bytes(frame[offset : offset + length])))
+            offset += length
+        out[int(key)] = Message(m["meta"], packets)
+    if offset != n:
+        raise PeerModelRejected(f"frame: {n - offset} bytes after the last packet")
+    return header["step"], out

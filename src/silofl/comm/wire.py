@@ -1,0 +1,74 @@
+"""What crosses a site boundary: safetensors bytes (tensors + plain string metadata), never pickle.
+
+Everything received is checked before use: it parses as safetensors, stays under a size limit,
+and holds exactly the expected tensor names, with the expected shapes and dtypes, all finite.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from silofl.core.errors import PeerModelRejected
+
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+
+def encode(tensors: dict[str, torch.Tensor], meta: dict | None = None) -> bytes:
+    state = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    return st_save(state, metadata={"silofl": json.dumps(meta or {})})
+
+
+def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[dict[str, torch.Tensor], dict]:
+    if len(data) > max_bytes:
+        raise PeerModelRejected(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        tensors = st_load(data)
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + n])
+        meta = json.loads(header.get("__metadata__", {}).get("silofl", "{}"))
+    except Exception as e:  # any parse failure means a corrupt message
+        raise PeerModelRejected(f"message is not valid safetensors: {e}") from None
+    if not isinstance(meta, dict):
+        raise PeerModelRejected("message metadata is not a JSON object")
+    return tensors, meta
+
+
+def validate(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    """Raise PeerModelRejected unless ``tensors`` matches ``reference`` in names, shapes, dtypes, and is finite."""
+    missing = sorted(set(reference) - set(tensors))
+    extra = sorted(set(tensors) - set(reference))
+    if missing or extra:
+        raise PeerModelRejected(f"tensor names differ (missing {missing[:5]}, unexpected {extra[:5]})")
+    for k, ref in reference.items():
+        t = tensors[k]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise PeerModelRejected(f"{k}: shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
+        if t.dtype != ref.dtype:
+            raise PeerModelRejected(f"{k}: dtype {t.dtype}, expected {ref.dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise PeerModelRejected(f"{k}: contains non-finite values")
+
+
+def read_model(
+    data: bytes, reference: dict[str, torch.Tensor], scalars: tuple[str, ...] = (), positive: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, float], dict]:
+    """Decode a model message carrying extra scalar weights (e.g. a PushSum or aggregation weight).
+
+    Returns (model tensors, {scalar name: value}, meta). Every scalar must be present, single,
+    finite and non-negative (strictly positive with ``positive``); the model must match ``reference``.
+    """
+    tensors, meta = decode(data)
+    values = {}
+    for k in scalars:
+        v = tensors.pop(k, None)
+        if v is None:
+            raise PeerModelRejected(f"message lacks {k}")
+        if v.numel() != 1 or not bool(torch.isfinite(v).all()) or float(v) < 0 or (positive and float(v) == 0):
+            raise PeerModelRejected(f"invalid {k}: {v.flatten()[:3].tolist()}")
+        values[k] = float(v)
+    validate(tensors, reference)
+    return tensors, values, meta

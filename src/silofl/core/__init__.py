@@ -1,0 +1,14 @@
+"""Shared types at the bottom of the package: errors and per-party randomness."""
+
+from silofl.core.errors import (
+    BudgetExhausted,
+    ConfigError,
+    DataError,
+    ModelRejected,
+    PeerModelRejected,
+    SiloflError,
+)
+from silofl.core.seeds import client_seeds
+
+__all__ = ["SiloflError", "ConfigError", "DataError", "BudgetExhausted", "PeerModelRejected", "ModelRejected",
+           "client_seeds"]

@@ -1,0 +1,62 @@
+"""The data types the loaders return and the split a run trains on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Dataset:
+    """A data set as loaded: training and test tensors, the classes, where it came from."""
+
+    name: str
+    x_train: torch.Tensor  # float32, N×C×H×W, normalised
+    y_train: torch.Tensor  # int64
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    source: str
+    class_names: list[str] | None = None
+    groups: np.ndarray | None = None  # site of each training example (bags), for partition "site"
+    test_groups: np.ndarray | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    def test_split(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The test set, or its first ``limit`` examples."""
+        if limit is None:
+            return self.x_test, self.y_test
+        return self.x_test[:limit], self.y_test[:limit]
+
+
+@dataclass
+class SplitData:
+    """A data set split for a run: each client's training data, the shared test set, and (partition
+    ``site``) each client's own held-out test set."""
+
+    dataset: Dataset
+    parts: list[tuple[torch.Tensor, torch.Tensor]]
+    test: tuple[torch.Tensor, torch.Tensor]
+    internal: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    sites: list[str] | None = None  # the site of each client (partition "site")
+    test_set: str = "the data set's test split"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example."""
+        return self.dataset.input_shape
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes."""
+        return self.dataset.num_classes
+
+    @property
+    def source(self) -> str:
+        """Where the data set was read from."""
+        return self.dataset.source

@@ -1,0 +1,43 @@
+"""Re-evaluate a finished run from its files alone (config.yaml + models/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from silofl.core.errors import ConfigError
+from silofl.models import load_model
+from silofl.run.config import RunConfig
+from silofl.run.data import prepare_data
+from silofl.training import accuracy
+
+
+def evaluate_run(run_dir: str | Path, data_dir: str | None = None) -> list[dict]:
+    """Each saved model's accuracy on the run's own test set, next to the figure summary.json recorded."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
+    cfg = RunConfig.from_yaml(run_dir / "config.yaml", strict=False)
+    if data_dir:
+        cfg = cfg.replace(data_dir=data_dir)
+    _, split = prepare_data(cfg.resolve(), torch.device("cpu"))  # the run's own test set (e.g. external sites)
+    data = split.dataset
+    x, y = split.test
+    recorded = {}
+    if (run_dir / "summary.json").is_file():
+        for r in json.loads((run_dir / "summary.json").read_text())["final"]["per_client"]:
+            for role in ("private", "proxy", "global"):
+                recorded[f"client{r['client']}_{role}"] = r.get(f"{role}_acc")
+    specs = sorted((run_dir / "models").glob("*.json"))
+    if not specs:
+        raise ConfigError(f"no models found under {run_dir / 'models'}")
+    results = []
+    for spec_file in specs:
+        model, spec = load_model(spec_file.with_suffix(""))
+        if tuple(spec.input_shape) != data.input_shape:
+            raise ConfigError(f"{spec_file.name} expects inputs {spec.input_shape}, the data has {data.input_shape}")
+        results.append({"model": spec_file.stem, "architecture": spec.name,
+                        "accuracy": accuracy(model, x, y), "recorded": recorded.get(spec_file.stem)})
+    return results

@@ -1,0 +1,184 @@
+"""What a method is: the site each institution runs, and the coordinator that drives rounds.
+
+A :class:`Method` builds both. The :class:`Coordinator` runs where the engine's coordinator runs (the
+simulator's process, rank 0 of torch.distributed, Flower's ServerApp) and sees sites only through
+``engine.call(step, {site: request})`` — it routes packets between sites (gossip, cycle) or plays the
+server (averaging, client-level DP), and never knows where or in how many processes the sites run.
+
+Every round it first retires sites: those whose last reply said they cannot pay for another round
+(their budget), and those the engine lost (a crash or a timeout), with the method's repair
+(:meth:`Coordinator.on_lost`). Then the method's :meth:`Coordinator.run_round`.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from silofl.comm.engine import Engine
+from silofl.comm.messages import Message
+from silofl.core.errors import BudgetExhausted
+from silofl.site.base import Site
+
+log = logging.getLogger("silofl")
+
+
+class DataShape(Protocol):
+    """What building models needs to know of the data."""
+
+    @property
+    def input_shape(self) -> tuple[int, ...]: ...
+
+    num_classes: int
+
+
+@dataclass
+class RoundEvents:
+    """What happened in a round besides training."""
+
+    left: list[int] = field(default_factory=list)  # budget spent
+    rejected: list[dict] = field(default_factory=list)
+    lost: dict[int, str] = field(default_factory=dict)  # site -> why the engine lost it
+
+
+class Coordinator(ABC):
+    """A method's round logic over an engine (see the module doc). Node ids: sites ``0..K-1``; a role the
+    coordinator plays (a server) is node ``K``."""
+
+    def __init__(self, cfg: Any, n_sites: int):
+        self.cfg = cfg
+        self.n_sites = n_sites
+        self.engine: Engine | None = None
+        self.active: list[int] = list(range(n_sites))
+        self.left_at: dict[int, int | None] = {k: None for k in range(n_sites)}
+        self.can_continue: dict[int, bool] = {k: True for k in range(n_sites)}
+        self.info: dict[int, dict] = {}
+
+    @property
+    def server_id(self) -> int:
+        """The node id of a role the coordinator plays (a server)."""
+        return self.n_sites
+
+    # ------------------------------------------------------------------ talking to sites
+    def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        """``engine.call`` that also keeps every site's last word on whether it can continue."""
+        assert self.engine is not None, "connect() first"
+        replies = self.engine.call(step, requests)
+        for k, r in replies.items():
+            self.can_continue[k] = bool(r.meta.get("can_continue", True))
+        return replies
+
+    def connect(self, engine: Engine) -> None:
+        """Meet the sites (their public facts) and check that at least one can train a round."""
+        self.engine = engine
+        self.info = {k: r.meta for k, r in self.call("hello", {k: Message() for k in range(self.n_sites)}).items()}
+        self.setup()
+        if not any(self.may_continue(k) for k in self.active):
+            raise BudgetExhausted(self.budget_message())
+
+    def setup(self) -> None:
+        """Build the coordinator's own roles once the sites' public facts are known (e.g. a server)."""
+        return None
+
+    def may_continue(self, k: int) -> bool:
+        """Whether site ``k`` may take part in another round (its own budget; a server's, if it keeps one)."""
+        return self.can_continue.get(k, True)
+
+    def budget_message(self) -> str:
+        """Why no site can train a single round within its budget."""
+        msgs = [i["budget_message"] for _, i in sorted(self.info.items()) if "budget_message" in i]
+        return msgs[0] if msgs else "no site can train a single round within its budget"
+
+    def start(self) -> None:
+        """Anything before round 1 (e.g. a server broadcasting its initial model)."""
+        return None
+
+    # ------------------------------------------------------------------ rounds
+    def retire(self, rnd: int, events: RoundEvents) -> list[int]:
+        """Sites the engine lost and sites whose budget cannot pay for this round leave; the active ones."""
+        lost = self.engine.lost if self.engine is not None else {}
+        leaving = []
+        for k in list(self.active):
+            if k in lost:
+                events.lost[k] = lost[k]
+                log.warning("client %d leaves the protocol before round %d: process lost (%s)", k, rnd, lost[k])
+            elif not self.may_continue(k):
+                events.left.append(k)
+                leaving.append(k)
+                log.info("client %d spent its budget and leaves the protocol before round %d", k, rnd)
+            else:
+                continue
+            self.active.remove(k)
+            self.left_at[k] = rnd
+        if leaving:
+            self.call("leave", {k: Message({"round": rnd}) for k in leaving})
+        if events.lost:
+            self.on_lost(set(events.lost), rnd)
+        return list(self.active)
+
+    def on_lost(self, nodes: set[int], rnd: int) -> None:
+        """Repair after losing ``nodes`` (e.g. take back PushSum mass sent to them)."""
+        return None
+
+    @abstractmethod
+    def run_round(self, rnd: int) -> RoundEvents:
+        """One round of the method."""
+
+    def evaluated(self, rnd: int) -> list[int]:
+        """The sites reported in this round's evaluation: active ones and those leaving this round."""
+        return [k for k in range(self.n_sites) if k in self.active or self.left_at[k] == rnd]
+
+    def evaluate(self, rnd: int, internal: bool = False) -> dict[int, dict]:
+        """Every reported site's evaluation reply (accuracies, ε, figures of its last round)."""
+        replies = self.call("evaluate", {k: Message({"round": rnd, "internal": internal}) for k in self.evaluated(rnd)})
+        return {k: r.meta for k, r in replies.items()}
+
+    def extra_metrics(self, k: int) -> dict:
+        """The coordinator's per-site figures for this round's metrics (e.g. a server's diagnostics)."""
+        return {}
+
+    def site_report(self, k: int, report: dict) -> dict:
+        """A site's final report as summary.json records it (the coordinator may add what it accounted)."""
+        return report
+
+    # ------------------------------------------------------------------ checkpoints and reporting
+    def state_dict(self) -> dict:
+        """The coordinator's state (its roles', who is active), for checkpoints."""
+        return {"active": list(self.active), "left_at": {str(k): v for k, v in self.left_at.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        self.active = [int(k) for k in state["active"]]
+        self.left_at = {int(k): v for k, v in state["left_at"].items()}
+
+    def privacy_summary(self) -> dict:
+        """Method-specific entries of summary.json's ``privacy`` section."""
+        return {}
+
+    def round_history(self) -> list[dict]:
+        """Per-round records of a server role (written to summary.json), if the method has one."""
+        return []
+
+
+class Method(ABC):
+    """A method: the site every institution runs and the coordinator (see the module doc)."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.opts = cfg.options
+
+    def site_data(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each site's training data from the clients' partitions (one site per client, except Joint)."""
+        return parts
+
+    @abstractmethod
+    def make_site(self, k: int, x: torch.Tensor, y: torch.Tensor, data: DataShape) -> Site:
+        """Site ``k`` with training data (x, y)."""
+
+    @abstractmethod
+    def make_coordinator(self, n_sites: int, data: DataShape, device: torch.device) -> Coordinator:
+        """The coordinator over ``n_sites`` sites."""

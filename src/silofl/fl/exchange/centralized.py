@@ -1,0 +1,144 @@
+"""A central server averaging the sites' shared models (FedAvg, FML).
+
+Every round each active site trains, uploads its shared model with an aggregation weight (its data
+size, or 1 with ``aggregation: uniform``), the server — a role the coordinator plays, node ``K`` —
+validates each upload like any site would (names, shapes, dtypes, finite values), averages them in
+float64 and broadcasts the result, and every site replaces its copy. Before round 1 the server
+broadcasts its initial model so all sites start from the same weights. A rejected upload is logged and
+left out of the average; if none is usable the server keeps the previous global model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from silofl.comm.messages import Message, Packet
+from silofl.comm.wire import encode, read_model
+from silofl.core.errors import PeerModelRejected
+from silofl.core.seeds import client_seeds
+from silofl.fl.coordinator import Coordinator, RoundEvents
+from silofl.models import ModelSpec
+from silofl.site.dpsgd import DPSGDSite
+from silofl.topology import combine
+from silofl.training import accuracy
+
+log = logging.getLogger("silofl")
+
+WEIGHT_KEY = "__aggregation_weight__"
+
+
+class CentralSite(DPSGDSite):
+    """A DP-SGD site that uploads its shared model to a server and takes the server's broadcast."""
+
+    def on_train_upload(self, msg: Message) -> Message:
+        """Train one round and upload the shared model with its aggregation weight."""
+        rnd = int(msg.meta["round"])
+        self.train(rnd)
+        w = 1.0 if msg.meta.get("uniform") else float(self.n)
+        data = self.payload(rnd, {WEIGHT_KEY: torch.tensor(w, dtype=torch.float64)})
+        return Message(packets=[Packet(self.cid, int(msg.meta["server"]), data)])
+
+    def on_receive_global(self, msg: Message) -> Message:
+        """Replace the shared model by the server's broadcast (validated first)."""
+        rnd = int(msg.meta["round"])
+        rejected = []
+        for p in msg.packets:
+            try:
+                tensors, _, _ = self.read(p)
+                self.replace_shared(tensors, token=("server", rnd))
+            except PeerModelRejected as e:
+                rejected.append(self.reject(rnd, p, e))
+        return Message({"rejected": rejected})
+
+
+class AveragingServer:
+    """The aggregator role (node ``K``): validate, average in float64, broadcast."""
+
+    def __init__(self, node: int, spec: ModelSpec, seed: int, device: torch.device):
+        torch.manual_seed(seed)
+        self.node = node
+        self.spec = spec
+        self.model = spec.build().to(device)
+        self.version = 0
+        self._encoded: tuple | None = None
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The global model's weights."""
+        return dict(self.model.state_dict())
+
+    def payload(self, rnd: int, client: int | None = None) -> bytes:
+        """The broadcast of round ``rnd`` (the same bytes for every site: encoded once per round)."""
+        if self._encoded is None or self._encoded[0] != (rnd, self.version):
+            data = encode(self.state(), meta={"round": rnd, "src": self.node, "model": self.spec.name, "global": True})
+            self._encoded = ((rnd, self.version), data)
+        return self._encoded[1]
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.version = int(state["version"])
+        self._encoded = None
+
+    def aggregate(self, rnd: int, packets: list[Packet]) -> list[dict]:
+        """Average the valid uploads into the global model; the refused ones as records."""
+        template = {k: v.detach().clone() for k, v in self.state().items()}
+        received, rejected = [], []
+        for p in packets:
+            try:
+                tensors, weights, _ = read_model(p.data, template, (WEIGHT_KEY,), positive=True)
+                received.append((tensors, weights[WEIGHT_KEY]))
+            except PeerModelRejected as e:
+                log.warning("server rejected the model from client %d in round %d: %s", p.src, rnd, e)
+                rejected.append({"round": rnd, "client": self.node, "src": p.src, "reason": str(e)})
+        if not received:
+            log.warning("server received no usable model in round %d and keeps the previous global model", rnd)
+            return rejected
+        average, _ = combine(template, 0.0, received)  # weighted mean in float64, as PushSum mixes
+        self.model.load_state_dict(average)
+        self.version = rnd
+        return rejected
+
+    def accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """The global model's accuracy on (x, y)."""
+        return accuracy(self.model, x, y)
+
+
+class Centralized(Coordinator):
+    """Train locally → upload → aggregate → broadcast → replace."""
+
+    def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False):
+        super().__init__(cfg, n_sites)
+        self.server = AveragingServer(n_sites, spec, client_seeds(cfg.seed, n_sites)[0], device)
+        self.uniform = uniform
+
+    def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:
+        """Send the global model to ``sites``; they validate and replace."""
+        requests = {k: Message({"round": rnd}, [Packet(self.server_id, k, self.server.payload(rnd, k))]) for k in sites}
+        for r in self.call("receive_global", requests).values():
+            events.rejected += r.meta.get("rejected", [])
+
+    def start(self) -> None:
+        self.broadcast(0, list(range(self.n_sites)), RoundEvents())
+
+    def run_round(self, rnd: int) -> RoundEvents:
+        events = RoundEvents()
+        active = self.retire(rnd, events)
+        if not active:
+            return events
+        meta = {"round": rnd, "uniform": self.uniform, "server": self.server_id}
+        uploads = self.call("train_upload", {k: Message(dict(meta)) for k in active})
+        packets = [p for k in sorted(uploads) for p in uploads[k].packets if p.src == k and p.dst == self.server_id]
+        events.rejected += self.server.aggregate(rnd, packets)
+        self.broadcast(rnd, active, events)
+        return events
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "server": self.server.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.server.load_state_dict(state["server"])

@@ -1,0 +1,544 @@
+"""Client-level DP federated learning with adaptive intermediaries (Jiang et al., MICCAI 2023): the
+server role and the round.
+
+Roles: sites ``0..N-1`` are hospitals (:mod:`silofl.site.subclients`), node ``N`` is the server, a role
+the coordinator plays.
+
+Round r (hospitals the server selected — all, or Poisson with rate ``client_rate``):
+
+1. A hospital splits its data into v disjoint sub-clients, trains them with local SGD, clips each
+   update to the sub-client bound c (``C`` when ``privacy_unit: subclient``; ``C/v`` when
+   ``privacy_unit: hospital``, so that one hospital moves the sum by at most C), and sends the sum of
+   its clipped updates, the number (hospital unit: fraction) of unclipped updates and the sum of the
+   clipped norms (DP-FedNova normalises each update to Δ_j·τ̄/τ_j first).
+2. The server validates every message (shapes, finite values, and the norm bound it announced), adds
+   N(0, (z_Δ·C)²) to the sum, divides by the expected number of privacy units, and lets the server
+   optimizer take a step. With adaptive clipping it releases the noised unclipped count and moves C
+   geometrically towards the target quantile; with adaptive intermediaries it releases the noised norm
+   sum and sets the next v = √(N·λ̂), λ̂ = ‖noise‖ / (noised Σ‖clipped Δ‖), clamped to
+   [1, ⌊min_i n_i / B⌋]. The noised sum enters as the mean clipped norm per privacy unit relative to its
+   bound, clamped to [0.05, 1] and exponentially smoothed over rounds (weight 0.7 on the past): at N = 6
+   one round's noise would otherwise swing v between 1 and the cap. The auxiliary releases share the
+   noise budget: the accountant sees the total multiplier z (:mod:`silofl.privacy.analysis`).
+3. The server records the round in two accountants — one per privacy unit — and broadcasts the new
+   global model, the next v, the clip, the selection and the ε so far.
+
+Public or privatised, by quantity: the data sizes n_i (as in FedAvg's weights; each site states its own
+in ``hello``) and hence τ̄ and the cap on v are public; v, C and the model are functions of noised
+releases only; ‖noise‖ is a property of the noise, not of the data. The diagnostics ξ, φ, λ and the
+spread of cosine similarities in the metrics use the un-noised sum and are NOT privatised: they are
+measurements for the researcher, never fed back into the protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from silofl.comm.messages import Message, Packet
+from silofl.comm.wire import encode, read_model
+from silofl.core.errors import ConfigError, PeerModelRejected
+from silofl.core.seeds import client_seeds
+from silofl.fl.coordinator import Coordinator, RoundEvents
+from silofl.fl.options import PRIVACY_UNITS, MethodOptions, check_model, choice, positive, unit_interval
+from silofl.models import ModelSpec
+from silofl.privacy import Accountant, Budget, NoiseSource
+from silofl.privacy.analysis import subclient_clip, unit_noise_multipliers, update_noise_multiplier
+from silofl.privacy.client_level import AdaptiveClip
+from silofl.site.subclients import (
+    BROADCAST,
+    CLIP,
+    EPS_H,
+    EPS_S,
+    NORM_SUM,
+    SELECTED,
+    TAU,
+    UNCLIPPED,
+    UNITS,
+    UPDATE,
+    SubclientSite,
+    V,
+    local_steps,
+)
+from silofl.training.local_sgd import flat, unflat
+from silofl.training.server_opt import make_optimizer
+
+log = logging.getLogger("silofl")
+
+TOLERANCE = 1e-4  # relative slack on the announced norm bound (float32 sums)
+RATIO_FLOOR, RATIO_SMOOTHING = 0.05, 0.7  # adaptive v: clamp and exponential smoothing of the noised norm ratio
+__all__ = ["BROADCAST", "ClientLevelDP", "ClientLevelOptions", "ClientLevelSite", "DPServer", "PrivacyLedger"]
+
+
+# ---------------------------------------------------------------------------------------------- options
+@dataclass
+class ClientLevelOptions(MethodOptions):
+    """Options of every client-level method (the server optimizers add theirs)."""
+
+    proxy_model: str = "mlp"  # the global model
+    privacy_unit: str = "hospital"  # whose contribution is bounded by `clip`: hospital | subclient
+    intermediaries: str = "none"  # sub-clients per client: none | V (an integer) | adaptive
+    max_intermediaries: int | None = None  # cap for adaptive v (default ⌊min_i n_i / batch_size⌋)
+    adaptive_clip: bool = False  # clip follows a privately estimated quantile of update norms
+    clip_quantile: float = 0.5
+    clip_lr: float = 0.2
+    clip_count_noise: float | None = None  # σ_b of the unclipped count (default 2.5·z: 4% of the budget)
+    norm_noise: float | None = None  # noise multiplier of the norm sum for adaptive v (default 5·z)
+    client_rate: float = 1.0  # Poisson sampling rate of clients per round (1: all take part)
+    local_epochs: int = 1
+    local_lr: float = 0.05  # local SGD learning rate of (sub-)clients
+    server_lr: float | None = None  # default per server optimizer (and without DP)
+
+    default_server_lr: ClassVar[float] = 1.0  # the server optimizer's default learning rates (not options)
+    nonprivate_server_lr: ClassVar[float | None] = None
+
+    def resolve(self, run: Any) -> MethodOptions:
+        changes: dict[str, Any] = {"intermediaries": str(self.intermediaries)}
+        if self.server_lr is None:
+            private = run.privacy != "off"
+            lr = self.default_server_lr if private or self.nonprivate_server_lr is None else self.nonprivate_server_lr
+            changes["server_lr"] = lr
+        return dataclasses.replace(self, **changes)
+
+    def validate(self, run: Any) -> None:
+        check_model(self.proxy_model)
+        choice("privacy_unit", self.privacy_unit, PRIVACY_UNITS)
+        mode = str(self.intermediaries).strip().lower()
+        if mode not in ("none", "adaptive"):
+            try:
+                v = int(mode)
+            except ValueError:
+                raise ConfigError(f"intermediaries must be none, adaptive or a number of sub-clients, got {mode!r}") from None
+            if v < 1:
+                raise ConfigError(f"intermediaries must be at least 1 sub-client per client, got {v}")
+        if mode == "adaptive" and run.privacy == "off":
+            raise ConfigError("intermediaries 'adaptive' sets v from the DP noise level; without DP use a fixed number")
+        if not 0.0 < self.clip_quantile < 1.0:
+            raise ConfigError(f"clip_quantile must lie in (0, 1), got {self.clip_quantile}")
+        if not 0.0 < self.client_rate <= 1.0:
+            raise ConfigError(f"client_rate must lie in (0, 1], got {self.client_rate}")
+        for name in ("clip_lr", "local_lr"):
+            positive(name, getattr(self, name))
+        for name in ("clip_count_noise", "norm_noise", "server_lr"):
+            v = getattr(self, name)
+            if v is not None:
+                positive(name, v)
+        if self.local_epochs < 1:
+            raise ConfigError(f"local_epochs must be at least 1, got {self.local_epochs}")
+        if self.max_intermediaries is not None and self.max_intermediaries < 1:
+            raise ConfigError(f"max_intermediaries must be at least 1, got {self.max_intermediaries}")
+
+    @property
+    def fixed_intermediaries(self) -> int | None:
+        """v for a fixed number of sub-clients (1 for none), None for adaptive."""
+        mode = str(self.intermediaries).strip().lower()
+        return None if mode == "adaptive" else 1 if mode == "none" else int(mode)
+
+    def count_noise_std(self, run: Any) -> float | None:
+        """σ_b of the noised unclipped count (adaptive clipping under DP only)."""
+        if not (self.adaptive_clip and run.privacy != "off"):
+            return None
+        return self.clip_count_noise if self.clip_count_noise is not None else 2.5 * run.noise_multiplier
+
+    def norm_noise_multiplier(self, run: Any) -> float | None:
+        """z_n of the noised norm sum (adaptive intermediaries under DP only)."""
+        if self.fixed_intermediaries is not None or run.privacy == "off":
+            return None
+        return self.norm_noise if self.norm_noise is not None else 5.0 * run.noise_multiplier
+
+
+@dataclass
+class FedAdamOptions(ClientLevelOptions):
+    """FedAdam's server optimizer (Reddi et al.)."""
+
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    server_tau: float = 1e-3  # adaptivity τ
+    bias_correction: bool = False
+
+    default_server_lr = 0.03
+
+    def validate(self, run: Any) -> None:
+        super().validate(run)
+        for name in ("adam_beta1", "adam_beta2"):
+            unit_interval(name, getattr(self, name), open_hi=True)
+        positive("server_tau", self.server_tau)
+
+
+@dataclass
+class DP2Options(ClientLevelOptions):
+    """DP²-RMSProp's server optimizer (delayed preconditioner, SGD/adaptive phases)."""
+
+    adam_beta2: float = 0.99  # the preconditioner's decay
+    server_tau: float = 1e-3
+    dp2_delay: int = 5  # rounds per SGD / adaptive phase
+    dp2_lr_sgd: float = 1.0  # server learning rate of the SGD phases
+
+    default_server_lr = 0.03
+    nonprivate_server_lr = 0.003  # without noise DP²'s preconditioner is small: a smaller step
+
+    def validate(self, run: Any) -> None:
+        super().validate(run)
+        unit_interval("adam_beta2", self.adam_beta2, open_hi=True)
+        positive("server_tau", self.server_tau)
+        positive("dp2_lr_sgd", self.dp2_lr_sgd)
+        if self.dp2_delay < 1:
+            raise ConfigError(f"dp2_delay must be at least 1, got {self.dp2_delay}")
+
+
+# ---------------------------------------------------------------------------------------------- site steps
+class ClientLevelSite(SubclientSite):
+    """A hospital's steps in the client-level round."""
+
+    def on_train_upload(self, msg: Message) -> Message:
+        """Train every sub-client and upload the clipped sum (only if the last broadcast selected it)."""
+        if not self.selected:
+            return Message()
+        return Message(packets=[Packet(self.cid, int(msg.meta["server"]), self.train(int(msg.meta["round"])))])
+
+    def on_receive_global(self, msg: Message) -> Message:
+        """Take the server's broadcast; a broadcast that fails validation means sitting the next round out."""
+        rnd = int(msg.meta["round"])
+        rejected = []
+        for p in msg.packets:
+            try:
+                self.receive_global(p, rnd)
+            except PeerModelRejected as e:
+                rejected.append(self.reject(rnd, p, e))
+        return Message({"rejected": rejected})
+
+
+# ---------------------------------------------------------------------------------------------- server
+class PrivacyLedger:
+    """The server's two accountants (hospital and sub-client unit) and the budget of the run's unit."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.opts = cfg.options
+        self.unit = self.opts.privacy_unit
+        self.accountants = {u: Accountant(cfg.accountant) for u in ("hospital", "subclient")}
+        self.budget = Budget(self.accountants[self.unit], cfg.target_epsilon, cfg.delta) if cfg.is_private else None
+
+    def allows_round(self) -> bool:
+        """Whether one more round fits the budget of the run's unit."""
+        return self.budget is None or self.budget.allows(self.cfg.noise_multiplier, self.opts.client_rate, 1)
+
+    def record(self, z_total: float, v: int) -> dict[str, float]:
+        """Record one round of the mechanism that ran (total noise multiplier ``z_total``, v sub-clients)."""
+        if not self.cfg.is_private:
+            return {}
+        zs = unit_noise_multipliers(z_total, v, self.unit)
+        for u, z in zs.items():
+            self.accountants[u].step(z, self.opts.client_rate, 1)
+        return zs
+
+    def epsilons(self) -> dict[str, float]:
+        """ε per unit so far."""
+        if not self.cfg.is_private:
+            return {"hospital": 0.0, "subclient": 0.0}
+        return {u: a.epsilon(self.cfg.delta) for u, a in self.accountants.items()}
+
+    def report(self) -> dict:
+        """The run's unit's accountant report, and the other unit's ε and history."""
+        if not self.cfg.is_private:
+            return {"accountant": None, "epsilon": None, "delta": None, "unit": self.unit}
+        rep = self.accountants[self.unit].report(self.cfg.delta)
+        other = "subclient" if self.unit == "hospital" else "hospital"
+        return {**rep, "unit": self.unit, "target_epsilon": self.cfg.target_epsilon,
+                f"epsilon_{other}": self.accountants[other].epsilon(self.cfg.delta),
+                f"history_{other}": [list(h) for h in self.accountants[other].history]}
+
+
+class DPServer:
+    """Node N: noise, clip adaptation, the choice of v, the server optimizer, the accountants."""
+
+    def __init__(self, node: int, spec: ModelSpec, cfg, sizes: list[int], ledger: PrivacyLedger, device, optimizer: str):
+        seed_init, seed_sample, seed_noise, _ = client_seeds(cfg.seed, node)
+        torch.manual_seed(seed_init)
+        self.node, self.spec, self.cfg, self.sizes, self.ledger = node, spec, cfg, sizes, ledger
+        o = self.opts = cfg.options
+        self.model = spec.build().to(device)
+        self.names = [k for k, _ in self.model.named_parameters()]
+        self.d = sum(p.numel() for p in self.model.parameters())
+        self.opt = make_optimizer(optimizer, o)
+        # the aggregate is formed on the CPU (messages arrive there): the same noise on any device
+        self.noise = NoiseSource(seed_noise, secure=cfg.secure_noise, device="cpu")
+        self.sampler = torch.Generator().manual_seed(seed_sample)
+        self.v_cap = min(sizes) // cfg.batch_size
+        if o.max_intermediaries is not None:
+            self.v_cap = min(self.v_cap, o.max_intermediaries)
+        fixed = o.fixed_intermediaries
+        if fixed is not None and fixed > min(sizes) // cfg.batch_size:
+            raise ConfigError(
+                f"intermediaries {fixed}: the smallest client has {min(sizes)} examples, enough for at most "
+                f"{min(sizes) // cfg.batch_size} sub-clients of one batch ({cfg.batch_size}) each"
+            )
+        self.v = fixed if fixed is not None else 1
+        self.clip = AdaptiveClip(cfg.clip, o.clip_quantile, o.clip_lr, o.count_noise_std(cfg) or 1.0) \
+            if o.adaptive_clip and cfg.is_private else None
+        # the mechanism: the update sum's noise multiplier z_Δ, chosen so that with the auxiliary releases
+        # the whole round is one Gaussian mechanism of total multiplier z (what the ledger records)
+        self.z_total = cfg.noise_multiplier
+        self.z_update = update_noise_multiplier(self.z_total, o.count_noise_std(cfg), o.norm_noise_multiplier(cfg)) \
+            if cfg.is_private else 0.0
+        self.selected: set[int] = set()
+        self.norm_ratio: float | None = None
+        self.history: list[dict] = []
+        self._announced: tuple | None = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Model, optimizer, RNGs, clip, v and both accountants."""
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "noise": self.noise.state_dict(),
+                "sampler": self.sampler.get_state(), "clip": self.clip.clip if self.clip is not None else None,
+                "v": self.v, "norm_ratio": self.norm_ratio, "selected": sorted(self.selected), "history": self.history,
+                "accountants": {u: a.state_dict() for u, a in self.ledger.accountants.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = next(self.model.parameters()).device
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state["opt"].items()})
+        self.noise.load_state_dict(state["noise"])
+        self.sampler.set_state(state["sampler"])
+        if self.clip is not None:
+            self.clip.clip = float(state["clip"])
+        self.v, self.norm_ratio = int(state["v"]), state["norm_ratio"]
+        self.selected, self.history = set(state["selected"]), list(state["history"])
+        for u, a in self.ledger.accountants.items():
+            a.load_state_dict(state["accountants"][u])
+        self._announced = None
+
+    # ------------------------------------------------------------------ what the server announces
+    @property
+    def clip_bound(self) -> float:
+        """One privacy unit's sensitivity this round."""
+        return self.clip.clip if self.clip is not None else self.cfg.clip
+
+    def tau_bar(self) -> float:
+        """τ̄: the mean local steps per sub-client (from the public data sizes)."""
+        steps = [t for n in self.sizes for t in local_steps(n, self.v, self.cfg.batch_size, self.opts.local_epochs)]
+        return statistics.fmean(steps)
+
+    def select(self, clients: list[int]) -> None:
+        """Poisson-sample the sites that train next round."""
+        q = self.opts.client_rate
+        draws = torch.rand(len(self.sizes), generator=self.sampler)
+        self.selected = {k for k in clients if q >= 1.0 or float(draws[k]) < q}
+
+    def _announcement(self, rnd: int) -> dict[str, torch.Tensor]:
+        """What every client is told this round (model, v, clip, τ̄, ε): computed once per broadcast."""
+        key = (rnd, len(self.history))
+        if self._announced is None or self._announced[0] != key:
+            eps = self.ledger.epsilons()
+            sub_clip = (subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit) if self.cfg.is_private
+                        else self.clip_bound)
+            scalars = {V: self.v, CLIP: sub_clip, TAU: self.tau_bar(), EPS_H: eps["hospital"], EPS_S: eps["subclient"]}
+            state = dict(self.model.state_dict())
+            state.update({k: torch.tensor(float(val), dtype=torch.float64) for k, val in scalars.items()})
+            self._announced = (key, state)
+        return self._announced[1]
+
+    def payload(self, rnd: int, client: int) -> bytes:
+        """The broadcast to ``client``: the announcement plus whether it is selected next round."""
+        state = {**self._announcement(rnd), SELECTED: torch.tensor(float(client in self.selected), dtype=torch.float64)}
+        return encode(state, meta={"round": rnd, "src": self.node, "model": self.spec.name, "global": True})
+
+    # ------------------------------------------------------------------ one aggregation
+    def expected_units(self) -> float:
+        """The expected number of privacy units per round (the divisor of the noised sum)."""
+        units = len(self.sizes) * (self.v if self.opts.privacy_unit == "subclient" else 1)
+        return self.opts.client_rate * units
+
+    def aggregate(self, rnd: int, packets: list[Packet]) -> list[dict]:
+        """Validate the updates, release their noised sum (and the auxiliary statistics), step."""
+        cfg, o = self.cfg, self.opts
+        params = dict(self.model.named_parameters())
+        ref = {"update": torch.zeros(self.d, dtype=params[self.names[0]].dtype)}
+        per_unit_bound = self.clip_bound  # one unit's sensitivity
+        total = torch.zeros(self.d, dtype=torch.float64, device=ref["update"].device)
+        unclipped_centred = norm_sum = 0.0
+        updates, rejected = [], []
+        for env in packets:
+            try:
+                if env.src not in self.selected:
+                    raise PeerModelRejected("update from a client that was not selected this round")
+                t, s, _ = read_model(env.data, ref, UPDATE)
+                upd = t["update"].to(total.device)
+                units = s[UNITS]
+                want_units = 1 if o.privacy_unit == "hospital" else self.v
+                if units != want_units:
+                    raise PeerModelRejected(f"update claims {units:g} privacy units, expected {want_units}")
+                if cfg.is_private:
+                    bound = units * per_unit_bound * (1 + TOLERANCE)
+                    norm = float(torch.linalg.vector_norm(upd.double()))
+                    if norm > bound:
+                        raise PeerModelRejected(f"update norm {norm:.4g} exceeds the announced bound {bound:.4g}")
+                    if s[NORM_SUM] > bound or s[UNCLIPPED] > units:
+                        raise PeerModelRejected("clip statistics outside their bounds")
+                updates.append(upd)
+                total += upd.double()
+                unclipped_centred += s[UNCLIPPED] - units / 2.0
+                norm_sum += s[NORM_SUM]
+            except PeerModelRejected as e:
+                log.warning("server rejected the update from client %d in round %d: %s", env.src, rnd, e)
+                rejected.append({"round": rnd, "client": self.node, "src": env.src, "reason": str(e)})
+        D = self.expected_units()
+        stats: dict = {"round": rnd, "v": self.v, "clip": self.clip_bound, "updates": len(updates), "expected_units": D}
+        if cfg.is_private:
+            noise = self.noise.normal((self.d,), self.z_update * per_unit_bound, dtype=torch.float64)
+            noise_norm = float(torch.linalg.vector_norm(noise))
+            released = total + noise
+            zs = self.ledger.record(self.z_total, self.v)
+            stats.update({"noise_std": self.z_update * per_unit_bound, "z_update": self.z_update,
+                          "z_hospital": zs["hospital"], "z_subclient": zs["subclient"]})
+            stats.update(self._diagnostics(total, noise_norm, norm_sum, updates))
+            if self.clip is not None:  # privatised quantile estimate moves the clip
+                b = self.clip.noisy_fraction(unclipped_centred, D, float(self.noise.normal((1,), 1.0, torch.float64)[0]))
+                stats["unclipped_fraction_noisy"] = b
+                self.clip.update(b)
+            if o.fixed_intermediaries is None:  # privatised norm sum sets the next v
+                z_n = o.norm_noise_multiplier(cfg)
+                noisy_sum = norm_sum + float(self.noise.normal((1,), z_n * per_unit_bound, torch.float64)[0])
+                # mean clipped norm per unit relative to its bound: in [0, 1] before noise, so clamping
+                # and smoothing it (post-processing) keep one noisy round from throwing v to an extreme
+                ratio = min(1.0, max(RATIO_FLOOR, noisy_sum / (D * per_unit_bound)))
+                self.norm_ratio = ratio if self.norm_ratio is None else \
+                    RATIO_SMOOTHING * self.norm_ratio + (1 - RATIO_SMOOTHING) * ratio
+                lam = noise_norm / (self.norm_ratio * D * per_unit_bound)
+                v_next = int(min(self.v_cap, max(1, round(math.sqrt(len(self.sizes) * lam)))))
+                stats.update({"norm_ratio_privatised": self.norm_ratio, "lambda_privatised": lam, "v_next": v_next})
+                self.v = v_next
+        else:
+            released = total
+            stats.update(self._diagnostics(total, 0.0, norm_sum, updates))
+        mean = (released / D).to(device=params[self.names[0]].device, dtype=ref["update"].dtype)
+        step = self.opt.step(mean)
+        with torch.no_grad():
+            new = flat({k: p.detach() for k, p in params.items()}) + step
+            for k, val in unflat(new, {k: p for k, p in params.items()}).items():
+                params[k].copy_(val)
+        stats.update({f"epsilon_{u}": e for u, e in self.ledger.epsilons().items()} if cfg.is_private else {})
+        self.history.append(stats)
+        return rejected
+
+    def _diagnostics(self, total: torch.Tensor, noise_norm: float, norm_sum: float, updates: list) -> dict:
+        """ξ, φ, λ and the spread of cosines — measured on the un-noised sum (NOT privatised)."""
+        s_norm = float(torch.linalg.vector_norm(total))
+        if s_norm == 0:
+            return {}
+        cos = []
+        for u in updates:
+            u = u.double()
+            n = float(torch.linalg.vector_norm(u))
+            if n > 0:
+                cos.append(float(torch.dot(u, total)) / (n * s_norm))
+        xi, phi = noise_norm / s_norm, norm_sum / s_norm
+        return {"xi": xi, "phi": phi, "lambda": xi / phi if phi > 0 else None,
+                "cos_std": statistics.pstdev(cos) if len(cos) > 1 else 0.0}
+
+
+class ClientLevelDP(Coordinator):
+    """The round with the DP server: only selected sites train; each gets its own broadcast (it says whether
+    that site is selected next round)."""
+
+    def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, optimizer: str):
+        super().__init__(cfg, n_sites)
+        self.spec, self.device, self.optimizer = spec, device, optimizer
+        self.ledger = PrivacyLedger(cfg)
+        self.server: DPServer | None = None
+
+    def setup(self) -> None:
+        cfg, o = self.cfg, self.cfg.options
+        sizes = [int(self.info[k]["n"]) for k in range(self.n_sites)]
+        if cfg.is_private:
+            units = self.n_sites * (1 if o.privacy_unit == "hospital" else
+                                    (o.fixed_intermediaries or min(sizes) // cfg.batch_size))
+            if cfg.delta > 1.0 / units:
+                raise ConfigError(f"delta {cfg.delta:g} must be at most 1/(number of privacy units) = 1/{units}")
+        self.server = DPServer(self.server_id, self.spec, cfg, sizes, self.ledger, self.device, self.optimizer)
+
+    def may_continue(self, k: int) -> bool:
+        return super().may_continue(k) and self.ledger.allows_round()
+
+    def budget_message(self) -> str:
+        led, cfg = self.ledger, self.cfg
+        one = led.accountants[led.unit].epsilon_after(cfg.noise_multiplier, cfg.options.client_rate, 1, cfg.delta)
+        return (f"target_epsilon {led.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
+                f"δ={cfg.delta:g}, {led.unit} level): raise the budget or the noise multiplier")
+
+    def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:
+        """Select next round's sites and send each its broadcast."""
+        server = self.server
+        server.select(sites)
+        requests = {k: Message({"round": rnd}, [Packet(self.server_id, k, server.payload(rnd, k))]) for k in sites}
+        for r in self.call("receive_global", requests).values():
+            events.rejected += r.meta.get("rejected", [])
+
+    def start(self) -> None:
+        self.broadcast(0, list(range(self.n_sites)), RoundEvents())
+
+    def run_round(self, rnd: int) -> RoundEvents:
+        events = RoundEvents()
+        active = self.retire(rnd, events)
+        if not active:
+            return events
+        chosen = sorted(self.server.selected & set(active))
+        uploads = self.call("train_upload", {k: Message({"round": rnd, "server": self.server_id}) for k in chosen})
+        packets = [p for k in sorted(uploads) for p in uploads[k].packets if p.src == k and p.dst == self.server_id]
+        events.rejected += self.server.aggregate(rnd, packets)
+        self.broadcast(rnd, active, events)
+        return events
+
+    def extra_metrics(self, k: int) -> dict:
+        if self.server is None or not self.server.history:
+            return {}
+        h = self.server.history[-1]
+        keys = ("xi", "phi", "lambda", "cos_std", "v", "clip", "epsilon_hospital", "epsilon_subclient")
+        return {key: h[key] for key in keys if key in h}
+
+    def site_report(self, k: int, report: dict) -> dict:
+        return {**report, "privacy": {**report["privacy"], **self.ledger.report()}}
+
+    def round_history(self) -> list[dict]:
+        return self.server.history if self.server is not None else []
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "server": self.server.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.server.load_state_dict(state["server"])
+
+    def privacy_summary(self) -> dict:
+        cfg, o, led = self.cfg, self.cfg.options, self.ledger
+        if not cfg.is_private:
+            return {"unit": "none (no DP)", "privacy_unit": o.privacy_unit}
+        eps = led.epsilons()
+        other = "subclient" if led.unit == "hospital" else "hospital"
+        return {
+            "unit": f"one {led.unit} (client-level DP: all of its data at once)",
+            "privacy_unit": led.unit,
+            "epsilon_hospital": eps["hospital"],
+            "epsilon_subclient": eps["subclient"],
+            "note_units": (
+                f"calibrated per {led.unit}: ε_{led.unit} is the run's guarantee; ε_{other} is the same mechanism "
+                f"accounted for one {other} (noise multiplier "
+                + ("z·v" if led.unit == "hospital" else "z/v: a hospital's v sub-clients move the sum by v·C")
+                + "). ε_subclient is the figure the published code reports: it bounds the loss of one record (or of "
+                  "records that share a sub-client every round), not of a hospital; a hospital's v sub-clients move "
+                  "the sum together, which ε_hospital accounts for."
+            ),
+            "noise_multiplier_total": cfg.noise_multiplier,
+            "noise_multiplier_update": self.server.z_update,
+            "clip_count_noise_std": o.count_noise_std(cfg),
+            "norm_sum_noise_multiplier": o.norm_noise_multiplier(cfg),
+            "client_rate": o.client_rate,
+            "privatised_inputs": "v from the noised norm sum, C from the noised unclipped count; data sizes public",
+            "not_privatised_diagnostics": ["xi", "phi", "lambda", "cos_std"],
+        }

@@ -1,0 +1,6 @@
+"""The built-in methods; importing this package registers them (:mod:`silofl.fl.registry`)."""
+
+from silofl.fl.methods import avgpush, client_dp, cwt, fedavg, fml, local, proxyfl  # noqa: F401
+
+ORDER = ("proxyfl", "fedavg", "fml", "avgpush", "cwt", "regular", "joint", "dp-fedavg", "dp-fedadam", "dp-fednova",
+         "dp2-rmsprop", "fedadam", "fednova", "rmsprop")

@@ -1,0 +1,34 @@
+"""FedAvg (McMahan et al.) with example-level DP-SGD at every site.
+
+Each round every active site trains the shared model on its local data with DP-SGD (one epoch of
+Poisson batches), uploads it with its aggregation weight (its data size, or 1 with
+``aggregation: uniform``), the server averages and broadcasts, and every site replaces its copy
+(:mod:`silofl.fl.exchange.centralized`). The accuracy reported is the *aggregated* model's
+(``global_acc``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from silofl.fl.coordinator import Method
+from silofl.fl.exchange.centralized import Centralized, CentralSite
+from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.options import AveragingOptions, SharedModelOptions
+from silofl.fl.registry import register
+
+
+@dataclass
+class FedAvgOptions(AveragingOptions, SharedModelOptions):
+    """FedAvg: one DP model averaged by a server."""
+
+
+@register("fedavg", options=FedAvgOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
+          description="one DP model averaged by a central server")
+class FedAvg(Method):
+    def make_site(self, k, x, y, data):
+        return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
+
+    def make_coordinator(self, n_sites, data, device):
+        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
+                           uniform=self.opts.aggregation == "uniform")

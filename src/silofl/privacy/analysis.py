@@ -1,0 +1,166 @@
+"""Pure privacy analysis: ε of a mechanism history, σ for a target ε, steps within a budget, and the
+client-level calibration arithmetic. No state lives here (the stateful accountants and budgets that
+record what ran are in :mod:`silofl.privacy.accountant`), as Opacus keeps ``accountants/analysis``
+apart from its accountants.
+
+A *history* is a tuple of ``(noise_multiplier σ, sample_rate q, steps)`` of the Poisson-subsampled
+Gaussian mechanism. ε is computed from it by Opacus:
+
+* ``rdp``: ``opacus.accountants.analysis.rdp`` (Mironov et al.) with the orders of
+  ``opacus.accountants.RDPAccountant``. RDP composes additively over steps, so the per-step RDP vector
+  is computed once per (q, σ) and scaled by the step count — the same numbers ``RDPAccountant`` gives
+  (tested), at a fraction of the cost.
+* ``prv``: ``opacus.accountants.PRVAccountant`` (Gopi et al.), tighter, slower.
+
+Results are cached, so 8 sites with the same history cost one computation.
+
+Client-level DP (McMahan et al. 2018; Andrew et al. 2021). One round releases, for the sampled
+privacy units, the sum of their clipped updates plus N(0, (z_Δ·S)² I) (S one unit's L2 sensitivity),
+optionally the noised count of unclipped updates (adaptive clipping; centred so one unit moves it by
+at most ½, noise std σ_b) and the noised sum of clipped norms (adaptive intermediaries, noise
+multiplier z_n). Scaling each block by 1/noise std turns the joint release into one Gaussian mechanism
+with noise multiplier z where z⁻² = z_Δ⁻² + (2σ_b)⁻² + z_n⁻² (Andrew et al., §3): the user chooses the
+total z the accountant sees and :func:`update_noise_multiplier` solves for z_Δ. With v sub-clients per
+hospital, a hospital moves every block by v times a sub-client's bound, so the same mechanism has
+noise multiplier z/v for a hospital when calibrated per sub-client, and z·v for a sub-client when
+calibrated per hospital (:func:`unit_noise_multipliers`) — exact group privacy for the Gaussian
+mechanism (sensitivities add up by the triangle inequality), tighter than the generic
+(kε, k·e^{kε}·δ) bound.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import numpy as np
+
+from silofl.core.errors import ConfigError
+
+DEFAULT_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+ACCOUNTANT_NAMES = {"rdp": "opacus.rdp", "prv": "opacus.prv"}
+UNITS = ("hospital", "subclient")
+
+History = tuple[tuple[float, float, int], ...]
+
+
+@lru_cache(maxsize=256)
+def _rdp_per_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarray:
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    return np.asarray(compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders)), dtype=np.float64)
+
+
+@lru_cache(maxsize=4096)
+def _epsilon(kind: str, history: History, delta: float, orders: tuple[float, ...] = DEFAULT_ORDERS) -> tuple[float, float | None]:
+    if not history:
+        return 0.0, None
+    if kind == "rdp":
+        from opacus.accountants.analysis.rdp import get_privacy_spent
+
+        rdp = sum(steps * _rdp_per_step(q, sigma, orders) for sigma, q, steps in history)
+        eps, best = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
+        return float(eps), float(best)
+    if kind == "prv":
+        from opacus.accountants import PRVAccountant
+
+        acc = PRVAccountant()
+        acc.history = list(history)
+        return float(acc.get_epsilon(delta=delta)), None
+    raise ConfigError(f"unknown accountant {kind!r}; choose one of: {', '.join(ACCOUNTANT_NAMES)}")
+
+
+def check_mechanism(noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
+    """Raise ConfigError unless (σ, q, steps) describe a subsampled Gaussian mechanism the accountants
+    can analyse: 0 < σ < ∞, 0 < q ≤ 1, steps ≥ 0 (an infinite σ would make Opacus search forever)."""
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0 and 0 < sample_rate <= 1 and steps >= 0):
+        raise ConfigError(f"invalid mechanism: noise_multiplier={noise_multiplier}, sample_rate={sample_rate}, "
+                          f"steps={steps}")
+
+
+def epsilon_of(kind: str, history: History, delta: float) -> float:
+    """ε(δ) of a Poisson-subsampled Gaussian history under accountant ``kind``."""
+    return _epsilon(kind, tuple(history), float(delta))[0]
+
+
+def best_order(history: History, delta: float) -> float | None:
+    """The RDP order that attains the RDP accountant's ε for ``history`` (None for an empty history)."""
+    return _epsilon("rdp", tuple(history), float(delta))[1]
+
+
+def max_steps_within(kind: str, noise_multiplier: float, sample_rate: float, delta: float, target_epsilon: float,
+                     step_block: int = 1) -> int:
+    """Largest multiple of ``step_block`` steps whose ε stays ≤ target (binary search on the accountant)."""
+    def eps(blocks: int) -> float:
+        return epsilon_of(kind, ((noise_multiplier, sample_rate, blocks * step_block),), delta) if blocks else 0.0
+
+    if eps(1) > target_epsilon:
+        return 0
+    hi = 1
+    while eps(hi * 2) <= target_epsilon:
+        hi *= 2
+        if hi > 2**40:
+            return math.inf  # type: ignore[return-value]
+    lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if eps(mid) <= target_epsilon else (lo, mid)
+    return lo * step_block
+
+
+def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                         accountant: str = "rdp") -> float:
+    """The noise multiplier σ at which ``steps`` steps at rate ``sample_rate`` end at ``target_epsilon``
+    (Opacus' ``get_noise_multiplier``: a binary search on its accountant). Raises ValueError when no σ
+    meets the target."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
+                                          steps=steps, accountant=accountant))
+
+
+# ---------------------------------------------------------------------------------------------- client level
+def update_noise_multiplier(z_total: float, count_std: float | None = None, norm_z: float | None = None) -> float:
+    """z_Δ such that the update sum, the noised unclipped count (std σ_b, sensitivity ½) and the
+    noised norm sum (noise multiplier z_n) together form a Gaussian mechanism of multiplier z_total."""
+    if z_total <= 0:
+        raise ConfigError(f"noise multiplier must be positive, got {z_total}")
+    inv = z_total ** -2
+    if count_std is not None:
+        if count_std <= 0:
+            raise ConfigError(f"the clip-count noise std must be positive, got {count_std}")
+        inv -= (2.0 * count_std) ** -2
+    if norm_z is not None:
+        if norm_z <= 0:
+            raise ConfigError(f"the norm-sum noise multiplier must be positive, got {norm_z}")
+        inv -= norm_z ** -2
+    if inv <= 0:
+        raise ConfigError(
+            f"the auxiliary releases (clip count noise std {count_std}, norm-sum noise multiplier {norm_z}) already "
+            f"use the whole noise budget of z = {z_total:g}; raise their noise or z"
+        )
+    return inv ** -0.5
+
+
+def unit_noise_multipliers(z: float, v: int, calibrated_for: str) -> dict[str, float]:
+    """The noise multiplier of one round's mechanism for each privacy unit.
+
+    ``calibrated_for`` is the unit whose contribution was bounded to the clip (its multiplier is z);
+    with v sub-clients per hospital the other unit's multiplier is z/v (hospital of a sub-client
+    calibrated run) or z·v (sub-client of a hospital calibrated run).
+    """
+    if calibrated_for not in UNITS:
+        raise ConfigError(f"unknown privacy unit {calibrated_for!r}; choose one of: {', '.join(UNITS)}")
+    if v < 1:
+        raise ConfigError(f"need at least one sub-client per hospital, got {v}")
+    if calibrated_for == "hospital":
+        return {"hospital": z, "subclient": z * v}
+    return {"hospital": z / v, "subclient": z}
+
+
+def subclient_clip(clip: float, v: int, unit: str) -> float:
+    """The bound each sub-client update is clipped to so that one ``unit`` has sensitivity ``clip``."""
+    return clip / v if unit == "hospital" else clip

@@ -1,0 +1,1 @@
+"""A run: its configuration, data, round loop over an engine, checkpoints and run folder."""

@@ -1,0 +1,330 @@
+"""Typed run configuration: the settings every run shares, plus the method's own section.
+
+:class:`RunConfig` holds what applies to every method (data, split, privacy mechanism, rounds,
+evaluation); ``options`` is the method's own dataclass (:mod:`silofl.fl.options`), written under the
+method's name in ``config.yaml``, so a FedAvg run's file holds no mutual-learning weights and a ProxyFL
+run's no server optimizer. Options may be given flat (``--set self_weight=0.5``, old config files): each
+is routed to the method's section, and one the method does not have is a clear error (or, when reading
+a finished run's file or a comparison's shared options, ignored).
+
+:meth:`RunConfig.resolve` validates and fills what depends on other values — the effective privacy mode
+(:func:`silofl.privacy.guarantee.effective_mode`, the one place that decides it), the method's derived
+options — and is idempotent. :meth:`RunConfig.with_data` fills what depends on the data (examples per
+client and batch size when left to ``auto``) and :func:`check_against_data` checks δ and the batch size
+against the clients' sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from silofl.core.errors import ConfigError
+from silofl.fl.options import MethodOptions, choice
+from silofl.fl.registry import MethodInfo, method_info, methods
+from silofl.privacy.analysis import ACCOUNTANT_NAMES
+from silofl.privacy.guarantee import PRIVACY_MODES, Guarantee, effective_mode, guarantee
+
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags")
+PARTITIONS = ("p_major", "iid", "dirichlet", "site")
+ACCOUNTANTS = tuple(ACCOUNTANT_NAMES)
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_SAMPLES_PER_CLIENT, DEFAULT_BATCH_SIZE = 1000, 250
+
+
+@dataclass
+class RunConfig:
+    # what to run
+    method: str = "proxyfl"
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    image_size: int = 32  # dataset "folder": images resized to this many pixels per side
+    max_bag_size: int = 64  # dataset "bags": instances per bag (padded or subsampled)
+    clients: int = 8
+    rounds: int = 300
+    seed: int = 0
+    out: str = "runs/latest"
+    device: str = "auto"
+    threads: int | None = None
+    # privacy
+    privacy: str = "strict"
+    noise_multiplier: float = 1.0
+    clip: float = 1.0  # per example (DP-SGD), or per client update (client-level methods)
+    delta: float = 1e-5
+    accountant: str = "rdp"
+    target_epsilon: float | None = None
+    target_epsilons: list[float] | None = None  # one budget per client; overrides target_epsilon
+    secure_noise: bool = False
+    # data split
+    partition: str = "p_major"
+    p_major: float = 0.8
+    dirichlet_alpha: float = 0.5
+    samples_per_client: int | None = None  # None: min(1000, training examples // clients)
+    batch_size: int | None = None  # expected Poisson batch (local SGD batch for client-level); None: n // 4, ≤ 250
+    # checkpoints: every N rounds every party's state goes to OUT/checkpoint (resume: `silofl run --resume`)
+    checkpoint_every: int | None = None
+    # evaluation
+    eval_every: int = 1
+    test_limit: int | None = None
+    # the method's own section (silofl.fl.options)
+    options: Any = field(default=None, compare=True)
+
+    def __post_init__(self) -> None:
+        if self.options is None and isinstance(self.method, str) and self.method in methods():
+            self.options = method_info(self.method).options()
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def common_fields(cls) -> list[str]:
+        """The settings every method shares."""
+        return [f.name for f in fields(cls) if f.name != "options"]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], strict: bool = True) -> RunConfig:
+        """A config from plain data: common settings, and the method's options either nested under its name or
+        flat. With ``strict`` an option the method does not have is an error; without, it is dropped."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a mapping of option names to values, got {type(data).__name__}")
+        known_methods = methods()
+        method = data.get("method", cls.method)
+        if not isinstance(method, str):
+            raise ConfigError(f"method must be a name, got {method!r}")
+        info = method_info(method)
+        common = set(cls.common_fields())
+        section: dict[str, Any] = {}
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in known_methods and isinstance(value, dict):
+                if key == method:
+                    section.update({k.replace("-", "_"): v for k, v in value.items()})
+                elif strict:
+                    raise ConfigError(f"the config has a section for method {key!r} but runs {method!r}")
+            else:
+                flat[key.replace("-", "_")] = value
+        own = set(info.options.field_names())
+        everyone = _all_option_fields()
+        unknown = sorted(k for k in [*flat, *section] if k not in common and k not in everyone)
+        if unknown:
+            raise ConfigError(f"unknown config option(s): {', '.join(unknown)}; known options: "
+                              f"{', '.join(sorted(common | set(everyone)))}")
+        wrong = sorted(k for k in section if k not in own)
+        if wrong and strict:
+            raise ConfigError(f"option(s) {', '.join(wrong)} do not apply to method {method!r}")
+        for k, v in flat.items():
+            if k in common:
+                continue
+            if k in own:
+                section.setdefault(k, v)
+            elif strict and v != everyone[k]:
+                raise ConfigError(f"option {k} does not apply to method {method!r} (its options: {', '.join(sorted(own))})")
+        try:
+            opts = info.options(**{k: v for k, v in section.items() if k in own})
+            return cls(**{k: v for k, v in flat.items() if k in common}, options=opts)
+        except TypeError as e:
+            raise ConfigError(f"invalid config: {e}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, strict: bool = True) -> RunConfig:
+        """A config from a YAML file (see :meth:`from_dict`)."""
+        return cls.from_dict(load_yaml_mapping(path), strict=strict)
+
+    def to_flat(self) -> dict[str, Any]:
+        """Every setting in one mapping (common settings and the method's options side by side)."""
+        common = {f: getattr(self, f) for f in self.common_fields()}
+        return {**common, **(self.options.to_dict() if self.options is not None else {})}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the common settings, then the method's options under its name."""
+        common = {f: _plain(getattr(self, f)) for f in self.common_fields()}
+        if self.options is not None:
+            common[self.method] = {k: _plain(v) for k, v in self.options.to_dict().items()}
+        return common
+
+    def to_yaml(self) -> str:
+        """The config as YAML (what a run folder's ``config.yaml`` holds)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with ``changes`` (common settings or the method's options, flat; None values are ignored). A
+        new method keeps the options it shares with the old one."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        flat = {**self.to_flat(), **changes}
+        opts_changed = {k: v for k, v in changes.items() if k not in self.common_fields()}
+        own = set(method_info(flat["method"]).options.field_names())
+        stray = sorted(k for k in opts_changed if k not in own)
+        if stray:
+            raise ConfigError(f"option(s) {', '.join(stray)} do not apply to method {flat['method']!r}")
+        return RunConfig.from_dict(flat, strict=False)
+
+    # ------------------------------------------------------------------ checks
+    @property
+    def info(self) -> MethodInfo:
+        """The registered method."""
+        return method_info(self.method)
+
+    def resolve(self) -> RunConfig:
+        """Validate and fill derived values; returns a new config. Idempotent."""
+        cfg = dataclasses.replace(self, options=dataclasses.replace(self.options) if self.options is not None else None)
+        cfg._coerce_types()
+        cfg.validate()
+        cfg.privacy = effective_mode(cfg.privacy, cfg.info.traits)
+        cfg.options = cfg.options.resolve(cfg)
+        cfg.options.validate(cfg)
+        return cfg
+
+    def _coerce_types(self) -> None:
+        if self.options is None or not isinstance(self.options, MethodOptions):
+            raise ConfigError(f"unknown method {self.method!r}")
+        for obj in (self, self.options):
+            for f in fields(obj):
+                if f.name == "options":
+                    continue
+                setattr(obj, f.name, _coerce(f.name, f.type if isinstance(f.type, str) else str(f.type),
+                                             getattr(obj, f.name)))
+
+    def validate(self) -> None:
+        """Raise ConfigError for an invalid common setting (the method's own are checked by its options)."""
+        method_info(self.method)
+        choice("privacy", self.privacy, PRIVACY_MODES)
+        choice("dataset", self.dataset, DATASETS)
+        choice("partition", self.partition, PARTITIONS)
+        choice("accountant", self.accountant, ACCOUNTANTS)
+        choice("device", self.device, DEVICES)
+        for name in ("clients", "rounds", "eval_every", "image_size", "max_bag_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("samples_per_client", "batch_size", "test_limit", "checkpoint_every", "threads"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be at least 1, got {v}")
+        if not 0.0 <= self.p_major <= 1.0:
+            raise ConfigError(f"p_major must lie in [0, 1], got {self.p_major}")
+        if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):
+            raise ConfigError(f"dirichlet_alpha must be positive, got {self.dirichlet_alpha}")
+        if self.privacy != "off" and not self.info.traits.nonprivate:
+            if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+                raise ConfigError(f"noise_multiplier must be positive and finite under DP, got {self.noise_multiplier}")
+            if not (math.isfinite(self.clip) and self.clip > 0):
+                raise ConfigError(f"clip must be positive and finite, got {self.clip}")
+            if not 0.0 < self.delta < 1.0:
+                raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
+            if self.target_epsilon is not None and not (math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
+                raise ConfigError(f"target_epsilon must be positive and finite, got {self.target_epsilon}")
+            if self.target_epsilons is not None:
+                if len(self.target_epsilons) != self.clients:
+                    raise ConfigError(f"target_epsilons lists {len(self.target_epsilons)} budgets for {self.clients} clients")
+                if any(not (math.isfinite(e) and e > 0) for e in self.target_epsilons):
+                    raise ConfigError(f"every target_epsilons entry must be positive and finite, got {self.target_epsilons}")
+
+    def with_data(self, n_train: int, smallest: int | None = None) -> RunConfig:
+        """Fill the settings left to ``auto`` from the data: examples per client (at most 1000, and no more than
+        an equal share of the ``n_train`` training examples) and the batch size (a quarter of a client's
+        examples — the papers' q = 0.25 — at most 250). ``smallest``: the smallest client's size where sizes
+        are given by the data (partition ``site``)."""
+        changes: dict[str, Any] = {}
+        spc = self.samples_per_client
+        if spc is None:
+            spc = min(DEFAULT_SAMPLES_PER_CLIENT, max(1, n_train // self.clients))
+            changes["samples_per_client"] = spc
+        if self.batch_size is None:
+            n = smallest if smallest is not None else spc
+            changes["batch_size"] = max(1, min(DEFAULT_BATCH_SIZE, n // 4))
+        return dataclasses.replace(self, **changes) if changes else self
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def is_private(self) -> bool:
+        """Whether DP is on (after :meth:`resolve`)."""
+        return self.privacy != "off"
+
+    @property
+    def is_client_level(self) -> bool:
+        """Whether the method protects whole clients (server noise) rather than examples."""
+        return self.info.client_level
+
+    def guarantee(self) -> Guarantee:
+        """What the ε this run prints means (:mod:`silofl.privacy.guarantee`)."""
+        unit = getattr(self.options, "privacy_unit", "hospital")
+        return guarantee(self.privacy, self.info.traits, unit)
+
+    def target_epsilon_of(self, client: int) -> float | None:
+        """Client ``client``'s budget."""
+        return self.target_epsilons[client] if self.target_epsilons else self.target_epsilon
+
+
+def _all_option_fields() -> dict[str, Any]:
+    """Every method's option names with their defaults (the first definition's)."""
+    out: dict[str, Any] = {}
+    for info in methods().values():
+        for k, v in info.options.defaults().items():
+            out.setdefault(k, v)
+    return out
+
+
+def _plain(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _coerce(name: str, t: str, v: Any) -> Any:
+    """``v`` as the declared type ``t`` (from YAML or the command line), or a ConfigError."""
+    if v is None:
+        return None
+    try:
+        if t.startswith("int"):
+            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                raise ValueError
+            return int(v)
+        if t.startswith("float"):
+            if isinstance(v, bool):
+                raise ValueError
+            x = float(v)
+            if not math.isnan(x):
+                return x
+        if t.startswith("bool"):
+            if not isinstance(v, bool):
+                raise ValueError
+            return v
+        if t.startswith("list[float]"):
+            return [float(x) for x in v]
+        if t.startswith("list[str]"):
+            if isinstance(v, str):
+                raise ValueError
+            return [str(x) for x in v]
+        if t.startswith("str") and not isinstance(v, str):
+            return str(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"option {name!r} must be of type {t}, got {v!r}") from None
+    if t.startswith("float"):
+        raise ConfigError(f"option {name!r} must be a number, got nan")
+    return v
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping, or a ConfigError saying what is wrong with the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of option names to values, got {type(data).__name__}")
+    return data
+
+
+def check_against_data(cfg: RunConfig, client_sizes: list[int]) -> None:
+    """Checks that need the partitioned data: δ < 1/n for every client, batch not above n."""
+    for k, n in enumerate(client_sizes):
+        # client-level methods protect whole clients: their δ bound (1 / number of units) is checked by the server
+        if cfg.is_private and not cfg.is_client_level and cfg.delta >= 1.0 / n:
+            raise ConfigError(
+                f"delta {cfg.delta:g} must be below 1/n = {1.0 / n:.3g} for client {k} with n = {n} examples"
+            )
+        if cfg.batch_size is not None and cfg.batch_size > n:
+            raise ConfigError(f"batch_size {cfg.batch_size} exceeds client {k}'s {n} examples")

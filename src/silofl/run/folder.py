@@ -1,0 +1,126 @@
+"""The run folder contract (shared/CONVENTIONS.md): config.yaml, metrics.jsonl (+ .csv),
+summary.json, PNG plots and models/*.safetensors with a JSON spec each."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+from silofl.core.errors import ConfigError
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json")
+RUN_DIRS = ("models", "checkpoint")
+
+
+def check_out(out: str | Path, resume: bool = False, overwrite: bool = False) -> None:
+    """Refuse an output path that is a file, or that holds another run (unless resuming it or asked to
+    overwrite it) — before anything is written."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--out {p} is a file, not a folder")
+    if resume:
+        return
+    if p.is_dir() and any((p / f).exists() for f in (*RUN_FILES, *RUN_DIRS)) and not overwrite:
+        raise ConfigError(f"{p} already holds a run; choose another --out, continue it with --resume, or replace it "
+                          "with --overwrite")
+
+
+def clear_run(out: str | Path) -> None:
+    """Remove a previous run's files from ``out`` (for --overwrite): its records, plots, models and checkpoints."""
+    import shutil
+
+    p = Path(out)
+    for f in RUN_FILES:
+        (p / f).unlink(missing_ok=True)
+    for f in p.glob("*.png"):
+        f.unlink()
+    for d in RUN_DIRS:
+        if (p / d).is_dir():
+            shutil.rmtree(p / d)
+
+
+def clean_json(v):
+    """``v`` with every non-finite float replaced by None (JSON has no inf/nan)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: clean_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [clean_json(x) for x in v]
+    return v
+
+
+def mean_std(values) -> dict:
+    """{"mean", "std"} (population std) of the values that are not None; both None if there are none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None}
+    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0}
+
+
+class RunFolder:
+    """The run folder being written (see the module doc)."""
+
+    def __init__(self, out: str | Path, keep_until: int | None = None):
+        """A fresh run folder; with ``keep_until`` (resuming) the metrics of rounds ≤ it are kept."""
+        self.path = Path(out)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.records: list[dict] = []
+        if keep_until is not None and self.metrics_path.is_file():
+            self.records = [r for r in read_metrics(self.path) if r["round"] <= keep_until]
+        self.metrics_path.write_text("".join(json.dumps(clean_json(r)) + "\n" for r in self.records))
+
+    def write_config(self, cfg) -> None:
+        """Write the resolved config (``cfg.to_yaml()``)."""
+        (self.path / "config.yaml").write_text(cfg.to_yaml())
+
+    def add_metrics(self, records: list[dict]) -> None:
+        """Append evaluation records to metrics.jsonl."""
+        with self.metrics_path.open("a") as f:
+            for r in records:
+                f.write(json.dumps(clean_json(r)) + "\n")
+        self.records += records
+
+    def write_metrics_csv(self) -> None:
+        """metrics.csv: the same records as metrics.jsonl, one column per key."""
+        if not self.records:
+            return
+        keys: list[str] = []
+        for r in self.records:
+            keys += [k for k in r if k not in keys]
+        with (self.path / "metrics.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in self.records:
+                w.writerow(clean_json(r))
+
+    def write_summary(self, summary: dict) -> None:
+        """Write summary.json."""
+        (self.path / "summary.json").write_text(json.dumps(clean_json(summary), indent=2) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of a run folder's metrics.jsonl."""
+    p = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def values_by_round(run_dir: str | Path, key: str) -> dict[int, list[float]]:
+    """Every client's value of ``key`` per evaluated round of one run."""
+    out: dict[int, list[float]] = {}
+    for rec in read_metrics(run_dir):
+        if rec.get(key) is not None:
+            out.setdefault(rec["round"], []).append(rec[key])
+    return out
+
+
+def read_config(run_dir: str | Path) -> dict:
+    """A run folder's settings as one flat mapping (common settings and the method's options), whether its
+    config.yaml nests the method's section or is flat."""
+    from silofl.run.config import RunConfig
+
+    return RunConfig.from_yaml(Path(run_dir) / "config.yaml", strict=False).to_flat()

@@ -1,0 +1,338 @@
+"""A run: data, sites, the method's coordinator and an engine, the rounds, and the run folder.
+
+:func:`run` resolves the config, prepares the data, builds the sites (each with its own training data
+and test sets) and the coordinator, and drives the rounds through an engine — the in-process simulator
+by default, or one given by ``engine_factory`` (torch.distributed). It evaluates every ``eval_every``
+rounds (and at the last, and whenever a site leaves), checkpoints every ``checkpoint_every`` rounds,
+and writes the run folder (shared/CONVENTIONS.md): config.yaml, metrics.jsonl/.csv, summary.json,
+plots, models/. The engine and the method never meet: the coordinator talks to sites only through
+``engine.call``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from silofl.comm.engine import Engine, InProcessEngine
+from silofl.comm.messages import Message
+from silofl.core.errors import ConfigError
+from silofl.data import SplitData
+from silofl.fl.coordinator import Coordinator, Method
+from silofl.fl.registry import ACC_FIELDS
+from silofl.privacy.analysis import ACCOUNTANT_NAMES
+from silofl.report.plots import plot_run, plot_server_rounds
+from silofl.run.checkpoint import load_run, save_run, saved_rounds
+from silofl.run.config import RunConfig
+from silofl.run.data import prepare_data
+from silofl.run.folder import RunFolder, check_out, clear_run, mean_std
+from silofl.site.base import Site
+
+log = logging.getLogger("silofl")
+
+CHECKPOINT_DIR = "checkpoint"
+# options that may differ between a run and its resumption
+RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every")
+EngineFactory = Callable[[Callable[[int], Site], int], Engine]
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device for ``auto`` | ``cpu`` | ``cuda``."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda requested but no CUDA device is available")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def site_factory(method: Method, split: SplitData) -> tuple[Callable[[int], Site], int]:
+    """(a function building site k with its training data and test sets, the number of sites)."""
+    data = method.site_data(split.parts)
+    internal = split.internal if split.internal and len(split.internal) == len(data) else None
+
+    def make(k: int) -> Site:
+        site = method.make_site(k, *data[k], split)
+        site.tests["external"] = split.test
+        if internal is not None:
+            site.tests["internal"] = internal[k]
+        return site
+
+    return make, len(data)
+
+
+def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
+          data=None) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
+    """Resolve ``cfg``, prepare its data and connect its coordinator to its sites over an engine (in-process
+    unless ``engine_factory`` makes another). Raises ConfigError / BudgetExhausted before anything is written."""
+    cfg = cfg.resolve()
+    device = device if device is not None else resolve_device(cfg.device)
+    cfg, split = prepare_data(cfg, device, data)
+    method = cfg.info.cls(cfg)
+    make, n_sites = site_factory(method, split)
+    engine = engine_factory(make, n_sites) if engine_factory is not None else \
+        InProcessEngine({k: make(k) for k in range(n_sites)})
+    coordinator = method.make_coordinator(n_sites, split, device)
+    coordinator.connect(engine)
+    return cfg, split, coordinator, engine
+
+
+def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = False,
+        engine_factory: EngineFactory | None = None, overwrite: bool = False) -> dict:
+    """Run ``cfg`` and write its run folder; ``resume`` continues from the folder's latest checkpoint
+    (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts). Returns the
+    summary."""
+    cfg = cfg.resolve()
+    check_out(cfg.out, resume=resume, overwrite=overwrite)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    t_start = time.perf_counter()
+    cfg, split, coordinator, engine = build(cfg, device, engine_factory)
+    try:
+        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, overwrite)
+    finally:
+        engine.close()
+
+
+def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, overwrite) -> dict:
+    info = cfg.info
+    last: dict[int, dict] = {}
+    left_log: list[dict] = []
+    rejected_log: list[dict] = []
+    train_s = eval_s = 0.0
+    rounds_run = 0
+    root = Path(cfg.out) / CHECKPOINT_DIR
+    if resume:
+        rounds_run, rs = _resume(cfg, coordinator, engine, root)
+        left_log, rejected_log, train_s, eval_s = rs["left"], rs["rejected"], rs["train_s"], rs["eval_s"]
+        last = {int(k): v for k, v in rs["last"].items()}
+        log.info("resuming %s after round %d", cfg.out, rounds_run)
+        folder = RunFolder(cfg.out, keep_until=rounds_run)
+    else:
+        if overwrite:
+            clear_run(cfg.out)
+        folder = RunFolder(cfg.out)
+        coordinator.start()
+    folder.write_config(cfg)
+    first = rounds_run + 1
+    internal = split.internal is not None and len(split.internal) == coordinator.n_sites
+
+    bar = _progress(console) if progress else nullcontext()
+    with bar as p:
+        task = p.add_task(info.name, total=cfg.rounds, completed=first - 1) if p else None
+        for rnd in range(first, cfg.rounds + 1):
+            t0 = time.perf_counter()
+            ev = coordinator.run_round(rnd)
+            train_s += time.perf_counter() - t0
+            rounds_run = rnd
+            left_log += [{"client": c, "round": rnd, "reason": "budget spent"} for c in ev.left]
+            left_log += [{"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()]
+            rejected_log += ev.rejected
+            if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost:
+                t0 = time.perf_counter()
+                records = _records(cfg, coordinator, engine, rnd, internal)
+                last.update({r["client"]: r for r in records})
+                folder.add_metrics(records)
+                eval_s += time.perf_counter() - t0
+                if p and records:
+                    p.update(task, description=_describe(info, records))
+            if cfg.checkpoint_every and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds):
+                _save(cfg, coordinator, engine, root, rnd, last, left_log, rejected_log, train_s, eval_s)
+            if p:
+                p.update(task, advance=1)
+            if not coordinator.active:
+                log.info("every client has left the protocol after round %d", rnd)
+                break
+
+    wall = time.perf_counter() - t_start
+    finals = coordinator.call("finish", {k: Message({"models_dir": str(Path(cfg.out) / "models")})
+                                         for k in range(coordinator.n_sites)})
+    reports = {k: coordinator.site_report(k, r.meta) for k, r in sorted(finals.items())}
+    summary = _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run,
+                       wall, train_s, eval_s)
+    folder.write_metrics_csv()
+    guarantee = cfg.guarantee()
+    if folder.records:
+        eps_note = "" if guarantee.formal else {"paper": "ε: NOT a formal guarantee (paper mode)", "off": "no DP"}.get(
+            cfg.privacy, "")
+        summary["plots"] = [plot_run(folder.records, folder.path / "accuracy_epsilon.png",
+                                     title=f"{info.name} on {cfg.dataset}, {cfg.clients} clients, privacy {cfg.privacy}",
+                                     epsilon_note=eps_note, delta=cfg.delta if cfg.is_private else None).name]
+    history = coordinator.round_history()
+    if history:
+        summary.setdefault("plots", []).append(
+            plot_server_rounds(history, folder.path / "server_rounds.png",
+                               title=f"{info.name}: noise level, diversity and sub-clients per round").name)
+    folder.write_summary(summary)
+    return summary
+
+
+def _records(cfg: RunConfig, coordinator: Coordinator, engine: Engine, rnd: int, internal: bool) -> list[dict]:
+    """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures."""
+    records = []
+    for k, r in sorted(coordinator.evaluate(rnd, internal).items()):
+        accs = dict(r["accs"])
+        accs.update({f"{name}_internal": v for name, v in r.get("internal", {}).items()})
+        records.append({"round": rnd, "client": k, "active": k in coordinator.active, **accs, "epsilon": r["epsilon"],
+                        "delta": cfg.delta if cfg.is_private else None, "bytes_sent": engine.bytes_sent[k],
+                        "bytes_received": engine.bytes_received[k], **coordinator.extra_metrics(k), **r["extra"],
+                        **r["train"]})
+    return records
+
+
+def _save(cfg, coordinator, engine, root: Path, rnd: int, last, left_log, rejected_log, train_s, eval_s) -> None:
+    keep = 2 if engine.processes > 1 else 1
+    coordinator.call("save", {k: Message({"root": str(root), "round": rnd, "keep": keep})
+                              for k in range(coordinator.n_sites)})
+    state = {**coordinator.state_dict(), "torch_rng": torch.get_rng_state()}
+    run_state = {"config": cfg.to_dict(), "sites": coordinator.n_sites, "left": left_log, "rejected": rejected_log,
+                 "train_s": train_s, "eval_s": eval_s, "last": {str(k): v for k, v in last.items()},
+                 "bytes_sent": {str(k): v for k, v in engine.bytes_sent.items()},
+                 "bytes_received": {str(k): v for k, v in engine.bytes_received.items()}}
+    save_run(root, rnd, state, run_state, keep=keep)
+
+
+def _resume(cfg: RunConfig, coordinator: Coordinator, engine: Engine, root: Path) -> tuple[int, dict]:
+    """Load the latest checkpoint every party holds; (its round, the run's record).
+
+    Every site resumes from the same round: the latest one the coordinator and all of them completed
+    (each keeps its newest checkpoints, so a crash while writing leaves an earlier common one). A site
+    whose own latest checkpoint is newer keeps that checkpoint's accountant: rounds run again are
+    counted again, and the privacy spend never goes back."""
+    rounds = set(saved_rounds(root))
+    if not rounds:
+        raise ConfigError(f"no checkpoint to resume from in {root} (run with --checkpoint-every N first)")
+    held = coordinator.call("checkpoints", {k: Message({"root": str(root)}) for k in range(coordinator.n_sites)})
+    for k in range(coordinator.n_sites):
+        rounds &= set(held[k].meta["rounds"]) if k in held else set()
+    if not rounds:
+        raise ConfigError(f"no round of {root} has a checkpoint of every site to resume from")
+    rnd = max(rounds)
+    state, run_state = load_run(root, rnd)
+    saved = RunConfig.from_dict(run_state["config"], strict=False).to_flat()
+    want = cfg.to_flat()
+    diff = sorted(k for k in want if k not in (*RESUMABLE_CHANGES, "out") and saved.get(k) != want[k])
+    if diff:
+        raise ConfigError(f"cannot resume {cfg.out}: the checkpoint was written with different options "
+                          f"({', '.join(f'{k}={saved.get(k)!r}' for k in diff)}); only {', '.join(RESUMABLE_CHANGES)} may change")
+    if rnd >= cfg.rounds:
+        raise ConfigError(f"the checkpoint of {cfg.out} is at round {rnd}; ask for more rounds than that to resume")
+    coordinator.call("load", {k: Message({"root": str(root), "round": rnd}) for k in range(coordinator.n_sites)})
+    torch.set_rng_state(state.pop("torch_rng"))
+    coordinator.load_state_dict(state)
+    coordinator.call("status", {k: Message() for k in coordinator.active})
+    for k, v in run_state["bytes_sent"].items():
+        engine.bytes_sent[int(k)] = v
+    for k, v in run_state["bytes_received"].items():
+        engine.bytes_received[int(k)] = v
+    return rnd, run_state
+
+
+def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run, wall, train_s,
+             eval_s) -> dict:
+    info = cfg.info
+    sent, received = dict(engine.bytes_sent), dict(engine.bytes_received)
+    acc_keys = [k + sfx for sfx in ("", "_internal") for k in ACC_FIELDS if any(k + sfx in r for r in last.values())]
+    per_client = [
+        {"client": k, **{f"{role}_model": arch for role, arch in f["architectures"].items()},
+         "round": last.get(k, {}).get("round"), **{key: last.get(k, {}).get(key) for key in acc_keys},
+         "epsilon": f["epsilon"], "left_at": f["left_at"],
+         "bytes_sent": sent.get(k, 0), "bytes_received": received.get(k, 0)}
+        for k, f in reports.items()
+    ]
+    g = cfg.guarantee()
+    nodes = sorted(set(sent) | set(received))
+    opts = cfg.options
+    summary = {
+        "method": cfg.method,
+        "headline": info.headline,
+        "dataset": cfg.dataset,
+        "data_source": split.source,
+        "test_set": split.test_set,
+        "sites": split.sites,
+        "clients": cfg.clients,
+        "sites_trained": coordinator.n_sites,
+        "rounds_requested": cfg.rounds,
+        "rounds_run": rounds_run,
+        "privacy": {
+            "mode": cfg.privacy,
+            "formal_guarantee": g.formal,
+            "note": g.note,
+            "unit": g.unit,
+            "delta": cfg.delta if cfg.is_private else None,
+            "accountant": ACCOUNTANT_NAMES[cfg.accountant] if cfg.is_private else None,
+            "dml_alpha": opts.dml_alpha if info.mutual_learning else None,
+            "dml_beta": opts.dml_beta if info.mutual_learning else None,
+            **coordinator.privacy_summary(),
+        },
+        "final": {
+            "per_client": per_client,
+            **{k: mean_std([r[k] for r in per_client]) for k in acc_keys},
+            "epsilon": mean_std([r["epsilon"] for r in per_client]),
+        },
+        "wall_time_s": wall,
+        "train_time_s": train_s,
+        "eval_time_s": eval_s,
+        "seconds_per_round": (train_s + eval_s) / max(1, rounds_run),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "processes": engine.processes,
+        "engine": engine.describe(),
+        "accounting": [f["privacy"] for f in reports.values()],
+        "left": left_log,
+        "rejected_messages": rejected_log,
+        "bytes": {
+            "sent": {str(n): sent.get(n, 0) for n in nodes},
+            "received": {str(n): received.get(n, 0) for n in nodes},
+            "server_node": coordinator.server_id if info.exchange == "server" else None,
+            "total_sent": sum(sent.values()),
+            "per_client_mean": statistics.fmean(r["bytes_sent"] + r["bytes_received"] for r in per_client),
+        },
+    }
+    if engine.processes > 1:  # measured between processes
+        summary["lost_processes"] = dict(getattr(engine, "lost_processes", {}))
+        summary["receive_seconds"] = dict(getattr(engine, "receive_seconds", {}))
+    history = coordinator.round_history()
+    if history:
+        summary["server_rounds"] = history
+    summary["models"] = [m for f in reports.values() for m in f["models"]]
+    return summary
+
+
+def _describe(info, records: list[dict]) -> str:
+    accs = " ".join(
+        f"{k.removesuffix('_acc')} {statistics.fmean(r[k] for r in records):.3f}"
+        for k in ACC_FIELDS if all(k in r for r in records)
+    )
+    eps = [r["epsilon"] for r in records if r["epsilon"] is not None]
+    e = f" ε {max(eps):.2f}" if eps else ""
+    return f"{info.name} {accs}{e}"
+
+
+def progress_bar(console):
+    """A Rich progress bar (disabled when SILOFL_NO_PROGRESS is set)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
+        disable=bool(os.environ.get("SILOFL_NO_PROGRESS")),
+    )
+
+
+_progress = progress_bar

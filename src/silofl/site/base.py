@@ -1,0 +1,178 @@
+"""The site: one institution's party, driven through :meth:`Site.handle`.
+
+An engine (:mod:`silofl.comm.engine`) delivers a step name and a request :class:`Message`; the site runs
+``on_<step>`` and replies. Every reply says whether the site can pay for another round
+(``can_continue``), so a coordinator never needs to know a site's budget. What a site holds never
+leaves it except through its replies: the packets a method's steps put there, and the figures the
+common steps below report.
+
+Common steps: ``hello`` (public facts: data size, architectures), ``status``, ``leave``,
+``evaluate`` (score its models on its test sets), ``save``/``load``/``checkpoints`` (its own
+checkpoint files), ``finish`` (write its final models, report its privacy accounting).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from silofl.comm.messages import Message
+from silofl.core.checkpoint import load_node, save_node
+from silofl.core.errors import ConfigError, SiloflError
+
+log = logging.getLogger("silofl")
+
+
+class Site(ABC):
+    """One party that holds data (see the module doc). Subclasses add models and the method's steps."""
+
+    cid: int
+
+    def __init__(self, cid: int):
+        self.cid = cid
+        self.active = True
+        self.left_at: int | None = None
+        self.last_train: dict = {}
+        self.tests: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # "external" (shared), "internal" (own)
+        self.eval_cache: dict | None = None  # set by an in-process engine for one evaluate call
+
+    # ------------------------------------------------------------------ the seam
+    def handle(self, step: str, msg: Message) -> Message:
+        """Run step ``step`` on request ``msg`` and return the reply."""
+        fn = getattr(self, "on_" + step, None)
+        if fn is None or not callable(fn):
+            raise SiloflError(f"site {self.cid} has no step {step!r}")
+        reply = fn(msg) or Message()
+        reply.meta["can_continue"] = bool(self.active and self.can_continue())
+        return reply
+
+    # ------------------------------------------------------------------ what every site provides
+    @abstractmethod
+    def can_continue(self) -> bool:
+        """False when one more round would exceed the site's privacy budget."""
+
+    @abstractmethod
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
+        """Accuracy of each of the site's models on (x, y), keyed ``<role>_acc``."""
+
+    @abstractmethod
+    def epsilon(self) -> float | None:
+        """The site's ε so far (None without DP)."""
+
+    @abstractmethod
+    def privacy_report(self) -> dict:
+        """The accountant's inputs and output, for summary.json."""
+
+    @abstractmethod
+    def final_models(self) -> dict[str, tuple[nn.Module, object]]:
+        """role -> (model, ModelSpec) for the run folder."""
+
+    @abstractmethod
+    def architectures(self) -> dict[str, str]:
+        """role -> architecture name."""
+
+    @property
+    @abstractmethod
+    def n(self) -> int:
+        """The number of training examples (public: it sets weights and sampling rates)."""
+
+    def extra_metrics(self) -> dict:
+        """Method-specific figures reported with every evaluation (e.g. a PushSum weight)."""
+        return {}
+
+    def budget_message(self) -> str:
+        """Why this site cannot train a single round within its budget."""
+        return f"site {self.cid} cannot train a single round within its budget"
+
+    def leave(self, rnd: int) -> None:
+        """Leave the protocol before round ``rnd``."""
+        self.active = False
+        self.left_at = rnd
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly where this site stopped (for checkpoints)."""
+        return {"active": self.active, "left_at": self.left_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        self.active, self.left_at = bool(state["active"]), state["left_at"]
+
+    # ------------------------------------------------------------------ common steps
+    def on_hello(self, msg: Message) -> Message:
+        """The site's public facts: its data size and architectures (and why it cannot train, if it cannot)."""
+        meta = {"n": self.n, "architectures": self.architectures()}
+        if not self.can_continue():
+            meta["budget_message"] = self.budget_message()
+        return Message(meta)
+
+    def on_status(self, msg: Message) -> Message:
+        return Message()
+
+    def on_leave(self, msg: Message) -> Message:
+        self.leave(int(msg.meta["round"]))
+        return Message()
+
+    def on_evaluate(self, msg: Message) -> Message:
+        """Score the models on the shared test set (``score``) and on the site's own held-out set
+        (``internal``); report ε and the last round's training figures."""
+        meta: dict = {"accs": {}, "internal": {}, "epsilon": self.epsilon(), "extra": self.extra_metrics(),
+                      "train": dict(self.last_train)}
+        if msg.meta.get("score", True) and "external" in self.tests:
+            meta["accs"] = self.evaluate(*self.tests["external"], self.eval_cache)
+        if msg.meta.get("internal", False) and "internal" in self.tests:
+            meta["internal"] = self.evaluate(*self.tests["internal"])
+        return Message(meta)
+
+    def on_finish(self, msg: Message) -> Message:
+        """Write the final models under ``models_dir`` (if given) and report the privacy accounting."""
+        from silofl.models import save_model
+
+        written = []
+        if msg.meta.get("models_dir"):
+            d = Path(msg.meta["models_dir"])
+            for name, (model, spec) in self.final_models().items():
+                p = d / f"client{self.cid}_{name}"
+                save_model(model, spec, p)
+                written.append(f"{d.name}/{p.name}.safetensors")
+        return Message({"architectures": self.architectures(), "epsilon": self.epsilon(), "left_at": self.left_at,
+                        "privacy": self.privacy_report(), "models": written})
+
+    def on_save(self, msg: Message) -> Message:
+        """Write this site's state into the round folder the coordinator names (``root/round<r>``); keep only
+        the newest ``keep`` of its own checkpoints."""
+        root, rnd = Path(msg.meta["root"]), int(msg.meta["round"])
+        save_node(root / f"round{rnd}", self.cid, self.state_dict(), meta={"round": rnd})
+        keep = int(msg.meta.get("keep", 0))
+        if keep > 0:
+            for old in self.on_checkpoints(msg).meta["rounds"][:-keep]:
+                for f in (root / f"round{old}").glob(f"node{self.cid}.*"):
+                    f.unlink(missing_ok=True)
+        return Message()
+
+    def on_checkpoints(self, msg: Message) -> Message:
+        """The rounds of which this site holds a checkpoint under ``root``."""
+        root = Path(msg.meta["root"])
+        rounds = sorted(int(d.name[5:]) for d in root.glob("round*")
+                        if d.name[5:].isdigit() and (d / f"node{self.cid}.json").is_file())
+        return Message({"rounds": rounds})
+
+    def on_load(self, msg: Message) -> Message:
+        """Resume from the checkpoint of round ``round`` under ``root``. If this site holds a newer one, its
+        accountant is kept: rounds run again are counted again, and the privacy spend never goes back."""
+        root, rnd = Path(msg.meta["root"]), int(msg.meta["round"])
+        state, meta = load_node(root / f"round{rnd}", self.cid)
+        if meta.get("round") != rnd:
+            raise ConfigError(f"checkpoint of site {self.cid} in {root}/round{rnd} is from round {meta.get('round')}")
+        newest = max(self.on_checkpoints(msg).meta["rounds"], default=rnd)
+        if newest > rnd and state.get("accountant") is not None:
+            newer, _ = load_node(root / f"round{newest}", self.cid)
+            if newer.get("accountant") is not None:
+                state["accountant"] = newer["accountant"]
+                log.warning("node %d resumes from round %d but keeps its accountant of round %d: rounds %d–%d are "
+                            "counted again", self.cid, rnd, newest, rnd + 1, newest)
+        self.load_state_dict(state)
+        return Message()

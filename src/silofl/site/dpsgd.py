@@ -1,0 +1,235 @@
+"""A site that trains with Poisson-sampled (DP-)SGD: every example-level method's site.
+
+It holds an optional *private* model (never leaves the site, trained without DP) and a *shared* model
+trained with DP-SGD when privacy is on (Poisson batches, per-example clipping, Gaussian noise, an
+accountant fed by the mechanism's own report, and a budget). With a private model a round is deep
+mutual learning (ProxyFL, FML):
+
+* private loss ``(1-α)·CE(f) + α·KL(f‖h)``, plain Adam;
+* shared loss ``(1-β)·CE(h) + β·KL(h‖f)``, DP-SGD then Adam;
+
+without one (FedAvg, AvgPush, CWT, Regular, Joint) it is DP-SGD on cross-entropy. Methods differ only
+in what happens to the shared model between rounds (:mod:`silofl.fl.exchange`); the exchange
+primitives — encode, read and validate, replace — are here so every method crosses the site boundary
+the same way.
+
+``shared_field`` names the shared model in metrics: ``proxy`` (ProxyFL, FML), ``global`` (FedAvg,
+AvgPush, CWT, Joint) or ``private`` (Regular: the local model is the DP model).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from silofl.comm.messages import Packet
+from silofl.comm.wire import encode, read_model
+from silofl.core.seeds import client_seeds
+from silofl.models import ModelSpec
+from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within
+from silofl.site.base import Site
+from silofl.training import Partner, accuracy, dml_loss, poisson_steps
+
+log = logging.getLogger("silofl")
+
+
+@dataclass(frozen=True)
+class DPSGDSettings:
+    """What a DP-SGD site needs to know to train: its own budget and mechanism, the run's seed."""
+
+    seed: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    private: bool  # DP on
+    noise_multiplier: float
+    clip: float
+    delta: float
+    accountant: str
+    target_epsilon: float | None
+    secure_noise: bool
+    dp_backend: str
+    optimizer_state: str = "reset"
+    dml_alpha: float = 0.5
+    dml_beta: float = 0.0
+
+
+class DPSGDSite(Site):
+    """See the module doc."""
+
+    def __init__(self, cid: int, x: torch.Tensor, y: torch.Tensor, shared_spec: ModelSpec, settings: DPSGDSettings,
+                 private_spec: ModelSpec | None = None, shared_field: str = "proxy"):
+        super().__init__(cid)
+        self.settings = s = settings
+        self.x, self.y = x, y
+        self.sample_rate = min(1.0, s.batch_size / self.n)
+        self.steps_per_round = max(1, self.n // s.batch_size)
+        seed_init, seed_sample, seed_noise, _ = client_seeds(s.seed, cid)
+        torch.manual_seed(seed_init)
+        self.private_spec, self.shared_spec, self.shared_field = private_spec, shared_spec, shared_field
+        self.private = private_spec.build().to(x.device) if private_spec is not None else None
+        self.shared = shared_spec.build().to(x.device)
+        self.private_opt = (torch.optim.Adam(self.private.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+                            if self.private is not None else None)
+        self.shared_opt = torch.optim.Adam(self.shared.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        self.sampler = torch.Generator().manual_seed(seed_sample)
+        # Without a private model there is nothing to distil from: plain cross-entropy.
+        self.alpha, self.beta = s.dml_alpha, (s.dml_beta if self.private is not None else 0.0)
+        self.dp: DPGradient | None = None
+        self.accountant: Accountant | None = None
+        self.budget: Budget | None = None
+        if s.private:
+            self.dp = DPGradient(self.shared, clip=s.clip, noise_multiplier=s.noise_multiplier,
+                                 expected_batch_size=self.sample_rate * self.n,
+                                 noise=NoiseSource(seed_noise, secure=s.secure_noise, device=x.device),
+                                 backend=s.dp_backend, sample_rate=self.sample_rate)
+            self.accountant = Accountant(s.accountant)
+            self.budget = Budget(self.accountant, s.target_epsilon, s.delta)
+        self.rounds_trained = 0
+        self.empty_batches = 0
+        # Identifies the shared model's current weights for evaluation caching: sites holding the
+        # same broadcast (e.g. FedAvg's aggregate) are evaluated once in the simulator.
+        self.shared_token: object = None
+
+    @property
+    def n(self) -> int:
+        return len(self.y)
+
+    # ---------------------------------------------------------------- local training
+    def _shared_loss(self, logits, y, private_logp):
+        return dml_loss(logits, y, private_logp, self.beta)
+
+    def can_continue(self) -> bool:
+        if self.budget is None:
+            return True
+        return self.budget.allows(self.settings.noise_multiplier, self.sample_rate, self.steps_per_round)
+
+    def budget_message(self) -> str:
+        if self.budget is None or self.accountant is None or self.budget.target_epsilon is None:
+            return super().budget_message()
+        s = self.settings
+        one = self.accountant.epsilon_after(s.noise_multiplier, self.sample_rate, self.steps_per_round, s.delta)
+        return (f"target_epsilon {self.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
+                f"δ={s.delta:g}) for every client: no client could train; raise the budget or the noise multiplier, "
+                "or lower the batch size")
+
+    def train(self, rnd: int) -> dict:
+        """One round: one epoch of Poisson batches (deep mutual learning with a private model)."""
+        if self.budget is not None:
+            self.budget.require(self.settings.noise_multiplier, self.sample_rate, self.steps_per_round)
+        partner = Partner(self.private, self.private_opt, self.alpha) if self.private is not None else None
+        stats = poisson_steps(self.shared, self.shared_opt, self.x, self.y, sample_rate=self.sample_rate,
+                              steps=self.steps_per_round, sampler=self.sampler, loss_fn=self._shared_loss, dp=self.dp,
+                              partner=partner)
+        self.empty_batches += stats.pop("empty_batches")
+        if self.dp is not None and self.accountant is not None:
+            self.accountant.record(self.dp.take_run())
+        self.rounds_trained += 1
+        self.shared_token = object()  # locally trained weights: unique to this site
+        self.last_train = stats
+        return stats
+
+    # ---------------------------------------------------------------- exchange primitives
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the shared model's weights."""
+        return {k: v.detach().clone() for k, v in self.shared.state_dict().items()}
+
+    def payload(self, rnd: int, extra: dict[str, torch.Tensor] | None = None, **meta) -> bytes:
+        """The shared model (plus extra scalars) in wire format."""
+        state = dict(self.shared.state_dict())
+        state.update(extra or {})
+        return encode(state, meta={"round": rnd, "src": self.cid, "model": self.shared_spec.name, **meta})
+
+    def read(self, packet: Packet, extra_keys: tuple[str, ...] = ()) -> tuple[dict, dict[str, float], dict]:
+        """Decode and validate a received shared model: (tensors, extras, meta). Raises PeerModelRejected."""
+        return read_model(packet.data, dict(self.shared.state_dict()), extra_keys)
+
+    def reject(self, rnd: int, packet: Packet, err: Exception) -> dict:
+        """Log a refused packet; the record that goes into summary.json."""
+        log.warning("client %d rejected the model from node %d in round %d: %s", self.cid, packet.src, rnd, err)
+        return {"round": rnd, "client": self.cid, "src": packet.src, "reason": str(err)}
+
+    def replace_shared(self, state: dict[str, torch.Tensor], token: object = None) -> None:
+        """Load received weights into the shared model; Adam's moments per ``optimizer_state``."""
+        self.shared.load_state_dict(state)
+        if self.settings.optimizer_state == "reset":
+            self.shared_opt.state.clear()
+        self.shared_token = token if token is not None else object()
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        return {
+            **super().state_dict(),
+            "shared": self.shared.state_dict(), "shared_opt": self.shared_opt.state_dict(),
+            "private": self.private.state_dict() if self.private is not None else None,
+            "private_opt": self.private_opt.state_dict() if self.private_opt is not None else None,
+            "sampler": self.sampler.get_state(),
+            "noise": self.dp.noise.state_dict() if self.dp is not None else None,
+            "accountant": self.accountant.state_dict() if self.accountant is not None else None,
+            "rounds_trained": self.rounds_trained, "empty_batches": self.empty_batches, "last_train": self.last_train,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.shared.load_state_dict(state["shared"])
+        self.shared_opt.load_state_dict(state["shared_opt"])
+        if self.private is not None and self.private_opt is not None:
+            self.private.load_state_dict(state["private"])
+            self.private_opt.load_state_dict(state["private_opt"])
+        self.sampler.set_state(state["sampler"])
+        if self.dp is not None:
+            self.dp.noise.load_state_dict(state["noise"])
+        if self.accountant is not None:
+            self.accountant.load_state_dict(state["accountant"])
+        self.rounds_trained, self.empty_batches = int(state["rounds_trained"]), int(state["empty_batches"])
+        self.last_train = dict(state["last_train"])
+        self.shared_token = object()
+
+    # ---------------------------------------------------------------- reporting
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
+        out = {}
+        if self.private is not None:
+            out["private_acc"] = accuracy(self.private, x, y)
+        key = self.shared_token
+        if cache is not None and key is not None and key in cache:
+            out[f"{self.shared_field}_acc"] = cache[key]
+        else:
+            acc = accuracy(self.shared, x, y)
+            if cache is not None and key is not None:
+                cache[key] = acc
+            out[f"{self.shared_field}_acc"] = acc
+        return out
+
+    def epsilon(self) -> float | None:
+        return None if self.accountant is None else self.accountant.epsilon(self.settings.delta)
+
+    def architectures(self) -> dict[str, str]:
+        out = {self.shared_field: self.shared_spec.name}
+        if self.private_spec is not None:
+            out["private"] = self.private_spec.name
+        return out
+
+    def privacy_report(self) -> dict:
+        s = self.settings
+        base = {"client": self.cid, "n": self.n, "rounds_trained": self.rounds_trained, "left_at": self.left_at,
+                "empty_batches": self.empty_batches, "clip": s.clip,
+                "dp_model": self.shared_field if s.private else None}
+        if self.accountant is None or self.budget is None or self.dp is None:
+            return {**base, "accountant": None, "epsilon": None, "delta": None}
+        rep = self.accountant.report(s.delta)
+        target = self.budget.target_epsilon
+        rounds_within = None
+        if target is not None:
+            steps = max_steps_within(self.accountant.kind, s.noise_multiplier, self.sample_rate, s.delta, target,
+                                     step_block=self.steps_per_round)
+            rounds_within = steps // self.steps_per_round
+        return {**base, **rep, "target_epsilon": target, "rounds_within_budget": rounds_within,
+                "dp_backend": self.dp.backend_name}
+
+    def final_models(self):
+        out = {self.shared_field: (self.shared, self.shared_spec)}
+        if self.private is not None:
+            out["private"] = (self.private, self.private_spec)
+        return out

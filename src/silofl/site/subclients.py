@@ -1,0 +1,177 @@
+"""A site of client-level DP federated learning with intermediaries (Jiang et al., MICCAI 2023).
+
+The site splits its data into v disjoint sub-clients (a fixed random permutation cut into v near-equal
+parts), trains v copies of the broadcast global model with local SGD (vectorised,
+:mod:`silofl.training.local_sgd`), clips each update to the sub-client bound the server announced,
+and sends one message: the sum of its clipped updates, the number (hospital unit: fraction) of updates
+that needed no clipping and the sum of the clipped norms. For DP-FedNova each update is first
+normalised to Δ_j·τ̄/τ_j (τ_j its local steps, τ̄ the announced mean) so sites with more steps do not
+dominate. The noise is the server's (central DP): the server role lives in
+:mod:`silofl.fl.exchange.client_level`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from silofl.comm.messages import Packet
+from silofl.comm.wire import encode, read_model
+from silofl.core.errors import ConfigError, PeerModelRejected
+from silofl.core.seeds import client_seeds
+from silofl.models import ModelSpec
+from silofl.privacy.client_level import clip_update
+from silofl.site.base import Site
+from silofl.training import accuracy
+from silofl.training.local_sgd import flat, local_updates
+
+log = logging.getLogger("silofl")
+
+# scalars of the server's broadcast and of a site's update message
+V, CLIP, TAU, SELECTED, EPS_H, EPS_S = "__v__", "__clip__", "__tau__", "__selected__", "__eps_hospital__", "__eps_subclient__"
+UNCLIPPED, NORM_SUM, UNITS, STEPS = "__unclipped__", "__norm_sum__", "__units__", "__steps__"
+BROADCAST = (V, CLIP, TAU, SELECTED, EPS_H, EPS_S)
+UPDATE = (UNCLIPPED, NORM_SUM, UNITS, STEPS)
+
+
+def subclient_shards(perm: torch.Tensor, v: int) -> list[torch.Tensor]:
+    """v disjoint, near-equal parts of a permutation of the client's indices; together they cover it."""
+    if not 1 <= v <= len(perm):
+        raise ConfigError(f"cannot split {len(perm)} examples into {v} sub-clients")
+    return list(torch.tensor_split(perm, v))
+
+
+def local_steps(n: int, v: int, batch_size: int, epochs: int) -> list[int]:
+    """Local SGD steps of each of a client's v sub-clients (sizes from :func:`subclient_shards`)."""
+    return [epochs * (len(part) // batch_size) for part in torch.tensor_split(torch.arange(n), v)]
+
+
+@dataclass(frozen=True)
+class SubclientSettings:
+    """What a client-level site needs: the run's seed, local SGD, whether DP is on, the privacy unit."""
+
+    seed: int
+    batch_size: int
+    local_epochs: int
+    local_lr: float
+    private: bool
+    privacy_unit: str  # "hospital" | "subclient"
+    normalise: bool  # DP-FedNova: updates scaled by τ̄/τ_j
+    clip: float
+
+
+class SubclientSite(Site):
+    """Trains its sub-clients, clips, sends one message; holds the broadcast global model."""
+
+    def __init__(self, cid: int, x: torch.Tensor, y: torch.Tensor, spec: ModelSpec, settings: SubclientSettings):
+        super().__init__(cid)
+        self.settings, self.spec = settings, spec
+        self.x, self.y = x, y
+        _, seed_sample, _, _ = client_seeds(settings.seed, cid)
+        self.generator = torch.Generator().manual_seed(seed_sample)
+        self.perm = torch.randperm(self.n, generator=self.generator).to(x.device)
+        self.model = spec.build().to(x.device)
+        self.v, self.clip, self.tau, self.selected = 1, settings.clip, 1.0, False
+        self.eps = {"hospital": 0.0, "subclient": 0.0}
+        self.token: object = None
+        self.rounds_trained = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.y)
+
+    # ------------------------------------------------------------------ steps
+    def receive_global(self, packet: Packet, rnd: int) -> None:
+        """Take the server's broadcast (model and round parameters); raises PeerModelRejected."""
+        tensors, s, _ = read_model(packet.data, dict(self.model.state_dict()), BROADCAST)
+        v = int(round(s[V]))
+        if v < 1 or v > self.n // self.settings.batch_size or s[CLIP] <= 0 or s[TAU] <= 0:
+            raise PeerModelRejected(f"invalid round parameters v={s[V]}, clip={s[CLIP]}, tau={s[TAU]}")
+        self.model.load_state_dict(tensors)
+        self.v, self.clip, self.tau, self.selected = v, s[CLIP], s[TAU], s[SELECTED] > 0.5
+        self.eps = {"hospital": s[EPS_H], "subclient": s[EPS_S]}
+        self.token = ("server", rnd)
+
+    def can_continue(self) -> bool:
+        return True  # the budget is the server's (central DP)
+
+    def train(self, rnd: int) -> bytes:
+        """One round of local SGD on every sub-client; the update message (wire bytes)."""
+        s = self.settings
+        start = {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        shards = subclient_shards(self.perm, self.v)
+        results = local_updates(self.model, start, self.x, self.y, shards, s.local_epochs, s.batch_size, s.local_lr,
+                                self.generator)
+        total = torch.zeros_like(flat(start))
+        unclipped = norm_sum = raw_norm_sum = 0.0
+        steps = 0
+        for delta, tau_j in results:
+            if s.normalise:
+                delta = delta * (self.tau / tau_j)
+            if s.private:
+                delta, norm = clip_update(delta, self.clip)
+                unclipped += float(norm <= self.clip)
+                norm_sum += min(norm, self.clip)
+            else:
+                norm = float(torch.linalg.vector_norm(delta))
+                norm_sum += norm
+            raw_norm_sum += norm
+            total += delta
+            steps += tau_j
+        units = 1 if s.privacy_unit == "hospital" else self.v
+        if s.privacy_unit == "hospital":
+            unclipped /= self.v  # the fraction: one hospital moves the count by at most 1
+        self.rounds_trained += 1
+        self.last_train = {"subclients": self.v, "local_steps": steps, "update_norm_mean": raw_norm_sum / self.v}
+        return encode(
+            {"update": total, UNCLIPPED: torch.tensor(unclipped, dtype=torch.float64),
+             NORM_SUM: torch.tensor(norm_sum, dtype=torch.float64), UNITS: torch.tensor(float(units), dtype=torch.float64),
+             STEPS: torch.tensor(float(steps), dtype=torch.float64)},
+            meta={"round": rnd, "src": self.cid, "v": self.v},
+        )
+
+    def reject(self, rnd: int, packet: Packet, err: Exception) -> dict:
+        """A broadcast that fails validation: log it and sit the next round out."""
+        log.warning("client %d rejected the global model in round %d: %s", self.cid, rnd, err)
+        self.selected = False
+        return {"round": rnd, "client": self.cid, "src": packet.src, "reason": str(err)}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "model": self.model.state_dict(), "generator": self.generator.get_state(),
+                "perm": self.perm, "v": self.v, "clip": self.clip, "tau": self.tau, "selected": self.selected,
+                "eps": self.eps, "rounds_trained": self.rounds_trained, "last_train": self.last_train}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.model.load_state_dict(state["model"])
+        self.generator.set_state(state["generator"])
+        self.perm = state["perm"].to(self.x.device)
+        self.v, self.clip, self.tau = int(state["v"]), float(state["clip"]), float(state["tau"])
+        self.selected, self.eps = bool(state["selected"]), dict(state["eps"])
+        self.rounds_trained, self.last_train = int(state["rounds_trained"]), dict(state["last_train"])
+        self.token = object()
+
+    # ------------------------------------------------------------------ reporting
+    def evaluate(self, x, y, cache=None) -> dict[str, float]:
+        if cache is not None and self.token is not None and self.token in cache:
+            return {"global_acc": cache[self.token]}
+        acc = accuracy(self.model, x, y)
+        if cache is not None and self.token is not None:
+            cache[self.token] = acc
+        return {"global_acc": acc}
+
+    def epsilon(self) -> float | None:
+        """The ε the server announced for the run's privacy unit (the server accounts: central DP)."""
+        return self.eps[self.settings.privacy_unit] if self.settings.private else None
+
+    def architectures(self) -> dict[str, str]:
+        return {"global": self.spec.name}
+
+    def privacy_report(self) -> dict:
+        return {"client": self.cid, "n": self.n, "rounds_trained": self.rounds_trained, "left_at": self.left_at}
+
+    def final_models(self):
+        return {"global": (self.model, self.spec)}

@@ -1,0 +1,91 @@
+"""The one Poisson-sampled (DP-)SGD loop, optionally with a mutual-learning partner.
+
+Every step draws a Poisson batch (each example independently with probability q, so batches vary and
+may be empty), computes the model's per-example losses and either the DP-SGD gradient
+(:class:`~silofl.privacy.DPGradient`: clip, sum, noise, divide by the expected batch size) or the
+plain mean gradient, and steps the optimizer. An empty batch is still a DP step (noise only) and the
+mechanism counts it; without DP it is skipped.
+
+With a :class:`Partner` (deep mutual learning, ProxyFL/FML) the partner model — the site's private
+model, never released — is trained on the same batch after the shared model: its loss is
+``(1-α)·CE + α·KL(partner‖shared)`` against the shared model's (detached) output, plain optimizer, no
+DP. The shared model's loss receives the partner's detached log-probabilities as an extra input
+(used when β > 0, ``paper`` mode). Sites (:mod:`silofl.site`) and PubSub-ML's DP network
+(:mod:`silofl.pubsub.dp_models`) both train through :func:`poisson_steps`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from silofl.privacy.dpsgd import DPGradient
+from silofl.privacy.sampling import poisson_batch
+
+LossFn = Callable[..., torch.Tensor]  # (logits, y, partner log-probs or a (B, 1) placeholder) -> (B,) losses
+
+
+def dml_loss(logits: torch.Tensor, y: torch.Tensor, other_logp: torch.Tensor | None, weight: float) -> torch.Tensor:
+    """Per-example (1-w)·CE + w·KL(other ‖ model) with the other model's log-probs detached."""
+    ce = F.cross_entropy(logits, y, reduction="none")
+    if weight == 0.0 or other_logp is None:
+        return ce
+    kl = F.kl_div(F.log_softmax(logits, dim=1), other_logp, reduction="none", log_target=True).sum(1)
+    return (1.0 - weight) * ce + weight * kl
+
+
+@dataclass
+class Partner:
+    """A model trained alongside by mutual learning (never released, never DP)."""
+
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    alpha: float  # the partner's KL weight
+
+
+def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
+                  sample_rate: float, steps: int, sampler: torch.Generator, loss_fn: LossFn,
+                  dp: DPGradient | None = None, partner: Partner | None = None) -> dict:
+    """Run ``steps`` Poisson-sampled steps on (x, y); returns what was seen (examples, empty batches, and
+    under DP the mean per-example gradient norm and the fraction clipped — per-example statistics of the
+    site's data, NOT privatised)."""
+    model.train()
+    if partner is not None:
+        partner.model.train()
+    n = len(y)
+    clipped, norms, seen, empty = 0.0, 0.0, 0, 0
+    for _ in range(steps):
+        idx = poisson_batch(n, sample_rate, sampler).to(x.device)
+        xb, yb = x[idx], y[idx]
+        B = len(idx)
+        opt.zero_grad(set_to_none=True)
+        no_logp = torch.zeros(B, 1, device=xb.device)
+        if B == 0:
+            empty += 1
+            if dp is not None:  # a noise-only step, still counted by the mechanism
+                dp.compute(xb, loss_fn, yb, no_logp)
+                opt.step()
+            continue
+        partner_logits = partner.model(xb) if partner is not None else None
+        partner_logp = F.log_softmax(partner_logits.detach(), dim=1) if partner_logits is not None else no_logp
+        if dp is not None:
+            logits, st = dp.compute(xb, loss_fn, yb, partner_logp)
+            clipped += st.clipped_fraction * B
+            norms += st.mean_norm * B
+        else:
+            out = model(xb)
+            loss_fn(out, yb, partner_logp).mean().backward()
+            logits = out.detach()
+        opt.step()
+        seen += B
+        if partner is not None:
+            loss = dml_loss(partner_logits, yb, F.log_softmax(logits, dim=1), partner.alpha).mean()
+            partner.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            partner.opt.step()
+    return {"examples_seen": seen, "empty_batches": empty,
+            "clipped_fraction": clipped / seen if seen else 0.0, "mean_grad_norm": norms / seen if seen else 0.0}

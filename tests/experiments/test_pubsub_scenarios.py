@@ -1,0 +1,40 @@
+"""The PubSub-ML scenarios in --quick form: every method's row, its table files and its plot."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from silofl.cli.main import app
+from silofl.core.errors import ConfigError
+from silofl.experiments.pubsub_scenarios import run_scenario
+
+ROWS = ["PubSub-ML", "Own", "PubSub-ML*", "FedAvg-V", "FedAvg-F", "FedProx-V", "FedProx-F", "FedAdam-V", "FedAdam-F"]
+
+
+def test_distributed_features_quick(tmp_path):
+    r = run_scenario("distributed-features", tmp_path, quick=True)
+    for population in ("same", "different"):
+        summary = r["populations"][population]["summary"]
+        assert list(summary) == ROWS and all(0 <= v["mean"] <= 1 for v in summary.values())
+        details = r["populations"][population]["per_seed"][0]["details"]
+        assert details["fl_epsilon_target"] == 1.0 and all(details[f"{m}_epsilon"] <= 1.0
+                                                           for m in ("FedAvg", "FedProx", "FedAdam"))
+    table = (tmp_path / "table.md").read_text()
+    assert all(f"| {m} |" in table for m in ROWS)
+    assert (tmp_path / "plot.png").stat().st_size > 1000 and (tmp_path / "table.csv").is_file()
+
+
+def test_stream_quick_scores_every_ensemble_size(tmp_path):
+    r = run_scenario("stream", tmp_path, quick=True)
+    assert list(r["by_ensemble_size"]) == ["1", "2", "4"]
+    assert "parallel composition" in r["setting"]["guarantee"]
+    assert json.loads((tmp_path / "results.json").read_text())["scenario"] == "stream"
+
+
+def test_cli_scenario_and_bad_name(tmp_path):
+    res = CliRunner().invoke(app, ["pubsub", "scenario", "noisy-sites", "--quick", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "PubSub-ML (top-4)" in (tmp_path / "table.md").read_text()
+    with pytest.raises(ConfigError, match="unknown scenario"):
+        run_scenario("bogus", tmp_path)

@@ -1,0 +1,48 @@
+"""Helpers shared by the tests: a run's parts built in one process, without writing a run folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from silofl.comm.engine import InProcessEngine
+from silofl.data import SplitData
+from silofl.fl.coordinator import Coordinator
+from silofl.run.config import RunConfig
+from silofl.run.loop import build
+
+
+@dataclass
+class Built:
+    cfg: RunConfig
+    split: SplitData
+    coordinator: Coordinator
+    engine: InProcessEngine
+
+    @property
+    def sites(self) -> list:
+        return [self.engine.sites[k] for k in sorted(self.engine.sites)]
+
+    @property
+    def test(self):
+        return self.split.test
+
+
+def build_run(cfg: RunConfig) -> Built:
+    """Resolve ``cfg``, split its data and connect its coordinator to in-process sites."""
+    return Built(*build(cfg))
+
+
+def spy_packets(engine: InProcessEngine) -> list[tuple[int, int, bytes]]:
+    """Record every packet sites send (in their replies) and every packet delivered to them, as
+    ``(src, dst, data)``, in order."""
+    seen: list[tuple[int, int, bytes]] = []
+    real = engine.call
+
+    def call(step, requests):
+        replies = real(step, requests)
+        for r in replies.values():
+            seen.extend((p.src, p.dst, p.data) for p in r.packets)
+        return replies
+
+    engine.call = call  # type: ignore[method-assign]
+    return seen
