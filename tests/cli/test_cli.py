@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from silofl.cli.main import app
@@ -12,6 +13,7 @@ TINY = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--samples-per
         "--batch-size", "25", "--delta", "1e-3", "--test-limit", "150", "--quiet"]
 
 
+@pytest.mark.slow
 def test_run_then_evaluate(tmp_path):
     out = tmp_path / "run"
     r = runner.invoke(app, ["run", "--method", "proxyfl", *TINY, "--private-model", "cnn1", "--seed", "3", "--out", str(out)])
@@ -86,3 +88,59 @@ def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
     assert r.exit_code == 2 and "comma-separated numbers" in r.output
     r = runner.invoke(app, ["run", *TINY, "--target-epsilons", "5,5", "--out", str(out)])
     assert r.exit_code == 2 and "2 budgets for 3 clients" in r.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--noise-multiplier", "inf"], "noise_multiplier must be positive and finite"),
+    (["--noise-multiplier", "nan"], "must be a number, got nan"),
+    (["--target-epsilon", "nan"], "must be a number, got nan"),
+    (["--lr", "inf"], "lr must be a finite positive number"),
+    (["--clip", "adaptive"], "option adaptive_clip does not apply to method 'proxyfl'"),
+    (["--method", "fedavg", "--dml-alpha", "0.3"], "option dml_alpha does not apply to method 'fedavg'"),
+])
+def test_numbers_and_options_that_cannot_work_are_refused_before_anything_is_written(tmp_path, args, message):
+    r = runner.invoke(app, ["run", *TINY, "--out", str(tmp_path / "x"), *args])
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_client_level_adaptive_clip_in_the_readme_form(tmp_path):
+    out = tmp_path / "a"
+    r = runner.invoke(app, ["run", *TINY, "--method", "dp-fedavg", "--partition", "iid", "--clip", "adaptive:0.5",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "clip adaptive from 0.5" in " ".join(r.output.split())
+    s = json.loads((out / "summary.json").read_text())
+    assert s["server_rounds"][0]["clip"] == 0.5 and "unclipped_fraction_noisy" in s["server_rounds"][0]
+
+
+def test_an_existing_run_folder_or_a_file_is_never_overwritten_silently(tmp_path):
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", *TINY, "--out", str(out)]).exit_code == 0
+    before = (out / "summary.json").read_bytes()
+    r = runner.invoke(app, ["run", *TINY, "--seed", "5", "--out", str(out)])
+    assert r.exit_code == 2 and "already holds a run" in " ".join(r.output.split())
+    assert (out / "summary.json").read_bytes() == before
+    r = runner.invoke(app, ["run", *TINY, "--seed", "5", "--out", str(out), "--overwrite"])
+    assert r.exit_code == 0 and (out / "summary.json").read_bytes() != before
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    r = runner.invoke(app, ["run", *TINY, "--out", str(f)])
+    assert r.exit_code == 2 and "is a file" in r.output and f.read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_digits_runs_with_the_default_split_and_batch(tmp_path):
+    """No --samples-per-client or --batch-size: the defaults fit the bundled data set (as many examples per client
+    as the p_major split can serve from the smallest class's 122 training images: 112; batch 28)."""
+    r = runner.invoke(app, ["run", "--dataset", "digits", "--rounds", "1", "--delta", "1e-3", "--test-limit", "100",
+                            "--quiet", "--out", str(tmp_path / "d")])
+    assert r.exit_code == 0, r.output
+    cfg = yaml.safe_load((tmp_path / "d/config.yaml").read_text())
+    assert (cfg["samples_per_client"], cfg["batch_size"], cfg["clients"]) == (112, 28, 8)
+    r = runner.invoke(app, ["compare", "--dataset", "digits", "--methods", "regular,fedavg", "--seeds", "0",
+                            "--rounds", "1", "--set", "delta=0.001", "--test-limit", "100", "--quiet",
+                            "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output

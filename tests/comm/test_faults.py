@@ -85,6 +85,7 @@ def test_a_torchrun_restart_resumes_every_process_from_its_checkpoint(tmp_path):
     assert saved_rounds(tmp_path / "run/checkpoint") == [3, 4]  # every process keeps its last two
 
 
+@pytest.mark.slow
 def test_resuming_from_an_older_common_round_never_rolls_the_privacy_spend_back(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(rounds=3, checkpoint_every=1)
     simulate(cfg.replace(out=str(tmp_path / "a")), progress=False)  # keeps round 3

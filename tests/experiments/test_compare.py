@@ -13,6 +13,7 @@ TINY = {"dataset": "digits", "clients": 4, "rounds": 2, "samples_per_client": 12
         "private_model": "cnn1", "proxy_model": "mlp", "test_limit": 200}
 
 
+@pytest.mark.slow
 def test_tiny_compare_end_to_end_through_the_cli(tmp_path):
     out = tmp_path / "rep"
     res = CliRunner().invoke(app, [
@@ -64,6 +65,7 @@ def test_a_config_the_data_cannot_serve_is_one_clear_error_before_anything_runs(
     assert res.exit_code == 2 and res.output.count("error") == 1 and "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_a_crashed_run_is_reported_and_the_others_finish_then_resume_skips_done_runs(tmp_path, monkeypatch):
     import silofl.run.loop as loop
 
@@ -131,6 +133,7 @@ def test_presets_expand_into_variants_and_bad_input_is_a_clear_error(tmp_path):
         CompareConfig.from_yaml(p)
 
 
+@pytest.mark.slow
 def test_parallel_jobs_give_the_same_numbers_as_sequential(tmp_path):
     kw = dict(methods=["avgpush"], seeds=[0, 1], run={**TINY, "threads": 1})
     a = run_compare(CompareConfig(out=str(tmp_path / "a"), jobs=1, **kw), progress=False)
@@ -139,6 +142,7 @@ def test_parallel_jobs_give_the_same_numbers_as_sequential(tmp_path):
     assert strip(a["rows"]) == strip(b["rows"])
 
 
+@pytest.mark.slow
 def test_client_dp_preset_plans_the_study_grid():
     cc = CompareConfig.from_yaml("bench/client_dp_study.yaml")
     runs = cc.plan()
@@ -151,6 +155,7 @@ def test_client_dp_preset_plans_the_study_grid():
     assert by[("N=6 z=0.5 none", "dp-fedadam", 1)].options.intermediaries == "none"
 
 
+@pytest.mark.slow
 def test_compare_report_shows_both_units_for_client_level_methods(tmp_path):
     cc = CompareConfig(methods=["dp-fedavg"], seeds=[0], out=str(tmp_path / "rep"),
                        variants=[{"name": "sub", "set": {"intermediaries": "2", "privacy_unit": "subclient"}}],

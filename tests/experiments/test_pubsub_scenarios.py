@@ -12,6 +12,7 @@ from silofl.experiments.pubsub_scenarios import run_scenario
 ROWS = ["PubSub-ML", "Own", "PubSub-ML*", "FedAvg-V", "FedAvg-F", "FedProx-V", "FedProx-F", "FedAdam-V", "FedAdam-F"]
 
 
+@pytest.mark.slow
 def test_distributed_features_quick(tmp_path):
     r = run_scenario("distributed-features", tmp_path, quick=True)
     for population in ("same", "different"):
@@ -25,6 +26,7 @@ def test_distributed_features_quick(tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 1000 and (tmp_path / "table.csv").is_file()
 
 
+@pytest.mark.slow
 def test_stream_quick_scores_every_ensemble_size(tmp_path):
     r = run_scenario("stream", tmp_path, quick=True)
     assert list(r["by_ensemble_size"]) == ["1", "2", "4"]

@@ -157,6 +157,7 @@ def test_dp2_rmsprop_alternates_phases_with_a_delayed_preconditioner():
     assert torch.equal(opt.step(d1), d1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dp-fedavg", "dp-fedadam", "dp-fednova", "dp2-rmsprop", "fedadam"])
 def test_client_level_methods_run_end_to_end_and_report_both_units(cl_cfg, method, tmp_path):
     cfg = cl_cfg.replace(method=method, intermediaries="adaptive" if method != "fedadam" else "2",
@@ -187,6 +188,7 @@ def test_client_level_methods_run_end_to_end_and_report_both_units(cl_cfg, metho
     assert priv["epsilon_hospital"] == pytest.approx(epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3))
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_and_client_sampling(cl_cfg, tmp_path):
     cfg = cl_cfg.replace(method="dp-fedadam", intermediaries="adaptive", client_rate=0.5, rounds=4)
     a = simulate(cfg.replace(out=str(tmp_path / "a")), progress=False)
@@ -208,6 +210,7 @@ def build_and_run(cfg, tmp_path):
     return b.sites
 
 
+@pytest.mark.slow
 def test_budget_stops_the_server_and_a_too_small_budget_is_an_error(cl_cfg, tmp_path):
     one = epsilon_of("rdp", ((1.0, 1.0, 1),), 1e-3)
     two = epsilon_of("rdp", ((1.0, 1.0, 2),), 1e-3)

@@ -67,6 +67,7 @@ def test_empty_poisson_batches_are_noise_steps_and_counted(tiny_cfg):
     assert c.empty_batches > 0
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_and_different_seed_differs(tiny_cfg, tmp_path):
     a = simulate(tiny_cfg.replace(out=str(tmp_path / "a")), progress=False)
     b = simulate(tiny_cfg.replace(out=str(tmp_path / "b")), progress=False)
@@ -77,6 +78,7 @@ def test_same_seed_same_metrics_and_different_seed_differs(tiny_cfg, tmp_path):
     assert c["final"] != a["final"]
 
 
+@pytest.mark.slow
 def test_run_folder_contract_and_privacy_modes(tiny_cfg, tmp_path):
     s = simulate(tiny_cfg.replace(privacy="paper", out=str(tmp_path / "p")), progress=False)
     out = tmp_path / "p"
@@ -119,6 +121,7 @@ def test_run_stops_when_every_client_spent_its_budget(tiny_cfg, tmp_path):
     assert all(r["round"] == 3 for r in s["final"]["per_client"])
 
 
+@pytest.mark.slow
 def test_heterogeneous_private_models_and_prv_accountant(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(rounds=2, accountant="prv", private_models=["mlp", "cnn1", "lenet5", "cnn2"],
                            out=str(tmp_path / "h"))

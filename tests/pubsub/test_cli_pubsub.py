@@ -46,7 +46,10 @@ def test_publish_subscribe_customize(tmp_path):
     assert set(rep["seconds"]) == {"load", "own", "select", "fuse"}
     res = r.invoke(app, ["pubsub", "publish", "--broker", broker, "--site", "a", "--data", str(tmp_path / "a.csv"),
                          "--target", "nope", "--epsilon", "1"])
-    assert res.exit_code == 2 and "no column 'nope'" in res.output
+    assert res.exit_code == 2 and "no column 'nope'" in res.output  # one line, whatever the terminal width
+    res = r.invoke(app, ["pubsub", "customize", "--broker", broker, "--site", "s", "--data", str(tmp_path / "s.csv"),
+                         "--target", "diagnosis", "--top-m", "abc", "--out", str(tmp_path / "o2")])
+    assert res.exit_code == 2 and "--top-m takes a positive number" in res.output and "Traceback" not in res.output
 
 
 def test_leave(tmp_path):

@@ -64,6 +64,7 @@ def test_our_inference_equals_diffprivlib_predictions(cancer):
                                    atol=1e-9)
 
 
+@pytest.mark.slow
 def test_regression_models(cancer):
     x, _, feats, b = cancer
     y = x[:, 0] * 2.0

@@ -45,6 +45,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(CASES))
 def test_a_resumed_run_continues_exactly_where_it_stopped(method, tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method=method, rounds=4, eval_every=1, **CASES[method])

@@ -20,8 +20,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
+from typing import Protocol
 
 from silofl.comm.messages import Message
+
+
+class SiteHandle(Protocol):
+    """What an engine needs of a site: run a step; a cache an in-process engine may lend for one call."""
+
+    eval_cache: dict | None
+
+    def handle(self, step: str, msg: Message) -> Message: ...
 
 
 class Engine(ABC):
@@ -78,7 +87,7 @@ class InProcessEngine(Engine):
 
     name = "simulator"
 
-    def __init__(self, sites: dict):
+    def __init__(self, sites: dict[int, SiteHandle]):
         super().__init__(sorted(sites))
         self.sites = sites
 

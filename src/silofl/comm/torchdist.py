@@ -33,7 +33,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from silofl.comm.engine import Engine
+from silofl.comm.engine import Engine, SiteHandle
 from silofl.comm.messages import MAX_FRAME_BYTES, Message, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
 
@@ -77,8 +77,8 @@ def inject_fault(rank: int, rnd: int, stage: str = "start") -> None:
     if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
     try:
-        r, n, kind = spec.split(":")
-        r, n = int(r), int(n)
+        r_text, n_text, kind = spec.split(":")
+        r, n = int(r_text), int(n_text)
         if kind not in FAULT_KINDS:
             raise ValueError
     except ValueError:
@@ -157,7 +157,7 @@ class TorchDistEngine(Engine):
 
     name = "torch.distributed"
 
-    def __init__(self, make_site: Callable[[int], object], n_sites: int, timeout_s: float = 300.0):
+    def __init__(self, make_site: Callable[[int], SiteHandle], n_sites: int, timeout_s: float = 300.0):
         super().__init__(list(range(n_sites)))
         if not dist.is_initialized():
             raise SiloflError("torch.distributed is not initialised: start the run with `silofl launch`")
@@ -241,7 +241,7 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def serve(make_site: Callable[[int], object], n_sites: int) -> bool:
+def serve(make_site: Callable[[int], SiteHandle], n_sites: int) -> bool:
     """A serving rank: build this rank's sites and run the steps rank 0 asks for until it says the run is over
     (True) or is lost (False)."""
     link = _Link(None)

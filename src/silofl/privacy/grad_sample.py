@@ -22,6 +22,7 @@ ghost step finds a layer reused or an output modified in place.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -128,11 +129,11 @@ def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor):
     if a.dim() == 2:
         n2 = g.pow(2).sum(1) * (a.pow(2).sum(1) + (1.0 if has_bias else 0.0))
 
-        def ctx(c):
+        def ctx2d(c):
             gc = g * c[:, None]
             return gc.t() @ a, (gc.sum(0) if has_bias else None)
 
-        return n2, ctx
+        return n2, ctx2d
     a3, g3 = a.reshape(B, -1, a.shape[-1]), g.reshape(B, -1, g.shape[-1])
     T, din, dout = a3.shape[1], a3.shape[2], g3.shape[2]
     if T * T <= din * dout:
@@ -152,7 +153,8 @@ def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor):
 
 def _conv_norms(mod: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
     B = a.shape[0]
-    U = F.unfold(a, mod.kernel_size, dilation=mod.dilation, padding=mod.padding, stride=mod.stride)  # B×D×L
+    padding = cast(tuple[int, ...], mod.padding)  # ghost_support admits no string padding
+    U = F.unfold(a, mod.kernel_size, dilation=mod.dilation, padding=padding, stride=mod.stride)  # B×D×L
     gg = g.reshape(B, g.shape[1], -1)  # B×Cout×L
     cout, D, L = gg.shape[1], U.shape[1], U.shape[2]
     has_bias = mod.bias is not None
@@ -217,7 +219,7 @@ class VmapClipper:
 
     def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float):
         per = self.per_example_grads(x, loss_fn, extras)
-        sq = sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in per.values())
+        sq = cast(torch.Tensor, sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in per.values()))
         c = clip_factors(sq, clip)
         named = dict(self.model.named_parameters())
         grads = {named[n]: torch.einsum("b,b...->...", c, g) for n, g in per.items()}

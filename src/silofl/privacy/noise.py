@@ -36,12 +36,14 @@ class NoiseSource:
         """The seeded generator's state (a cryptographic source has none to save)."""
         if self.secure:
             return {"secure": True}
+        assert self.generator is not None
         return {"secure": False, "generator": self.generator.get_state().clone()}
 
     def load_state_dict(self, state: dict) -> None:
         if bool(state.get("secure")) != self.secure:
             raise ValueError("noise state and noise source disagree on 'secure'")
         if not self.secure:
+            assert self.generator is not None
             self.generator.set_state(state["generator"])
 
 

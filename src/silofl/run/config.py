@@ -221,15 +221,15 @@ class RunConfig:
                 if any(not (math.isfinite(e) and e > 0) for e in self.target_epsilons):
                     raise ConfigError(f"every target_epsilons entry must be positive and finite, got {self.target_epsilons}")
 
-    def with_data(self, n_train: int, smallest: int | None = None) -> RunConfig:
-        """Fill the settings left to ``auto`` from the data: examples per client (at most 1000, and no more than
-        an equal share of the ``n_train`` training examples) and the batch size (a quarter of a client's
-        examples — the papers' q = 0.25 — at most 250). ``smallest``: the smallest client's size where sizes
-        are given by the data (partition ``site``)."""
+    def with_data(self, n_train: int, smallest: int | None = None, cap: int | None = None) -> RunConfig:
+        """Fill the settings left to ``auto`` from the data: examples per client (at most 1000, no more than an
+        equal share of the ``n_train`` training examples, nor than ``cap``, what the partition can serve) and
+        the batch size (a quarter of a client's examples — the papers' q = 0.25 — at most 250). ``smallest``:
+        the smallest client's size where sizes are given by the data (partition ``site``)."""
         changes: dict[str, Any] = {}
         spc = self.samples_per_client
         if spc is None:
-            spc = min(DEFAULT_SAMPLES_PER_CLIENT, max(1, n_train // self.clients))
+            spc = min(DEFAULT_SAMPLES_PER_CLIENT, max(1, n_train // self.clients), cap or n_train)
             changes["samples_per_client"] = spc
         if self.batch_size is None:
             n = smallest if smallest is not None else spc

@@ -30,7 +30,7 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
         if cfg.test_limit is not None:
             x_test, y_test = x_test[: cfg.test_limit], y_test[: cfg.test_limit]
     else:
-        cfg = cfg.with_data(len(data.y_train))
+        cfg = cfg.with_data(len(data.y_train), cap=_p_major_cap(cfg, data.y_train.numpy()))
         rng = np.random.default_rng(cfg.seed)
         shards = partition(cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
                            p=cfg.p_major, alpha=cfg.dirichlet_alpha)
@@ -38,3 +38,16 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
     check_against_data(cfg, [len(s) for s in shards])
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
     return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set)
+
+
+def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:
+    """About the most examples per client the ``p_major`` split can give every client: a fraction p of each comes
+    from its major class (shared by several clients when there are more clients than classes), and the other
+    clients' minority draws take their share of it too; 10% is left as a margin for the random draws."""
+    if cfg.partition != "p_major":
+        return None
+    counts = np.bincount(labels)
+    counts = counts[counts > 0]
+    c, k, p = len(counts), cfg.clients, cfg.p_major
+    per_example = p * -(-k // c) + k * (1 - p) / max(1, c - 1)  # of the smallest class, per example per client
+    return max(1, int(0.9 * counts.min() / per_example))

@@ -23,6 +23,7 @@ from torch import nn
 from silofl.comm.messages import Message
 from silofl.core.checkpoint import load_node, save_node
 from silofl.core.errors import ConfigError, SiloflError
+from silofl.models import ModelSpec
 
 log = logging.getLogger("silofl")
 
@@ -68,7 +69,7 @@ class Site(ABC):
         """The accountant's inputs and output, for summary.json."""
 
     @abstractmethod
-    def final_models(self) -> dict[str, tuple[nn.Module, object]]:
+    def final_models(self) -> dict[str, tuple[nn.Module, ModelSpec]]:
         """role -> (model, ModelSpec) for the run folder."""
 
     @abstractmethod

@@ -119,7 +119,9 @@ class DPSGDSite(Site):
         """One round: one epoch of Poisson batches (deep mutual learning with a private model)."""
         if self.budget is not None:
             self.budget.require(self.settings.noise_multiplier, self.sample_rate, self.steps_per_round)
-        partner = Partner(self.private, self.private_opt, self.alpha) if self.private is not None else None
+        partner = None
+        if self.private is not None and self.private_opt is not None:
+            partner = Partner(self.private, self.private_opt, self.alpha)
         stats = poisson_steps(self.shared, self.shared_opt, self.x, self.y, sample_rate=self.sample_rate,
                               steps=self.steps_per_round, sampler=self.sampler, loss_fn=self._shared_loss, dp=self.dp,
                               partner=partner)
@@ -230,6 +232,6 @@ class DPSGDSite(Site):
 
     def final_models(self):
         out = {self.shared_field: (self.shared, self.shared_spec)}
-        if self.private is not None:
+        if self.private is not None and self.private_spec is not None:
             out["private"] = (self.private, self.private_spec)
         return out
