@@ -255,6 +255,7 @@ def _number_list(text: str, flag: str) -> list[float]:
 
 
 def print_summary(summary: dict) -> None:
+    """Print a run's final per-client table, what its ε means, and its timing."""
     from silofl.fl.registry import ACC_FIELDS as ACC_KEYS
 
     priv = summary["privacy"]
@@ -379,6 +380,7 @@ app.add_typer(pubsub_app, name="pubsub")
 
 
 def main() -> None:  # pragma: no cover
+    """The ``silofl`` console entry point."""
     app()
 
 

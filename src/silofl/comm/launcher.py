@@ -24,6 +24,7 @@ GRACE_S = 30.0  # how long the other processes may take to exit after rank 0 (or
 
 
 def free_port() -> int:
+    """A free TCP port on the loopback interface."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -18,11 +18,13 @@ DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
 
 def encode(tensors: dict[str, torch.Tensor], meta: dict | None = None) -> bytes:
+    """Tensors (moved to the CPU) and plain-JSON metadata as safetensors bytes."""
     state = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     return st_save(state, metadata={"silofl": json.dumps(meta or {})})
 
 
 def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, metadata) of wire bytes; PeerModelRejected if they are too large or not valid safetensors."""
     if len(data) > max_bytes:
         raise PeerModelRejected(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
     try:

@@ -36,6 +36,7 @@ def _files(d: Path) -> list[Path]:
 
 
 def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fraction: float = 0.2):
+    """An image folder tree (see the module doc) as a standardised Dataset."""
     from PIL import Image, UnidentifiedImageError
 
     if not data_dir or not Path(data_dir).is_dir():
@@ -101,6 +102,7 @@ def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fracti
 
 
 def load_bags(data_dir, max_bag_size: int = 64, seed: int = 0, test_fraction: float = 0.2):
+    """Bags of feature vectors (one per slide) from an ``.npz`` (see the module doc)."""
     p = Path(data_dir) if data_dir else None
     if p is not None and p.is_dir():
         p = p / "bags.npz"

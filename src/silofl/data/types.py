@@ -25,6 +25,7 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example."""
         return tuple(self.x_train.shape[1:])
 
     def test_split(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -104,6 +104,7 @@ class CompareConfig:
         return RunConfig.from_dict(self.run, strict=False)
 
     def variant_list(self) -> list[tuple[str, dict]]:
+        """The (name, option changes) of every variant: explicit ones, else the preset's."""
         if self.variants is not None:
             out = []
             for v in self.variants:
@@ -214,6 +215,7 @@ def _execute(cfg_dict: dict) -> dict:
 
 
 def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
+    """Run (or resume) every planned run and write the report; returns its rows and failures."""
     from silofl.report.comparison import write_report
 
     runs = cc.plan()

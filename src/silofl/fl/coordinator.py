@@ -31,7 +31,9 @@ class DataShape(Protocol):
     """What building models needs to know of the data."""
 
     @property
-    def input_shape(self) -> tuple[int, ...]: ...
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example."""
+        ...
 
     num_classes: int
 

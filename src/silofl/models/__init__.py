@@ -111,9 +111,11 @@ class ModelSpec:
     num_classes: int
 
     def build(self) -> nn.Module:
+        """A fresh model of this architecture."""
         return build_model(self.name, self.input_shape, self.num_classes)
 
     def to_json(self) -> str:
+        """The spec as JSON (saved next to each model's weights)."""
         return json.dumps({**asdict(self), "input_shape": list(self.input_shape), "format": "silofl.model/1"})
 
     @classmethod
@@ -126,6 +128,7 @@ class ModelSpec:
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A fresh model by name for the input shape and number of classes."""
     key = name.lower()
     if key not in REGISTRY:
         raise ConfigError(f"unknown model {name!r}; available models: {', '.join(MODEL_NAMES)}")
@@ -144,6 +147,7 @@ def save_model(model: nn.Module, spec: ModelSpec, path: str | Path) -> None:
 
 
 def load_model(path: str | Path) -> tuple[nn.Module, ModelSpec]:
+    """(model, spec) from ``path.safetensors`` and ``path.json``."""
     from safetensors.torch import load_file
 
     p = Path(path)

@@ -16,6 +16,7 @@ import torch
 
 
 class NoiseSource:
+    """Gaussian noise for a DP mechanism (see the module doc)."""
     def __init__(self, seed: int | None = None, secure: bool = False, device: torch.device | str = "cpu"):
         self.secure = secure
         self.device = torch.device(device)
@@ -25,6 +26,7 @@ class NoiseSource:
             self.generator.manual_seed(int(seed or 0))
 
     def normal(self, shape: tuple[int, ...], std: float, dtype=torch.float32) -> torch.Tensor:
+        """N(0, std²) noise of the given shape and dtype on the source's device."""
         if std == 0:
             return torch.zeros(shape, dtype=dtype, device=self.device)
         if self.secure:
@@ -40,6 +42,7 @@ class NoiseSource:
         return {"secure": False, "generator": self.generator.get_state().clone()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a seeded generator's state."""
         if bool(state.get("secure")) != self.secure:
             raise ValueError("noise state and noise source disagree on 'secure'")
         if not self.secure:

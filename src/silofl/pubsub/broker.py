@@ -48,11 +48,13 @@ class Channel:
     clauses: tuple[frozenset[str], ...]
 
     def matches(self, features: list[str]) -> bool:
+        """Whether a model with these features is delivered by the channel."""
         have = set(features)
         return any(clause <= have for clause in self.clauses)
 
 
 class Broker:
+    """A broker in a directory (see the module doc)."""
     def __init__(self, path: str | Path, max_bytes: int = MAX_BYTES):
         self.path = Path(path)
         self.models_dir = self.path / "models"
@@ -104,6 +106,7 @@ class Broker:
         return len(files)
 
     def sites(self) -> list[str]:
+        """The names of the sites that joined, sorted."""
         with closing(self._connect()) as db:
             return [r[0] for r in db.execute("SELECT name FROM sites ORDER BY name")]
 
@@ -168,6 +171,7 @@ class Broker:
         return PublishedModel.from_bytes(data, self.max_bytes)
 
     def unpublish(self, model_id: int) -> None:
+        """Withdraw a published model (its file goes too)."""
         with closing(self._connect()) as db, db:
             row = db.execute("SELECT file FROM models WHERE id = ?", (model_id,)).fetchone()
             if row is None:
@@ -209,6 +213,7 @@ class Broker:
             return Channel(int(cur.lastrowid), subscriber, sets)
 
     def channel(self, channel_id: int) -> Channel:
+        """The channel with this id."""
         with closing(self._connect()) as db:
             row = db.execute("SELECT subscriber, spec FROM channels WHERE id = ?", (channel_id,)).fetchone()
         if row is None:
@@ -222,6 +227,7 @@ class Broker:
         return [_channel(i, subscriber, spec) for i, spec in rows]
 
     def unsubscribe(self, channel_id: int) -> None:
+        """Close a channel."""
         with closing(self._connect()) as db, db:
             if not db.execute("DELETE FROM channels WHERE id = ?", (channel_id,)).rowcount:
                 raise ConfigError(f"no channel {channel_id}")

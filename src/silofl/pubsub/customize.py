@@ -69,11 +69,13 @@ class Customized:
     report: dict = field(default_factory=dict)
 
     def features_of(self, x: np.ndarray) -> torch.Tensor:
+        """The fusion network's input for raw rows: the selected models' outputs, concatenated."""
         return torch.cat([_fusion_input(self.task, model_outputs(m, x, c, f))
                           for m, c, f in zip(self.models, self.columns, self.fill, strict=True)], 1).float()
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class indices (or regression predictions) of the customized model for raw rows."""
         z = self.fusion(self.features_of(x))
         if self.task == "classification":
             return z.argmax(1).numpy()
@@ -119,6 +121,7 @@ class Fusion(nn.Module):
         return z if self.mlp is None else z + self.mlp(x)
 
     def penalty(self) -> torch.Tensor:
+        """The squared distance of the linear layer from its start plus the hidden part's squared weights."""
         pen = sum(((p - s) ** 2).sum() for p, s in zip(self.linear.parameters(), self.start, strict=True))
         if self.mlp is not None:
             pen = pen + sum((p ** 2).sum() for p in self.mlp.parameters())
@@ -147,6 +150,7 @@ def align(m: PublishedModel, features: list[str], defaults: dict[str, float]) ->
 
 
 def split(n: int, fractions=(0.6, 0.2, 0.2), seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A seeded (train, customize, test) split of n row indices."""
     if len(fractions) != 3 or abs(sum(fractions) - 1) > 1e-9 or min(fractions) <= 0:
         raise ConfigError(f"split fractions must be three positive numbers summing to 1, got {fractions}")
     perm = np.random.default_rng(seed).permutation(n)
@@ -157,12 +161,14 @@ def split(n: int, fractions=(0.6, 0.2, 0.2), seed: int = 0) -> tuple[np.ndarray,
 
 
 def score(task: str, out: torch.Tensor, y: np.ndarray) -> float:
+    """Accuracy (classification) or −MSE (regression) of model outputs."""
     if task == "classification":
         return float((out.argmax(1).numpy() == y).mean())
     return -float(((out[:, 0].numpy() - y) ** 2).mean())
 
 
 def check_compatible(models: list[PublishedModel], data: LocalData) -> None:
+    """Raise ConfigError unless every model has the subscriber's task and class labels."""
     for m in models:
         if m.task != data.task:
             raise ConfigError(f"{m.publisher}'s model is for {m.task}, the subscriber's task is {data.task}")

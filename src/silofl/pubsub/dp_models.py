@@ -45,6 +45,7 @@ class Bounds:
     hi: np.ndarray
 
     def scale(self, x: np.ndarray) -> np.ndarray:
+        """Rows clipped to the bounds and scaled to [0, 1]."""
         t = partial(torch.as_tensor, dtype=torch.float64)
         return scale_inputs(t(x), t(self.lo), t(self.hi)).numpy()
 

@@ -38,6 +38,7 @@ def _targets(task: str, y: np.ndarray) -> torch.Tensor:
 
 
 def local_sgd(model, x, y, task, epochs, lr, batch, gen, prox_mu: float = 0.0, anchor=None, adam: bool = False) -> None:
+    """A site's local training of the FL baselines (SGD or Adam, optional FedProx term)."""
     opt = torch.optim.Adam(model.parameters(), lr=lr) if adam else torch.optim.SGD(model.parameters(), lr=lr)
     n = len(x)
     for _ in range(epochs):

@@ -30,6 +30,7 @@ MAX_BYTES = 64 * 1024 * 1024
 
 
 def checksum(data: bytes) -> str:
+    """The SHA-256 hex digest of the bytes."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -48,11 +49,13 @@ class PublishedModel:
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def meta(self) -> dict:
+        """The metadata that travels with the tensors."""
         m = asdict(self)
         del m["tensors"]
         return {"format": FORMAT, **m}
 
     def to_bytes(self) -> bytes:
+        """The validated model as one safetensors blob."""
         validate(self)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
         return st_save(tensors, metadata={"silofl.pubsub": json.dumps(self.meta())})
@@ -222,6 +225,7 @@ def validate(m: PublishedModel) -> None:
 
 
 def is_nonprivate(m: PublishedModel) -> bool:
+    """Whether the model is a non-private baseline (it claims no ε)."""
     return str(m.mechanism.get("name", "")).startswith("none")
 
 

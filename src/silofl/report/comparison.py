@@ -76,6 +76,7 @@ def _bytes(n: float) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
+    """The comparison's main table in Markdown."""
     show_variant = len({r["variant"] for r in rows}) > 1
     head = (["variant"] if show_variant else []) + [
         "method", "judged by", "private acc", "proxy acc", "global acc", "ε", "bytes / client", "bytes total",
@@ -109,6 +110,7 @@ def _curves(runs, results, key_of) -> dict:
 
 
 def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
+    """Accuracy against rounds (mean ± std band), one panel per variant."""
     curves = _curves(runs, results, lambda s: s["headline"])
     variants = list(dict.fromkeys(r.variant for r in runs))
     cols = min(4, len(variants))
@@ -140,6 +142,7 @@ def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
 
 
 def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
+    """Accuracy against ε as the rounds go, one line per (variant, method); None if no DP run."""
     acc = _curves(runs, results, lambda s: s["headline"])
     eps = _curves(runs, results, lambda s: "epsilon")
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -178,6 +181,7 @@ def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
 
 
 def plot_communication(comm: list[dict], path: Path) -> Path:
+    """Measured MB per round against the number of clients."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = [("o", "-", 9), ("s", "--", 6), ("^", ":", 9), ("x", "-.", 6)]  # overlapping lines stay visible
     for i, m in enumerate(dict.fromkeys(r["method"] for r in comm)):
@@ -198,6 +202,7 @@ def plot_communication(comm: list[dict], path: Path) -> Path:
 
 
 def write_report(out: Path, runs, results, comm, cc) -> dict:
+    """report.md, results.csv, results.json and the plots of a comparison."""
     rows, failed = summarize(runs, results)
     plots = [plot_accuracy_vs_round(runs, results, out / "accuracy_vs_round.png").name] if rows else []
     if rows:

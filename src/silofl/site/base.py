@@ -111,9 +111,11 @@ class Site(ABC):
         return Message(meta)
 
     def on_status(self, msg: Message) -> Message:
+        """Nothing but the status every reply carries."""
         return Message()
 
     def on_leave(self, msg: Message) -> Message:
+        """Leave the protocol before the round in the request."""
         self.leave(int(msg.meta["round"]))
         return Message()
 

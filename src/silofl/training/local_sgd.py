@@ -19,10 +19,12 @@ from torch.func import functional_call, grad, vmap
 
 
 def flat(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tensors of a parameter dict concatenated into one flat vector."""
     return torch.cat([p.reshape(-1) for p in params.values()])
 
 
 def unflat(vec: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A flat vector cut back into views shaped like ``like``."""
     out, i = {}, 0
     for k, p in like.items():
         out[k] = vec[i : i + p.numel()].view_as(p)

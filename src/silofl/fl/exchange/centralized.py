@@ -76,9 +76,11 @@ class AveragingServer:
         return self._encoded[1]
 
     def state_dict(self) -> dict:
+        """The global model and the round it was last updated."""
         return {"model": self.model.state_dict(), "version": self.version}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         self.model.load_state_dict(state["model"])
         self.version = int(state["version"])
         self._encoded = None

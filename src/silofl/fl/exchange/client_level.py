@@ -301,6 +301,7 @@ class DPServer:
                 "accountants": {u: a.state_dict() for u, a in self.ledger.accountants.items()}}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (the accountants may only grow)."""
         device = next(self.model.parameters()).device
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state["opt"].items()})
