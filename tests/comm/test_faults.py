@@ -17,7 +17,7 @@ from silofl.run.loop import run as simulate
 from tests.helpers import build_run
 
 ARGS = {"dataset": "digits", "clients": 4, "samples_per_client": 120, "batch_size": 30, "delta": 1e-3,
-        "private_model": "cnn1", "proxy_model": "mlp", "test_limit": 200, "eval_every": 1, "threads": 1}
+        "private_model": "cnn1", "proxy_model": "mlp", "test_limit": 200, "eval_every": 1, "threads": 1, "seed": 4}
 
 
 def launch(method: str, out, rounds: int, fault: str | None, *extra: str) -> subprocess.CompletedProcess:
@@ -76,7 +76,7 @@ def test_a_torchrun_restart_resumes_every_process_from_its_checkpoint(tmp_path):
     sim = simulate(RunConfig.from_dict({**ARGS, "method": "proxyfl", "rounds": 4, "out": str(tmp_path / "sim")}),
                    progress=False)
     res = launch("proxyfl", tmp_path / "run", 4, "2:3:crash", "--max-restarts", "1", "--checkpoint-every", "1",
-                 "--peer-timeout", "60")
+                 "--peer-timeout", "60", "--report-nonprivate")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "injected crash" in res.stderr
     s = json.loads((tmp_path / "run/summary.json").read_text())

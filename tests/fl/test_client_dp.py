@@ -96,7 +96,7 @@ def test_uploads_are_clipped_for_the_unit_and_the_server_adds_noise_of_the_state
     assert h["noise_std"] == pytest.approx(std) and h["v"] == 4
     z_h, z_s = (1.5, 6.0) if unit == "hospital" else (0.375, 1.5)
     assert (h["z_hospital"], h["z_subclient"]) == (pytest.approx(z_h), pytest.approx(z_s))
-    led = srv.ledger
+    led = srv.accounts
     for u, z in (("hospital", z_h), ("subclient", z_s)):
         assert led.accountants[u].history == ((pytest.approx(z), 1.0, 1),)
         assert led.epsilons()[u] == pytest.approx(epsilon_of("rdp", ((z, 1.0, 1),), 1e-3))
@@ -118,7 +118,7 @@ def test_server_rejects_an_update_above_its_bound_or_from_an_unselected_client(c
     good = [(c.cid, c.train(1)) for c in b.sites]
     t, _ = decode(good[0][1])
     t["update"] = t["update"] * 10  # 10× the clip
-    bad = encode(t)
+    bad = encode(t, {"round": 1, "src": 0})
     srv.selected = {0, 1, 2}
     rejected = srv.aggregate(1, [Packet(0, 4, bad), Packet(1, 4, good[1][1]), Packet(2, 4, good[2][1]),
                                  Packet(3, 4, good[3][1])])
@@ -129,7 +129,7 @@ def test_server_rejects_an_update_above_its_bound_or_from_an_unselected_client(c
     assert all(torch.isfinite(p).all() for p in srv.model.parameters())
     t2, _ = decode(good[1][1])
     t2[UNCLIPPED] = torch.tensor(float("nan"), dtype=torch.float64)
-    assert srv.aggregate(2, [Packet(1, 4, encode(t2))])[0]["reason"].startswith("invalid")
+    assert srv.aggregate(2, [Packet(1, 4, encode(t2, {"round": 2, "src": 1}))])[0]["reason"].startswith("invalid")
 
 
 def test_fedadam_matches_torch_adam_on_the_pseudo_gradient():

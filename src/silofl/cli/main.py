@@ -38,7 +38,8 @@ def run(
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
     clients: int | None = typer.Option(None, help="Number of clients K."),
     rounds: int | None = typer.Option(None, help="Number of rounds R."),
-    seed: int | None = typer.Option(None, help="Run seed; clients get seeds derived from it."),
+    seed: int | None = typer.Option(None, help="A reproducible research run: every party's randomness derives from this seed "
+                                    "(the guarantee then holds only while it stays secret). Default: secret randomness."),
     out: str | None = typer.Option(None, help="Run folder to write."),
     privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
     device: str | None = typer.Option(None, help="auto | cpu | cuda"),
@@ -58,7 +59,6 @@ def run(
     accountant: str | None = typer.Option(None, help="rdp | prv"),
     target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget: a client leaves before exceeding it."),
     target_epsilons: str | None = typer.Option(None, "--target-epsilons", help="One budget per client, comma-separated (e.g. 20,50,80)."),
-    secure_noise: bool | None = typer.Option(None, "--secure-noise/--seeded-noise", help="Cryptographic noise source."),
     dml_alpha: float | None = typer.Option(None, "--dml-alpha", help="α, private model's KL weight."),
     dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
     graph: str | None = typer.Option(None, help="exponential | ring"),
@@ -72,6 +72,9 @@ def run(
     server_lr: float | None = typer.Option(None, "--server-lr", help="Client-level DP: server learning rate."),
     local_epochs: int | None = typer.Option(None, "--local-epochs", help="Client-level DP: local SGD epochs."),
     local_lr: float | None = typer.Option(None, "--local-lr", help="Client-level DP: local SGD learning rate."),
+    report_nonprivate: bool | None = typer.Option(None, "--report-nonprivate/--keep-nonprivate", help="Whether sites "
+                                                  "report figures of non-private data (the private model's accuracy, "
+                                                  "gradient norms). Default: yes in one process, no across processes."),
     eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
     test_limit: int | None = typer.Option(None, "--test-limit", help="Evaluate on the first N test examples only."),
     checkpoint_every: int | None = typer.Option(None, "--checkpoint-every",
@@ -123,6 +126,9 @@ def run(
                   if hasattr(o, f)]
         dml = f" (α={o.dml_alpha}, β={o.dml_beta})" if resolved.info.mutual_learning else ""
         console.print(head + f"{' / '.join(models)}, privacy [bold]{resolved.privacy}[/]{dml} → {resolved.out}")
+    if resolved.seed is not None and resolved.is_private:
+        console.print(f"[bold yellow]seed {resolved.seed}:[/] a seeded research run — noise and sampling come from the "
+                      "seed, so the privacy guarantee holds only while the seed stays secret")
     if requested != resolved.privacy and not resolved.info.traits.nonprivate:
         console.print(f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
                       f"{resolved.privacy!r} mode")
@@ -150,7 +156,7 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
 
     from silofl.comm.torchdist import serve, shutdown
     from silofl.run.data import prepare_data
-    from silofl.run.loop import resolve_device, site_factory
+    from silofl.run.loop import ledger_root, releases_nonprivate, resolve_device, site_factory
 
     if dist.get_rank() == 0:
         if dist.get_world_size() > cfg.clients:
@@ -163,7 +169,7 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
 
         torch.set_num_threads(cfg.threads)
     cfg, split = prepare_data(cfg, resolve_device(cfg.device))
-    make, n_sites = site_factory(cfg.info.cls(cfg), split)
+    make, n_sites = site_factory(cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False))
     try:
         serve(make, n_sites)
     finally:
@@ -189,12 +195,18 @@ def launch(
                                   "machine's index (0 hosts the rendezvous at --rdzv-endpoint)."),
     grace_s: float = typer.Option(30.0, "--grace-s", help="With --survive-faults: seconds the processes may take "
                                   "to exit after the reporting one; still running then (hung), they are killed."),
+    auth_key_file: str | None = typer.Option(None, "--auth-key-file", help="A file with the run's shared key (hex): "
+                                             "every frame between processes is authenticated with it. Needed on "
+                                             "several machines (the same file on each); one machine makes its own."),
 ):
     """Run `silofl run ARGS` as one process per client on torch.distributed (gloo), launched with torchrun.
 
     Every other option is passed to `silofl run` (e.g. --method fedavg --clients 4 --out runs/x). Client k
     runs on process k mod (processes); a server runs with client 0 on process 0, which writes the run folder.
     """
+    from silofl.comm.launcher import ensure_run_key
+
+    ensure_run_key(nnodes, auth_key_file)
     run_args = ["-m", "silofl.cli.main", "run", "--distributed", *ctx.args]
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("several machines need --rdzv-endpoint host:port")

@@ -87,7 +87,7 @@ def publish(
     epsilon: float = typer.Option(..., help="This publisher's ε for the model."),
     delta: float = typer.Option(1e-5, help="δ (DP-SGD; the diffprivlib models meet δ = 0)."),
     task: str = typer.Option("classification", help="classification | regression"),
-    seed: int = typer.Option(0),
+    seed: int | None = typer.Option(None, help="A reproducible research model: the guarantee then holds only while the seed stays secret (default: secret randomness)."),
 ):
     """Train a DP model on DATA under (ε, δ) and publish it. On first use the site joins the broker with
     public feature metadata taken from DATA: mean (default for subscribers that lack the feature) and
@@ -158,7 +158,7 @@ def customize(
     task: str = typer.Option("classification"),
     top_m: str = typer.Option("all", "--top-m", help="Keep the best m models on the customize part, or 'all'."),
     out: str = typer.Option("runs/customize", help="Where customization.json goes."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the split and the fusion fit (the subscriber spends no privacy budget)."),
 ):
     """Algorithm 2: split DATA 60/20/20, train an own model, keep the top-m subscribed models, fuse them."""
     from silofl.pubsub.customize import LocalData
@@ -199,7 +199,7 @@ def stream(
     epsilon: float = typer.Option(...),
     delta: float = typer.Option(1e-5),
     task: str = typer.Option("classification"),
-    seed: int = typer.Option(0),
+    seed: int | None = typer.Option(None, help="A reproducible research model: the guarantee then holds only while the seed stays secret (default: secret randomness)."),
 ):
     """Algorithm 4: publish one DP model per disjoint chunk of DATA, keeping the k latest published. Every
     record is in exactly one chunk, so the stream's guarantee stays (ε, δ) however long it runs."""

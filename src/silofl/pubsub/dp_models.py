@@ -51,11 +51,14 @@ class Bounds:
 
 
 def train(kind: str, x: np.ndarray, y: np.ndarray, *, publisher: str, features: list[str], task: str,
-          bounds: Bounds, epsilon: float, delta: float, classes: list | None = None, seed: int = 0,
+          bounds: Bounds, epsilon: float, delta: float, classes: list | None = None, seed: int | None = None,
           nonprivate: bool = False, chunk: int | None = None, y_bounds: tuple[float, float] | None = None,
           epochs: int = 20, hidden: int = 64, batch_size: int = 64, clip: float = 1.0, lr: float = 0.05,
           trees: int = 10, depth: int = 5) -> PublishedModel:
-    """Train one model of ``kind`` on (x, y) under (ε, δ) and return it in the published format."""
+    """Train one model of ``kind`` on (x, y) under (ε, δ) and return it in the published format. Without a
+    ``seed`` (the default) the mechanism's randomness is cryptographically secure (silofl's noise and sampling;
+    diffprivlib's ``secrets.SystemRandom``); a seed makes a reproducible research model whose guarantee holds
+    only while the seed stays secret."""
     _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonprivate)
     xs = bounds.scale(np.asarray(x, dtype=np.float64))
     if kind == "dp-nn":
@@ -100,20 +103,22 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
 def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr):
     """An MLP trained with the core's Poisson DP-SGD loop (:func:`silofl.training.poisson_steps`), σ calibrated
     by Opacus for (ε, δ) at the exact q and step count; the ε published is the accountant's for what ran."""
+    from silofl.core.randomness import party_seeds
     from silofl.models import MLP
     from silofl.privacy import Accountant, DPGradient, NoiseSource, noise_multiplier_for
+    from silofl.privacy.sampling import make_sampler
     from silofl.training import poisson_steps
 
     n, d = x.shape
     outputs = len(classes) if task == "classification" else 1
-    torch.manual_seed(seed)
+    torch.manual_seed(seed if seed is not None else party_seeds(None, 0)[0])
     model = MLP((d,), outputs, hidden=(hidden,))
     xt = torch.as_tensor(x, dtype=torch.float32)
     yt = torch.as_tensor(y, dtype=torch.long if task == "classification" else torch.float32)
     q = min(1.0, batch_size / n)
     steps = max(1, round(epochs / q))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    gen = torch.Generator().manual_seed(seed)
+    gen = make_sampler(seed)  # Poisson sampling: secure unless seeded
 
     def loss_fn(out, target, _partner_logp=None):
         if task == "classification":
@@ -128,7 +133,8 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
     except ValueError:
         raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met by DP-SGD with {steps} steps at "
                           f"sampling rate {q:.3g}: raise ε, or train fewer epochs") from None
-    dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed=seed + 1), backend="vmap", sample_rate=q)
+    dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed + 1 if seed is not None else None), backend="vmap",
+                    sample_rate=q)
     poisson_steps(model, opt, xt, yt, sample_rate=q, steps=steps, sampler=gen, loss_fn=loss_fn, dp=dp)
     acc = Accountant("rdp")
     acc.record(dp.take_run())

@@ -33,7 +33,7 @@ class StreamPublisher:
     k: int = 1
     classes: list | None = None
     broker: object | None = None  # a Broker: publish / unpublish there; None keeps the models in memory
-    seed: int = 0
+    seed: int | None = None  # research runs only: the guarantee then holds while the seed is secret
     train_options: dict = field(default_factory=dict)
     live: deque = field(default_factory=deque)  # (chunk index, model id or model) of the live ensemble
     used_ids: set = field(default_factory=set)
@@ -55,7 +55,8 @@ class StreamPublisher:
                               f"{sorted(overlap)[0]}): stream chunks must be disjoint, or the (ε, δ) guarantee "
                               "would not hold by parallel composition")
         model = train(self.kind, x, y, publisher=self.site, features=self.features, task=self.task, bounds=self.bounds,
-                      epsilon=self.epsilon, delta=self.delta, classes=self.classes, seed=self.seed + self.chunks,
+                      epsilon=self.epsilon, delta=self.delta, classes=self.classes,
+                      seed=None if self.seed is None else self.seed + self.chunks,
                       chunk=self.chunks, **self.train_options)
         self.used_ids.update(ids.tolist())
         handle = self.broker.publish(model.to_bytes()) if self.broker is not None else model

@@ -35,6 +35,8 @@ PARTITIONS = ("p_major", "iid", "dirichlet", "site")
 ACCOUNTANTS = tuple(ACCOUNTANT_NAMES)
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_SAMPLES_PER_CLIENT, DEFAULT_BATCH_SIZE = 1000, 250
+# options of earlier versions: refused (with the reason) when given, dropped when reading an old run's file
+REMOVED = {"secure_noise": "secure_noise was removed: noise and sampling are secret unless a --seed is given"}
 
 
 @dataclass
@@ -47,7 +49,8 @@ class RunConfig:
     max_bag_size: int = 64  # dataset "bags": instances per bag (padded or subsampled)
     clients: int = 8
     rounds: int = 300
-    seed: int = 0
+    seed: int | None = None  # a reproducible research run's seed; None: secret randomness (see core.randomness)
+    split_seed: int | None = None  # the simulated data split's seed (not a secret); None: the run seed, else fresh
     out: str = "runs/latest"
     device: str = "auto"
     threads: int | None = None
@@ -59,7 +62,6 @@ class RunConfig:
     accountant: str = "rdp"
     target_epsilon: float | None = None
     target_epsilons: list[float] | None = None  # one budget per client; overrides target_epsilon
-    secure_noise: bool = False
     # data split
     partition: str = "p_major"
     p_major: float = 0.8
@@ -71,6 +73,9 @@ class RunConfig:
     # evaluation
     eval_every: int = 1
     test_limit: int | None = None
+    # whether sites report figures computed from non-private data (the private model's accuracy, un-noised gradient
+    # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across processes
+    report_nonprivate: bool | None = None
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -99,6 +104,10 @@ class RunConfig:
         section: dict[str, Any] = {}
         flat: dict[str, Any] = {}
         for key, value in data.items():
+            if key.replace("-", "_") in REMOVED:
+                if strict:
+                    raise ConfigError(REMOVED[key.replace("-", "_")])
+                continue
             if key in known_methods and isinstance(value, dict):
                 if key == method:
                     section.update({k.replace("-", "_"): v for k, v in value.items()})
@@ -250,7 +259,12 @@ class RunConfig:
     def guarantee(self) -> Guarantee:
         """What the ε this run prints means (:mod:`silofl.privacy.guarantee`)."""
         unit = getattr(self.options, "privacy_unit", "hospital")
-        return guarantee(self.privacy, self.info.traits, unit)
+        return guarantee(self.privacy, self.info.traits, unit, seeded=self.seed is not None)
+
+    @property
+    def data_seed(self) -> int | None:
+        """The seed of the simulated data split (and of a data set's own seeded train/test split)."""
+        return self.split_seed if self.split_seed is not None else self.seed
 
     def target_epsilon_of(self, client: int) -> float | None:
         """Client ``client``'s budget."""

@@ -3,6 +3,9 @@ partition it among the clients (or by site), and check the privacy settings agai
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
+
 import numpy as np
 import torch
 
@@ -14,9 +17,11 @@ from silofl.run.config import RunConfig, check_against_data
 def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = None) -> tuple[RunConfig, SplitData]:
     """(the config with its data-dependent settings filled, the split). ``data``: the data set, if already
     loaded for this config."""
+    if cfg.data_seed is None:  # a fresh split (not a secret: recorded so the run can be repeated on it)
+        cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
     if data is None:
         data = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
-                            seed=cfg.seed)
+                            seed=cfg.data_seed)
     internal = sites = None
     test_set = "the data set's test split"
     if cfg.partition == "site":
@@ -31,7 +36,7 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
             x_test, y_test = x_test[: cfg.test_limit], y_test[: cfg.test_limit]
     else:
         cfg = cfg.with_data(len(data.y_train), cap=_p_major_cap(cfg, data.y_train.numpy()))
-        rng = np.random.default_rng(cfg.seed)
+        rng = np.random.default_rng(cfg.data_seed)
         shards = partition(cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
                            p=cfg.p_major, alpha=cfg.dirichlet_alpha)
         x_test, y_test = data.test_split(cfg.test_limit)
