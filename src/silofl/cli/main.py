@@ -34,8 +34,15 @@ def _method_help() -> str:
 def run(
     config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
     method: str | None = typer.Option(None, help=f"{_method_help()}"),
-    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags"),
+    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags | table"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
+    site_data: str | None = typer.Option(None, "--site-data", help="One source per site, comma-separated: table files "
+                                         "(.csv/.parquet, --dataset table) or image folders (--dataset folder)."),
+    schema: str | None = typer.Option(None, "--schema", help="--dataset table: the collaboration's schema (YAML/JSON)."),
+    test_data: str | None = typer.Option(None, "--test-data", help="With --site-data: a shared external test file or "
+                                         "folder (default: the union of the sites' held-out rows)."),
+    test_fraction: float | None = typer.Option(None, "--test-fraction", help="With --site-data: each site's internal "
+                                               "test share of its own rows (default 0.2)."),
     clients: int | None = typer.Option(None, help="Number of clients K."),
     rounds: int | None = typer.Option(None, help="Number of rounds R."),
     seed: int | None = typer.Option(None, help="Run seed; clients get seeds derived from it."),
@@ -43,8 +50,8 @@ def run(
     privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
     device: str | None = typer.Option(None, help="auto | cpu | cuda"),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
-    private_model: str | None = typer.Option(None, "--private-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
-    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    private_model: str | None = typer.Option(None, "--private-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
     partition: str | None = typer.Option(None, help="p_major | iid | dirichlet | site"),
     p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
     dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),

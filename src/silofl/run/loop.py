@@ -56,12 +56,16 @@ def site_factory(method: Method, split: SplitData) -> tuple[Callable[[int], Site
     """(a function building site k with its training data and test sets, the number of sites)."""
     data = method.site_data(split.parts)
     internal = split.internal if split.internal and len(split.internal) == len(data) else None
+    external = split.external if split.external and len(split.external) == len(data) else None
+    prep = split.preprocessing if split.preprocessing and len(split.preprocessing) == len(data) else None
 
     def make(k: int) -> Site:
         site = method.make_site(k, *data[k], split)
-        site.tests["external"] = split.test
+        site.tests["external"] = external[k] if external is not None else split.test
         if internal is not None:
             site.tests["internal"] = internal[k]
+        if prep is not None:
+            site.preprocessing = prep[k]
         return site
 
     return make, len(data)

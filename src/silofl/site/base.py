@@ -40,6 +40,9 @@ class Site(ABC):
         self.last_train: dict = {}
         self.tests: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # "external" (shared), "internal" (own)
         self.eval_cache: dict | None = None  # set by an in-process engine for one evaluate call
+        # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON); written
+        # next to its models, for `silofl predict` and `silofl export`
+        self.preprocessing: dict | None = None
 
     # ------------------------------------------------------------------ the seam
     def handle(self, step: str, msg: Message) -> Message:
@@ -139,6 +142,10 @@ class Site(ABC):
                 p = d / f"client{self.cid}_{name}"
                 save_model(model, spec, p)
                 written.append(f"{d.name}/{p.name}.safetensors")
+            if self.preprocessing is not None and written:
+                import json
+
+                (d / f"client{self.cid}_preprocessing.json").write_text(json.dumps(self.preprocessing, indent=1) + "\n")
         return Message({"architectures": self.architectures(), "epsilon": self.epsilon(), "left_at": self.left_at,
                         "privacy": self.privacy_report(), "models": written})
 
