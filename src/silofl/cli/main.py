@@ -1,4 +1,5 @@
-"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate`` and the ``pubsub`` group.
+"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export`` and the ``pubsub``
+group.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
 fix are printed as one line (exit code 2), never as a traceback.
@@ -378,6 +379,47 @@ def evaluate(
         t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]))
     console.print(t)
     (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+@app.command()
+@friendly_errors
+def predict(
+    run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
+    client: int = typer.Option(..., "--client", help="Whose model: client K (its site's preprocessing comes with it)."),
+    data: Path = typer.Option(..., "--data", help="New rows (.csv/.parquet, checked against the schema; the target "
+                              "column is optional) or a folder of images (class sub-folders optional)."),
+    out: Path = typer.Option(..., "--out", help="CSV to write: id, prediction, p_<class> per class[, label]."),
+    model: str = typer.Option("private", "--model", help="private (the site's own model) | shared (its proxy or "
+                              "global model)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
+):
+    """Predict with client K's model on new data, with exactly the preprocessing its site trained with."""
+    from silofl.inference import predict as run_predict
+
+    res = run_predict(run_dir, client, data, out, model=model, overwrite=overwrite)
+    acc = f"; accuracy {res['accuracy']:.4f} against the labels in the data" if res["accuracy"] is not None else ""
+    nan = (f"; [yellow]{res['nan_rows']} rows have missing values the schema does not impute (probabilities NaN)[/]"
+           if res["nan_rows"] else "")
+    console.print(f"{res['rows']} predictions by {res['model']} ({res['architecture']}) → {res['out']}{acc}{nan}")
+
+
+@app.command()
+@friendly_errors
+def export(
+    run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
+    client: int = typer.Option(..., "--client", help="Whose model: client K."),
+    out: Path = typer.Option(..., "--out", help="Folder to write model.onnx, preprocessing.json, model_card.json/.md."),
+    fmt: str = typer.Option("onnx", "--format", help="onnx"),
+    model: str = typer.Option("private", "--model", help="private | shared (the proxy or global model)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out."),
+):
+    """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON + Markdown)."""
+    from silofl.inference.export import export as run_export
+
+    card = run_export(run_dir, client, out, model=model, fmt=fmt, overwrite=overwrite)
+    console.print(f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
+                  f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md")
+    console.print(f"privacy: {card['privacy']['statement']}", markup=False, highlight=False)
 
 
 from silofl.cli.pubsub import app as pubsub_app  # noqa: E402 - the subcommand group registers after the commands
