@@ -126,7 +126,11 @@ class Site(ABC):
         meta: dict = {"accs": {}, "internal": {}, "epsilon": self.epsilon(), "extra": self.extra_metrics(),
                       "train": dict(self.last_train)}
         if msg.meta.get("score", True) and "external" in self.tests:
-            meta["accs"] = self.evaluate(*self.tests["external"], self.eval_cache)
+            x, y = self.tests["external"]
+            # the cache shares one model's score among sites holding it, per test set: sites that see the shared
+            # test set through their own preprocessing (per-site sources) hold different tensors
+            cache = self.eval_cache.setdefault(("test set", id(x)), {}) if self.eval_cache is not None else None
+            meta["accs"] = self.evaluate(x, y, cache)
         if msg.meta.get("internal", False) and "internal" in self.tests:
             meta["internal"] = self.evaluate(*self.tests["internal"])
         return Message(meta)
