@@ -104,7 +104,7 @@ def read_images(files: list[Path], image_size: int, mode: str) -> np.ndarray:
     for f in files:
         try:
             with Image.open(f) as im:
-                arrs.append(np.asarray(im.convert(mode).resize((image_size, image_size), Image.BILINEAR),
+                arrs.append(np.asarray(im.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR),
                                        dtype=np.float32))
         except (UnidentifiedImageError, OSError) as e:
             raise DataError(f"cannot read image {f}: {e}") from None

@@ -36,6 +36,11 @@ FORMAT = "silofl.preprocessing/1"
 class TableInput(nn.Module):
     """Raw matrix (N × features, NaN = missing, categories as level indices) → model inputs (see module doc)."""
 
+    center: torch.Tensor
+    scale: torch.Tensor
+    fill: torch.Tensor
+    levels: torch.Tensor
+
     def __init__(self, kinds: list[str], center: list[float], scale: list[float], fill: list[float],
                  n_levels: list[int]):
         super().__init__()
@@ -59,6 +64,9 @@ class TableInput(nn.Module):
 
 class ImageInput(nn.Module):
     """Images in [0, 1] (N × C × H × W) → standardised with the site's per-channel mean and std."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
 
     def __init__(self, mean: list[float], std: list[float]):
         super().__init__()

@@ -256,8 +256,8 @@ class Schema:
             lo, hi = f.bounds
             bad = ~na & ((out < lo) | (out > hi))
             if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{source}: column {f.name!r} has {out[i]:g} in row {i + 1}, outside its declared bounds "
+                first = int(np.flatnonzero(bad)[0])
+                raise DataError(f"{source}: column {f.name!r} has {out[first]:g} in row {first + 1}, outside its declared bounds "
                                 f"[{lo:g}, {hi:g}] ({int(bad.sum())} rows out of bounds)")
         return out
 

@@ -46,7 +46,7 @@ class SiteSources:
 
 def site_names(paths: list[str]) -> list[str]:
     """A name per site: its file or folder name without the suffix (made unique with its position)."""
-    stems = []
+    stems: list[str] = []
     for p in paths:
         name = Path(p.rstrip("/")).name
         for suffix in (".gz", ".csv", ".tsv", ".txt", ".parquet", ".pq"):

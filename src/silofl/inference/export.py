@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from silofl.core.errors import ConfigError
+from silofl.data.preprocessing import TablePreprocessing
 from silofl.inference.pipeline import LoadedModel, load_pipeline
 
 FORMATS = ("onnx",)
@@ -31,7 +32,7 @@ CARD_FORMAT = "silofl.model-card/1"
 def example_input(loaded: LoadedModel, n: int = 2) -> torch.Tensor:
     """A batch of ``n`` valid raw inputs (for tracing)."""
     prep = loaded.preprocessing
-    if prep.kind == "table":
+    if isinstance(prep, TablePreprocessing):
         return torch.zeros(n, len(prep.schema.features))
     return torch.full((n, *prep.input_shape), 0.5)
 
@@ -140,7 +141,7 @@ def _training_data(loaded: LoadedModel, summary: dict | None) -> dict:
         site_data = (cfg or {}).get("site_data") or []
         if loaded.client < len(site_data):
             d["source"] = site_data[loaded.client]
-    if prep.kind == "table":
+    if isinstance(prep, TablePreprocessing):
         d["schema"] = prep.schema.to_dict()
     else:
         d["images"] = {"size": prep.image_size, "mode": prep.mode, "classes": prep.classes}
@@ -165,7 +166,7 @@ def _privacy(loaded: LoadedModel, summary: dict | None) -> dict:
         return {"differentially_private": False, "epsilon": None, "delta": None,
                 "statement": "trained without differential privacy (privacy off): it can reveal the training rows; keep "
                 "it where the data may go." + extra}
-    acct = next((a for a in summary.get("accounting", []) if a.get("client") == k), {})
+    acct: dict = next((a for a in summary.get("accounting", []) if a.get("client") == k), {})
     client_level = "epsilon_hospital" in priv
     if client_level:
         dp = role == "global"
@@ -198,7 +199,7 @@ def _privacy(loaded: LoadedModel, summary: dict | None) -> dict:
 def _evaluation(loaded: LoadedModel, summary: dict | None) -> dict:
     if summary is None:
         return {}
-    row = next((r for r in summary["final"]["per_client"] if r["client"] == loaded.client), {})
+    row: dict = next((r for r in summary["final"]["per_client"] if r["client"] == loaded.client), {})
     key = f"{loaded.role}_acc"
     return {"test_set": summary.get("test_set"), "accuracy_external": row.get(key),
             "accuracy_internal": row.get(f"{key}_internal"), "round": row.get("round"),
