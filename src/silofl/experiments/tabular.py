@@ -73,7 +73,7 @@ def write_sites(out: Path) -> tuple[Path, list[Path]]:
             part.to_csv(p, index=False)
         paths.append(p)
     schema = out / "schema.yaml"
-    schema.write_text(yaml.safe_dump(SCHEMA, sort_keys=False))
+    schema.write_text(yaml.safe_dump(SCHEMA, sort_keys=False, default_flow_style=None))
     return schema, paths
 
 

@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"{c.get('Adelie', 0)} | {c.get('Chinstrap', 0)} | {c.get('Gentoo', 0)} |")
     lines += [
         "",
-        f"Each site holds out {st['test_fraction']:g} of its own rows (seeded per site; the train/test counts are seed "
-        f"{st['seeds'][0]}'s) as its **internal** test set; the **all islands** figure scores a site's model on the "
+        f"Each site holds out {st['test_fraction']:g} of its own rows (drawn per site and seed; the counts do not "
+        "depend on the seed) as its **internal** test set; the **all islands** figure scores a site's model on the "
         "union of every site's held-out rows (a simulation figure: no site trains on another's rows). The schema "
         "(`schema.yaml`, the only thing the sites share):",
         "",
@@ -180,7 +180,7 @@ def _reading(summary: dict, noise: float) -> list[str]:
 def _yaml(d: dict) -> str:
     import yaml
 
-    return yaml.safe_dump(d, sort_keys=False)
+    return yaml.safe_dump(d, sort_keys=False, default_flow_style=None)
 
 
 if __name__ == "__main__":
