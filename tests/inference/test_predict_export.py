@@ -50,6 +50,7 @@ def test_table_run_writes_each_sites_preprocessing_and_per_site_figures(table_ru
     assert all(r["private_acc_internal"] is not None for r in s["final"]["per_client"])
     preps = [json.loads((d / "run" / "models" / f"client{k}_preprocessing.json").read_text()) for k in range(3)]
     assert [p["site"] for p in preps] == s["sites"]
+    assert {a["dp_backend"] for a in s["accounting"]} == {"ghost"}  # logreg on the fast per-example norm path
     assert preps[0]["center"][0] != preps[1]["center"][0]  # each site's own statistics, not pooled
 
 
@@ -81,6 +82,23 @@ def test_predict_on_a_csv_with_and_without_labels(table_run, tmp_path):
     assert res["nan_rows"] == 0
     with pytest.raises(ConfigError, match="exists"):
         predict(d / "run", 0, tmp_path / "new.csv", tmp_path / "p.csv")
+
+
+def test_predict_from_a_sites_own_folder(table_run, tmp_path):
+    """A site keeps only its own files (models and preprocessing), not the run folder."""
+    import shutil
+
+    d, _ = table_run
+    site = tmp_path / "hospital0"
+    site.mkdir()
+    for f in (d / "run" / "models").glob("client0_*"):
+        shutil.copy(f, site)
+    new = write_csv(tmp_path, site_frame(6, seed=3), "new.csv")
+    a = predict(site, 0, new, tmp_path / "a.csv")
+    predict(d / "run", 0, new, tmp_path / "b.csv")
+    assert read_preds(tmp_path / "a.csv") == read_preds(tmp_path / "b.csv") and a["rows"] == 6
+    card = export(site, 0, tmp_path / "card")  # no summary.json beside the models: the card says the privacy is unknown
+    assert card["privacy"]["differentially_private"] is None and card["evaluation"] == {}
 
 
 def test_predict_and_export_errors_are_one_line(table_run, tmp_path):
