@@ -62,3 +62,32 @@ def test_leave(tmp_path):
     assert res.exit_code == 0 and "0 published model(s) withdrawn" in res.output
     res = r.invoke(app, ["pubsub", "leave", "--broker", str(tmp_path / "broker"), "--site", "a"])
     assert res.exit_code == 2 and "unknown site" in res.output
+
+
+def test_schema_tables_publish_with_the_schemas_public_bounds(tmp_path):
+    """With --schema a site's CSV or Parquet is checked, categories become 0/1 columns, and the site joins the broker
+    with the schema's declared bounds (not its data's min/max)."""
+    from silofl.pubsub.broker import Broker
+    from tests.data.test_tables import site_frame, write_schema
+
+    schema = str(write_schema(tmp_path))
+    site_frame(80, seed=0).to_csv(tmp_path / "a.csv", index=False)
+    site_frame(80, seed=1).to_parquet(tmp_path / "b.parquet", index=False)
+    site_frame(60, seed=2).to_csv(tmp_path / "s.csv", index=False)
+    r = CliRunner()
+    broker = str(tmp_path / "broker")
+    for site, data in (("a", "a.csv"), ("b", "b.parquet")):
+        res = r.invoke(app, ["pubsub", "publish", "--broker", broker, "--site", site, "--data", str(tmp_path / data),
+                             "--schema", schema, "--model", "dp-logreg", "--epsilon", "1"])
+        assert res.exit_code == 0, res.output
+        assert "5 features" in res.output  # age, dose, ward=a, ward=b, ward=c
+    bounds = Broker(broker).public_bounds("a")
+    assert bounds["age"] == (0.0, 120.0) and bounds["ward=b"] == (0.0, 1.0)
+    assert r.invoke(app, ["pubsub", "subscribe", "--broker", broker, "--site", "s", "--channel", "age"]).exit_code == 0
+    res = r.invoke(app, ["pubsub", "customize", "--broker", broker, "--site", "s", "--data", str(tmp_path / "s.csv"),
+                         "--schema", schema, "--out", str(tmp_path / "cust")])
+    assert res.exit_code == 0, res.output
+    site_frame(30, seed=3).assign(outcome="no").to_csv(tmp_path / "one.csv", index=False)
+    res = r.invoke(app, ["pubsub", "publish", "--broker", broker, "--site", "c", "--data", str(tmp_path / "one.csv"),
+                         "--schema", schema, "--model", "dp-logreg", "--epsilon", "1"])
+    assert res.exit_code == 2 and "only class 'no'" in res.output and "Traceback" not in res.output

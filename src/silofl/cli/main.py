@@ -1,4 +1,5 @@
-"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate`` and the ``pubsub`` group.
+"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export`` and the ``pubsub``
+group.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
 fix are printed as one line (exit code 2), never as a traceback.
@@ -34,8 +35,15 @@ def _method_help() -> str:
 def run(
     config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
     method: str | None = typer.Option(None, help=f"{_method_help()}"),
-    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags"),
+    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags | table"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
+    site_data: str | None = typer.Option(None, "--site-data", help="One source per site, comma-separated: table files "
+                                         "(.csv/.parquet, --dataset table) or image folders (--dataset folder)."),
+    schema: str | None = typer.Option(None, "--schema", help="--dataset table: the collaboration's schema (YAML/JSON)."),
+    test_data: str | None = typer.Option(None, "--test-data", help="With --site-data: a shared external test file or "
+                                         "folder (default: the union of the sites' held-out rows)."),
+    test_fraction: float | None = typer.Option(None, "--test-fraction", help="With --site-data: each site's internal "
+                                               "test share of its own rows (default 0.2)."),
     clients: int | None = typer.Option(None, help="Number of clients K."),
     rounds: int | None = typer.Option(None, help="Number of rounds R."),
     seed: int | None = typer.Option(None, help="A reproducible research run: every party's randomness derives from this seed "
@@ -44,8 +52,8 @@ def run(
     privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
     device: str | None = typer.Option(None, help="auto | cpu | cuda"),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
-    private_model: str | None = typer.Option(None, "--private-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
-    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    private_model: str | None = typer.Option(None, "--private-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
     partition: str | None = typer.Option(None, help="p_major | iid | dirichlet | site"),
     p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
     dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),
@@ -384,6 +392,47 @@ def evaluate(
         t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]))
     console.print(t)
     (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+@app.command()
+@friendly_errors
+def predict(
+    run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
+    client: int = typer.Option(..., "--client", help="Whose model: client K (its site's preprocessing comes with it)."),
+    data: Path = typer.Option(..., "--data", help="New rows (.csv/.parquet, checked against the schema; the target "
+                              "column is optional) or a folder of images (class sub-folders optional)."),
+    out: Path = typer.Option(..., "--out", help="CSV to write: id, prediction, p_<class> per class[, label]."),
+    model: str = typer.Option("private", "--model", help="private (the site's own model) | shared (its proxy or "
+                              "global model)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
+):
+    """Predict with client K's model on new data, with exactly the preprocessing its site trained with."""
+    from silofl.inference import predict as run_predict
+
+    res = run_predict(run_dir, client, data, out, model=model, overwrite=overwrite)
+    acc = f"; accuracy {res['accuracy']:.4f} against the labels in the data" if res["accuracy"] is not None else ""
+    nan = (f"; [yellow]{res['nan_rows']} rows have missing values the schema does not impute (probabilities NaN)[/]"
+           if res["nan_rows"] else "")
+    console.print(f"{res['rows']} predictions by {res['model']} ({res['architecture']}) → {res['out']}{acc}{nan}")
+
+
+@app.command()
+@friendly_errors
+def export(
+    run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
+    client: int = typer.Option(..., "--client", help="Whose model: client K."),
+    out: Path = typer.Option(..., "--out", help="Folder to write model.onnx, preprocessing.json, model_card.json/.md."),
+    fmt: str = typer.Option("onnx", "--format", help="onnx"),
+    model: str = typer.Option("private", "--model", help="private | shared (the proxy or global model)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out."),
+):
+    """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON + Markdown)."""
+    from silofl.inference.export import export as run_export
+
+    card = run_export(run_dir, client, out, model=model, fmt=fmt, overwrite=overwrite)
+    console.print(f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
+                  f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md")
+    console.print(f"privacy: {card['privacy']['statement']}", markup=False, highlight=False)
 
 
 from silofl.cli.pubsub import app as pubsub_app  # noqa: E402 - the subcommand group registers after the commands

@@ -47,6 +47,23 @@ def read_csv(path: str, target: str, task: str) -> tuple[np.ndarray, np.ndarray,
     return x, np.array([index[v] for v in raw]), features, labels
 
 
+def read_site(path: str, target: str | None, task: str, schema: str | None):
+    """(x, y, features, classes, public metadata or None): with ``schema``, the file (CSV or Parquet) is checked against
+    it and encoded with the schema's public bounds (:mod:`silofl.pubsub.tables`); without, a CSV of numbers."""
+    if schema is None:
+        if target is None:
+            raise ConfigError("--target is needed without --schema")
+        return (*read_csv(path, target, task), None)
+    from silofl.pubsub import tables
+
+    if task != "classification":
+        raise ConfigError("--schema describes a classification target; regression reads a CSV without --schema")
+    t = tables.read(path, schema)
+    if target is not None and target != tables.Schema.load(schema).target:
+        raise ConfigError(f"--target {target!r} differs from the schema's target")
+    return t.x, t.y, t.features, t.classes, t.metadata()
+
+
 def _is_number(v: str) -> bool:
     try:
         float(v)
@@ -61,14 +78,15 @@ def _broker(path: str):
     return Broker(path)
 
 
-def _join(b, site: str, x: np.ndarray, features: list[str]):
-    """Join ``site`` on first use with public metadata from its data (per-feature mean and min/max, released
-    without DP as in the paper); the public bounds its DP models clip to."""
+def _join(b, site: str, x: np.ndarray, features: list[str], metadata: dict | None = None):
+    """Join ``site`` on first use with public metadata: the schema's declared bounds and defaults when given, else
+    from its data (per-feature mean and min/max, released without DP as in the paper); the public bounds its DP
+    models clip to."""
     from silofl.pubsub.dp_models import Bounds
 
     if site not in b.sites():
-        b.join(site, {f: ("continuous", float(x[:, i].mean()), float(x[:, i].min()), float(x[:, i].max()))
-                      for i, f in enumerate(features)})
+        b.join(site, metadata or {f: ("continuous", float(x[:, i].mean()), float(x[:, i].min()), float(x[:, i].max()))
+                                  for i, f in enumerate(features)})
     declared = b.public_bounds(site)
     missing = [f for f in features if f not in declared]
     if missing:
@@ -81,8 +99,10 @@ def _join(b, site: str, x: np.ndarray, features: list[str]):
 def publish(
     broker: str = typer.Option(..., help="Broker directory (created if missing)."),
     site: str = typer.Option(..., help="This publisher's name."),
-    data: str = typer.Option(..., help="CSV with a header row; one column is the target."),
-    target: str = typer.Option(..., help="The target column."),
+    data: str = typer.Option(..., help="CSV with a header row; one column is the target (with --schema: CSV or Parquet)."),
+    target: str | None = typer.Option(None, help="The target column (with --schema: the schema's)."),
+    schema: str | None = typer.Option(None, "--schema", help="The collaboration's schema (YAML/JSON): DATA (.csv or "
+                                      ".parquet) is checked against it and its declared bounds are the public metadata."),
     model: str = typer.Option("dp-logreg", help="dp-nn | dp-logreg | dp-nb | dp-forest | dp-linreg"),
     epsilon: float = typer.Option(..., help="This publisher's ε for the model."),
     delta: float = typer.Option(1e-5, help="δ (DP-SGD; the diffprivlib models meet δ = 0)."),
@@ -94,9 +114,9 @@ def publish(
     min/max (the bounds DP models clip to). These statistics are released without DP, as in the paper."""
     from silofl.pubsub.dp_models import train
 
-    x, y, features, classes = read_csv(data, target, task)
+    x, y, features, classes, meta = read_site(data, target, task, schema)
     b = _broker(broker)
-    bounds = _join(b, site, x, features)
+    bounds = _join(b, site, x, features, meta)
     t0 = time.perf_counter()
     y_bounds = (float(y.min()), float(y.max())) if task == "regression" else None
     m = train(model, x, y, publisher=site, features=features, task=task, bounds=bounds, epsilon=epsilon, delta=delta,
@@ -153,8 +173,10 @@ def list_(broker: str = typer.Option(...)):
 def customize(
     broker: str = typer.Option(...),
     site: str = typer.Option(..., help="The subscriber (its channels select the models)."),
-    data: str = typer.Option(..., help="The subscriber's CSV (header row, one target column)."),
-    target: str = typer.Option(...),
+    data: str = typer.Option(..., help="The subscriber's CSV (header row, one target column; with --schema: CSV or Parquet)."),
+    target: str | None = typer.Option(None, help="The target column (with --schema: the schema's)."),
+    schema: str | None = typer.Option(None, "--schema", help="The collaboration's schema (YAML/JSON): DATA (.csv or "
+                                      ".parquet) is checked against it and its declared bounds are the public metadata."),
     task: str = typer.Option("classification"),
     top_m: str = typer.Option("all", "--top-m", help="Keep the best m models on the customize part, or 'all'."),
     out: str = typer.Option("runs/customize", help="Where customization.json goes."),
@@ -164,7 +186,7 @@ def customize(
     from silofl.pubsub.customize import LocalData
     from silofl.pubsub.customize import customize as run_customize
 
-    x, y, features, classes = read_csv(data, target, task)
+    x, y, features, classes, _ = read_site(data, target, task, schema)
     b = _broker(broker)
     t0 = time.perf_counter()
     ids = sorted({i for ch in b.channels(site) for i in b.stream(ch.id)})
@@ -179,8 +201,9 @@ def customize(
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "customization.json").write_text(json.dumps(rep, indent=2, default=str))
     metric = rep["metric"]
+    own = f"own model alone {rep['own_test']:.4f}" if rep["own_test"] is not None else rep["own_note"]
     console.print(f"customized from {len(ids)} subscribed models + own: test {metric} {rep['test']:.4f} "
-                  f"(own model alone {rep['own_test']:.4f}); selected {', '.join(rep['selected'])}")
+                  f"({own}); selected {', '.join(rep['selected'])}")
     console.print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in rep["seconds"].items()))
     console.print(rep["privacy"] + ".")
     console.print(f"→ {Path(out) / 'customization.json'}")
@@ -192,7 +215,9 @@ def stream(
     broker: str = typer.Option(...),
     site: str = typer.Option(..., help="The publisher."),
     data: str = typer.Option(..., help="CSV read in order as a stream of chunks (header row, one target column)."),
-    target: str = typer.Option(...),
+    target: str | None = typer.Option(None, help="The target column (with --schema: the schema's)."),
+    schema: str | None = typer.Option(None, "--schema", help="The collaboration's schema (YAML/JSON): DATA (.csv or "
+                                      ".parquet) is checked against it and its declared bounds are the public metadata."),
     chunk_size: int = typer.Option(500, "--chunk-size", help="Rows per chunk; each trains one model."),
     ensemble: int = typer.Option(3, "--ensemble", help="k: how many of the latest models stay published."),
     model: str = typer.Option("dp-logreg"),
@@ -207,9 +232,9 @@ def stream(
 
     if chunk_size < 1:
         raise ConfigError(f"--chunk-size must be ≥ 1, got {chunk_size}")
-    x, y, features, classes = read_csv(data, target, task)
+    x, y, features, classes, meta = read_site(data, target, task, schema)
     b = _broker(broker)
-    bounds = _join(b, site, x, features)
+    bounds = _join(b, site, x, features, meta)
     pub = StreamPublisher(site, features, task, model, epsilon, delta, bounds, k=ensemble, classes=classes, broker=b,
                           seed=seed)
     for start in range(0, len(x), chunk_size):

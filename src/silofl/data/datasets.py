@@ -100,7 +100,7 @@ def load_idx_dataset(name: str, data_dir=None) -> Dataset:
     if d is None:
         tried = ", ".join(str(r) for r in search_roots(data_dir))
         raise DataError(f"{name} not found (searched {tried}); {HOW_TO_GET[name]}")
-    arrays = {k: read_idx(_idx_path(d, stem)) for k, stem in IDX_FILES.items()}
+    arrays = {k: read_idx(_idx_path(d, stem) or d / stem) for k, stem in IDX_FILES.items()}
     for split in ("train", "test"):
         if len(arrays[f"{split}_x"]) != len(arrays[f"{split}_y"]):
             raise DataError(f"{name} in {d}: {split} images and labels differ in count")

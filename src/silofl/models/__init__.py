@@ -45,11 +45,33 @@ class MLP256(MLP):
         super().__init__(input_shape, num_classes, hidden=(256,))
 
 
+class TabularMLP(MLP):
+    """D-64-64-C for table rows (D = the one-hot encoded width): every layer Linear, so DP-SGD takes the fast
+    per-example norm path."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__(input_shape, num_classes, hidden=(64, 64))
+
+
+class LogisticRegression(nn.Module):
+    """One Linear layer (multinomial logistic regression on the flattened input): the DP-SGD-friendly baseline."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        self.out = nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x.flatten(1))
+
+
 class _ConvNet(nn.Module):
     """conv → relu → maxpool(2) blocks, then fully connected layers; fc input size from a dry run."""
 
     def __init__(self, input_shape, num_classes, channels, kernel, fc):
         super().__init__()
+        if len(input_shape) != 3:
+            raise ConfigError(f"{type(self).__name__} is a convolutional model for images (C×H×W); for inputs of shape "
+                              f"{tuple(input_shape)} (table rows) use tabmlp, logreg, mlp or mlp256")
         c_in = input_shape[0]
         self.convs = nn.ModuleList()
         for c_out in channels:
@@ -99,7 +121,7 @@ class CNN2(_ConvNet):
 from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
 
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "mlp": MLP, "mlp256": MLP256, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2, "vgg": VGG, "resnet18": ResNet18, "deepset": DeepSet,
+    "mlp": MLP, "mlp256": MLP256, "tabmlp": TabularMLP, "logreg": LogisticRegression, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2, "vgg": VGG, "resnet18": ResNet18, "deepset": DeepSet,
 }
 MODEL_NAMES = tuple(REGISTRY)
 

@@ -189,6 +189,9 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     tr, cu, te = idx if idx is not None else split(len(data.x), fractions, seed)
     names = [f"{m.publisher}" + (f"#{m.chunk}" if m.chunk is not None else "") for m in models]
     cands = list(models)
+    own_note = None
+    if own == "auto" and data.task == "classification" and len(np.unique(data.y[tr])) < 2:
+        own, own_note = None, "no own model: the subscriber's training rows hold a single class"
     if own is not None:
         kind = ("dp-logreg" if data.task == "classification" else "dp-linreg") if own == "auto" else own
         xb = data.x[tr]
@@ -252,7 +255,7 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
         own_test = score(data.task, own_out, data.y[te])
         own_test = own_test if data.task == "classification" else -own_test
     result.report = {
-        "metric": metric, "test": test, "own_test": own_test, "selected": result.names,
+        "metric": metric, "test": test, "own_test": own_test, "own_note": own_note, "selected": result.names,
         "scores": dict(zip(names, scores, strict=True)), "candidates": len(cands),
         "rows": {"train": len(tr), "customize": len(cu), "test": len(te)},
         "seconds": {"own": t_own, "select": t_select, "fuse": t_fuse},

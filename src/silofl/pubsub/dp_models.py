@@ -95,6 +95,9 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
         unknown = set(np.unique(y).tolist()) - set(range(len(classes)))
         if unknown:
             raise ConfigError(f"labels must be class indices 0…{len(classes) - 1}; got {sorted(unknown)[:5]}")
+        if kind == "dp-logreg" and len(np.unique(y)) < 2:
+            raise ConfigError(f"dp-logreg needs rows of at least two classes; this data holds only class "
+                              f"{classes[int(y[0])]!r} (dp-nn can learn from a site with one class)")
     if not nonprivate and not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
         raise ConfigError(f"a DP model needs 0 < ε < ∞ and 0 < δ < 1, got ε={epsilon}, δ={delta}")
 

@@ -19,6 +19,8 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
     loaded for this config."""
     if cfg.data_seed is None:  # a fresh split (not a secret: recorded so the run can be repeated on it)
         cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
+    if cfg.site_data:
+        return _site_sources(cfg, device)
     if data is None:
         data = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
                             seed=cfg.data_seed)
@@ -42,7 +44,37 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
         x_test, y_test = data.test_split(cfg.test_limit)
     check_against_data(cfg, [len(s) for s in shards])
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
-    return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set)
+    prep = [data.preprocessing] * len(parts) if data.preprocessing else None
+    return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set,
+                          preprocessing=prep)
+
+
+def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, SplitData]:
+    """Per-site files or folders (:mod:`silofl.data.sites`): one client per site, nothing pooled."""
+    from silofl.data.sites import load_site_images, load_site_tables
+
+    assert cfg.site_data is not None
+    if cfg.dataset == "table":
+        assert cfg.schema is not None
+        src = load_site_tables(cfg.schema, cfg.site_data, cfg.test_data, cfg.test_fraction, cfg.data_seed)
+    else:
+        src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)
+    sizes = [len(y) for _, y in src.parts]
+    cfg = cfg.with_data(sum(sizes), smallest=min(sizes))
+    check_against_data(cfg, sizes)
+
+    def dev(pair, limit=None):
+        x, y = pair
+        return x[:limit].to(device), y[:limit].to(device)
+
+    external = [dev(e, cfg.test_limit) for e in src.external]
+    x_all = torch.cat([x for x, _ in src.parts])
+    y_all = torch.cat([y for _, y in src.parts])
+    groups = np.concatenate([[name] * n for name, n in zip(src.names, sizes, strict=True)])
+    data = Dataset(name=cfg.dataset, x_train=x_all, y_train=y_all, x_test=src.external[0][0], y_test=src.external[0][1],
+                   num_classes=len(src.classes), source=", ".join(src.sources), class_names=src.classes, groups=groups)
+    return cfg, SplitData(data, [dev(p) for p in src.parts], external[0], [dev(t) for t in src.internal], src.names,
+                          src.test_set, external=external, preprocessing=[p.to_dict() for p in src.preprocessing])
 
 
 def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:

@@ -60,15 +60,19 @@ def site_factory(method: Method, split: SplitData, ledgers: Path | None = None,
     ``ledgers/client<k>`` for its privacy ledger and the figures it keeps —, the number of sites)."""
     data = method.site_data(split.parts)
     internal = split.internal if split.internal and len(split.internal) == len(data) else None
+    external = split.external if split.external and len(split.external) == len(data) else None
+    prep = split.preprocessing if split.preprocessing and len(split.preprocessing) == len(data) else None
 
     def make(k: int) -> Site:
         site = method.make_site(k, *data[k], split)
-        site.tests["external"] = split.test
+        site.tests["external"] = external[k] if external is not None else split.test
         if internal is not None:
             site.tests["internal"] = internal[k]
         if ledgers is not None:
             site.open_folder(ledgers / f"client{k}", run_label=Path(method.cfg.out).name,
                              release_nonprivate=release_nonprivate)
+        if prep is not None:
+            site.preprocessing = prep[k]
         return site
 
     return make, len(data)

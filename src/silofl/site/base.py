@@ -49,6 +49,9 @@ class Site(ABC):
         self.last_train: dict = {}
         self.tests: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # "external" (shared), "internal" (own)
         self.eval_cache: dict | None = None  # set by an in-process engine for one evaluate call
+        # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON); written
+        # next to its models, for `silofl predict` and `silofl export`
+        self.preprocessing: dict | None = None
         self.ledger: Ledger | None = None  # the site's persistent privacy ledger (open_folder)
         self.folder: Path | None = None  # the site's own folder: its ledger and the figures it keeps
         self.run_label = "run"
@@ -173,7 +176,11 @@ class Site(ABC):
         meta: dict = {"accs": {}, "internal": {}, "epsilon": self.epsilon(),
                       "extra": self._release(self.extra_metrics(), kept), "train": self._release(dict(self.last_train), kept)}
         if msg.meta.get("score", True) and "external" in self.tests:
-            meta["accs"] = self._release(self.evaluate(*self.tests["external"], self.eval_cache), kept)
+            x, y = self.tests["external"]
+            # the cache shares one model's score among sites holding it, per test set: sites that see the shared
+            # test set through their own preprocessing (per-site sources) hold different tensors
+            cache = self.eval_cache.setdefault(("test set", id(x)), {}) if self.eval_cache is not None else None
+            meta["accs"] = self._release(self.evaluate(x, y, cache), kept)
         if msg.meta.get("internal", False) and "internal" in self.tests:
             meta["internal"] = self._release(self.evaluate(*self.tests["internal"]), kept, "_internal")
         if kept and self.folder is not None:  # what the site keeps to itself
@@ -192,6 +199,10 @@ class Site(ABC):
                 p = d / f"client{self.cid}_{name}"
                 save_model(model, spec, p)
                 written.append(f"{d.name}/{p.name}.safetensors")
+            if self.preprocessing is not None and written:
+                import json
+
+                (d / f"client{self.cid}_preprocessing.json").write_text(json.dumps(self.preprocessing, indent=1) + "\n")
         return Message({"architectures": self.architectures(), "epsilon": self.epsilon(), "left_at": self.left_at,
                         "privacy": self.privacy_report(), "models": written})
 

@@ -76,8 +76,8 @@ def local_updates(
                     shards[j][perms[j][e][: per_epoch * batch_size].to(shards[j].device)].view(per_epoch, batch_size)
                     for j in ids
                 ])
-                for s in range(per_epoch):
-                    b = idx[:, s]
+                for step in range(per_epoch):
+                    b = idx[:, step]
                     g = batched_grad(params, x[b], y[b])
                     for k in params:
                         params[k].sub_(g[k], alpha=lr)

@@ -82,7 +82,7 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
             logits = out.detach()
         opt.step()
         seen += B
-        if partner is not None:
+        if partner is not None and partner_logits is not None:
             loss = dml_loss(partner_logits, yb, F.log_softmax(logits, dim=1), partner.alpha).mean()
             partner.opt.zero_grad(set_to_none=True)
             loss.backward()
