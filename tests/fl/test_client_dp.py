@@ -9,6 +9,7 @@ from silofl.comm.wire import decode, encode
 from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.models import build_model
 from silofl.privacy import epsilon_of
+from silofl.privacy.analysis import unit_noise_multipliers
 from silofl.run.config import RunConfig
 from silofl.run.loop import run as simulate
 from silofl.site.subclients import CLIP, UNCLIPPED, UNITS, local_steps, subclient_shards
@@ -179,18 +180,21 @@ def test_client_level_methods_run_end_to_end_and_report_both_units(cl_cfg, metho
     priv = s["privacy"]
     assert priv["privacy_unit"] == "hospital" and priv["formal_guarantee"]
     assert last["epsilon"] == pytest.approx(priv["epsilon_hospital"])
-    # hospital-calibrated: the accountant saw z every round; the sub-client unit z·v_t
+    # hospital-calibrated: the accountant saw z every round; the sub-client unit its own multiplier of round t's
+    # mechanism (update sum with clip C/v_t, the unclipped count and the norm sum, block by block)
     hist = s["accounting"][0]["history"]
     assert hist == [[1.0, 1.0, 3]]
     vs = [h["v"] for h in s["server_rounds"]]
-    sub = tuple((1.0 * v, 1.0, 1) for v in vs)
+    count_std, norm_z = priv["clip_count_noise_std"], priv["norm_sum_noise_multiplier"]
+    assert count_std is not None and norm_z is not None  # adaptive clip and adaptive v release both
+    sub = tuple((unit_noise_multipliers(1.0, v, "hospital", count_std, norm_z)["subclient"], 1.0, 1) for v in vs)
     assert priv["epsilon_subclient"] == pytest.approx(epsilon_of("rdp", sub, 1e-3))
     assert priv["epsilon_hospital"] == pytest.approx(epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3))
 
 
 @pytest.mark.slow
 def test_same_seed_same_numbers_and_client_sampling(cl_cfg, tmp_path):
-    cfg = cl_cfg.replace(method="dp-fedadam", intermediaries="adaptive", client_rate=0.5, rounds=4)
+    cfg = cl_cfg.replace(method="dp-fedadam", intermediaries="adaptive", client_rate=0.5, rounds=4, seed=0)
     a = simulate(cfg.replace(out=str(tmp_path / "a")), progress=False)
     b = simulate(cfg.replace(out=str(tmp_path / "b")), progress=False)
     assert a["server_rounds"] == b["server_rounds"]

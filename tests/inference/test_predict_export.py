@@ -33,7 +33,7 @@ def table_run(tmp_path_factory):
     paths.append(str(d / "hospital2.parquet"))
     cfg = RunConfig.from_dict(dict(method="proxyfl", dataset="table", schema=str(write_schema(d, schema)),
                                    site_data=paths, rounds=2, private_model="tabmlp", proxy_model="logreg",
-                                   delta=1e-3, out=str(d / "run"), threads=1))
+                                   delta=1e-3, out=str(d / "run"), threads=1, seed=0))
     simulate(cfg, progress=False)
     return d, cfg
 

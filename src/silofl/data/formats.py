@@ -3,7 +3,9 @@
 **Image folder** (``dataset: folder``, ``data_dir`` = the root): ``root/train/<class>/*.png|jpg|…``
 and ``root/test/<class>/…``; or only ``root/<class>/…``, then a seeded 80/20 split. Class names are
 the sorted sub-folder names; images are resized to ``image_size``² (bilinear), grey if every image
-is, RGB otherwise, and standardised per channel with the training mean and std.
+is, RGB otherwise, and scaled to [-1, 1] per channel with the public constants mean 0.5 and std 0.5
+(not the training images' own mean and std: pooled over the clients, those were a statistic of every
+site's images that no site may see).
 
 **Bags** (``dataset: bags``, ``data_dir`` = an ``.npz``): one bag per slide, for multiple-instance
 models (DeepSet). Arrays: ``features`` (instances × d), ``bag`` (instance → bag id 0…B-1),
@@ -24,6 +26,7 @@ import torch
 from silofl.core.errors import DataError
 from silofl.data.types import Dataset
 
+PUBLIC_MEAN, PUBLIC_STD = 0.5, 0.5  # pixels in [0, 1] → [-1, 1]: public constants, no statistic of any site
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif"}
 
 
@@ -113,22 +116,21 @@ def read_images(files: list[Path], image_size: int, mode: str) -> np.ndarray:
 
 
 def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fraction: float = 0.2):
-    """An image folder tree (see the module doc) as a standardised Dataset."""
+    """An image folder tree (see the module doc) as a Dataset scaled by public constants."""
     classes, train_items, test_items = image_tree(data_dir, seed=seed, test_fraction=test_fraction)
     mode = image_mode([f for f, _ in train_items + test_items])
     x_tr = torch.from_numpy(read_images([f for f, _ in train_items], image_size, mode))
     x_te = torch.from_numpy(read_images([f for f, _ in test_items], image_size, mode))
-    mean = x_tr.mean((0, 2, 3), keepdim=True)
-    std = x_tr.std((0, 2, 3), keepdim=True).clamp(min=1e-6)
+    channels = x_tr.shape[1]
+    mean = torch.full((1, channels, 1, 1), PUBLIC_MEAN, dtype=x_tr.dtype)
+    std = torch.full((1, channels, 1, 1), PUBLIC_STD, dtype=x_tr.dtype)
     return Dataset(
         name="folder", x_train=(x_tr - mean) / std, y_train=torch.tensor([k for _, k in train_items]),
         x_test=(x_te - mean) / std, y_test=torch.tensor([k for _, k in test_items]), num_classes=len(classes),
         source=str(data_dir), class_names=classes,
         preprocessing={"format": "silofl.preprocessing/1", "kind": "image", "image_size": image_size, "mode": mode,
                        "mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "classes": classes,
-                       "rows": len(train_items), "site": "",
-                       "site_statistics": ["per-channel mean of the training images",
-                                           "per-channel std of the training images"]},
+                       "rows": len(train_items), "site": "", "site_statistics": []},
     )
 
 

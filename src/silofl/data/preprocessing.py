@@ -130,6 +130,7 @@ class TablePreprocessing:
 
     @property
     def classes(self) -> list[str]:
+        """The schema's class names, in the order of the model's outputs."""
         return list(self.schema.classes)
 
     @property
@@ -142,9 +143,11 @@ class TablePreprocessing:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """Shape of one model input: one column per numeric feature and per categorical level."""
         return (len(self.columns),)
 
     def module(self) -> TableInput:
+        """A torch module applying this preprocessing (exported with the model)."""
         return TableInput([f.kind for f in self.schema.features], self.center, self.scale, self.fill,
                           [len(f.levels) for f in self.schema.features])
 
@@ -165,6 +168,7 @@ class TablePreprocessing:
         return torch.as_tensor(raw, dtype=torch.float32), y, [str(i + 1) for i in range(len(raw))]
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form written to ``preprocessing.json``; ``site_statistics`` names what was fitted on site data."""
         return {"format": FORMAT, "kind": "table", "site": self.site, "rows": self.rows,
                 "schema": self.schema.to_dict(), "columns": self.columns, "classes": self.classes,
                 "center": self.center, "scale": self.scale, "fill": [None if math.isnan(v) else v for v in self.fill],
@@ -206,13 +210,16 @@ class ImagePreprocessing:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """Shape of one model input: channels × size × size."""
         return (1 if self.mode == "L" else 3, self.image_size, self.image_size)
 
     def module(self) -> ImageInput:
+        """A torch module applying this preprocessing (exported with the model)."""
         return ImageInput(self.mean, self.std)
 
     @torch.no_grad()
     def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs of images in [0, 1]."""
         return self.module()(x)
 
     def read(self, path: str | Path) -> tuple[torch.Tensor, np.ndarray | None, list[str]]:
@@ -236,6 +243,7 @@ class ImagePreprocessing:
         return x, y, names
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form written to ``preprocessing.json``; ``site_statistics`` names what was fitted on site data."""
         return {"format": FORMAT, "kind": "image", "site": self.site, "rows": self.rows, "image_size": self.image_size,
                 "mode": self.mode, "mean": self.mean, "std": self.std, "classes": self.classes,
                 "site_statistics": self.site_statistics,

@@ -4,7 +4,7 @@ The schema (YAML or JSON) is the one thing about the data that every site agrees
 the feature names and types, the target and its classes, each categorical feature's levels, numeric
 bounds declared as public knowledge, and what to do with a missing value::
 
-    target: {name: species, levels: [Adelie, Chinstrap, Gentoo]}
+    target: {name: species, levels: [Adelie, Chinstrap, Gentoo]}   # a regression target: {name: y, bounds: [0, 350]}
     features:
       bill_length_mm: {type: numeric, bounds: [25, 65]}
       sex: {type: categorical, levels: [female, male]}
@@ -54,6 +54,7 @@ class Feature:
     fill: float | None = None  # a public value for a missing numeric entry (else the site's own mean)
 
     def to_dict(self) -> dict[str, Any]:
+        """The feature as written in a schema file."""
         d: dict[str, Any] = {"type": self.kind}
         if self.kind == "categorical":
             d["levels"] = list(self.levels)
@@ -71,12 +72,18 @@ class Schema:
 
     features: tuple[Feature, ...]
     target: str
-    classes: tuple[str, ...]
+    classes: tuple[str, ...]  # the target's levels (classification); empty for a regression target
     scaling: str = "bounds"
     ignore: tuple[str, ...] = ()
     na_values: tuple[str, ...] = NA_VALUES
     missing: str = "error"  # the default policy (features may override it)
     source: str = field(default="", compare=False)
+    target_bounds: tuple[float, float] | None = None  # a regression target's declared public range
+
+    @property
+    def task(self) -> str:
+        """``classification`` (the target has levels) or ``regression`` (it has bounds)."""
+        return "regression" if self.target_bounds is not None else "classification"
 
     # ------------------------------------------------------------------ the schema file
     @classmethod
@@ -117,13 +124,24 @@ class Schema:
             raise DataError(f"{where}: missing must be one of {', '.join(MISSING)}, got {missing!r}")
         target = data.get("target")
         if isinstance(target, str) or not isinstance(target, dict) or "name" not in target:
-            raise DataError(f"{where}: target must be a mapping {{name: COLUMN, levels: [CLASS, ...]}}")
-        classes = target.get("levels")
-        if not isinstance(classes, list) or len(classes) < 2:
-            raise DataError(f"{where}: the target {target['name']!r} needs at least two levels (its classes)")
-        classes = [_level(c) for c in classes]
-        if len(set(classes)) != len(classes):
-            raise DataError(f"{where}: the target's levels repeat a value")
+            raise DataError(f"{where}: target must be a mapping {{name: COLUMN, levels: [CLASS, ...]}} (or, for "
+                            "regression, {name: COLUMN, bounds: [LOW, HIGH]})")
+        target_bounds: tuple[float, float] | None = None
+        classes: list[str] = []
+        if "bounds" in target and "levels" not in target:
+            b = target["bounds"]
+            if (not isinstance(b, list) or len(b) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                                  and math.isfinite(v) for v in b) or b[0] >= b[1]):
+                raise DataError(f"{where}: the regression target {target['name']!r} needs bounds [LOW, HIGH] with LOW < HIGH")
+            target_bounds = (float(b[0]), float(b[1]))
+        else:
+            levels = target.get("levels")
+            if not isinstance(levels, list) or len(levels) < 2:
+                raise DataError(f"{where}: the target {target['name']!r} needs at least two levels (its classes), or "
+                                "bounds for a regression target")
+            classes = [_level(c) for c in levels]
+            if len(set(classes)) != len(classes):
+                raise DataError(f"{where}: the target's levels repeat a value")
         raw = data.get("features")
         if isinstance(raw, dict):
             items = [{"name": k, **(v if isinstance(v, dict) else {"type": v})} for k, v in raw.items()]
@@ -156,11 +174,13 @@ class Schema:
         if not isinstance(na, list):
             raise DataError(f"{where}: na_values must be a list of strings")
         return cls(tuple(features), str(target["name"]), tuple(classes), scaling, tuple(str(c) for c in ignore),
-                   tuple(str(v) for v in na), missing, source)
+                   tuple(str(v) for v in na), missing, source, target_bounds)
 
     def to_dict(self) -> dict[str, Any]:
         """The schema as plain data (what the file holds, defaults filled)."""
-        return {"format": FORMAT, "target": {"name": self.target, "levels": list(self.classes)},
+        target = ({"name": self.target, "bounds": list(self.target_bounds)} if self.target_bounds is not None
+                  else {"name": self.target, "levels": list(self.classes)})
+        return {"format": FORMAT, "target": target,
                 "features": {f.name: f.to_dict() for f in self.features}, "missing": self.missing,
                 "scaling": self.scaling, "ignore": list(self.ignore), "na_values": list(self.na_values)}
 
@@ -170,10 +190,12 @@ class Schema:
         return [f.name for f in self.features]
 
     # ------------------------------------------------------------------ a site's file
-    def check(self, df, source: str, need_target: bool = True) -> tuple[np.ndarray, np.ndarray | None, int]:
-        """(raw matrix, class index per row or None, rows dropped) of a table read by :func:`read_table`, checked
-        against the schema. ``need_target``: the target column must be there (training); without, it is used
-        when present (new data to predict on)."""
+    def check(self, df, source: str, need_target: bool = True, extra: tuple[str, ...] = (),
+              kept: list | None = None) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """(raw matrix, class index (or regression value) per row or None, rows dropped) of a table read by
+        :func:`read_table`, checked against the schema. ``need_target``: the target column must be there
+        (training); without, it is used when present (new data to predict on). ``extra``: further columns the file
+        may hold (e.g. record ids); ``kept`` receives the indices of the rows kept."""
         n = len(df)
         if n == 0:
             raise DataError(f"{source}: the file has a header but no data rows")
@@ -183,10 +205,10 @@ class Schema:
         if absent:
             more = f" (and {len(absent) - 1} more: {', '.join(absent[1:4])})" if len(absent) > 1 else ""
             raise DataError(f"{source}: column {absent[0]!r} of the schema is missing{more}")
-        known = set(self.names) | {self.target} | set(self.ignore)
-        extra = [c for c in cols if c not in known]
-        if extra:
-            raise DataError(f"{source}: column {extra[0]!r} is not in the schema: declare it as a feature, or list it "
+        known = set(self.names) | {self.target} | set(self.ignore) | set(extra)
+        unexpected = [c for c in cols if c not in known]
+        if unexpected:
+            raise DataError(f"{source}: column {unexpected[0]!r} is not in the schema: declare it as a feature, or list it "
                             "under 'ignore' to skip it")
         raw = np.full((n, len(self.features)), np.nan)
         drop = np.zeros(n, dtype=bool)
@@ -214,15 +236,20 @@ class Schema:
                     raise DataError(f"{source}: the target {self.target!r} is empty in row {i + 1} ({int(na.sum())} "
                                     "rows); a training row needs its class (missing: drop skips such rows)")
                 drop |= na
-            idx = self._categorical(col, na, self.target, self.classes, source)
+            if self.target_bounds is not None:
+                idx = self._numeric(col, na, Feature(self.target, "numeric", bounds=self.target_bounds), source)
+            else:
+                idx = self._categorical(col, na, self.target, self.classes, source)
             if need_target or not na.any():
                 y = idx
         keep = ~drop
         if not keep.any():
             raise DataError(f"{source}: every one of its {n} rows has a missing value the schema says to drop")
         raw = raw[keep]
+        if kept is not None:
+            kept.extend(np.flatnonzero(keep).tolist())
         if y is not None:
-            y = y[keep].astype(np.int64)
+            y = y[keep] if self.target_bounds is not None else y[keep].astype(np.int64)
         return raw, y, int(drop.sum())
 
     def _missing(self, col) -> np.ndarray:

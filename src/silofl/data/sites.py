@@ -70,6 +70,9 @@ def load_site_tables(schema_path: str, paths: list[str], test_path: str | None =
                      seed: int = 0) -> SiteSources:
     """Every site's table, checked against the schema at ``schema_path`` (see the module doc)."""
     schema = Schema.load(schema_path)
+    if schema.task != "classification":
+        raise DataError(f"schema {schema_path}: the federated methods train classifiers; a regression target is for "
+                        "PubSub-ML (silofl pubsub publish --schema)")
     names = site_names(paths)
     raws, ys, dropped, splits = [], [], [], []
     for k, p in enumerate(paths):

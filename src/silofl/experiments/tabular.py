@@ -93,6 +93,7 @@ def fl_methods(rounds: int, noise: float) -> dict[str, dict]:
 
 def run_fl(label: str, opts: dict, schema: Path, paths: list[Path], seed: int, rounds: int, delta: float,
            test_fraction: float, out: Path, lr: float) -> list[dict]:
+    """One federated method on the island tables for one seed; per-method rows of per-site accuracies and ε."""
     from silofl.run.config import RunConfig
     from silofl.run.loop import run as simulate
 
@@ -127,6 +128,7 @@ def run_fl(label: str, opts: dict, schema: Path, paths: list[Path], seed: int, r
 # ---------------------------------------------------------------------------------------------- PubSub-ML
 def run_pubsub(schema_path: Path, paths: list[Path], seed: int, epsilon: float, delta: float, test_fraction: float,
                epochs: int) -> dict:
+    """PubSub-ML on the island tables for one seed: each site publishes a DP model and customizes the others'."""
     from silofl.data.schema import Schema, read_table
     from silofl.data.sites import holdout
     from silofl.pubsub.customize import LocalData, customize
@@ -195,6 +197,7 @@ def summarise(rows: list[dict]) -> dict:
 
 def run_study(out: Path, seeds: list[int], rounds: int, noise: float, delta: float, test_fraction: float,
               pubsub_epsilon: float, pubsub_epochs: int, lr: float) -> dict:
+    """Every protocol over the seeds; writes and returns results.json (settings, site sizes, rows, summary)."""
     t0 = time.perf_counter()
     schema, paths = write_sites(out / "data")
     rows = []
@@ -235,6 +238,7 @@ def run_study(out: Path, seeds: list[int], rounds: int, noise: float, delta: flo
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line of the tabular study (bench/tabular_study.sh)."""
     ap = argparse.ArgumentParser(description="The tabular example (Palmer penguins by island), every protocol.")
     ap.add_argument("--out", default="reports/tabular")
     ap.add_argument("--seeds", default="0,1,2")

@@ -17,7 +17,8 @@ What a site spends is always recomputed from the ledger, never read from a numbe
   and the keyed digests of the record ids it covers. A record's spend is the sum over the releases that
   contain it (basic composition; parallel composition over disjoint chunks falls out of it), and
   :meth:`Ledger.require_release` refuses a release that would take any record past the site's lifetime
-  budget.
+  budget. A release is recorded *before* its model leaves the site; one refused on the way out (e.g. by the
+  broker) is then marked ``kind: "cancel"`` and no longer counts, so a crash in between can only over-count.
 """
 
 from __future__ import annotations
@@ -154,8 +155,9 @@ class Ledger:
         """The largest (ε, δ) any record (of ``digests``, or any) has spent, by basic composition."""
         eps: dict[str, float] = defaultdict(float)
         dlt: dict[str, float] = defaultdict(float)
+        cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
         for e in self.entries:
-            if e["kind"] != "release":
+            if e["kind"] != "release" or e["seq"] in cancelled:
                 continue
             for d in e["records"]:
                 if digests is None or d in digests:
@@ -174,6 +176,14 @@ class Ledger:
     def record_release(self, digests: set[str], epsilon: float, delta: float, **fields: Any) -> dict:
         """Record a release of these records at (ε, δ)."""
         return self.append("release", records=sorted(digests), epsilon=float(epsilon), delta=float(delta), **fields)
+
+    def cancel_release(self, entry: dict, reason: str) -> None:
+        """Mark a recorded release as one that never happened (it was recorded first and then refused before
+        anything left the site), so that it no longer counts."""
+        if entry.get("kind") != "release" or not 0 <= entry.get("seq", -1) < len(self.entries) \
+                or self.entries[entry["seq"]]["mac"] != entry.get("mac"):
+            raise ValueError("only a release recorded in this ledger can be cancelled")
+        self.append("cancel", release=entry["seq"], reason=str(reason)[:200])
 
 
 def check_site_name(name: str) -> str:

@@ -3,7 +3,8 @@
 It holds sites, their feature metadata with public defaults (mean for continuous features, mode
 for categorical ones: published statistics, never raw data), channels and published models. No raw
 data and no private model ever enter it. Every model is validated on publish (format, schema,
-shapes against its feature list, finite values, size) and again on fetch (checksum and the same
+shapes against its feature list, finite values, finite outputs on probe inputs, size, input
+bounds equal to the public bounds its publisher declared) and again on fetch (checksum and the same
 checks); a rejected model leaves the broker exactly as it was: the file is written under a
 temporary name and only renamed inside the database transaction that records it.
 
@@ -138,6 +139,14 @@ class Broker:
             unknown = sorted(set(model.features) - self._features_of(db, model.publisher))
             if unknown:
                 raise ModelRejected(f"features {unknown} are not registered by {model.publisher!r}")
+            if "input_lo" in model.tensors:  # a model clips to the bounds its publisher declared public, no others
+                declared = {n: (lo, hi) for n, lo, hi in db.execute(
+                    "SELECT name, lo, hi FROM features WHERE site = ?", (model.publisher,))}
+                for f, lo, hi in zip(model.features, model.tensors["input_lo"].tolist(),
+                                     model.tensors["input_hi"].tolist(), strict=True):
+                    if declared[f] != (lo, hi):
+                        raise ModelRejected(f"the model's input bounds for {f!r} ({lo:g}, {hi:g}) are not the public "
+                                            f"bounds {model.publisher!r} declared ({declared[f][0]}, {declared[f][1]})")
             fname = f"{digest}.safetensors"
             tmp = self.models_dir / f".{fname}.tmp"
             tmp.write_bytes(data)

@@ -17,6 +17,7 @@ publisher's own (ε, δ)) and its own data, which it keeps.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -208,8 +209,11 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     # select: score each candidate on the customize part
     t1 = time.perf_counter()
     outs = [model_outputs(m, data.x[cu], c, f) for m, (c, f) in zip(cands, aligned, strict=True)]
-    scores = [score(data.task, o, data.y[cu]) for o in outs]
-    order = sorted(range(len(cands)), key=lambda i: (-scores[i], i))
+    usable = [bool(torch.isfinite(o).all()) for o in outs]  # a model whose outputs overflow here is left out
+    scores = [score(data.task, o, data.y[cu]) if ok else -math.inf for o, ok in zip(outs, usable, strict=True)]
+    order = sorted((i for i in range(len(cands)) if usable[i]), key=lambda i: (-scores[i], i))
+    if not order:
+        raise ConfigError("no subscribed model gives finite outputs on the subscriber's rows")
     keep = order if top_m is None else order[:top_m]
     t_select = time.perf_counter() - t1
 
@@ -257,6 +261,7 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     result.report = {
         "metric": metric, "test": test, "own_test": own_test, "own_note": own_note, "selected": result.names,
         "scores": dict(zip(names, scores, strict=True)), "candidates": len(cands),
+        "skipped_nonfinite": [names[i] for i in range(len(cands)) if not usable[i]],
         "rows": {"train": len(tr), "customize": len(cu), "test": len(te)},
         "seconds": {"own": t_own, "select": t_select, "fuse": t_fuse},
         "publisher_budgets": {names[i]: {"epsilon": cands[i].epsilon, "delta": cands[i].delta,

@@ -95,9 +95,12 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
         unknown = set(np.unique(y).tolist()) - set(range(len(classes)))
         if unknown:
             raise ConfigError(f"labels must be class indices 0…{len(classes) - 1}; got {sorted(unknown)[:5]}")
-        if kind == "dp-logreg" and len(np.unique(y)) < 2:
-            raise ConfigError(f"dp-logreg needs rows of at least two classes; this data holds only class "
-                              f"{classes[int(y[0])]!r} (dp-nn can learn from a site with one class)")
+        if kind == "dp-logreg" and nonprivate and len(np.unique(y)) < 2:
+            raise ConfigError(f"a non-private logistic regression needs rows of at least two classes; this data holds "
+                              f"only class {classes[int(y[0])]!r}")
+        if kind == "dp-nb" and not nonprivate and len(np.unique(y)) < len(classes):
+            raise ConfigError("dp-nb (diffprivlib's GaussianNB) publishes an exact zero count for a declared class the "
+                              "rows lack, which DP does not cover; use dp-logreg, dp-forest or dp-nn for these rows")
     if not nonprivate and not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
         raise ConfigError(f"a DP model needs 0 < ε < ∞ and 0 < δ < 1, got ε={epsilon}, δ={delta}")
 
@@ -166,10 +169,7 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
                     m.coef_ = np.vstack([e.coef_ for e in ovr.estimators_])
                     m.intercept_ = np.concatenate([e.intercept_ for e in ovr.estimators_])
             else:
-                from diffprivlib.models import LogisticRegression
-
-                m = LogisticRegression(epsilon=epsilon, data_norm=math.sqrt(d), random_state=seed, max_iter=1000)
-                m.fit(x, y)
+                m = _declared_class_logreg(x, y, len(classes), epsilon, math.sqrt(d), seed)
             coef, icpt = _full_linear(m.coef_, m.intercept_, m.classes_, len(classes))
             tensors = {"coef": coef, "intercept": icpt}
             mech = {"name": "diffprivlib.LogisticRegression (objective perturbation)", "data_norm": math.sqrt(d)}
@@ -217,6 +217,30 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
     else:
         mech.update({"epsilon": float(epsilon), "delta": 0.0})
     return tensors, mech
+
+
+def _declared_class_logreg(x, y, k: int, epsilon: float, data_norm: float, seed):
+    """diffprivlib's DP logistic regression (objective perturbation, one-vs-rest, ε split evenly over the classes)
+    fitted over the *declared* classes 0…k−1 rather than the classes present in the rows — diffprivlib's own fit
+    takes its classes from the data, so a class missing from a site's rows would show in the published model.
+    Every step is diffprivlib's (``_logistic_regression_path`` per class, the same random state), so when every
+    declared class is present the result is the one ``LogisticRegression.fit`` gives."""
+    from diffprivlib.models import LogisticRegression
+    from diffprivlib.models.logistic_regression import _logistic_regression_path
+    from diffprivlib.utils import check_random_state
+
+    m = LogisticRegression(epsilon=epsilon, data_norm=data_norm, random_state=seed, max_iter=1000)
+    random_state = check_random_state(m.random_state)
+    x = m._clip_to_norm(np.ascontiguousarray(x, dtype=float), data_norm)
+    m.classes_ = np.arange(k)
+    fitted = m.classes_[1:] if k == 2 else m.classes_  # binary: one model for the second class, the whole ε
+    coefs = [_logistic_regression_path(x, y, epsilon=epsilon / len(fitted), data_norm=data_norm, pos_class=c,
+                                       Cs=[m.C], fit_intercept=m.fit_intercept, max_iter=m.max_iter, tol=m.tol,
+                                       verbose=m.verbose, coef=None, random_state=random_state, check_input=False)[0]
+             for c in fitted]
+    coef = np.asarray(coefs).reshape(len(fitted), x.shape[1] + 1)
+    m.coef_, m.intercept_ = coef[:, :-1], coef[:, -1]
+    return m
 
 
 def _full_linear(coef, icpt, seen, k):

@@ -11,7 +11,9 @@ site then joins the broker with the schema's public metadata instead of its data
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,13 +23,18 @@ from silofl.data.schema import Schema
 
 @dataclass
 class PubSubTable:
+    """A site's rows as PubSub-ML reads them, with the schema's public metadata and each row's record id."""
+
     x: np.ndarray
     y: np.ndarray
     features: list[str]
     lo: np.ndarray
     hi: np.ndarray
     defaults: np.ndarray
-    classes: list[str]
+    classes: list[str] | None  # None for a regression target
+    task: str = "classification"
+    y_bounds: tuple[float, float] | None = None  # a regression target's declared public range
+    ids: list[str] = field(default_factory=list)  # one record id per row (the ledger keys releases by them)
 
     def metadata(self) -> dict[str, tuple]:
         """The broker's public per-feature metadata: (kind, default, low, high)."""
@@ -56,15 +63,38 @@ def encode(schema: Schema, raw: np.ndarray, y: np.ndarray) -> PubSubTable:
             lo += [0.0] * len(f.levels)
             hi += [1.0] * len(f.levels)
             defaults += [0.0] * len(f.levels)
-    return PubSubTable(np.concatenate(cols, axis=1), np.asarray(y, dtype=np.int64), names, np.array(lo), np.array(hi),
-                       np.array(defaults), list(schema.classes))
+    regression = schema.task == "regression"
+    return PubSubTable(np.concatenate(cols, axis=1), np.asarray(y, dtype=np.float64 if regression else np.int64), names,
+                       np.array(lo), np.array(hi), np.array(defaults), None if regression else list(schema.classes),
+                       schema.task, schema.target_bounds)
 
 
-def read(path: str, schema_path: str) -> PubSubTable:
-    """A site's file checked against the schema and encoded for PubSub-ML."""
+def read(path: str, schema_path: str, id_column: str | None = None) -> PubSubTable:
+    """A site's file checked against the schema and encoded for PubSub-ML, with each row's record id: the
+    ``id_column``'s value, or else a digest of the row's content (the same record read again gets the same id, in
+    any file or order; the k-th identical copy of a row gets ``#k``)."""
     from silofl.data.schema import read_table
 
     schema = Schema.load(schema_path)
-    raw, y, _ = schema.check(read_table(path), path)
+    df = read_table(path)
+    if id_column is not None and id_column not in df.columns:
+        raise DataError(f"{path}: no id column {id_column!r}")
+    kept: list[int] = []
+    raw, y, _ = schema.check(df, path, extra=(id_column,) if id_column else (), kept=kept)
     assert y is not None
-    return encode(schema, raw, y)
+    table = encode(schema, raw, y)
+    if id_column is not None:
+        ids = [str(v) for v in df[id_column].to_numpy()[kept]]
+        if len(set(ids)) != len(ids):
+            raise DataError(f"{path}: the id column {id_column!r} repeats a value")
+    else:
+        cols = [c for c in (*schema.names, schema.target) if c in df.columns]
+        rows = df[cols].astype(str).to_numpy()[kept]
+        seen: dict[str, int] = {}
+        ids = []
+        for r in rows:  # identical rows are distinct records: the k-th copy gets "#k"
+            h = hashlib.sha256(json.dumps(r.tolist()).encode()).hexdigest()
+            seen[h] = seen.get(h, -1) + 1
+            ids.append(h if seen[h] == 0 else f"{h}#{seen[h]}")
+    table.ids = ids
+    return table

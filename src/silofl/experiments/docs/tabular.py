@@ -37,6 +37,7 @@ def _privacy_of(label: str, s: dict) -> str:
 
 
 def plot(summary: dict, sites: list[str], path: Path) -> None:
+    """Bar chart of per-site accuracy (internal and all islands' rows) for every method."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,6 +64,7 @@ def plot(summary: dict, sites: list[str], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Write docs/tabular.md and its plot from the study's results.json."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="reports/tabular")
     ap.add_argument("--out", default="docs/tabular.md")
