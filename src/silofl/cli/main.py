@@ -1,5 +1,5 @@
-"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export`` and the ``pubsub``
-group.
+"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export`` and the ``pubsub``,
+``site`` and ``deploy`` groups.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
 fix are printed as one line (exit code 2), never as a traceback.
@@ -96,6 +96,9 @@ def run(
                                        "(multi-process runs)."),
     set_: list[str] = typer.Option([], "--set", help="Any other option, KEY=VALUE (YAML value); repeatable."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    engine: str = typer.Option("simulator", "--engine", hidden=True, help="simulator | flower-local (silofl deploy local)"),
+    deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
+    insecure: bool = typer.Option(False, "--insecure", hidden=True),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.run.config import RunConfig, load_yaml_mapping
@@ -104,7 +107,7 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     flags = {k: v for k, v in locals().items() if v is not None and k not in (
         "config", "quiet", "run_loop", "RunConfig", "load_yaml_mapping", "set_", "resume", "overwrite", "distributed",
-        "peer_timeout")}
+        "peer_timeout", "engine", "deploy_timeout", "insecure")}
     if target_epsilons is not None:
         flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
     if clip is not None:
@@ -140,6 +143,19 @@ def run(
     if requested != resolved.privacy and not resolved.info.traits.nonprivate:
         console.print(f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
                       f"{resolved.privacy!r} mode")
+    if engine == "flower-local":
+        from silofl.deploy.local import deploy_local
+
+        if resume or overwrite:
+            raise ConfigError("silofl deploy local starts a fresh deployment: --resume and --overwrite do not apply")
+        console.print(f"deploying on this machine: a SuperLink and {resolved.clients} sites as separate processes, "
+                      + ("[bold red]INSECURE: no TLS, no node authentication[/]" if insecure else
+                         "TLS, SuperNode authentication, payloads between sites sealed end to end"))
+        print_summary(deploy_local(resolved, Path(resolved.out), timeout_s=deploy_timeout, insecure=insecure,
+                                   progress=not quiet))
+        return
+    if engine != "simulator":
+        raise ConfigError(f"unknown engine {engine!r}")
     engine_factory = None
     if distributed:
         from silofl.comm.torchdist import TorchDistEngine
@@ -435,9 +451,12 @@ def export(
     console.print(f"privacy: {card['privacy']['statement']}", markup=False, highlight=False)
 
 
-from silofl.cli.pubsub import app as pubsub_app  # noqa: E402 - the subcommand group registers after the commands
+from silofl.cli.deploy import deploy_app, site_app  # noqa: E402 - the subcommand groups register after the commands
+from silofl.cli.pubsub import app as pubsub_app  # noqa: E402
 
 app.add_typer(pubsub_app, name="pubsub")
+app.add_typer(site_app, name="site")
+app.add_typer(deploy_app, name="deploy")
 
 
 def main() -> None:  # pragma: no cover

@@ -79,19 +79,28 @@ def site_factory(method: Method, split: SplitData, ledgers: Path | None = None,
 
 
 def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
-          data=None, ledgers: bool = False) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
+          data=None, ledgers: bool = False, remote=None) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
     """Resolve ``cfg``, prepare its data and connect its coordinator to its sites over an engine (in-process
     unless ``engine_factory`` makes another). With ``ledgers`` every party keeps its privacy ledger under
-    ``OUT/sites/``. Raises ConfigError / BudgetExhausted before a run folder is written."""
+    ``OUT/sites/``. ``remote``: the sites hold their own data elsewhere (a deployment,
+    :class:`silofl.deploy.coordinator.RemoteSplit`: shapes and public facts only); nothing is loaded here and
+    ``engine_factory`` gets no site factory. Raises ConfigError / BudgetExhausted before a run folder is written."""
     cfg = cfg.resolve()
     device = device if device is not None else resolve_device(cfg.device)
-    cfg, split = prepare_data(cfg, device, data)
     method = cfg.info.cls(cfg)
     root = ledger_root(cfg) if ledgers else None
     release = releases_nonprivate(cfg, engine_factory is None)
-    make, n_sites = site_factory(method, split, root, release)
-    engine = engine_factory(make, n_sites) if engine_factory is not None else \
-        InProcessEngine({k: make(k) for k in range(n_sites)})
+    if remote is not None:
+        if engine_factory is None:
+            raise ConfigError("a run on remote sites needs their engine")
+        split, n_sites = remote, len(remote.sites)
+        engine = engine_factory(None, n_sites)
+    else:
+        cfg, split = prepare_data(cfg, device, data)
+        method = cfg.info.cls(cfg)
+        make, n_sites = site_factory(method, split, root, release)
+        engine = engine_factory(make, n_sites) if engine_factory is not None else \
+            InProcessEngine({k: make(k) for k in range(n_sites)})
     coordinator = method.make_coordinator(n_sites, split, device)
     coordinator.release_nonprivate = release
     if root is not None:
@@ -112,10 +121,10 @@ def ledger_root(cfg: RunConfig) -> Path:
 
 
 def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = False,
-        engine_factory: EngineFactory | None = None, overwrite: bool = False) -> dict:
+        engine_factory: EngineFactory | None = None, overwrite: bool = False, remote=None) -> dict:
     """Run ``cfg`` and write its run folder; ``resume`` continues from the folder's latest checkpoint
-    (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts). Returns the
-    summary."""
+    (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts); ``remote``: the
+    sites run elsewhere (see :func:`build`). Returns the summary."""
     cfg = cfg.resolve()
     check_out(cfg.out, resume=resume, overwrite=overwrite)
     if cfg.threads is not None:
@@ -136,7 +145,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     existed = out.exists()
     stash = Stash(out) if overwrite and not resume else None  # the previous run, kept until this one starts
     try:
-        cfg, split, coordinator, engine = build(cfg, device, engine_factory, ledgers=True)
+        cfg, split, coordinator, engine = build(cfg, device, engine_factory, ledgers=True, remote=remote)
     except BaseException:  # bad input: leave nothing behind (a fresh run's site folders), restore what was there
         if not resume:
             shutil.rmtree(ledger_root(cfg), ignore_errors=True)

@@ -1,0 +1,122 @@
+"""``silofl site`` (a site's own commands) and ``silofl deploy`` (the coordinator's, and ``deploy local``).
+
+Between institutions (README, "Deploying between institutions"):
+
+* the coordinator: ``silofl deploy certs DIR --host NAME`` (CA and SuperLink certificate), ``silofl deploy
+  superlink DIR`` (TLS, node authentication), ``silofl deploy register DIR CARD.json…`` and ``silofl deploy
+  start DIR --site-card …`` (submits the run);
+* each site: ``silofl site init DIR --name … --data … --lifetime-epsilon …`` (keys, budget), ``silofl site pin
+  DIR CARD.json…`` (the federation's public cards), ``silofl site run DIR --superlink HOST:PORT --ca ca.crt``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import typer
+
+from silofl.cli.common import err_console, friendly_errors
+from silofl.core.errors import ConfigError
+
+site_app = typer.Typer(no_args_is_help=True, help="A site's own commands: its folder, keys, budget, and joining runs.")
+deploy_app = typer.Typer(no_args_is_help=True, help="Deploy between institutions on Flower (and `deploy local`).")
+
+
+@site_app.command("init")
+@friendly_errors
+def site_init(
+    folder: Path = typer.Argument(..., help="The site folder to create (refused if it holds a site)."),
+    name: str = typer.Option(..., "--name", help="The site's name in the federation."),
+    data: str = typer.Option(..., "--data", help="Its data: a silofl export (.safetensors), a table (.csv/.parquet, "
+                             "with --schema) or an image folder."),
+    lifetime_epsilon: float = typer.Option(..., "--lifetime-epsilon", help="The most ε this site ever spends, over "
+                                           "every run."),
+    lifetime_delta: float = typer.Option(1e-5, "--lifetime-delta"),
+    schema: str | None = typer.Option(None, "--schema", help="The collaboration's schema, for a table."),
+    private_model: str | None = typer.Option(None, "--private-model", help="Its private model (never leaves it)."),
+    report_test_figures: bool = typer.Option(False, "--report-test-figures", help="Report figures of non-private "
+                                             "data (the private model's accuracy) to the coordinator."),
+    allow_research_seed: bool = typer.Option(False, "--allow-research-seed", help="Accept seeded research runs "
+                                             "(whoever knows the seed can reproduce this site's noise)."),
+):
+    """Create a site folder: site.json (its decisions), fresh keys, its public card (keys/public.json)."""
+    from silofl.deploy.site import SiteConfig, init_site, load_local
+
+    cfg = SiteConfig(name=name, data=str(Path(data).resolve()), lifetime_epsilon=lifetime_epsilon,
+                     lifetime_delta=lifetime_delta, private_model=private_model,
+                     schema=str(Path(schema).resolve()) if schema else None, report_test_figures=report_test_figures,
+                     allow_research_seed=allow_research_seed)
+    if not (lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
+        raise ConfigError("the lifetime budget needs ε > 0 and 0 < δ < 1")
+    load_local(folder, cfg)  # the data must be readable before the folder is written
+    init_site(folder, cfg)
+    typer.echo(f"site {name} in {folder}: give {folder / 'keys' / 'public.json'} to the coordinator and the other sites")
+
+
+@site_app.command("pin")
+@friendly_errors
+def site_pin(folder: Path = typer.Argument(...), cards: list[Path] = typer.Argument(..., help="public.json of every "
+                                                                                     "site of the federation")):
+    """Pin the federation's public cards in the site folder (payloads are sealed to and checked against them)."""
+    from silofl.deploy.site import SiteConfig, pin_federation
+
+    SiteConfig.load(folder)
+    pin_federation(folder, [_card(c) for c in cards])
+    typer.echo(f"pinned {len(cards)} sites in {folder / 'federation.json'}")
+
+
+def _card(path: Path) -> dict:
+    try:
+        c = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a site's public card ({e})") from None
+    if not isinstance(c, dict) or not {"name", "seal", "sign", "node"} <= set(c):
+        raise ConfigError(f"{path}: not a site's public card (name, seal, sign, node)")
+    return c
+
+
+@site_app.command("run")
+@friendly_errors
+def site_run(
+    site_dir: Path = typer.Option(..., "--site-dir", help="The site folder."),
+    superlink: str = typer.Option(..., "--superlink", help="The coordinator's SuperLink, HOST:PORT."),
+    ca: Path | None = typer.Option(None, "--ca", help="The coordinator's CA certificate (TLS)."),
+    insecure: bool = typer.Option(False, "--insecure", help="No TLS and no node authentication (tests only)."),
+    poll_s: float = typer.Option(0.1, "--poll-s", hidden=True),
+):
+    """Serve this site to the coordinator until stopped: its worker and a SuperNode connecting out over TLS."""
+    from silofl.deploy.local import run_site
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    run_site(site_dir, superlink, ca, insecure=insecure, poll_s=poll_s)
+
+
+@deploy_app.command("local", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@friendly_errors
+def deploy_local_cmd(
+    ctx: typer.Context,
+    sites: int = typer.Option(..., "--sites", help="Sites (K), each its own SuperNode process with its own folder."),
+    timeout_s: float = typer.Option(900.0, "--timeout", help="Seconds the run may take."),
+    insecure: bool = typer.Option(False, "--insecure", help="No TLS, no node authentication (recorded in the "
+                                  "summary; payloads stay sealed)."),
+):
+    """A real deployment on this machine: CA, certificates and keys, a site folder per site with its own
+    partition, a SuperLink and K SuperNodes as separate processes; writes the same run folder as `silofl run`.
+    Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 3 --out runs/d)."""
+    from silofl.cli.main import app
+
+    if sites < 1:
+        raise ConfigError("--sites must be at least 1")
+    args = ["run", "--engine", "flower-local", "--clients", str(sites), "--deploy-timeout", str(timeout_s),
+            *(["--insecure"] if insecure else []), *ctx.args]
+    try:
+        code = app(args, standalone_mode=False)
+    except typer.Exit as e:
+        raise typer.Exit(e.exit_code) from None
+    except Exception as e:  # click's usage errors: one line
+        err_console.print(f"[bold red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    if isinstance(code, int) and code:
+        raise typer.Exit(code)

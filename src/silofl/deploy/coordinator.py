@@ -1,0 +1,227 @@
+"""The coordinator's side of a Flower deployment: the engine over Flower's Message API, and the run.
+
+:class:`FlowerEngine` implements the engine seam (:mod:`silofl.comm.engine`) with Flower's ``Grid``:
+``call(step, {site: request})`` becomes one Flower message per site (type ``query.silofl``, one frame of
+bytes: :func:`silofl.comm.messages.pack`), pushed to that site's SuperNode and pulled back. The
+coordinator never opens what sites send each other: those packets are sealed end to end by the sites'
+workers (:mod:`silofl.deploy.seal`) and only routed here. A site that does not answer within the timeout,
+whose ClientApp fails, or whose worker refuses a step is *lost* (its reason recorded), exactly as in the
+multi-process engine: the method's repair runs (PushSum mass reclaimed) and the others go on.
+
+:func:`serve_run` is what the ServerApp runs: wait for the federation's nodes, check each site's signed
+hello against its pinned key, send every site the run (it decides whether to join), then drive
+:func:`silofl.run.loop.run` with this engine. The coordinator holds no site data: the model shapes and
+sizes it needs come from the sites' hellos.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from silofl.comm.engine import Engine
+from silofl.comm.messages import Message, pack, unpack
+from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
+from silofl.deploy.site import ERROR, HELLO, SETUP
+
+log = logging.getLogger("silofl")
+
+MESSAGE_TYPE = "query.silofl"
+MAX_REPLY = 256 << 20
+
+
+@dataclass
+class RemoteSplit:
+    """What the coordinator knows of the data it never holds: shapes and the sites' public facts."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+    source: str
+    test_set: str
+    sites: list[str]
+    internal: list | None = None
+    parts: list = field(default_factory=list)
+    preprocessing: list | None = None
+
+
+class FlowerEngine(Engine):
+    """The engine over a Flower ``Grid`` (see the module doc)."""
+
+    name = "flower"
+
+    def __init__(self, grid, nodes: dict[int, int], timeout_s: float, security: dict, poll_s: float = 0.02):
+        super().__init__(sorted(nodes))
+        self.grid, self.nodes, self.timeout_s, self.security, self.poll_s = grid, nodes, timeout_s, security, poll_s
+        self.wire_sent: dict[int, int] = {k: 0 for k in nodes}  # frame bytes to / from each site, sealing included
+        self.wire_received: dict[int, int] = {k: 0 for k in nodes}
+        self.receive_seconds: dict[str, float] = {}
+        self.refused: list[dict] = []
+        self.round = 0
+
+    @property
+    def processes(self) -> int:
+        return len(self.nodes) + 1
+
+    def describe(self) -> dict:
+        return {"name": self.name, "processes": self.processes, "flwr": _flwr_version(), **self.security,
+                "frame_bytes_to_sites": {str(k): v for k, v in self.wire_sent.items()},
+                "frame_bytes_from_sites": {str(k): v for k, v in self.wire_received.items()},
+                "relay_sees": "message sizes and timing, the step names, who sends to whom in which round, and the "
+                              "figures sites choose to report; never a payload between sites (sealed end to end)"}
+
+    def exchange(self, step: str, requests: dict[int, Message], timeout_s: float | None = None) -> dict[int, Message]:
+        """Send each addressed site its request and wait for the replies (lost sites are recorded)."""
+        from flwr.app import ConfigRecord, RecordDict
+        from flwr.app import Message as FlwrMessage
+
+        msgs, ids = [], {}
+        for k, m in requests.items():
+            frame = pack(step, {k: m})
+            self.wire_sent[k] = self.wire_sent.get(k, 0) + len(frame)
+            msgs.append(FlwrMessage(RecordDict({"silofl": ConfigRecord({"frame": frame})}), dst_node_id=self.nodes[k],
+                                    message_type=MESSAGE_TYPE, group_id=str(self.round)))
+        t0 = time.perf_counter()
+        for k, mid in zip(requests, self.grid.push_messages(msgs), strict=True):
+            ids[mid] = k
+        replies: dict[int, Message] = {}
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        pending = set(ids)
+        while pending and time.monotonic() < deadline:
+            for r in self.grid.pull_messages(pending):
+                mid = r.metadata.reply_to_message_id
+                if mid not in pending:
+                    continue
+                pending.discard(mid)
+                k = ids[mid]
+                self.receive_seconds[str(k)] = self.receive_seconds.get(str(k), 0.0) + time.perf_counter() - t0
+                reply = self._reply(k, step, r)
+                if reply is not None:
+                    replies[k] = reply
+            if pending:
+                time.sleep(self.poll_s)
+        for mid in pending:
+            self._lose(ids[mid], f"no answer within {timeout_s or self.timeout_s:g} s")
+        return replies
+
+    def _reply(self, k: int, step: str, r) -> Message | None:
+        if r.has_error():
+            self._lose(k, f"its ClientApp failed: {r.error.reason}"[:300])
+            return None
+        try:
+            frame = r.content["silofl"]["frame"]
+            if not isinstance(frame, bytes):
+                raise PeerModelRejected("a reply carries one frame of bytes")
+            self.wire_received[k] = self.wire_received.get(k, 0) + len(frame)
+            got_step, got = unpack(frame, MAX_REPLY)
+        except (KeyError, PeerModelRejected) as e:
+            self._lose(k, f"malformed reply: {e}")
+            return None
+        if got_step == ERROR:
+            why = next(iter(got.values())).meta.get("error", "refused") if got else "refused"
+            self._lose(k, f"refused {step}: {why}"[:500])
+            return None
+        if got_step != step or set(got) != {k}:
+            self._lose(k, f"replied to {got_step!r} for {sorted(got)} when asked {step!r}")
+            return None
+        reply = got[k]
+        for p in reply.packets:
+            if p.src != k:  # a site speaks only for itself
+                self._lose(k, f"sent a packet as node {p.src}")
+                return None
+        for why in reply.meta.pop("refused_payloads", []) or []:
+            self.refused.append({"client": k, "round": self.round, "reason": str(why)[:300]})
+        return reply
+
+    def _lose(self, k: int, why: str) -> None:
+        if k not in self.lost:
+            log.warning("site %d lost: %s", k, why)
+            self.lost[k] = why
+
+    def _call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        for m in requests.values():
+            if isinstance(m.meta.get("round"), int):
+                self.round = m.meta["round"]
+        return self.exchange(step, requests)
+
+
+def _flwr_version() -> str:
+    import flwr
+
+    return flwr.__version__
+
+
+def wait_for_nodes(grid, want: set[int], timeout_s: float) -> None:
+    """Wait until every node of ``want`` is connected to the SuperLink."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        have = set(grid.get_node_ids())
+        if want <= have:
+            return
+        if time.monotonic() > deadline:
+            raise SiloflError(f"nodes {sorted(want - have)} did not connect within {timeout_s:g} s")
+        time.sleep(0.2)
+
+
+def serve_run(grid, coordinator_path: str) -> dict:
+    """Run the deployment described in ``coordinator_path`` (coordinator.json) and write its run folder; the
+    outcome (or the error) is written to ``status.json`` beside it."""
+    path = Path(coordinator_path)
+    status = path.parent / "status.json"
+    status.write_text(json.dumps({"state": "running"}))
+    try:
+        summary = _serve(grid, json.loads(path.read_text()))
+        status.write_text(json.dumps({"state": "done", "rounds_run": summary["rounds_run"]}))
+        return summary
+    except BaseException as e:
+        status.write_text(json.dumps({"state": "failed", "error": f"{type(e).__name__}: {e}",
+                                      "traceback": traceback.format_exc()[-4000:]}))
+        raise
+
+
+def _serve(grid, spec: dict) -> dict:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from silofl.run.config import RunConfig
+    from silofl.run.loop import run
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    sites = spec["sites"]
+    nodes = {k: int(s["node_id"]) for k, s in enumerate(sites)}
+    wait_for_nodes(grid, set(nodes.values()), float(spec.get("connect_timeout_s", 300)))
+    engine = FlowerEngine(grid, nodes, float(spec.get("timeout_s", 600)), dict(spec["security"]))
+    nonce = secrets.token_hex(16)
+    hellos = engine.exchange(HELLO, {k: Message({"nonce": nonce}) for k in nodes})
+    for k, s in enumerate(sites):
+        h = hellos.get(k)
+        if h is None:
+            raise SiloflError(f"site {s['name']} did not say hello: {engine.lost.get(k)}")
+        try:
+            ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(s["sign"])).verify(
+                bytes.fromhex(str(h.meta.get("signature", ""))), f"silofl hello|{nonce}|{s['name']}".encode())
+        except (InvalidSignature, ValueError):
+            raise SiloflError(f"node {nodes[k]} answered for site {s['name']} without its pinned key") from None
+    shapes = {(tuple(h.meta["input_shape"]), int(h.meta["num_classes"])) for h in hellos.values()}
+    if len(shapes) != 1:
+        raise ConfigError(f"the sites' data differ in input shape or classes: {sorted(shapes)}")
+    (input_shape, num_classes), = shapes
+    sizes = [int(hellos[k].meta["n"]) for k in range(len(sites))]
+    cfg = RunConfig.from_dict(spec["config"]).resolve().with_data(sum(sizes), smallest=min(sizes))
+    run_id = spec.get("run_id") or secrets.token_hex(8)
+    names = [s["name"] for s in sites]
+    joined = engine.exchange(SETUP, {k: Message({"run_id": run_id, "sites": names, "config": cfg.to_dict()})
+                                     for k in nodes})
+    if len(joined) != len(nodes):
+        raise SiloflError("sites refused the run: " + "; ".join(f"{names[k]}: {why}" for k, why in engine.lost.items()))
+    internal = [None] * len(sites) if all(h.meta.get("internal") for h in hellos.values()) else None
+    remote = RemoteSplit(input_shape, num_classes, source=f"each site's own data ({', '.join(names)})",
+                         test_set="each site's own copy of the shared test set" if all(h.meta.get("test") for h in
+                                                                                        hellos.values()) else
+                         "none (the sites hold no shared test set)", sites=names, internal=internal)
+    engine.security["run_id"] = run_id
+    return run(cfg, progress=False, engine_factory=lambda make, n: engine, remote=remote)

@@ -1,0 +1,1 @@
+"""silofl's Flower app (see silofl.deploy)."""

@@ -1,0 +1,311 @@
+"""Processes of a deployment: a site's SuperNode beside its worker (``silofl site run``), the coordinator's
+SuperLink, node registration and run submission — and ``silofl deploy local``, all of it on one machine.
+
+``deploy local`` is a real deployment on loopback, for demos and tests: it makes a CA and a server
+certificate, a site folder per site (its own keys, its exported partition, its budget), pins every site's
+public card in every folder, starts a SuperLink (TLS, SuperNode authentication) and one ``silofl site run``
+process per site (each starting its own SuperNode, outbound to the SuperLink), registers the node keys,
+submits the run, waits for the coordinator's ServerApp to write the run folder, and stops every process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from silofl.core.errors import ConfigError, SiloflError
+
+log = logging.getLogger("silofl")
+
+FAB_DIR = Path(__file__).parent / "fab"
+FEDERATION = "silofl"  # the name of the SuperLink connection in the CLI's config
+
+
+def flower_bin(name: str) -> str:
+    """A Flower executable installed beside this Python."""
+    p = Path(sys.executable).parent / name
+    found = str(p) if p.exists() else shutil.which(name)
+    if not found:
+        raise ConfigError(f"{name} not found: install Flower (pip install flwr==1.41.0)")
+    return found
+
+
+def flower_env(home: Path, poll_s: float = 0.1) -> dict[str, str]:
+    """The environment of a Flower process: its own home, no telemetry, no update check, quick task polling."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)  # Flower starts its helpers (flower-superexec, flwr-*app) by name
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env.update({"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+                "PYTHONUNBUFFERED": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(poll_s),
+                "SILOFL_NO_PROGRESS": "1"})
+    home.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A child process in its own process group, its output in a log file."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_dir: Path):
+        self.name, self.cmd = name, cmd
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.p = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        """Its output so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, needle: str, timeout_s: float) -> None:
+        """Wait until ``needle`` appears in its output; SiloflError if it exits or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while needle not in self.text():
+            if self.p.poll() is not None:
+                raise SiloflError(f"{self.name} exited ({self.p.returncode}): {self.text()[-1500:]}")
+            if time.monotonic() > deadline:
+                raise SiloflError(f"{self.name}: not ready within {timeout_s:g} s: {self.text()[-1500:]}")
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM to its group, then SIGKILL if it lingers."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.p.wait(timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self._log.close()
+
+
+# ---------------------------------------------------------------------------------------------- a site
+def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = False, poll_s: float = 0.1,
+             ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
+    """``silofl site run``: the site's worker, and its SuperNode connecting out to ``superlink``, until stopped."""
+    from silofl.deploy.site import SiteWorker
+
+    folder = Path(folder).resolve()
+    worker = SiteWorker(folder)
+    if not insecure and (ca is None or not Path(ca).is_file()):
+        raise ConfigError("the coordinator's CA certificate is needed (--ca), or --insecure for a test without TLS")
+    sock_dir = Path(tempfile.mkdtemp(prefix="silofl-site-"))  # 0700: only this user; short enough for a socket
+    sock = sock_dir / "site.sock"
+    stop = stop or threading.Event()
+    server = threading.Thread(target=worker.serve, args=(sock, stop), daemon=True)
+    server.start()
+    cmd = [flower_bin("flower-supernode"), "--superlink", superlink, "--node-config",
+           f'site-socket="{sock}"', "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(free_port())]
+    if insecure:
+        cmd.append("--insecure")
+    else:
+        cmd += ["--root-certificates", str(ca), "--auth-supernode-private-key", str(folder / "keys" / "node")]
+    node = Proc("supernode", cmd, flower_env(folder / "flwr", poll_s), folder / "logs")
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for s in previous:
+            signal.signal(s, on_signal)
+    try:
+        node.wait_for("SuperNode ID", 120)
+        log.warning("site %s connected to %s (SuperNode ID: %d)", worker.cfg.name, superlink, _node_id(node.text()))
+        if ready is not None:
+            ready.set()
+        while not stop.is_set():
+            if node.p.poll() is not None:
+                raise SiloflError(f"the SuperNode of site {worker.cfg.name} exited: {node.text()[-800:]}")
+            stop.wait(0.5)
+    finally:
+        stop.set()
+        node.stop()
+        server.join(5)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+        if threading.current_thread() is threading.main_thread():
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+# ---------------------------------------------------------------------------------------------- the coordinator
+def start_superlink(folder: Path, port: int, insecure: bool = False, poll_s: float = 0.1) -> Proc:
+    """The coordinator's SuperLink on ``port`` with TLS (folder/pki) and SuperNode authentication."""
+    cmd = [flower_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(port), "--isolation", "subprocess",
+           "--disable-runtime-dependency-installation"]
+    if insecure:
+        cmd.append("--insecure")
+    else:
+        pki = folder / "pki"
+        cmd += ["--ssl-ca-certfile", str(pki / "ca.crt"), "--ssl-certfile", str(pki / "server.crt"),
+                "--ssl-keyfile", str(pki / "server.key"), "--enable-supernode-auth"]
+    proc = Proc("superlink", cmd, flower_env(folder / "flwr-superlink", poll_s), folder / "logs")
+    proc.wait_for("Uvicorn running", 120)
+    return proc
+
+
+def cli_env(folder: Path, address: str, insecure: bool) -> dict[str, str]:
+    """The environment of the ``flwr`` CLI talking to the SuperLink at ``address``."""
+    env = flower_env(folder / "flwr-cli")
+    conn = f'[superlink]\ndefault = "{FEDERATION}"\n\n[superlink.{FEDERATION}]\naddress = "{address}"\n'
+    conn += "insecure = true\n" if insecure else f'root-certificates = "{folder / "pki" / "ca.crt"}"\n'
+    (folder / "flwr-cli" / "config.toml").write_text(conn)
+    return env
+
+
+def flwr(args: list[str], env: dict[str, str], timeout_s: float = 120) -> dict:
+    """Run the ``flwr`` CLI with JSON output; its parsed output, or SiloflError with what it printed."""
+    cp = subprocess.run([flower_bin("flwr"), *args, "--format", "json"], env=env, capture_output=True, text=True,
+                        timeout=timeout_s)
+    try:
+        out = json.loads(cp.stdout)
+    except ValueError:
+        out = None
+    if cp.returncode != 0 or not isinstance(out, dict) or out.get("success") is False:
+        raise SiloflError(f"flwr {' '.join(args)} failed: {(cp.stdout + cp.stderr)[-800:]}")
+    return out
+
+
+def register_node(pub: Path, env: dict[str, str]) -> int:
+    """Register a site's node key with the SuperLink (only registered nodes may connect); its node id."""
+    return int(flwr(["supernode", "register", str(pub), FEDERATION], env)["node-id"])
+
+
+def submit(coordinator_json: Path, env: dict[str, str]) -> int:
+    """Submit silofl's Flower app for the coordinator folder; the Flower run id."""
+    out = flwr(["run", str(FAB_DIR), FEDERATION, "--run-config", f'coordinator="{coordinator_json}"'], env)
+    return int(out["run-id"])
+
+
+# ---------------------------------------------------------------------------------------------- deploy local
+def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = False, poll_s: float = 0.1,
+                 progress: bool = True) -> dict:
+    """A real deployment of ``cfg`` on this machine (see the module doc); the run's summary."""
+    import torch
+
+    from silofl.deploy.pki import make_ca, make_server_cert
+    from silofl.deploy.site import NOT_DEPLOYABLE, SiteConfig, export_data, init_site, pin_federation
+    from silofl.run.data import prepare_data
+    from silofl.run.folder import check_out
+
+    cfg = cfg.resolve()
+    if cfg.method in NOT_DEPLOYABLE:
+        raise ConfigError(f"method {cfg.method} is not run between institutions: {NOT_DEPLOYABLE[cfg.method]}")
+    out = Path(out).resolve()
+    check_out(out)
+    dep = out / "deployment"
+    if dep.exists():
+        raise ConfigError(f"{dep} exists: choose another --out")
+    cfg, split = prepare_data(cfg, torch.device("cpu"))  # the one-machine stand-in for K institutions' own data
+    cfg = cfg.replace(out=str(out), report_nonprivate=True)
+    method = cfg.info.cls(cfg)
+    parts = method.site_data(split.parts)
+    t0 = time.perf_counter()
+    dep.mkdir(parents=True)
+    procs: list[Proc] = []
+    try:
+        if not insecure:
+            (dep / "pki").mkdir()
+            make_ca(dep / "pki")
+            make_server_cert(dep / "pki", ["localhost", "127.0.0.1"])
+        cards, folders = [], []
+        lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
+        for k, (x, y) in enumerate(parts):
+            name = f"site{k}"
+            folder = dep / "sites" / name
+            folder.mkdir(parents=True)
+            ext = split.external[k] if split.external else split.test
+            internal = split.internal[k] if split.internal and len(split.internal) == len(parts) else None
+            prep = split.preprocessing[k] if split.preprocessing and len(split.preprocessing) == len(parts) else None
+            export_data(folder / "data.safetensors", x, y, ext, internal,
+                        {"num_classes": split.num_classes, "classes": split.dataset.class_names,
+                         "preprocessing": prep, "source": f"{split.source} (partition {k}, exported by deploy local)"})
+            sc = SiteConfig(name=name, data="data.safetensors", lifetime_epsilon=lifetime,
+                            lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5,
+                            report_test_figures=True, allow_research_seed=cfg.seed is not None,
+                            allow_non_formal=not cfg.guarantee().formal)
+            cards.append(init_site(folder, sc))
+            folders.append(folder)
+        for folder in folders:
+            pin_federation(folder, cards)
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        procs.append(start_superlink(dep, port, insecure, poll_s))
+        env = cli_env(dep, address, insecure)
+        node_ids = [register_node(f / "keys" / "node.pub", env) if not insecure else None for f in folders]
+        site_cmd = [sys.executable, "-m", "silofl.cli.main", "site", "run", "--superlink", address, "--poll-s",
+                    str(poll_s)]
+        site_cmd += ["--insecure"] if insecure else ["--ca", str(dep / "pki" / "ca.crt")]
+        for k, folder in enumerate(folders):
+            procs.append(Proc(f"site{k}", [*site_cmd, "--site-dir", str(folder)],
+                              {**os.environ, "SILOFL_NO_PROGRESS": "1"}, dep / "logs"))
+        for p in procs[1:]:
+            p.wait_for("SuperNode ID", 180)
+        if insecure:  # without node authentication the node ids are learnt from the sites' logs
+            node_ids = [_node_id(p.text()) for p in procs[1:]]
+        coord = dep / "coordinator"
+        coord.mkdir()
+        spec = {"config": cfg.to_dict(), "out": str(out), "timeout_s": timeout_s,
+                "sites": [{**c, "node_id": n} for c, n in zip(cards, node_ids, strict=True)],
+                "security": {"tls": not insecure, "node_auth": not insecure, "sealed": True,
+                             "insecure_flag": insecure, "outbound_only_sites": True}}
+        (coord / "coordinator.json").write_text(json.dumps(spec, indent=1))
+        submitted = time.perf_counter()
+        run_id = submit(coord / "coordinator.json", env)
+        status = _wait(coord / "status.json", procs, timeout_s, progress, cfg.rounds)
+        if status["state"] != "done":
+            raise SiloflError(f"the deployment failed: {status.get('error')}")
+        summary = json.loads((out / "summary.json").read_text())
+        summary["deployment"] = {"flower_run_id": run_id, "sites": [c["name"] for c in cards],
+                                 "folder": str(dep), "setup_s": submitted - t0,
+                                 "submit_to_done_s": time.perf_counter() - submitted}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def _node_id(text: str) -> int:
+    import re
+
+    m = re.search(r"SuperNode ID: (\d+)", text)
+    if not m:
+        raise SiloflError("a SuperNode did not report its id")
+    return int(m.group(1))
+
+
+def _wait(status_path: Path, procs: list[Proc], timeout_s: float, progress: bool, rounds: int) -> dict:
+    deadline = time.monotonic() + timeout_s + 120
+    while time.monotonic() < deadline:
+        if status_path.is_file():
+            try:
+                st = json.loads(status_path.read_text())
+            except ValueError:
+                st = {"state": "running"}
+            if st["state"] != "running":
+                return st
+        for p in procs:
+            if p.p.poll() is not None:
+                raise SiloflError(f"{p.name} exited during the run ({p.p.returncode}): {p.text()[-1500:]}")
+        time.sleep(0.2)
+    raise SiloflError(f"the deployment did not finish within {timeout_s:g} s")

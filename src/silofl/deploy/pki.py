@@ -1,0 +1,111 @@
+"""Keys and certificates of a deployment, made with ``cryptography`` (no OpenSSL command needed).
+
+* The coordinator's TLS: a CA and a server certificate for the SuperLink (:func:`make_ca`,
+  :func:`make_server_cert`). Sites pin the CA certificate.
+* Each site's Flower node key (EC P-384, OpenSSH format): the SuperLink admits only registered node
+  keys (SuperNode authentication).
+* Each site's sealing keys: X25519 (payloads to it are encrypted to this key) and Ed25519 (it signs the
+  payloads it sends). Their public halves form the federation's directory, pinned in every site folder.
+
+Private keys are written with mode 0600 and never leave the folder they are made in.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa, x25519
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+PEM = serialization.Encoding.PEM
+RAW = serialization.Encoding.Raw
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a secret readable by its owner only (created 0600, never world-readable in between)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _pkcs8(key) -> bytes:
+    return key.private_bytes(PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def make_ca(folder: Path, name: str = "silofl deployment CA", days: int = 365) -> None:
+    """A CA key and self-signed certificate: ``ca.key`` (0600) and ``ca.crt``."""
+    now = datetime.datetime.now(datetime.UTC)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    write_private(folder / "ca.key", _pkcs8(key))
+    (folder / "ca.crt").write_bytes(cert.public_bytes(PEM))
+
+
+def make_server_cert(folder: Path, hosts: list[str], days: int = 365) -> None:
+    """``server.key`` (0600) and ``server.crt`` for ``hosts`` (names or IP addresses), signed by the CA in
+    ``folder``."""
+    ca_key = serialization.load_pem_private_key((folder / "ca.key").read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate((folder / "ca.crt").read_bytes())
+    now = datetime.datetime.now(datetime.UTC)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    write_private(folder / "server.key", _pkcs8(key))
+    (folder / "server.crt").write_bytes(cert.public_bytes(PEM))
+
+
+def make_site_keys(folder: Path, name: str) -> dict:
+    """A site's keys under ``folder``: ``node`` / ``node.pub`` (Flower node authentication, EC P-384 OpenSSH),
+    ``seal.key`` (X25519) and ``sign.key`` (Ed25519); returns its public card (also written to
+    ``public.json``)."""
+    node = ec.generate_private_key(ec.SECP384R1())
+    write_private(folder / "node", node.private_bytes(PEM, serialization.PrivateFormat.OpenSSH,
+                                                      serialization.NoEncryption()))
+    node_pub = node.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    (folder / "node.pub").write_bytes(node_pub + f" {name}\n".encode())
+    seal, sign = x25519.X25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    write_private(folder / "seal.key", _pkcs8(seal))
+    write_private(folder / "sign.key", _pkcs8(sign))
+    card = {"name": name, "seal": public_raw(seal.public_key()).hex(), "sign": public_raw(sign.public_key()).hex(),
+            "node": node_pub.decode()}
+    (folder / "public.json").write_text(json.dumps(card, indent=1) + "\n")
+    return card
+
+
+def public_raw(key) -> bytes:
+    """The 32 raw bytes of an X25519 or Ed25519 public key."""
+    return key.public_bytes(RAW, serialization.PublicFormat.Raw)
+
+
+def load_private(path: Path):
+    """A PKCS#8 private key written by this module."""
+    return serialization.load_pem_private_key(path.read_bytes(), None)
