@@ -101,6 +101,8 @@ def deploy_local_cmd(
     timeout_s: float = typer.Option(900.0, "--timeout", help="Seconds the run may take."),
     insecure: bool = typer.Option(False, "--insecure", help="No TLS, no node authentication (recorded in the "
                                   "summary; payloads stay sealed)."),
+    restart_sites: bool = typer.Option(False, "--restart-sites", help="Restart a site process that dies (as its "
+                                       "operator would): it rejoins from its own checkpoint (with --checkpoint-every)."),
 ):
     """A real deployment on this machine: CA, certificates and keys, a site folder per site with its own
     partition, a SuperLink and K SuperNodes as separate processes; writes the same run folder as `silofl run`.
@@ -110,7 +112,109 @@ def deploy_local_cmd(
     if sites < 1:
         raise ConfigError("--sites must be at least 1")
     args = ["run", "--engine", "flower-local", "--clients", str(sites), "--deploy-timeout", str(timeout_s),
-            *(["--insecure"] if insecure else []), *ctx.args]
+            *(["--insecure"] if insecure else []), *(["--restart-sites"] if restart_sites else []), *ctx.args]
+    try:
+        code = app(args, standalone_mode=False)
+    except typer.Exit as e:
+        raise typer.Exit(e.exit_code) from None
+    except Exception as e:  # click's usage errors: one line
+        err_console.print(f"[bold red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    if isinstance(code, int) and code:
+        raise typer.Exit(code)
+
+
+# ---------------------------------------------------------------------------------------------- the coordinator
+@deploy_app.command("certs")
+@friendly_errors
+def deploy_certs(
+    folder: Path = typer.Argument(..., help="The coordinator's deployment folder."),
+    host: list[str] = typer.Option(..., "--host", help="A name or IP address the sites reach the SuperLink at "
+                                   "(repeatable)."),
+    days: int = typer.Option(365, "--days", help="Validity of the certificates."),
+):
+    """Make the deployment's CA and the SuperLink's TLS certificate (FOLDER/pki); give pki/ca.crt to every site."""
+    from silofl.deploy.pki import make_ca, make_server_cert
+
+    pki = folder / "pki"
+    if (pki / "ca.key").exists():
+        raise ConfigError(f"{pki} already holds a CA: certificates are never overwritten")
+    pki.mkdir(parents=True, exist_ok=True)
+    make_ca(pki, days=days)
+    make_server_cert(pki, host, days=days)
+    typer.echo(f"CA and SuperLink certificate for {', '.join(host)} in {pki}; give {pki / 'ca.crt'} to every site")
+
+
+@deploy_app.command("superlink")
+@friendly_errors
+def deploy_superlink(
+    folder: Path = typer.Argument(..., help="The coordinator's deployment folder (with pki/ from `deploy certs`)."),
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
+    port: int = typer.Option(9092, "--port"),
+):
+    """Run the SuperLink (TLS, only registered SuperNodes admitted) until Ctrl-C; sites connect out to it."""
+    import time
+
+    from silofl.deploy.local import start_superlink
+
+    if not (folder / "pki" / "server.crt").is_file():
+        raise ConfigError(f"{folder / 'pki'} has no certificate: run `silofl deploy certs {folder} --host NAME` first")
+    import signal
+
+    def stop(signum, frame):  # noqa: ARG001 - SIGTERM stops the SuperLink too
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    proc = start_superlink(folder, port, host=host)
+    typer.echo(f"SuperLink on {host}:{port} (TLS, SuperNode authentication); log: {proc.log_path}; Ctrl-C stops it")
+    try:
+        while proc.p.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proc.stop()
+
+
+@deploy_app.command("register")
+@friendly_errors
+def deploy_register(
+    folder: Path = typer.Argument(..., help="The coordinator's deployment folder."),
+    cards: list[Path] = typer.Argument(..., help="Every site's keys/public.json, in the order of the sites."),
+    superlink: str = typer.Option(..., "--superlink", help="The SuperLink, HOST:PORT (as the certificate names it)."),
+):
+    """Register every site's node key with the SuperLink (only they may connect) and write FOLDER/federation.json."""
+    from silofl.deploy.local import cli_env, register_node
+
+    parsed = [_card(c) for c in cards]
+    names = [c["name"] for c in parsed]
+    if len(set(names)) != len(names):
+        raise ConfigError("two cards share a site name")
+    env = cli_env(folder, superlink, insecure=False)
+    sites = []
+    for c in parsed:
+        pub = folder / "nodes" / f"{c['name']}.pub"
+        pub.parent.mkdir(parents=True, exist_ok=True)
+        pub.write_text(c["node"].strip() + f" {c['name']}\n")
+        sites.append({**c, "node_id": register_node(pub, env)})
+    (folder / "federation.json").write_text(json.dumps({"sites": sites}, indent=1) + "\n")
+    typer.echo(f"registered {len(sites)} sites; federation in {folder / 'federation.json'}")
+
+
+@deploy_app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@friendly_errors
+def deploy_start(
+    ctx: typer.Context,
+    folder: Path = typer.Argument(..., help="The coordinator's deployment folder (registered sites)."),
+    superlink: str = typer.Option(..., "--superlink", help="The SuperLink, HOST:PORT."),
+    timeout_s: float = typer.Option(3600.0, "--timeout", help="Seconds the run may take."),
+):
+    """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine.
+    Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 100 --out runs/x)."""
+    from silofl.cli.main import app
+
+    args = ["run", "--engine", "flower", "--deployment", str(folder), "--superlink", superlink, "--deploy-timeout",
+            str(timeout_s), *ctx.args]
     try:
         code = app(args, standalone_mode=False)
     except typer.Exit as e:

@@ -99,6 +99,9 @@ def run(
     engine: str = typer.Option("simulator", "--engine", hidden=True, help="simulator | flower-local (silofl deploy local)"),
     deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
     insecure: bool = typer.Option(False, "--insecure", hidden=True),
+    restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
+    deployment: Path | None = typer.Option(None, "--deployment", hidden=True),
+    superlink: str | None = typer.Option(None, "--superlink", hidden=True),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.run.config import RunConfig, load_yaml_mapping
@@ -107,7 +110,7 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     flags = {k: v for k, v in locals().items() if v is not None and k not in (
         "config", "quiet", "run_loop", "RunConfig", "load_yaml_mapping", "set_", "resume", "overwrite", "distributed",
-        "peer_timeout", "engine", "deploy_timeout", "insecure")}
+        "peer_timeout", "engine", "deploy_timeout", "insecure", "deployment", "superlink", "restart_sites")}
     if target_epsilons is not None:
         flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
     if clip is not None:
@@ -152,7 +155,13 @@ def run(
                       + ("[bold red]INSECURE: no TLS, no node authentication[/]" if insecure else
                          "TLS, SuperNode authentication, payloads between sites sealed end to end"))
         print_summary(deploy_local(resolved, Path(resolved.out), timeout_s=deploy_timeout, insecure=insecure,
-                                   progress=not quiet))
+                                   progress=not quiet, call_timeout_s=peer_timeout, restart_sites=restart_sites))
+        return
+    if engine == "flower":
+        from silofl.deploy.local import run_deployment
+
+        print_summary(run_deployment(resolved, deployment, superlink, timeout_s=deploy_timeout, progress=not quiet,
+                                     call_timeout_s=peer_timeout))
         return
     if engine != "simulator":
         raise ConfigError(f"unknown engine {engine!r}")

@@ -71,6 +71,11 @@ class Engine(ABC):
         """How many processes the sites run in."""
         return 1
 
+    def rejoin_ready(self, rnd: int) -> list[int]:
+        """Lost sites that are back before round ``rnd``, restored from their own checkpoints with their spend
+        intact, and no longer lost (an engine that cannot bring a site back returns none)."""
+        return []
+
     def describe(self) -> dict:
         """What summary.json records about the engine (its name and security settings)."""
         return {"name": self.name, "processes": self.processes}

@@ -62,6 +62,10 @@ class FlowerEngine(Engine):
         self.receive_seconds: dict[str, float] = {}
         self.refused: list[dict] = []
         self.round = 0
+        self.status_path: Path | None = None  # where the round in progress is written (deploy's progress bar)
+        self.cards: list[dict] = []  # the sites' pinned public cards (join)
+        self.setup_meta: dict | None = None  # the run as every site was sent it (join); a rejoining site gets it too
+        self.rejoin_timeout_s = min(60.0, timeout_s)
 
     @property
     def processes(self) -> int:
@@ -114,11 +118,19 @@ class FlowerEngine(Engine):
             return None
         try:
             frame = r.content["silofl"]["frame"]
+        except KeyError:
+            frame = None
+        return self.reply_of(k, step, frame)
+
+    def reply_of(self, k: int, step: str, frame) -> Message | None:
+        """Site ``k``'s reply in ``frame``, checked; None (and the site lost, with the reason) if it is malformed,
+        a refusal, an answer to another step or for another site, or speaks for another node."""
+        try:
             if not isinstance(frame, bytes):
                 raise PeerModelRejected("a reply carries one frame of bytes")
             self.wire_received[k] = self.wire_received.get(k, 0) + len(frame)
             got_step, got = unpack(frame, MAX_REPLY)
-        except (KeyError, PeerModelRejected) as e:
+        except PeerModelRejected as e:
             self._lose(k, f"malformed reply: {e}")
             return None
         if got_step == ERROR:
@@ -137,6 +149,32 @@ class FlowerEngine(Engine):
             self.refused.append({"client": k, "round": self.round, "reason": str(why)[:300]})
         return reply
 
+    def rejoin_ready(self, rnd: int) -> list[int]:
+        """Lost sites whose node is connected again: greeted (signed hello), sent the run with ``resume`` (the site
+        restores its latest checkpoint from its own folder; its ledger keeps its spend); those that joined."""
+        if not self.lost or self.setup_meta is None:
+            return []
+        try:
+            online = set(self.grid.get_node_ids())
+        except Exception as e:  # noqa: BLE001 - the SuperLink's answer; retried next round
+            log.warning("could not list the connected nodes: %s", e)
+            return []
+        back = []
+        for k in sorted(self.lost):
+            if self.nodes[k] not in online:
+                continue
+            why = self.lost.pop(k)
+            try:
+                greet(self, [k], self.cards, self.rejoin_timeout_s)
+                if k not in self.exchange(SETUP, {k: Message({**self.setup_meta, "resume": True})}, self.rejoin_timeout_s):
+                    raise SiloflError(self.lost.get(k, "no answer"))
+            except SiloflError as e:
+                log.info("site %d is connected but did not rejoin before round %d: %s", k, rnd, e)
+                self.lost[k] = why
+                continue
+            back.append(k)
+        return back
+
     def _lose(self, k: int, why: str) -> None:
         if k not in self.lost:
             log.warning("site %d lost: %s", k, why)
@@ -144,8 +182,13 @@ class FlowerEngine(Engine):
 
     def _call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
         for m in requests.values():
-            if isinstance(m.meta.get("round"), int):
-                self.round = m.meta["round"]
+            r = m.meta.get("round")
+            if isinstance(r, int) and r != self.round:
+                self.round = r
+                if self.status_path is not None:
+                    tmp = self.status_path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps({"state": "running", "round": r}))
+                    tmp.replace(self.status_path)
         return self.exchange(step, requests)
 
 
@@ -153,6 +196,12 @@ def _flwr_version() -> str:
     import flwr
 
     return flwr.__version__
+
+
+def _count(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 40:
+        raise SiloflError(f"a site's hello declares {what} {v!r}")
+    return v
 
 
 def wait_for_nodes(grid, want: set[int], timeout_s: float) -> None:
@@ -174,7 +223,7 @@ def serve_run(grid, coordinator_path: str) -> dict:
     status = path.parent / "status.json"
     status.write_text(json.dumps({"state": "running"}))
     try:
-        summary = _serve(grid, json.loads(path.read_text()))
+        summary = _serve(grid, json.loads(path.read_text()), status)
         status.write_text(json.dumps({"state": "done", "rounds_run": summary["rounds_run"]}))
         return summary
     except BaseException as e:
@@ -183,39 +232,63 @@ def serve_run(grid, coordinator_path: str) -> dict:
         raise
 
 
-def _serve(grid, spec: dict) -> dict:
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-
-    from silofl.run.config import RunConfig
+def _serve(grid, spec: dict, status: Path) -> dict:
     from silofl.run.loop import run
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    sites = spec["sites"]
-    nodes = {k: int(s["node_id"]) for k, s in enumerate(sites)}
+    nodes = {k: int(s["node_id"]) for k, s in enumerate(spec["sites"])}
     wait_for_nodes(grid, set(nodes.values()), float(spec.get("connect_timeout_s", 300)))
     engine = FlowerEngine(grid, nodes, float(spec.get("timeout_s", 600)), dict(spec["security"]))
+    engine.status_path = status
+    cfg, remote = join(engine, spec)
+    return run(cfg, progress=False, engine_factory=lambda make, n: engine, remote=remote)
+
+
+def greet(engine: FlowerEngine, ks: list[int], cards: list[dict], timeout_s: float | None = None) -> dict[int, Message]:
+    """Each site's hello, its signature over a fresh nonce checked against its pinned key; SiloflError if a site
+    does not answer or answers without its key."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
     nonce = secrets.token_hex(16)
-    hellos = engine.exchange(HELLO, {k: Message({"nonce": nonce}) for k in nodes})
-    for k, s in enumerate(sites):
+    hellos = engine.exchange(HELLO, {k: Message({"nonce": nonce}) for k in ks}, timeout_s)
+    for k in ks:
+        name = cards[k]["name"]
         h = hellos.get(k)
         if h is None:
-            raise SiloflError(f"site {s['name']} did not say hello: {engine.lost.get(k)}")
+            raise SiloflError(f"site {name} did not say hello: {engine.lost.get(k)}")
         try:
-            ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(s["sign"])).verify(
-                bytes.fromhex(str(h.meta.get("signature", ""))), f"silofl hello|{nonce}|{s['name']}".encode())
+            ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(cards[k]["sign"])).verify(
+                bytes.fromhex(str(h.meta.get("signature", ""))), f"silofl hello|{nonce}|{name}".encode())
         except (InvalidSignature, ValueError):
-            raise SiloflError(f"node {nodes[k]} answered for site {s['name']} without its pinned key") from None
-    shapes = {(tuple(h.meta["input_shape"]), int(h.meta["num_classes"])) for h in hellos.values()}
+            raise SiloflError(f"node {engine.nodes[k]} answered for site {name} without its pinned key") from None
+    return hellos
+
+
+def join(engine: FlowerEngine, spec: dict):
+    """Greet every site (its signed hello checked against its pinned key), fill the run's data-dependent settings
+    from the sizes the sites declare, and send every site the run, which each decides to join or refuses;
+    (the config, the :class:`RemoteSplit`). SiloflError if a site is missing, impersonated or refuses."""
+    from silofl.run.config import RunConfig
+
+    sites = spec["sites"]
+    nodes = engine.nodes
+    hellos = greet(engine, list(nodes), sites)
+    try:
+        shapes = {(tuple(_count(v, "input shape") for v in h.meta["input_shape"]), _count(h.meta["num_classes"], "classes"))
+                  for h in hellos.values()}
+        sizes = [_count(hellos[k].meta["n"], "n") for k in range(len(sites))]
+    except (KeyError, TypeError) as e:
+        raise SiloflError(f"a site's hello is malformed: {e}") from None
     if len(shapes) != 1:
         raise ConfigError(f"the sites' data differ in input shape or classes: {sorted(shapes)}")
     (input_shape, num_classes), = shapes
-    sizes = [int(hellos[k].meta["n"]) for k in range(len(sites))]
     cfg = RunConfig.from_dict(spec["config"]).resolve().with_data(sum(sizes), smallest=min(sizes))
     run_id = spec.get("run_id") or secrets.token_hex(8)
     names = [s["name"] for s in sites]
-    joined = engine.exchange(SETUP, {k: Message({"run_id": run_id, "sites": names, "config": cfg.to_dict()})
-                                     for k in nodes})
+    engine.cards = sites
+    engine.setup_meta = {"run_id": run_id, "sites": names, "config": cfg.to_dict()}
+    joined = engine.exchange(SETUP, {k: Message(dict(engine.setup_meta)) for k in nodes})
     if len(joined) != len(nodes):
         raise SiloflError("sites refused the run: " + "; ".join(f"{names[k]}: {why}" for k, why in engine.lost.items()))
     internal = [None] * len(sites) if all(h.meta.get("internal") for h in hellos.values()) else None
@@ -224,4 +297,4 @@ def _serve(grid, spec: dict) -> dict:
                                                                                         hellos.values()) else
                          "none (the sites hold no shared test set)", sites=names, internal=internal)
     engine.security["run_id"] = run_id
-    return run(cfg, progress=False, engine_factory=lambda make, n: engine, remote=remote)
+    return cfg, remote

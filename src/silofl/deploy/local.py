@@ -59,15 +59,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the parent dies, so a site's SuperNode never outlives its
+    worker (it would hold the site's node id with nobody behind it)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class Proc:
     """A child process in its own process group, its output in a log file."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_dir: Path):
-        self.name, self.cmd = name, cmd
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_dir: Path, die_with_parent: bool = False):
+        self.name, self.cmd, self.env = name, cmd, env
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.p = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.p = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                  preexec_fn=_die_with_parent if die_with_parent else None)
+
+    def restart(self) -> None:
+        """Start the same command again (its log goes on)."""
+        self.stop(5)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.p = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
 
     def text(self) -> str:
         """Its output so far."""
@@ -119,7 +138,7 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
         cmd.append("--insecure")
     else:
         cmd += ["--root-certificates", str(ca), "--auth-supernode-private-key", str(folder / "keys" / "node")]
-    node = Proc("supernode", cmd, flower_env(folder / "flwr", poll_s), folder / "logs")
+    node = Proc("supernode", cmd, flower_env(folder / "flwr", poll_s), folder / "logs", die_with_parent=True)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, frame):  # noqa: ARG001
@@ -148,9 +167,10 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
 
 
 # ---------------------------------------------------------------------------------------------- the coordinator
-def start_superlink(folder: Path, port: int, insecure: bool = False, poll_s: float = 0.1) -> Proc:
-    """The coordinator's SuperLink on ``port`` with TLS (folder/pki) and SuperNode authentication."""
-    cmd = [flower_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(port), "--isolation", "subprocess",
+def start_superlink(folder: Path, port: int, insecure: bool = False, poll_s: float = 0.1,
+                    host: str = "127.0.0.1") -> Proc:
+    """The coordinator's SuperLink on ``host:port`` with TLS (folder/pki) and SuperNode authentication."""
+    cmd = [flower_bin("flower-superlink"), "--host", host, "--port", str(port), "--isolation", "subprocess",
            "--disable-runtime-dependency-installation"]
     if insecure:
         cmd.append("--insecure")
@@ -198,12 +218,12 @@ def submit(coordinator_json: Path, env: dict[str, str]) -> int:
 
 # ---------------------------------------------------------------------------------------------- deploy local
 def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = False, poll_s: float = 0.1,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, call_timeout_s: float = 300.0, restart_sites: bool = False) -> dict:
     """A real deployment of ``cfg`` on this machine (see the module doc); the run's summary."""
     import torch
 
     from silofl.deploy.pki import make_ca, make_server_cert
-    from silofl.deploy.site import NOT_DEPLOYABLE, SiteConfig, export_data, init_site, pin_federation
+    from silofl.deploy.site import NOT_DEPLOYABLE
     from silofl.run.data import prepare_data
     from silofl.run.folder import check_out
 
@@ -217,8 +237,6 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
         raise ConfigError(f"{dep} exists: choose another --out")
     cfg, split = prepare_data(cfg, torch.device("cpu"))  # the one-machine stand-in for K institutions' own data
     cfg = cfg.replace(out=str(out), report_nonprivate=True)
-    method = cfg.info.cls(cfg)
-    parts = method.site_data(split.parts)
     t0 = time.perf_counter()
     dep.mkdir(parents=True)
     procs: list[Proc] = []
@@ -227,26 +245,7 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
             (dep / "pki").mkdir()
             make_ca(dep / "pki")
             make_server_cert(dep / "pki", ["localhost", "127.0.0.1"])
-        cards, folders = [], []
-        lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
-        for k, (x, y) in enumerate(parts):
-            name = f"site{k}"
-            folder = dep / "sites" / name
-            folder.mkdir(parents=True)
-            ext = split.external[k] if split.external else split.test
-            internal = split.internal[k] if split.internal and len(split.internal) == len(parts) else None
-            prep = split.preprocessing[k] if split.preprocessing and len(split.preprocessing) == len(parts) else None
-            export_data(folder / "data.safetensors", x, y, ext, internal,
-                        {"num_classes": split.num_classes, "classes": split.dataset.class_names,
-                         "preprocessing": prep, "source": f"{split.source} (partition {k}, exported by deploy local)"})
-            sc = SiteConfig(name=name, data="data.safetensors", lifetime_epsilon=lifetime,
-                            lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5,
-                            report_test_figures=True, allow_research_seed=cfg.seed is not None,
-                            allow_non_formal=not cfg.guarantee().formal)
-            cards.append(init_site(folder, sc))
-            folders.append(folder)
-        for folder in folders:
-            pin_federation(folder, cards)
+        cards, folders = make_site_folders(cfg, split, dep / "sites")
         port = free_port()
         address = f"127.0.0.1:{port}"
         procs.append(start_superlink(dep, port, insecure, poll_s))
@@ -262,27 +261,95 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
             p.wait_for("SuperNode ID", 180)
         if insecure:  # without node authentication the node ids are learnt from the sites' logs
             node_ids = [_node_id(p.text()) for p in procs[1:]]
-        coord = dep / "coordinator"
-        coord.mkdir()
-        spec = {"config": cfg.to_dict(), "out": str(out), "timeout_s": timeout_s,
-                "sites": [{**c, "node_id": n} for c, n in zip(cards, node_ids, strict=True)],
-                "security": {"tls": not insecure, "node_auth": not insecure, "sealed": True,
-                             "insecure_flag": insecure, "outbound_only_sites": True}}
-        (coord / "coordinator.json").write_text(json.dumps(spec, indent=1))
-        submitted = time.perf_counter()
-        run_id = submit(coord / "coordinator.json", env)
-        status = _wait(coord / "status.json", procs, timeout_s, progress, cfg.rounds)
-        if status["state"] != "done":
-            raise SiloflError(f"the deployment failed: {status.get('error')}")
-        summary = json.loads((out / "summary.json").read_text())
-        summary["deployment"] = {"flower_run_id": run_id, "sites": [c["name"] for c in cards],
-                                 "folder": str(dep), "setup_s": submitted - t0,
-                                 "submit_to_done_s": time.perf_counter() - submitted}
+        security = {"tls": not insecure, "node_auth": not insecure, "sealed": True, "insecure_flag": insecure,
+                    "outbound_only_sites": True}
+        sites = [{**c, "node_id": n} for c, n in zip(cards, node_ids, strict=True)]
+        summary = start_run(cfg, sites, env, out, timeout_s, security, procs[:1], progress, call_timeout_s,
+                            restart=procs[1:] if restart_sites else None)  # a lost site is the
+        # coordinator's business (it retires it); a lost SuperLink ends the run
+        summary["deployment"]["setup_s"] = summary["deployment"].pop("started_s") - t0
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def start_run(cfg, sites: list[dict], env: dict[str, str], out: Path, timeout_s: float, security: dict,
+              procs: list[Proc] | None = None, progress: bool = True, call_timeout_s: float = 300.0,
+              restart: list[Proc] | None = None) -> dict:
+    """Submit ``cfg`` to the SuperLink the ``flwr`` environment ``env`` points at, over ``sites`` (their public
+    cards with their node ids), and wait for the coordinator's ServerApp to write the run folder ``out``; its
+    summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run failed."""
+    coord = out / "coordinator"
+    coord.mkdir(parents=True)
+    spec = {"config": cfg.to_dict(), "out": str(out), "timeout_s": call_timeout_s, "sites": sites, "security": security}
+    (coord / "coordinator.json").write_text(json.dumps(spec, indent=1))
+    started = time.perf_counter()
+    run_id = submit(coord / "coordinator.json", env)
+    status = _wait(coord / "status.json", procs or [], timeout_s, progress, cfg.rounds, restart or [])
+    if status["state"] != "done":
+        raise SiloflError(f"the deployment failed: {status.get('error')}")
+    summary = json.loads((out / "summary.json").read_text())
+    summary["deployment"] = {"flower_run_id": run_id, "sites": [c["name"] for c in sites], "started_s": started,
+                             "submit_to_done_s": time.perf_counter() - started, "coordinator": str(coord)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def run_deployment(cfg, folder: Path | None, superlink: str | None, timeout_s: float = 3600.0,
+                   progress: bool = True, call_timeout_s: float = 300.0) -> dict:
+    """``silofl deploy start``: a run over the sites registered in ``folder/federation.json``, through the
+    SuperLink at ``superlink`` (this machine runs it: its ServerApp reads the coordinator folder)."""
+    from silofl.run.folder import check_out
+
+    if folder is None or superlink is None:
+        raise ConfigError("a deployed run needs the coordinator's folder and --superlink HOST:PORT")
+    fed = Path(folder) / "federation.json"
+    if not fed.is_file():
+        raise ConfigError(f"{fed} not found: register the sites first (`silofl deploy register`)")
+    sites = json.loads(fed.read_text())["sites"]
+    cfg = cfg.replace(clients=len(sites))
+    out = Path(cfg.out).resolve()
+    check_out(out)
+    if (out / "coordinator").exists():
+        raise ConfigError(f"{out / 'coordinator'} exists: choose another --out")
+    env = cli_env(Path(folder), superlink, insecure=False)
+    security = {"tls": True, "node_auth": True, "sealed": True, "insecure_flag": False, "outbound_only_sites": True}
+    summary = start_run(cfg.replace(out=str(out)), sites, env, out, timeout_s, security, None, progress,
+                        call_timeout_s)
+    summary["deployment"].pop("started_s", None)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
+    """One site folder per partition of ``split`` under ``root`` (its exported data, fresh keys, a budget that
+    admits the run, reporting its test figures), with the federation's cards pinned in each; (cards, folders)."""
+    from silofl.deploy.site import SiteConfig, export_data, init_site, pin_federation
+
+    method = cfg.info.cls(cfg)
+    parts = method.site_data(split.parts)
+    cards, folders = [], []
+    lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
+    for k, (x, y) in enumerate(parts):
+        name = f"site{k}"
+        folder = root / name
+        folder.mkdir(parents=True)
+        ext = split.external[k] if split.external else split.test
+        internal = split.internal[k] if split.internal and len(split.internal) == len(parts) else None
+        prep = split.preprocessing[k] if split.preprocessing and len(split.preprocessing) == len(parts) else None
+        export_data(folder / "data.safetensors", x, y, ext, internal,
+                    {"num_classes": split.num_classes, "classes": split.dataset.class_names, "preprocessing": prep,
+                     "source": f"{split.source} (partition {k}, exported by deploy local)"})
+        sc = SiteConfig(name=name, data="data.safetensors", lifetime_epsilon=lifetime,
+                        lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5, report_test_figures=True,
+                        allow_research_seed=cfg.seed is not None, allow_non_formal=not cfg.guarantee().formal)
+        cards.append(init_site(folder, sc))
+        folders.append(folder)
+    for folder in folders:
+        pin_federation(folder, cards)
+    return cards, folders
 
 
 def _node_id(text: str) -> int:
@@ -294,18 +361,32 @@ def _node_id(text: str) -> int:
     return int(m.group(1))
 
 
-def _wait(status_path: Path, procs: list[Proc], timeout_s: float, progress: bool, rounds: int) -> dict:
+def _wait(status_path: Path, procs: list[Proc], timeout_s: float, progress: bool, rounds: int,
+          restart: list[Proc]) -> dict:
+    from contextlib import nullcontext
+
+    from silofl.run.loop import progress_bar
+
     deadline = time.monotonic() + timeout_s + 120
-    while time.monotonic() < deadline:
-        if status_path.is_file():
-            try:
-                st = json.loads(status_path.read_text())
-            except ValueError:
-                st = {"state": "running"}
-            if st["state"] != "running":
-                return st
-        for p in procs:
-            if p.p.poll() is not None:
-                raise SiloflError(f"{p.name} exited during the run ({p.p.returncode}): {p.text()[-1500:]}")
-        time.sleep(0.2)
+    with progress_bar(None) if progress else nullcontext() as bar:
+        task = bar.add_task("deployed run", total=rounds) if bar else None
+        while time.monotonic() < deadline:
+            st: dict = {"state": "running"}
+            if status_path.is_file():
+                try:
+                    st = json.loads(status_path.read_text())
+                except ValueError:
+                    pass
+                if st.get("state") != "running":
+                    return st
+                if bar and isinstance(st.get("round"), int):
+                    bar.update(task, completed=max(0, st["round"] - 1))
+            for p in procs:
+                if p.p.poll() is not None:
+                    raise SiloflError(f"{p.name} exited during the run ({p.p.returncode}): {p.text()[-1500:]}")
+            for p in restart:  # a site's operator restarts its service; it rejoins from its own checkpoint
+                if p.p.poll() is not None:
+                    log.warning("%s exited (%s); restarting it", p.name, p.p.returncode)
+                    p.restart()
+            time.sleep(0.2)
     raise SiloflError(f"the deployment did not finish within {timeout_s:g} s")

@@ -278,10 +278,20 @@ class SiteWorker:
         site.preprocessing = d.preprocessing
         site.open_folder(self.folder / "ledger", run_label=run_id, release_nonprivate=self.cfg.report_test_figures)
         planned = self._cap_budget(site, cfg)
+        resumed = None
+        if m.get("resume"):  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend
+            root = self.folder / "checkpoint" / run_id
+            rounds = site.on_checkpoints(Message({"root": str(root)})).meta["rounds"]
+            if not rounds:
+                raise ConfigError(f"site {self.cfg.name} has no checkpoint of run {run_id} to rejoin from")
+            resumed = rounds[-1]
+            site.on_load(Message({"root": str(root), "round": resumed}))
         self.site, self.run_id, self.order, self.index = site, run_id, list(order), k
+        self.round = resumed
         self.guard = sealing.ReplayGuard()
-        log.info("site %s joined run %s as site %d (%s)", self.cfg.name, run_id, k, cfg.method)
-        return Message({"joined": True, "planned_epsilon": planned,
+        log.info("site %s %s run %s as site %d (%s)", self.cfg.name,
+                 f"rejoined from its round-{resumed} checkpoint" if resumed else "joined", run_id, k, cfg.method)
+        return Message({"joined": True, "planned_epsilon": planned, "resumed_from": resumed,
                         "lifetime": [self.cfg.lifetime_epsilon, self.cfg.lifetime_delta]})
 
     def _cap_budget(self, site: Any, cfg: Any) -> float | None:
@@ -304,6 +314,10 @@ class SiteWorker:
             r = msg.meta["round"]
             if isinstance(r, bool) or not isinstance(r, int) or r < 0:
                 raise PeerModelRejected("round must be a non-negative integer")
+            if r != self.round:  # the testing hook SILOFL_INJECT_FAULT=SITE:ROUND:KIND
+                from silofl.comm.torchdist import inject_fault
+
+                inject_fault(self.index or 0, r, "start")
             self.round = r
         if step in TRAIN_STEPS and not self.site.can_continue():
             raise BudgetExhausted(f"site {self.cfg.name} cannot pay for another round within its budget: refused")

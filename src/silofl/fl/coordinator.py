@@ -45,6 +45,7 @@ class RoundEvents:
     left: list[int] = field(default_factory=list)  # budget spent
     rejected: list[dict] = field(default_factory=list)
     lost: dict[int, str] = field(default_factory=dict)  # site -> why the engine lost it
+    rejoined: list[int] = field(default_factory=list)  # lost sites back from their own checkpoints
 
 
 class Coordinator(ABC):
@@ -58,6 +59,7 @@ class Coordinator(ABC):
         self.active: list[int] = list(range(n_sites))
         self.left_at: dict[int, int | None] = {k: None for k in range(n_sites)}
         self.can_continue: dict[int, bool] = {k: True for k in range(n_sites)}
+        self.lost_sites: set[int] = set()  # lost by the engine (they may rejoin), not left for their budget
         self.info: dict[int, dict] = {}
         self.release_nonprivate = True  # report the coordinator's own figures of non-private data
 
@@ -106,12 +108,22 @@ class Coordinator(ABC):
 
     # ------------------------------------------------------------------ rounds
     def retire(self, rnd: int, events: RoundEvents) -> list[int]:
-        """Sites the engine lost and sites whose budget cannot pay for this round leave; the active ones."""
+        """Lost sites that are back rejoin; sites the engine lost and sites whose budget cannot pay for this round
+        leave; the active ones."""
+        for k in self.engine.rejoin_ready(rnd) if self.engine is not None else []:
+            if k in self.lost_sites and k not in self.active:
+                self.lost_sites.discard(k)
+                self.active = sorted([*self.active, k])
+                self.left_at[k] = None
+                self.can_continue[k] = True
+                events.rejoined.append(k)
+                log.warning("client %d rejoins the protocol before round %d from its own checkpoint", k, rnd)
         lost = self.engine.lost if self.engine is not None else {}
         leaving = []
         for k in list(self.active):
             if k in lost:
                 events.lost[k] = lost[k]
+                self.lost_sites.add(k)
                 log.warning("client %d leaves the protocol before round %d: process lost (%s)", k, rnd, lost[k])
             elif not self.may_continue(k):
                 events.left.append(k)

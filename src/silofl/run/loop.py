@@ -166,6 +166,7 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
     info = cfg.info
     last: dict[int, dict] = {}
     left_log: list[dict] = []
+    rejoined_log: list[dict] = []
     rejected_log: list[dict] = []
     train_s = eval_s = 0.0
     rounds_run = 0
@@ -193,8 +194,9 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
             rounds_run = rnd
             left_log += [{"client": c, "round": rnd, "reason": "budget spent"} for c in ev.left]
             left_log += [{"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()]
+            rejoined_log += [{"client": c, "round": rnd} for c in ev.rejoined]
             rejected_log += ev.rejected
-            if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost:
+            if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost or ev.rejoined:
                 t0 = time.perf_counter()
                 records = _records(cfg, coordinator, engine, rnd, internal)
                 last.update({r["client"]: r for r in records})
@@ -216,6 +218,8 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
     reports = {k: coordinator.site_report(k, r.meta) for k, r in sorted(finals.items())}
     summary = _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run,
                        wall, train_s, eval_s)
+    if rejoined_log:
+        summary["rejoined"] = rejoined_log
     folder.write_metrics_csv()
     guarantee = cfg.guarantee()
     if folder.records:

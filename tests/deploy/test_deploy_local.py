@@ -1,0 +1,161 @@
+"""``silofl deploy local``: a real Flower deployment on loopback (a SuperLink and one SuperNode per site as
+separate processes, TLS, SuperNode authentication, sealed payloads) gives the simulator's numbers."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+BASE = ["--dataset", "digits", "--rounds", "2", "--samples-per-client", "120", "--batch-size", "30", "--delta", "1e-3",
+        "--test-limit", "200", "--threads", "1", "--seed", "0"]
+CASES = {
+    "proxyfl": ["--private-model", "cnn1", "--proxy-model", "mlp"],
+    "fedavg": ["--proxy-model", "mlp"],
+    "cwt": ["--proxy-model", "mlp"],
+    "dp-fedavg": ["--intermediaries", "adaptive", "--noise-multiplier", "1.0", "--clip", "1.0"],
+}
+
+
+def silofl(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "silofl.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**__import__("os").environ, "SILOFL_NO_PROGRESS": "1", "COLUMNS": "200"})
+
+
+def finals(path):
+    s = json.loads((path / "summary.json").read_text())
+    keys = [k for k in ("proxy_acc", "private_acc", "model_acc", "global_acc") if k in s["final"]["per_client"][0]]
+    return s, [(r["client"], *(r[k] for k in keys), r["epsilon"]) for r in s["final"]["per_client"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(CASES))
+def test_deploy_local_gives_the_simulators_numbers(method, tmp_path):
+    args = ["--method", method, *BASE, *CASES[method]]
+    dep = silofl("deploy", "local", "--sites", "3", *args, "--out", str(tmp_path / "d"), "--timeout", "400")
+    assert dep.returncode == 0, dep.stdout[-3000:] + dep.stderr[-3000:]
+    sim = silofl("run", "--clients", "3", *args, "--out", str(tmp_path / "s"))
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    d, got = finals(tmp_path / "d")
+    _, want = finals(tmp_path / "s")
+    assert got == want
+    e = d["engine"]
+    assert e["name"] == "flower" and e["tls"] and e["node_auth"] and e["sealed"] and not e["insecure_flag"]
+    assert d["processes"] == 4 and d["data_source"].startswith("each site's own data")
+    for k in range(3):  # each site kept its ledger, checkpoints and models in its own folder
+        site = tmp_path / "d" / "deployment" / "sites" / f"site{k}"
+        assert (site / "ledger").is_dir() and (site / "keys" / "seal.key").stat().st_mode & 0o077 == 0
+
+
+def test_deploy_local_refuses_a_method_that_pools_data_in_one_line(tmp_path):
+    r = silofl("deploy", "local", "--sites", "2", "--method", "joint", "--dataset", "digits", "--out",
+               str(tmp_path / "j"))
+    assert r.returncode == 2 and "Joint pools" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "j").exists()
+
+
+@pytest.mark.slow
+def test_a_site_that_dies_is_lost_and_the_others_finish(tmp_path):
+    import os
+
+    env_fault = {"SILOFL_INJECT_FAULT": "2:2:crash"}  # site 2 is killed (SIGKILL) as round 2 starts
+    r = subprocess.run([sys.executable, "-m", "silofl.cli.main", "deploy", "local", "--sites", "3", "--method",
+                        "proxyfl", *BASE, "--rounds", "3", "--eval-every", "1", *CASES["proxyfl"], "--peer-timeout", "60",
+                        "--out", str(tmp_path / "f")], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "SILOFL_NO_PROGRESS": "1", **env_fault})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "f" / "summary.json").read_text())
+    assert s["rounds_run"] == 3
+    assert [x["client"] for x in s["left"]] == [2] and "lost" in s["left"][0]["reason"]
+    rounds = [json.loads(line) for line in (tmp_path / "f" / "metrics.jsonl").read_text().splitlines()]
+    assert {x["client"] for x in rounds if x["round"] == 3} == {0, 1}
+
+
+@pytest.mark.slow
+def test_the_readme_commands_between_institutions(tmp_path):
+    """The coordinator's and each site's commands of the README, on loopback: certs, SuperLink, site init and
+    pin, registration, site run, deploy start."""
+    import os
+    import signal
+    import socket
+    import time
+
+    import torch
+
+    from silofl.deploy.site import export_data
+    from silofl.run.config import RunConfig
+    from silofl.run.data import prepare_data
+
+    cfg, split = prepare_data(RunConfig.from_dict(dict(dataset="digits", clients=2, samples_per_client=100,
+                                                       seed=0, test_limit=100)).resolve(), torch.device("cpu"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    addr = f"127.0.0.1:{port}"
+    coord = tmp_path / "coord"
+    assert silofl("deploy", "certs", str(coord), "--host", "127.0.0.1").returncode == 0
+    env = {**os.environ, "SILOFL_NO_PROGRESS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "silofl.cli.main", "deploy", "superlink", str(coord), "--host",
+                               "127.0.0.1", "--port", str(port)], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        cards = []
+        for k, name in enumerate(["hospital-a", "hospital-b"]):
+            data = tmp_path / f"{name}.safetensors"
+            export_data(data, *split.parts[k], split.test, None, {"num_classes": 10})
+            r = silofl("site", "init", str(tmp_path / name), "--name", name, "--data", str(data), "--lifetime-epsilon",
+                       "50", "--lifetime-delta", "1e-3", "--report-test-figures")
+            assert r.returncode == 0, r.stderr
+            cards.append(str(tmp_path / name / "keys" / "public.json"))
+        again = silofl("site", "init", str(tmp_path / "hospital-a"), "--name", "x", "--data", str(data),
+                       "--lifetime-epsilon", "5")
+        assert again.returncode == 2 and "never overwritten" in again.stderr
+        for name in ("hospital-a", "hospital-b"):
+            assert silofl("site", "pin", str(tmp_path / name), *cards).returncode == 0
+        deadline = time.monotonic() + 120
+        while True:  # the SuperLink is up when registration succeeds
+            r = silofl("deploy", "register", str(coord), *cards, "--superlink", addr)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert r.returncode == 0, r.stderr
+        for name in ("hospital-a", "hospital-b"):
+            procs.append(subprocess.Popen([sys.executable, "-m", "silofl.cli.main", "site", "run", "--site-dir",
+                                           str(tmp_path / name), "--superlink", addr, "--ca",
+                                           str(coord / "pki" / "ca.crt")], env=env, start_new_session=True,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        r = silofl("deploy", "start", str(coord), "--superlink", addr, "--method", "fedavg", "--dataset", "digits",
+                   "--rounds", "2", "--delta", "1e-3", "--noise-multiplier", "1.0", "--batch-size", "25",
+                   "--proxy-model", "mlp", "--threads", "1", "--out", str(tmp_path / "run"))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        s = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert s["rounds_run"] == 2 and s["privacy"]["formal_guarantee"] is True  # no seed: secret randomness
+        assert s["engine"]["tls"] and s["engine"]["node_auth"] and s["sites"] == ["hospital-a", "hospital-b"]
+        assert all(r["epsilon"] > 0 for r in s["final"]["per_client"])
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_site_that_comes_back_rejoins_from_its_checkpoint_with_its_spend(tmp_path):
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "silofl.cli.main", "deploy", "local", "--sites", "3", "--method", "fedavg",
+                        *BASE, "--rounds", "4", "--eval-every", "1", *CASES["fedavg"], "--checkpoint-every", "1",
+                        "--peer-timeout", "60", "--restart-sites", "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=1200,
+                       env={**os.environ, "SILOFL_NO_PROGRESS": "1", "SILOFL_INJECT_FAULT": "2:2:crash"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert [x["client"] for x in s["left"]] == [2]
+    assert [x["client"] for x in s["rejoined"]] == [2] and s["rejoined"][0]["round"] > s["left"][0]["round"]
+    recs = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    site2 = {x["round"]: x["epsilon"] for x in recs if x["client"] == 2}
+    assert 4 in site2 and site2[4] > site2[1]  # back to the end; its spend went on from its ledger, never reset
+    ledger = tmp_path / "r" / "deployment" / "sites" / "site2" / "ledger"
+    assert ledger.is_dir()

@@ -1,0 +1,171 @@
+"""The site worker behind the engine seam, without Flower: every party as a real site folder, every frame
+packed and checked, payloads between sites sealed. The same numbers as the simulator; a hostile relay or
+coordinator gets refusals, never a payload or an overspend."""
+
+import json
+
+import pytest
+import torch
+
+from silofl.comm.messages import Message, Packet, pack, unpack
+from silofl.core.errors import SiloflError
+from silofl.deploy.coordinator import FlowerEngine, join
+from silofl.deploy.local import make_site_folders
+from silofl.deploy.site import ERROR, HELLO, SETUP, SiteConfig, SiteWorker
+from silofl.run.data import prepare_data
+from silofl.run.loop import run as simulate
+
+
+class Loopback(FlowerEngine):
+    """FlowerEngine's checks, with each site's worker called directly; ``tap`` sees (and may change) every frame."""
+
+    def __init__(self, workers, tap=None):
+        super().__init__(None, {k: k for k in range(len(workers))}, 60.0, {"tls": False, "sealed": True})
+        self.workers, self.tap = workers, tap or (lambda step, k, frame, way: frame)
+
+    def exchange(self, step, requests, timeout_s=None):
+        out = {}
+        for k, m in requests.items():
+            if k in self.lost:
+                continue
+            frame = self.tap(step, k, pack(step, {k: m}), "to")
+            reply = self.reply_of(k, step, self.tap(step, k, self.workers[k].handle_frame(frame), "from"))
+            if reply is not None:
+                out[k] = reply
+        return out
+
+
+def deployment(cfg, tmp_path, **site_changes):
+    cfg = cfg.resolve()
+    cfg, split = prepare_data(cfg, torch.device("cpu"))
+    cards, folders = make_site_folders(cfg, split, tmp_path / "sites")
+    for f in folders:
+        if site_changes:
+            d = json.loads((f / "site.json").read_text())
+            (f / "site.json").write_text(json.dumps({**d, **site_changes}))
+    workers = [SiteWorker(f) for f in folders]
+    spec = {"config": cfg.to_dict(), "sites": [{**c, "node_id": k} for k, c in enumerate(cards)]}
+    return cfg, workers, spec, folders
+
+
+def deployed_run(cfg, tmp_path, tap=None):
+    cfg, workers, spec, folders = deployment(cfg, tmp_path)
+    engine = Loopback(workers, tap)
+    cfg2, remote = join(engine, spec)
+    s = simulate(cfg2.replace(out=str(tmp_path / "deployed")), progress=False,
+                 engine_factory=lambda make, n: engine, remote=remote)
+    return s, engine, workers, folders
+
+
+def _acc(a):
+    return {k: v for k, v in a.items() if k not in ("target_epsilon", "rounds_within_budget")}
+
+
+def per_client(s, key):
+    return [(r["client"], r[key], r["epsilon"]) for r in s["final"]["per_client"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,key,extra", [
+    ("proxyfl", "proxy_acc", {}),
+    ("cwt", "model_acc", {}),
+    ("dp-fedavg", "global_acc", {"intermediaries": "adaptive", "noise_multiplier": 1.0, "clip": 1.0}),
+])
+def test_deployed_sites_give_the_simulators_numbers(method, key, extra, tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(method=method, clients=3, rounds=2, seed=0, **extra)
+    s, engine, workers, _ = deployed_run(cfg, tmp_path)
+    sim = simulate(cfg.replace(out=str(tmp_path / "sim")), progress=False)
+    if key not in s["final"]["per_client"][0]:
+        key = next(k for k in ("proxy_acc", "model_acc", "global_acc") if k in s["final"]["per_client"][0])
+    assert per_client(s, key) == per_client(sim, key)
+    # the same accountant inputs and ε; a deployed site caps its target at its own lifetime budget
+    assert [_acc(a) for a in s["accounting"]] == [_acc(a) for a in sim["accounting"]]
+    assert s["engine"]["name"] == "flower" and s["engine"]["sealed"] is True
+    assert all(not w.refused for w in workers)
+
+
+@pytest.mark.slow
+def test_the_relay_sees_no_payload_and_its_tampering_is_refused(tiny_cfg, tmp_path):
+    seen, sent = [], {}
+
+    def tap(step, k, frame, way):
+        _, msgs = unpack(frame)
+        for m in msgs.values():
+            for p in m.packets:
+                seen.append(p.data)
+                if way == "to" and step == "receive" and p.src != p.dst:
+                    sent.setdefault(k, []).append(p.data)
+        if way == "to" and step == "receive" and k == 1:  # corrupt every payload to site 1 in transit
+            (kk, m), = msgs.items()
+            m.packets = [Packet(p.src, p.dst, p.data[:-1] + bytes([p.data[-1] ^ 1])) for p in m.packets]
+            return pack(step, {kk: m})
+        return frame
+
+    cfg = tiny_cfg.replace(method="proxyfl", clients=3, rounds=2, seed=0)
+    s, engine, workers, folders = deployed_run(cfg, tmp_path, tap)
+    assert all(d[:4] == b"SFS1" for d in (p for ps in sent.values() for p in ps))  # only sealed payloads travel
+    proxy = workers[0].site.shared.state_dict()
+    raw = proxy[next(iter(proxy))].numpy().tobytes()[:32]
+    assert not any(raw in d for d in seen)  # the relay never holds a proxy's weights in the clear
+    assert {r["client"] for r in engine.refused} == {1} and all("signature" in r["reason"] for r in engine.refused)
+    assert s["rounds_run"] == 2  # site 1 refused the tampered payloads and went on
+
+
+def test_a_replayed_payload_is_refused(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(method="proxyfl", clients=3, rounds=1, seed=0)
+    cfg, workers, spec, _ = deployment(cfg, tmp_path)
+    engine = Loopback(workers)
+    join(engine, spec)
+    engine.exchange("status", {0: Message()})
+    reply = engine.exchange("train_send", {k: Message({"round": 1, "to": [(k + 1) % 3]}) for k in range(3)})
+    pk = [p for p in reply[0].packets if p.dst != 0][0]
+    first = engine.exchange("receive", {pk.dst: Message({"round": 1}, [pk])})
+    assert pk.dst in first and not workers[pk.dst].refused
+    again = workers[pk.dst].handle_frame(pack("receive", {pk.dst: Message({"round": 1}, [pk])}))
+    _, msgs = unpack(again)
+    assert "replay" in " ".join(msgs[pk.dst].meta["refused_payloads"])
+
+
+def test_a_site_refuses_what_its_folder_does_not_allow(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(method="proxyfl", clients=2, rounds=2, seed=0, noise_multiplier=1.0)
+    _, workers, spec, folders = deployment(cfg, tmp_path, allow_research_seed=False)
+    with pytest.raises(SiloflError, match="seed"):
+        join(Loopback(workers), spec)
+    unseeded = {**spec, "config": {**spec["config"], "seed": None}}
+    for f in folders:
+        d = json.loads((f / "site.json").read_text())
+        (f / "site.json").write_text(json.dumps({**d, "lifetime_epsilon": 0.5}))
+    with pytest.raises(SiloflError, match="lifetime ε 0.5"):
+        join(Loopback([SiteWorker(f) for f in folders]), unseeded)
+    tight = {**unseeded, "config": {**unseeded["config"], "delta": 0.5}}
+    with pytest.raises(SiloflError, match="lifetime δ"):
+        join(Loopback([SiteWorker(f) for f in folders]), tight)
+
+
+def test_a_site_answers_garbage_with_a_refusal_and_keeps_its_state(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(method="fedavg", clients=2, rounds=2, seed=0)
+    _, workers, spec, folders = deployment(cfg, tmp_path)
+    w = workers[0]
+    for frame in (b"", b"\xff" * 64, (10**12).to_bytes(8, "little") + b"{}", pack("train_upload", {0: Message()}),
+                  pack(HELLO, {0: Message({"nonce": 5})}), pack(SETUP, {0: Message({"run_id": "x"})}),
+                  pack(HELLO, {0: Message(), 1: Message()})):
+        step, msgs = unpack(w.handle_frame(frame))
+        assert step == ERROR and msgs[0].meta["error"]
+    assert w.site is None  # nothing half-joined
+    engine = Loopback(workers)
+    join(engine, spec)
+    # paths in a request are the coordinator's: the site writes only into its own folder
+    engine.exchange("save", {0: Message({"root": str(tmp_path / "elsewhere"), "round": 1})})
+    assert not (tmp_path / "elsewhere").exists() and list((folders[0] / "checkpoint").rglob("node0.*"))
+    # a packet claiming to come from another site must be sealed by it
+    step, msgs = unpack(w.handle_frame(pack("receive_global", {0: Message({"round": 1}, [Packet(1, 0, b"x" * 100)])})))
+    assert msgs[0].meta["refused_payloads"]
+
+
+def test_site_config_is_checked(tmp_path):
+    with pytest.raises(SiloflError, match="not a site folder"):
+        SiteConfig.load(tmp_path)
+    (tmp_path / "site.json").write_text(json.dumps({"name": "a", "data": "d", "lifetime_epsilon": -1,
+                                                    "lifetime_delta": 1e-5}))
+    with pytest.raises(SiloflError, match="lifetime"):
+        SiteConfig.load(tmp_path)
