@@ -43,7 +43,9 @@ def site_init(
 ):
     """Create a site folder: site.json (its decisions), fresh keys, its public card (keys/public.json)."""
     from silofl.deploy.site import SiteConfig, init_site, load_local
+    from silofl.privacy.ledger import check_site_name
 
+    check_site_name(name)
     cfg = SiteConfig(name=name, data=str(Path(data).resolve()), lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta, private_model=private_model,
                      schema=str(Path(schema).resolve()) if schema else None, report_test_figures=report_test_figures,
