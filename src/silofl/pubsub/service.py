@@ -19,8 +19,6 @@ without a valid credential) has a token bucket (``rate`` requests per second, ``
 A refused request changes nothing.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os
@@ -103,10 +101,6 @@ class RateLimiter:
             return (1 - tokens) / self.rate if self.rate > 0 else 3600.0
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class LimitsAndLog:
     """ASGI middleware: body size bounds (before the body is read) and a JSON access log line per request."""
 
@@ -125,12 +119,9 @@ class LimitsAndLog:
         info: dict[str, Any] = {"status": None, "bytes_out": 0, "bytes_in": 0}
         limit = self.limit(scope["path"], scope["method"])
         headers = dict(scope.get("headers") or [])
-        started = False
 
         async def send_logged(msg):
-            nonlocal started
             if msg["type"] == "http.response.start":
-                started = True
                 info["status"] = msg["status"]
             elif msg["type"] == "http.response.body":
                 info["bytes_out"] += len(msg.get("body", b""))
@@ -149,19 +140,32 @@ class LimitsAndLog:
                 await too_large()  # refused from the header: the body is never read
                 return
 
-            async def bounded_receive():
-                msg = await receive()
-                if msg["type"] == "http.request":
-                    info["bytes_in"] += len(msg.get("body", b""))
+            if declared is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                # a body without a length (chunked): read it here, at most up to the bound, then hand it on
+                parts, more = [], True
+                while more:
+                    msg = await receive()
+                    if msg["type"] != "http.request":
+                        return
+                    parts.append(msg.get("body", b""))
+                    info["bytes_in"] += len(parts[-1])
                     if info["bytes_in"] > limit:
-                        raise _TooLarge
-                return msg
+                        await too_large()
+                        return
+                    more = msg.get("more_body", False)
+                body, done = b"".join(parts), False
 
-            try:
-                await self.app(scope, bounded_receive, send_logged)
-            except _TooLarge:
-                if not started:
-                    await too_large()
+                async def replay():
+                    nonlocal done
+                    if done:
+                        return await receive()
+                    done = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+
+                await self.app(scope, replay, send_logged)
+                return
+            info["bytes_in"] = int(declared or 0)
+            await self.app(scope, receive, send_logged)
         finally:
             self._log(scope, info, t0)
 
@@ -189,6 +193,7 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
     """The FastAPI application serving the broker in ``state`` (see the module doc). On first use it writes the
     operator's credential to ``state/admin.json`` (mode 0600)."""
     from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from starlette.concurrency import run_in_threadpool
 
@@ -212,6 +217,12 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
         status = 422 if isinstance(exc, ModelRejected) else 400
         request.state.refused = str(exc)[:200]
         return JSONResponse({"error": str(exc)}, status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, exc: RequestValidationError):
+        msg = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors())[:300]
+        request.state.refused = msg
+        return JSONResponse({"error": f"malformed request: {msg}"}, status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
