@@ -394,4 +394,5 @@ def serve(state: str | Path, host: str, port: int, certfile: str | None, keyfile
     scheme = "https" if certfile else "http"
     app = create_app(state, max_upload=max_upload, rate=rate, burst=burst, public_url=f"{scheme}://{host}:{port}")
     uvicorn.run(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile, log_level=log_level,
-                access_log=False, server_header=False, timeout_keep_alive=30)
+                access_log=False, server_header=False, timeout_keep_alive=30,
+                timeout_graceful_shutdown=5)
