@@ -316,13 +316,20 @@ class Broker:
             db.execute("DELETE FROM models WHERE id = ?", (model_id,))
         (self.models_dir / row[0]).unlink(missing_ok=True)
 
-    def models(self, publisher: str | None = None) -> list[dict]:
+    def model(self, model_id: int) -> dict | None:
+        """One model's metadata row (see :meth:`models`), or None."""
+        rows = self.models(model_id=model_id)
+        return rows[0] if rows else None
+
+    def models(self, publisher: str | None = None, model_id: int | None = None) -> list[dict]:
         """Metadata rows of the published models (no tensors), oldest first."""
         q = ("SELECT id, publisher, kind, task, features, classes, epsilon, delta, chunk, created_at, size, "
              "epsilon_spent, delta_spent, signed FROM models")
         args: tuple = ()
         if publisher is not None:
             q, args = q + " WHERE publisher = ?", (publisher,)
+        elif model_id is not None:
+            q, args = q + " WHERE id = ?", (int(model_id),)
         with closing(self._connect()) as db:
             rows = db.execute(q + " ORDER BY id", args).fetchall()
         keys = ("id", "publisher", "kind", "task", "features", "classes", "epsilon", "delta", "chunk", "created_at", "size",

@@ -259,10 +259,10 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
         return any(ch.matches(meta["features"]) for ch in broker.channels(who[0]))
 
     def model_meta(model_id: int) -> dict:
-        rows = [m for m in broker.models() if m["id"] == model_id]
-        if not rows:
+        meta = broker.model(model_id)
+        if meta is None:
             raise HTTPException(404, f"no published model {model_id}")
-        return rows[0]
+        return meta
 
     @app.get("/health")
     def health():
