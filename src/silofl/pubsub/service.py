@@ -195,7 +195,7 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
     from fastapi import Depends, FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
-    from starlette.concurrency import run_in_threadpool
+    from fastapi.concurrency import run_in_threadpool
 
     state = Path(state)
     state.mkdir(parents=True, exist_ok=True)
