@@ -8,6 +8,15 @@ bounds equal to the public bounds its publisher declared) and again on fetch (ch
 checks); a rejected model leaves the broker exactly as it was: the file is written under a
 temporary name and only renamed inside the database transaction that records it.
 
+Signed models (:mod:`silofl.pubsub.signing`): a publisher registered with an Ed25519 key (table
+``publishers``, with its declared lifetime budget) has every model checked against that key, and against its
+release receipt: the spend its ledger declares must be present, at least the model's own (ε, δ), within the
+site's declared lifetime budget, and recorded by a later ledger entry than the site's previous model (a ledger
+that went back is refused). ``require_signed`` (the network service, :mod:`silofl.pubsub.service`) refuses
+unsigned models and publishers without a registered key; a folder broker (one machine, every party can write
+the folder anyway) registers a signing publisher's key on its first model (trust on first use) and accepts
+unsigned research models.
+
 A channel ``F1 ∨ … ∨ Fk`` (each Fi a set of feature names) streams every model whose feature set
 contains all of some Fi. Sites join and leave at any time; a site that leaves takes its models,
 features and channels with it.
@@ -16,10 +25,12 @@ features and channels with it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 from contextlib import closing
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from silofl.core.errors import ConfigError, ModelRejected
@@ -39,7 +50,12 @@ CREATE TABLE IF NOT EXISTS models (
     kind TEXT NOT NULL, task TEXT NOT NULL, features TEXT NOT NULL, classes TEXT, epsilon REAL NOT NULL,
     delta REAL NOT NULL, chunk INTEGER, created_at TEXT NOT NULL, checksum TEXT NOT NULL, size INTEGER NOT NULL,
     file TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS publishers (
+    site TEXT PRIMARY KEY, public_key TEXT NOT NULL, lifetime_epsilon REAL NOT NULL, lifetime_delta REAL NOT NULL,
+    epsilon_spent REAL NOT NULL DEFAULT 0, delta_spent REAL NOT NULL DEFAULT 0, ledger_seq INTEGER NOT NULL DEFAULT -1,
+    registered_at TEXT NOT NULL);
 """
+MODEL_COLUMNS = (("epsilon_spent", "REAL"), ("delta_spent", "REAL"), ("signed", "INTEGER NOT NULL DEFAULT 0"))
 
 
 @dataclass(frozen=True)
@@ -56,19 +72,91 @@ class Channel:
 
 class Broker:
     """A broker in a directory (see the module doc)."""
-    def __init__(self, path: str | Path, max_bytes: int = MAX_BYTES):
+    def __init__(self, path: str | Path, max_bytes: int = MAX_BYTES, require_signed: bool = False, wal: bool = False):
         self.path = Path(path)
         self.models_dir = self.path / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
         self.db_path = self.path / "broker.sqlite"
         self.max_bytes = max_bytes
+        self.require_signed = require_signed
         with closing(self._connect()) as db, db:
+            if wal:  # readers never block the writer (the network service); WAL needs a local file system
+                db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
+            have = {r[1] for r in db.execute("PRAGMA table_info(models)")}
+            for col, decl in MODEL_COLUMNS:  # brokers made before signed models
+                if col not in have:
+                    db.execute(f"ALTER TABLE models ADD COLUMN {col} {decl}")
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path)
+        db = sqlite3.connect(self.db_path, timeout=30)
         db.execute("PRAGMA foreign_keys = ON")
         return db
+
+    # ------------------------------------------------------------------ publishers' keys and budgets
+    def register_publisher(self, site: str, public_key: str, lifetime: tuple[float, float]) -> None:
+        """Record a site's Ed25519 public key (hex) and declared lifetime budget; once per site (ConfigError if it
+        is registered already)."""
+        from silofl.privacy.ledger import check_site_name
+        from silofl.pubsub.signing import parse_public_key
+
+        check_site_name(site)
+        try:
+            parse_public_key(public_key)
+        except ModelRejected as e:
+            raise ConfigError(str(e)) from None
+        eps, dlt = (float(v) for v in lifetime)
+        if not (math.isfinite(eps) and eps > 0 and 0 <= dlt < 1):
+            raise ConfigError(f"a lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1, got ε={eps}, δ={dlt}")
+        with closing(self._connect()) as db, db:
+            try:
+                db.execute("INSERT INTO publishers (site, public_key, lifetime_epsilon, lifetime_delta, registered_at) "
+                           "VALUES (?, ?, ?, ?, ?)", (site, public_key, eps, dlt, datetime.now(UTC).isoformat(timespec="seconds")))
+            except sqlite3.IntegrityError:
+                raise ConfigError(f"site {site!r} is registered already (a site registers once)") from None
+
+    def publisher(self, site: str) -> dict | None:
+        """A registered publisher: public key, lifetime budget, the largest spend its models declared."""
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
+                             "ledger_seq FROM publishers WHERE site = ?", (site,)).fetchone()
+        return None if row is None else _publisher(row)
+
+    def publishers(self) -> list[dict]:
+        """Every registered publisher (see :meth:`publisher`), by name."""
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
+                              "ledger_seq FROM publishers ORDER BY site").fetchall()
+        return [_publisher(r) for r in rows]
+
+    def _check_signed(self, data: bytes, model: PublishedModel) -> dict | None:
+        """The verified release receipt of a model (None for an unsigned model a folder broker accepts)."""
+        from silofl.pubsub.signing import check_receipt, release_of, verify_model
+
+        rel = release_of(data)
+        pub = self.publisher(model.publisher)
+        if rel is None:
+            if self.require_signed or pub is not None:
+                raise ModelRejected(f"the model is not signed by {model.publisher!r} (no release receipt)")
+            return None
+        if pub is None:
+            if self.require_signed:
+                raise ModelRejected(f"publisher {model.publisher!r} has no registered signing key")
+            lifetime = rel.get("lifetime")
+            if not (isinstance(lifetime, list) and len(lifetime) == 2):
+                raise ModelRejected("the release receipt declares no lifetime budget")
+            verify_model(data, str(rel.get("public_key")))  # the folder broker trusts a new site's first key
+            pub = {"public_key": str(rel["public_key"]), "lifetime": (float(lifetime[0]), float(lifetime[1])),
+                   "ledger_seq": -1, "new": True}
+        rel = verify_model(data, pub["public_key"])
+        rel["spend"] = check_receipt(rel, model.publisher, float(model.epsilon), float(model.delta), pub["lifetime"])
+        seq = rel.get("ledger_seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq <= pub["ledger_seq"]:
+            raise ModelRejected(f"the model's ledger entry {seq!r} is not after {model.publisher!r}'s previous one "
+                                f"({pub['ledger_seq']}): a replayed model or a rolled-back ledger")
+        rel["_new_publisher"] = pub.get("new", False)
+        rel["_lifetime"] = pub["lifetime"]
+        return rel
 
     # ------------------------------------------------------------------ sites and features
     def join(self, site: str, features: dict[str, tuple] | None = None) -> None:
@@ -130,9 +218,27 @@ class Broker:
 
     # ------------------------------------------------------------------ models
     def publish(self, data: bytes) -> int:
-        """Validate and store a published model (bytes of :meth:`PublishedModel.to_bytes`); its id."""
+        """Validate and store a published model (bytes of :meth:`PublishedModel.to_bytes`, signed with
+        :func:`~silofl.pubsub.signing.sign_model`); its id. A signed model whose site has not joined yet joins it
+        with the public feature metadata in its receipt, and only if the model is accepted."""
         model = PublishedModel.from_bytes(data, self.max_bytes)
+        rel = self._check_signed(data, model)
+        joined = False
+        if rel is not None and "join" in rel and model.publisher not in self.sites():
+            if not isinstance(rel["join"], dict):
+                raise ModelRejected("the receipt's join metadata is not a mapping")
+            self.join(model.publisher, rel["join"])
+            joined = True
+        try:
+            return self._store(data, model, rel)
+        except Exception:
+            if joined:
+                self.leave(model.publisher)
+            raise
+
+    def _store(self, data: bytes, model: PublishedModel, rel: dict | None) -> int:
         digest = checksum(data)
+        spend = (None, None) if rel is None else rel["spend"]
         with closing(self._connect()) as db:
             if not db.execute("SELECT 1 FROM sites WHERE name = ?", (model.publisher,)).fetchone():
                 raise ModelRejected(f"publisher {model.publisher!r} has not joined the broker")
@@ -154,9 +260,20 @@ class Broker:
                 with db:
                     cur = db.execute(
                         "INSERT INTO models (publisher, kind, task, features, classes, epsilon, delta, chunk, created_at, "
-                        "checksum, size, file) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "checksum, size, file, epsilon_spent, delta_spent, signed) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (model.publisher, model.kind, model.task, json.dumps(model.features), json.dumps(model.classes),
-                         model.epsilon, model.delta, model.chunk, model.created_at, digest, len(data), fname))
+                         model.epsilon, model.delta, model.chunk, model.created_at, digest, len(data), fname, spend[0],
+                         spend[1], int(rel is not None)))
+                    if rel is not None:
+                        if rel["_new_publisher"]:
+                            db.execute("INSERT INTO publishers (site, public_key, lifetime_epsilon, lifetime_delta, "
+                                       "registered_at) VALUES (?, ?, ?, ?, ?)",
+                                       (model.publisher, rel["public_key"], *rel["_lifetime"],
+                                        datetime.now(UTC).isoformat(timespec="seconds")))
+                        db.execute("UPDATE publishers SET epsilon_spent = MAX(epsilon_spent, ?), "
+                                   "delta_spent = MAX(delta_spent, ?), ledger_seq = ? WHERE site = ?",
+                                   (spend[0], spend[1], rel["ledger_seq"], model.publisher))
                     os.replace(tmp, self.models_dir / fname)
                     return int(cur.lastrowid)
             except sqlite3.IntegrityError:
@@ -164,20 +281,31 @@ class Broker:
             finally:
                 tmp.unlink(missing_ok=True)
 
-    def fetch(self, model_id: int) -> PublishedModel:
-        """The stored model, re-validated (checksum, format, shapes); ModelRejected if it was tampered with."""
+    def fetch_bytes(self, model_id: int) -> bytes:
+        """The stored blob of a model after its checksum (content address) and, for a model stored signed, its
+        publisher's signature were checked; ModelRejected if it was tampered with."""
         with closing(self._connect()) as db:
-            row = db.execute("SELECT file, checksum FROM models WHERE id = ?", (model_id,)).fetchone()
+            row = db.execute("SELECT m.file, m.checksum, m.signed, p.public_key FROM models m LEFT JOIN publishers p "
+                             "ON p.site = m.publisher WHERE m.id = ?", (model_id,)).fetchone()
         if row is None:
             raise ModelRejected(f"no published model {model_id}")
-        fname, digest = row
+        fname, digest, signed, key = row
         try:
             data = (self.models_dir / fname).read_bytes()
         except OSError as e:
             raise ModelRejected(f"model {model_id}'s file is missing: {e}") from None
         if checksum(data) != digest:
             raise ModelRejected(f"model {model_id} fails its checksum: the stored file was changed")
-        return PublishedModel.from_bytes(data, self.max_bytes)
+        if signed or key is not None:
+            from silofl.pubsub.signing import verify_model
+
+            verify_model(data, key or "")
+        return data
+
+    def fetch(self, model_id: int) -> PublishedModel:
+        """The stored model, re-validated (checksum, signature, format, shapes); ModelRejected if it was tampered
+        with."""
+        return PublishedModel.from_bytes(self.fetch_bytes(model_id), self.max_bytes)
 
     def unpublish(self, model_id: int) -> None:
         """Withdraw a published model (its file goes too)."""
@@ -188,19 +316,29 @@ class Broker:
             db.execute("DELETE FROM models WHERE id = ?", (model_id,))
         (self.models_dir / row[0]).unlink(missing_ok=True)
 
-    def models(self, publisher: str | None = None) -> list[dict]:
+    def model(self, model_id: int) -> dict | None:
+        """One model's metadata row (see :meth:`models`), or None."""
+        rows = self.models(model_id=model_id)
+        return rows[0] if rows else None
+
+    def models(self, publisher: str | None = None, model_id: int | None = None) -> list[dict]:
         """Metadata rows of the published models (no tensors), oldest first."""
-        q = "SELECT id, publisher, kind, task, features, classes, epsilon, delta, chunk, created_at, size FROM models"
+        q = ("SELECT id, publisher, kind, task, features, classes, epsilon, delta, chunk, created_at, size, "
+             "epsilon_spent, delta_spent, signed FROM models")
         args: tuple = ()
         if publisher is not None:
             q, args = q + " WHERE publisher = ?", (publisher,)
+        elif model_id is not None:
+            q, args = q + " WHERE id = ?", (int(model_id),)
         with closing(self._connect()) as db:
             rows = db.execute(q + " ORDER BY id", args).fetchall()
-        keys = ("id", "publisher", "kind", "task", "features", "classes", "epsilon", "delta", "chunk", "created_at", "size")
+        keys = ("id", "publisher", "kind", "task", "features", "classes", "epsilon", "delta", "chunk", "created_at", "size",
+                "epsilon_spent", "delta_spent", "signed")
         out = []
         for r in rows:
             d = dict(zip(keys, r, strict=True))
             d["features"], d["classes"] = json.loads(d["features"]), json.loads(d["classes"])
+            d["signed"] = bool(d["signed"])
             out.append(d)
         return out
 
@@ -246,6 +384,12 @@ class Broker:
         ch = self.channel(channel_id)
         return [m["id"] for m in self.models() if m["id"] > since and m["publisher"] != ch.subscriber
                 and ch.matches(m["features"])]
+
+
+def _publisher(row) -> dict:
+    site, key, le, ld, es, ds, seq = row
+    return {"site": site, "public_key": key, "lifetime": (le, ld), "epsilon_spent": es, "delta_spent": ds,
+            "ledger_seq": seq}
 
 
 def _channel(channel_id: int, subscriber: str, spec: str) -> Channel:

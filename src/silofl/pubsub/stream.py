@@ -39,6 +39,7 @@ class StreamPublisher:
     train_options: dict = field(default_factory=dict)
     folder: object | None = None  # a SiteFolder: every chunk is checked against its lifetime budget and recorded
     send: object | None = None  # how a model's bytes are published (default: broker.publish)
+    seal: object | None = None  # signs a model's bytes with the folder's release receipt (SiteFolder.release)
     live: deque = field(default_factory=deque)  # (chunk index, model id or model) of the live ensemble
     used_ids: set = field(default_factory=set)
     chunks: int = 0
@@ -69,7 +70,7 @@ class StreamPublisher:
             if send is None:
                 raise ConfigError("a stream recorded in a site's ledger needs a broker to publish to")
             model, handle = self.folder.release(ids.tolist(), self.epsilon, self.delta, make, send,  # type: ignore[attr-defined]
-                                                what="stream-chunk", chunk=self.chunks)
+                                                seal=self.seal, what="stream-chunk", chunk=self.chunks)
         else:
             model = make()
             handle = send(model.to_bytes()) if send is not None else model

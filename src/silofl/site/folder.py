@@ -93,13 +93,17 @@ class SiteFolder:
         return digests
 
     def release(self, record_ids, epsilon: float, delta: float, make: Callable[[], Any],
-                send: Callable[[Any], Any], **fields: Any) -> tuple[Any, Any]:
+                send: Callable[[Any], Any], seal: Callable[[bytes, dict], bytes] | None = None,
+                **fields: Any) -> tuple[Any, Any]:
         """Release something computed from ``record_ids`` within the lifetime budget: check the budget for the
         (ε, δ) asked for, ``make()`` the artifact (it has ``.epsilon``, ``.delta`` and ``to_bytes()``), record the
         release at the artifact's actual (ε, δ) with its checksum, then ``send(bytes)``. A send refused before anything
         left (a :class:`~silofl.core.errors.SiloflError`, e.g. the broker rejecting the model) cancels the record
-        and re-raises; any other failure keeps it counted (the artifact may have left). Returns (artifact, what
-        ``send`` returned)."""
+        and re-raises; any other failure keeps it counted (the artifact may have left). With ``seal``, the bytes sent
+        are ``seal(bytes, receipt)``: the receipt declares the spend of the released records including this release
+        (``epsilon_spent``, ``delta_spent``), the lifetime budget and the ledger entry (``ledger_seq``) that records it,
+        for the publisher to sign (:func:`silofl.pubsub.signing.sign_model`). Returns (artifact, what ``send``
+        returned)."""
         import hashlib
 
         digests = self.require_release(record_ids, epsilon, delta)
@@ -108,10 +112,16 @@ class SiteFolder:
         eps, dlt = float(artifact.epsilon), float(artifact.delta)
         if eps > epsilon * (1 + 1e-9) or dlt > delta * (1 + 1e-9):
             raise RuntimeError(f"the mechanism spent ε={eps}, δ={dlt}, above the (ε={epsilon}, δ={delta}) it was asked for")
+        if seal is not None:
+            before = self.ledger.spent(digests)
+            life = self.require_lifetime()
+            data = seal(data, {"site": self.name, "epsilon_spent": before[0] + eps, "delta_spent": before[1] + dlt,
+                               "lifetime": [life[0], life[1]], "ledger_seq": len(self.ledger.entries)})
         entry = self.ledger.record_release(digests, eps, dlt, checksum=hashlib.sha256(data).hexdigest(), **fields)
         try:
             out = send(data)
         except SiloflError as e:
-            self.ledger.cancel_release(entry, f"{type(e).__name__}: {e}")
+            if not getattr(e, "may_have_left", False):  # e.g. a connection lost after the upload: keep it counted
+                self.ledger.cancel_release(entry, f"{type(e).__name__}: {e}")
             raise
         return artifact, out
