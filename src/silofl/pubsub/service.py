@@ -193,9 +193,9 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
     """The FastAPI application serving the broker in ``state`` (see the module doc). On first use it writes the
     operator's credential to ``state/admin.json`` (mode 0600)."""
     from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
-    from fastapi.concurrency import run_in_threadpool
 
     state = Path(state)
     state.mkdir(parents=True, exist_ok=True)
