@@ -65,19 +65,20 @@ def per_client(s, key):
     return [(r["client"], r[key], r["epsilon"]) for r in s["final"]["per_client"]]
 
 
+CLIENT_LEVEL = {"intermediaries": "adaptive", "noise_multiplier": 1.0, "clip": 1.0, "proxy_model": "mlp"}
+EXTRA = {"dp-fedavg": CLIENT_LEVEL, "dp-fedadam": CLIENT_LEVEL, "dp-fednova": CLIENT_LEVEL, "dp2-rmsprop": CLIENT_LEVEL}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method,key,extra", [
-    ("proxyfl", "proxy_acc", {}),
-    ("cwt", "model_acc", {}),
-    ("dp-fedavg", "global_acc", {"intermediaries": "adaptive", "noise_multiplier": 1.0, "clip": 1.0}),
-])
-def test_deployed_sites_give_the_simulators_numbers(method, key, extra, tiny_cfg, tmp_path):
-    cfg = tiny_cfg.replace(method=method, clients=3, rounds=2, seed=0, **extra)
+@pytest.mark.parametrize("method", [m for m in __import__("silofl.fl.registry", fromlist=["methods"]).methods()
+                                    if m != "joint"])
+def test_every_method_runs_on_deployed_sites_with_the_simulators_numbers(method, tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(method=method, clients=3, rounds=2, seed=0, **EXTRA.get(method, {}))
     s, engine, workers, _ = deployed_run(cfg, tmp_path)
     sim = simulate(cfg.replace(out=str(tmp_path / "sim")), progress=False)
-    if key not in s["final"]["per_client"][0]:
-        key = next(k for k in ("proxy_acc", "model_acc", "global_acc") if k in s["final"]["per_client"][0])
-    assert per_client(s, key) == per_client(sim, key)
+    keys = sorted(k for k in s["final"]["per_client"][0] if k.endswith("_acc"))
+    assert keys and [[r[k] for k in (*keys, "epsilon")] for r in s["final"]["per_client"]] == \
+        [[r[k] for k in (*keys, "epsilon")] for r in sim["final"]["per_client"]]
     # the same accountant inputs and ε; a deployed site caps its target at its own lifetime budget
     assert [_acc(a) for a in s["accounting"]] == [_acc(a) for a in sim["accounting"]]
     assert s["engine"]["name"] == "flower" and s["engine"]["sealed"] is True

@@ -71,9 +71,10 @@ class Engine(ABC):
         """How many processes the sites run in."""
         return 1
 
-    def rejoin_ready(self, rnd: int) -> list[int]:
-        """Lost sites that are back before round ``rnd``, restored from their own checkpoints with their spend
-        intact, and no longer lost (an engine that cannot bring a site back returns none)."""
+    def rejoin_ready(self, rnd: int, candidates: set[int]) -> list[int]:
+        """Those of the lost sites ``candidates`` that are back before round ``rnd``, restored from their own
+        checkpoints with their spend intact, and no longer lost (an engine that cannot bring a site back returns
+        none)."""
         return []
 
     def describe(self) -> dict:

@@ -149,7 +149,7 @@ class FlowerEngine(Engine):
             self.refused.append({"client": k, "round": self.round, "reason": str(why)[:300]})
         return reply
 
-    def rejoin_ready(self, rnd: int) -> list[int]:
+    def rejoin_ready(self, rnd: int, candidates: set[int]) -> list[int]:
         """Lost sites whose node is connected again: greeted (signed hello), sent the run with ``resume`` (the site
         restores its latest checkpoint from its own folder; its ledger keeps its spend); those that joined."""
         if not self.lost or self.setup_meta is None:
@@ -160,7 +160,7 @@ class FlowerEngine(Engine):
             log.warning("could not list the connected nodes: %s", e)
             return []
         back = []
-        for k in sorted(self.lost):
+        for k in sorted(set(self.lost) & candidates):
             if self.nodes[k] not in online:
                 continue
             why = self.lost.pop(k)

@@ -77,20 +77,25 @@ class Proc:
         self.name, self.cmd, self.env = name, cmd, env
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
+        self.preexec = _die_with_parent if die_with_parent else None
+        self._start()
+
+    def _start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.p = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                  preexec_fn=_die_with_parent if die_with_parent else None)
+        self.offset = self._log.tell()  # this start's output begins here
+        self.p = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, preexec_fn=self.preexec)
 
     def restart(self) -> None:
         """Start the same command again (its log goes on)."""
         self.stop(5)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.p = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        self._start()
 
     def text(self) -> str:
-        """Its output so far."""
-        return self.log_path.read_text(errors="replace")
+        """Its output since it was (re)started."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.offset)
+            return f.read().decode(errors="replace")
 
     def wait_for(self, needle: str, timeout_s: float) -> None:
         """Wait until ``needle`` appears in its output; SiloflError if it exits or the time runs out."""
@@ -148,7 +153,17 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
         for s in previous:
             signal.signal(s, on_signal)
     try:
-        node.wait_for("SuperNode ID", 120)
+        for attempt in range(1, 31):  # the SuperLink refuses a node id it still holds for a dead process, for a while
+            try:
+                node.wait_for("SuperNode ID", 120)
+                break
+            except SiloflError as e:
+                if node.p.poll() is None or attempt == 30 or stop.is_set():
+                    raise
+                log.warning("site %s: the SuperNode could not connect yet (%s); retrying", worker.cfg.name,
+                            str(e).splitlines()[-1][:120])
+                stop.wait(min(20.0, 2.0 * attempt))
+                node.restart()
         log.warning("site %s connected to %s (SuperNode ID: %d)", worker.cfg.name, superlink, _node_id(node.text()))
         if ready is not None:
             ready.set()

@@ -110,14 +110,6 @@ class Coordinator(ABC):
     def retire(self, rnd: int, events: RoundEvents) -> list[int]:
         """Lost sites that are back rejoin; sites the engine lost and sites whose budget cannot pay for this round
         leave; the active ones."""
-        for k in self.engine.rejoin_ready(rnd) if self.engine is not None else []:
-            if k in self.lost_sites and k not in self.active:
-                self.lost_sites.discard(k)
-                self.active = sorted([*self.active, k])
-                self.left_at[k] = None
-                self.can_continue[k] = True
-                events.rejoined.append(k)
-                log.warning("client %d rejoins the protocol before round %d from its own checkpoint", k, rnd)
         lost = self.engine.lost if self.engine is not None else {}
         leaving = []
         for k in list(self.active):
@@ -137,6 +129,14 @@ class Coordinator(ABC):
             self.call("leave", {k: Message({"round": rnd}) for k in leaving})
         if events.lost:
             self.on_lost(set(events.lost), rnd)
+        earlier = {k for k in self.lost_sites if (self.left_at.get(k) or rnd) < rnd}  # retired in an earlier round
+        for k in self.engine.rejoin_ready(rnd, earlier) if self.engine is not None and earlier else []:
+            self.lost_sites.discard(k)
+            self.active = sorted([*self.active, k])
+            self.left_at[k] = None
+            self.can_continue[k] = True
+            events.rejoined.append(k)
+            log.warning("client %d rejoins the protocol before round %d from its own checkpoint", k, rnd)
         return list(self.active)
 
     def routable(self, rnd: int, k: int, replies: dict, allowed: set[int], events: RoundEvents) -> list:
