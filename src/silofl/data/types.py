@@ -45,6 +45,7 @@ class SplitData:
     internal: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     sites: list[str] | None = None  # the site of each client (partition "site")
     test_set: str = "the data set's test split"
+    indices: list[np.ndarray] | None = None  # each client's rows of ``dataset.x_train`` (what it trains on)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -37,7 +37,8 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
         x_test, y_test = data.test_split(cfg.test_limit)
     check_against_data(cfg, [len(s) for s in shards])
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
-    return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set)
+    return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set,
+                          indices=[np.asarray(s) for s in shards])
 
 
 def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:

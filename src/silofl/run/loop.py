@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,6 +42,16 @@ CHECKPOINT_DIR = "checkpoint"
 # options that may differ between a run and its resumption
 RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every")
 EngineFactory = Callable[[Callable[[int], Site], int], Engine]
+SiteMaker = Callable[[int], Site]
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """Research hooks (``silofl audit``): change the split before any site is built, or add sites after the
+    method's own (ids ``n..``). Neither changes a method; a run without hooks is untouched."""
+
+    split: Callable[[RunConfig, SplitData], SplitData] | None = None  # gets the config with its data-dependent settings
+    sites: Callable[[SiteMaker, int], tuple[SiteMaker, int]] | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,14 +79,18 @@ def site_factory(method: Method, split: SplitData) -> tuple[Callable[[int], Site
 
 
 def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
-          data=None) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
+          data=None, hooks: RunHooks | None = None) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
     """Resolve ``cfg``, prepare its data and connect its coordinator to its sites over an engine (in-process
     unless ``engine_factory`` makes another). Raises ConfigError / BudgetExhausted before anything is written."""
     cfg = cfg.resolve()
     device = device if device is not None else resolve_device(cfg.device)
     cfg, split = prepare_data(cfg, device, data)
+    if hooks is not None and hooks.split is not None:
+        split = hooks.split(cfg, split)
     method = cfg.info.cls(cfg)
     make, n_sites = site_factory(method, split)
+    if hooks is not None and hooks.sites is not None:
+        make, n_sites = hooks.sites(make, n_sites)
     engine = engine_factory(make, n_sites) if engine_factory is not None else \
         InProcessEngine({k: make(k) for k in range(n_sites)})
     coordinator = method.make_coordinator(n_sites, split, device)
@@ -84,10 +99,10 @@ def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: En
 
 
 def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = False,
-        engine_factory: EngineFactory | None = None, overwrite: bool = False) -> dict:
+        engine_factory: EngineFactory | None = None, overwrite: bool = False, hooks: RunHooks | None = None) -> dict:
     """Run ``cfg`` and write its run folder; ``resume`` continues from the folder's latest checkpoint
-    (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts). Returns the
-    summary."""
+    (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts). ``hooks``: see
+    :class:`RunHooks`. Returns the summary."""
     cfg = cfg.resolve()
     check_out(cfg.out, resume=resume, overwrite=overwrite)
     if cfg.threads is not None:
@@ -95,7 +110,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     t_start = time.perf_counter()
-    cfg, split, coordinator, engine = build(cfg, device, engine_factory)
+    cfg, split, coordinator, engine = build(cfg, device, engine_factory, hooks=hooks)
     try:
         return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, overwrite)
     finally:
