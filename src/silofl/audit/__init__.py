@@ -27,8 +27,9 @@ __all__ = ["AuditSettings", "run_audit"]
 
 
 def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = False, progress: bool = False,
-              console=None) -> dict:
-    """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's content."""
+              console=None, command: str | None = None) -> dict:
+    """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's content.
+    ``command``: the command line that asked for it (recorded in audit.json)."""
     import time
 
     from silofl.audit import report
@@ -52,5 +53,6 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
 
         audit, extra = example.audit(cfg, settings, out, progress=progress, console=console)
     audit.setdefault("seconds", {})["total"] = time.perf_counter() - t0
+    audit["command"] = command
     report.write(out, audit, extra["canary_scores"], extra["included"], extra["curves"], extra["split"])
     return audit

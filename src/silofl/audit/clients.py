@@ -198,6 +198,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
 
     rc = RunConfig.from_dict(read_config(out / "run"), strict=False).resolve()
     o = rc.options
+    assert rc.batch_size is not None  # filled from the data by the run
     scores = {"final": obs.final(), "rounds": obs.rounds}
     delta = rc.delta if rc.is_private else 1e-5
     bound = one_run_bound(scores, coins, delta, s.confidence, s.seed)

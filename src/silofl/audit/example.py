@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,13 +70,13 @@ class SharedModelObserver:
 
     def before(self, step: str, requests: dict[int, Message], engine: TappedEngine) -> None:
         if step in TRAIN_STEPS and self.site in requests:
-            site = engine.sites[self.site]
+            site: Any = engine.sites[self.site]
             self.start = self._phi(site.shared_state(), site)
 
     def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine) -> None:
         if step not in TRAIN_STEPS or self.site not in replies or self.start is None:
             return
-        site = engine.sites[self.site]
+        site: Any = engine.sites[self.site]
         packets = released_by(self.site, replies)
         if packets:
             state = model_tensors(packets[0])
@@ -136,11 +137,12 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     run_s = time.perf_counter() - t0
     obs: SharedModelObserver = held["observer"]
     data: AuditData = held["data"]
-    site = held["engine"].sites[obs.site]
+    site: Any = held["engine"].sites[obs.site]
     if obs.final is None or obs.last_state is None:
         raise ConfigError("the audited site never trained: nothing to audit (raise --rounds or the budget)")
     resolved = RunConfig.from_dict(summary_config(out / "run"), strict=False).resolve()
     o = resolved.options
+    assert resolved.batch_size is not None  # filled from the data by the run
     canary_scores = {"final": obs.final, "rounds": obs.rounds}
     delta = resolved.delta
     bound = one_run_bound(canary_scores, data.included, delta if resolved.is_private else 1e-5, s.confidence, s.seed)

@@ -31,7 +31,7 @@ from silofl.run.config import RunConfig
 
 
 def _target(m: PublishedModel) -> attacks.Target:
-    return lambda x: np.log(outputs(m, x.reshape(len(x), -1)).clamp_min(1e-300)).numpy()
+    return lambda x: torch.log(outputs(m, x.reshape(len(x), -1)).clamp_min(1e-300)).numpy()
 
 
 def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:

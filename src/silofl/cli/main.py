@@ -444,7 +444,10 @@ def audit(
     what = f"published {pubsub_model}" if pubsub_model else f"{cfg.method} ({cfg.resolve().privacy})"
     console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, seed {settings.seed} "
                   f"(seeded research run) → {out}")
-    a = run_audit(cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console)
+    import shlex
+
+    command = "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
+    a = run_audit(cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command)
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
     label = "" if a["formal_guarantee"] or a["epsilon_accountant"] is None else " (NOT a formal guarantee)"
