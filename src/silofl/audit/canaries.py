@@ -8,8 +8,10 @@ unused, then the test split (evaluation only reads it). In order, without overla
    real training examples;
 2. a **population** of the same size and proportions (RMIA's reference points z);
 3. **canaries**: ``m`` pool examples given a uniformly drawn *wrong* label (mislabelled examples are the
-   input-space canaries a model must memorise to fit), each included in the audited site's training
-   data independently with probability ½ (the coins of Steinke et al.'s one-run audit);
+   input-space canaries a model must memorise to fit) — or, with ``kind="noise"``, ``m`` inputs drawn
+   uniformly within the data's value range with uniformly drawn labels (out of distribution: nothing in
+   the real data contradicts them, so a model fits them more readily) — each included in the audited
+   site's training data independently with probability ½ (the coins of Steinke et al.'s one-run audit);
 4. the training sets of the **reference models** (one per model, same size and class proportions as the
    site; they may overlap one another but never a candidate above).
 
@@ -76,6 +78,10 @@ class Pool:
         self.labels = np.concatenate([y_train.cpu().numpy()[free], y_test.cpu().numpy()]).astype(np.int64)
         self.free = np.ones(len(self.rows), dtype=bool)
 
+    def value_range(self) -> tuple[float, float]:
+        """The smallest and largest input value in the data set (its encoding's range)."""
+        return (float(min(x.min() for x in self.x if x.numel())), float(max(x.max() for x in self.x if x.numel())))
+
     def available(self) -> int:
         return int(self.free.sum())
 
@@ -129,28 +135,47 @@ def class_proportions(y: torch.Tensor, num_classes: int) -> np.ndarray:
     return counts / max(1.0, counts.sum())
 
 
+CANARY_KINDS = ("mislabelled", "noise")
+CANARY_DESCRIPTION = {
+    "mislabelled": "mislabelled examples (a pool example with a uniformly drawn wrong label)",
+    "noise": "out-of-distribution examples (inputs uniform within the data's value range, uniformly drawn labels)",
+}
+
+
 def draw(pool: Pool, member_y: torch.Tensor, num_classes: int, *, canaries: int, nonmembers: int,
-         references: int, reference_size: int, seed: int) -> AuditData:
+         references: int, reference_size: int, seed: int, kind: str = "mislabelled") -> AuditData:
     """Draw the audit's sets from ``pool`` (module doc); ``member_y``: the audited site's real labels.
-    ``canaries`` may be 0 (a client-level audit's canaries are clients, not examples)."""
+    ``canaries`` may be 0 (a client-level audit's canaries are clients, not examples). ``kind``: mislabelled pool
+    examples, or ``noise`` — inputs drawn uniformly within the data's value range, with uniformly drawn labels
+    (out-of-distribution canaries, which a model can fit without contradicting its real data)."""
     if canaries < 0:
         raise ConfigError(f"the number of canaries cannot be negative, got {canaries}")
+    if kind not in CANARY_KINDS:
+        raise ConfigError(f"unknown canary kind {kind!r}; choose one of: {', '.join(CANARY_KINDS)}")
     if canaries and num_classes < 2:
-        raise ConfigError("mislabelled canaries need at least two classes")
+        raise ConfigError("canaries with labels need at least two classes")
     rng_sets, rng_labels, rng_coins = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     props = class_proportions(member_y, num_classes)
     notes = []
-    need = canaries + 2 * nonmembers
+    need = (canaries if kind == "mislabelled" else 0) + 2 * nonmembers
     if pool.available() < need:
         raise ConfigError(f"the audit needs {need} examples no site trains on ({canaries} canaries, {nonmembers} "
                           f"non-members, {nonmembers} population points), but the data set leaves {pool.available()}: "
                           "use fewer canaries or fewer examples per client")
     non = pool.stratified(nonmembers, props, rng_sets)
     popn = pool.stratified(nonmembers, props, rng_sets)
-    can = pool.uniform(canaries, rng_sets) if canaries else Rows(non.x[:0], non.y[:0])
-    true = can.y.cpu().numpy().astype(np.int64)
-    wrong = (true + rng_labels.integers(1, num_classes, size=len(true))) % num_classes
-    can = Rows(can.x, torch.as_tensor(wrong, dtype=can.y.dtype, device=can.y.device), can.source, can.index)
+    if kind == "noise":
+        lo, hi = pool.value_range()
+        u = torch.as_tensor(rng_labels.random((canaries, *non.x.shape[1:])), dtype=non.x.dtype)
+        x = lo + (hi - lo) * u
+        labels = torch.as_tensor(rng_labels.integers(0, num_classes, size=canaries), dtype=non.y.dtype)
+        true = np.full(canaries, -1, dtype=np.int64)
+        can = Rows(x, labels, ["noise"] * canaries, np.arange(canaries))
+    else:
+        can = pool.uniform(canaries, rng_sets) if canaries else Rows(non.x[:0], non.y[:0])
+        true = can.y.cpu().numpy().astype(np.int64)
+        wrong = (true + rng_labels.integers(1, num_classes, size=len(true))) % num_classes
+        can = Rows(can.x, torch.as_tensor(wrong, dtype=can.y.dtype, device=can.y.device), can.source, can.index)
     included = rng_coins.random(canaries) < 0.5
     refs = []
     if references:

@@ -32,7 +32,7 @@ import torch
 
 from silofl.audit import attacks
 from silofl.audit.bound import one_run_bound
-from silofl.audit.canaries import AuditData, Pool, Rows, draw
+from silofl.audit.canaries import CANARY_DESCRIPTION, AuditData, Pool, Rows, draw
 from silofl.audit.settings import AuditSettings
 from silofl.audit.tap import TappedEngine, model_tensors, released_by
 from silofl.comm.messages import Message
@@ -114,7 +114,8 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         used = np.concatenate(split.indices) if split.indices else np.zeros(0, dtype=np.int64)
         pool = Pool(ds.x_train, ds.y_train, used, ds.x_test, ds.y_test)
         data = draw(pool, y_a, ds.num_classes, canaries=s.canaries, nonmembers=s.nonmembers or len(y_a),
-                    references=s.reference_models, reference_size=len(y_a), seed=s.seed + 1)
+                    references=s.reference_models, reference_size=len(y_a), seed=s.seed + 1,
+                    kind=s.canary_kind)
         dev = x_a.device
         data = AuditData(_moved(data.canaries, dev), data.canary_true_labels, data.included, _moved(data.nonmembers, dev),
                          _moved(data.population, dev), [_moved(r, dev) for r in data.references], data.notes)
@@ -208,7 +209,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "bound": bound,
         "canaries": {
             "m": s.canaries, "included": int(data.included.sum()), "excluded": int((~data.included).sum()),
-            "inclusion_probability": 0.5, "kind": "mislabelled examples (a pool example with a uniformly drawn wrong label)",
+            "inclusion_probability": 0.5, "kind": CANARY_DESCRIPTION[s.canary_kind],
             "audited_site": s.site, "site_examples_real": len(members), "site_examples_with_canaries": site.n,
             "scores": {"final": "φ of the canary label under the last model the site released",
                        "rounds": "Σ over rounds of φ(released) − φ(model the round started from), standardised "

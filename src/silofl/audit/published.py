@@ -21,7 +21,7 @@ import torch
 
 from silofl.audit import attacks
 from silofl.audit.bound import one_run_bound
-from silofl.audit.canaries import Pool, Rows, draw
+from silofl.audit.canaries import CANARY_DESCRIPTION, Pool, Rows, draw
 from silofl.audit.settings import AuditSettings
 from silofl.core.errors import ConfigError
 from silofl.data import load_dataset
@@ -53,7 +53,8 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     rows = np.sort(rng.choice(len(ds.y_train), size=n, replace=False))
     members = Rows(x_train[torch.as_tensor(rows)], ds.y_train[torch.as_tensor(rows)], ["train"] * n, rows)
     data = draw(Pool(x_train, ds.y_train, rows, x_test, ds.y_test), members.y, ds.num_classes, canaries=s.canaries,
-                nonmembers=s.nonmembers or n, references=s.reference_models, reference_size=n, seed=s.seed + 1)
+                nonmembers=s.nonmembers or n, references=s.reference_models, reference_size=n, seed=s.seed + 1,
+                kind=s.canary_kind)
     features = [f"x{i}" for i in range(x_train.shape[1])]
     allx = torch.cat([x_train, x_test])
     bounds = dp_models.Bounds(allx.min(0).values.numpy(), allx.max(0).values.numpy())
@@ -102,7 +103,7 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         "bound": bound,
         "canaries": {
             "m": s.canaries, "included": int(data.included.sum()), "excluded": int((~data.included).sum()),
-            "inclusion_probability": 0.5, "kind": "mislabelled examples (a pool example with a uniformly drawn wrong label)",
+            "inclusion_probability": 0.5, "kind": CANARY_DESCRIPTION[s.canary_kind],
             "publisher_rows_real": n, "publisher_rows_with_canaries": n + len(cin),
             "scores": {"final": "φ of the canary label under the published model"},
         },

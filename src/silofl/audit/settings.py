@@ -13,6 +13,7 @@ RESEARCH_NOTE = ("seeded research run (seed {seed}): the canaries, their coins, 
 @dataclass
 class AuditSettings:
     canaries: int = 1000  # m: each included in the audited site's data (or as a client) with probability ½
+    canary_kind: str = "mislabelled"  # example canaries: "mislabelled" | "noise" (out-of-distribution inputs)
     site: int = 0  # the audited site (client index)
     reference_models: int = 4  # per attacked architecture, trained on data disjoint from every candidate
     nonmembers: int | None = None  # default: as many as the audited site's real examples
@@ -23,6 +24,10 @@ class AuditSettings:
     pubsub_epochs: int = 20  # dp-nn epochs (PubSub)
 
     def validate(self) -> None:
+        from silofl.audit.canaries import CANARY_KINDS
+
+        if self.canary_kind not in CANARY_KINDS:
+            raise ConfigError(f"unknown --canary-kind {self.canary_kind!r}; choose one of: {', '.join(CANARY_KINDS)}")
         if self.canaries < 2:
             raise ConfigError(f"--canaries must be at least 2, got {self.canaries}")
         if self.site < 0:

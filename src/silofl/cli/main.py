@@ -380,6 +380,8 @@ def audit(
                             "canary_scores.csv, split.json, audit.png; the audited run in OUT/run)."),
     canaries: int = typer.Option(1000, "--canaries", help="m: canaries, each included with probability ½ (examples at "
                                  "the audited site; clients for client-level methods; rows of a published model)."),
+    canary_kind: str = typer.Option("mislabelled", "--canary-kind", help="Example canaries: mislabelled (pool "
+                                    "examples with a wrong label) | noise (out-of-distribution inputs, random labels)."),
     audited_site: int = typer.Option(0, "--audited-site", help="The client whose data (or whose peers) get the canaries."),
     reference_models: int = typer.Option(4, "--reference-models", help="Reference models per attacked model "
                                          "(LiRA/RMIA offline), trained on data disjoint from every candidate."),
@@ -437,7 +439,7 @@ def audit(
         import torch
 
         torch.set_num_threads(threads)
-    settings = AuditSettings(canaries=canaries, site=audited_site, reference_models=reference_models,
+    settings = AuditSettings(canaries=canaries, canary_kind=canary_kind, site=audited_site, reference_models=reference_models,
                              nonmembers=nonmembers, confidence=confidence,
                              seed=seed if seed is not None else secrets.randbelow(2**31),
                              pubsub_model=pubsub_model, epsilon=epsilon, pubsub_epochs=epochs)
