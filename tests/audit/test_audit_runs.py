@@ -4,7 +4,6 @@ empirical lower bound never exceeds its accountant's ε (a bound above it would 
 import json
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from silofl.audit import AuditSettings, run_audit
@@ -16,16 +15,6 @@ DIGITS = dict(dataset="digits", clients=3, samples_per_client=150, batch_size=30
               test_limit=200)
 EXAMPLE = dict(DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp", rounds=40, lr=0.01, eval_every=40)
 CLIENT = dict(DIGITS, method="dp-fedavg", proxy_model="mlp", rounds=10, eval_every=10, samples_per_client=120)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Whole audits on one torch thread (two threads on a busy 2-core machine are many times slower); the
-    setting is restored for the tests that follow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def audit(tmp_path, name, canaries=200, refs=2, **kw):
