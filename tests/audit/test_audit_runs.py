@@ -4,6 +4,7 @@ empirical lower bound never exceeds its accountant's ε (a bound above it would 
 import json
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from silofl.audit import AuditSettings, run_audit
@@ -17,10 +18,10 @@ EXAMPLE = dict(DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp"
 CLIENT = dict(DIGITS, method="dp-fedavg", proxy_model="mlp", rounds=10, eval_every=10, samples_per_client=120)
 
 
-def audit(tmp_path, name, canaries=200, refs=2, **kw):
+def audit(tmp_path, name, canaries=200, refs=2, seed=3, **kw):
     settings = {k: kw.pop(k) for k in ("pubsub_model", "epsilon") if k in kw}
     cfg = RunConfig.from_dict(kw)
-    return run_audit(cfg, AuditSettings(canaries=canaries, seed=3, reference_models=refs, **settings), tmp_path / name)
+    return run_audit(cfg, AuditSettings(canaries=canaries, seed=seed, reference_models=refs, **settings), tmp_path / name)
 
 
 @pytest.mark.slow
@@ -52,6 +53,30 @@ def test_example_level_dp(tmp_path, method):
     dp = audit(tmp_path, "dp", **dict(kw, noise_multiplier=0.8))
     assert dp["formal_guarantee"] and dp["epsilon_accountant"] > 0
     assert dp["epsilon_lower_bound"] <= dp["epsilon_accountant"]
+
+
+@pytest.mark.slow
+def test_unseeded_audit_draws_secret_randomness(tmp_path):
+    """Without a seed an audit runs the mechanism a deployment runs: noise and sampling from the secure source,
+    canaries and coins from fresh secret seeds (two audits draw different coins), no seed written anywhere; a
+    seeded audit is labelled as a research run while its mechanism's guarantee stays formal."""
+    kw = dict(EXAMPLE, rounds=3, eval_every=3, noise_multiplier=1.0)
+    a = audit(tmp_path, "a", refs=1, seed=None, **kw)
+    b = audit(tmp_path, "b", refs=1, seed=None, **kw)
+    for name, x in (("a", a), ("b", b)):
+        assert x["seed"] is None and not x["seeded"] and "secret randomness" in x["research_note"]
+        assert x["formal_guarantee"] and "seeded" not in x["guarantee_note"]
+        assert 0 <= x["epsilon_lower_bound"] <= x["epsilon_accountant"]
+        summary = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+        assert summary["randomness"]["seeded"] is False and "seed" not in summary["randomness"]
+        config = yaml.safe_load((tmp_path / name / "run" / "config.yaml").read_text())
+        assert config["seed"] is None
+    assert set(a["accuracy"]) == {"private_acc", "proxy_acc"}  # in-process: the private figure, labelled, as in a run
+    coins = [json.loads((tmp_path / n / "split.json").read_text())["included"] for n in ("a", "b")]
+    assert coins[0] != coins[1]  # 200 fresh coins each: equal with probability 2^-200
+    s = audit(tmp_path, "s", refs=1, seed=5, **kw)
+    assert s["seeded"] and s["seed"] == 5 and "seeded research run" in s["research_note"]
+    assert s["formal_guarantee"] and "seeded research run" in s["guarantee_note"]
 
 
 @pytest.mark.slow

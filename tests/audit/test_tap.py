@@ -3,6 +3,7 @@ change a run only where asked (canaries in one site's data, extra sites)."""
 
 import dataclasses
 
+import pytest
 import torch
 
 from silofl.audit.tap import TappedEngine, model_tensors, released_by
@@ -31,6 +32,7 @@ def _rounds(coordinator, n):
         coordinator.run_round(r)
 
 
+@pytest.mark.slow
 def test_tap_sees_what_leaves_the_site_and_changes_nothing():
     cfg = RunConfig.from_dict(TINY)
     rec = Recorder(1)

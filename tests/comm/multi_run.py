@@ -15,7 +15,7 @@ import torch.distributed as dist
 from silofl.comm.torchdist import TorchDistEngine, init_from_env, serve, shutdown
 from silofl.run.config import RunConfig
 from silofl.run.data import prepare_data
-from silofl.run.loop import run, site_factory
+from silofl.run.loop import ledger_root, releases_nonprivate, run, site_factory
 
 
 def main(path: str) -> None:
@@ -27,7 +27,7 @@ def main(path: str) -> None:
             run(cfg, progress=False, engine_factory=lambda make, n: TorchDistEngine(make, n, timeout_s=120))
         else:
             cfg, split = prepare_data(cfg, torch.device("cpu"))
-            make, n_sites = site_factory(cfg.info.cls(cfg), split)
+            make, n_sites = site_factory(cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, False))
             serve(make, n_sites)
     shutdown()
 

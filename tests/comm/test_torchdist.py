@@ -17,7 +17,7 @@ from silofl.run.loop import run as simulate
 pytestmark = pytest.mark.slow
 
 COMMON = {"dataset": "digits", "clients": 4, "rounds": 3, "samples_per_client": 120, "batch_size": 30, "delta": 1e-3,
-          "test_limit": 200, "eval_every": 1, "threads": 1}
+          "test_limit": 200, "eval_every": 1, "threads": 1, "seed": 5, "report_nonprivate": True}
 OPTIONS = {"private_model": "cnn1", "proxy_model": "mlp"}  # where a method has them
 CLIENT_LEVEL = {"proxy_model": "mlp256", "partition": "iid", "batch_size": 15}
 EXTRA = {"dp-fedavg": {"intermediaries": "adaptive", "adaptive_clip": True, "client_rate": 0.7},
@@ -56,7 +56,8 @@ def test_every_method_gives_the_simulators_numbers_on_three_processes(tmp_path):
 
 def test_silofl_launch_runs_a_method_across_processes(tmp_path):
     c = case("fedavg", tmp_path / "dist")
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in c.items() if k not in ("method", "out")]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in c.items() if k not in ("method", "out", "report_nonprivate")]
+    flags.append("--report-nonprivate")
     res = subprocess.run([sys.executable, "-m", "silofl.cli.main", "launch", "--nproc-per-node", "2", "--method",
                           "fedavg", *flags, "--peer-timeout", "60", "--out", c["out"], "--quiet"],
                          capture_output=True, text=True, timeout=300)

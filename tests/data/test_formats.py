@@ -27,7 +27,13 @@ def test_image_folder_with_and_without_train_test_split(tmp_path):
     d = load_dataset("folder", tmp_path / "flat", image_size=16)
     assert d.class_names == ["benign", "malignant", "normal"]
     assert d.input_shape == (1, 16, 16) and len(d.y_train) == 24 and len(d.y_test) == 6
-    assert abs(float(d.x_train.mean())) < 1e-4  # standardised with the training statistics
+    # finding 8 of the hardening issue: scaled by public constants, not the pooled mean/std of every client's images
+    # (which would make each site's inputs depend on the others' images)
+    assert abs(float(d.x_train.mean())) > 0.05 and d.preprocessing["site_statistics"] == []
+    raw = torch.from_numpy(np.asarray(Image.open(tmp_path / "flat/benign/img0.png").resize((16, 16), Image.BILINEAR),
+                                      dtype=np.float64) / 255.0)
+    x = torch.cat([d.x_train, d.x_test])
+    assert any(torch.allclose(xi[0].double(), (raw - 0.5) / 0.5, atol=1e-5) for xi in x)
     _write_images(tmp_path / "split/train", mode="RGB", n=4)
     _write_images(tmp_path / "split/test", classes=("benign", "normal"), mode="RGB", n=2)
     d = load_dataset("folder", tmp_path / "split", image_size=8)

@@ -66,9 +66,9 @@ def test_server_rejects_a_corrupt_upload_and_averages_the_rest(tiny_cfg, caplog)
     proto = b.coordinator
     good = b.sites[0].shared_state()
     bad = {k: torch.full_like(v, float("inf")) for k, v in good.items()}
-    packets = [Packet(0, 4, encode({**good, WEIGHT_KEY: torch.tensor(2.0, dtype=torch.float64)})),
-               Packet(1, 4, encode({**bad, WEIGHT_KEY: torch.tensor(1.0, dtype=torch.float64)})),
-               Packet(2, 4, encode(good))]  # no aggregation weight
+    packets = [Packet(0, 4, encode({**good, WEIGHT_KEY: torch.tensor(2.0, dtype=torch.float64)}, {"round": 1, "src": 0})),
+               Packet(1, 4, encode({**bad, WEIGHT_KEY: torch.tensor(1.0, dtype=torch.float64)}, {"round": 1, "src": 1})),
+               Packet(2, 4, encode(good, {"round": 1, "src": 2}))]  # no aggregation weight
     rejected = proto.server.aggregate(1, packets)
     assert [r["src"] for r in rejected] == [1, 2]
     for k, v in proto.server.state().items():

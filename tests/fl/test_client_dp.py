@@ -9,6 +9,7 @@ from silofl.comm.wire import decode, encode
 from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.models import build_model
 from silofl.privacy import epsilon_of
+from silofl.privacy.analysis import unit_noise_multipliers
 from silofl.run.config import RunConfig
 from silofl.run.loop import run as simulate
 from silofl.site.subclients import CLIP, UNCLIPPED, UNITS, local_steps, subclient_shards
@@ -96,7 +97,7 @@ def test_uploads_are_clipped_for_the_unit_and_the_server_adds_noise_of_the_state
     assert h["noise_std"] == pytest.approx(std) and h["v"] == 4
     z_h, z_s = (1.5, 6.0) if unit == "hospital" else (0.375, 1.5)
     assert (h["z_hospital"], h["z_subclient"]) == (pytest.approx(z_h), pytest.approx(z_s))
-    led = srv.ledger
+    led = srv.accounts
     for u, z in (("hospital", z_h), ("subclient", z_s)):
         assert led.accountants[u].history == ((pytest.approx(z), 1.0, 1),)
         assert led.epsilons()[u] == pytest.approx(epsilon_of("rdp", ((z, 1.0, 1),), 1e-3))
@@ -118,7 +119,7 @@ def test_server_rejects_an_update_above_its_bound_or_from_an_unselected_client(c
     good = [(c.cid, c.train(1)) for c in b.sites]
     t, _ = decode(good[0][1])
     t["update"] = t["update"] * 10  # 10× the clip
-    bad = encode(t)
+    bad = encode(t, {"round": 1, "src": 0})
     srv.selected = {0, 1, 2}
     rejected = srv.aggregate(1, [Packet(0, 4, bad), Packet(1, 4, good[1][1]), Packet(2, 4, good[2][1]),
                                  Packet(3, 4, good[3][1])])
@@ -129,7 +130,7 @@ def test_server_rejects_an_update_above_its_bound_or_from_an_unselected_client(c
     assert all(torch.isfinite(p).all() for p in srv.model.parameters())
     t2, _ = decode(good[1][1])
     t2[UNCLIPPED] = torch.tensor(float("nan"), dtype=torch.float64)
-    assert srv.aggregate(2, [Packet(1, 4, encode(t2))])[0]["reason"].startswith("invalid")
+    assert srv.aggregate(2, [Packet(1, 4, encode(t2, {"round": 2, "src": 1}))])[0]["reason"].startswith("invalid")
 
 
 def test_fedadam_matches_torch_adam_on_the_pseudo_gradient():
@@ -179,18 +180,21 @@ def test_client_level_methods_run_end_to_end_and_report_both_units(cl_cfg, metho
     priv = s["privacy"]
     assert priv["privacy_unit"] == "hospital" and priv["formal_guarantee"]
     assert last["epsilon"] == pytest.approx(priv["epsilon_hospital"])
-    # hospital-calibrated: the accountant saw z every round; the sub-client unit z·v_t
+    # hospital-calibrated: the accountant saw z every round; the sub-client unit its own multiplier of round t's
+    # mechanism (update sum with clip C/v_t, the unclipped count and the norm sum, block by block)
     hist = s["accounting"][0]["history"]
     assert hist == [[1.0, 1.0, 3]]
     vs = [h["v"] for h in s["server_rounds"]]
-    sub = tuple((1.0 * v, 1.0, 1) for v in vs)
+    count_std, norm_z = priv["clip_count_noise_std"], priv["norm_sum_noise_multiplier"]
+    assert count_std is not None and norm_z is not None  # adaptive clip and adaptive v release both
+    sub = tuple((unit_noise_multipliers(1.0, v, "hospital", count_std, norm_z)["subclient"], 1.0, 1) for v in vs)
     assert priv["epsilon_subclient"] == pytest.approx(epsilon_of("rdp", sub, 1e-3))
     assert priv["epsilon_hospital"] == pytest.approx(epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3))
 
 
 @pytest.mark.slow
 def test_same_seed_same_numbers_and_client_sampling(cl_cfg, tmp_path):
-    cfg = cl_cfg.replace(method="dp-fedadam", intermediaries="adaptive", client_rate=0.5, rounds=4)
+    cfg = cl_cfg.replace(method="dp-fedadam", intermediaries="adaptive", client_rate=0.5, rounds=4, seed=0)
     a = simulate(cfg.replace(out=str(tmp_path / "a")), progress=False)
     b = simulate(cfg.replace(out=str(tmp_path / "b")), progress=False)
     assert a["server_rounds"] == b["server_rounds"]

@@ -28,7 +28,7 @@ class MedianOptions(SharedModelOptions):
 
 
 class MedianServer(AveragingServer):
-    def aggregate(self, rnd, packets):
+    def aggregate(self, rnd, packets, weights=None):
         from silofl.comm.wire import read_model
         from silofl.fl.exchange.centralized import WEIGHT_KEY
 

@@ -64,3 +64,15 @@ def test_deepset_is_invariant_to_instance_order_and_ignores_padding():
         build_model("deepset", (1, 28, 28), 10)
     with pytest.raises(ConfigError, match="image inputs"):
         build_model("vgg", (5, 4), 10)
+
+
+def test_tabular_models_take_the_dp_sgd_fast_path():
+    from silofl.models import build_model
+    from silofl.privacy.grad_sample import ghost_support
+
+    for name in ("tabmlp", "logreg"):
+        model = build_model(name, (7,), 3)
+        assert ghost_support(model) is None, name
+        assert model(torch.zeros(4, 7)).shape == (4, 3)
+    with pytest.raises(ConfigError, match="convolutional model for images"):
+        build_model("lenet5", (7,), 3)

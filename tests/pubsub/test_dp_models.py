@@ -27,7 +27,7 @@ def cancer():
 def test_every_classifier_round_trips_and_meets_its_budget(kind, cancer):
     x, y, feats, b = cancer
     m = train(kind, x, y, publisher="a", features=feats, task="classification", bounds=b, epsilon=2.0, delta=1e-5,
-              classes=["m", "b"], epochs=3)
+              classes=["m", "b"], epochs=3, seed=0)  # a research seed: the accuracy check below is not left to chance
     back = PublishedModel.from_bytes(m.to_bytes())
     p = outputs(back, x)
     assert p.shape == (len(x), 2) and torch.allclose(p.sum(1), torch.ones(len(x), dtype=p.dtype))

@@ -48,7 +48,7 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("method", list(CASES))
 def test_a_resumed_run_continues_exactly_where_it_stopped(method, tiny_cfg, tmp_path):
-    cfg = tiny_cfg.replace(method=method, rounds=4, eval_every=1, **CASES[method])
+    cfg = tiny_cfg.replace(method=method, rounds=4, eval_every=1, seed=0, **CASES[method])
     whole = simulate(cfg.replace(out=str(tmp_path / "whole")), progress=False)
     part = cfg.replace(out=str(tmp_path / "part"), checkpoint_every=2)
     simulate(part.replace(rounds=3), progress=False)  # "crashes" after round 3; the checkpoint is round 2

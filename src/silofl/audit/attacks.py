@@ -53,6 +53,7 @@ def model_logits(model: nn.Module, x: torch.Tensor, batch: int = 2048) -> np.nda
 
 
 def as_target(model: nn.Module) -> Target:
+    """``model`` as an attack target: inputs → logits (numpy)."""
     return lambda x: model_logits(model, x)
 
 
@@ -83,6 +84,7 @@ class Recipe:
     clip: float = 1.0
 
     def describe(self) -> str:
+        """The recipe in words (audit.json's ``reference_recipe``)."""
         dp = (f"DP-SGD σ={self.noise_multiplier:g}, C={self.clip:g}" if self.private else "no DP")
         return f"{self.optimizer} lr {self.lr:g}, {self.steps} Poisson steps of expected batch {self.batch_size}, {dp}"
 

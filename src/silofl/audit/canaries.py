@@ -83,6 +83,7 @@ class Pool:
         return (float(min(x.min() for x in self.x if x.numel())), float(max(x.max() for x in self.x if x.numel())))
 
     def available(self) -> int:
+        """How many pool rows are still free to draw."""
         return int(self.free.sum())
 
     def _rows(self, pos: np.ndarray) -> Rows:

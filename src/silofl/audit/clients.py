@@ -71,6 +71,7 @@ class Directions:
         return cls(d, support, values)
 
     def vector(self, i: int, norm: float) -> torch.Tensor:
+        """u_i scaled to ``norm``, as one flat float32 vector of the model's size."""
         u = torch.zeros(self.d, dtype=torch.float32)
         u[torch.as_tensor(self.support[i])] = torch.as_tensor(self.values[i] * norm, dtype=torch.float32)
         return u
@@ -123,9 +124,11 @@ class GlobalModelObserver:
         self.broadcasts = 0
 
     def before(self, step: str, requests: dict[int, Message], engine: TappedEngine) -> None:
+        """Nothing to see before a call: the broadcast is read after it."""
         return None
 
     def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine) -> None:
+        """After ``receive_global``: project the server's broadcast model's movement on every canary."""
         if step != "receive_global":
             return
         packet: Packet | None = next((p for m in requests.values() for p in m.packets if p.src == self.server), None)
@@ -144,6 +147,7 @@ class GlobalModelObserver:
         self.broadcasts += 1
 
     def final(self) -> np.ndarray:
+        """The ``final`` score: ⟨θ_T − θ_0, u_i⟩ for every canary."""
         assert self.first is not None and self.prev is not None
         return self.dirs.project(self.prev - self.first)
 
@@ -152,8 +156,12 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     """Run ``cfg`` with canary clients; (audit.json content, plot/CSV material)."""
     if s.site >= cfg.clients:
         raise ConfigError(f"--audited-site {s.site} is not one of the {cfg.clients} clients")
-    cfg = dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed, secure_noise=False), checkpoint_every=None)
-    coins = np.random.default_rng(np.random.SeedSequence(s.seed + 2)).random(s.canaries) < 0.5
+    # the tapped engine is in-process (one process runs every site: a simulation), so sites report their
+    # non-private figures, labelled, as an in-process `silofl run` does, unless the config says otherwise
+    nonprivate = cfg.report_nonprivate if cfg.report_nonprivate is not None else True
+    cfg = dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
+                              report_nonprivate=nonprivate)
+    coins = np.random.default_rng(np.random.SeedSequence(s.derived(2))).random(s.canaries) < 0.5
     held: dict = {}
 
     def keep_split(run_cfg: RunConfig, split: SplitData) -> SplitData:
@@ -166,7 +174,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         spec = ModelSpec(o.proxy_model, held["split"].input_shape, held["split"].num_classes)
         names = [k for k, _ in spec.build().named_parameters()]
         d = sum(p.numel() for p in spec.build().parameters())
-        dirs = Directions.draw(s.canaries, d, s.seed + 3)
+        dirs = Directions.draw(s.canaries, d, s.derived(3))
         settings = SubclientSettings(seed=rc.seed, batch_size=rc.batch_size, local_epochs=o.local_epochs,
                                      local_lr=o.local_lr, private=rc.is_private, privacy_unit=o.privacy_unit,
                                      normalise=False, clip=rc.clip)
@@ -201,7 +209,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     assert rc.batch_size is not None  # filled from the data by the run
     scores = {"final": obs.final(), "rounds": obs.rounds}
     delta = rc.delta if rc.is_private else 1e-5
-    bound = one_run_bound(scores, coins, delta, s.confidence, s.seed)
+    bound = one_run_bound(scores, coins, delta, s.confidence, s.derived(0))
 
     # membership inference on the audited hospital's real examples
     t1 = time.perf_counter()
@@ -212,14 +220,14 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     n_real_total = sum(len(p[1]) for p in split.parts)
     data = draw(Pool(ds.x_train, ds.y_train, used, ds.x_test, ds.y_test), y_a, ds.num_classes, canaries=0,
                 nonmembers=s.nonmembers or len(y_a), references=s.reference_models, reference_size=n_real_total,
-                seed=s.seed + 1)
+                seed=s.derived(1))
     dev = x_a.device
     move = lambda r: Rows(r.x.to(dev), r.y.to(dev), r.source, r.index)  # noqa: E731
     members = Rows(x_a, y_a, ["train"] * len(y_a), np.asarray(split.indices[s.site]) if split.indices else np.arange(len(y_a)))
     spec: ModelSpec = held["spec"]
     recipe = attacks.Recipe(steps=max(1, rc.rounds * o.local_epochs * (n_real_total // rc.batch_size)),
                             batch_size=rc.batch_size, lr=o.local_lr, optimizer="sgd")
-    refs = [attacks.as_target(attacks.train_reference(spec, move(r), recipe, s.seed + 100 + j, dev))
+    refs = [attacks.as_target(attacks.train_reference(spec, move(r), recipe, s.derived(100 + j), dev))
             for j, r in enumerate(data.references)]
     target = attacks.with_state(spec, obs.last_state, dev)
     figures, curves = attacks.membership_inference(attacks.as_target(target), refs, members, move(data.nonmembers),
@@ -227,7 +235,8 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     attack_s = time.perf_counter() - t1
 
     priv = summary["privacy"]
-    g = rc.guarantee()
+    g = rc.guarantee()  # the run's (not formal when seeded)
+    mech = dataclasses.replace(rc, seed=None).guarantee()  # the mechanism's, with secret randomness
     eps_h = priv.get("epsilon_hospital") if rc.is_private else None
     notes = list(data.notes)
     if rc.is_private and o.privacy_unit == "subclient":
@@ -245,7 +254,8 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "seed": s.seed,
         "method": rc.method,
         "privacy_mode": rc.privacy,
-        "formal_guarantee": bool(g.formal),
+        "formal_guarantee": bool(mech.formal),
+        "seeded": s.seeded,
         "guarantee_note": g.note,
         "unit": "one hospital (client-level DP: all of its data at once)",
         "epsilon_lower_bound": bound["epsilon_lower_bound"],

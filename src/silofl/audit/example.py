@@ -69,11 +69,13 @@ class SharedModelObserver:
         return attacks.phi(attacks.model_logits(self.scorer, self.canaries.x), self.canaries.y)
 
     def before(self, step: str, requests: dict[int, Message], engine: TappedEngine) -> None:
+        """Before the audited site trains: φ of every canary under the model it starts the round from."""
         if step in TRAIN_STEPS and self.site in requests:
             site: Any = engine.sites[self.site]
             self.start = self._phi(site.shared_state(), site)
 
     def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine) -> None:
+        """After it trained: φ under what it released (or its shared model), and the round's standardised change."""
         if step not in TRAIN_STEPS or self.site not in replies or self.start is None:
             return
         site: Any = engine.sites[self.site]
@@ -104,7 +106,11 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         raise ConfigError(f"{cfg.method} protects whole clients: it is audited with canary clients (silofl.audit.clients)")
     if s.site >= cfg.clients:
         raise ConfigError(f"--audited-site {s.site} is not one of the {cfg.clients} clients")
-    cfg = dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed, secure_noise=False), checkpoint_every=None)
+    # the tapped engine is in-process (one process runs every site: a simulation), so sites report their
+    # non-private figures, labelled, as an in-process `silofl run` does, unless the config says otherwise
+    nonprivate = cfg.report_nonprivate if cfg.report_nonprivate is not None else True
+    cfg = dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
+                              report_nonprivate=nonprivate)
     held: dict = {}
 
     def add_canaries(run_cfg: RunConfig, split: SplitData) -> SplitData:
@@ -114,7 +120,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         used = np.concatenate(split.indices) if split.indices else np.zeros(0, dtype=np.int64)
         pool = Pool(ds.x_train, ds.y_train, used, ds.x_test, ds.y_test)
         data = draw(pool, y_a, ds.num_classes, canaries=s.canaries, nonmembers=s.nonmembers or len(y_a),
-                    references=s.reference_models, reference_size=len(y_a), seed=s.seed + 1,
+                    references=s.reference_models, reference_size=len(y_a), seed=s.derived(1),
                     kind=s.canary_kind)
         dev = x_a.device
         data = AuditData(_moved(data.canaries, dev), data.canary_true_labels, data.included, _moved(data.nonmembers, dev),
@@ -146,7 +152,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     assert resolved.batch_size is not None  # filled from the data by the run
     canary_scores = {"final": obs.final, "rounds": obs.rounds}
     delta = resolved.delta
-    bound = one_run_bound(canary_scores, data.included, delta if resolved.is_private else 1e-5, s.confidence, s.seed)
+    bound = one_run_bound(canary_scores, data.included, delta if resolved.is_private else 1e-5, s.confidence, s.derived(0))
 
     # membership inference on real examples
     t1 = time.perf_counter()
@@ -157,14 +163,14 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     targets: dict[str, tuple[str, attacks.Target, list[attacks.Target], attacks.Recipe, str]] = {}
     device = data.canaries.x.device
     shared_model = attacks.with_state(site.shared_spec, obs.last_state, device)
-    refs_shared = [attacks.as_target(attacks.train_reference(site.shared_spec, r, shared_recipe, s.seed + 100 + j, device))
+    refs_shared = [attacks.as_target(attacks.train_reference(site.shared_spec, r, shared_recipe, s.derived(100 + j), device))
                    for j, r in enumerate(data.references)]
     what = "the last model the site released" if obs.releases else "the site's final DP model (nothing left the site)"
     targets[site.shared_field] = (site.shared_spec.name, attacks.as_target(shared_model), refs_shared, shared_recipe, what)
     if getattr(site, "private", None) is not None:
         private_recipe = attacks.Recipe(steps=steps, batch_size=resolved.batch_size, lr=o.lr,
                                         weight_decay=o.weight_decay)
-        refs_private = [attacks.as_target(attacks.train_reference(site.private_spec, r, private_recipe, s.seed + 200 + j,
+        refs_private = [attacks.as_target(attacks.train_reference(site.private_spec, r, private_recipe, s.derived(200 + j),
                                                                   device)) for j, r in enumerate(data.references)]
         targets["private"] = (site.private_spec.name, attacks.as_target(site.private), refs_private, private_recipe,
                               "the site's private model (never released; audited as if it were)")
@@ -175,13 +181,14 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         mi[name] = {"model": arch, "what": desc, "reference_recipe": recipe.describe(), "attacks": figures}
     attack_s = time.perf_counter() - t1
 
-    g = resolved.guarantee()
+    g = resolved.guarantee()  # the run's (not formal when seeded)
+    mech = dataclasses.replace(resolved, seed=None).guarantee()  # the mechanism's, with secret randomness
     eps_acc = site.epsilon()
     notes = list(data.notes)
     if not obs.releases:
         notes.append(f"nothing leaves a site in {cfg.method}: the site's DP model after each round was scored as if "
                      "it were released")
-    if resolved.is_private and not g.formal:
+    if resolved.is_private and not mech.formal:
         notes.append("the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
                      "would be a measured violation, not a bug")
     if not resolved.is_private:
@@ -194,7 +201,8 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "seed": s.seed,
         "method": cfg.method,
         "privacy_mode": resolved.privacy,
-        "formal_guarantee": bool(g.formal) if resolved.is_private else False,
+        "formal_guarantee": bool(mech.formal) if resolved.is_private else False,
+        "seeded": s.seeded,
         "guarantee_note": g.note,
         "unit": g.unit,
         "epsilon_lower_bound": bound["epsilon_lower_bound"],
@@ -238,6 +246,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
 
 
 def summary_config(run_dir: Path) -> dict:
+    """The resolved configuration the audited run wrote to its folder."""
     from silofl.run.folder import read_config
 
     return read_config(run_dir)

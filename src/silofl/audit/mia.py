@@ -92,6 +92,7 @@ def tpr_at_fpr(scores, labels, fpr_target):
 
 
 def attack_metrics(scores, labels, fprs=(1e-3, 1e-2)):
+    """AUC, TPR at each FPR in ``fprs`` and the member / non-member counts of ``scores`` (higher: member)."""
     s, y = _prep(scores, labels)
     res = {"auc": auc(s, y), "n_members": int(y.sum()), "n_nonmembers": int((~y).sum())}
     for f in fprs:
@@ -107,6 +108,7 @@ def attack_metrics(scores, labels, fprs=(1e-3, 1e-2)):
 # ----------------------------------------------------------------------------
 
 def log_softmax(logits):
+    """Numerically stable log-softmax over the last axis."""
     z = np.asarray(logits, dtype=np.float64)
     return z - special.logsumexp(z, axis=-1, keepdims=True)
 

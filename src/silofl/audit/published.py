@@ -14,6 +14,7 @@ the range of the normalised pixel encoding), as a site would declare them from i
 from __future__ import annotations
 
 import math
+import secrets
 import time
 
 import numpy as np
@@ -25,6 +26,7 @@ from silofl.audit.canaries import CANARY_DESCRIPTION, Pool, Rows, draw
 from silofl.audit.settings import AuditSettings
 from silofl.core.errors import ConfigError
 from silofl.data import load_dataset
+from silofl.privacy.guarantee import SEEDED_NOTE
 from silofl.pubsub import dp_models
 from silofl.pubsub.model import PublishedModel, outputs
 from silofl.run.config import RunConfig
@@ -43,17 +45,20 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     nonprivate = not cfg.is_private
     if not nonprivate and s.epsilon is None:
         raise ConfigError("--pubsub-model needs --epsilon, the published model's ε (or --privacy off)")
-    ds = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size, seed=s.seed)
+    # which rows the publisher holds: like a run's data split, not a secret (recorded), seeded by --seed or fresh
+    split_seed = s.seed if s.seed is not None else secrets.randbits(32)
+    ds = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
+                      seed=split_seed)
     x_train = ds.x_train.reshape(len(ds.x_train), -1).double()
     x_test = ds.x_test.reshape(len(ds.x_test), -1).double()
     n = cfg.samples_per_client or min(1000, len(ds.y_train) // 2)
     if n > len(ds.y_train):
         raise ConfigError(f"--samples-per-client {n} exceeds the {len(ds.y_train)} training examples")
-    rng = np.random.default_rng(np.random.SeedSequence(s.seed))
+    rng = np.random.default_rng(np.random.SeedSequence(split_seed))
     rows = np.sort(rng.choice(len(ds.y_train), size=n, replace=False))
     members = Rows(x_train[torch.as_tensor(rows)], ds.y_train[torch.as_tensor(rows)], ["train"] * n, rows)
     data = draw(Pool(x_train, ds.y_train, rows, x_test, ds.y_test), members.y, ds.num_classes, canaries=s.canaries,
-                nonmembers=s.nonmembers or n, references=s.reference_models, reference_size=n, seed=s.seed + 1,
+                nonmembers=s.nonmembers or n, references=s.reference_models, reference_size=n, seed=s.derived(1),
                 kind=s.canary_kind)
     features = [f"x{i}" for i in range(x_train.shape[1])]
     allx = torch.cat([x_train, x_test])
@@ -61,21 +66,22 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     classes = list(range(ds.num_classes))
     epsilon = s.epsilon if s.epsilon is not None else 1.0
 
-    def publish(r: Rows, seed: int) -> PublishedModel:
+    def publish(r: Rows, seed: int | None) -> PublishedModel:
         return dp_models.train(kind, r.x.numpy(), r.y.numpy(), publisher="audited", features=features,
                                task="classification", bounds=bounds, epsilon=epsilon, delta=cfg.delta,
                                classes=classes, seed=seed, nonprivate=nonprivate, epochs=s.pubsub_epochs)
 
     cin = data.canaries_in
     t0 = time.perf_counter()
-    model = publish(Rows(torch.cat([members.x, cin.x]), torch.cat([members.y, cin.y])), s.seed + 7)
+    model = publish(Rows(torch.cat([members.x, cin.x]), torch.cat([members.y, cin.y])),
+                    s.seed + 7 if s.seed is not None else None)  # the audited mechanism: secure unless seeded
     train_s = time.perf_counter() - t0
     target = _target(model)
     scores = {"final": attacks.phi(target(data.canaries.x), data.canaries.y)}
     bound_delta = 1e-5 if nonprivate else cfg.delta if kind == "dp-nn" else 0.0
-    bound = one_run_bound(scores, data.included, bound_delta, s.confidence, s.seed)
+    bound = one_run_bound(scores, data.included, bound_delta, s.confidence, s.derived(0))
     t1 = time.perf_counter()
-    refs = [_target(publish(r, s.seed + 100 + j)) for j, r in enumerate(data.references)]
+    refs = [_target(publish(r, s.derived(100 + j))) for j, r in enumerate(data.references)]
     figures, curves = attacks.membership_inference(target, refs, members, data.nonmembers, data.population)
     attack_s = time.perf_counter() - t1
     eps_acc = None if nonprivate or not math.isfinite(model.epsilon) else float(model.epsilon)
@@ -92,7 +98,10 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         "method": f"pubsub:{kind}",
         "privacy_mode": "off" if nonprivate else "strict",
         "formal_guarantee": not nonprivate,
-        "guarantee_note": "formal ε-DP (δ = 0) of diffprivlib" if kind != "dp-nn" else "formal (ε, δ)-DP of DP-SGD",
+        "guarantee_note": ("formal ε-DP (δ = 0) of diffprivlib" if kind != "dp-nn" else "formal (ε, δ)-DP of DP-SGD")
+                          + (f"; {SEEDED_NOTE}" if s.seeded and not nonprivate else ""),
+        "seeded": s.seeded,
+        "split_seed": split_seed,
         "unit": "one row of the publisher's data",
         "epsilon_lower_bound": bound["epsilon_lower_bound"],
         "confidence": s.confidence,

@@ -40,6 +40,7 @@ def clear(out: Path) -> None:
 
 
 def fmt(v, nd: int = 3) -> str:
+    """A figure for a Markdown cell: ``nd`` decimals, — for None."""
     if v is None:
         return "—"
     if isinstance(v, float):
@@ -60,10 +61,12 @@ def attack_rows(mi: dict) -> list[dict]:
 
 
 def markdown(audit: dict) -> str:
+    """audit.md: the bound next to the accountant's ε, the attacks, the notes."""
     b = audit["bound"]
     lines = [f"# silofl audit: {audit['title']}", "",
              f"{audit['research_note']}", "",
-             "| empirical ε lower bound | confidence | ε accountant | δ | what ε protects | formal guarantee | canaries (in / out) | score, k | correct / guesses | largest ε this audit could show |",
+             f"The accountant's ε: {audit.get('guarantee_note', '')}", "",
+             "| empirical ε lower bound | confidence | ε accountant | δ | what ε protects | formal guarantee (mechanism) | canaries (in / out) | score, k | correct / guesses | largest ε this audit could show |",
              "|---|---|---|---|---|---|---|---|---|---|",
              f"| {fmt(audit['epsilon_lower_bound'])} | {audit['confidence']:.0%} | {fmt(audit['epsilon_accountant'])} | "
              f"{audit['delta']:g} | {audit['unit']} | {'yes' if audit['formal_guarantee'] else 'no'} | "
@@ -83,6 +86,7 @@ def markdown(audit: dict) -> str:
 
 
 def plot(path: Path, audit: dict, canary_scores: dict[str, np.ndarray], included: np.ndarray, curves: dict) -> None:
+    """audit.png: score distributions of included vs excluded canaries, and the attacks' ROC curves."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 from silofl.core.errors import ConfigError
 
-RESEARCH_NOTE = ("seeded research run (seed {seed}): the canaries, their coins, the run's noise and sampling are "
-                 "drawn from this seed so the audit can be repeated; a deployment draws them from a secret source")
+RESEARCH_NOTE = ("seeded research run (seed {seed}): the canaries, their coins, the reference models, the run's noise "
+                 "and sampling are drawn from this seed so the audit can be repeated; the run's ε then holds only while "
+                 "the seed stays secret (a deployment draws them from a secret source)")
+SECRET_NOTE = ("secret randomness: the run's noise and sampling come from a cryptographically secure source, the "
+               "canaries, their coins and the reference models from fresh secret seeds (none recorded); the audit "
+               "measures the mechanism a deployment runs and cannot be repeated draw for draw (--seed for that)")
 
 
 @dataclass
@@ -18,12 +23,13 @@ class AuditSettings:
     reference_models: int = 4  # per attacked architecture, trained on data disjoint from every candidate
     nonmembers: int | None = None  # default: as many as the audited site's real examples
     confidence: float = 0.95
-    seed: int = 0
+    seed: int | None = None  # a seeded research audit; None: secret randomness everywhere (the default of silofl)
     pubsub_model: str | None = None  # audit a PubSub-ML published model of this kind instead of a run
     epsilon: float | None = None  # the published model's ε (PubSub)
     pubsub_epochs: int = 20  # dp-nn epochs (PubSub)
 
     def validate(self) -> None:
+        """Raise ConfigError on settings no audit can run with."""
         from silofl.audit.canaries import CANARY_KINDS
 
         if self.canary_kind not in CANARY_KINDS:
@@ -42,5 +48,16 @@ class AuditSettings:
             raise ConfigError(f"--epochs must be at least 1, got {self.pubsub_epochs}")
 
     @property
+    def seeded(self) -> bool:
+        """Whether this is a seeded (reproducible) research audit."""
+        return self.seed is not None
+
+    @property
     def research_note(self) -> str:
-        return RESEARCH_NOTE.format(seed=self.seed)
+        """The label of the audit's randomness (audit.json's ``research_note``)."""
+        return RESEARCH_NOTE.format(seed=self.seed) if self.seed is not None else SECRET_NOTE
+
+    def derived(self, offset: int) -> int:
+        """The seed of one of the audit's own draws: ``seed + offset`` in a seeded audit, else a fresh secret one
+        (from ``secrets``, never written), as for every other non-guarantee draw of an unseeded run."""
+        return self.seed + offset if self.seed is not None else secrets.randbits(63)

@@ -22,10 +22,12 @@ from silofl.comm.wire import decode
 class Observer(Protocol):
     """Sees every engine call: the requests before the sites run, the replies after."""
 
-    def before(self, step: str, requests: dict[int, Message], engine: TappedEngine) -> None: ...
+    def before(self, step: str, requests: dict[int, Message], engine: TappedEngine) -> None:
+        """Called with a step's requests before any site runs it."""
 
     def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message],
-              engine: TappedEngine) -> None: ...
+              engine: TappedEngine) -> None:
+        """Called with a step's requests and the sites' replies after they ran it."""
 
 
 class TappedEngine(InProcessEngine):

@@ -13,6 +13,8 @@ err_console = Console(stderr=True, soft_wrap=True)  # one line per error, whatev
 
 
 def friendly_errors(fn):
+    """Wrap a CLI command: a SiloflError becomes one red line and exit code 2, Ctrl-C exit code 130."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:

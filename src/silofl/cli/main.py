@@ -1,4 +1,5 @@
-"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``audit`` and the ``pubsub`` group.
+"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export``, ``audit`` and the
+``pubsub`` group.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
 fix are printed as one line (exit code 2), never as a traceback.
@@ -34,17 +35,25 @@ def _method_help() -> str:
 def run(
     config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
     method: str | None = typer.Option(None, help=f"{_method_help()}"),
-    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags"),
+    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags | table"),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
+    site_data: str | None = typer.Option(None, "--site-data", help="One source per site, comma-separated: table files "
+                                         "(.csv/.parquet, --dataset table) or image folders (--dataset folder)."),
+    schema: str | None = typer.Option(None, "--schema", help="--dataset table: the collaboration's schema (YAML/JSON)."),
+    test_data: str | None = typer.Option(None, "--test-data", help="With --site-data: a shared external test file or "
+                                         "folder (default: the union of the sites' held-out rows)."),
+    test_fraction: float | None = typer.Option(None, "--test-fraction", help="With --site-data: each site's internal "
+                                               "test share of its own rows (default 0.2)."),
     clients: int | None = typer.Option(None, help="Number of clients K."),
     rounds: int | None = typer.Option(None, help="Number of rounds R."),
-    seed: int | None = typer.Option(None, help="Run seed; clients get seeds derived from it."),
+    seed: int | None = typer.Option(None, help="A reproducible research run: every party's randomness derives from this seed "
+                                    "(the guarantee then holds only while it stays secret). Default: secret randomness."),
     out: str | None = typer.Option(None, help="Run folder to write."),
     privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
     device: str | None = typer.Option(None, help="auto | cpu | cuda"),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
-    private_model: str | None = typer.Option(None, "--private-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
-    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    private_model: str | None = typer.Option(None, "--private-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
     partition: str | None = typer.Option(None, help="p_major | iid | dirichlet | site"),
     p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
     dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),
@@ -58,7 +67,6 @@ def run(
     accountant: str | None = typer.Option(None, help="rdp | prv"),
     target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget: a client leaves before exceeding it."),
     target_epsilons: str | None = typer.Option(None, "--target-epsilons", help="One budget per client, comma-separated (e.g. 20,50,80)."),
-    secure_noise: bool | None = typer.Option(None, "--secure-noise/--seeded-noise", help="Cryptographic noise source."),
     dml_alpha: float | None = typer.Option(None, "--dml-alpha", help="α, private model's KL weight."),
     dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
     graph: str | None = typer.Option(None, help="exponential | ring"),
@@ -72,6 +80,9 @@ def run(
     server_lr: float | None = typer.Option(None, "--server-lr", help="Client-level DP: server learning rate."),
     local_epochs: int | None = typer.Option(None, "--local-epochs", help="Client-level DP: local SGD epochs."),
     local_lr: float | None = typer.Option(None, "--local-lr", help="Client-level DP: local SGD learning rate."),
+    report_nonprivate: bool | None = typer.Option(None, "--report-nonprivate/--keep-nonprivate", help="Whether sites "
+                                                  "report figures of non-private data (the private model's accuracy, "
+                                                  "gradient norms). Default: yes in one process, no across processes."),
     eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
     test_limit: int | None = typer.Option(None, "--test-limit", help="Evaluate on the first N test examples only."),
     checkpoint_every: int | None = typer.Option(None, "--checkpoint-every",
@@ -123,6 +134,9 @@ def run(
                   if hasattr(o, f)]
         dml = f" (α={o.dml_alpha}, β={o.dml_beta})" if resolved.info.mutual_learning else ""
         console.print(head + f"{' / '.join(models)}, privacy [bold]{resolved.privacy}[/]{dml} → {resolved.out}")
+    if resolved.seed is not None and resolved.is_private:
+        console.print(f"[bold yellow]seed {resolved.seed}:[/] a seeded research run — noise and sampling come from the "
+                      "seed, so the privacy guarantee holds only while the seed stays secret")
     if requested != resolved.privacy and not resolved.info.traits.nonprivate:
         console.print(f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
                       f"{resolved.privacy!r} mode")
@@ -150,7 +164,7 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
 
     from silofl.comm.torchdist import serve, shutdown
     from silofl.run.data import prepare_data
-    from silofl.run.loop import resolve_device, site_factory
+    from silofl.run.loop import ledger_root, releases_nonprivate, resolve_device, site_factory
 
     if dist.get_rank() == 0:
         if dist.get_world_size() > cfg.clients:
@@ -163,7 +177,7 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
 
         torch.set_num_threads(cfg.threads)
     cfg, split = prepare_data(cfg, resolve_device(cfg.device))
-    make, n_sites = site_factory(cfg.info.cls(cfg), split)
+    make, n_sites = site_factory(cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False))
     try:
         serve(make, n_sites)
     finally:
@@ -189,12 +203,18 @@ def launch(
                                   "machine's index (0 hosts the rendezvous at --rdzv-endpoint)."),
     grace_s: float = typer.Option(30.0, "--grace-s", help="With --survive-faults: seconds the processes may take "
                                   "to exit after the reporting one; still running then (hung), they are killed."),
+    auth_key_file: str | None = typer.Option(None, "--auth-key-file", help="A file with the run's shared key (hex): "
+                                             "every frame between processes is authenticated with it. Needed on "
+                                             "several machines (the same file on each); one machine makes its own."),
 ):
     """Run `silofl run ARGS` as one process per client on torch.distributed (gloo), launched with torchrun.
 
     Every other option is passed to `silofl run` (e.g. --method fedavg --clients 4 --out runs/x). Client k
     runs on process k mod (processes); a server runs with client 0 on process 0, which writes the run folder.
     """
+    from silofl.comm.launcher import ensure_run_key
+
+    ensure_run_key(nnodes, auth_key_file)
     run_args = ["-m", "silofl.cli.main", "run", "--distributed", *ctx.args]
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("several machines need --rdzv-endpoint host:port")
@@ -255,6 +275,7 @@ def _number_list(text: str, flag: str) -> list[float]:
 
 
 def print_summary(summary: dict) -> None:
+    """Print a run's final per-client table, what its ε means, and its timing."""
     from silofl.fl.registry import ACC_FIELDS as ACC_KEYS
 
     priv = summary["privacy"]
@@ -375,6 +396,47 @@ def evaluate(
 
 @app.command()
 @friendly_errors
+def predict(
+    run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
+    client: int = typer.Option(..., "--client", help="Whose model: client K (its site's preprocessing comes with it)."),
+    data: Path = typer.Option(..., "--data", help="New rows (.csv/.parquet, checked against the schema; the target "
+                              "column is optional) or a folder of images (class sub-folders optional)."),
+    out: Path = typer.Option(..., "--out", help="CSV to write: id, prediction, p_<class> per class[, label]."),
+    model: str = typer.Option("private", "--model", help="private (the site's own model) | shared (its proxy or "
+                              "global model)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
+):
+    """Predict with client K's model on new data, with exactly the preprocessing its site trained with."""
+    from silofl.inference import predict as run_predict
+
+    res = run_predict(run_dir, client, data, out, model=model, overwrite=overwrite)
+    acc = f"; accuracy {res['accuracy']:.4f} against the labels in the data" if res["accuracy"] is not None else ""
+    nan = (f"; [yellow]{res['nan_rows']} rows have missing values the schema does not impute (probabilities NaN)[/]"
+           if res["nan_rows"] else "")
+    console.print(f"{res['rows']} predictions by {res['model']} ({res['architecture']}) → {res['out']}{acc}{nan}")
+
+
+@app.command()
+@friendly_errors
+def export(
+    run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
+    client: int = typer.Option(..., "--client", help="Whose model: client K."),
+    out: Path = typer.Option(..., "--out", help="Folder to write model.onnx, preprocessing.json, model_card.json/.md."),
+    fmt: str = typer.Option("onnx", "--format", help="onnx"),
+    model: str = typer.Option("private", "--model", help="private | shared (the proxy or global model)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out."),
+):
+    """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON + Markdown)."""
+    from silofl.inference.export import export as run_export
+
+    card = run_export(run_dir, client, out, model=model, fmt=fmt, overwrite=overwrite)
+    console.print(f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
+                  f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md")
+    console.print(f"privacy: {card['privacy']['statement']}", markup=False, highlight=False)
+
+
+@app.command()
+@friendly_errors
 def audit(
     out: str = typer.Option(..., "--out", help="Audit folder to write (audit.json, audit.md, attacks.csv, "
                             "canary_scores.csv, split.json, audit.png; the audited run in OUT/run)."),
@@ -396,8 +458,9 @@ def audit(
     method: str | None = typer.Option(None, help=f"{_method_help()}"),
     dataset: str | None = typer.Option(None), data_dir: str | None = typer.Option(None, "--data-dir"),
     clients: int | None = typer.Option(None), rounds: int | None = typer.Option(None),
-    seed: int | None = typer.Option(None, help="Seed of the canaries, their coins and the run (a research run; "
-                                    "default: a fresh one, recorded in audit.json)."),
+    seed: int | None = typer.Option(None, help="A reproducible research audit: the canaries, their coins, the reference "
+                                    "models and the run's noise and sampling derive from this seed (the run's ε then "
+                                    "holds only while it stays secret). Default: secret randomness, as in any run."),
     privacy: str | None = typer.Option(None, help="strict | paper | off"),
     private_model: str | None = typer.Option(None, "--private-model"), proxy_model: str | None = typer.Option(None, "--proxy-model"),
     partition: str | None = typer.Option(None), samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
@@ -415,8 +478,6 @@ def audit(
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
     membership inference on real examples (silofl.audit)."""
-    import secrets
-
     from silofl.audit import AuditSettings, run_audit
     from silofl.run.config import RunConfig, load_yaml_mapping
 
@@ -441,18 +502,21 @@ def audit(
         torch.set_num_threads(threads)
     settings = AuditSettings(canaries=canaries, canary_kind=canary_kind, site=audited_site, reference_models=reference_models,
                              nonmembers=nonmembers, confidence=confidence,
-                             seed=seed if seed is not None else secrets.randbelow(2**31),
+                             seed=seed if seed is not None else cfg.seed,  # --seed, else a seed in --config / --set
                              pubsub_model=pubsub_model, epsilon=epsilon, pubsub_epochs=epochs)
     what = f"published {pubsub_model}" if pubsub_model else f"{cfg.method} ({cfg.resolve().privacy})"
-    console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, seed {settings.seed} "
-                  f"(seeded research run) → {out}")
+    how = (f"seed {settings.seed} (seeded research run: the run's ε holds only while the seed stays secret)"
+           if settings.seeded else "secret randomness (not reproducible; --seed for a research audit)")
+    console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
     import shlex
 
     command = "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
     a = run_audit(cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command)
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
-    label = "" if a["formal_guarantee"] or a["epsilon_accountant"] is None else " (NOT a formal guarantee)"
+    label = ("" if a["epsilon_accountant"] is None else " (NOT a formal guarantee in this mode)"
+             if not a["formal_guarantee"] else " (seeded research run: formal only while the seed is secret)"
+             if a.get("seeded") else "")
     console.print(f"empirical ε lower bound {a['epsilon_lower_bound']:.3f} ({a['confidence']:.0%} confidence, "
                   f"δ={a['delta']:g}; {b['correct']}/{b['guesses']} guesses right on score '{b['score']}', "
                   f"at most {b['max_auditable_epsilon']:.2f} measurable) · accountant ε {eps_acc}{label}")
@@ -468,6 +532,7 @@ app.add_typer(pubsub_app, name="pubsub")
 
 
 def main() -> None:  # pragma: no cover
+    """The ``silofl`` console entry point."""
     app()
 
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from silofl.cli.common import friendly_errors
-from silofl.core.errors import ConfigError
+from silofl.core.errors import ConfigError, ModelRejected
 
 app = typer.Typer(no_args_is_help=True, help="PubSub-ML: publish DP models, subscribe by feature channels, customize.")
 console = Console()
@@ -47,6 +47,24 @@ def read_csv(path: str, target: str, task: str) -> tuple[np.ndarray, np.ndarray,
     return x, np.array([index[v] for v in raw]), features, labels
 
 
+def read_site(path: str, target: str | None, task: str, schema: str | None):
+    """(x, y, features, classes, public metadata or None) of a subscriber's data: with ``schema``, the file (CSV or
+    Parquet) is checked against it and encoded with the schema's public bounds (:mod:`silofl.pubsub.tables`);
+    without, a CSV of numbers."""
+    if schema is None:
+        if target is None:
+            raise ConfigError("--target is needed without --schema")
+        return (*read_csv(path, target, task), None)
+    from silofl.pubsub import tables
+
+    t = tables.read(path, schema)
+    if target is not None and target != tables.Schema.load(schema).target:
+        raise ConfigError(f"--target {target!r} differs from the schema's target")
+    if task != t.task and task != "classification":
+        raise ConfigError(f"--task {task} differs from the schema's target ({t.task})")
+    return t.x, t.y, t.features, t.classes, t.metadata()
+
+
 def _is_number(v: str) -> bool:
     try:
         float(v)
@@ -61,19 +79,43 @@ def _broker(path: str):
     return Broker(path)
 
 
-def _join(b, site: str, x: np.ndarray, features: list[str]):
-    """Join ``site`` on first use with public metadata from its data (per-feature mean and min/max, released
-    without DP as in the paper); the public bounds its DP models clip to."""
-    from silofl.pubsub.dp_models import Bounds
+def _site_folder(site: str, site_dir: str | None, lifetime_epsilon: float | None, lifetime_delta: float):
+    """The publisher's own folder (its lifetime budget and ledger), which must declare a lifetime budget."""
+    from silofl.site.folder import SiteFolder
 
-    if site not in b.sites():
-        b.join(site, {f: ("continuous", float(x[:, i].mean()), float(x[:, i].min()), float(x[:, i].max()))
-                      for i, f in enumerate(features)})
-    declared = b.public_bounds(site)
-    missing = [f for f in features if f not in declared]
-    if missing:
-        raise ConfigError(f"site {site!r} has not declared public bounds for {missing[:5]}")
-    return Bounds(np.array([declared[f][0] for f in features]), np.array([declared[f][1] for f in features]))
+    folder = SiteFolder.open(site_dir, site, None if lifetime_epsilon is None else (lifetime_epsilon, lifetime_delta))
+    folder.require_lifetime()
+    return folder
+
+
+def _sender(b, site: str, table):
+    """Publish a model's bytes for ``site``: the model is validated first, and only then does a new site join the
+    broker, with the schema's public metadata (nothing computed from its rows)."""
+    from silofl.pubsub.model import PublishedModel
+
+    def send(data: bytes) -> int:
+        PublishedModel.from_bytes(data, b.max_bytes)
+        if site not in b.sites():
+            b.join(site, table.metadata())
+        return b.publish(data)
+
+    return send
+
+
+def _spent_note(folder, ids) -> str:
+    eps, dlt = folder.ledger.spent({folder.ledger.record_digest(i) for i in ids})
+    life = folder.lifetime
+    return (f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} of {folder.name}'s lifetime budget "
+            f"ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})")
+
+
+SCHEMA_HELP = ("The collaboration's schema (YAML/JSON): DATA (.csv or .parquet) is checked against it, and its declared "
+               "bounds, defaults and labels are the only public metadata the site releases.")
+SITE_DIR_HELP = "This site's own folder: lifetime budget, secret, ledger (default: $SILOFL_HOME/sites/SITE)."
+LIFETIME_HELP = "The site's lifetime ε for every release of its records (declared once, when its folder is made)."
+ID_HELP = "A column of unique record ids (default: a digest of each row's content); the ledger keys spend by them."
+SEED_HELP = ("A reproducible research model: the guarantee then holds only while the seed stays secret (default: "
+             "secret randomness).")
 
 
 @app.command()
@@ -81,29 +123,39 @@ def _join(b, site: str, x: np.ndarray, features: list[str]):
 def publish(
     broker: str = typer.Option(..., help="Broker directory (created if missing)."),
     site: str = typer.Option(..., help="This publisher's name."),
-    data: str = typer.Option(..., help="CSV with a header row; one column is the target."),
-    target: str = typer.Option(..., help="The target column."),
+    data: str = typer.Option(..., help="The site's table (CSV or Parquet), checked against --schema."),
+    schema: str = typer.Option(..., "--schema", help=SCHEMA_HELP),
     model: str = typer.Option("dp-logreg", help="dp-nn | dp-logreg | dp-nb | dp-forest | dp-linreg"),
     epsilon: float = typer.Option(..., help="This publisher's ε for the model."),
     delta: float = typer.Option(1e-5, help="δ (DP-SGD; the diffprivlib models meet δ = 0)."),
-    task: str = typer.Option("classification", help="classification | regression"),
-    seed: int = typer.Option(0),
+    site_dir: str | None = typer.Option(None, "--site-dir", help=SITE_DIR_HELP),
+    lifetime_epsilon: float | None = typer.Option(None, "--lifetime-epsilon", help=LIFETIME_HELP),
+    lifetime_delta: float = typer.Option(1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."),
+    id_column: str | None = typer.Option(None, "--id-column", help=ID_HELP),
+    seed: int | None = typer.Option(None, help=SEED_HELP),
 ):
-    """Train a DP model on DATA under (ε, δ) and publish it. On first use the site joins the broker with
-    public feature metadata taken from DATA: mean (default for subscribers that lack the feature) and
-    min/max (the bounds DP models clip to). These statistics are released without DP, as in the paper."""
-    from silofl.pubsub.dp_models import train
+    """Train a DP model on DATA under (ε, δ) and publish it. The site's ledger first checks that no record of
+    DATA would pass the site's lifetime budget, and records the release; a new site joins the broker only
+    after its model passed validation, with the schema's public metadata (declared bounds, defaults, labels)."""
+    from silofl.pubsub import tables
+    from silofl.pubsub.dp_models import Bounds, train
 
-    x, y, features, classes = read_csv(data, target, task)
+    folder = _site_folder(site, site_dir, lifetime_epsilon, lifetime_delta)
+    t = tables.read(data, schema, id_column)
     b = _broker(broker)
-    bounds = _join(b, site, x, features)
     t0 = time.perf_counter()
-    y_bounds = (float(y.min()), float(y.max())) if task == "regression" else None
-    m = train(model, x, y, publisher=site, features=features, task=task, bounds=bounds, epsilon=epsilon, delta=delta,
-              classes=classes, seed=seed, y_bounds=y_bounds)
-    mid = b.publish(m.to_bytes())
-    console.print(f"published model {mid}: {model} by {site} on {len(features)} features, {len(x)} rows, "
+
+    def make():
+        return train(model, t.x, t.y, publisher=site, features=t.features, task=t.task, bounds=Bounds(t.lo, t.hi),
+                     epsilon=epsilon, delta=delta, classes=t.classes, seed=seed, y_bounds=t.y_bounds)
+
+    m, mid = folder.release(t.ids, epsilon, delta, make, _sender(b, site, t), what="pubsub-model", model=model,
+                            data=Path(data).name)
+    console.print(f"published model {mid}: {model} by {site} on {len(t.features)} features, {len(t.x)} rows, "
                   f"ε={m.epsilon:.4g} at δ={m.delta:g} ({m.mechanism['name']}), {time.perf_counter() - t0:.1f} s")
+    console.print(_spent_note(folder, t.ids))
+    if seed is not None:
+        console.print(f"seeded (--seed {seed}): a research model; its guarantee holds only while the seed stays secret")
 
 
 @app.command()
@@ -153,34 +205,44 @@ def list_(broker: str = typer.Option(...)):
 def customize(
     broker: str = typer.Option(...),
     site: str = typer.Option(..., help="The subscriber (its channels select the models)."),
-    data: str = typer.Option(..., help="The subscriber's CSV (header row, one target column)."),
-    target: str = typer.Option(...),
+    data: str = typer.Option(..., help="The subscriber's CSV (header row, one target column; with --schema: CSV or Parquet)."),
+    target: str | None = typer.Option(None, help="The target column (with --schema: the schema's)."),
+    schema: str | None = typer.Option(None, "--schema", help="The collaboration's schema (YAML/JSON): DATA (.csv or "
+                                      ".parquet) is checked against it and its declared bounds are the public metadata."),
     task: str = typer.Option("classification"),
     top_m: str = typer.Option("all", "--top-m", help="Keep the best m models on the customize part, or 'all'."),
     out: str = typer.Option("runs/customize", help="Where customization.json goes."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the split and the fusion fit (the subscriber spends no privacy budget)."),
 ):
     """Algorithm 2: split DATA 60/20/20, train an own model, keep the top-m subscribed models, fuse them."""
     from silofl.pubsub.customize import LocalData
     from silofl.pubsub.customize import customize as run_customize
 
-    x, y, features, classes = read_csv(data, target, task)
+    x, y, features, classes, _ = read_site(data, target, task, schema)
     b = _broker(broker)
     t0 = time.perf_counter()
     ids = sorted({i for ch in b.channels(site) for i in b.stream(ch.id)})
-    models = [b.fetch(i) for i in ids]
+    models, skipped = [], []
+    for i in ids:  # a stored model that fails its checks now is skipped, not fatal
+        try:
+            models.append(b.fetch(i))
+        except ModelRejected as e:
+            skipped.append(i)
+            console.print(f"[yellow]skipped model {i}: {e}[/yellow]")
+    ids = [i for i in ids if i not in skipped]
     t_load = time.perf_counter() - t0
     if top_m != "all" and not top_m.strip().isdigit():
         raise ConfigError(f"--top-m takes a positive number of models or 'all', got {top_m!r}")
     m = None if top_m == "all" else int(top_m)
     res = run_customize(models, LocalData(x, y, features, task, classes), b.public_defaults(), top_m=m, seed=seed)
-    rep = {**res.report, "models_fetched": ids}
+    rep = {**res.report, "models_fetched": ids, "models_skipped": skipped}
     rep["seconds"] = {"load": t_load, **rep["seconds"]}
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "customization.json").write_text(json.dumps(rep, indent=2, default=str))
     metric = rep["metric"]
+    own = f"own model alone {rep['own_test']:.4f}" if rep["own_test"] is not None else rep["own_note"]
     console.print(f"customized from {len(ids)} subscribed models + own: test {metric} {rep['test']:.4f} "
-                  f"(own model alone {rep['own_test']:.4f}); selected {', '.join(rep['selected'])}")
+                  f"({own}); selected {', '.join(rep['selected'])}")
     console.print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in rep["seconds"].items()))
     console.print(rep["privacy"] + ".")
     console.print(f"→ {Path(out) / 'customization.json'}")
@@ -191,36 +253,46 @@ def customize(
 def stream(
     broker: str = typer.Option(...),
     site: str = typer.Option(..., help="The publisher."),
-    data: str = typer.Option(..., help="CSV read in order as a stream of chunks (header row, one target column)."),
-    target: str = typer.Option(...),
+    data: str = typer.Option(..., help="The site's table (CSV or Parquet), read in order as a stream of chunks."),
+    schema: str = typer.Option(..., "--schema", help=SCHEMA_HELP),
     chunk_size: int = typer.Option(500, "--chunk-size", help="Rows per chunk; each trains one model."),
     ensemble: int = typer.Option(3, "--ensemble", help="k: how many of the latest models stay published."),
     model: str = typer.Option("dp-logreg"),
     epsilon: float = typer.Option(...),
     delta: float = typer.Option(1e-5),
-    task: str = typer.Option("classification"),
-    seed: int = typer.Option(0),
+    site_dir: str | None = typer.Option(None, "--site-dir", help=SITE_DIR_HELP),
+    lifetime_epsilon: float | None = typer.Option(None, "--lifetime-epsilon", help=LIFETIME_HELP),
+    lifetime_delta: float = typer.Option(1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."),
+    id_column: str | None = typer.Option(None, "--id-column", help=ID_HELP),
+    seed: int | None = typer.Option(None, help=SEED_HELP),
 ):
-    """Algorithm 4: publish one DP model per disjoint chunk of DATA, keeping the k latest published. Every
-    record is in exactly one chunk, so the stream's guarantee stays (ε, δ) however long it runs."""
+    """Algorithm 4: publish one DP model per disjoint chunk of DATA, keeping the k latest published. Within one
+    stream every record is in exactly one chunk (parallel composition); across streams, publishes and runs the
+    site's ledger composes each record's spend and refuses a chunk that would pass the lifetime budget."""
+    from silofl.pubsub import tables
+    from silofl.pubsub.dp_models import Bounds
     from silofl.pubsub.stream import StreamPublisher
 
     if chunk_size < 1:
         raise ConfigError(f"--chunk-size must be ≥ 1, got {chunk_size}")
-    x, y, features, classes = read_csv(data, target, task)
+    folder = _site_folder(site, site_dir, lifetime_epsilon, lifetime_delta)
+    t = tables.read(data, schema, id_column)
     b = _broker(broker)
-    bounds = _join(b, site, x, features)
-    pub = StreamPublisher(site, features, task, model, epsilon, delta, bounds, k=ensemble, classes=classes, broker=b,
-                          seed=seed)
-    for start in range(0, len(x), chunk_size):
-        ids = np.arange(start, min(start + chunk_size, len(x)))
-        ev = pub.add_chunk(x[ids], y[ids], ids)
+    pub = StreamPublisher(site, t.features, t.task, model, epsilon, delta, Bounds(t.lo, t.hi), k=ensemble,
+                          classes=t.classes, broker=b, seed=seed, folder=folder, send=_sender(b, site, t),
+                          train_options={"y_bounds": t.y_bounds} if t.y_bounds is not None else {})
+    for start in range(0, len(t.x), chunk_size):
+        rows = np.arange(start, min(start + chunk_size, len(t.x)))
+        ev = pub.add_chunk(t.x[rows], t.y[rows], [t.ids[i] for i in rows])
         gone = f", withdrew chunk {ev['withdrawn_chunks'][0]}" if ev["withdrawn_chunks"] else ""
-        console.print(f"chunk {ev['chunk']}: {len(ids)} rows → model {ev['published']}{gone}; live chunks "
+        console.print(f"chunk {ev['chunk']}: {len(rows)} rows → model {ev['published']}{gone}; live chunks "
                       f"{ev['live_chunks']}")
     g = pub.guarantee()
-    console.print(f"{g['chunks']} chunks, {g['live_models']} models live; every record: ε={g['epsilon']:g}, "
-                  f"δ={g['delta']:g} ({g['composition']})")
+    console.print(f"{g['chunks']} chunks, {g['live_models']} models live; this stream: ε={g['epsilon']:g}, "
+                  f"δ={g['delta']:g} per record ({g['composition']})")
+    console.print(_spent_note(folder, t.ids))
+    if seed is not None:
+        console.print(f"seeded (--seed {seed}): research models; their guarantee holds only while the seed stays secret")
 
 
 @app.command()

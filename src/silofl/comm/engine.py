@@ -30,7 +30,9 @@ class SiteHandle(Protocol):
 
     eval_cache: dict | None
 
-    def handle(self, step: str, msg: Message) -> Message: ...
+    def handle(self, step: str, msg: Message) -> Message:
+        """Run ``step`` on the request and return the reply."""
+        ...
 
 
 class Engine(ABC):

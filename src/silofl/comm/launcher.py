@@ -23,7 +23,27 @@ from silofl.core.errors import ConfigError
 GRACE_S = 30.0  # how long the other processes may take to exit after rank 0 (or the first one here)
 
 
+def ensure_run_key(nnodes: int, key_file: str | None = None) -> None:
+    """Put the run's shared key in the environment the processes inherit (``SILOFL_RUN_KEY``): from ``key_file``,
+    or the environment, or — on one machine — a fresh one. Several machines must share one: ConfigError without."""
+    from silofl.comm.torchdist import KEY_ENV
+
+    if key_file:
+        try:
+            text = open(key_file).read().strip()
+            bytes.fromhex(text)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--auth-key-file {key_file}: not a hex key file ({e})") from None
+        os.environ[KEY_ENV] = text
+    elif not os.environ.get(KEY_ENV):
+        if nnodes > 1:
+            raise ConfigError("several machines need the same run key: pass --auth-key-file FILE (e.g. made with "
+                              "`python -c 'import os; print(os.urandom(32).hex())' > FILE`, copied to every machine)")
+        os.environ[KEY_ENV] = os.urandom(32).hex()
+
+
 def free_port() -> int:
+    """A free TCP port on the loopback interface."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -43,6 +63,7 @@ def launch_processes(run_args: list[str], nproc: int, nnodes: int = 1, node_rank
     else:
         host, port = "127.0.0.1", str(free_port())
     world = nproc * nnodes
+    ensure_run_key(nnodes)
     procs: dict[int, subprocess.Popen] = {}
     for local in range(nproc):
         rank = node_rank * nproc + local

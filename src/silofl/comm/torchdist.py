@@ -15,12 +15,18 @@ repair, e.g. PushSum mass taken back). A serving rank that loses rank 0 stops. T
 silofl's: gloo's own timeout closes every connection of the process (its context signals it to all
 pairs), so gloo's wait runs in a helper thread on a process group whose gloo timeout is far away.
 
-This engine trusts the cluster: connections are neither encrypted nor authenticated (use the Flower
-engine between institutions); summary.json records that.
+Authentication. The processes of a run share a secret *run key* (``SILOFL_RUN_KEY``, hex; ``silofl launch``
+makes one for a single machine, and reads ``--auth-key-file`` on several). Every frame carries its
+sequence number on its link and an HMAC-SHA256 over (sender rank, receiver rank, sequence number, frame):
+a process that joined the rendezvous without the key (an impostor), a forged, replayed or reordered frame
+is refused, logged, and its sender treated as lost. Frames are not encrypted: this engine is for a
+research cluster's own network (use the Flower engine between institutions); summary.json records that.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import signal
@@ -44,6 +50,21 @@ GLOO_TIMEOUT = timedelta(days=7)
 FAULT_ENV = "SILOFL_INJECT_FAULT"  # testing hook: "RANK:ROUND:KIND", see inject_fault
 FAULT_KINDS = ("crash", "hang", "crash-receiving", "hang-receiving")
 STOP, ERROR = "__stop__", "__error__"
+KEY_ENV = "SILOFL_RUN_KEY"
+MAC_BYTES, SEQ_BYTES = 32, 8
+
+
+def run_key() -> bytes:
+    """The run's shared secret from the environment; a clear error without one."""
+    text = os.environ.get(KEY_ENV, "")
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ConfigError(f"{KEY_ENV} must hold the run's shared key (hex, at least 16 bytes): start the processes "
+                          "with `silofl launch` (several machines: --auth-key-file)")
+    return key
 
 
 def init_from_env(backend: str = "gloo", timeout_s: float = 300.0) -> None:
@@ -98,31 +119,50 @@ def rank_of(site: int, world: int) -> int:
 class _Link:
     """Frames between this rank and others over a gloo group, with silofl's own timeouts."""
 
-    def __init__(self, timeout_s: float | None):
+    def __init__(self, timeout_s: float | None, key: bytes | None = None):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.timeout_s = timeout_s
+        self.key = key if key is not None else run_key()
+        self.sent: dict[int, int] = defaultdict(int)  # next sequence number per peer, each way
+        self.received: dict[int, int] = defaultdict(int)
         # point-to-point traffic on its own group, whose gloo timeout never fires (see the module doc)
         self.group = dist.new_group(list(range(self.world)), timeout=GLOO_TIMEOUT, backend="gloo")
         self._pending: list = []  # isends in flight: their buffers must outlive them
 
+    def _mac(self, src: int, dst: int, seq: bytes, frame: bytes) -> bytes:
+        head = src.to_bytes(4, "little") + dst.to_bytes(4, "little") + seq
+        return hmac.new(self.key, head + frame, hashlib.sha256).digest()
+
     def send(self, peer: int, frame: bytes) -> None:
-        """Post a frame to ``peer`` (its length, then its bytes)."""
+        """Post a frame to ``peer``: its length, then its sequence number, the frame and their MAC."""
+        seq = self.sent[peer].to_bytes(SEQ_BYTES, "little")
+        self.sent[peer] += 1
+        frame = seq + frame + self._mac(self.rank, peer, seq, frame)
         n = torch.tensor([len(frame)], dtype=torch.int64)
         data = torch.frombuffer(bytearray(frame), dtype=torch.uint8) if frame else torch.zeros(0, dtype=torch.uint8)
         for t in (n, data):
             self._pending.append((dist.isend(t, peer, tag=TAG, group=self.group), t))
 
     def recv(self, peer: int, what: str, timeout_s: float | None) -> bytes:
-        """One frame from ``peer``; SiloflError (with the reason) if it fails, times out or is too large."""
+        """One authenticated frame from ``peer``; SiloflError (with the reason) if it fails, times out, is too
+        large (checked before anything is allocated), or fails its MAC or sequence number."""
         n = torch.zeros(1, dtype=torch.int64)
         self._wait(dist.irecv(n, peer, tag=TAG, group=self.group), what, timeout_s)
         size = int(n)
-        if not 0 <= size <= MAX_FRAME_BYTES:
-            raise SiloflError(f"{what}: a frame of {size} bytes is outside 0…{MAX_FRAME_BYTES}")
+        if not SEQ_BYTES + MAC_BYTES <= size <= MAX_FRAME_BYTES + SEQ_BYTES + MAC_BYTES:
+            raise SiloflError(f"{what}: refused a frame of declared size {size} (outside "
+                              f"{SEQ_BYTES + MAC_BYTES}…{MAX_FRAME_BYTES + SEQ_BYTES + MAC_BYTES} bytes)")
         buf = torch.zeros(size, dtype=torch.uint8)
-        if size:
-            self._wait(dist.irecv(buf, peer, tag=TAG, group=self.group), what, timeout_s)
-        return buf.numpy().tobytes()
+        self._wait(dist.irecv(buf, peer, tag=TAG, group=self.group), what, timeout_s)
+        raw = buf.numpy().tobytes()
+        seq, frame, mac = raw[:SEQ_BYTES], raw[SEQ_BYTES:-MAC_BYTES], raw[-MAC_BYTES:]
+        if not hmac.compare_digest(mac, self._mac(peer, self.rank, seq, frame)):
+            raise SiloflError(f"{what}: refused a frame that fails its MAC (not from a process of this run)")
+        if int.from_bytes(seq, "little") != self.received[peer]:
+            raise SiloflError(f"{what}: refused frame {int.from_bytes(seq, 'little')}, expected "
+                              f"{self.received[peer]} (replayed or reordered)")
+        self.received[peer] += 1
+        return frame
 
     def _wait(self, work, what: str, timeout_s: float | None) -> None:
         box: dict = {}
@@ -175,8 +215,9 @@ class TorchDistEngine(Engine):
         return self.world
 
     def describe(self) -> dict:
-        return {"name": self.name, "processes": self.world, "backend": "gloo", "tls": False, "node_auth": False,
-                "sealed": False, "note": "a research cluster's engine: connections are not encrypted or authenticated"}
+        return {"name": self.name, "processes": self.world, "backend": "gloo", "tls": False,
+                "node_auth": "HMAC-SHA256 of every frame with the run's shared key, sequence numbers", "sealed": False,
+                "note": "a research cluster's engine: frames are authenticated but not encrypted"}
 
     def _lose(self, rank: int, why: str) -> None:
         if str(rank) in self.lost_processes:

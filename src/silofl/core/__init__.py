@@ -8,7 +8,7 @@ from silofl.core.errors import (
     PeerModelRejected,
     SiloflError,
 )
-from silofl.core.seeds import client_seeds
+from silofl.core.randomness import client_seeds, party_seeds
 
 __all__ = ["SiloflError", "ConfigError", "DataError", "BudgetExhausted", "PeerModelRejected", "ModelRejected",
-           "client_seeds"]
+           "client_seeds", "party_seeds"]

@@ -40,6 +40,7 @@ HOW_TO_GET = {
 
 
 def search_roots(data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The folders searched for data set files, in order."""
     roots: list[Path] = []
     if data_dir:
         roots.append(Path(data_dir))
@@ -94,11 +95,12 @@ def _to_float_images(x: np.ndarray) -> torch.Tensor:
 
 
 def load_idx_dataset(name: str, data_dir=None) -> Dataset:
+    """Fashion-MNIST or MNIST from the four IDX files (optionally gzipped)."""
     d = _find_idx_dir(name, data_dir)
     if d is None:
         tried = ", ".join(str(r) for r in search_roots(data_dir))
         raise DataError(f"{name} not found (searched {tried}); {HOW_TO_GET[name]}")
-    arrays = {k: read_idx(_idx_path(d, stem)) for k, stem in IDX_FILES.items()}
+    arrays = {k: read_idx(_idx_path(d, stem) or d / stem) for k, stem in IDX_FILES.items()}
     for split in ("train", "test"):
         if len(arrays[f"{split}_x"]) != len(arrays[f"{split}_y"]):
             raise DataError(f"{name} in {d}: {split} images and labels differ in count")
@@ -114,6 +116,7 @@ def load_idx_dataset(name: str, data_dir=None) -> Dataset:
 
 
 def load_cifar10(data_dir=None) -> Dataset:
+    """CIFAR-10 from its python batches, standardised with the usual channel means and stds."""
     for root in search_roots(data_dir):
         for d in (root / "cifar-10-batches-py", root / "cifar10" / "cifar-10-batches-py", root):
             if (d / "test_batch").is_file() and (d / "data_batch_1").is_file():

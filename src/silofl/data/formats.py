@@ -3,7 +3,9 @@
 **Image folder** (``dataset: folder``, ``data_dir`` = the root): ``root/train/<class>/*.png|jpg|…``
 and ``root/test/<class>/…``; or only ``root/<class>/…``, then a seeded 80/20 split. Class names are
 the sorted sub-folder names; images are resized to ``image_size``² (bilinear), grey if every image
-is, RGB otherwise, and standardised per channel with the training mean and std.
+is, RGB otherwise, and scaled to [-1, 1] per channel with the public constants mean 0.5 and std 0.5
+(not the training images' own mean and std: pooled over the clients, those were a statistic of every
+site's images that no site may see).
 
 **Bags** (``dataset: bags``, ``data_dir`` = an ``.npz``): one bag per slide, for multiple-instance
 models (DeepSet). Arrays: ``features`` (instances × d), ``bag`` (instance → bag id 0…B-1),
@@ -24,6 +26,7 @@ import torch
 from silofl.core.errors import DataError
 from silofl.data.types import Dataset
 
+PUBLIC_MEAN, PUBLIC_STD = 0.5, 0.5  # pixels in [0, 1] → [-1, 1]: public constants, no statistic of any site
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif"}
 
 
@@ -35,18 +38,26 @@ def _files(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
 
 
-def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fraction: float = 0.2):
-    from PIL import Image, UnidentifiedImageError
-
+def image_tree(data_dir, classes: list[str] | None = None, seed: int = 0, test_fraction: float = 0.2,
+               what: str = "image folder") -> tuple[list[str], list[tuple[Path, int]], list[tuple[Path, int]]]:
+    """(classes, training items, test items) of an image tree ``ROOT/<class>/…`` (seeded split) or
+    ``ROOT/train/<class>/…`` + ``ROOT/test/<class>/…``; items are (file, class index). ``classes``: the
+    class list agreed by the collaboration (a folder may lack some); else the tree's sorted sub-folders."""
     if not data_dir or not Path(data_dir).is_dir():
-        raise DataError(f"image folder {data_dir!r} not found; pass --data-dir ROOT with ROOT/<class>/ images "
+        raise DataError(f"{what} {str(data_dir)!r} not found; pass a folder ROOT with ROOT/<class>/ images "
                         "(or ROOT/train/<class>/ and ROOT/test/<class>/)")
     root = Path(data_dir)
     split_dirs = (root / "train").is_dir() and (root / "test").is_dir()
     train_root = root / "train" if split_dirs else root
-    classes = [d.name for d in _class_dirs(train_root)]
-    if len(classes) < 2:
-        raise DataError(f"{train_root} needs at least two class sub-folders, found {classes}")
+    own = [d.name for d in _class_dirs(train_root)]
+    if classes is None:
+        classes = own
+        if len(classes) < 2:
+            raise DataError(f"{train_root} needs at least two class sub-folders, found {classes}")
+    else:
+        stray = sorted(set(own) - set(classes))
+        if stray:
+            raise DataError(f"{train_root}: class folder {stray[0]!r} is not one of the classes {', '.join(classes)}")
     if split_dirs:
         test_classes = [d.name for d in _class_dirs(root / "test")]
         if not set(test_classes) <= set(classes):
@@ -68,39 +79,63 @@ def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fracti
         test_items = [train_items[i] for i in perm[:n_test]]
         train_items = [train_items[i] for i in sorted(perm[n_test:])]
     if not train_items or not test_items:
-        raise DataError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) found under {root}")
+        raise DataError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) found under {root} (or too few to hold "
+                        "some out for testing)")
+    return list(classes), train_items, test_items
 
-    def read(items):
-        imgs = []
-        for f, _ in items:
-            try:
-                with Image.open(f) as im:
-                    imgs.append(im.copy())
-            except (UnidentifiedImageError, OSError) as e:
-                raise DataError(f"cannot read image {f}: {e}") from None
-        return imgs
 
-    tr_imgs, te_imgs = read(train_items), read(test_items)
-    grey = all(im.mode in ("L", "1", "I;16", "I") for im in tr_imgs + te_imgs)
-    mode = "L" if grey else "RGB"
+def image_mode(files: list[Path]) -> str:
+    """"L" when every image is grey, else "RGB"."""
+    from PIL import Image, UnidentifiedImageError
 
-    def tensor(imgs):
-        arr = np.stack([np.asarray(im.convert(mode).resize((image_size, image_size), Image.BILINEAR), dtype=np.float32)
-                        for im in imgs]) / 255.0
-        t = torch.from_numpy(arr)
-        return t.unsqueeze(1) if grey else t.permute(0, 3, 1, 2).contiguous()
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                if im.mode not in ("L", "1", "I;16", "I"):
+                    return "RGB"
+        except (UnidentifiedImageError, OSError) as e:
+            raise DataError(f"cannot read image {f}: {e}") from None
+    return "L"
 
-    x_tr, x_te = tensor(tr_imgs), tensor(te_imgs)
-    mean = x_tr.mean((0, 2, 3), keepdim=True)
-    std = x_tr.std((0, 2, 3), keepdim=True).clamp(min=1e-6)
+
+def read_images(files: list[Path], image_size: int, mode: str) -> np.ndarray:
+    """Images as float32 N×C×H×W in [0, 1]: converted to ``mode`` ("L" or "RGB"), resized (bilinear) to
+    ``image_size``², pixel values / 255. The one reader of training, test and new images."""
+    from PIL import Image, UnidentifiedImageError
+
+    arrs = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                arrs.append(np.asarray(im.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR),
+                                       dtype=np.float32))
+        except (UnidentifiedImageError, OSError) as e:
+            raise DataError(f"cannot read image {f}: {e}") from None
+    arr = np.stack(arrs) / 255.0
+    return arr[:, None] if mode == "L" else np.ascontiguousarray(arr.transpose(0, 3, 1, 2))
+
+
+def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fraction: float = 0.2):
+    """An image folder tree (see the module doc) as a Dataset scaled by public constants."""
+    classes, train_items, test_items = image_tree(data_dir, seed=seed, test_fraction=test_fraction)
+    mode = image_mode([f for f, _ in train_items + test_items])
+    x_tr = torch.from_numpy(read_images([f for f, _ in train_items], image_size, mode))
+    x_te = torch.from_numpy(read_images([f for f, _ in test_items], image_size, mode))
+    channels = x_tr.shape[1]
+    mean = torch.full((1, channels, 1, 1), PUBLIC_MEAN, dtype=x_tr.dtype)
+    std = torch.full((1, channels, 1, 1), PUBLIC_STD, dtype=x_tr.dtype)
     return Dataset(
         name="folder", x_train=(x_tr - mean) / std, y_train=torch.tensor([k for _, k in train_items]),
         x_test=(x_te - mean) / std, y_test=torch.tensor([k for _, k in test_items]), num_classes=len(classes),
-        source=str(root), class_names=classes,
+        source=str(data_dir), class_names=classes,
+        preprocessing={"format": "silofl.preprocessing/1", "kind": "image", "image_size": image_size, "mode": mode,
+                       "mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "classes": classes,
+                       "rows": len(train_items), "site": "", "site_statistics": []},
     )
 
 
 def load_bags(data_dir, max_bag_size: int = 64, seed: int = 0, test_fraction: float = 0.2):
+    """Bags of feature vectors (one per slide) from an ``.npz`` (see the module doc)."""
     p = Path(data_dir) if data_dir else None
     if p is not None and p.is_dir():
         p = p / "bags.npz"

@@ -21,6 +21,7 @@ def _check(labels: np.ndarray, n_clients: int, n_per_client: int) -> None:
 
 
 def iid(labels: np.ndarray, n_clients: int, n_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Equal random shares of the training set."""
     _check(labels, n_clients, n_per_client)
     perm = rng.permutation(len(labels))
     return [np.sort(perm[k * n_per_client : (k + 1) * n_per_client]) for k in range(n_clients)]
@@ -90,6 +91,7 @@ def dirichlet(
 def partition(
     name: str, labels: np.ndarray, n_clients: int, n_per_client: int, rng: np.random.Generator, *, p: float = 0.8, alpha: float = 0.5
 ) -> list[np.ndarray]:
+    """One index array per client by the named partitioner (p_major, iid, dirichlet)."""
     if name == "iid":
         return iid(labels, n_clients, n_per_client, rng)
     if name == "p_major":

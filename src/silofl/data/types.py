@@ -22,9 +22,11 @@ class Dataset:
     class_names: list[str] | None = None
     groups: np.ndarray | None = None  # site of each training example (bags), for partition "site"
     test_groups: np.ndarray | None = None
+    preprocessing: dict | None = None  # how raw inputs became x (silofl.data.preprocessing JSON), where known
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example."""
         return tuple(self.x_train.shape[1:])
 
     def test_split(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +39,9 @@ class Dataset:
 @dataclass
 class SplitData:
     """A data set split for a run: each client's training data, the shared test set, and (partition
-    ``site``) each client's own held-out test set."""
+    ``site``, per-site files) each client's own held-out test set. With per-site files each site prepares
+    inputs its own way, so it also sees the shared test set through its own preprocessing (``external``,
+    one per client; ``test`` is client 0's view) and ``preprocessing`` holds each client's (JSON)."""
 
     dataset: Dataset
     parts: list[tuple[torch.Tensor, torch.Tensor]]
@@ -45,6 +49,8 @@ class SplitData:
     internal: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     sites: list[str] | None = None  # the site of each client (partition "site")
     test_set: str = "the data set's test split"
+    external: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    preprocessing: list[dict] | None = None
     indices: list[np.ndarray] | None = None  # each client's rows of ``dataset.x_train`` (what it trains on)
 
     @property

@@ -104,6 +104,7 @@ class CompareConfig:
         return RunConfig.from_dict(self.run, strict=False)
 
     def variant_list(self) -> list[tuple[str, dict]]:
+        """The (name, option changes) of every variant: explicit ones, else the preset's."""
         if self.variants is not None:
             out = []
             for v in self.variants:
@@ -160,10 +161,10 @@ def _with_data(runs: list[PlannedRun]) -> list[PlannedRun]:
     loaded: dict[tuple, object] = {}
     for r in runs:
         c = r.cfg
-        key = (c.dataset, c.data_dir, c.image_size, c.max_bag_size, c.seed if c.dataset in ("folder", "bags") else 0)
+        key = (c.dataset, c.data_dir, c.image_size, c.max_bag_size, c.data_seed if c.dataset in ("folder", "bags") else 0)
         if key not in loaded:
             loaded[key] = load_dataset(c.dataset, c.data_dir, image_size=c.image_size, max_bag_size=c.max_bag_size,
-                                       seed=c.seed)
+                                       seed=c.data_seed)
         try:
             r.cfg, _ = prepare_data(c, torch.device("cpu"), loaded[key])
         except ConfigError as e:
@@ -214,6 +215,7 @@ def _execute(cfg_dict: dict) -> dict:
 
 
 def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
+    """Run (or resume) every planned run and write the report; returns its rows and failures."""
     from silofl.report.comparison import write_report
 
     runs = cc.plan()
@@ -302,7 +304,7 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
     from silofl.run.loop import build
 
     data = load_dataset(base.dataset, base.data_dir, image_size=base.image_size, max_bag_size=base.max_bag_size,
-                        seed=base.seed)
+                        seed=base.data_seed)
     n_train = len(data.y_train)
     spc = base.with_data(n_train).samples_per_client
     per = max(2, min(spc, n_train // max(ks)))

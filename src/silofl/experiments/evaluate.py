@@ -35,9 +35,13 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None) -> list[dict]
         raise ConfigError(f"no models found under {run_dir / 'models'}")
     results = []
     for spec_file in specs:
+        if not spec_file.stem.startswith("client") or spec_file.stem.endswith("_preprocessing"):
+            continue
         model, spec = load_model(spec_file.with_suffix(""))
         if tuple(spec.input_shape) != data.input_shape:
             raise ConfigError(f"{spec_file.name} expects inputs {spec.input_shape}, the data has {data.input_shape}")
+        k = int(spec_file.stem.split("_")[0].removeprefix("client") or 0)
+        xk, yk = split.external[k] if split.external and k < len(split.external) else (x, y)  # the site's own view
         results.append({"model": spec_file.stem, "architecture": spec.name,
-                        "accuracy": accuracy(model, x, y), "recorded": recorded.get(spec_file.stem)})
+                        "accuracy": accuracy(model, xk, yk), "recorded": recorded.get(spec_file.stem)})
     return results

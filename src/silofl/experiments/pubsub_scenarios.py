@@ -56,10 +56,12 @@ class World:
     classes: list | None
 
     def bounds(self, names: list[str]) -> Bounds:
+        """The public bounds of the named features, in that order."""
         idx = [self.features.index(f) for f in names]
         return Bounds(self.lo[idx], self.hi[idx])
 
     def default_map(self) -> dict[str, float]:
+        """Each feature's public default (what a subscriber fills in for a feature it lacks)."""
         return {f: float(v) for f, v in zip(self.features, self.defaults, strict=True)}
 
     def to_union(self, site_x: np.ndarray, names: list[str]) -> np.ndarray:
@@ -77,6 +79,7 @@ def world_of(x: np.ndarray, features: list[str], task: str, classes: list | None
 
 
 def rows(x: np.ndarray, y: np.ndarray, idx, features: list[str], all_features: list[str], name: str) -> Site:
+    """A site holding the given rows and features of a data set."""
     cols = [all_features.index(f) for f in features]
     return Site(name, x[np.asarray(idx)][:, cols], y[np.asarray(idx)], list(features))
 
@@ -150,6 +153,7 @@ def _cancer():
 
 
 def image_case(kind: str, quick: bool, seed: int) -> tuple[World, list[Site], Site, dict]:
+    """The IID or non-IID image scenario's world, publishers and subscriber for one seed."""
     from silofl.data.partition import iid, p_major
 
     x, y, feats, world, name = _images(quick, seed)
@@ -184,6 +188,7 @@ def _summarise(per_seed: list[dict]) -> dict:
 
 
 def scenario_images(kind: str, seeds, quick: bool) -> dict:
+    """The IID or non-IID image scenario over seeds."""
     eps = 1.0
     cases, info = [], {}
     for seed in seeds:
@@ -196,6 +201,7 @@ def scenario_images(kind: str, seeds, quick: bool) -> dict:
 
 
 def scenario_distributed_features(seeds, quick: bool) -> dict:
+    """Feature groups split across sites; same and different populations."""
     x, y, feats, world = _cancer()
     groups = {"mean": feats[0:10], "error": feats[10:20], "worst": feats[20:30]}
     pub_feats = [groups["mean"], groups["error"], groups["worst"], groups["mean"] + groups["worst"]]
@@ -223,6 +229,7 @@ def scenario_distributed_features(seeds, quick: bool) -> dict:
 
 
 def scenario_regression(seeds, quick: bool) -> dict:
+    """Regression on diabetes with feature subsets per site."""
     from sklearn.datasets import load_diabetes
 
     d = load_diabetes()
@@ -300,6 +307,7 @@ def scenario_stream(seeds, quick: bool) -> dict:
 
 
 def scenario_noisy(seeds, quick: bool) -> dict:
+    """Half the publishers publish pure noise: does top-m selection drop them?"""
     x, y, feats, world = _cancer()
     out = {"all": [], "good only": [], "top-4": []}
     noisy_selected = []
@@ -418,6 +426,7 @@ def _table_rows(name: str, result: dict) -> tuple[list[str], list[list]]:
 
 
 def write_tables(name: str, result: dict, out: Path) -> None:
+    """table.csv, table.md and plot.png of a scenario's result."""
     import csv
 
     head, body = _table_rows(name, result)

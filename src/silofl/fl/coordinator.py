@@ -31,7 +31,9 @@ class DataShape(Protocol):
     """What building models needs to know of the data."""
 
     @property
-    def input_shape(self) -> tuple[int, ...]: ...
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example."""
+        ...
 
     num_classes: int
 
@@ -57,6 +59,7 @@ class Coordinator(ABC):
         self.left_at: dict[int, int | None] = {k: None for k in range(n_sites)}
         self.can_continue: dict[int, bool] = {k: True for k in range(n_sites)}
         self.info: dict[int, dict] = {}
+        self.release_nonprivate = True  # report the coordinator's own figures of non-private data
 
     @property
     def server_id(self) -> int:
@@ -79,6 +82,10 @@ class Coordinator(ABC):
         self.setup()
         if not any(self.may_continue(k) for k in self.active):
             raise BudgetExhausted(self.budget_message())
+
+    def open_ledger(self, folder) -> None:
+        """Keep the spend the coordinator's roles account for (a client-level server's) in a ledger in ``folder``."""
+        return None
 
     def setup(self) -> None:
         """Build the coordinator's own roles once the sites' public facts are known (e.g. a server)."""
@@ -119,6 +126,20 @@ class Coordinator(ABC):
         if events.lost:
             self.on_lost(set(events.lost), rnd)
         return list(self.active)
+
+    def routable(self, rnd: int, k: int, replies: dict, allowed: set[int], events: RoundEvents) -> list:
+        """The packets in site ``k``'s reply that it may send this round — from itself, to one of ``allowed``; any
+        other is refused (logged and recorded), never delivered."""
+        ok = []
+        for p in replies[k].packets if k in replies else []:
+            if p.src == k and p.dst in allowed:
+                ok.append(p)
+            else:
+                why = (f"site {k} sent a packet as node {p.src}" if p.src != k else
+                       f"site {k} may not send to node {p.dst} in round {rnd}")
+                log.warning("the coordinator refused a packet: %s", why)
+                events.rejected.append({"round": rnd, "client": self.server_id, "src": k, "reason": why})
+        return ok
 
     def on_lost(self, nodes: set[int], rnd: int) -> None:
         """Repair after losing ``nodes`` (e.g. take back PushSum mass sent to them)."""

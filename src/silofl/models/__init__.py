@@ -45,11 +45,33 @@ class MLP256(MLP):
         super().__init__(input_shape, num_classes, hidden=(256,))
 
 
+class TabularMLP(MLP):
+    """D-64-64-C for table rows (D = the one-hot encoded width): every layer Linear, so DP-SGD takes the fast
+    per-example norm path."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__(input_shape, num_classes, hidden=(64, 64))
+
+
+class LogisticRegression(nn.Module):
+    """One Linear layer (multinomial logistic regression on the flattened input): the DP-SGD-friendly baseline."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        self.out = nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x.flatten(1))
+
+
 class _ConvNet(nn.Module):
     """conv → relu → maxpool(2) blocks, then fully connected layers; fc input size from a dry run."""
 
     def __init__(self, input_shape, num_classes, channels, kernel, fc):
         super().__init__()
+        if len(input_shape) != 3:
+            raise ConfigError(f"{type(self).__name__} is a convolutional model for images (C×H×W); for inputs of shape "
+                              f"{tuple(input_shape)} (table rows) use tabmlp, logreg, mlp or mlp256")
         c_in = input_shape[0]
         self.convs = nn.ModuleList()
         for c_out in channels:
@@ -99,7 +121,7 @@ class CNN2(_ConvNet):
 from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
 
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "mlp": MLP, "mlp256": MLP256, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2, "vgg": VGG, "resnet18": ResNet18, "deepset": DeepSet,
+    "mlp": MLP, "mlp256": MLP256, "tabmlp": TabularMLP, "logreg": LogisticRegression, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2, "vgg": VGG, "resnet18": ResNet18, "deepset": DeepSet,
 }
 MODEL_NAMES = tuple(REGISTRY)
 
@@ -111,9 +133,11 @@ class ModelSpec:
     num_classes: int
 
     def build(self) -> nn.Module:
+        """A fresh model of this architecture."""
         return build_model(self.name, self.input_shape, self.num_classes)
 
     def to_json(self) -> str:
+        """The spec as JSON (saved next to each model's weights)."""
         return json.dumps({**asdict(self), "input_shape": list(self.input_shape), "format": "silofl.model/1"})
 
     @classmethod
@@ -126,6 +150,7 @@ class ModelSpec:
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A fresh model by name for the input shape and number of classes."""
     key = name.lower()
     if key not in REGISTRY:
         raise ConfigError(f"unknown model {name!r}; available models: {', '.join(MODEL_NAMES)}")
@@ -144,6 +169,7 @@ def save_model(model: nn.Module, spec: ModelSpec, path: str | Path) -> None:
 
 
 def load_model(path: str | Path) -> tuple[nn.Module, ModelSpec]:
+    """(model, spec) from ``path.safetensors`` and ``path.json``."""
     from safetensors.torch import load_file
 
     p = Path(path)

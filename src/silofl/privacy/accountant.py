@@ -64,6 +64,13 @@ class Accountant:
         else:
             self._history.append([float(noise_multiplier), float(sample_rate), int(steps)])
 
+    def replay(self, history) -> None:
+        """Replace what this accountant holds by ``history`` of (σ, q, steps), recorded elsewhere — the site's
+        ledger, which is append-only, so a replay never loses spend that was recorded."""
+        self._history = []
+        for sigma, q, steps in history:
+            self.step(sigma, q, steps)
+
     def record(self, run: MechanismRun) -> None:
         """Record a mechanism's own report of what it ran."""
         self.step(run.noise_multiplier, run.sample_rate, run.steps)

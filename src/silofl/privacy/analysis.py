@@ -14,18 +14,29 @@ Gaussian mechanism. ε is computed from it by Opacus:
 
 Results are cached, so 8 sites with the same history cost one computation.
 
-Client-level DP (McMahan et al. 2018; Andrew et al. 2021). One round releases, for the sampled
-privacy units, the sum of their clipped updates plus N(0, (z_Δ·S)² I) (S one unit's L2 sensitivity),
-optionally the noised count of unclipped updates (adaptive clipping; centred so one unit moves it by
-at most ½, noise std σ_b) and the noised sum of clipped norms (adaptive intermediaries, noise
-multiplier z_n). Scaling each block by 1/noise std turns the joint release into one Gaussian mechanism
-with noise multiplier z where z⁻² = z_Δ⁻² + (2σ_b)⁻² + z_n⁻² (Andrew et al., §3): the user chooses the
-total z the accountant sees and :func:`update_noise_multiplier` solves for z_Δ. With v sub-clients per
-hospital, a hospital moves every block by v times a sub-client's bound, so the same mechanism has
-noise multiplier z/v for a hospital when calibrated per sub-client, and z·v for a sub-client when
-calibrated per hospital (:func:`unit_noise_multipliers`) — exact group privacy for the Gaussian
-mechanism (sensitivities add up by the triangle inequality), tighter than the generic
-(kε, k·e^{kε}·δ) bound.
+Client-level DP (McMahan et al. 2018; Andrew et al. 2021). One round releases three blocks, each a
+Gaussian mechanism:
+
+* the sum of the clipped updates plus N(0, (z_Δ·C)² I);
+* optionally (adaptive clipping) the count of unclipped updates, centred, plus N(0, σ_b²);
+* optionally (adaptive intermediaries) the sum of the clipped update norms plus N(0, (z_n·C)²).
+
+Scaling each block by 1/noise std turns the joint release into one Gaussian mechanism whose noise
+multiplier for a unit u is z_u with z_u⁻² = Σ_blocks (Δ_u,block / noise std_block)², Δ_u,block being how
+far adding or removing one u moves that block (Andrew et al., §3). The user chooses the total z of the
+*calibrated* unit and :func:`update_noise_multiplier` solves for z_Δ. With v sub-clients per hospital:
+
+| block | calibrated per hospital (sub-clients clipped to C/v) | calibrated per sub-client (clipped to C) |
+|---|---|---|
+| update sum | hospital C, sub-client C/v | sub-client C, hospital v·C |
+| unclipped count | hospital ½ (it sends its fraction in [0, 1], centred by ½), sub-client 1/v | sub-client **1** (v is public and fixed, so the centring stays when one is absent), hospital v/2 |
+| norm sum | hospital C, sub-client C/v | sub-client C, hospital v·C |
+
+:func:`unit_noise_multipliers` composes the blocks per unit exactly (group privacy of the Gaussian
+mechanism by the triangle inequality, tighter than the generic (kε, k·e^{kε}·δ) bound). ε_hospital
+bounds everything a hospital holds — any of its records, any set of them. ε_subclient bounds one
+sub-client's shard as the hospital split it that round; it is not a bound for one record, since
+removing a record re-splits the hospital's data and changes every shard.
 """
 
 from __future__ import annotations
@@ -123,16 +134,21 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
 
 
 # ---------------------------------------------------------------------------------------------- client level
-def update_noise_multiplier(z_total: float, count_std: float | None = None, norm_z: float | None = None) -> float:
-    """z_Δ such that the update sum, the noised unclipped count (std σ_b, sensitivity ½) and the
-    noised norm sum (noise multiplier z_n) together form a Gaussian mechanism of multiplier z_total."""
+COUNT_SENSITIVITY = {"hospital": 0.5, "subclient": 1.0}  # of the calibrated unit (see the module doc)
+
+
+def update_noise_multiplier(z_total: float, count_std: float | None = None, norm_z: float | None = None,
+                            count_sensitivity: float = 0.5) -> float:
+    """z_Δ such that the update sum, the noised unclipped count (std σ_b, the calibrated unit's sensitivity
+    ``count_sensitivity``) and the noised norm sum (noise multiplier z_n) together form a Gaussian mechanism
+    of multiplier z_total."""
     if z_total <= 0:
         raise ConfigError(f"noise multiplier must be positive, got {z_total}")
     inv = z_total ** -2
     if count_std is not None:
         if count_std <= 0:
             raise ConfigError(f"the clip-count noise std must be positive, got {count_std}")
-        inv -= (2.0 * count_std) ** -2
+        inv -= (count_sensitivity / count_std) ** 2
     if norm_z is not None:
         if norm_z <= 0:
             raise ConfigError(f"the norm-sum noise multiplier must be positive, got {norm_z}")
@@ -145,20 +161,32 @@ def update_noise_multiplier(z_total: float, count_std: float | None = None, norm
     return inv ** -0.5
 
 
-def unit_noise_multipliers(z: float, v: int, calibrated_for: str) -> dict[str, float]:
-    """The noise multiplier of one round's mechanism for each privacy unit.
+def unit_noise_multipliers(z: float, v: int, calibrated_for: str, count_std: float | None = None,
+                           norm_z: float | None = None) -> dict[str, float]:
+    """The noise multiplier of one round's mechanism for each privacy unit (see the module doc's table).
 
-    ``calibrated_for`` is the unit whose contribution was bounded to the clip (its multiplier is z);
-    with v sub-clients per hospital the other unit's multiplier is z/v (hospital of a sub-client
-    calibrated run) or z·v (sub-client of a hospital calibrated run).
+    ``z`` is the calibrated unit's total multiplier (it is that unit's entry, exactly); ``count_std`` and
+    ``norm_z`` describe the auxiliary blocks when they are released. Without them the other unit's multiplier
+    is z/v (hospital of a sub-client calibrated run) or z·v (sub-client of a hospital calibrated run).
     """
     if calibrated_for not in UNITS:
         raise ConfigError(f"unknown privacy unit {calibrated_for!r}; choose one of: {', '.join(UNITS)}")
     if v < 1:
         raise ConfigError(f"need at least one sub-client per hospital, got {v}")
-    if calibrated_for == "hospital":
-        return {"hospital": z, "subclient": z * v}
-    return {"hospital": z / v, "subclient": z}
+    other = "subclient" if calibrated_for == "hospital" else "hospital"
+    z_update = update_noise_multiplier(z, count_std, norm_z, COUNT_SENSITIVITY[calibrated_for])
+    # the other unit's sensitivity of each block, relative to the calibrated unit's bound C
+    scale = 1.0 / v if calibrated_for == "hospital" else float(v)
+    count_sens = 1.0 / v if calibrated_for == "hospital" else v / 2.0
+    inv = (scale / z_update) ** 2
+    if count_std is not None:
+        inv += (count_sens / count_std) ** 2
+    if norm_z is not None:
+        inv += (scale / norm_z) ** 2
+    zs = {calibrated_for: z, other: inv ** -0.5}
+    if count_std is None and norm_z is None:  # the plain mechanism: exactly z·v or z/v
+        zs[other] = z * v if calibrated_for == "hospital" else z / v
+    return zs
 
 
 def subclient_clip(clip: float, v: int, unit: str) -> float:

@@ -49,5 +49,6 @@ class AdaptiveClip:
         return (centred_unclipped + self.count_std * noise) / expected_units + 0.5
 
     def update(self, noisy_fraction: float) -> float:
+        """Move the clip geometrically towards the target quantile given the noised fraction."""
         self.clip *= math.exp(-self.lr * (noisy_fraction - self.quantile))
         return self.clip

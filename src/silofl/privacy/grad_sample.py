@@ -38,6 +38,7 @@ class GhostUnsupported(Exception):
 
 
 def clip_factors(sq_norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """Opacus' per-example clip factors min(1, C / (‖g‖ + 1e-6)) from squared norms."""
     return (clip / (sq_norms.sqrt() + 1e-6)).clamp(max=1.0)
 
 
@@ -86,6 +87,7 @@ class GhostClipper:
             self._records.append((mod, inp[0].detach(), out, out._version))
 
     def close(self) -> None:
+        """Remove the forward hooks."""
         for h in self._handles:
             h.remove()
 
@@ -203,9 +205,11 @@ class VmapClipper:
         self.model = model
 
     def close(self) -> None:
+        """Nothing to release."""
         pass
 
     def per_example_grads(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple) -> dict[str, torch.Tensor]:
+        """Per-example gradients of the summed losses (torch.func vmap over grad)."""
         from torch.func import functional_call, grad, vmap
 
         params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
@@ -218,6 +222,7 @@ class VmapClipper:
         return vmap(grad(one), in_dims=(None, 0, *([0] * len(extras))))(params, x, *extras)
 
     def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float):
+        """Forward + per-example norms + clipped gradient sum: (logits, grads, squared norms)."""
         per = self.per_example_grads(x, loss_fn, extras)
         sq = cast(torch.Tensor, sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in per.values()))
         c = clip_factors(sq, clip)
@@ -229,6 +234,7 @@ class VmapClipper:
 
 
 def make_clipper(model: nn.Module, backend: str = "auto"):
+    """The per-example clipper for a model: ghost norms where they apply, else vmap."""
     if backend not in ("auto", "ghost", "vmap"):
         raise ConfigError(f"unknown DP backend {backend!r}; choose auto, ghost or vmap")
     if backend == "vmap":

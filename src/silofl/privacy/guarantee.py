@@ -48,6 +48,10 @@ class MethodTraits:
     nonprivate: bool = False  # the method is a non-private variant (privacy forced off)
 
 
+SEEDED_NOTE = ("seeded research run: noise and sampling come from the run seed, so this holds only while the seed "
+               "stays secret — not a formal guarantee")
+
+
 @dataclass(frozen=True)
 class Guarantee:
     """What the ε a run prints means."""
@@ -56,6 +60,7 @@ class Guarantee:
     formal: bool
     note: str
     unit: str  # what one unit of protection is
+    seeded: bool = False
 
 
 def effective_mode(mode: str, traits: MethodTraits) -> str:
@@ -69,8 +74,16 @@ def effective_mode(mode: str, traits: MethodTraits) -> str:
     return mode
 
 
-def guarantee(mode: str, traits: MethodTraits, privacy_unit: str = "hospital") -> Guarantee:
-    """The guarantee behind the ε of a run of a method with ``traits`` under ``mode``."""
+def guarantee(mode: str, traits: MethodTraits, privacy_unit: str = "hospital", seeded: bool = False) -> Guarantee:
+    """The guarantee behind the ε of a run of a method with ``traits`` under ``mode``; a seeded research run's
+    is not formal (whoever knows the seed can reproduce its noise and sampling)."""
+    g = _guarantee(mode, traits, privacy_unit)
+    if not seeded or g.mode == "off":
+        return g
+    return Guarantee(g.mode, False, f"{g.note}. {SEEDED_NOTE}", g.unit, seeded=True)
+
+
+def _guarantee(mode: str, traits: MethodTraits, privacy_unit: str) -> Guarantee:
     mode = effective_mode(mode, traits)
     if traits.level == "client":
         if mode == "off":

@@ -3,7 +3,8 @@
 It holds sites, their feature metadata with public defaults (mean for continuous features, mode
 for categorical ones: published statistics, never raw data), channels and published models. No raw
 data and no private model ever enter it. Every model is validated on publish (format, schema,
-shapes against its feature list, finite values, size) and again on fetch (checksum and the same
+shapes against its feature list, finite values, finite outputs on probe inputs, size, input
+bounds equal to the public bounds its publisher declared) and again on fetch (checksum and the same
 checks); a rejected model leaves the broker exactly as it was: the file is written under a
 temporary name and only renamed inside the database transaction that records it.
 
@@ -48,11 +49,13 @@ class Channel:
     clauses: tuple[frozenset[str], ...]
 
     def matches(self, features: list[str]) -> bool:
+        """Whether a model with these features is delivered by the channel."""
         have = set(features)
         return any(clause <= have for clause in self.clauses)
 
 
 class Broker:
+    """A broker in a directory (see the module doc)."""
     def __init__(self, path: str | Path, max_bytes: int = MAX_BYTES):
         self.path = Path(path)
         self.models_dir = self.path / "models"
@@ -104,6 +107,7 @@ class Broker:
         return len(files)
 
     def sites(self) -> list[str]:
+        """The names of the sites that joined, sorted."""
         with closing(self._connect()) as db:
             return [r[0] for r in db.execute("SELECT name FROM sites ORDER BY name")]
 
@@ -135,6 +139,14 @@ class Broker:
             unknown = sorted(set(model.features) - self._features_of(db, model.publisher))
             if unknown:
                 raise ModelRejected(f"features {unknown} are not registered by {model.publisher!r}")
+            if "input_lo" in model.tensors:  # a model clips to the bounds its publisher declared public, no others
+                declared = {n: (lo, hi) for n, lo, hi in db.execute(
+                    "SELECT name, lo, hi FROM features WHERE site = ?", (model.publisher,))}
+                for f, lo, hi in zip(model.features, model.tensors["input_lo"].tolist(),
+                                     model.tensors["input_hi"].tolist(), strict=True):
+                    if declared[f] != (lo, hi):
+                        raise ModelRejected(f"the model's input bounds for {f!r} ({lo:g}, {hi:g}) are not the public "
+                                            f"bounds {model.publisher!r} declared ({declared[f][0]}, {declared[f][1]})")
             fname = f"{digest}.safetensors"
             tmp = self.models_dir / f".{fname}.tmp"
             tmp.write_bytes(data)
@@ -168,6 +180,7 @@ class Broker:
         return PublishedModel.from_bytes(data, self.max_bytes)
 
     def unpublish(self, model_id: int) -> None:
+        """Withdraw a published model (its file goes too)."""
         with closing(self._connect()) as db, db:
             row = db.execute("SELECT file FROM models WHERE id = ?", (model_id,)).fetchone()
             if row is None:
@@ -209,6 +222,7 @@ class Broker:
             return Channel(int(cur.lastrowid), subscriber, sets)
 
     def channel(self, channel_id: int) -> Channel:
+        """The channel with this id."""
         with closing(self._connect()) as db:
             row = db.execute("SELECT subscriber, spec FROM channels WHERE id = ?", (channel_id,)).fetchone()
         if row is None:
@@ -222,6 +236,7 @@ class Broker:
         return [_channel(i, subscriber, spec) for i, spec in rows]
 
     def unsubscribe(self, channel_id: int) -> None:
+        """Close a channel."""
         with closing(self._connect()) as db, db:
             if not db.execute("DELETE FROM channels WHERE id = ?", (channel_id,)).rowcount:
                 raise ConfigError(f"no channel {channel_id}")

@@ -17,6 +17,7 @@ publisher's own (ε, δ)) and its own data, which it keeps.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -69,11 +70,13 @@ class Customized:
     report: dict = field(default_factory=dict)
 
     def features_of(self, x: np.ndarray) -> torch.Tensor:
+        """The fusion network's input for raw rows: the selected models' outputs, concatenated."""
         return torch.cat([_fusion_input(self.task, model_outputs(m, x, c, f))
                           for m, c, f in zip(self.models, self.columns, self.fill, strict=True)], 1).float()
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class indices (or regression predictions) of the customized model for raw rows."""
         z = self.fusion(self.features_of(x))
         if self.task == "classification":
             return z.argmax(1).numpy()
@@ -119,6 +122,7 @@ class Fusion(nn.Module):
         return z if self.mlp is None else z + self.mlp(x)
 
     def penalty(self) -> torch.Tensor:
+        """The squared distance of the linear layer from its start plus the hidden part's squared weights."""
         pen = sum(((p - s) ** 2).sum() for p, s in zip(self.linear.parameters(), self.start, strict=True))
         if self.mlp is not None:
             pen = pen + sum((p ** 2).sum() for p in self.mlp.parameters())
@@ -147,6 +151,7 @@ def align(m: PublishedModel, features: list[str], defaults: dict[str, float]) ->
 
 
 def split(n: int, fractions=(0.6, 0.2, 0.2), seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A seeded (train, customize, test) split of n row indices."""
     if len(fractions) != 3 or abs(sum(fractions) - 1) > 1e-9 or min(fractions) <= 0:
         raise ConfigError(f"split fractions must be three positive numbers summing to 1, got {fractions}")
     perm = np.random.default_rng(seed).permutation(n)
@@ -157,12 +162,14 @@ def split(n: int, fractions=(0.6, 0.2, 0.2), seed: int = 0) -> tuple[np.ndarray,
 
 
 def score(task: str, out: torch.Tensor, y: np.ndarray) -> float:
+    """Accuracy (classification) or −MSE (regression) of model outputs."""
     if task == "classification":
         return float((out.argmax(1).numpy() == y).mean())
     return -float(((out[:, 0].numpy() - y) ** 2).mean())
 
 
 def check_compatible(models: list[PublishedModel], data: LocalData) -> None:
+    """Raise ConfigError unless every model has the subscriber's task and class labels."""
     for m in models:
         if m.task != data.task:
             raise ConfigError(f"{m.publisher}'s model is for {m.task}, the subscriber's task is {data.task}")
@@ -183,6 +190,9 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     tr, cu, te = idx if idx is not None else split(len(data.x), fractions, seed)
     names = [f"{m.publisher}" + (f"#{m.chunk}" if m.chunk is not None else "") for m in models]
     cands = list(models)
+    own_note = None
+    if own == "auto" and data.task == "classification" and len(np.unique(data.y[tr])) < 2:
+        own, own_note = None, "no own model: the subscriber's training rows hold a single class"
     if own is not None:
         kind = ("dp-logreg" if data.task == "classification" else "dp-linreg") if own == "auto" else own
         xb = data.x[tr]
@@ -199,8 +209,11 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     # select: score each candidate on the customize part
     t1 = time.perf_counter()
     outs = [model_outputs(m, data.x[cu], c, f) for m, (c, f) in zip(cands, aligned, strict=True)]
-    scores = [score(data.task, o, data.y[cu]) for o in outs]
-    order = sorted(range(len(cands)), key=lambda i: (-scores[i], i))
+    usable = [bool(torch.isfinite(o).all()) for o in outs]  # a model whose outputs overflow here is left out
+    scores = [score(data.task, o, data.y[cu]) if ok else -math.inf for o, ok in zip(outs, usable, strict=True)]
+    order = sorted((i for i in range(len(cands)) if usable[i]), key=lambda i: (-scores[i], i))
+    if not order:
+        raise ConfigError("no subscribed model gives finite outputs on the subscriber's rows")
     keep = order if top_m is None else order[:top_m]
     t_select = time.perf_counter() - t1
 
@@ -246,8 +259,9 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
         own_test = score(data.task, own_out, data.y[te])
         own_test = own_test if data.task == "classification" else -own_test
     result.report = {
-        "metric": metric, "test": test, "own_test": own_test, "selected": result.names,
+        "metric": metric, "test": test, "own_test": own_test, "own_note": own_note, "selected": result.names,
         "scores": dict(zip(names, scores, strict=True)), "candidates": len(cands),
+        "skipped_nonfinite": [names[i] for i in range(len(cands)) if not usable[i]],
         "rows": {"train": len(tr), "customize": len(cu), "test": len(te)},
         "seconds": {"own": t_own, "select": t_select, "fuse": t_fuse},
         "publisher_budgets": {names[i]: {"epsilon": cands[i].epsilon, "delta": cands[i].delta,

@@ -45,16 +45,20 @@ class Bounds:
     hi: np.ndarray
 
     def scale(self, x: np.ndarray) -> np.ndarray:
+        """Rows clipped to the bounds and scaled to [0, 1]."""
         t = partial(torch.as_tensor, dtype=torch.float64)
         return scale_inputs(t(x), t(self.lo), t(self.hi)).numpy()
 
 
 def train(kind: str, x: np.ndarray, y: np.ndarray, *, publisher: str, features: list[str], task: str,
-          bounds: Bounds, epsilon: float, delta: float, classes: list | None = None, seed: int = 0,
+          bounds: Bounds, epsilon: float, delta: float, classes: list | None = None, seed: int | None = None,
           nonprivate: bool = False, chunk: int | None = None, y_bounds: tuple[float, float] | None = None,
           epochs: int = 20, hidden: int = 64, batch_size: int = 64, clip: float = 1.0, lr: float = 0.05,
           trees: int = 10, depth: int = 5) -> PublishedModel:
-    """Train one model of ``kind`` on (x, y) under (ε, δ) and return it in the published format."""
+    """Train one model of ``kind`` on (x, y) under (ε, δ) and return it in the published format. Without a
+    ``seed`` (the default) the mechanism's randomness is cryptographically secure (silofl's noise and sampling;
+    diffprivlib's ``secrets.SystemRandom``); a seed makes a reproducible research model whose guarantee holds
+    only while the seed stays secret."""
     _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonprivate)
     xs = bounds.scale(np.asarray(x, dtype=np.float64))
     if kind == "dp-nn":
@@ -91,6 +95,12 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
         unknown = set(np.unique(y).tolist()) - set(range(len(classes)))
         if unknown:
             raise ConfigError(f"labels must be class indices 0…{len(classes) - 1}; got {sorted(unknown)[:5]}")
+        if kind == "dp-logreg" and nonprivate and len(np.unique(y)) < 2:
+            raise ConfigError(f"a non-private logistic regression needs rows of at least two classes; this data holds "
+                              f"only class {classes[int(y[0])]!r}")
+        if kind == "dp-nb" and not nonprivate and len(np.unique(y)) < len(classes):
+            raise ConfigError("dp-nb (diffprivlib's GaussianNB) publishes an exact zero count for a declared class the "
+                              "rows lack, which DP does not cover; use dp-logreg, dp-forest or dp-nn for these rows")
     if not nonprivate and not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
         raise ConfigError(f"a DP model needs 0 < ε < ∞ and 0 < δ < 1, got ε={epsilon}, δ={delta}")
 
@@ -99,20 +109,22 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
 def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr):
     """An MLP trained with the core's Poisson DP-SGD loop (:func:`silofl.training.poisson_steps`), σ calibrated
     by Opacus for (ε, δ) at the exact q and step count; the ε published is the accountant's for what ran."""
+    from silofl.core.randomness import party_seeds
     from silofl.models import MLP
     from silofl.privacy import Accountant, DPGradient, NoiseSource, noise_multiplier_for
+    from silofl.privacy.sampling import make_sampler
     from silofl.training import poisson_steps
 
     n, d = x.shape
     outputs = len(classes) if task == "classification" else 1
-    torch.manual_seed(seed)
+    torch.manual_seed(seed if seed is not None else party_seeds(None, 0)[0])
     model = MLP((d,), outputs, hidden=(hidden,))
     xt = torch.as_tensor(x, dtype=torch.float32)
     yt = torch.as_tensor(y, dtype=torch.long if task == "classification" else torch.float32)
     q = min(1.0, batch_size / n)
     steps = max(1, round(epochs / q))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    gen = torch.Generator().manual_seed(seed)
+    gen = make_sampler(seed)  # Poisson sampling: secure unless seeded
 
     def loss_fn(out, target, _partner_logp=None):
         if task == "classification":
@@ -127,7 +139,8 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
     except ValueError:
         raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met by DP-SGD with {steps} steps at "
                           f"sampling rate {q:.3g}: raise ε, or train fewer epochs") from None
-    dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed=seed + 1), backend="vmap", sample_rate=q)
+    dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed + 1 if seed is not None else None), backend="vmap",
+                    sample_rate=q)
     poisson_steps(model, opt, xt, yt, sample_rate=q, steps=steps, sampler=gen, loss_fn=loss_fn, dp=dp)
     acc = Accountant("rdp")
     acc.record(dp.take_run())
@@ -156,10 +169,7 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
                     m.coef_ = np.vstack([e.coef_ for e in ovr.estimators_])
                     m.intercept_ = np.concatenate([e.intercept_ for e in ovr.estimators_])
             else:
-                from diffprivlib.models import LogisticRegression
-
-                m = LogisticRegression(epsilon=epsilon, data_norm=math.sqrt(d), random_state=seed, max_iter=1000)
-                m.fit(x, y)
+                m = _declared_class_logreg(x, y, len(classes), epsilon, math.sqrt(d), seed)
             coef, icpt = _full_linear(m.coef_, m.intercept_, m.classes_, len(classes))
             tensors = {"coef": coef, "intercept": icpt}
             mech = {"name": "diffprivlib.LogisticRegression (objective perturbation)", "data_norm": math.sqrt(d)}
@@ -207,6 +217,30 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
     else:
         mech.update({"epsilon": float(epsilon), "delta": 0.0})
     return tensors, mech
+
+
+def _declared_class_logreg(x, y, k: int, epsilon: float, data_norm: float, seed):
+    """diffprivlib's DP logistic regression (objective perturbation, one-vs-rest, ε split evenly over the classes)
+    fitted over the *declared* classes 0…k−1 rather than the classes present in the rows — diffprivlib's own fit
+    takes its classes from the data, so a class missing from a site's rows would show in the published model.
+    Every step is diffprivlib's (``_logistic_regression_path`` per class, the same random state), so when every
+    declared class is present the result is the one ``LogisticRegression.fit`` gives."""
+    from diffprivlib.models import LogisticRegression
+    from diffprivlib.models.logistic_regression import _logistic_regression_path
+    from diffprivlib.utils import check_random_state
+
+    m = LogisticRegression(epsilon=epsilon, data_norm=data_norm, random_state=seed, max_iter=1000)
+    random_state = check_random_state(m.random_state)
+    x = m._clip_to_norm(np.ascontiguousarray(x, dtype=float), data_norm)
+    m.classes_ = np.arange(k)
+    fitted = m.classes_[1:] if k == 2 else m.classes_  # binary: one model for the second class, the whole ε
+    coefs = [_logistic_regression_path(x, y, epsilon=epsilon / len(fitted), data_norm=data_norm, pos_class=c,
+                                       Cs=[m.C], fit_intercept=m.fit_intercept, max_iter=m.max_iter, tol=m.tol,
+                                       verbose=m.verbose, coef=None, random_state=random_state, check_input=False)[0]
+             for c in fitted]
+    coef = np.asarray(coefs).reshape(len(fitted), x.shape[1] + 1)
+    m.coef_, m.intercept_ = coef[:, :-1], coef[:, -1]
+    return m
 
 
 def _full_linear(coef, icpt, seen, k):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from silofl.core.errors import ConfigError
+from silofl.core.randomness import party_seeds
 from silofl.models import MLP
 from silofl.privacy import Accountant, NoiseSource, noise_multiplier_for
 from silofl.privacy.client_level import clip_update
@@ -38,6 +39,7 @@ def _targets(task: str, y: np.ndarray) -> torch.Tensor:
 
 
 def local_sgd(model, x, y, task, epochs, lr, batch, gen, prox_mu: float = 0.0, anchor=None, adam: bool = False) -> None:
+    """A site's local training of the FL baselines (SGD or Adam, optional FedProx term)."""
     opt = torch.optim.Adam(model.parameters(), lr=lr) if adam else torch.optim.SGD(model.parameters(), lr=lr)
     n = len(x)
     for _ in range(epochs):
@@ -55,7 +57,7 @@ def local_sgd(model, x, y, task, epochs, lr, batch, gen, prox_mu: float = 0.0, a
 
 def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n_out: int, *, epsilon: float,
            delta: float, rounds: int = 30, local_epochs: int = 1, local_lr: float = 0.1, batch: int = 32,
-           clip: float = 1.0, mu: float = 0.1, server_lr: float | None = None, hidden: int = 64, seed: int = 0,
+           clip: float = 1.0, mu: float = 0.1, server_lr: float | None = None, hidden: int = 64, seed: int | None = None,
            nonprivate: bool = False) -> tuple[torch.nn.Module, dict]:
     """Train one global model over ``sites`` (each (x in the union space, y)); (model, privacy info)."""
     if method not in METHODS:
@@ -63,12 +65,13 @@ def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n
     k = len(sites)
     if not nonprivate and not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta <= 1 / k):
         raise ConfigError(f"client-level DP over {k} sites needs ε > 0 and 0 < δ ≤ 1/{k}, got ε={epsilon}, δ={delta}")
-    torch.manual_seed(seed)
+    seeds = party_seeds(None, 0)  # used only without a seed (a seed makes a reproducible research run)
+    torch.manual_seed(seed if seed is not None else seeds[0])
     d = sites[0][0].shape[1]
     model = MLP((d,), n_out, hidden=(hidden,))
     data = [(torch.as_tensor(x, dtype=torch.float32), _targets(task, y)) for x, y in sites]
-    gen = torch.Generator().manual_seed(seed)
-    noise = NoiseSource(seed=seed + 7919)
+    gen = torch.Generator().manual_seed(seed if seed is not None else seeds[1])
+    noise = NoiseSource(seed + 7919 if seed is not None else None)
     opt: ServerOptimizer = FedAdam(server_lr or 0.03) if method == "fedadam" else ServerOptimizer(server_lr or 1.0)
     z = 0.0
     if not nonprivate:

@@ -5,7 +5,8 @@ input order, the task (classification with its class labels, or regression), the
 trained under and the mechanism that achieved it, the stream chunk it was trained on, when it was
 created. ``to_bytes`` / ``from_bytes`` convert to and from one safetensors blob whose header holds
 the metadata; ``from_bytes`` validates everything (size, schema, finite values, and the tensor
-shapes against the feature list and classes for the model kinds it knows) and raises
+shapes against the feature list and classes for the model kinds it knows, and finite outputs, bounded
+for a regressor, on probe inputs inside the model's public bounds) and raises
 :class:`~silofl.core.errors.ModelRejected` with a clear reason.
 """
 
@@ -27,9 +28,14 @@ from silofl.core.errors import ModelRejected
 FORMAT = "silofl.pubsub.model/1"
 TASKS = ("classification", "regression")
 MAX_BYTES = 64 * 1024 * 1024
+MAX_ABS = 1e9  # the largest magnitude of a regression output on the probe inputs
+# (weights themselves are not bounded: diffprivlib's objective perturbation leaves the intercept unregularised and
+# a few percent of its legitimate DP fits end with |intercept| ≈ 1e17, a saturated but finite classifier)
+PROBE_ROWS = 64  # random probe inputs inside the model's public bounds (besides the box's corners lo, hi and middle)
 
 
 def checksum(data: bytes) -> str:
+    """The SHA-256 hex digest of the bytes."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -48,11 +54,13 @@ class PublishedModel:
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def meta(self) -> dict:
+        """The metadata that travels with the tensors."""
         m = asdict(self)
         del m["tensors"]
         return {"format": FORMAT, **m}
 
     def to_bytes(self) -> bytes:
+        """The validated model as one safetensors blob."""
         validate(self)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}
         return st_save(tensors, metadata={"silofl.pubsub": json.dumps(self.meta())})
@@ -219,9 +227,32 @@ def validate(m: PublishedModel) -> None:
             raise ModelRejected(f"{k} contains non-finite values")
     _check_bounds(m)
     KIND_CHECKS[m.kind](m)
+    _check_probe(m)
+
+
+def probe_inputs(m: PublishedModel) -> torch.Tensor:
+    """Raw inputs a model is checked on: the corners lo and hi of its public input box, its middle and
+    :data:`PROBE_ROWS` fixed pseudo-random points inside it (the unit box for a model without bounds)."""
+    n = len(m.features)
+    lo = m.tensors["input_lo"].double() if "input_lo" in m.tensors else torch.zeros(n, dtype=torch.float64)
+    hi = m.tensors["input_hi"].double() if "input_hi" in m.tensors else torch.ones(n, dtype=torch.float64)
+    u = torch.rand(PROBE_ROWS, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return torch.cat([lo[None], hi[None], ((lo + hi) / 2)[None], lo + u * (hi - lo)])
+
+
+def _check_probe(m: PublishedModel) -> None:
+    """The model's outputs on :func:`probe_inputs` must be finite and at most :data:`MAX_ABS` in magnitude."""
+    with torch.no_grad():
+        out = outputs(m, probe_inputs(m))
+    if not bool(torch.isfinite(out).all()):
+        raise ModelRejected("the model's outputs are not finite on probe inputs inside its public bounds")
+    if float(out.abs().max()) > MAX_ABS:
+        raise ModelRejected(f"the model's outputs reach {float(out.abs().max()):.3g} on probe inputs inside its public "
+                            f"bounds, above the bound {MAX_ABS:g}")
 
 
 def is_nonprivate(m: PublishedModel) -> bool:
+    """Whether the model is a non-private baseline (it claims no ε)."""
     return str(m.mechanism.get("name", "")).startswith("none")
 
 

@@ -4,7 +4,9 @@ Data arrives in chunks. Each chunk trains one model under the publisher's full (
 keeps its k most recent models published and withdraws the oldest when a new one arrives. Because
 every model sees a different, *disjoint* chunk, parallel composition keeps the guarantee for any
 record at (ε, δ) however long the stream runs. Disjointness is enforced here: each chunk carries the
-ids of its records, and a chunk that repeats an id already used is refused. Subscribers re-customize
+ids of its records, and a chunk that repeats an id already used is refused. Across streams, publishes and
+runs, the site's ledger (``folder``, :class:`silofl.site.folder.SiteFolder`) composes what each record has
+spent and refuses a chunk past the site's lifetime budget. Subscribers re-customize
 whenever the models on their channels change (:meth:`StreamPublisher.add_chunk` returns what changed).
 """
 
@@ -33,8 +35,10 @@ class StreamPublisher:
     k: int = 1
     classes: list | None = None
     broker: object | None = None  # a Broker: publish / unpublish there; None keeps the models in memory
-    seed: int = 0
+    seed: int | None = None  # research runs only: the guarantee then holds while the seed is secret
     train_options: dict = field(default_factory=dict)
+    folder: object | None = None  # a SiteFolder: every chunk is checked against its lifetime budget and recorded
+    send: object | None = None  # how a model's bytes are published (default: broker.publish)
     live: deque = field(default_factory=deque)  # (chunk index, model id or model) of the live ensemble
     used_ids: set = field(default_factory=set)
     chunks: int = 0
@@ -54,11 +58,22 @@ class StreamPublisher:
             raise ConfigError(f"chunk {self.chunks} repeats {len(overlap)} record(s) of earlier chunks (e.g. id "
                               f"{sorted(overlap)[0]}): stream chunks must be disjoint, or the (ε, δ) guarantee "
                               "would not hold by parallel composition")
-        model = train(self.kind, x, y, publisher=self.site, features=self.features, task=self.task, bounds=self.bounds,
-                      epsilon=self.epsilon, delta=self.delta, classes=self.classes, seed=self.seed + self.chunks,
-                      chunk=self.chunks, **self.train_options)
+        def make():
+            return train(self.kind, x, y, publisher=self.site, features=self.features, task=self.task,
+                         bounds=self.bounds, epsilon=self.epsilon, delta=self.delta, classes=self.classes,
+                         seed=None if self.seed is None else self.seed + self.chunks, chunk=self.chunks,
+                         **self.train_options)
+
+        send = self.send or (self.broker.publish if self.broker is not None else None)
+        if self.folder is not None:  # the site's ledger: within the lifetime budget, recorded before it leaves
+            if send is None:
+                raise ConfigError("a stream recorded in a site's ledger needs a broker to publish to")
+            model, handle = self.folder.release(ids.tolist(), self.epsilon, self.delta, make, send,  # type: ignore[attr-defined]
+                                                what="stream-chunk", chunk=self.chunks)
+        else:
+            model = make()
+            handle = send(model.to_bytes()) if send is not None else model
         self.used_ids.update(ids.tolist())
-        handle = self.broker.publish(model.to_bytes()) if self.broker is not None else model
         self.live.append((self.chunks, handle))
         removed = []
         while len(self.live) > self.k:

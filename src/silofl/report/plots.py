@@ -15,6 +15,7 @@ from silofl.fl.registry import ACC_FIELDS as ACC_KEYS  # noqa: E402
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rounds, mean, std) over clients of one metric."""
     by_round: dict[int, list[float]] = defaultdict(list)
     for r in records:
         if r.get(key) is not None:

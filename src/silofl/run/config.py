@@ -30,11 +30,13 @@ from silofl.fl.registry import MethodInfo, method_info, methods
 from silofl.privacy.analysis import ACCOUNTANT_NAMES
 from silofl.privacy.guarantee import PRIVACY_MODES, Guarantee, effective_mode, guarantee
 
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags")
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags", "table")
 PARTITIONS = ("p_major", "iid", "dirichlet", "site")
 ACCOUNTANTS = tuple(ACCOUNTANT_NAMES)
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_SAMPLES_PER_CLIENT, DEFAULT_BATCH_SIZE = 1000, 250
+# options of earlier versions: refused (with the reason) when given, dropped when reading an old run's file
+REMOVED = {"secure_noise": "secure_noise was removed: noise and sampling are secret unless a --seed is given"}
 
 
 @dataclass
@@ -45,9 +47,15 @@ class RunConfig:
     data_dir: str | None = None
     image_size: int = 32  # dataset "folder": images resized to this many pixels per side
     max_bag_size: int = 64  # dataset "bags": instances per bag (padded or subsampled)
+    # per-site sources (silofl.data.sites): one file (dataset "table") or image folder ("folder") per site
+    site_data: list[str] | None = None
+    schema: str | None = None  # dataset "table": the collaboration's schema (YAML/JSON)
+    test_data: str | None = None  # a shared external test file / folder (default: the sites' held-out rows)
+    test_fraction: float = 0.2  # each site's internal test share of its own rows
     clients: int = 8
     rounds: int = 300
-    seed: int = 0
+    seed: int | None = None  # a reproducible research run's seed; None: secret randomness (see core.randomness)
+    split_seed: int | None = None  # the simulated data split's seed (not a secret); None: the run seed, else fresh
     out: str = "runs/latest"
     device: str = "auto"
     threads: int | None = None
@@ -59,7 +67,6 @@ class RunConfig:
     accountant: str = "rdp"
     target_epsilon: float | None = None
     target_epsilons: list[float] | None = None  # one budget per client; overrides target_epsilon
-    secure_noise: bool = False
     # data split
     partition: str = "p_major"
     p_major: float = 0.8
@@ -71,6 +78,9 @@ class RunConfig:
     # evaluation
     eval_every: int = 1
     test_limit: int | None = None
+    # whether sites report figures computed from non-private data (the private model's accuracy, un-noised gradient
+    # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across processes
+    report_nonprivate: bool | None = None
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -99,6 +109,10 @@ class RunConfig:
         section: dict[str, Any] = {}
         flat: dict[str, Any] = {}
         for key, value in data.items():
+            if key.replace("-", "_") in REMOVED:
+                if strict:
+                    raise ConfigError(REMOVED[key.replace("-", "_")])
+                continue
             if key in known_methods and isinstance(value, dict):
                 if key == method:
                     section.update({k.replace("-", "_"): v for k, v in value.items()})
@@ -115,6 +129,7 @@ class RunConfig:
         wrong = sorted(k for k in section if k not in own)
         if wrong and strict:
             raise ConfigError(f"option(s) {', '.join(wrong)} do not apply to method {method!r}")
+        _site_defaults(flat)
         for k, v in flat.items():
             if k in common:
                 continue
@@ -202,6 +217,7 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"{name} must be at least 1, got {v}")
+        self._validate_sources()
         if not 0.0 <= self.p_major <= 1.0:
             raise ConfigError(f"p_major must lie in [0, 1], got {self.p_major}")
         if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):
@@ -220,6 +236,28 @@ class RunConfig:
                     raise ConfigError(f"target_epsilons lists {len(self.target_epsilons)} budgets for {self.clients} clients")
                 if any(not (math.isfinite(e) and e > 0) for e in self.target_epsilons):
                     raise ConfigError(f"every target_epsilons entry must be positive and finite, got {self.target_epsilons}")
+
+    def _validate_sources(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction must lie in (0, 1), got {self.test_fraction}")
+        if self.dataset == "table" and not self.site_data:
+            raise ConfigError("dataset 'table' needs --site-data (one CSV or Parquet file per site) and --schema")
+        if self.dataset == "table" and not self.schema:
+            raise ConfigError("dataset 'table' needs --schema FILE.yaml (feature names and types, target, levels, bounds)")
+        if self.schema and self.dataset != "table":
+            raise ConfigError(f"--schema applies to dataset 'table', not {self.dataset!r}")
+        if self.site_data:
+            if self.dataset not in ("table", "folder"):
+                raise ConfigError(f"--site-data takes table files (dataset 'table') or image folders (dataset "
+                                  f"'folder'), not dataset {self.dataset!r}")
+            if len(self.site_data) != self.clients:
+                raise ConfigError(f"--site-data names {len(self.site_data)} sites but clients is {self.clients}: one "
+                                  "client per site (leave clients out to take the number of sites)")
+            if self.partition != "site":
+                raise ConfigError(f"--site-data gives each client its own site's data: partition must be 'site', not "
+                                  f"{self.partition!r}")
+        elif self.test_data:
+            raise ConfigError("--test-data goes with --site-data (the shared external test set of per-site sources)")
 
     def with_data(self, n_train: int, smallest: int | None = None, cap: int | None = None) -> RunConfig:
         """Fill the settings left to ``auto`` from the data: examples per client (at most 1000, no more than an
@@ -250,11 +288,27 @@ class RunConfig:
     def guarantee(self) -> Guarantee:
         """What the ε this run prints means (:mod:`silofl.privacy.guarantee`)."""
         unit = getattr(self.options, "privacy_unit", "hospital")
-        return guarantee(self.privacy, self.info.traits, unit)
+        return guarantee(self.privacy, self.info.traits, unit, seeded=self.seed is not None)
+
+    @property
+    def data_seed(self) -> int | None:
+        """The seed of the simulated data split (and of a data set's own seeded train/test split)."""
+        return self.split_seed if self.split_seed is not None else self.seed
 
     def target_epsilon_of(self, client: int) -> float | None:
         """Client ``client``'s budget."""
         return self.target_epsilons[client] if self.target_epsilons else self.target_epsilon
+
+
+def _site_defaults(flat: dict[str, Any]) -> None:
+    """With per-site sources: a comma-separated list is split, and unless given, one client per site and partition
+    'site'."""
+    sites = flat.get("site_data")
+    if isinstance(sites, str):
+        sites = flat["site_data"] = [s.strip() for s in sites.split(",") if s.strip()]
+    if sites:
+        flat.setdefault("clients", len(sites))
+        flat.setdefault("partition", "site")
 
 
 def _all_option_fields() -> dict[str, Any]:

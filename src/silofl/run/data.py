@@ -3,6 +3,9 @@ partition it among the clients (or by site), and check the privacy settings agai
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
+
 import numpy as np
 import torch
 
@@ -14,9 +17,13 @@ from silofl.run.config import RunConfig, check_against_data
 def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = None) -> tuple[RunConfig, SplitData]:
     """(the config with its data-dependent settings filled, the split). ``data``: the data set, if already
     loaded for this config."""
+    if cfg.data_seed is None:  # a fresh split (not a secret: recorded so the run can be repeated on it)
+        cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
+    if cfg.site_data:
+        return _site_sources(cfg, device)
     if data is None:
         data = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
-                            seed=cfg.seed)
+                            seed=cfg.data_seed)
     internal = sites = None
     test_set = "the data set's test split"
     if cfg.partition == "site":
@@ -31,14 +38,44 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
             x_test, y_test = x_test[: cfg.test_limit], y_test[: cfg.test_limit]
     else:
         cfg = cfg.with_data(len(data.y_train), cap=_p_major_cap(cfg, data.y_train.numpy()))
-        rng = np.random.default_rng(cfg.seed)
+        rng = np.random.default_rng(cfg.data_seed)
         shards = partition(cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
                            p=cfg.p_major, alpha=cfg.dirichlet_alpha)
         x_test, y_test = data.test_split(cfg.test_limit)
     check_against_data(cfg, [len(s) for s in shards])
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
+    prep = [data.preprocessing] * len(parts) if data.preprocessing else None
     return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set,
-                          indices=[np.asarray(s) for s in shards])
+                          preprocessing=prep, indices=[np.asarray(s) for s in shards])
+
+
+def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, SplitData]:
+    """Per-site files or folders (:mod:`silofl.data.sites`): one client per site, nothing pooled."""
+    from silofl.data.sites import load_site_images, load_site_tables
+
+    assert cfg.site_data is not None
+    if cfg.dataset == "table":
+        assert cfg.schema is not None
+        src = load_site_tables(cfg.schema, cfg.site_data, cfg.test_data, cfg.test_fraction, cfg.data_seed)
+    else:
+        src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)
+    sizes = [len(y) for _, y in src.parts]
+    cfg = cfg.with_data(sum(sizes), smallest=min(sizes))
+    check_against_data(cfg, sizes)
+
+    def dev(pair, limit=None):
+        x, y = pair
+        return x[:limit].to(device), y[:limit].to(device)
+
+    external = [dev(e, cfg.test_limit) for e in src.external]
+    x_all = torch.cat([x for x, _ in src.parts])
+    y_all = torch.cat([y for _, y in src.parts])
+    groups = np.concatenate([[name] * n for name, n in zip(src.names, sizes, strict=True)])
+    data = Dataset(name=cfg.dataset, x_train=x_all, y_train=y_all, x_test=src.external[0][0], y_test=src.external[0][1],
+                   num_classes=len(src.classes), source=", ".join(src.sources), class_names=src.classes, groups=groups)
+    return cfg, SplitData(data, [dev(p) for p in src.parts], external[0], [dev(t) for t in src.internal], src.names,
+                          src.test_set, external=external, preprocessing=[p.to_dict() for p in src.preprocessing],
+                          indices=_site_rows(sizes))
 
 
 def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:
@@ -52,3 +89,9 @@ def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:
     c, k, p = len(counts), cfg.clients, cfg.p_major
     per_example = p * -(-k // c) + k * (1 - p) / max(1, c - 1)  # of the smallest class, per example per client
     return max(1, int(0.9 * counts.min() / per_example))
+
+
+def _site_rows(sizes: list[int]) -> list[np.ndarray]:
+    """Each site's rows of the pooled ``x_train`` (the sites' parts concatenated in order)."""
+    ends = np.cumsum(sizes)
+    return [np.arange(end - n, end) for n, end in zip(sizes, ends, strict=True)]

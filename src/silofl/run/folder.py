@@ -12,7 +12,7 @@ from pathlib import Path
 from silofl.core.errors import ConfigError
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json")
-RUN_DIRS = ("models", "checkpoint")
+RUN_DIRS = ("models", "checkpoint", "sites")
 
 
 def check_out(out: str | Path, resume: bool = False, overwrite: bool = False) -> None:
@@ -28,18 +28,43 @@ def check_out(out: str | Path, resume: bool = False, overwrite: bool = False) ->
                           "with --overwrite")
 
 
-def clear_run(out: str | Path) -> None:
-    """Remove a previous run's files from ``out`` (for --overwrite): its records, plots, models and checkpoints."""
-    import shutil
+class Stash:
+    """A previous run's files moved aside (for --overwrite) until the new run has started: :meth:`drop` deletes
+    them, :meth:`restore` puts them back (the new run failed before writing anything of its own)."""
 
-    p = Path(out)
-    for f in RUN_FILES:
-        (p / f).unlink(missing_ok=True)
-    for f in p.glob("*.png"):
-        f.unlink()
-    for d in RUN_DIRS:
-        if (p / d).is_dir():
-            shutil.rmtree(p / d)
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        self.path = self.out / ".previous-run"
+        self.moved: list[str] = []
+        if not self.out.is_dir():
+            return
+        names = [*RUN_FILES, *RUN_DIRS, *(f.name for f in self.out.glob("*.png"))]
+        for name in names:
+            if (self.out / name).exists():
+                self.path.mkdir(exist_ok=True)
+                (self.out / name).rename(self.path / name)
+                self.moved.append(name)
+
+    def drop(self) -> None:
+        """Delete the previous run's files."""
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.moved = []
+
+    def restore(self) -> None:
+        """Put the previous run's files back."""
+        import shutil
+
+        for name in self.moved:
+            target = self.out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            (self.path / name).rename(target)
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.moved = []
 
 
 def clean_json(v):

@@ -11,8 +11,10 @@ plots, models/. The engine and the method never meet: the coordinator talks to s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from silofl.report.plots import plot_run, plot_server_rounds
 from silofl.run.checkpoint import load_run, save_run, saved_rounds
 from silofl.run.config import RunConfig
 from silofl.run.data import prepare_data
-from silofl.run.folder import RunFolder, check_out, clear_run, mean_std
+from silofl.run.folder import RunFolder, Stash, check_out, mean_std
 from silofl.site.base import Site
 
 log = logging.getLogger("silofl")
@@ -63,39 +65,66 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def site_factory(method: Method, split: SplitData) -> tuple[Callable[[int], Site], int]:
-    """(a function building site k with its training data and test sets, the number of sites)."""
+def site_factory(method: Method, split: SplitData, ledgers: Path | None = None,
+                 release_nonprivate: bool = True) -> tuple[Callable[[int], Site], int]:
+    """(a function building site k with its training data and test sets — and, with ``ledgers``, its own folder
+    ``ledgers/client<k>`` for its privacy ledger and the figures it keeps —, the number of sites)."""
     data = method.site_data(split.parts)
     internal = split.internal if split.internal and len(split.internal) == len(data) else None
+    external = split.external if split.external and len(split.external) == len(data) else None
+    prep = split.preprocessing if split.preprocessing and len(split.preprocessing) == len(data) else None
 
     def make(k: int) -> Site:
         site = method.make_site(k, *data[k], split)
-        site.tests["external"] = split.test
+        site.tests["external"] = external[k] if external is not None else split.test
         if internal is not None:
             site.tests["internal"] = internal[k]
+        if ledgers is not None:
+            site.open_folder(ledgers / f"client{k}", run_label=Path(method.cfg.out).name,
+                             release_nonprivate=release_nonprivate)
+        if prep is not None:
+            site.preprocessing = prep[k]
         return site
 
     return make, len(data)
 
 
 def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
-          data=None, hooks: RunHooks | None = None) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
+          data=None, ledgers: bool = False, hooks: RunHooks | None = None,
+          ) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
     """Resolve ``cfg``, prepare its data and connect its coordinator to its sites over an engine (in-process
-    unless ``engine_factory`` makes another). Raises ConfigError / BudgetExhausted before anything is written."""
+    unless ``engine_factory`` makes another). With ``ledgers`` every party keeps its privacy ledger under
+    ``OUT/sites/``. Raises ConfigError / BudgetExhausted before a run folder is written."""
     cfg = cfg.resolve()
     device = device if device is not None else resolve_device(cfg.device)
     cfg, split = prepare_data(cfg, device, data)
     if hooks is not None and hooks.split is not None:
         split = hooks.split(cfg, split)
     method = cfg.info.cls(cfg)
-    make, n_sites = site_factory(method, split)
+    root = ledger_root(cfg) if ledgers else None
+    release = releases_nonprivate(cfg, engine_factory is None)
+    make, n_sites = site_factory(method, split, root, release)
     if hooks is not None and hooks.sites is not None:
         make, n_sites = hooks.sites(make, n_sites)
     engine = engine_factory(make, n_sites) if engine_factory is not None else \
         InProcessEngine({k: make(k) for k in range(n_sites)})
     coordinator = method.make_coordinator(n_sites, split, device)
+    coordinator.release_nonprivate = release
+    if root is not None:
+        coordinator.open_ledger(root / "server")
     coordinator.connect(engine)
     return cfg, split, coordinator, engine
+
+
+def releases_nonprivate(cfg: RunConfig, in_process: bool) -> bool:
+    """Whether sites report figures computed from non-private data: the config's choice, else only when one
+    process runs every site (a simulation; the figures are labelled)."""
+    return cfg.report_nonprivate if cfg.report_nonprivate is not None else in_process
+
+
+def ledger_root(cfg: RunConfig) -> Path:
+    """Where a run's parties keep their privacy ledgers: ``OUT/sites/``."""
+    return Path(cfg.out) / "sites"
 
 
 def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = False,
@@ -107,17 +136,40 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     check_out(cfg.out, resume=resume, overwrite=overwrite)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
+    if cfg.seed is not None:
+        torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     t_start = time.perf_counter()
-    cfg, split, coordinator, engine = build(cfg, device, engine_factory, hooks=hooks)
+    out = Path(cfg.out)
+    if resume:
+        rounds = saved_rounds(out / CHECKPOINT_DIR)
+        if not rounds:
+            raise ConfigError(f"no checkpoint to resume from in {out / CHECKPOINT_DIR} (run with --checkpoint-every N "
+                              "first)")
+        if cfg.data_seed is None:  # the same simulated split as the run being resumed
+            _, saved = load_run(out / CHECKPOINT_DIR, rounds[-1])
+            cfg = dataclasses.replace(cfg, split_seed=saved["config"].get("split_seed"))
+    existed = out.exists()
+    stash = Stash(out) if overwrite and not resume else None  # the previous run, kept until this one starts
     try:
-        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, overwrite)
+        cfg, split, coordinator, engine = build(cfg, device, engine_factory, ledgers=True, hooks=hooks)
+    except BaseException:  # bad input: leave nothing behind (a fresh run's site folders), restore what was there
+        if not resume:
+            shutil.rmtree(ledger_root(cfg), ignore_errors=True)
+            if not existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+        if stash is not None:
+            stash.restore()
+        raise
+    if stash is not None:
+        stash.drop()
+    try:
+        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume)
     finally:
         engine.close()
 
 
-def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, overwrite) -> dict:
+def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume) -> dict:
     info = cfg.info
     last: dict[int, dict] = {}
     left_log: list[dict] = []
@@ -132,8 +184,6 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
         log.info("resuming %s after round %d", cfg.out, rounds_run)
         folder = RunFolder(cfg.out, keep_until=rounds_run)
     else:
-        if overwrite:
-            clear_run(cfg.out)
         folder = RunFolder(cfg.out)
         coordinator.start()
     folder.write_config(cfg)
@@ -280,6 +330,7 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
         "privacy": {
             "mode": cfg.privacy,
             "formal_guarantee": g.formal,
+            "formal_if_seed_secret": _unseeded(cfg).guarantee().formal,
             "note": g.note,
             "unit": g.unit,
             "delta": cfg.delta if cfg.is_private else None,
@@ -293,6 +344,16 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
             **{k: mean_std([r[k] for r in per_client]) for k in acc_keys},
             "epsilon": mean_std([r["epsilon"] for r in per_client]),
         },
+        "randomness": randomness_report(cfg),
+        "reporting": {
+            "nonprivate_released": coordinator.release_nonprivate,
+            "note": ("figures computed from non-private data (private_acc, mean_grad_norm, clipped_fraction, "
+                     "update_norm_mean, a server's xi/phi/lambda/cos_std) are reported: every site of this run chose to "
+                     "(a one-process simulation does by default)" if coordinator.release_nonprivate else
+                     "sites report only figures of DP releases and public ones; each keeps the rest in its own folder "
+                     "(OUT/sites/client<k>/metrics.jsonl)"),
+        },
+        "data_split_seed": cfg.data_seed,
         "wall_time_s": wall,
         "train_time_s": train_s,
         "eval_time_s": eval_s,
@@ -320,6 +381,21 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
         summary["server_rounds"] = history
     summary["models"] = [m for f in reports.values() for m in f["models"]]
     return summary
+
+
+def _unseeded(cfg: RunConfig) -> RunConfig:
+    return dataclasses.replace(cfg, seed=None)
+
+
+def randomness_report(cfg: RunConfig) -> dict:
+    """Where the run's noise and sampling came from, for summary.json."""
+    from silofl.core.randomness import SOURCE
+    from silofl.privacy.guarantee import SEEDED_NOTE
+
+    if cfg.seed is None:
+        return {"seeded": False, "source": SOURCE}
+    return {"seeded": True, "seed": cfg.seed, "source": "torch/numpy generators seeded from the run seed per party",
+            "note": SEEDED_NOTE}
 
 
 def _describe(info, records: list[dict]) -> str:

@@ -9,10 +9,16 @@ common steps below report.
 Common steps: ``hello`` (public facts: data size, architectures), ``status``, ``leave``,
 ``evaluate`` (score its models on its test sets), ``save``/``load``/``checkpoints`` (its own
 checkpoint files), ``finish`` (write its final models, report its privacy accounting).
+
+Every figure a site reports carries a label (:data:`DP`, :data:`PUBLIC`, :data:`NONPRIVATE`,
+:meth:`Site.metric_label`). A figure computed from non-private data — the private model's accuracy,
+un-noised per-example gradient norms — leaves the site only if the site chose to release it
+(``release_nonprivate``); otherwise it is written to the site's own folder and nowhere else.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -24,8 +30,11 @@ from silofl.comm.messages import Message
 from silofl.core.checkpoint import load_node, save_node
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.models import ModelSpec
+from silofl.privacy.ledger import Ledger
 
 log = logging.getLogger("silofl")
+
+DP, PUBLIC, NONPRIVATE = "dp", "public", "non-private"
 
 
 class Site(ABC):
@@ -40,6 +49,27 @@ class Site(ABC):
         self.last_train: dict = {}
         self.tests: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # "external" (shared), "internal" (own)
         self.eval_cache: dict | None = None  # set by an in-process engine for one evaluate call
+        # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON); written
+        # next to its models, for `silofl predict` and `silofl export`
+        self.preprocessing: dict | None = None
+        self.ledger: Ledger | None = None  # the site's persistent privacy ledger (open_folder)
+        self.folder: Path | None = None  # the site's own folder: its ledger and the figures it keeps
+        self.run_label = "run"
+        self.release_nonprivate = True  # report figures computed from non-private data (the site's choice)
+
+    def open_folder(self, folder: str | Path, run_label: str = "run", release_nonprivate: bool = True) -> None:
+        """Keep this site's ledger (its privacy spend, recomputed from it: :mod:`silofl.privacy.ledger`) and the
+        figures it does not release in ``folder``; ``release_nonprivate``: whether it reports figures computed
+        from non-private data."""
+        self.folder = Path(folder)
+        self.ledger = Ledger(self.folder)
+        self.run_label = run_label
+        self.release_nonprivate = release_nonprivate
+        self.restore_spend()
+
+    def restore_spend(self) -> None:
+        """Rebuild the site's accountants from its ledger (sites with a mechanism override this)."""
+        return None
 
     # ------------------------------------------------------------------ the seam
     def handle(self, step: str, msg: Message) -> Message:
@@ -85,6 +115,22 @@ class Site(ABC):
         """Method-specific figures reported with every evaluation (e.g. a PushSum weight)."""
         return {}
 
+    def metric_label(self, key: str) -> str:
+        """What a reported figure is a function of: DP releases (``dp``), nothing private (``public``), or the
+        site's data without DP (``non-private``). Unknown figures are treated as non-private."""
+        return NONPRIVATE
+
+    def _release(self, figures: dict, kept: dict, suffix: str = "") -> dict:
+        if self.release_nonprivate:
+            return figures
+        out = {}
+        for k, v in figures.items():
+            if self.metric_label(k) == NONPRIVATE:
+                kept[k + suffix] = v
+            else:
+                out[k] = v
+        return out
+
     def budget_message(self) -> str:
         """Why this site cannot train a single round within its budget."""
         return f"site {self.cid} cannot train a single round within its budget"
@@ -95,12 +141,16 @@ class Site(ABC):
         self.left_at = rnd
 
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly where this site stopped (for checkpoints)."""
-        return {"active": self.active, "left_at": self.left_at}
+        """Everything needed to continue exactly where this site stopped (for checkpoints), with the head of its
+        ledger (a resume refuses a ledger older than that)."""
+        head = self.ledger.head.to_dict() if self.ledger is not None else None
+        return {"active": self.active, "left_at": self.left_at, "ledger_head": head}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore :meth:`state_dict`; the spend comes from the ledger, never from the checkpoint."""
         self.active, self.left_at = bool(state["active"]), state["left_at"]
+        if self.ledger is not None and state.get("ledger_head") is not None:
+            self.ledger.check_head(state["ledger_head"])
 
     # ------------------------------------------------------------------ common steps
     def on_hello(self, msg: Message) -> Message:
@@ -111,21 +161,31 @@ class Site(ABC):
         return Message(meta)
 
     def on_status(self, msg: Message) -> Message:
+        """Nothing but the status every reply carries."""
         return Message()
 
     def on_leave(self, msg: Message) -> Message:
+        """Leave the protocol before the round in the request."""
         self.leave(int(msg.meta["round"]))
         return Message()
 
     def on_evaluate(self, msg: Message) -> Message:
         """Score the models on the shared test set (``score``) and on the site's own held-out set
         (``internal``); report ε and the last round's training figures."""
-        meta: dict = {"accs": {}, "internal": {}, "epsilon": self.epsilon(), "extra": self.extra_metrics(),
-                      "train": dict(self.last_train)}
+        kept: dict = {}
+        meta: dict = {"accs": {}, "internal": {}, "epsilon": self.epsilon(),
+                      "extra": self._release(self.extra_metrics(), kept), "train": self._release(dict(self.last_train), kept)}
         if msg.meta.get("score", True) and "external" in self.tests:
-            meta["accs"] = self.evaluate(*self.tests["external"], self.eval_cache)
+            x, y = self.tests["external"]
+            # the cache shares one model's score among sites holding it, per test set: sites that see the shared
+            # test set through their own preprocessing (per-site sources) hold different tensors
+            cache = self.eval_cache.setdefault(("test set", id(x)), {}) if self.eval_cache is not None else None
+            meta["accs"] = self._release(self.evaluate(x, y, cache), kept)
         if msg.meta.get("internal", False) and "internal" in self.tests:
-            meta["internal"] = self.evaluate(*self.tests["internal"])
+            meta["internal"] = self._release(self.evaluate(*self.tests["internal"]), kept, "_internal")
+        if kept and self.folder is not None:  # what the site keeps to itself
+            with open(self.folder / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"round": msg.meta.get("round"), "client": self.cid, **kept}) + "\n")
         return Message(meta)
 
     def on_finish(self, msg: Message) -> Message:
@@ -139,6 +199,10 @@ class Site(ABC):
                 p = d / f"client{self.cid}_{name}"
                 save_model(model, spec, p)
                 written.append(f"{d.name}/{p.name}.safetensors")
+            if self.preprocessing is not None and written:
+                import json
+
+                (d / f"client{self.cid}_preprocessing.json").write_text(json.dumps(self.preprocessing, indent=1) + "\n")
         return Message({"architectures": self.architectures(), "epsilon": self.epsilon(), "left_at": self.left_at,
                         "privacy": self.privacy_report(), "models": written})
 

@@ -26,20 +26,24 @@ import torch
 
 from silofl.comm.messages import Packet
 from silofl.comm.wire import encode, read_model
-from silofl.core.seeds import client_seeds
+from silofl.core.errors import PeerModelRejected
+from silofl.core.randomness import party_seeds
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within
-from silofl.site.base import Site
+from silofl.privacy.sampling import load_sampler_state, make_sampler, sampler_state
+from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
 from silofl.training import Partner, accuracy, dml_loss, poisson_steps
 
 log = logging.getLogger("silofl")
+
+PROBE_EXAMPLES, PROBE_MAX_OUTPUT = 32, 1e6  # a received model must give finite logits below this on them
 
 
 @dataclass(frozen=True)
 class DPSGDSettings:
     """What a DP-SGD site needs to know to train: its own budget and mechanism, the run's seed."""
 
-    seed: int
+    seed: int | None  # a research run's seed; None: secret randomness (the default)
     batch_size: int
     lr: float
     weight_decay: float
@@ -49,7 +53,6 @@ class DPSGDSettings:
     delta: float
     accountant: str
     target_epsilon: float | None
-    secure_noise: bool
     dp_backend: str
     optimizer_state: str = "reset"
     dml_alpha: float = 0.5
@@ -66,7 +69,8 @@ class DPSGDSite(Site):
         self.x, self.y = x, y
         self.sample_rate = min(1.0, s.batch_size / self.n)
         self.steps_per_round = max(1, self.n // s.batch_size)
-        seed_init, seed_sample, seed_noise, _ = client_seeds(s.seed, cid)
+        seed_init, seed_sample, seed_noise, _ = party_seeds(s.seed, cid)
+        seeded = s.seed is not None
         torch.manual_seed(seed_init)
         self.private_spec, self.shared_spec, self.shared_field = private_spec, shared_spec, shared_field
         self.private = private_spec.build().to(x.device) if private_spec is not None else None
@@ -74,7 +78,7 @@ class DPSGDSite(Site):
         self.private_opt = (torch.optim.Adam(self.private.parameters(), lr=s.lr, weight_decay=s.weight_decay)
                             if self.private is not None else None)
         self.shared_opt = torch.optim.Adam(self.shared.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-        self.sampler = torch.Generator().manual_seed(seed_sample)
+        self.sampler = make_sampler(seed_sample if seeded else None)  # Poisson sampling: secure unless seeded
         # Without a private model there is nothing to distil from: plain cross-entropy.
         self.alpha, self.beta = s.dml_alpha, (s.dml_beta if self.private is not None else 0.0)
         self.dp: DPGradient | None = None
@@ -83,12 +87,13 @@ class DPSGDSite(Site):
         if s.private:
             self.dp = DPGradient(self.shared, clip=s.clip, noise_multiplier=s.noise_multiplier,
                                  expected_batch_size=self.sample_rate * self.n,
-                                 noise=NoiseSource(seed_noise, secure=s.secure_noise, device=x.device),
+                                 noise=NoiseSource(seed_noise if seeded else None, device=x.device),
                                  backend=s.dp_backend, sample_rate=self.sample_rate)
             self.accountant = Accountant(s.accountant)
             self.budget = Budget(self.accountant, s.target_epsilon, s.delta)
         self.rounds_trained = 0
         self.empty_batches = 0
+        self._probe_model: torch.nn.Module | None = None
         # Identifies the shared model's current weights for evaluation caching: sites holding the
         # same broadcast (e.g. FedAvg's aggregate) are evaluated once in the simulator.
         self.shared_token: object = None
@@ -127,7 +132,10 @@ class DPSGDSite(Site):
                               partner=partner)
         self.empty_batches += stats.pop("empty_batches")
         if self.dp is not None and self.accountant is not None:
-            self.accountant.record(self.dp.take_run())
+            run = self.dp.take_run()
+            if self.ledger is not None:  # durably first: the spend survives a crash right after this round
+                self.ledger.record_steps(self.run_label, run.noise_multiplier, run.sample_rate, run.steps)
+            self.accountant.record(run)
         self.rounds_trained += 1
         self.shared_token = object()  # locally trained weights: unique to this site
         self.last_train = stats
@@ -144,9 +152,27 @@ class DPSGDSite(Site):
         state.update(extra or {})
         return encode(state, meta={"round": rnd, "src": self.cid, "model": self.shared_spec.name, **meta})
 
-    def read(self, packet: Packet, extra_keys: tuple[str, ...] = ()) -> tuple[dict, dict[str, float], dict]:
-        """Decode and validate a received shared model: (tensors, extras, meta). Raises PeerModelRejected."""
-        return read_model(packet.data, dict(self.shared.state_dict()), extra_keys)
+    def read(self, packet: Packet, extra_keys: tuple[str, ...] = (), rnd: int | None = None
+             ) -> tuple[dict, dict[str, float], dict]:
+        """Decode and validate a received shared model — names, shapes, dtypes, finite and bounded values, the
+        round ``rnd`` and the packet's sender in its metadata, finite outputs on a probe batch of the site's own
+        data — before it touches any local model: (tensors, extras, meta). Raises PeerModelRejected."""
+        expect = {"src": packet.src} if rnd is None else {"round": rnd, "src": packet.src}
+        tensors, extras, meta = read_model(packet.data, dict(self.shared.state_dict()), extra_keys, expect=expect)
+        self.probe(tensors)
+        return tensors, extras, meta
+
+    def probe(self, state: dict[str, torch.Tensor]) -> None:
+        """Raise PeerModelRejected unless a model with weights ``state`` gives finite, bounded outputs on the
+        first examples of the site's own data (checked on a scratch copy: no local model is touched)."""
+        if self._probe_model is None:
+            with torch.random.fork_rng(devices=[]):  # the scratch model's init draws nothing from the run's streams
+                self._probe_model = self.shared_spec.build().to(self.x.device).eval()
+        self._probe_model.load_state_dict(state)
+        with torch.no_grad():
+            out = self._probe_model(self.x[:PROBE_EXAMPLES])
+        if not bool(torch.isfinite(out).all()) or float(out.abs().max()) > PROBE_MAX_OUTPUT:
+            raise PeerModelRejected("the model's outputs on a probe batch are not finite and bounded")
 
     def reject(self, rnd: int, packet: Packet, err: Exception) -> dict:
         """Log a refused packet; the record that goes into summary.json."""
@@ -167,7 +193,7 @@ class DPSGDSite(Site):
             "shared": self.shared.state_dict(), "shared_opt": self.shared_opt.state_dict(),
             "private": self.private.state_dict() if self.private is not None else None,
             "private_opt": self.private_opt.state_dict() if self.private_opt is not None else None,
-            "sampler": self.sampler.get_state(),
+            "sampler": sampler_state(self.sampler),
             "noise": self.dp.noise.state_dict() if self.dp is not None else None,
             "accountant": self.accountant.state_dict() if self.accountant is not None else None,
             "rounds_trained": self.rounds_trained, "empty_batches": self.empty_batches, "last_train": self.last_train,
@@ -180,11 +206,14 @@ class DPSGDSite(Site):
         if self.private is not None and self.private_opt is not None:
             self.private.load_state_dict(state["private"])
             self.private_opt.load_state_dict(state["private_opt"])
-        self.sampler.set_state(state["sampler"])
+        load_sampler_state(self.sampler, state["sampler"])
         if self.dp is not None:
             self.dp.noise.load_state_dict(state["noise"])
         if self.accountant is not None:
-            self.accountant.load_state_dict(state["accountant"])
+            if self.ledger is not None:
+                self.restore_spend()  # what ran, from the ledger — never a number from the checkpoint
+            else:
+                self.accountant.load_state_dict(state["accountant"])
         self.rounds_trained, self.empty_batches = int(state["rounds_trained"]), int(state["empty_batches"])
         self.last_train = dict(state["last_train"])
         self.shared_token = object()
@@ -206,6 +235,18 @@ class DPSGDSite(Site):
 
     def epsilon(self) -> float | None:
         return None if self.accountant is None else self.accountant.epsilon(self.settings.delta)
+
+    def metric_label(self, key: str) -> str:
+        if key in ("examples_seen", "pushsum_weight"):  # Poisson batch sizes depend on no record; protocol state
+            return PUBLIC
+        if key == f"{self.shared_field}_acc" and self.settings.private and self.beta == 0.0:
+            return DP  # the DP model's accuracy on held-out data: post-processing of a DP release
+        return NONPRIVATE  # the private model; per-example gradient norms; a model trained without (formal) DP
+
+    def restore_spend(self) -> None:
+        if self.ledger is None or self.accountant is None:
+            return
+        self.accountant.replay(self.ledger.history())
 
     def architectures(self) -> dict[str, str]:
         out = {self.shared_field: self.shared_spec.name}

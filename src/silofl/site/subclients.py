@@ -20,10 +20,10 @@ import torch
 from silofl.comm.messages import Packet
 from silofl.comm.wire import encode, read_model
 from silofl.core.errors import ConfigError, PeerModelRejected
-from silofl.core.seeds import client_seeds
+from silofl.core.randomness import party_seeds
 from silofl.models import ModelSpec
 from silofl.privacy.client_level import clip_update
-from silofl.site.base import Site
+from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
 from silofl.training import accuracy
 from silofl.training.local_sgd import flat, local_updates
 
@@ -52,7 +52,7 @@ def local_steps(n: int, v: int, batch_size: int, epochs: int) -> list[int]:
 class SubclientSettings:
     """What a client-level site needs: the run's seed, local SGD, whether DP is on, the privacy unit."""
 
-    seed: int
+    seed: int | None  # a research run's seed; None: secret randomness
     batch_size: int
     local_epochs: int
     local_lr: float
@@ -69,7 +69,7 @@ class SubclientSite(Site):
         super().__init__(cid)
         self.settings, self.spec = settings, spec
         self.x, self.y = x, y
-        _, seed_sample, _, _ = client_seeds(settings.seed, cid)
+        _, seed_sample, _, _ = party_seeds(settings.seed, cid)  # the split and local shuffles (not a DP mechanism)
         self.generator = torch.Generator().manual_seed(seed_sample)
         self.perm = torch.randperm(self.n, generator=self.generator).to(x.device)
         self.model = spec.build().to(x.device)
@@ -85,7 +85,8 @@ class SubclientSite(Site):
     # ------------------------------------------------------------------ steps
     def receive_global(self, packet: Packet, rnd: int) -> None:
         """Take the server's broadcast (model and round parameters); raises PeerModelRejected."""
-        tensors, s, _ = read_model(packet.data, dict(self.model.state_dict()), BROADCAST)
+        tensors, s, _ = read_model(packet.data, dict(self.model.state_dict()), BROADCAST,
+                                   expect={"round": rnd, "src": packet.src})
         v = int(round(s[V]))
         if v < 1 or v > self.n // self.settings.batch_size or s[CLIP] <= 0 or s[TAU] <= 0:
             raise PeerModelRejected(f"invalid round parameters v={s[V]}, clip={s[CLIP]}, tau={s[TAU]}")
@@ -162,6 +163,13 @@ class SubclientSite(Site):
         if cache is not None and self.token is not None:
             cache[self.token] = acc
         return {"global_acc": acc}
+
+    def metric_label(self, key: str) -> str:
+        if key in ("subclients", "local_steps"):  # set by the server's privatised v and the public sizes
+            return PUBLIC
+        if key == "global_acc" and self.settings.private:
+            return DP  # the global model is the server's DP release
+        return NONPRIVATE  # e.g. the mean norm of the un-clipped updates
 
     def epsilon(self) -> float | None:
         """The ε the server announced for the run's privacy unit (the server accounts: central DP)."""

@@ -27,6 +27,7 @@ class ExponentialGraph:
     name = "exponential"
 
     def out_neighbors(self, round_: int, active: Sequence[int]) -> dict[int, list[int]]:
+        """Each active client's out-neighbours in this round."""
         hops = exponential_hops(len(active))
         if not hops:
             return {c: [] for c in active}
@@ -41,6 +42,7 @@ class RingGraph:
     name = "ring"
 
     def out_neighbors(self, round_: int, active: Sequence[int]) -> dict[int, list[int]]:
+        """Each active client's out-neighbours in this round."""
         K = len(active)
         return {c: ([active[(i + 1) % K]] if K > 1 else []) for i, c in enumerate(active)}
 
@@ -54,11 +56,13 @@ class StaticGraph:
         self.adjacency = {int(k): [int(v) for v in vs] for k, vs in adjacency.items()}
 
     def out_neighbors(self, round_: int, active: Sequence[int]) -> dict[int, list[int]]:
+        """Each active client's out-neighbours in this round."""
         alive = set(active)
         return {c: [d for d in self.adjacency.get(c, []) if d in alive and d != c] for c in active}
 
 
 def in_neighbors(out: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Who sends to each node, from who each node sends to."""
     inn: dict[int, list[int]] = {c: [] for c in out}
     for src, dsts in out.items():
         for d in dsts:
@@ -67,6 +71,7 @@ def in_neighbors(out: dict[int, list[int]]) -> dict[int, list[int]]:
 
 
 def make_graph(name: str):
+    """A graph by name: exponential or ring."""
     if name == "exponential":
         return ExponentialGraph()
     if name == "ring":

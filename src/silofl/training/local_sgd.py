@@ -19,10 +19,12 @@ from torch.func import functional_call, grad, vmap
 
 
 def flat(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tensors of a parameter dict concatenated into one flat vector."""
     return torch.cat([p.reshape(-1) for p in params.values()])
 
 
 def unflat(vec: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A flat vector cut back into views shaped like ``like``."""
     out, i = {}, 0
     for k, p in like.items():
         out[k] = vec[i : i + p.numel()].view_as(p)
@@ -74,8 +76,8 @@ def local_updates(
                     shards[j][perms[j][e][: per_epoch * batch_size].to(shards[j].device)].view(per_epoch, batch_size)
                     for j in ids
                 ])
-                for s in range(per_epoch):
-                    b = idx[:, s]
+                for step in range(per_epoch):
+                    b = idx[:, step]
                     g = batched_grad(params, x[b], y[b])
                     for k in params:
                         params[k].sub_(g[k], alpha=lr)

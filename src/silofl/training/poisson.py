@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from silofl.privacy.dpsgd import DPGradient
-from silofl.privacy.sampling import poisson_batch
+from silofl.privacy.sampling import Sampler, poisson_batch
 
 LossFn = Callable[..., torch.Tensor]  # (logits, y, partner log-probs or a (B, 1) placeholder) -> (B,) losses
 
@@ -48,7 +48,7 @@ class Partner:
 
 
 def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
-                  sample_rate: float, steps: int, sampler: torch.Generator, loss_fn: LossFn,
+                  sample_rate: float, steps: int, sampler: Sampler, loss_fn: LossFn,
                   dp: DPGradient | None = None, partner: Partner | None = None) -> dict:
     """Run ``steps`` Poisson-sampled steps on (x, y); returns what was seen (examples, empty batches, and
     under DP the mean per-example gradient norm and the fraction clipped — per-example statistics of the
@@ -82,7 +82,7 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
             logits = out.detach()
         opt.step()
         seen += B
-        if partner is not None:
+        if partner is not None and partner_logits is not None:
             loss = dml_loss(partner_logits, yb, F.log_softmax(logits, dim=1), partner.alpha).mean()
             partner.opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -28,6 +28,7 @@ OPTIMIZERS = ("fedavg", "fedadam", "fednova", "dp2-rmsprop")
 
 
 class ServerOptimizer:
+    """FedAvg's server step w ← w + η·Δ̄; the base of the server optimizers."""
     def __init__(self, lr: float):
         if lr <= 0:
             raise ConfigError(f"server learning rate must be positive, got {lr}")
@@ -35,10 +36,12 @@ class ServerOptimizer:
         self.rounds = 0
 
     def step(self, mean_update: torch.Tensor) -> torch.Tensor:
+        """The step to add to the global weights for this round's mean update."""
         self.rounds += 1
         return self.lr * mean_update
 
     def describe(self) -> dict:
+        """The optimizer's settings, for summary.json."""
         return {"lr": self.lr}
 
     def state_dict(self) -> dict:
@@ -46,6 +49,7 @@ class ServerOptimizer:
         return {k: v for k, v in vars(self).items() if k in self.STATE}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         for k in self.STATE:
             v = state.get(k)
             setattr(self, k, v.clone() if isinstance(v, torch.Tensor) else v)
@@ -54,6 +58,7 @@ class ServerOptimizer:
 
 
 class FedAdam(ServerOptimizer):
+    """Adam on the pseudo-gradient −Δ̄ (Reddi et al.)."""
     STATE = ("rounds", "m", "u")
     def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3, bias_correction: bool = False):
         super().__init__(lr)
@@ -66,6 +71,7 @@ class FedAdam(ServerOptimizer):
         self.u: torch.Tensor | None = None
 
     def step(self, mean_update: torch.Tensor) -> torch.Tensor:
+        """The step to add to the global weights for this round's mean update."""
         self.rounds += 1
         if self.m is None:
             self.m = torch.zeros_like(mean_update)
@@ -79,11 +85,13 @@ class FedAdam(ServerOptimizer):
         return self.lr * m / (u.sqrt() + self.tau)
 
     def describe(self) -> dict:
+        """The optimizer's settings, for summary.json."""
         return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau,
                 "bias_correction": self.bias_correction}
 
 
 class DP2RMSProp(ServerOptimizer):
+    """DP²-RMSProp: SGD and adaptive phases with a delayed preconditioner (see the module doc)."""
     STATE = ("rounds", "acc", "acc_n", "refreshes", "u")
     def __init__(self, lr: float, lr_sgd: float = 1.0, delay: int = 5, beta: float = 0.9, tau: float = 1e-3):
         super().__init__(lr)
@@ -106,6 +114,7 @@ class DP2RMSProp(ServerOptimizer):
         return "sgd" if ((rnd - 1) // self.delay) % 2 == 0 else "adaptive"
 
     def step(self, mean_update: torch.Tensor) -> torch.Tensor:
+        """The step to add to the global weights for this round's mean update."""
         self.rounds += 1
         if self.acc is None:
             self.acc = torch.zeros_like(mean_update)
@@ -124,6 +133,7 @@ class DP2RMSProp(ServerOptimizer):
         return self.lr * mean_update / (u.sqrt() + self.tau)
 
     def describe(self) -> dict:
+        """The optimizer's settings, for summary.json."""
         return {"lr": self.lr, "lr_sgd": self.lr_sgd, "delay": self.delay, "beta": self.beta, "tau": self.tau}
 
 

@@ -42,6 +42,7 @@ COND_SHORT = {"none": "w/o", "subclient": "w/ (sub-client)", "hospital": "w/ (ho
 
 
 def load_runs(folder: Path) -> list[dict]:
+    """One row per finished run under a report folder (its settings and final figures)."""
     runs = []
     for s_path in sorted(folder.glob("runs/*/*/seed*/summary.json")):
         cfg = read_config(s_path.parent)
@@ -64,23 +65,28 @@ def load_runs(folder: Path) -> list[dict]:
 
 
 def cell(vals: list[float], nd: int = 3) -> str:
+    """A mean ± std table cell."""
     ms = mean_std(vals)
     return "—" if ms["mean"] is None else f"{ms['mean']:.{nd}f} ± {ms['std']:.{nd}f}"
 
 
 def pm(d: dict, nd: int = 3) -> str:
+    """Mean ± std of the values, formatted."""
     return "—" if d["mean"] is None else f"{d['mean']:.{nd}f} ± {d['std']:.{nd}f}"
 
 
 def one(d: dict, nd: int = 1) -> str:
+    """The single run matching the filters."""
     return "—" if d["mean"] is None else f"{d['mean']:.{nd}f}"
 
 
 def pick(runs, **kw) -> list[dict]:
+    """The rows matching every key = value filter."""
     return [r for r in runs if all(r[k] == v for k, v in kw.items())]
 
 
 def accuracy_table(runs, n: int, zs: list[float]) -> tuple[str, dict]:
+    """The Markdown accuracy table of the client-level study."""
     head = ["server optimizer", "no DP"] + [f"z={z} {COND_SHORT[c]}" for z in zs for c in CONDITIONS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     data = {}
@@ -97,6 +103,7 @@ def accuracy_table(runs, n: int, zs: list[float]) -> tuple[str, dict]:
 
 
 def epsilon_table(runs, n: int, zs: list[float]) -> tuple[str, dict]:
+    """The Markdown table of ε per unit of the client-level study."""
     head = ["z", "condition", "v (mean over rounds)", "ε hospital", "ε sub-client", "guarantee of the run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     data = {}
@@ -115,6 +122,7 @@ def epsilon_table(runs, n: int, zs: list[float]) -> tuple[str, dict]:
 
 
 def curves(runs, key: str, **kw) -> tuple[list[int], list[float]]:
+    """Accuracy per round of each (method, condition), pooled over seeds."""
     by_round = defaultdict(list)
     for r in pick(runs, **kw):
         for h in r["history"]:
@@ -125,6 +133,7 @@ def curves(runs, key: str, **kw) -> tuple[list[int], list[float]]:
 
 
 def plot_rounds(runs, ns: list[int], z: float, path: Path) -> None:
+    """Accuracy, v and clip against rounds for one cell of the study."""
     keys = (("xi", "ξ = ‖noise‖ / ‖Σ clipped Δ‖"), ("phi", "φ = Σ‖clipped Δ‖ / ‖Σ clipped Δ‖"), ("v", "v (sub-clients)"))
     fig, axes = plt.subplots(len(ns), len(keys), figsize=(14, 3.6 * len(ns)), squeeze=False)
     for i, n in enumerate(ns):
@@ -149,6 +158,7 @@ def plot_rounds(runs, ns: list[int], z: float, path: Path) -> None:
 
 
 def plot_accuracy(runs, ns: list[int], zs: list[float], path: Path) -> None:
+    """The accuracy-vs-noise plot of the study."""
     fig, axes = plt.subplots(1, len(ns), figsize=(6.5 * len(ns), 4.2), squeeze=False)
     markers = dict(zip(OPTIMIZERS, "osD^", strict=True))
     colors = {"none": "tab:blue", "subclient": "tab:green", "hospital": "tab:red"}
@@ -199,6 +209,7 @@ def clip_sampling_section(folder: Path, data: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    """Write docs/client_dp.md from the study's report folders (arguments: see the module doc)."""
     import argparse
 
     ap = argparse.ArgumentParser(usage=__doc__)

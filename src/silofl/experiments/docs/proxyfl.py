@@ -24,10 +24,12 @@ from silofl.run.folder import read_config, read_metrics  # noqa: E402
 
 
 def ms(d: dict, nd: int = 4) -> str:
+    """Mean ± std of a summary's {mean, std}, formatted."""
     return "—" if d["mean"] is None else f"{d['mean']:.{nd}f} ± {d['std']:.{nd}f}"
 
 
 def run_rows(runs: dict[str, Path]) -> list[str]:
+    """Table rows of the main runs (mode, guarantee, settings, final figures)."""
     rows = ["| mode | formal guarantee | optimizer state | rounds | private acc | proxy acc | ε (δ) | accountant | wall time | s/round | command |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, d in runs.items():
@@ -109,6 +111,7 @@ def epsilon_section(summary: dict) -> list[str]:
 
 
 def comparison_plot(runs: dict[str, Path], out: Path) -> None:
+    """Private and proxy accuracy against rounds for the compared runs."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for mode, d in runs.items():
         recs = read_metrics(d)
@@ -127,6 +130,7 @@ def comparison_plot(runs: dict[str, Path], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Write docs/proxyfl.md from the ProxyFL runs and benchmarks (arguments: ``--help``)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--strict", type=Path, required=True)
     ap.add_argument("--paper", type=Path, required=True)

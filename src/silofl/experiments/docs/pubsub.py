@@ -24,6 +24,7 @@ TITLES = {
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Write docs/pubsub.md from the scenario runs (arguments: ``--help``)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="reports/pubsub")
     ap.add_argument("--out", default="docs/pubsub.md")

@@ -27,6 +27,7 @@ SERVER = ("fedavg", "fml")
 
 
 def load(folder: Path) -> dict:
+    """A compare report folder's results.json."""
     rep = json.loads((folder / "results.json").read_text())
     rep["folder"] = folder
     return rep
@@ -43,6 +44,7 @@ def per_seed(row: dict) -> dict[int, float]:
 
 
 def curve(folder: Path | None, row: dict) -> dict[int, float]:
+    """Mean accuracy per round of one method over its runs and clients."""
     folder = folder or row["_folder"]
     by_round = defaultdict(list)
     for rid in row["runs"]:
@@ -53,6 +55,7 @@ def curve(folder: Path | None, row: dict) -> dict[int, float]:
 
 
 def main(argv: list[str]) -> None:
+    """Write docs/results.md from the study's report folders (arguments: see the module doc)."""
     import argparse
 
     ap = argparse.ArgumentParser(usage=__doc__)

@@ -17,7 +17,7 @@ import torch
 from silofl.comm.messages import Message, Packet
 from silofl.comm.wire import encode, read_model
 from silofl.core.errors import PeerModelRejected
-from silofl.core.seeds import client_seeds
+from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Coordinator, RoundEvents
 from silofl.models import ModelSpec
 from silofl.site.dpsgd import DPSGDSite
@@ -46,7 +46,7 @@ class CentralSite(DPSGDSite):
         rejected = []
         for p in msg.packets:
             try:
-                tensors, _, _ = self.read(p)
+                tensors, _, _ = self.read(p, rnd=rnd)
                 self.replace_shared(tensors, token=("server", rnd))
             except PeerModelRejected as e:
                 rejected.append(self.reject(rnd, p, e))
@@ -76,21 +76,27 @@ class AveragingServer:
         return self._encoded[1]
 
     def state_dict(self) -> dict:
+        """The global model and the round it was last updated."""
         return {"model": self.model.state_dict(), "version": self.version}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         self.model.load_state_dict(state["model"])
         self.version = int(state["version"])
         self._encoded = None
 
-    def aggregate(self, rnd: int, packets: list[Packet]) -> list[dict]:
-        """Average the valid uploads into the global model; the refused ones as records."""
+    def aggregate(self, rnd: int, packets: list[Packet], weights: dict[int, float] | None = None) -> list[dict]:
+        """Average the valid uploads into the global model; the refused ones as records. ``weights``: each site's
+        aggregation weight (its public data size, or 1): an upload claiming another is refused."""
         template = {k: v.detach().clone() for k, v in self.state().items()}
         received, rejected = [], []
         for p in packets:
             try:
-                tensors, weights, _ = read_model(p.data, template, (WEIGHT_KEY,), positive=True)
-                received.append((tensors, weights[WEIGHT_KEY]))
+                tensors, w, _ = read_model(p.data, template, (WEIGHT_KEY,), positive=True,
+                                           expect={"round": rnd, "src": p.src})
+                if weights is not None and w[WEIGHT_KEY] != weights.get(p.src):
+                    raise PeerModelRejected(f"aggregation weight {w[WEIGHT_KEY]:g}, expected {weights.get(p.src)}")
+                received.append((tensors, w[WEIGHT_KEY]))
             except PeerModelRejected as e:
                 log.warning("server rejected the model from client %d in round %d: %s", p.src, rnd, e)
                 rejected.append({"round": rnd, "client": self.node, "src": p.src, "reason": str(e)})
@@ -112,7 +118,7 @@ class Centralized(Coordinator):
 
     def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False):
         super().__init__(cfg, n_sites)
-        self.server = AveragingServer(n_sites, spec, client_seeds(cfg.seed, n_sites)[0], device)
+        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device)
         self.uniform = uniform
 
     def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:
@@ -131,8 +137,9 @@ class Centralized(Coordinator):
             return events
         meta = {"round": rnd, "uniform": self.uniform, "server": self.server_id}
         uploads = self.call("train_upload", {k: Message(dict(meta)) for k in active})
-        packets = [p for k in sorted(uploads) for p in uploads[k].packets if p.src == k and p.dst == self.server_id]
-        events.rejected += self.server.aggregate(rnd, packets)
+        packets = [p for k in sorted(uploads) for p in self.routable(rnd, k, uploads, {self.server_id}, events)]
+        weights = {k: 1.0 if self.uniform else float(self.info[k]["n"]) for k in active}
+        events.rejected += self.server.aggregate(rnd, packets, weights)
         self.broadcast(rnd, active, events)
         return events
 

@@ -44,13 +44,19 @@ import torch
 from silofl.comm.messages import Message, Packet
 from silofl.comm.wire import encode, read_model
 from silofl.core.errors import ConfigError, PeerModelRejected
-from silofl.core.seeds import client_seeds
+from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Coordinator, RoundEvents
 from silofl.fl.options import PRIVACY_UNITS, MethodOptions, check_model, choice, positive, unit_interval
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, NoiseSource
-from silofl.privacy.analysis import subclient_clip, unit_noise_multipliers, update_noise_multiplier
+from silofl.privacy.analysis import (
+    COUNT_SENSITIVITY,
+    subclient_clip,
+    unit_noise_multipliers,
+    update_noise_multiplier,
+)
 from silofl.privacy.client_level import AdaptiveClip
+from silofl.privacy.sampling import load_sampler_state, make_sampler, sampler_state, uniforms
 from silofl.site.subclients import (
     BROADCAST,
     CLIP,
@@ -73,7 +79,7 @@ log = logging.getLogger("silofl")
 
 TOLERANCE = 1e-4  # relative slack on the announced norm bound (float32 sums)
 RATIO_FLOOR, RATIO_SMOOTHING = 0.05, 0.7  # adaptive v: clamp and exponential smoothing of the noised norm ratio
-__all__ = ["BROADCAST", "ClientLevelDP", "ClientLevelOptions", "ClientLevelSite", "DPServer", "PrivacyLedger"]
+__all__ = ["BROADCAST", "ClientLevelDP", "ClientLevelOptions", "ClientLevelSite", "DPServer", "UnitAccountants"]
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -215,14 +221,16 @@ class ClientLevelSite(SubclientSite):
 
 
 # ---------------------------------------------------------------------------------------------- server
-class PrivacyLedger:
-    """The server's two accountants (hospital and sub-client unit) and the budget of the run's unit."""
+class UnitAccountants:
+    """The server's two accountants (hospital and sub-client unit), the budget of the run's unit, and the ledger
+    they are rebuilt from."""
 
     def __init__(self, cfg):
         self.cfg = cfg
         self.opts = cfg.options
         self.unit = self.opts.privacy_unit
         self.accountants = {u: Accountant(cfg.accountant) for u in ("hospital", "subclient")}
+        self.ledger = None
         self.budget = Budget(self.accountants[self.unit], cfg.target_epsilon, cfg.delta) if cfg.is_private else None
 
     def allows_round(self) -> bool:
@@ -230,13 +238,32 @@ class PrivacyLedger:
         return self.budget is None or self.budget.allows(self.cfg.noise_multiplier, self.opts.client_rate, 1)
 
     def record(self, z_total: float, v: int) -> dict[str, float]:
-        """Record one round of the mechanism that ran (total noise multiplier ``z_total``, v sub-clients)."""
+        """Record one round of the mechanism that ran (the calibrated unit's total multiplier ``z_total``, v
+        sub-clients, the auxiliary releases of this run): each unit's multiplier, in the server's ledger first."""
         if not self.cfg.is_private:
             return {}
-        zs = unit_noise_multipliers(z_total, v, self.unit)
+        zs = unit_noise_multipliers(z_total, v, self.unit, self.opts.count_noise_std(self.cfg),
+                                    self.opts.norm_noise_multiplier(self.cfg))
+        if self.ledger is not None:
+            self.ledger.append("client-level", multipliers=zs, sample_rate=self.opts.client_rate, v=v)
         for u, z in zs.items():
             self.accountants[u].step(z, self.opts.client_rate, 1)
         return zs
+
+    def open(self, folder) -> None:
+        """Keep the rounds in a ledger in ``folder``; the accountants are rebuilt from it (see :meth:`restore`)."""
+        from silofl.privacy.ledger import Ledger
+
+        self.ledger = Ledger(folder)
+        self.restore()
+
+    def restore(self) -> None:
+        """The accountants from the ledger's record of every round that ran."""
+        if self.ledger is None:
+            return
+        rounds = [e for e in self.ledger.entries if e["kind"] == "client-level"]
+        for u, acc in self.accountants.items():
+            acc.replay([(e["multipliers"][u], e["sample_rate"], 1) for e in rounds])
 
     def epsilons(self) -> dict[str, float]:
         """ε per unit so far."""
@@ -258,18 +285,19 @@ class PrivacyLedger:
 class DPServer:
     """Node N: noise, clip adaptation, the choice of v, the server optimizer, the accountants."""
 
-    def __init__(self, node: int, spec: ModelSpec, cfg, sizes: list[int], ledger: PrivacyLedger, device, optimizer: str):
-        seed_init, seed_sample, seed_noise, _ = client_seeds(cfg.seed, node)
+    def __init__(self, node: int, spec: ModelSpec, cfg, sizes: list[int], accounts: UnitAccountants, device, optimizer: str):
+        seed_init, seed_sample, seed_noise, _ = party_seeds(cfg.seed, node)
+        seeded = cfg.seed is not None
         torch.manual_seed(seed_init)
-        self.node, self.spec, self.cfg, self.sizes, self.ledger = node, spec, cfg, sizes, ledger
+        self.node, self.spec, self.cfg, self.sizes, self.accounts = node, spec, cfg, sizes, accounts
         o = self.opts = cfg.options
         self.model = spec.build().to(device)
         self.names = [k for k, _ in self.model.named_parameters()]
         self.d = sum(p.numel() for p in self.model.parameters())
         self.opt = make_optimizer(optimizer, o)
         # the aggregate is formed on the CPU (messages arrive there): the same noise on any device
-        self.noise = NoiseSource(seed_noise, secure=cfg.secure_noise, device="cpu")
-        self.sampler = torch.Generator().manual_seed(seed_sample)
+        self.noise = NoiseSource(seed_noise if seeded else None, device="cpu")
+        self.sampler = make_sampler(seed_sample if seeded else None)  # client sampling: secure unless seeded
         self.v_cap = min(sizes) // cfg.batch_size
         if o.max_intermediaries is not None:
             self.v_cap = min(self.v_cap, o.max_intermediaries)
@@ -285,8 +313,8 @@ class DPServer:
         # the mechanism: the update sum's noise multiplier z_Δ, chosen so that with the auxiliary releases
         # the whole round is one Gaussian mechanism of total multiplier z (what the ledger records)
         self.z_total = cfg.noise_multiplier
-        self.z_update = update_noise_multiplier(self.z_total, o.count_noise_std(cfg), o.norm_noise_multiplier(cfg)) \
-            if cfg.is_private else 0.0
+        self.z_update = update_noise_multiplier(self.z_total, o.count_noise_std(cfg), o.norm_noise_multiplier(cfg),
+                                                COUNT_SENSITIVITY[o.privacy_unit]) if cfg.is_private else 0.0
         self.selected: set[int] = set()
         self.norm_ratio: float | None = None
         self.history: list[dict] = []
@@ -296,22 +324,28 @@ class DPServer:
     def state_dict(self) -> dict:
         """Model, optimizer, RNGs, clip, v and both accountants."""
         return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "noise": self.noise.state_dict(),
-                "sampler": self.sampler.get_state(), "clip": self.clip.clip if self.clip is not None else None,
+                "sampler": sampler_state(self.sampler), "clip": self.clip.clip if self.clip is not None else None,
                 "v": self.v, "norm_ratio": self.norm_ratio, "selected": sorted(self.selected), "history": self.history,
-                "accountants": {u: a.state_dict() for u, a in self.ledger.accountants.items()}}
+                "accountants": {u: a.state_dict() for u, a in self.accounts.accountants.items()},
+                "ledger_head": self.accounts.ledger.head.to_dict() if self.accounts.ledger is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (the accountants may only grow)."""
         device = next(self.model.parameters()).device
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state["opt"].items()})
         self.noise.load_state_dict(state["noise"])
-        self.sampler.set_state(state["sampler"])
+        load_sampler_state(self.sampler, state["sampler"])
         if self.clip is not None:
             self.clip.clip = float(state["clip"])
         self.v, self.norm_ratio = int(state["v"]), state["norm_ratio"]
         self.selected, self.history = set(state["selected"]), list(state["history"])
-        for u, a in self.ledger.accountants.items():
-            a.load_state_dict(state["accountants"][u])
+        if self.accounts.ledger is not None:  # what ran, from the ledger — never a number from the checkpoint
+            self.accounts.ledger.check_head(state["ledger_head"])
+            self.accounts.restore()
+        else:
+            for u, a in self.accounts.accountants.items():
+                a.load_state_dict(state["accountants"][u])
         self._announced = None
 
     # ------------------------------------------------------------------ what the server announces
@@ -328,14 +362,14 @@ class DPServer:
     def select(self, clients: list[int]) -> None:
         """Poisson-sample the sites that train next round."""
         q = self.opts.client_rate
-        draws = torch.rand(len(self.sizes), generator=self.sampler)
+        draws = uniforms(len(self.sizes), self.sampler)
         self.selected = {k for k in clients if q >= 1.0 or float(draws[k]) < q}
 
     def _announcement(self, rnd: int) -> dict[str, torch.Tensor]:
         """What every client is told this round (model, v, clip, τ̄, ε): computed once per broadcast."""
         key = (rnd, len(self.history))
         if self._announced is None or self._announced[0] != key:
-            eps = self.ledger.epsilons()
+            eps = self.accounts.epsilons()
             sub_clip = (subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit) if self.cfg.is_private
                         else self.clip_bound)
             scalars = {V: self.v, CLIP: sub_clip, TAU: self.tau_bar(), EPS_H: eps["hospital"], EPS_S: eps["subclient"]}
@@ -368,7 +402,7 @@ class DPServer:
             try:
                 if env.src not in self.selected:
                     raise PeerModelRejected("update from a client that was not selected this round")
-                t, s, _ = read_model(env.data, ref, UPDATE)
+                t, s, _ = read_model(env.data, ref, UPDATE, expect={"round": rnd, "src": env.src})
                 upd = t["update"].to(total.device)
                 units = s[UNITS]
                 want_units = 1 if o.privacy_unit == "hospital" else self.v
@@ -394,7 +428,7 @@ class DPServer:
             noise = self.noise.normal((self.d,), self.z_update * per_unit_bound, dtype=torch.float64)
             noise_norm = float(torch.linalg.vector_norm(noise))
             released = total + noise
-            zs = self.ledger.record(self.z_total, self.v)
+            zs = self.accounts.record(self.z_total, self.v)
             stats.update({"noise_std": self.z_update * per_unit_bound, "z_update": self.z_update,
                           "z_hospital": zs["hospital"], "z_subclient": zs["subclient"]})
             stats.update(self._diagnostics(total, noise_norm, norm_sum, updates))
@@ -423,7 +457,7 @@ class DPServer:
             new = flat({k: p.detach() for k, p in params.items()}) + step
             for k, val in unflat(new, {k: p for k, p in params.items()}).items():
                 params[k].copy_(val)
-        stats.update({f"epsilon_{u}": e for u, e in self.ledger.epsilons().items()} if cfg.is_private else {})
+        stats.update({f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()} if cfg.is_private else {})
         self.history.append(stats)
         return rejected
 
@@ -450,24 +484,32 @@ class ClientLevelDP(Coordinator):
     def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, optimizer: str):
         super().__init__(cfg, n_sites)
         self.spec, self.device, self.optimizer = spec, device, optimizer
-        self.ledger = PrivacyLedger(cfg)
+        self.accounts = UnitAccountants(cfg)
         self.server: DPServer | None = None
 
     def setup(self) -> None:
         cfg, o = self.cfg, self.cfg.options
+        missing = sorted(set(range(self.n_sites)) - set(self.info))
+        if missing:
+            lost = self.engine.lost if self.engine is not None else {}
+            raise ConfigError(f"client-level DP needs every hospital's public data size at the start; site(s) "
+                              f"{missing} did not answer ({'; '.join(lost.get(k, 'no reply') for k in missing)})")
         sizes = [int(self.info[k]["n"]) for k in range(self.n_sites)]
         if cfg.is_private:
             units = self.n_sites * (1 if o.privacy_unit == "hospital" else
                                     (o.fixed_intermediaries or min(sizes) // cfg.batch_size))
             if cfg.delta > 1.0 / units:
                 raise ConfigError(f"delta {cfg.delta:g} must be at most 1/(number of privacy units) = 1/{units}")
-        self.server = DPServer(self.server_id, self.spec, cfg, sizes, self.ledger, self.device, self.optimizer)
+        self.server = DPServer(self.server_id, self.spec, cfg, sizes, self.accounts, self.device, self.optimizer)
+
+    def open_ledger(self, folder) -> None:
+        self.accounts.open(folder)
 
     def may_continue(self, k: int) -> bool:
-        return super().may_continue(k) and self.ledger.allows_round()
+        return super().may_continue(k) and self.accounts.allows_round()
 
     def budget_message(self) -> str:
-        led, cfg = self.ledger, self.cfg
+        led, cfg = self.accounts, self.cfg
         one = led.accountants[led.unit].epsilon_after(cfg.noise_multiplier, cfg.options.client_rate, 1, cfg.delta)
         return (f"target_epsilon {led.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
                 f"δ={cfg.delta:g}, {led.unit} level): raise the budget or the noise multiplier")
@@ -490,7 +532,7 @@ class ClientLevelDP(Coordinator):
             return events
         chosen = sorted(self.server.selected & set(active))
         uploads = self.call("train_upload", {k: Message({"round": rnd, "server": self.server_id}) for k in chosen})
-        packets = [p for k in sorted(uploads) for p in uploads[k].packets if p.src == k and p.dst == self.server_id]
+        packets = [p for k in sorted(uploads) for p in self.routable(rnd, k, uploads, {self.server_id}, events)]
         events.rejected += self.server.aggregate(rnd, packets)
         self.broadcast(rnd, active, events)
         return events
@@ -499,14 +541,20 @@ class ClientLevelDP(Coordinator):
         if self.server is None or not self.server.history:
             return {}
         h = self.server.history[-1]
-        keys = ("xi", "phi", "lambda", "cos_std", "v", "clip", "epsilon_hospital", "epsilon_subclient")
+        keys = ["v", "clip", "epsilon_hospital", "epsilon_subclient"]  # privatised or public
+        if self.release_nonprivate:  # diagnostics of the un-noised sum
+            keys = ["xi", "phi", "lambda", "cos_std", *keys]
         return {key: h[key] for key in keys if key in h}
 
     def site_report(self, k: int, report: dict) -> dict:
-        return {**report, "privacy": {**report["privacy"], **self.ledger.report()}}
+        return {**report, "privacy": {**report["privacy"], **self.accounts.report()}}
 
     def round_history(self) -> list[dict]:
-        return self.server.history if self.server is not None else []
+        history = self.server.history if self.server is not None else []
+        if self.release_nonprivate:
+            return history
+        diagnostics = ("xi", "phi", "lambda", "cos_std")  # of the un-noised sum: kept by the server
+        return [{k: v for k, v in h.items() if k not in diagnostics} for h in history]
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "server": self.server.state_dict()}
@@ -516,7 +564,7 @@ class ClientLevelDP(Coordinator):
         self.server.load_state_dict(state["server"])
 
     def privacy_summary(self) -> dict:
-        cfg, o, led = self.cfg, self.cfg.options, self.ledger
+        cfg, o, led = self.cfg, self.cfg.options, self.accounts
         if not cfg.is_private:
             return {"unit": "none (no DP)", "privacy_unit": o.privacy_unit}
         eps = led.epsilons()
@@ -528,11 +576,11 @@ class ClientLevelDP(Coordinator):
             "epsilon_subclient": eps["subclient"],
             "note_units": (
                 f"calibrated per {led.unit}: ε_{led.unit} is the run's guarantee; ε_{other} is the same mechanism "
-                f"accounted for one {other} (noise multiplier "
-                + ("z·v" if led.unit == "hospital" else "z/v: a hospital's v sub-clients move the sum by v·C")
-                + "). ε_subclient is the figure the published code reports: it bounds the loss of one record (or of "
-                  "records that share a sub-client every round), not of a hospital; a hospital's v sub-clients move "
-                  "the sum together, which ε_hospital accounts for."
+                f"accounted for one {other}, block by block (update sum, and the unclipped count and norm sum when they "
+                f"are released). ε_hospital bounds everything one hospital holds — any of its records, or all of them. "
+                "ε_subclient (the figure the published code reports) bounds one sub-client's shard as its hospital "
+                "split it that round: not one record (removing a record re-splits the hospital's data and changes "
+                "every shard), and not a hospital (its v sub-clients move the sum together, which ε_hospital accounts for)."
             ),
             "noise_multiplier_total": cfg.noise_multiplier,
             "noise_multiplier_update": self.server.z_update,

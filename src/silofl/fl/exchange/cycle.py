@@ -38,7 +38,7 @@ class CycleSite(DPSGDSite):
         accepted, rejected = False, []
         for p in msg.packets:
             try:
-                tensors, _, _ = self.read(p)
+                tensors, _, _ = self.read(p, rnd=rnd)
                 self.replace_shared(tensors)
                 accepted = True
             except PeerModelRejected as e:
@@ -56,7 +56,7 @@ class CWT(Coordinator):
 
     def _deliver(self, rnd: int, src: int, dst: int, reply: Message | None, events: RoundEvents) -> int:
         """Deliver ``src``'s packet to ``dst``; the site holding the newest model afterwards."""
-        packets = [p for p in (reply.packets if reply is not None else []) if p.src == src and p.dst == dst]
+        packets = self.routable(rnd, src, {src: reply} if reply is not None else {}, {dst}, events)
         got = self.call("receive", {dst: Message({"round": rnd}, packets)}).get(dst)
         if got is None:
             return src

@@ -30,9 +30,10 @@ PUSHSUM_KEY = "__pushsum_weight__"
 class GossipSite(DPSGDSite):
     """A DP-SGD site that gossips its shared model with PushSum de-bias weights."""
 
-    def __init__(self, *args, self_weight: float = 0.0, **kwargs):
+    def __init__(self, *args, self_weight: float = 0.0, max_weight: float = float("inf"), **kwargs):
         super().__init__(*args, **kwargs)
         self.self_weight = self_weight
+        self.max_weight = max_weight  # PushSum conserves the total weight: no share exceeds the number of sites
         self.pushsum_weight = 1.0
         self._kept_weight = 1.0
         self._sent: tuple[dict[str, torch.Tensor], float, set[int]] | None = None  # last round's (θ, w each, to)
@@ -101,11 +102,22 @@ class GossipSite(DPSGDSite):
         received, rejected = [], []
         for p in packets:
             try:
-                tensors, extras, _ = self.read(p, (PUSHSUM_KEY,))
+                tensors, extras, _ = self.read(p, (PUSHSUM_KEY,), rnd)
+                if extras[PUSHSUM_KEY] > self.max_weight:
+                    raise PeerModelRejected(f"PushSum weight {extras[PUSHSUM_KEY]:.3g} exceeds the total weight "
+                                            f"{self.max_weight:g} of all sites")
                 received.append((tensors, extras[PUSHSUM_KEY]))
             except PeerModelRejected as e:
                 rejected.append(self.reject(rnd, p, e))
-        new_state, self.pushsum_weight = combine(own, self._kept_weight, received)
+        new_state, weight = combine(own, self._kept_weight, received)
+        if received:
+            try:
+                self.probe(new_state)  # the mix of valid models is valid; checked anyway before it is used
+            except PeerModelRejected as e:
+                rejected += [self.reject(rnd, p, e) for p in packets]
+                received = []
+                new_state, weight = combine(own, self._kept_weight, received)
+        self.pushsum_weight = weight
         if received:
             self.replace_shared(new_state)
         elif self._kept_weight == 0.0:  # combine gave it back its own model with weight 1
@@ -128,9 +140,8 @@ class Gossip(Coordinator):
         sent = self.call("train_send", {k: Message({"round": rnd, "to": edges[k]}) for k in active})
         inbox: dict[int, list[Packet]] = {k: [] for k in active}
         for k in sorted(sent):
-            for p in sent[k].packets:
-                if p.src == k and p.dst in edges[k] and p.dst in inbox:  # itself, to this round's neighbours
-                    inbox[p.dst].append(p)
+            for p in self.routable(rnd, k, sent, set(edges[k]) & set(inbox), events):
+                inbox[p.dst].append(p)
         received = self.call("receive", {k: Message({"round": rnd}, sorted(inbox[k], key=lambda p: p.src))
                                          for k in active})
         for r in received.values():

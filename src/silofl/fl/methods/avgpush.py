@@ -27,7 +27,7 @@ class AvgPushOptions(GossipOptions, SharedModelOptions):
 class AvgPush(Method):
     def make_site(self, k, x, y, data):
         return GossipSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global",
-                          self_weight=self.opts.self_weight)
+                          self_weight=self.opts.self_weight, max_weight=self.cfg.clients)
 
     def make_coordinator(self, n_sites, data, device):
         return Gossip(self.cfg, n_sites, make_graph(self.opts.graph))

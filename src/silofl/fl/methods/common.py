@@ -14,7 +14,7 @@ def dpsgd_settings(cfg: Any, k: int) -> DPSGDSettings:
     return DPSGDSettings(
         seed=cfg.seed, batch_size=cfg.batch_size, lr=o.lr, weight_decay=o.weight_decay, private=cfg.is_private,
         noise_multiplier=cfg.noise_multiplier, clip=cfg.clip, delta=cfg.delta, accountant=cfg.accountant,
-        target_epsilon=cfg.target_epsilon_of(k), secure_noise=cfg.secure_noise, dp_backend=o.dp_backend,
+        target_epsilon=cfg.target_epsilon_of(k), dp_backend=o.dp_backend,
         optimizer_state=getattr(o, "optimizer_state", "reset"), dml_alpha=getattr(o, "dml_alpha", 0.5),
         dml_beta=float(getattr(o, "dml_beta", 0.0) or 0.0))
 

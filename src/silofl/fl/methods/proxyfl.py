@@ -44,7 +44,7 @@ class ProxyFL(Method):
         o = self.opts
         return GossipSite(k, x, y, spec(o.proxy_model, data), dpsgd_settings(self.cfg, k),
                           private_spec=spec(o.private_model_of(k), data), shared_field="proxy",
-                          self_weight=o.self_weight)
+                          self_weight=o.self_weight, max_weight=self.cfg.clients)
 
     def make_coordinator(self, n_sites, data, device):
         return Gossip(self.cfg, n_sites, make_graph(self.opts.graph))

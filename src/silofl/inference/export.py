@@ -1,0 +1,253 @@
+"""``silofl export``: a site's model as ONNX (preprocessing inside the graph) with a model card.
+
+``OUT/model.onnx`` takes the *raw* inputs (``x``: a table's features in schema order, numbers as they are and
+categories as level indices, NaN where missing; or images in [0, 1] at the run's size) and returns class
+probabilities (``probabilities``); the site's scaling, filling and one-hot encoding run inside the graph, so a
+serving stack needs onnxruntime and nothing of silofl. ``OUT/preprocessing.json`` documents the same steps
+(and the level lists to turn categories into indices). ``OUT/model_card.json`` and ``.md`` say what the model
+is, what data it was trained on, what privacy guarantee covers it — and what does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from silofl.core.errors import ConfigError
+from silofl.data.preprocessing import TablePreprocessing
+from silofl.inference.pipeline import LoadedModel, load_pipeline
+
+FORMATS = ("onnx",)
+CARD_FORMAT = "silofl.model-card/1"
+
+
+def example_input(loaded: LoadedModel, n: int = 2) -> torch.Tensor:
+    """A batch of ``n`` valid raw inputs (for tracing)."""
+    prep = loaded.preprocessing
+    if isinstance(prep, TablePreprocessing):
+        return torch.zeros(n, len(prep.schema.features))
+    return torch.full((n, *prep.input_shape), 0.5)
+
+
+def export(path: str | Path, client: int, out: str | Path, model: str = "private", fmt: str = "onnx",
+           overwrite: bool = False) -> dict:
+    """Write ``model.onnx``, ``preprocessing.json``, ``model_card.json`` and ``model_card.md`` under ``out``; returns the
+    card."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format takes {', '.join(FORMATS)}, got {fmt!r}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
+    loaded = load_pipeline(path, client, model)
+    out.mkdir(parents=True, exist_ok=True)
+    onnx_path = out / "model.onnx"
+    export_onnx(loaded, onnx_path)
+    shutil.copyfile(loaded.models_dir / f"client{client}_preprocessing.json", out / "preprocessing.json")
+    card = model_card(loaded, onnx_path)
+    (out / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    (out / "model_card.md").write_text(card_markdown(card))
+    return card
+
+
+def export_onnx(loaded: LoadedModel, path: Path) -> None:
+    """The pipeline as an ONNX graph with a dynamic batch dimension (torch's exporter)."""
+    import warnings
+
+    x = example_input(loaded)
+    batch = torch.export.Dim("batch")
+    quiet = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:  # the exporter logs every op library it skips (torchvision's, absent here)
+        lg.setLevel(logging.ERROR)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(loaded.pipeline, (x,), str(path), input_names=["x"], output_names=["probabilities"],
+                              dynamic_shapes=({0: batch},), external_data=False, verbose=False)
+        except ImportError as e:  # onnx / onnxscript missing
+            raise ConfigError(f"ONNX export needs the onnx and onnxscript packages ({e}); reinstall silofl") from None
+        finally:
+            for lg, level in zip(quiet, levels, strict=True):
+                lg.setLevel(level)
+
+
+def _round(v: Any, nd: int = 4) -> Any:
+    return round(v, nd) if isinstance(v, float) and math.isfinite(v) else v
+
+
+def model_card(loaded: LoadedModel, onnx_path: Path | None = None) -> dict:
+    """What the model is, its training data, its privacy and its evaluation (from the run's files)."""
+    prep = loaded.preprocessing
+    k, role = loaded.client, loaded.role
+    summary = _read_json(loaded.run_dir / "summary.json") if loaded.run_dir else None
+    n_params = sum(p.numel() for p in loaded.pipeline.model.parameters())
+    card: dict[str, Any] = {
+        "format": CARD_FORMAT,
+        "model": {"client": k, "site": prep.site or None, "role": role, "architecture": loaded.spec.name,
+                  "input_shape": list(loaded.spec.input_shape), "classes": prep.classes, "parameters": n_params,
+                  "file": onnx_path.name if onnx_path else None,
+                  "onnx": {"input": "x: float32 [batch, " + ", ".join(str(s) for s in _raw_shape(loaded)) + "] — " +
+                           prep.to_dict()["input"], "output": "probabilities: float32 [batch, classes]",
+                           "preprocessing": "inside the graph: " + prep.to_dict()["steps"]}},
+        "training_data": _training_data(loaded, summary),
+        "privacy": _privacy(loaded, summary),
+        "evaluation": _evaluation(loaded, summary),
+    }
+    if summary:
+        card["run"] = {"folder": str(loaded.run_dir), "method": summary.get("method"),
+                       "rounds_run": summary.get("rounds_run"), "privacy_mode": summary["privacy"]["mode"]}
+    return card
+
+
+def _raw_shape(loaded: LoadedModel) -> list[int]:
+    return list(example_input(loaded, 1).shape[1:])
+
+
+def _read_json(p: Path) -> dict | None:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_yaml(p: Path) -> dict | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _training_data(loaded: LoadedModel, summary: dict | None) -> dict:
+    prep = loaded.preprocessing
+    d: dict[str, Any] = {"kind": prep.kind, "rows": prep.rows, "site": prep.site or None}
+    if summary:
+        sites = summary.get("sites") or []
+        d["dataset"] = summary.get("dataset")
+        if loaded.client < len(sites):
+            d["site"] = sites[loaded.client]
+        d["source"] = summary.get("data_source")
+        cfg = _read_yaml(loaded.run_dir / "config.yaml") if loaded.run_dir else None
+        site_data = (cfg or {}).get("site_data") or []
+        if loaded.client < len(site_data):
+            d["source"] = site_data[loaded.client]
+    if isinstance(prep, TablePreprocessing):
+        d["schema"] = prep.schema.to_dict()
+    else:
+        d["images"] = {"size": prep.image_size, "mode": prep.mode, "classes": prep.classes}
+    stats = prep.site_statistics
+    d["preprocessing_statistics"] = (
+        f"NOT differentially private: {', '.join(stats)} of the site's own training rows are in the graph and in "
+        "preprocessing.json" if stats else "public: only the schema's declared bounds, fills and levels (nothing computed "
+        "from the site's rows)")
+    return d
+
+
+def _privacy(loaded: LoadedModel, summary: dict | None) -> dict:
+    k, role = loaded.client, loaded.role
+    stats = loaded.preprocessing.site_statistics
+    extra = (f" The preprocessing shipped with it holds statistics of the site's rows ({', '.join(stats)}) that no "
+             "DP mechanism protects.") if stats else ""
+    if summary is None:
+        return {"differentially_private": None, "statement": "no summary.json next to the models: the privacy of this "
+                "model is unknown." + extra}
+    priv = summary["privacy"]
+    if priv["mode"] == "off":
+        return {"differentially_private": False, "epsilon": None, "delta": None,
+                "statement": "trained without differential privacy (privacy off): it can reveal the training rows; keep "
+                "it where the data may go." + extra}
+    acct: dict = next((a for a in summary.get("accounting", []) if a.get("client") == k), {})
+    client_level = "epsilon_hospital" in priv
+    if client_level:
+        dp = role == "global"
+        eps = priv.get(f"epsilon_{priv.get('privacy_unit', 'hospital')}")
+        inputs = {"noise_multiplier": priv.get("noise_multiplier_total"), "client_rate": priv.get("client_rate"),
+                  "rounds": summary.get("rounds_run"), "accountant": priv.get("accountant")}
+    else:
+        dp = acct.get("dp_model") == role
+        eps = acct.get("epsilon")
+        inputs = {key: acct.get(key) for key in ("noise_multiplier", "sample_rate", "steps", "accountant", "clip")}
+    if not dp:
+        return {"differentially_private": False, "epsilon": None, "delta": None,
+                "statement": f"NOT differentially private: the {role} model was trained on the site's own rows without "
+                "noise (what it learnt from other sites' DP models is post-processing, but nothing bounds what it "
+                "reveals about this site's rows). It is the site's to keep; release it only where the data itself may "
+                "go." + extra}
+    formal = bool(priv.get("formal_guarantee"))
+    unit = priv.get("unit")
+    statement = (f"({_round(eps)}, {priv['delta']:g})-DP for {unit}, from {inputs.get('accountant') or priv.get('accountant')} "
+                 f"fed with the mechanism that ran; {priv.get('note')}.")
+    if not formal:
+        statement = "NOT a formal guarantee: " + statement
+    return {"differentially_private": True, "formal_guarantee": formal, "epsilon": eps, "delta": priv["delta"],
+            "unit": unit, "what_was_released": f"the {role} model's weights (and anything computed from them)",
+            "accountant_inputs": inputs, "statement": statement + extra,
+            **({"epsilon_hospital": priv["epsilon_hospital"], "epsilon_subclient": priv["epsilon_subclient"]}
+               if client_level else {})}
+
+
+def _evaluation(loaded: LoadedModel, summary: dict | None) -> dict:
+    if summary is None:
+        return {}
+    row: dict = next((r for r in summary["final"]["per_client"] if r["client"] == loaded.client), {})
+    key = f"{loaded.role}_acc"
+    return {"test_set": summary.get("test_set"), "accuracy_external": row.get(key),
+            "accuracy_internal": row.get(f"{key}_internal"), "round": row.get("round"),
+            "internal_test_set": "the site's own held-out rows" if row.get(f"{key}_internal") is not None else None}
+
+
+def card_markdown(card: dict) -> str:
+    """The model card as Markdown."""
+    m, data, priv, ev = card["model"], card["training_data"], card["privacy"], card["evaluation"]
+    lines = [f"# Model card: client {m['client']} ({m['site'] or 'site ' + str(m['client'])}), {m['role']} model", "",
+             "## Model", "",
+             f"- architecture: `{m['architecture']}`, {m['parameters']} parameters, input shape {m['input_shape']}",
+             f"- classes: {', '.join(m['classes'])}",
+             f"- file: `{m['file']}` (ONNX)" if m.get("file") else "- file: —",
+             f"- input: {m['onnx']['input']}", f"- output: {m['onnx']['output']}",
+             f"- preprocessing: {m['onnx']['preprocessing']} (also in `preprocessing.json`)", "",
+             "## Privacy", "", f"**{priv['statement']}**", ""]
+    if priv.get("differentially_private"):
+        lines += [f"- ε = {_round(priv['epsilon'])}, δ = {priv['delta']:g}, unit: {priv['unit']}",
+                  f"- released: {priv['what_was_released']}",
+                  "- accountant inputs: " + ", ".join(f"{k} = {_round(v)}" for k, v in priv["accountant_inputs"].items()
+                                                       if v is not None), ""]
+    lines += ["## Training data", "", f"- site: {data.get('site')}, {data['rows']} training rows"
+              + (f" ({data.get('source')})" if data.get("source") else ""),
+              f"- preprocessing statistics: {data['preprocessing_statistics']}"]
+    if data["kind"] == "table":
+        sch = data["schema"]
+        lines += [f"- target: `{sch['target']['name']}` ∈ {{{', '.join(sch['target']['levels'])}}}", "",
+                  "| feature | type | levels / bounds | missing |", "|---|---|---|---|"]
+        for name, f in sch["features"].items():
+            what = ", ".join(f["levels"]) if f["type"] == "categorical" else (
+                f"[{f['bounds'][0]:g}, {f['bounds'][1]:g}]" if "bounds" in f else "—")
+            lines.append(f"| {name} | {f['type']} | {what} | {f['missing']} |")
+    else:
+        im = data["images"]
+        lines.append(f"- images: {im['size']}×{im['size']}, {'grey' if im['mode'] == 'L' else 'RGB'}")
+    lines += ["", "## Evaluation", ""]
+    if ev:
+        lines += [f"- accuracy on {ev['test_set']}: {_fmt(ev['accuracy_external'])}",
+                  f"- accuracy on the site's own held-out rows: {_fmt(ev['accuracy_internal'])}",
+                  f"- after round {ev['round']}"]
+    else:
+        lines.append("- no evaluation recorded (no summary.json next to the models)")
+    if card.get("run"):
+        r = card["run"]
+        lines += ["", f"Run: `{r['folder']}` ({r['method']}, {r['rounds_run']} rounds, privacy {r['privacy_mode']})."]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v: Any) -> str:
+    return "—" if v is None else f"{v:.4f}"

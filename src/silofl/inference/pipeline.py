@@ -1,0 +1,91 @@
+"""A site's model with its preprocessing, as one module: raw inputs → class probabilities."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from silofl.core.errors import ConfigError
+from silofl.data.preprocessing import Preprocessing, preprocessing_from_dict
+from silofl.models import ModelSpec, load_model
+
+SHARED_ROLES = ("proxy", "global")  # the model that left the site, by method
+
+
+class Pipeline(nn.Module):
+    """``softmax(model(preprocess(x)))``."""
+
+    def __init__(self, preprocess: nn.Module, model: nn.Module):
+        super().__init__()
+        self.preprocess, self.model = preprocess, model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model(self.preprocess(x)), dim=1)
+
+
+@dataclass
+class LoadedModel:
+    """What ``silofl predict`` / ``export`` need of one client's model."""
+
+    pipeline: Pipeline
+    spec: ModelSpec
+    preprocessing: Preprocessing
+    role: str  # the file's role: private | proxy | global
+    client: int
+    models_dir: Path
+    run_dir: Path | None  # the run folder, when the models sit in one (config.yaml, summary.json)
+
+
+def models_dir(path: str | Path, client: int) -> Path:
+    """The folder holding client ``client``'s model files: ``PATH/models`` (a run folder) or ``PATH`` itself."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"{p} is not a folder (give a run folder or a site folder with models)")
+    for d in (p / "models", p):
+        if any(d.glob(f"client{client}_*.safetensors")):
+            return d
+    found = sorted({f.name.split("_")[0] for f in [*p.glob("client*_*.safetensors"),
+                                                    *(p / "models").glob("client*_*.safetensors")]})
+    hint = f" (models found for {', '.join(found)})" if found else " (no client*_*.safetensors models there)"
+    raise ConfigError(f"{p} has no model of client {client}{hint}")
+
+
+def pick_role(d: Path, client: int, model: str) -> str:
+    """The file role for ``--model private|shared`` (shared: the proxy or the global model, whichever the method had)."""
+    roles = sorted(f.stem.split("_", 1)[1] for f in d.glob(f"client{client}_*.safetensors"))
+    if model == "private":
+        if "private" not in roles:
+            raise ConfigError(f"client {client} has no private model here (models: {', '.join(roles)}); use --model shared")
+        return "private"
+    if model == "shared":
+        shared = [r for r in SHARED_ROLES if r in roles]
+        if not shared:
+            raise ConfigError(f"client {client} has no shared (proxy or global) model here (models: {', '.join(roles)}); "
+                              "use --model private")
+        return shared[0]
+    raise ConfigError(f"--model takes private or shared, got {model!r}")
+
+
+def load_pipeline(path: str | Path, client: int, model: str = "private") -> LoadedModel:
+    """Client ``client``'s model (``private`` or ``shared``) and its site's preprocessing from a run or site folder."""
+    d = models_dir(path, client)
+    role = pick_role(d, client, model)
+    prep_file = d / f"client{client}_preprocessing.json"
+    if not prep_file.is_file():
+        raise ConfigError(f"{prep_file} not found: this run's data set has no recorded preprocessing (predict and export "
+                          "work for runs on tables, --dataset table, and on image folders, --dataset folder)")
+    try:
+        prep = preprocessing_from_dict(json.loads(prep_file.read_text()))
+    except ValueError as e:
+        raise ConfigError(f"{prep_file} is not valid JSON: {e}") from None
+    net, spec = load_model(d / f"client{client}_{role}")
+    if tuple(spec.input_shape) != tuple(prep.input_shape):
+        raise ConfigError(f"client{client}_{role} expects inputs {tuple(spec.input_shape)} but its preprocessing gives "
+                          f"{tuple(prep.input_shape)}")
+    pipe = Pipeline(prep.module(), net).eval()
+    run_dir = d.parent if d.name == "models" and (d.parent / "config.yaml").is_file() else None
+    return LoadedModel(pipe, spec, prep, role, client, d, run_dir)

@@ -1,0 +1,194 @@
+"""A site's privacy ledger: every release of the site's records, composed, in a file nobody can quietly
+edit or roll back.
+
+The ledger is a folder of the site's own: ``site.key`` (a 32-byte secret, mode 0600, created on first
+use and never sent anywhere) and ``ledger.jsonl``, one JSON entry per line. Each entry carries its
+sequence number, the MAC of the entry before it and its own MAC, HMAC-SHA256 keyed with the site's
+secret over the entry's canonical JSON: an edited, inserted, removed or reordered entry breaks the
+chain and the ledger refuses to open (:class:`LedgerTampered`). Truncating the tail leaves a valid
+shorter chain, so every checkpoint and run record also keeps the ledger's *head* (entry count and last
+MAC) and :meth:`Ledger.check_head` refuses a ledger older than a head it once had.
+
+What a site spends is always recomputed from the ledger, never read from a number elsewhere:
+
+* DP-SGD rounds (``kind: "dp-sgd"``): the (σ, q, steps) the mechanism reported, composed by the
+  accountant (:meth:`Ledger.history`) — a resumed run continues from what ran, whatever a checkpoint says;
+* releases of records (``kind: "release"``, PubSub-ML models and stream chunks): the (ε, δ) of the release
+  and the keyed digests of the record ids it covers. A record's spend is the sum over the releases that
+  contain it (basic composition; parallel composition over disjoint chunks falls out of it), and
+  :meth:`Ledger.require_release` refuses a release that would take any record past the site's lifetime
+  budget. A release is recorded *before* its model leaves the site; one refused on the way out (e.g. by the
+  broker) is then marked ``kind: "cancel"`` and no longer counts, so a crash in between can only over-count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from silofl.core.errors import BudgetExhausted, ConfigError, SiloflError
+
+FORMAT = "silofl.ledger/1"
+KEY_FILE, LEDGER_FILE = "site.key", "ledger.jsonl"
+GENESIS = "0" * 64
+
+
+class LedgerTampered(SiloflError):
+    """A ledger whose chain of MACs does not verify, or that is older than a head it once had."""
+
+
+def _canonical(entry: dict) -> bytes:
+    return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def load_key(folder: Path) -> bytes:
+    """The site's secret (created with mode 0600 on first use)."""
+    path = folder / KEY_FILE
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        raise LedgerTampered(f"{path} is not a site key") from None
+    if len(key) != 32:
+        raise LedgerTampered(f"{path} is not a site key")
+    return key
+
+
+@dataclass
+class Head:
+    """Where a ledger stood: its number of entries and the MAC of the last one."""
+
+    entries: int
+    mac: str
+
+    def to_dict(self) -> dict:
+        """Plain JSON."""
+        return {"entries": self.entries, "mac": self.mac}
+
+
+class Ledger:
+    """A site's append-only, MAC-chained ledger (see the module doc)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.key = load_key(self.folder)
+        self.path = self.folder / LEDGER_FILE
+        self.entries: list[dict] = []
+        if self.path.exists():
+            self._verify(self.path.read_text())
+
+    # ------------------------------------------------------------------ integrity
+    def _mac(self, entry: dict) -> str:
+        body = {k: v for k, v in entry.items() if k != "mac"}
+        return hmac.new(self.key, _canonical(body), hashlib.sha256).hexdigest()
+
+    def _verify(self, text: str) -> None:
+        prev = GENESIS
+        for i, line in enumerate(text.splitlines()):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                raise LedgerTampered(f"{self.path}: entry {i} is not JSON") from None
+            if not isinstance(entry, dict) or entry.get("seq") != i or entry.get("prev") != prev:
+                raise LedgerTampered(f"{self.path}: entry {i} is out of sequence (removed, inserted or reordered)")
+            if not hmac.compare_digest(str(entry.get("mac", "")), self._mac(entry)):
+                raise LedgerTampered(f"{self.path}: entry {i} fails its MAC (the ledger was edited)")
+            prev = entry["mac"]
+            self.entries.append(entry)
+
+    @property
+    def head(self) -> Head:
+        """The ledger's current head."""
+        return Head(len(self.entries), self.entries[-1]["mac"] if self.entries else GENESIS)
+
+    def check_head(self, head: dict | Head) -> None:
+        """Raise LedgerTampered unless this ledger contains the given head (it was not rolled back past it)."""
+        h = head if isinstance(head, Head) else Head(int(head["entries"]), str(head["mac"]))
+        have = GENESIS if h.entries == 0 else (self.entries[h.entries - 1]["mac"] if h.entries <= len(self.entries)
+                                               else None)
+        if have != h.mac:
+            raise LedgerTampered(f"{self.path} holds {len(self.entries)} entries and does not contain the head of "
+                                 f"{h.entries} entries recorded earlier: the ledger was rolled back or replaced")
+
+    def append(self, kind: str, **fields: Any) -> dict:
+        """Record an entry (durably: flushed and fsynced before returning)."""
+        entry = {"format": FORMAT, "seq": len(self.entries), "prev": self.head.mac, "kind": kind,
+                 "time": datetime.now(UTC).isoformat(timespec="seconds"), **fields}
+        entry["mac"] = self._mac(entry)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(_canonical(entry).decode() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.entries.append(entry)
+        return entry
+
+    # ------------------------------------------------------------------ DP-SGD rounds
+    def record_steps(self, run: str, noise_multiplier: float, sample_rate: float, steps: int, **extra: Any) -> None:
+        """Record steps of the subsampled Gaussian mechanism of run ``run``."""
+        if steps > 0:
+            self.append("dp-sgd", run=run, noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate),
+                        steps=int(steps), **extra)
+
+    def history(self, run: str | None = None) -> list[tuple[float, float, int]]:
+        """The (σ, q, steps) of every recorded DP-SGD step block (of run ``run``, or of every run), in order."""
+        return [(e["noise_multiplier"], e["sample_rate"], e["steps"]) for e in self.entries
+                if e["kind"] == "dp-sgd" and (run is None or e["run"] == run)]
+
+    # ------------------------------------------------------------------ releases of records
+    def record_digest(self, record_id: Any) -> str:
+        """A keyed digest of a record id (the ledger never stores the ids themselves)."""
+        return hmac.new(self.key, str(record_id).encode(), hashlib.sha256).hexdigest()[:24]
+
+    def spent(self, digests: set[str] | None = None) -> tuple[float, float]:
+        """The largest (ε, δ) any record (of ``digests``, or any) has spent, by basic composition."""
+        eps: dict[str, float] = defaultdict(float)
+        dlt: dict[str, float] = defaultdict(float)
+        cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
+        for e in self.entries:
+            if e["kind"] != "release" or e["seq"] in cancelled:
+                continue
+            for d in e["records"]:
+                if digests is None or d in digests:
+                    eps[d] += e["epsilon"]
+                    dlt[d] += e["delta"]
+        return (max(eps.values(), default=0.0), max(dlt.values(), default=0.0))
+
+    def require_release(self, digests: set[str], epsilon: float, delta: float, lifetime: tuple[float, float]) -> None:
+        """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget."""
+        eps, dlt = self.spent(digests)
+        if eps + epsilon > lifetime[0] * (1 + 1e-12) or dlt + delta > lifetime[1] * (1 + 1e-12):
+            raise BudgetExhausted(
+                f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's lifetime "
+                f"budget ε={lifetime[0]:g}, δ={lifetime[1]:g}: they have spent up to ε={eps:.4g}, δ={dlt:.3g} already")
+
+    def record_release(self, digests: set[str], epsilon: float, delta: float, **fields: Any) -> dict:
+        """Record a release of these records at (ε, δ)."""
+        return self.append("release", records=sorted(digests), epsilon=float(epsilon), delta=float(delta), **fields)
+
+    def cancel_release(self, entry: dict, reason: str) -> None:
+        """Mark a recorded release as one that never happened (it was recorded first and then refused before
+        anything left the site), so that it no longer counts."""
+        if entry.get("kind") != "release" or not 0 <= entry.get("seq", -1) < len(self.entries) \
+                or self.entries[entry["seq"]]["mac"] != entry.get("mac"):
+            raise ValueError("only a release recorded in this ledger can be cancelled")
+        self.append("cancel", release=entry["seq"], reason=str(reason)[:200])
+
+
+def check_site_name(name: str) -> str:
+    """A site name safe to use as a folder name (letters, digits, '.', '_', '-'; not '.' or '..')."""
+    ok = bool(name) and len(name) <= 64 and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")
+    if not ok:
+        raise ConfigError(f"a site name has 1–64 letters, digits, '.', '_' or '-' and is not '.' or '..', got {name!r}")
+    return name
