@@ -44,3 +44,25 @@ def test_a_clear_difference_is_called_measurable(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
     doc.main([str(tmp_path)])
     assert "paper mode leaked measurably more than strict mode" in capsys.readouterr().out
+
+
+def test_a_blind_no_dp_control_is_called_out(tmp_path, monkeypatch, capsys):
+    write(tmp_path, "s", fake("strict", 2.0, 8.0, 0.0, 0.52, 0.50))
+    write(tmp_path, "p", fake("paper", 2.0, 8.0, 0.0, 0.52, 0.50))
+    off = fake("off", None, None, 0.0, 0.51, 0.50)
+    write(tmp_path, "off", off)
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    md = capsys.readouterr().out
+    assert "This audit has no power on the released proxy" in md
+    assert "control (off) also gives a bound of 0" in md and "No power on proxyfl's releases" in md
+
+
+def test_a_no_dp_control_that_leaks_is_not_called_blind(tmp_path, monkeypatch, capsys):
+    write(tmp_path, "s", fake("strict", 2.0, 8.0, 0.0, 0.52, 0.50))
+    write(tmp_path, "p", fake("paper", 2.0, 8.0, 0.0, 0.52, 0.50))
+    write(tmp_path, "off", fake("off", None, None, 1.2, 0.80, 0.60))
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    md = capsys.readouterr().out
+    assert "no power" not in md.lower()

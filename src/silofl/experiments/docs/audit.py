@@ -55,6 +55,14 @@ def auc_se(auc: float, n1: int, n2: int) -> float:
     return math.sqrt(max(0.0, auc * (1 - auc) + (n1 - 1) * (q1 - auc * auc) + (n2 - 1) * (q2 - auc * auc)) / (n1 * n2))
 
 
+def blind_controls(rows: list[dict], method: str | None = None) -> list[dict]:
+    """No-DP rows whose released model the audit could not tell from chance (bound 0): at those settings the audit
+    has no power on that method's releases, so a zero bound on its DP rows measures nothing."""
+    return [a for a in rows if a["epsilon_accountant"] is None and a["epsilon_lower_bound"] == 0.0
+            and a["kind"] == "example-level" and a["canaries"].get("releases_scored")
+            and (method is None or a["method"] == method)]
+
+
 def f(v, nd: int = 3) -> str:
     """A figure with ``nd`` decimals, — for None."""
     return "—" if v is None else f"{v:.{nd}f}"
@@ -174,6 +182,13 @@ def paper_vs_strict(rows: list[dict]) -> tuple[str, list[dict]]:
     note = ("2·SE is two Hanley–McNeil standard errors of the difference of two independent AUCs; the paired runs "
             "share their seed (canaries, coins, sampling and noise draws), so the difference's real spread is smaller "
             "and this test is conservative.")
+    blind = blind_controls(rows, "proxyfl")
+    if blind and not any_more:
+        c = blind[0]["bound"]["canary_auc"]
+        verdict += (f". **This audit has no power on the released proxy at these settings**: the no-DP control "
+                    f"({blind[0]['_name']}) also gives a bound of 0 (canary AUC "
+                    + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
+                    + "), so the absence of a difference is not evidence that paper mode leaks no more")
     return verdict + ".\n\n" + tab + "\n\n" + note, out
 
 
@@ -209,6 +224,10 @@ def findings(rows: list[dict]) -> str:
                        + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
                        + (f", best membership-inference AUC {best:.3f}" if best is not None else "")
                        + (f" (target: {sh[0]})" if sh else "") + ".")
+    for a in blind_controls(rows):
+        out.append(f"No power on {a['method']}'s releases at these settings: without DP ({a['_name']}) its released "
+                   "model gives a bound of 0 too, so the zero bounds of its DP rows say only that nothing was detected, "
+                   "not how loose the accountant is.")
     return "\n".join(f"- {x}" for x in out)
 
 
