@@ -1,5 +1,5 @@
-"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export`` and the ``pubsub``,
-``site`` and ``deploy`` groups.
+"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export``, ``audit`` and the
+``pubsub``, ``site`` and ``deploy`` groups.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
 fix are printed as one line (exit code 2), never as a traceback.
@@ -458,6 +458,97 @@ def export(
     console.print(f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
                   f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md")
     console.print(f"privacy: {card['privacy']['statement']}", markup=False, highlight=False)
+
+
+@app.command()
+@friendly_errors
+def audit(
+    out: str = typer.Option(..., "--out", help="Audit folder to write (audit.json, audit.md, attacks.csv, "
+                            "canary_scores.csv, split.json, audit.png; the audited run in OUT/run)."),
+    canaries: int = typer.Option(1000, "--canaries", help="m: canaries, each included with probability ½ (examples at "
+                                 "the audited site; clients for client-level methods; rows of a published model)."),
+    canary_kind: str = typer.Option("mislabelled", "--canary-kind", help="Example canaries: mislabelled (pool "
+                                    "examples with a wrong label) | noise (out-of-distribution inputs, random labels)."),
+    audited_site: int = typer.Option(0, "--audited-site", help="The client whose data (or whose peers) get the canaries."),
+    reference_models: int = typer.Option(4, "--reference-models", help="Reference models per attacked model "
+                                         "(LiRA/RMIA offline), trained on data disjoint from every candidate."),
+    nonmembers: int | None = typer.Option(None, "--nonmembers", help="Non-members of the attack (default: as many "
+                                          "as the audited site's examples)."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the ε lower bound."),
+    pubsub_model: str | None = typer.Option(None, "--pubsub-model", help="Audit a PubSub-ML published model "
+                                            "instead of a run: dp-nn | dp-logreg | dp-nb | dp-forest."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="The published model's ε (--pubsub-model)."),
+    epochs: int = typer.Option(20, "--epochs", help="dp-nn training epochs (--pubsub-model)."),
+    config: Path | None = typer.Option(None, "--config", help="YAML file with the audited run's options."),
+    method: str | None = typer.Option(None, help=f"{_method_help()}"),
+    dataset: str | None = typer.Option(None), data_dir: str | None = typer.Option(None, "--data-dir"),
+    clients: int | None = typer.Option(None), rounds: int | None = typer.Option(None),
+    seed: int | None = typer.Option(None, help="A reproducible research audit: the canaries, their coins, the reference "
+                                    "models and the run's noise and sampling derive from this seed (the run's ε then "
+                                    "holds only while it stays secret). Default: secret randomness, as in any run."),
+    privacy: str | None = typer.Option(None, help="strict | paper | off"),
+    private_model: str | None = typer.Option(None, "--private-model"), proxy_model: str | None = typer.Option(None, "--proxy-model"),
+    partition: str | None = typer.Option(None), samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
+    batch_size: int | None = typer.Option(None, "--batch-size"), lr: float | None = typer.Option(None),
+    noise_multiplier: float | None = typer.Option(None, "--noise-multiplier"), clip: str | None = typer.Option(None),
+    delta: float | None = typer.Option(None), accountant: str | None = typer.Option(None),
+    intermediaries: str | None = typer.Option(None), privacy_unit: str | None = typer.Option(None, "--privacy-unit"),
+    client_rate: float | None = typer.Option(None, "--client-rate"), server_lr: float | None = typer.Option(None, "--server-lr"),
+    local_epochs: int | None = typer.Option(None, "--local-epochs"), local_lr: float | None = typer.Option(None, "--local-lr"),
+    eval_every: int | None = typer.Option(None, "--eval-every", help="Default for an audit: only the last round."),
+    test_limit: int | None = typer.Option(None, "--test-limit"), threads: int | None = typer.Option(None),
+    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the audit already in OUT."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+):
+    """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
+    membership inference on real examples (silofl.audit)."""
+    from silofl.audit import AuditSettings, run_audit
+    from silofl.run.config import RunConfig, load_yaml_mapping
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    run_opts = {"method": method, "dataset": dataset, "data_dir": data_dir, "clients": clients, "rounds": rounds,
+                "privacy": privacy, "private_model": private_model, "proxy_model": proxy_model, "partition": partition,
+                "samples_per_client": samples_per_client, "batch_size": batch_size, "lr": lr,
+                "noise_multiplier": noise_multiplier, "delta": delta, "accountant": accountant,
+                "intermediaries": intermediaries, "privacy_unit": privacy_unit, "client_rate": client_rate,
+                "server_lr": server_lr, "local_epochs": local_epochs, "local_lr": local_lr, "eval_every": eval_every,
+                "test_limit": test_limit, "threads": threads}
+    if clip is not None:
+        run_opts.update(_parse_clip(clip))
+    base = load_yaml_mapping(config) if config else {}
+    merged = {**base, **_parse_sets(set_), **{k: v for k, v in run_opts.items() if v is not None}}
+    if "eval_every" not in merged:
+        merged["eval_every"] = int(merged.get("rounds", 300))
+    cfg = RunConfig.from_dict(merged)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    settings = AuditSettings(canaries=canaries, canary_kind=canary_kind, site=audited_site, reference_models=reference_models,
+                             nonmembers=nonmembers, confidence=confidence,
+                             seed=seed if seed is not None else cfg.seed,  # --seed, else a seed in --config / --set
+                             pubsub_model=pubsub_model, epsilon=epsilon, pubsub_epochs=epochs)
+    what = f"published {pubsub_model}" if pubsub_model else f"{cfg.method} ({cfg.resolve().privacy})"
+    how = (f"seed {settings.seed} (seeded research run: the run's ε holds only while the seed stays secret)"
+           if settings.seeded else "secret randomness (not reproducible; --seed for a research audit)")
+    console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
+    import shlex
+
+    command = "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
+    a = run_audit(cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command)
+    b = a["bound"]
+    eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
+    label = ("" if a["epsilon_accountant"] is None else " (NOT a formal guarantee in this mode)"
+             if not a["formal_guarantee"] else " (seeded research run: formal only while the seed is secret)"
+             if a.get("seeded") else "")
+    console.print(f"empirical ε lower bound {a['epsilon_lower_bound']:.3f} ({a['confidence']:.0%} confidence, "
+                  f"δ={a['delta']:g}; {b['correct']}/{b['guesses']} guesses right on score '{b['score']}', "
+                  f"at most {b['max_auditable_epsilon']:.2f} measurable) · accountant ε {eps_acc}{label}")
+    for target, t in a["membership_inference"]["targets"].items():
+        figs = ", ".join(f"{k} AUC {f['auc']:.3f} TPR@1% {f['tpr_at_1%_fpr']:.3f}" for k, f in t["attacks"].items())
+        console.print(f"membership inference on {target} ({t['model']}): {figs}")
+    console.print(f"report: {Path(out) / 'audit.md'}")
 
 
 from silofl.cli.deploy import deploy_app, site_app  # noqa: E402 - the subcommand groups register after the commands

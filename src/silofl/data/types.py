@@ -51,6 +51,7 @@ class SplitData:
     test_set: str = "the data set's test split"
     external: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     preprocessing: list[dict] | None = None
+    indices: list[np.ndarray] | None = None  # each client's rows of ``dataset.x_train`` (what it trains on)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -46,7 +46,7 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
     prep = [data.preprocessing] * len(parts) if data.preprocessing else None
     return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set,
-                          preprocessing=prep)
+                          preprocessing=prep, indices=[np.asarray(s) for s in shards])
 
 
 def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, SplitData]:
@@ -74,7 +74,8 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
     data = Dataset(name=cfg.dataset, x_train=x_all, y_train=y_all, x_test=src.external[0][0], y_test=src.external[0][1],
                    num_classes=len(src.classes), source=", ".join(src.sources), class_names=src.classes, groups=groups)
     return cfg, SplitData(data, [dev(p) for p in src.parts], external[0], [dev(t) for t in src.internal], src.names,
-                          src.test_set, external=external, preprocessing=[p.to_dict() for p in src.preprocessing])
+                          src.test_set, external=external, preprocessing=[p.to_dict() for p in src.preprocessing],
+                          indices=_site_rows(sizes))
 
 
 def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:
@@ -88,3 +89,9 @@ def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:
     c, k, p = len(counts), cfg.clients, cfg.p_major
     per_example = p * -(-k // c) + k * (1 - p) / max(1, c - 1)  # of the smallest class, per example per client
     return max(1, int(0.9 * counts.min() / per_example))
+
+
+def _site_rows(sizes: list[int]) -> list[np.ndarray]:
+    """Each site's rows of the pooled ``x_train`` (the sites' parts concatenated in order)."""
+    ends = np.cumsum(sizes)
+    return [np.arange(end - n, end) for n, end in zip(sizes, ends, strict=True)]

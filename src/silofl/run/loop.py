@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,6 +44,16 @@ CHECKPOINT_DIR = "checkpoint"
 # options that may differ between a run and its resumption
 RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every")
 EngineFactory = Callable[[Callable[[int], Site], int], Engine]
+SiteMaker = Callable[[int], Site]
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """Research hooks (``silofl audit``): change the split before any site is built, or add sites after the
+    method's own (ids ``n..``). Neither changes a method; a run without hooks is untouched."""
+
+    split: Callable[[RunConfig, SplitData], SplitData] | None = None  # gets the config with its data-dependent settings
+    sites: Callable[[SiteMaker, int], tuple[SiteMaker, int]] | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -79,7 +90,8 @@ def site_factory(method: Method, split: SplitData, ledgers: Path | None = None,
 
 
 def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
-          data=None, ledgers: bool = False, remote=None) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
+          data=None, ledgers: bool = False, hooks: RunHooks | None = None, remote=None,
+          ) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
     """Resolve ``cfg``, prepare its data and connect its coordinator to its sites over an engine (in-process
     unless ``engine_factory`` makes another). With ``ledgers`` every party keeps its privacy ledger under
     ``OUT/sites/``. ``remote``: the sites hold their own data elsewhere (a deployment,
@@ -97,8 +109,12 @@ def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: En
         engine = engine_factory(None, n_sites)
     else:
         cfg, split = prepare_data(cfg, device, data)
+        if hooks is not None and hooks.split is not None:
+            split = hooks.split(cfg, split)
         method = cfg.info.cls(cfg)
         make, n_sites = site_factory(method, split, root, release)
+        if hooks is not None and hooks.sites is not None:
+            make, n_sites = hooks.sites(make, n_sites)
         engine = engine_factory(make, n_sites) if engine_factory is not None else \
             InProcessEngine({k: make(k) for k in range(n_sites)})
     coordinator = method.make_coordinator(n_sites, split, device)
@@ -121,10 +137,11 @@ def ledger_root(cfg: RunConfig) -> Path:
 
 
 def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = False,
-        engine_factory: EngineFactory | None = None, overwrite: bool = False, remote=None) -> dict:
+        engine_factory: EngineFactory | None = None, overwrite: bool = False, hooks: RunHooks | None = None,
+        remote=None) -> dict:
     """Run ``cfg`` and write its run folder; ``resume`` continues from the folder's latest checkpoint
-    (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts); ``remote``: the
-    sites run elsewhere (see :func:`build`). Returns the summary."""
+    (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts). ``hooks``: see
+    :class:`RunHooks`; ``remote``: the sites run elsewhere (see :func:`build`). Returns the summary."""
     cfg = cfg.resolve()
     check_out(cfg.out, resume=resume, overwrite=overwrite)
     if cfg.threads is not None:
@@ -145,7 +162,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     existed = out.exists()
     stash = Stash(out) if overwrite and not resume else None  # the previous run, kept until this one starts
     try:
-        cfg, split, coordinator, engine = build(cfg, device, engine_factory, ledgers=True, remote=remote)
+        cfg, split, coordinator, engine = build(cfg, device, engine_factory, ledgers=True, hooks=hooks, remote=remote)
     except BaseException:  # bad input: leave nothing behind (a fresh run's site folders), restore what was there
         if not resume:
             shutil.rmtree(ledger_root(cfg), ignore_errors=True)

@@ -1,0 +1,58 @@
+"""``silofl audit``: what the shared artifacts actually leak.
+
+Every ε silofl prints is an upper bound from an accountant. An audit measures the other side: it trains
+the chosen method with *m canaries* at one audited site — each included independently with
+probability ½ — scores every canary from what leaves the site, and turns the guesses into a one-run
+empirical **lower bound** on ε at the run's δ (Steinke, Nasr & Jagielski 2023;
+:mod:`silofl.audit.one_run`). It also attacks real examples with membership inference (loss-based,
+offline LiRA and RMIA with reference models; :mod:`silofl.audit.attacks`).
+
+Three kinds of audit, one folder layout (:mod:`silofl.audit.report`):
+
+* example-level methods (:mod:`silofl.audit.example`): mislabelled canary examples in one site's data,
+  scored from the shared models it releases every round and the last one;
+* client-level methods (:mod:`silofl.audit.clients`): canary *clients* (the privacy unit is a client),
+  scored from the server's global model after every round;
+* PubSub-ML published models (:mod:`silofl.audit.published`): canary examples in a publisher's data,
+  scored from the published model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from silofl.audit.settings import AuditSettings
+
+__all__ = ["AuditSettings", "run_audit"]
+
+
+def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = False, progress: bool = False,
+              console=None, command: str | None = None) -> dict:
+    """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's content.
+    ``command``: the command line that asked for it (recorded in audit.json)."""
+    import time
+
+    from silofl.audit import report
+
+    settings.validate()
+    out = Path(out)
+    report.check_out(out, overwrite)
+    if overwrite:
+        report.clear(out)
+    t0 = time.perf_counter()
+    if settings.pubsub_model is not None:
+        from silofl.audit import published
+
+        audit, extra = published.audit(cfg, settings)
+    elif cfg.resolve().is_client_level:
+        from silofl.audit import clients
+
+        audit, extra = clients.audit(cfg, settings, out, progress=progress, console=console)
+    else:
+        from silofl.audit import example
+
+        audit, extra = example.audit(cfg, settings, out, progress=progress, console=console)
+    audit.setdefault("seconds", {})["total"] = time.perf_counter() - t0
+    audit["command"] = command
+    report.write(out, audit, extra["canary_scores"], extra["included"], extra["curves"], extra["split"])
+    return audit

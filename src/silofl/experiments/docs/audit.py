@@ -1,0 +1,380 @@
+"""Generate docs/audit.md from the audit folders written by `bash bench/audit_study.sh`.
+
+    python scripts/audit_doc.py reports/audit > docs/audit.md
+
+Every figure is read from the folders' audit.json (and the audited run's summary.json); the plot and a JSON of
+the table are written next to the document (docs/audit.png, docs/data/audit.json).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from silofl.run.folder import read_config  # noqa: E402
+
+DOCS = Path(__file__).resolve().parents[4] / "docs"
+GROUPS = ("proxyfl strict", "proxyfl paper", "proxyfl off", "regular", "fedavg", "pubsub", "client-level")
+ATTACKS = ("loss", "lira_offline", "rmia_offline")
+
+
+def load(folder: Path) -> list[dict]:
+    """Every audit.json under ``folder`` (one level down), with its folder name."""
+    rows = []
+    for p in sorted(folder.glob("*/audit.json")):
+        a = json.loads(p.read_text())
+        a["_name"] = p.parent.name
+        run_cfg = p.parent / "run" / "config.yaml"
+        if run_cfg.is_file():
+            a["_run"] = read_config(p.parent / "run")
+        rows.append(a)
+    return rows
+
+
+def group(a: dict) -> str:
+    """The study group of an audit (its row in the findings and its marker in the plot)."""
+    if a["kind"] == "pubsub":
+        return "pubsub"
+    if a["kind"] == "client-level":
+        return "client-level"
+    if a["method"] == "proxyfl":
+        return f"proxyfl {a['privacy_mode']}"
+    return a["method"]
+
+
+def auc_se(auc: float, n1: int, n2: int) -> float:
+    """Hanley & McNeil's standard error of an AUC from n1 positives and n2 negatives."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    return math.sqrt(max(0.0, auc * (1 - auc) + (n1 - 1) * (q1 - auc * auc) + (n2 - 1) * (q2 - auc * auc)) / (n1 * n2))
+
+
+def blind_controls(rows: list[dict], method: str | None = None) -> list[dict]:
+    """No-DP rows whose released model the audit could not tell from chance (bound 0): at those settings the audit
+    has no power on that method's releases, so a zero bound on its DP rows measures nothing."""
+    return [a for a in rows if a["epsilon_accountant"] is None and a["epsilon_lower_bound"] == 0.0
+            and a["kind"] == "example-level" and a["canaries"].get("releases_scored")
+            and (method is None or a["method"] == method)]
+
+
+def f(v, nd: int = 3) -> str:
+    """A figure with ``nd`` decimals, — for None."""
+    return "—" if v is None else f"{v:.{nd}f}"
+
+
+def shared_target(a: dict) -> tuple[str, dict] | None:
+    """(name, figures) of the model that left the site (not the private model), if any."""
+    for name, t in a["membership_inference"]["targets"].items():
+        if name != "private":
+            return name, t
+    return None
+
+
+def mia_cell(t: dict | None) -> str:
+    """One table cell: the three attacks' AUCs and the best TPR at 1% FPR."""
+    if t is None:
+        return "—"
+    at = t["attacks"]
+    aucs = " / ".join(f(at[k]["auc"]) if k in at else "—" for k in ATTACKS)
+    tpr = max(at[k]["tpr_at_1%_fpr"] for k in at)
+    return f"{aucs} ({tpr:.3f})"
+
+
+def sort_key(a: dict) -> tuple:
+    """Rows by group, then by accountant ε (no DP last)."""
+    e = a["epsilon_accountant"]
+    return GROUPS.index(group(a)) if group(a) in GROUPS else 99, math.inf if e is None else e
+
+
+def table(rows: list[dict]) -> tuple[str, list[dict]]:
+    """The results table and its rows as data (docs/data/audit.json)."""
+    head = ["audit", "what is audited", "σ", "rounds", "ε accountant", "formal (mechanism)", "**ε lower bound** (95%)",
+            "score: correct / guesses", "largest measurable ε", "canary AUC (final / rounds)",
+            "MIA on the shared / published / global model: AUC loss / LiRA / RMIA (best TPR @ 1% FPR)",
+            "MIA on the private model", "accuracy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    data = []
+    for a in sorted(rows, key=sort_key):
+        b = a["bound"]
+        shared = shared_target(a)
+        private = a["membership_inference"]["targets"].get("private")
+        cauc = b["canary_auc"]
+        acc = "; ".join(f"{k.removesuffix('_acc')} {v['mean']:.3f}" for k, v in a.get("accuracy", {}).items()
+                        if v.get("mean") is not None) or "—"
+        if a["kind"] == "example-level" and not a["canaries"].get("releases_scored"):
+            what = (f"{a['method']} ({a['privacy_mode']}), site {a['canaries']['audited_site']}'s own model "
+                    "(nothing is released: audited as if it were; a control)")
+        elif a["kind"] == "example-level":
+            what = (f"{a['method']} ({a['privacy_mode']}), site {a['canaries']['audited_site']}'s released "
+                    f"{shared[0] if shared else 'model'}")
+        elif a["kind"] == "client-level":
+            what = f"{a['method']}, global model, canary hospitals"
+        else:
+            what = f"published {a['method'].split(':')[-1]}"
+        sigma = a.get("noise_multiplier") or a.get("mechanism", {}).get("noise_multiplier")
+        eps = a["epsilon_accountant"]
+        eps_txt = "— (no DP)" if eps is None else f"{eps:.3f} (δ={a['delta']:g})"
+        lines.append("| " + " | ".join([
+            a["_name"], what, f(sigma, 2) if sigma else "—", str(a.get("rounds", "—")), eps_txt,
+            "yes" if a["formal_guarantee"] else "**no**", f"**{a['epsilon_lower_bound']:.3f}**",
+            f"{b['score']}: {b['correct']} / {b['guesses']}", f(b["max_auditable_epsilon"], 2),
+            " / ".join(f(cauc.get(k)) for k in ("final", "rounds") if k in cauc),
+            mia_cell(shared[1] if shared else None), mia_cell(private), acc]) + " |")
+        data.append({"audit": a["_name"], "group": group(a), "epsilon_accountant": eps, "delta": a["delta"],
+                     "epsilon_lower_bound": a["epsilon_lower_bound"], "bound": {k: b[k] for k in b if k != "candidates"},
+                     "formal_guarantee": a["formal_guarantee"], "noise_multiplier": sigma,
+                     "membership_inference": {n: t["attacks"] for n, t in a["membership_inference"]["targets"].items()},
+                     "canaries": a["canaries"], "command": a.get("command"), "seconds": a.get("seconds")})
+    return "\n".join(lines), data
+
+
+def paper_vs_strict(rows: list[dict]) -> tuple[str, list[dict]]:
+    """Pairs strict / paper runs at the same σ: bounds, canary AUCs and MIA AUCs with 2·SE intervals."""
+    by = {}
+    for a in rows:
+        if a["kind"] == "example-level" and a["method"] == "proxyfl" and a["privacy_mode"] in ("strict", "paper"):
+            by[(a["privacy_mode"], round(a["noise_multiplier"], 4))] = a
+    sigmas = sorted({s for m, s in by if (("strict", s) in by and ("paper", s) in by)})
+    lines, out, any_more, labels = [], [], False, []
+    for s in sigmas:
+        st, pa = by[("strict", s)], by[("paper", s)]
+        comp = []
+        for label, get in (("canary AUC, final", lambda a: ("final", a["bound"]["canary_auc"]["final"], a["canaries"])),
+                           ("canary AUC, rounds", lambda a: ("rounds", a["bound"]["canary_auc"]["rounds"], a["canaries"]))):
+            _, x, c = get(st)
+            _, y, c2 = get(pa)
+            se = math.hypot(auc_se(x, c["included"], c["excluded"]), auc_se(y, c2["included"], c2["excluded"]))
+            comp.append((label, x, y, se))
+        for attack in ATTACKS:
+            for target in ("proxy", "private"):
+                t1 = st["membership_inference"]["targets"].get(target, {}).get("attacks", {}).get(attack)
+                t2 = pa["membership_inference"]["targets"].get(target, {}).get("attacks", {}).get(attack)
+                if t1 and t2:
+                    se = math.hypot(auc_se(t1["auc"], t1["members"], t1["nonmembers"]),
+                                    auc_se(t2["auc"], t2["members"], t2["nonmembers"]))
+                    comp.append((f"MIA on the {target}, {attack}", t1["auc"], t2["auc"], se))
+        more = [c for c in comp if c[2] - c[1] > 2 * c[3] and "private" not in c[0]]
+        any_more = any_more or bool(more) or pa["epsilon_lower_bound"] > st["epsilon_lower_bound"] + 0.5
+        cells = [f"{s:g}", f"{st['epsilon_accountant']:.2f}",
+                 f"{st['epsilon_lower_bound']:.3f} / {pa['epsilon_lower_bound']:.3f}"]
+        cells += [f"{x:.3f} / {y:.3f} ({y - x:+.3f} ± {2 * se:.3f})" for _, x, y, se in comp]
+        lines.append("| " + " | ".join(cells) + " |")
+        out.append({"sigma": s, "strict": st["_name"], "paper": pa["_name"],
+                    "comparisons": [{"what": lab, "strict": x, "paper": y, "se_difference": se} for lab, x, y, se in comp]})
+        labels = [lab for lab, *_ in comp]
+    if not sigmas:
+        return "These audits hold no strict/paper pair of ProxyFL runs at the same σ.", out
+    verdict = ("**paper mode leaked measurably more than strict mode** on the released proxy at the power of this "
+               "audit (a difference above 2 standard errors, or a bound more than 0.5 higher, in the paper run's favour)"
+               if any_more else
+               "**paper mode did not leak measurably more than strict mode at the power of this audit**: no "
+               "difference in the released proxy's canary or membership-inference AUC exceeds two standard errors, "
+               "and the empirical bounds are alike")
+    head = ["σ", "accountant ε (both)", "ε lower bound strict / paper", *(f"{lab}: strict / paper (paper − strict ± 2·SE)"
+                                                                          for lab in labels)]
+    tab = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines])
+    note = ("2·SE is two Hanley–McNeil standard errors of the difference of two independent AUCs; the paired runs "
+            "share their seed (canaries, coins, sampling and noise draws), so the difference's real spread is smaller "
+            "and this test is conservative.")
+    blind = blind_controls(rows, "proxyfl")
+    if blind and not any_more:
+        c = blind[0]["bound"]["canary_auc"]
+        verdict += (f". **This audit has no power on the released proxy at these settings**: the no-DP control "
+                    f"({blind[0]['_name']}) also gives a bound of 0 (canary AUC "
+                    + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
+                    + "), so the absence of a difference is not evidence that paper mode leaks no more")
+    return verdict + ".\n\n" + tab + "\n\n" + note, out
+
+
+def findings(rows: list[dict]) -> str:
+    """What the table says, each statement computed from the rows."""
+    out = []
+    formal = [a for a in rows if a["formal_guarantee"] and a["epsilon_accountant"] is not None]
+    over = [a["_name"] for a in formal if a["epsilon_lower_bound"] > a["epsilon_accountant"]]
+    out.append(f"On the {len(formal)} rows with a formal guarantee, " + (
+        "no empirical bound exceeds its accountant's ε." if not over else
+        f"the bound EXCEEDS the accountant's ε on {', '.join(over)}: a bug on one side."))
+    paper = [a for a in rows if not a["formal_guarantee"] and a["epsilon_accountant"] is not None]
+    if paper:
+        over_p = [a["_name"] for a in paper if a["epsilon_lower_bound"] > a["epsilon_accountant"]]
+        out.append(f"On the {len(paper)} `paper` rows (not a formal guarantee) " + (
+            "no bound exceeds the accountant's ε either: no violation was measured." if not over_p else
+            f"the bound exceeds the printed ε on {', '.join(over_p)}: a measured violation of the printed ε."))
+    for g in GROUPS:
+        grp = sorted((a for a in rows if group(a) == g and a["epsilon_accountant"] is not None),
+                     key=lambda a: a["epsilon_accountant"])
+        if grp:
+            pairs = ", ".join(f"ε {a['epsilon_accountant']:.2f} → {a['epsilon_lower_bound']:.3f}" for a in grp)
+            ratio = max(a["epsilon_lower_bound"] / a["epsilon_accountant"] for a in grp)
+            out.append(f"{g}: accountant ε → empirical lower bound: {pairs} (at most {ratio:.0%} of the accountant's "
+                       "ε is demonstrated).")
+    for a in rows:
+        if a["epsilon_accountant"] is None:
+            sh = shared_target(a)
+            best = max((f["auc"] for t in a["membership_inference"]["targets"].values() for f in t["attacks"].values()),
+                       default=None)
+            c = a["bound"]["canary_auc"]
+            out.append(f"Without DP ({a['_name']}): empirical bound {a['epsilon_lower_bound']:.3f}, canary AUC "
+                       + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
+                       + (f", best membership-inference AUC {best:.3f}" if best is not None else "")
+                       + (f" (target: {sh[0]})" if sh else "") + ".")
+    for a in blind_controls(rows):
+        out.append(f"No power on {a['method']}'s releases at these settings: without DP ({a['_name']}) its released "
+                   "model gives a bound of 0 too, so the zero bounds of its DP rows say only that nothing was detected, "
+                   "not how loose the accountant is.")
+    return "\n".join(f"- {x}" for x in out)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """The empirical lower bound against the accountant's ε, per group, with the audit's ceiling."""
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    colors = plt.get_cmap("tab10")
+    markers = dict(zip(GROUPS, "os^xDvP", strict=True))
+    xs = [a["epsilon_accountant"] for a in rows if a["epsilon_accountant"] is not None]
+    for gi, g in enumerate(GROUPS):
+        grp = [a for a in rows if group(a) == g and a["epsilon_accountant"] is not None]
+        if grp:
+            jitter = 1 + 0.04 * (gi - len(GROUPS) / 2)  # side by side at the same ε
+            ax.scatter([a["epsilon_accountant"] * jitter for a in grp], [a["epsilon_lower_bound"] for a in grp],
+                       marker=markers[g], color=colors(gi), label=g, s=50)
+    ceiling = max(a["bound"]["max_auditable_epsilon"] for a in rows)
+    lo, hi = min(xs) * 0.7, max(xs) * 1.4
+    grid = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+    ax.plot(grid, grid, "k:", lw=0.8, label="lower bound = accountant ε")
+    ax.axhline(ceiling, color="grey", ls="--", lw=0.8, label=f"most this audit can show ({ceiling:.2f})")
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(-0.2, ceiling + 0.6)
+    ax.set_xlabel("accountant ε (upper bound), log scale")
+    ax.set_ylabel("empirical ε lower bound (95%)")
+    ax.set_title("What the audit measured against what the accountant claims")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def setup(rows: list[dict]) -> str:
+    """The settings of the study, read from the first audit of each kind."""
+    parts = []
+    ex = next((a for a in rows if a["kind"] == "example-level" and "_run" in a), None)
+    if ex is not None:
+        c, k, mi = ex["_run"], ex["canaries"], ex["membership_inference"]
+        n_non = next(iter(mi["targets"].values()))["attacks"]["loss"]["nonmembers"]
+        parts.append(
+            f"**Example-level** (ProxyFL, FedAvg): {c['dataset']}, {c['clients']} clients × {c['samples_per_client']} "
+            f"examples (partition {c['partition']}" + (f", p = {c['p_major']}" if c["partition"] == "p_major" else "") +
+            f"), expected batch {c['batch_size']} (Poisson), {c['rounds']} rounds, Adam lr {c['lr']}, clip {c['clip']}, "
+            + (f"private {c['private_model']} / " if "private_model" in c else "") + f"shared {c['proxy_model']}. "
+            f"{k['m']} mislabelled canaries at site {k['audited_site']}; with seed {ex['seed']} the coins put "
+            f"{k['included']} in, so that site holds {k['site_examples_with_canaries']} examples "
+            f"({k['site_examples_real']} real) and its accountant sees q = {ex['sample_rate']:.4f} and {ex['steps']} "
+            f"steps (the other sites: their own). Canaries are scored from each of the {k['releases_scored']} models "
+            f"the site released. Attacks: {mi['members']} against {n_non} non-members; {mi['reference_models']}. "
+            "The papers run 300 rounds (ε ≈ 100 at σ = 1 in docs/proxyfl.md); these audits run the rounds stated here.")
+    cl = next((a for a in rows if a["kind"] == "client-level" and "_run" in a), None)
+    if cl is not None:
+        c, k = cl["_run"], cl["canaries"]
+        parts.append(
+            f"**Client-level** (DP-FedAvg, Jiang et al.'s protocol): {c['dataset']}, {k['real_clients']} hospitals × "
+            f"{c['samples_per_client']} examples ({c['partition']}), {c['proxy_model']}, {c['rounds']} rounds, local SGD "
+            f"batch {c['batch_size']} lr {c['local_lr']}, server lr {c['server_lr']}, clip {c['clip']}, intermediaries "
+            f"{c['intermediaries']}, privacy unit {c['privacy_unit']}. {k['m']} canary hospitals ({k['kind']}); "
+            f"{k['included']} joined. Attacks: {cl['membership_inference']['members']}; "
+            f"{cl['membership_inference']['reference_models']}.")
+    ps = next((a for a in rows if a["kind"] == "pubsub"), None)
+    if ps is not None:
+        k, mech = ps["canaries"], ps.get("mechanism", {})
+        parts.append(
+            f"**PubSub-ML**: a publisher with {k['publisher_rows_real']} rows publishes one {ps['method'].split(':')[-1]} "
+            f"({mech.get('name', '')}" + (f", σ from Opacus for the target ε, q = {mech['sample_rate']:.4f}, "
+                                          f"{mech['steps']} steps" if "steps" in mech else "") +
+            f"); {k['m']} mislabelled canaries, {k['included']} in; the published model is the only release.")
+    return "\n".join(f"- {p}" for p in parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Read every ``REPORTS_DIR/*/audit.json``, write docs/audit.png and docs/data/audit.json, print docs/audit.md."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.exit("usage: python scripts/audit_doc.py REPORTS_DIR > docs/audit.md")
+    folder = Path(argv[0])
+    rows = load(folder)
+    if not rows:
+        sys.exit(f"no audit.json under {folder}/*/")
+    tab, data = table(rows)
+    verdict, pairs = paper_vs_strict(rows)
+    DOCS.mkdir(exist_ok=True)
+    (DOCS / "data").mkdir(exist_ok=True)
+    plot(rows, DOCS / "audit.png")
+    (DOCS / "data" / "audit.json").write_text(json.dumps({"rows": data, "paper_vs_strict": pairs}, indent=1) + "\n")
+    side = "\n".join(f"| {d['audit']} | {f(d['epsilon_accountant'])} | {d['epsilon_lower_bound']:.3f} |" for d in data)
+    commands = "\n".join(f"    {d['command']}" for d in data if d.get("command"))
+    secs = sum((d.get("seconds") or {}).get("total", 0.0) for d in data)
+    print(f"""# What the shared artifacts leak: `silofl audit`, measured
+
+Generated by `bash bench/audit_study.sh`, which ends with `python scripts/audit_doc.py {folder} > docs/audit.md`.
+Every figure is read from the audits' `audit.json`; nothing here is typed by hand. The audits are **seeded research
+runs** (`--seed 0` in the commands below): reproducible, and for that reason not deployments — whoever knows a seed
+can reproduce its run's noise, so no ε printed here is a guarantee for these runs. The **formal** column says whether
+the audited *mechanism* is formally (ε, δ)-DP in its mode when its randomness is secret (the default of
+`silofl run` and `silofl audit` without `--seed`); the auditor never uses the seed.
+
+## How to read it
+
+- **ε accountant** is the upper bound silofl prints (Opacus RDP for DP-SGD sites, the client-level ledger for
+  hospitals, the model's own ε for PubSub), for the audited site or unit, at the δ shown.
+- **ε lower bound** is the one-run empirical lower bound of Steinke, Nasr & Jagielski (2023) at the same δ, with
+  95% confidence: the mechanism is *not* (ε, δ)-DP for any smaller ε unless a 5% event happened. It is computed
+  from m canaries, each included with probability ½, scored from what left the site (every released model and the
+  last), the best of 2 score types × 7 guess counts with a Bonferroni correction. A bound above the accountant's ε on
+  a formal row would mean a bug on one side; on a `paper` row (not a formal guarantee) it would be a measured
+  violation.
+- **largest measurable ε** is what the audit could have shown at best (every guess right): the audit's power.
+  Bounds far below the accountant's ε are the expected outcome of a one-run black-box audit at these m; they say
+  the accountant is not contradicted, not that it is loose by that much.
+- Membership inference (MIA) attacks the audited site's real training examples against non-members of the same
+  classes: loss, offline LiRA and offline RMIA with standalone reference models trained on disjoint data. AUC 0.5
+  is chance. TPR at 0.1% FPR is in audit.json; it needs at least 1000 non-members to mean anything (these rows have
+  the number stated in the set-up).
+
+## Set-up
+
+{setup(rows)}
+
+## Results
+
+{tab}
+
+![empirical lower bound against accountant ε](audit.png)
+
+### Empirical bound and accountant ε side by side
+
+| audit | ε accountant | ε lower bound (95%) |
+|---|---|---|
+{side}
+
+## What it says
+
+{findings(rows)}
+
+## Does `paper` mode leak more than `strict` mode?
+
+{verdict}
+
+## Commands
+
+The study ran these commands one after another ({secs / 60:.0f} minutes of audits on the shared 2-core machine):
+
+{commands}
+""")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""docs/audit.md's generator on made-up audit.json files: the table, the side-by-side ε and the paper/strict verdict."""
+
+import json
+
+from silofl.experiments.docs import audit as doc
+
+
+def fake(mode, sigma, eps, bound, canary_auc, mia_auc):
+    attacks = {k: {"auc": mia_auc, "tpr_at_0.1%_fpr": 0.0, "tpr_at_1%_fpr": 0.02, "balanced_accuracy": 0.5,
+                   "members": 1000, "nonmembers": 1000} for k in doc.ATTACKS}
+    return {"kind": "example-level", "method": "proxyfl", "privacy_mode": mode, "noise_multiplier": sigma,
+            "epsilon_accountant": eps, "delta": 1e-5, "formal_guarantee": mode == "strict", "rounds": 100,
+            "epsilon_lower_bound": bound, "seed": 0,
+            "bound": {"score": "final", "k_pos": 5, "k_neg": 5, "guesses": 10, "correct": 7, "max_auditable_epsilon": 5.0,
+                      "canary_auc": {"final": canary_auc, "rounds": 0.5}, "candidates": []},
+            "canaries": {"m": 1000, "included": 500, "excluded": 500, "audited_site": 0, "releases_scored": 100},
+            "membership_inference": {"targets": {"proxy": {"model": "mlp", "attacks": attacks}}},
+            "accuracy": {"proxy_acc": {"mean": 0.5, "std": 0.1}}, "command": f"silofl audit --privacy {mode}",
+            "seconds": {"total": 60.0}}
+
+
+def write(tmp_path, name, a):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "audit.json").write_text(json.dumps(a))
+
+
+def test_doc_from_audits(tmp_path, monkeypatch, capsys):
+    write(tmp_path, "s", fake("strict", 2.0, 8.0, 0.1, 0.52, 0.50))
+    write(tmp_path, "p", fake("paper", 2.0, 8.0, 0.2, 0.53, 0.51))
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    md = capsys.readouterr().out
+    assert md.startswith("# What the shared artifacts leak") and "bash bench/audit_study.sh" in md
+    assert "did not leak measurably more" in md
+    assert "| s | 8.000 | 0.100 |" in md and "silofl audit --privacy paper" in md
+    assert (tmp_path / "docs" / "audit.png").is_file()
+    data = json.loads((tmp_path / "docs" / "data" / "audit.json").read_text())
+    assert [r["audit"] for r in data["rows"]] == ["s", "p"]
+
+
+def test_a_clear_difference_is_called_measurable(tmp_path, monkeypatch, capsys):
+    write(tmp_path, "s", fake("strict", 2.0, 8.0, 0.1, 0.52, 0.50))
+    write(tmp_path, "p", fake("paper", 2.0, 8.0, 1.5, 0.75, 0.60))
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    assert "paper mode leaked measurably more than strict mode" in capsys.readouterr().out
+
+
+def test_a_blind_no_dp_control_is_called_out(tmp_path, monkeypatch, capsys):
+    write(tmp_path, "s", fake("strict", 2.0, 8.0, 0.0, 0.52, 0.50))
+    write(tmp_path, "p", fake("paper", 2.0, 8.0, 0.0, 0.52, 0.50))
+    off = fake("off", None, None, 0.0, 0.51, 0.50)
+    write(tmp_path, "off", off)
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    md = capsys.readouterr().out
+    assert "This audit has no power on the released proxy" in md
+    assert "control (off) also gives a bound of 0" in md and "No power on proxyfl's releases" in md
+
+
+def test_a_no_dp_control_that_leaks_is_not_called_blind(tmp_path, monkeypatch, capsys):
+    write(tmp_path, "s", fake("strict", 2.0, 8.0, 0.0, 0.52, 0.50))
+    write(tmp_path, "p", fake("paper", 2.0, 8.0, 0.0, 0.52, 0.50))
+    write(tmp_path, "off", fake("off", None, None, 1.2, 0.80, 0.60))
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    md = capsys.readouterr().out
+    assert "no power" not in md.lower()
