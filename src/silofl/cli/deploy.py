@@ -109,14 +109,18 @@ def deploy_local_cmd(
     """A real deployment on this machine: CA, certificates and keys, a site folder per site with its own
     partition, a SuperLink and K SuperNodes as separate processes; writes the same run folder as `silofl run`.
     Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 3 --out runs/d)."""
-    from silofl.cli.main import app
-
     if sites < 1:
         raise ConfigError("--sites must be at least 1")
-    args = ["run", "--engine", "flower-local", "--clients", str(sites), "--deploy-timeout", str(timeout_s),
-            *(["--insecure"] if insecure else []), *(["--restart-sites"] if restart_sites else []), *ctx.args]
+    _as_run(["--engine", "flower-local", "--clients", str(sites), "--deploy-timeout", str(timeout_s),
+             *(["--insecure"] if insecure else []), *(["--restart-sites"] if restart_sites else []), *ctx.args])
+
+
+def _as_run(args: list[str]) -> None:
+    """`silofl run ARGS` in this process (the deploy commands take every run option); its exit code."""
+    from silofl.cli.main import app
+
     try:
-        code = app(args, standalone_mode=False)
+        code = app(["run", *args], standalone_mode=False)
     except typer.Exit as e:
         raise typer.Exit(e.exit_code) from None
     except Exception as e:  # click's usage errors: one line
@@ -213,16 +217,5 @@ def deploy_start(
 ):
     """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine.
     Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 100 --out runs/x)."""
-    from silofl.cli.main import app
-
-    args = ["run", "--engine", "flower", "--deployment", str(folder), "--superlink", superlink, "--deploy-timeout",
-            str(timeout_s), *ctx.args]
-    try:
-        code = app(args, standalone_mode=False)
-    except typer.Exit as e:
-        raise typer.Exit(e.exit_code) from None
-    except Exception as e:  # click's usage errors: one line
-        err_console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2) from None
-    if isinstance(code, int) and code:
-        raise typer.Exit(code)
+    _as_run(["--engine", "flower", "--deployment", str(folder), "--superlink", superlink, "--deploy-timeout",
+             str(timeout_s), *ctx.args])
