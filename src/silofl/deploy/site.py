@@ -259,7 +259,7 @@ class SiteWorker:
         if cfg.seed is not None and not self.cfg.allow_research_seed:
             raise ConfigError("the run carries a seed: whoever knows it can reproduce this site's noise; this site "
                               "accepts seeded research runs only with allow_research_seed in its site.json")
-        if not cfg.guarantee().formal and not cfg.seed and not self.cfg.allow_non_formal:
+        if not cfg.guarantee().formal and cfg.seed is None and not self.cfg.allow_non_formal:
             raise ConfigError(f"privacy {cfg.privacy} gives no formal guarantee; this site requires one "
                               "(allow_non_formal in its site.json)")
         if cfg.is_private and cfg.delta > self.cfg.lifetime_delta:
