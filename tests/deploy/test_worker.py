@@ -141,6 +141,12 @@ def test_a_site_refuses_what_its_folder_does_not_allow(tiny_cfg, tmp_path):
     tight = {**unseeded, "config": {**unseeded["config"], "delta": 0.5}}
     with pytest.raises(SiloflError, match="lifetime δ"):
         join(Loopback([SiteWorker(f) for f in folders]), tight)
+    paper = {**unseeded, "config": {**unseeded["config"], "privacy": "paper"}}
+    for f in folders:
+        d = json.loads((f / "site.json").read_text())
+        (f / "site.json").write_text(json.dumps({**d, "lifetime_epsilon": 1e6, "allow_non_formal": False}))
+    with pytest.raises(SiloflError, match="no formal guarantee"):
+        join(Loopback([SiteWorker(f) for f in folders]), paper)
 
 
 def test_a_site_answers_garbage_with_a_refusal_and_keeps_its_state(tiny_cfg, tmp_path):
