@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from silofl.core.errors import ConfigError, ModelRejected, SiloflError
-from silofl.pubsub.broker import Channel
+from silofl.pubsub.broker import Broker, Channel
 from silofl.pubsub.model import PublishedModel
 
 
@@ -192,6 +192,13 @@ class RemoteBroker:
                                                      "lifetime_epsilon": lifetime[0],
                                                      "lifetime_delta": lifetime[1]})["token"]
 
+
+
+# the operations a folder broker offers, over HTTPS: the same contract, the same documentation
+for _name in ("sites", "join", "leave", "publish", "fetch", "unpublish", "models", "subscribe", "channel", "channels",
+              "unsubscribe", "stream", "public_defaults"):
+    _doc = getattr(Broker, _name).__doc__
+    getattr(RemoteBroker, _name).__doc__ = f"{_doc or _name} (over HTTPS, as the credential's site)"
 
 def _channel(d: dict) -> Channel:
     return Channel(int(d["id"]), d["subscriber"], tuple(frozenset(c) for c in d["clauses"]))

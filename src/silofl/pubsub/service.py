@@ -109,6 +109,7 @@ class LimitsAndLog:
         self._log_lock = threading.Lock()
 
     def limit(self, path: str, method: str) -> int:
+        """The most bytes a request to ``path`` may carry (a model upload, or any JSON request)."""
         return self.max_upload if (method == "POST" and path == "/v1/models") else MAX_JSON
 
     async def __call__(self, scope, receive, send):
@@ -185,6 +186,7 @@ class LimitsAndLog:
 
 
 def admin_credential_path(state: Path) -> Path:
+    """Where the operator's credential is written (once, mode 0600) in the broker's state folder."""
     return state / "admin.json"
 
 
