@@ -95,9 +95,10 @@ def write_doc(result: dict, path: Path) -> None:
         "",
         "How to read it:",
         "- *payload*: the model bytes a site sends and receives per round, counted by the engine on the messages "
-        "(identical on every engine: the protocol is the same). *frame*: Flower only — everything the coordinator "
-        "sends to and receives from the site per round: the payloads sealed (X25519 + ChaCha20-Poly1305 + Ed25519, "
-        "about 150 bytes each), the requests' JSON and the figures the site reports; TLS records come on top.",
+        "(the same protocol on every engine; Flower's payloads are sealed — X25519 + ChaCha20-Poly1305 + Ed25519 "
+        "and their context, about 170 bytes per payload). *frame*: Flower only — everything the coordinator sends "
+        "to and receives from the site per round: the sealed payloads, the requests' JSON and the figures the site "
+        "reports; TLS records come on top.",
         "- Seconds per round are measured on the coordinator. Flower's are dominated by its per-message "
         "process: a SuperNode starts a new ClientApp process for every message (silofl's relay imports only "
         "Flower; the site's models stay loaded in its worker), and the SuperLink and SuperNodes poll (0.1 s "
@@ -105,6 +106,8 @@ def write_doc(result: dict, path: Path) -> None:
         "- Set-up of a local deployment (CA, keys, site folders, SuperLink and K SuperNodes started, keys "
         f"registered): {setup}.",
     ]
+    if result.get("note"):
+        lines.append(f"- {result['note']}")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -115,7 +118,16 @@ def main() -> None:
     ap.add_argument("--engines", default="simulator,torch.distributed,flower")
     ap.add_argument("--out", default=str(ROOT / "docs" / "data" / "deployment.json"))
     ap.add_argument("--doc", default=str(ROOT / "docs" / "deployment.md"))
+    ap.add_argument("--note", default="", help="A line about the machine's state, added to the doc.")
+    ap.add_argument("--render", action="store_true", help="Only write the doc from --out's JSON (no runs).")
     a = ap.parse_args()
+    if a.render:
+        result = json.loads(Path(a.out).read_text())
+        if a.note:
+            result["note"] = a.note
+        write_doc(result, Path(a.doc))
+        print(Path(a.doc).read_text())
+        return
     ks = [int(k) for k in a.ks.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +137,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     result = {"ks": ks, "rounds": a.rounds, "rows": rows, "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "note": a.note}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     write_doc(result, Path(a.doc))
