@@ -100,13 +100,18 @@ class InProcessEngine(Engine):
         self.sites = sites
 
     def _call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
-        cache: dict | None = {} if step == "evaluate" else None
-        replies = {}
-        for k, req in requests.items():
-            site = self.sites[k]
-            site.eval_cache = cache
-            try:
-                replies[k] = site.handle(step, req)
-            finally:
-                site.eval_cache = None
-        return replies
+        return run_here(self.sites, step, requests)
+
+
+def run_here(sites: dict[int, SiteHandle], step: str, requests: dict[int, Message]) -> dict[int, Message]:
+    """Run ``step`` on sites held in this process; one evaluation cache is lent to them for an ``evaluate``."""
+    cache: dict | None = {} if step == "evaluate" else None
+    replies = {}
+    for k, req in requests.items():
+        site = sites[k]
+        site.eval_cache = cache
+        try:
+            replies[k] = site.handle(step, req)
+        finally:
+            site.eval_cache = None
+    return replies

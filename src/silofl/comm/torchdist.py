@@ -39,7 +39,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from silofl.comm.engine import Engine, SiteHandle
+from silofl.comm.engine import Engine, SiteHandle, run_here
 from silofl.comm.messages import MAX_FRAME_BYTES, Message, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
 
@@ -238,15 +238,7 @@ class TorchDistEngine(Engine):
                     self.link.send(r, pack(step, reqs))
                 except RuntimeError as e:
                     self._lose(r, f"sending: {_reason(e)}")
-        replies: dict[int, Message] = {}
-        cache: dict | None = {} if step == "evaluate" else None
-        for k, m in by_rank.get(0, {}).items():
-            site = self.sites[k]
-            site.eval_cache = cache
-            try:
-                replies[k] = site.handle(step, m)
-            finally:
-                site.eval_cache = None
+        replies: dict[int, Message] = run_here(self.sites, step, by_rank.get(0, {}))
         for r, reqs in sorted(by_rank.items()):
             if r == 0 or str(r) in self.lost_processes:
                 continue
@@ -306,15 +298,10 @@ def serve(make_site: Callable[[int], SiteHandle], n_sites: int) -> bool:
         if rnd is not None and step.startswith("receive"):
             inject_fault(rank, rnd, "receiving")
         try:
-            replies = {}
-            cache: dict | None = {} if step == "evaluate" else None
-            for k, m in requests.items():
-                if k not in sites:
-                    raise SiloflError(f"process {rank} runs no site {k}")
-                sites[k].eval_cache = cache
-                replies[k] = sites[k].handle(step, m)
-                sites[k].eval_cache = None
-            frame = pack(step, replies)
+            stray = sorted(set(requests) - set(sites))
+            if stray:
+                raise SiloflError(f"process {rank} runs no site {stray[0]}")
+            frame = pack(step, run_here(sites, step, requests))
         except Exception as e:  # noqa: BLE001 - reported to rank 0, which stops the run with it
             log.exception("process %d failed in step %s", rank, step)
             frame = pack(ERROR, {0: Message({"error": f"{type(e).__name__}: {e}"})})

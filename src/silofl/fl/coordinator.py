@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from silofl.comm.engine import Engine
-from silofl.comm.messages import Message
+from silofl.comm.messages import Message, Packet
 from silofl.core.errors import BudgetExhausted
 from silofl.site.base import Site
 
@@ -152,6 +152,13 @@ class Coordinator(ABC):
                 log.warning("the coordinator refused a packet: %s", why)
                 events.rejected.append({"round": rnd, "client": self.server_id, "src": k, "reason": why})
         return ok
+
+    def send_from_server(self, rnd: int, sites: list[int], payload, events: RoundEvents) -> None:
+        """Send each of ``sites`` its packet from the server role (``payload(rnd, k)``: wire bytes) in a
+        ``receive_global`` step; the models they refused go into ``events``."""
+        requests = {k: Message({"round": rnd}, [Packet(self.server_id, k, payload(rnd, k))]) for k in sites}
+        for r in self.call("receive_global", requests).values():
+            events.rejected += r.meta.get("rejected", [])
 
     def on_lost(self, nodes: set[int], rnd: int) -> None:
         """Repair after losing ``nodes`` (e.g. take back PushSum mass sent to them)."""

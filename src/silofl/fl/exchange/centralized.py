@@ -123,9 +123,7 @@ class Centralized(Coordinator):
 
     def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:
         """Send the global model to ``sites``; they validate and replace."""
-        requests = {k: Message({"round": rnd}, [Packet(self.server_id, k, self.server.payload(rnd, k))]) for k in sites}
-        for r in self.call("receive_global", requests).values():
-            events.rejected += r.meta.get("rejected", [])
+        self.send_from_server(rnd, sites, self.server.payload, events)
 
     def start(self) -> None:
         self.broadcast(0, list(range(self.n_sites)), RoundEvents())

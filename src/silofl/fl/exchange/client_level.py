@@ -518,9 +518,7 @@ class ClientLevelDP(Coordinator):
         """Select next round's sites and send each its broadcast."""
         server = self.server
         server.select(sites)
-        requests = {k: Message({"round": rnd}, [Packet(self.server_id, k, server.payload(rnd, k))]) for k in sites}
-        for r in self.call("receive_global", requests).values():
-            events.rejected += r.meta.get("rejected", [])
+        self.send_from_server(rnd, sites, server.payload, events)
 
     def start(self) -> None:
         self.broadcast(0, list(range(self.n_sites)), RoundEvents())
