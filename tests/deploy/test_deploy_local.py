@@ -8,7 +8,7 @@ import sys
 import pytest
 
 BASE = ["--dataset", "digits", "--rounds", "2", "--samples-per-client", "120", "--batch-size", "30", "--delta", "1e-3",
-        "--test-limit", "200", "--threads", "1", "--seed", "0"]
+        "--test-limit", "200", "--threads", "1", "--seed", "0", "--eval-every", "2"]
 CASES = {
     "proxyfl": ["--private-model", "cnn1", "--proxy-model", "mlp"],
     "fedavg": ["--proxy-model", "mlp"],
@@ -132,7 +132,7 @@ def test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend
 
     r = subprocess.run([sys.executable, "-m", "silofl.cli.main", "deploy", "local", "--sites", "3", "--method", "fedavg",
                         *BASE, "--rounds", "4", "--eval-every", "1", *CASES["fedavg"], "--checkpoint-every", "1",
-                        "--peer-timeout", "60", "--restart-sites", "--out", str(tmp_path / "r")],
+                        "--peer-timeout", "20", "--restart-sites", "--out", str(tmp_path / "r")],
                        capture_output=True, text=True, timeout=1200,
                        env={**os.environ, "SILOFL_NO_PROGRESS": "1", "SILOFL_INJECT_FAULT": "2:2:crash"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

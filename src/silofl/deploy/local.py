@@ -232,12 +232,65 @@ def submit(coordinator_json: Path, env: dict[str, str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- deploy local
+class LocalDeployment:
+    """A CA, a SuperLink and one ``silofl site run`` process per partition of ``split`` under ``dep`` (TLS and node
+    authentication unless ``insecure``), ready for runs (:meth:`run`) until :meth:`close`. The sites keep running
+    between runs, as an institution's service does."""
+
+    def __init__(self, cfg, split, dep: Path, insecure: bool = False, poll_s: float = 0.1):
+        from silofl.deploy.pki import make_ca, make_server_cert
+
+        self.insecure, self.procs = insecure, []
+        t0 = time.perf_counter()
+        dep.mkdir(parents=True)
+        try:
+            if not insecure:
+                (dep / "pki").mkdir()
+                make_ca(dep / "pki")
+                make_server_cert(dep / "pki", ["localhost", "127.0.0.1"])
+            cards, folders = make_site_folders(cfg, split, dep / "sites")
+            port = free_port()
+            address = f"127.0.0.1:{port}"
+            self.procs.append(start_superlink(dep, port, insecure, poll_s))
+            self.env = cli_env(dep, address, insecure)
+            node_ids = [register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders]
+            cmd = [sys.executable, "-m", "silofl.cli.main", "site", "run", "--superlink", address, "--poll-s", str(poll_s)]
+            cmd += ["--insecure"] if insecure else ["--ca", str(dep / "pki" / "ca.crt")]
+            for k, folder in enumerate(folders):
+                self.procs.append(Proc(f"site{k}", [*cmd, "--site-dir", str(folder)],
+                                       {**os.environ, "SILOFL_NO_PROGRESS": "1"}, dep / "logs"))
+            for p in self.procs[1:]:
+                p.wait_for("SuperNode ID", 180)
+            if insecure:  # without node authentication the node ids are learnt from the sites' logs
+                node_ids = [_node_id(p.text()) for p in self.procs[1:]]
+        except BaseException:
+            self.close()
+            raise
+        self.sites = [{**c, "node_id": n} for c, n in zip(cards, node_ids, strict=True)]
+        self.security = {"tls": not insecure, "node_auth": not insecure, "sealed": True, "insecure_flag": insecure,
+                         "outbound_only_sites": True}
+        self.setup_s = time.perf_counter() - t0
+
+    def run(self, cfg, out: Path, timeout_s: float = 600.0, progress: bool = True, call_timeout_s: float = 300.0,
+            restart_sites: bool = False) -> dict:
+        """Run ``cfg`` on the sites, writing the run folder ``out``; its summary. A lost site is the coordinator's
+        business (it retires it; with ``restart_sites`` its process is restarted and it may rejoin); a lost
+        SuperLink ends the run."""
+        return start_run(cfg.replace(out=str(out), report_nonprivate=True), self.sites, self.env, out, timeout_s,
+                         self.security, self.procs[:1], progress, call_timeout_s,
+                         restart=self.procs[1:] if restart_sites else None)
+
+    def close(self) -> None:
+        """Stop every process."""
+        for p in reversed(self.procs):
+            p.stop()
+
+
 def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = False, poll_s: float = 0.1,
                  progress: bool = True, call_timeout_s: float = 300.0, restart_sites: bool = False) -> dict:
     """A real deployment of ``cfg`` on this machine (see the module doc); the run's summary."""
     import torch
 
-    from silofl.deploy.pki import make_ca, make_server_cert
     from silofl.deploy.site import NOT_DEPLOYABLE
     from silofl.run.data import prepare_data
     from silofl.run.folder import check_out
@@ -251,43 +304,15 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
     if dep.exists():
         raise ConfigError(f"{dep} exists: choose another --out")
     cfg, split = prepare_data(cfg, torch.device("cpu"))  # the one-machine stand-in for K institutions' own data
-    cfg = cfg.replace(out=str(out), report_nonprivate=True)
-    t0 = time.perf_counter()
-    dep.mkdir(parents=True)
-    procs: list[Proc] = []
+    deployment = LocalDeployment(cfg, split, dep, insecure, poll_s)
     try:
-        if not insecure:
-            (dep / "pki").mkdir()
-            make_ca(dep / "pki")
-            make_server_cert(dep / "pki", ["localhost", "127.0.0.1"])
-        cards, folders = make_site_folders(cfg, split, dep / "sites")
-        port = free_port()
-        address = f"127.0.0.1:{port}"
-        procs.append(start_superlink(dep, port, insecure, poll_s))
-        env = cli_env(dep, address, insecure)
-        node_ids = [register_node(f / "keys" / "node.pub", env) if not insecure else None for f in folders]
-        site_cmd = [sys.executable, "-m", "silofl.cli.main", "site", "run", "--superlink", address, "--poll-s",
-                    str(poll_s)]
-        site_cmd += ["--insecure"] if insecure else ["--ca", str(dep / "pki" / "ca.crt")]
-        for k, folder in enumerate(folders):
-            procs.append(Proc(f"site{k}", [*site_cmd, "--site-dir", str(folder)],
-                              {**os.environ, "SILOFL_NO_PROGRESS": "1"}, dep / "logs"))
-        for p in procs[1:]:
-            p.wait_for("SuperNode ID", 180)
-        if insecure:  # without node authentication the node ids are learnt from the sites' logs
-            node_ids = [_node_id(p.text()) for p in procs[1:]]
-        security = {"tls": not insecure, "node_auth": not insecure, "sealed": True, "insecure_flag": insecure,
-                    "outbound_only_sites": True}
-        sites = [{**c, "node_id": n} for c, n in zip(cards, node_ids, strict=True)]
-        summary = start_run(cfg, sites, env, out, timeout_s, security, procs[:1], progress, call_timeout_s,
-                            restart=procs[1:] if restart_sites else None)  # a lost site is the
-        # coordinator's business (it retires it); a lost SuperLink ends the run
-        summary["deployment"]["setup_s"] = summary["deployment"].pop("started_s") - t0
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-        return summary
+        summary = deployment.run(cfg, out, timeout_s, progress, call_timeout_s, restart_sites)
     finally:
-        for p in reversed(procs):
-            p.stop()
+        deployment.close()
+    summary["deployment"]["setup_s"] = deployment.setup_s
+    summary["deployment"].pop("started_s", None)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
 
 
 def start_run(cfg, sites: list[dict], env: dict[str, str], out: Path, timeout_s: float, security: dict,
