@@ -153,16 +153,16 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
         for s in previous:
             signal.signal(s, on_signal)
     try:
-        for attempt in range(1, 31):  # the SuperLink refuses a node id it still holds for a dead process, for a while
+        for attempt in range(1, 61):  # the SuperLink refuses a node id it still holds for a dead process (≤ 60 s)
             try:
                 node.wait_for("SuperNode ID", 120)
                 break
             except SiloflError as e:
-                if node.p.poll() is None or attempt == 30 or stop.is_set():
+                if node.p.poll() is None or attempt == 60 or stop.is_set():
                     raise
                 log.warning("site %s: the SuperNode could not connect yet (%s); retrying", worker.cfg.name,
                             str(e).splitlines()[-1][:120])
-                stop.wait(min(20.0, 2.0 * attempt))
+                stop.wait(3.0)
                 node.restart()
         log.warning("site %s connected to %s (SuperNode ID: %d)", worker.cfg.name, superlink, _node_id(node.text()))
         if ready is not None:
