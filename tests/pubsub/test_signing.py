@@ -96,13 +96,15 @@ def test_a_folder_broker_keeps_a_sites_first_key_and_catches_a_changed_store(tmp
         b.publish(model_bytes(seed=2))
     b.join("u", JOIN)
     b.publish(model_bytes(site="u"))  # an unsigned research model of a site without a key is still accepted
-    path = next((tmp_path / "broker" / "models").glob("*.safetensors"))
+    import sqlite3
+
+    with sqlite3.connect(b.db_path) as db:  # model 1's file (the store holds the others too)
+        fname = db.execute("SELECT file FROM models WHERE id = 1").fetchone()[0]
+    path = tmp_path / "broker" / "models" / fname
     tensors, meta = st_load(path.read_bytes()), header_metadata(path.read_bytes())
     tensors["intercept"] = tensors["intercept"] + 1
     data = st_save(tensors, metadata=meta)
     path.write_bytes(data)  # the stored file and its checksum changed by whoever holds the folder
-    import sqlite3
-
     with sqlite3.connect(b.db_path) as db:
         from silofl.pubsub.model import checksum
 
