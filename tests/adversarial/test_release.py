@@ -18,6 +18,7 @@ def keys(path):
     return set().union(*(json.loads(line) for line in path.read_text().splitlines()))
 
 
+@pytest.mark.slow
 def test_a_site_that_keeps_its_nonprivate_figures_reports_only_dp_and_public_ones(tiny_cfg, tmp_path):
     s = run(tiny_cfg.replace(rounds=1, report_nonprivate=False, out=str(tmp_path / "p")), progress=False)
     sent = keys(tmp_path / "p/metrics.jsonl")

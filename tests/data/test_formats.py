@@ -98,6 +98,7 @@ def test_bags_bad_files_are_clear_errors(tmp_path):
         load_dataset("bags", tmp_path / "y.npz")
 
 
+@pytest.mark.slow
 def test_proxyfl_with_deepsets_on_bags_by_site_reports_internal_and_external_accuracy(tmp_path):
     write_bags(tmp_path / "bags.npz")
     cfg = RunConfig.from_dict(dict(dataset="bags", data_dir=str(tmp_path / "bags.npz"), partition="site", clients=3, rounds=4,

@@ -112,6 +112,7 @@ def test_the_relay_sees_no_payload_and_its_tampering_is_refused(tiny_cfg, tmp_pa
     assert s["rounds_run"] == 2  # site 1 refused the tampered payloads and went on
 
 
+@pytest.mark.slow
 def test_a_replayed_payload_is_refused(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="proxyfl", clients=3, rounds=1, seed=0)
     cfg, workers, spec, _ = deployment(cfg, tmp_path)

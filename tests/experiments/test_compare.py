@@ -43,6 +43,7 @@ def test_tiny_compare_end_to_end_through_the_cli(tmp_path):
     assert comm[("fedavg", 4)]["bytes_per_round"] > comm[("fedavg", 2)]["bytes_per_round"]
 
 
+@pytest.mark.slow
 def test_communication_sweep_counts_exact_message_sizes():
     base = RunConfig.from_dict(TINY)
     rows = {(r["method"], r["clients"]): r for r in communication_sweep(base, [2, 4], ["proxyfl", "fedavg"])}

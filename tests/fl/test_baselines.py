@@ -10,6 +10,8 @@ from silofl.fl.registry import methods
 from silofl.run.loop import run as simulate
 from tests.helpers import build_run, spy_packets
 
+pytestmark = pytest.mark.slow  # every test here is a whole run
+
 METHODS = methods()
 EXAMPLE_LEVEL = [m for m, i in METHODS.items() if not i.client_level]
 

@@ -44,6 +44,7 @@ def test_corrupt_or_wrong_shape_proxy_is_rejected_and_client_keeps_its_own(tiny_
     assert "rejected the model from node 2" in caplog.text
 
 
+@pytest.mark.slow
 def test_budget_exhaustion_drops_a_client_and_the_rest_continue(tiny_cfg):
     b = build_run(tiny_cfg.replace(rounds=4))
     low = b.sites[1]
@@ -61,6 +62,7 @@ def test_budget_exhaustion_drops_a_client_and_the_rest_continue(tiny_cfg):
         low.train(5)  # training past the budget is refused, not silently done
 
 
+@pytest.mark.slow
 def test_empty_poisson_batches_are_noise_steps_and_counted(tiny_cfg):
     c = build_run(tiny_cfg.replace(batch_size=1, samples_per_client=60, clients=2)).sites[0]
     c.train(1)

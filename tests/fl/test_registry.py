@@ -67,6 +67,7 @@ def plugin(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_loaded", False)
 
 
+@pytest.mark.slow
 def test_a_method_from_another_package_registers_and_runs(plugin, tiny_cfg, tmp_path):
     from typer.testing import CliRunner
 
