@@ -1,4 +1,4 @@
-"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export`` and the ``pubsub``
+"""``silofl`` command line: ``run``, ``launch``, ``tune``, ``compare``, ``evaluate``, ``predict``, ``export`` and the ``pubsub``
 group.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
@@ -65,7 +65,8 @@ def run(
                                     "methods), or 'adaptive' / 'adaptive:C0' (client-level: private quantile estimate, start C0)."),
     delta: float | None = typer.Option(None, help="δ (must be < 1/n)."),
     accountant: str | None = typer.Option(None, help="rdp | prv"),
-    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget: a client leaves before exceeding it."),
+    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget ε per site (per unit for client-level methods): σ is set so that --rounds end at it (budget-first); with "
+                                          "--noise-multiplier also given, σ stays as given and a client leaves before exceeding it."),
     target_epsilons: str | None = typer.Option(None, "--target-epsilons", help="One budget per client, comma-separated (e.g. 20,50,80)."),
     dml_alpha: float | None = typer.Option(None, "--dml-alpha", help="α, private model's KL weight."),
     dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
@@ -318,6 +319,38 @@ def _f(v, nd: int = 4) -> str:
 
 def _ms(d: dict, nd: int = 4) -> str:
     return "—" if d["mean"] is None else f"{d['mean']:.{nd}f}±{d['std']:.{nd}f}"
+
+
+@app.command()
+@friendly_errors
+def tune(
+    method: str = typer.Option("proxyfl", help=f"{_method_help()}"),
+    target_epsilon: float = typer.Option(..., "--target-epsilon", help="Budget ε per site: every trial's σ is set "
+                                         "from it (budget-first)."),
+    grid: list[str] = typer.Option([], "--grid", help="KEY=V1,V2,… (e.g. lr=0.001,0.003, rounds=10,30, batch_size="
+                                   "100,250, clip=0.5,1, dml_alpha=0,0.5); repeatable; every combination is a trial."),
+    config: Path | None = typer.Option(None, "--config", help="YAML with the base run options."),
+    out: str = typer.Option("runs/tune", help="Folder for the trials, tune.json/tune.md and best.yaml."),
+    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE; repeatable."),
+    quiet: bool = typer.Option(True, "--quiet/--progress", help="Progress bar per trial."),
+):
+    """Search settings for a budget on the validation split (training data no client holds, as public data) —
+    never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""
+    from silofl.experiments.tune import parse_grid
+    from silofl.experiments.tune import tune as run_tune
+    from silofl.run.config import RunConfig, load_yaml_mapping
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    base = load_yaml_mapping(config) if config else {}
+    cfg = RunConfig.from_dict({**base, **_parse_sets(set_), "method": method, "target_epsilon": target_epsilon,
+                               "eval_split": "validation"})
+    result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console)
+    b = result["best"]
+    c = result["tuning_cost"]
+    console.print(f"best on validation: {b['settings']} ({result['headline']} {b['validation']:.4f}) → {out}/best.yaml")
+    if c["max"] is not None:
+        console.print(f"each run: ε ≤ {target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
+                      f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}")
 
 
 @app.command()
