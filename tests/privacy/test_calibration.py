@@ -73,7 +73,7 @@ def test_cli_prints_sigma_and_refuses_an_unreachable_budget(tmp_path):
     r = runner.invoke(app, [*base, "--rounds", "2", "--target-epsilon", "5", "--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
     assert "budget-first: σ =" in " ".join(r.output.split())
-    r = runner.invoke(app, [*base, "--rounds", "5000", "--target-epsilon", "0.05", "--out", str(tmp_path / "b")])
+    r = runner.invoke(app, [*base, "--rounds", "5000", "--target-epsilon", "0.01", "--out", str(tmp_path / "b")])
     assert r.exit_code == 2 and "unreachable" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "b" / "summary.json").exists()
 
