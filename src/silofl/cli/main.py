@@ -97,6 +97,8 @@ def run(
                                        "(multi-process runs)."),
     set_: list[str] = typer.Option([], "--set", help="Any other option, KEY=VALUE (YAML value); repeatable."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    vs_alone: bool = typer.Option(False, "--vs-alone", help="Afterwards train each site alone without DP (Regular, "
+                                  "same split and rounds) into OUT/alone and print how this run compares."),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.run.config import RunConfig, load_yaml_mapping
@@ -105,7 +107,7 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     flags = {k: v for k, v in locals().items() if v is not None and k not in (
         "config", "quiet", "run_loop", "RunConfig", "load_yaml_mapping", "set_", "resume", "overwrite", "distributed",
-        "peer_timeout")}
+        "peer_timeout", "vs_alone")}
     if target_epsilons is not None:
         flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
     if clip is not None:
@@ -156,6 +158,10 @@ def run(
 
             shutdown()
     print_summary(summary)
+    if vs_alone and not distributed:
+        from silofl.run.alone import compare_with_alone
+
+        compare_with_alone(resolved, summary, console)
 
 
 def _serve_if_worker(cfg, peer_timeout: float) -> bool:
