@@ -232,9 +232,9 @@ class DPSGDSite(Site):
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
         out = {}
         if self.private is not None:
-            key = ("model", id(self.private))
-            out["private_acc"] = cache[key] if cache is not None and key in cache else accuracy(self.private, x, y)
-        key = self.shared_token if self.shared_token is not None else ("model", id(self.shared))
+            pkey = ("model", id(self.private))
+            out["private_acc"] = cache[pkey] if cache is not None and pkey in cache else accuracy(self.private, x, y)
+        key: object = self.shared_token if self.shared_token is not None else ("model", id(self.shared))
         if cache is not None and key in cache:
             out[f"{self.shared_field}_acc"] = cache[key]
         else:

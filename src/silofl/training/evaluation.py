@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -77,11 +78,12 @@ def _stacked_forward(models: Sequence[nn.Module]):
     from silofl.models import MLP, _ConvNet
 
     k = len(models)
-    if isinstance(models[0], _ConvNet):
-        convs = [(torch.cat([m.convs[j].weight for m in models]).contiguous(memory_format=torch.channels_last),
-                  torch.cat([m.convs[j].bias for m in models])) for j in range(len(models[0].convs))]
-        fcs = [_linear_stack([m.fcs[j] for m in models]) for j in range(len(models[0].fcs))]
-        head = _linear_stack([m.out for m in models])
+    ms: list[Any] = list(models)  # the family is checked below; its layers are read by name
+    if isinstance(ms[0], _ConvNet) and type(ms[0]).forward is _ConvNet.forward:
+        convs = [(torch.cat([m.convs[j].weight for m in ms]).contiguous(memory_format=torch.channels_last),
+                  torch.cat([m.convs[j].bias for m in ms])) for j in range(len(ms[0].convs))]
+        fcs = [_linear_stack([m.fcs[j] for m in ms]) for j in range(len(ms[0].fcs))]
+        head = _linear_stack([m.out for m in ms])
 
         def conv_forward(x: torch.Tensor) -> torch.Tensor:
             h = x.repeat(1, k, 1, 1).contiguous(memory_format=torch.channels_last)
@@ -94,9 +96,9 @@ def _stacked_forward(models: Sequence[nn.Module]):
             return torch.baddbmm(head[1], z, head[0])
 
         return conv_forward
-    if type(models[0]).forward is MLP.forward:
-        hidden = [_linear_stack([m.hidden[j] for m in models]) for j in range(len(models[0].hidden))]
-        head = _linear_stack([m.out for m in models])
+    if type(ms[0]).forward is MLP.forward:
+        hidden = [_linear_stack([m.hidden[j] for m in ms]) for j in range(len(ms[0].hidden))]
+        head = _linear_stack([m.out for m in ms])
 
         def mlp_forward(x: torch.Tensor) -> torch.Tensor:
             z = x.flatten(1).unsqueeze(0).expand(k, -1, -1)
