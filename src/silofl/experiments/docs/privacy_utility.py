@@ -160,7 +160,7 @@ def collect(root: Path, seeds: list[int]) -> list[dict]:
     rows = []
     for j in jobs(seeds):
         folder = root / _slug(j[1]) / (f"eps{j[5]:g}" if j[5] is not None else "nodp") / f"seed{j[6]}"
-        if (folder / "final" / "summary.json").exists():
+        if (folder / "final" / "summary.json").exists() or (folder / "final.json").exists():
             rows.append(_job(*j, str(root)))
     return rows
 
@@ -221,13 +221,17 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
             acc = _mean([r["test"] for r in rs])
             sd = statistics.pstdev([r["test"] for r in rs]) if len(rs) > 1 else None
             e = max(r["epsilon"] for r in rs)
-            cells.append(f"{acc:.3f}{f' ± {sd:.3f}' if sd is not None else ''} (ε {e:.2f}, σ {rs[0]['sigma']:.2f})"
-                         if rs[0]["sigma"] else f"{acc:.3f}")
+            other = [f"{k.removesuffix('_acc')} {_mean([r['accs'].get(k) for r in rs]):.3f}"
+                     for k in rs[0]["accs"] if k != rs[0]["headline"]]
+            extra = f"; {', '.join(other)}" if other else ""
+            cells.append(f"{acc:.3f}{f' ± {sd:.3f}' if sd is not None else ''} (ε {e:.2f}, σ {rs[0]['sigma']:.2f}{extra})"
+                         if rs[0]["sigma"] else f"{acc:.3f}{extra}")
             sets.append(",".join(f"{k}={v}" for k, v in rs[0]["settings"].items()))
         lines.append(f"| {label} | " + " | ".join(cells) + " | " + " / ".join(sets) + " |")
     lines += ["", "Each cell: the method's headline accuracy on the test split (ProxyFL, FML: the private models; "
-              "the rest: the shared/global or local model), mean over clients (and seeds), the ε the run ended at and "
-              "the σ the budget set. The ε is per site and per example (client-level DP-FedAvg: per hospital).", ""]
+              "the rest: the shared/global or local model), mean over clients (and seeds), the ε the run ended at, "
+              "the σ the budget set and the method's other model (ProxyFL's proxy, FML's global model: the DP models "
+              "the sites share). The ε is per site and per example (client-level DP-FedAvg: per hospital).", ""]
     # DML weights and the CWT gap
     lines += ["## What the tuning found", ""]
     for eps in BUDGETS:
@@ -243,9 +247,11 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
             lines.append(f"  CWT − ProxyFL-private = {gap:+.3f} ({_mean([r['test'] for r in c]):.3f} vs "
                          f"{_mean([r['test'] for r in p]):.3f}).")
         if alone is not None and p:
-            best = max((r for (lab, e), rs in by.items() if e == eps for r in rs), key=lambda r: r["test"])
-            lines.append(f"  Best at this budget: {best['label']} {best['test']:.3f}, "
-                         f"{best['test'] - alone:+.3f} against going it alone without DP.")
+            fed = [r for (lab, e), rs in by.items() if e == eps and lab != "Joint" for r in rs]
+            best = max(fed, key=lambda r: max([r["test"], *[v for v in r["accs"].values() if v is not None]]))
+            top = max([best["test"], *[v for v in best["accs"].values() if v is not None]])
+            lines.append(f"  Best federated model at this budget: {best['label']} {top:.3f}, {top - alone:+.3f} against "
+                         "each site going it alone without DP (Joint, which pools the data, is the upper reference).")
     # tuning cost
     tc = [r for r in ok if r.get("tuning", {}).get("trials")]
     if tc:
