@@ -57,6 +57,7 @@ def test_tune_never_touches_the_test_set(tmp_path, poisoned_test_split):
     one = json.loads((tmp_path / "t/trials/trial0/summary.json").read_text())["accounting"][0]["history"]
     assert c["per_party"]["client0"] <= epsilon_of("rdp", tuple(tuple(h) for h in one * 2), 1e-3) + 1e-9
     assert "Tuning-inclusive" in (tmp_path / "t" / "tune.md").read_text()
+    assert len((tmp_path / "t" / "tune.csv").read_text().splitlines()) == 3
 
 
 def test_validation_is_disjoint_from_every_client(tmp_path):

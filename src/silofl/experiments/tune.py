@@ -16,6 +16,7 @@ random; a fixed grid, as here, is accounted by plain composition.)
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import time
@@ -112,6 +113,12 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
     best_dict.pop("out", None)
     (out / "best.yaml").write_text(yaml.safe_dump(best_dict, sort_keys=False))
     (out / "tune.md").write_text(markdown(result))
+    with open(out / "tune.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", "settings", "noise_multiplier", "validation", "epsilon", "seconds"])
+        for r in rows:
+            w.writerow([r["trial"], json.dumps(r["settings"]), r["noise_multiplier"], r["validation"], r["epsilon"],
+                        r["seconds"]])
     return result
 
 

@@ -296,9 +296,26 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
     lines.insert(lines.index("| method | ε = 1 | ε = 3 | ε = 8 | tuned settings (1 / 3 / 8) |") - 1,
                  "\n![accuracy against ε](privacy_utility.png)\n")
     (root / "rows.json").write_text(json.dumps(rows, indent=1, default=str))
+    _write_csv(ok, doc.parent / "data" / "privacy_utility.csv")
     text = "\n".join(lines) + "\n"
     doc.write_text(text)
     return text
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = ["label", "method", "budget", "seed", "headline", "test", "epsilon", "sigma", "rounds", "settings",
+            "validation", "tuning_trials", "tuning_epsilon"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            t = r.get("tuning", {})
+            w.writerow([r.get("label"), r.get("method"), r.get("budget"), r.get("seed"), r.get("headline"), r.get("test"),
+                        r.get("epsilon"), r.get("sigma"), r.get("rounds"), json.dumps(r.get("settings")),
+                        r.get("validation"), t.get("trials"), t.get("max")])
 
 
 def main(argv: list[str] | None = None) -> None:
