@@ -70,7 +70,13 @@ def test_validation_is_disjoint_from_every_client(tmp_path):
     assert len(split.test[1]) == 300 and split.test_set.startswith("validation")
 
 
-def test_cli_tune_and_bad_grid(tmp_path):
+def test_cli_bad_grid_is_one_line(tmp_path):
+    r = CliRunner().invoke(app, ["tune", "--target-epsilon", "5", "--grid", "lr", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "KEY=V1,V2" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.slow
+def test_cli_tune(tmp_path):
     runner = CliRunner()
     args = ["tune", "--method", "fedavg", "--target-epsilon", "5", "--set", "dataset=digits", "--set", "clients=2",
             "--set", "rounds=1", "--set", "samples_per_client=100", "--set", "batch_size=25", "--set", "delta=0.001",
@@ -78,8 +84,6 @@ def test_cli_tune_and_bad_grid(tmp_path):
     r = runner.invoke(app, [*args, "--grid", "lr=0.001,0.01", "--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
     assert "tuning-inclusive" in " ".join(r.output.split())
-    r = runner.invoke(app, [*args, "--grid", "lr", "--out", str(tmp_path / "b")])
-    assert r.exit_code == 2 and "KEY=V1,V2" in r.output
 
 
 def test_tuning_cost_composes_histories():
