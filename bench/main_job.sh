@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wall time of the 300-round main job (README's first command, after setup), per privacy mode.
+# Wall time of the papers-setting 300-round ProxyFL job (the README's first command before the budget-first main job), per privacy mode.
 #   bash bench/main_job.sh [strict|paper|off ...]   (default: strict paper)
 # Writes runs/main-<mode>/ and prints wall time, seconds per round, train/eval split and final figures.
 set -euo pipefail

@@ -49,7 +49,8 @@ def test_config_file_and_flag_override(tmp_path):
         (["--privacy", "loose"], "unknown privacy 'loose'"),
         (["--privacy", "strict", "--dml-beta", "0.5"], "privacy 'strict' needs dml_beta = 0"),
         (["--noise-multiplier", "0"], "noise_multiplier must be positive"),
-        (["--target-epsilon", "0.01"], "is below the ε of a single round"),
+        (["--noise-multiplier", "1", "--target-epsilon", "0.01"], "is below the ε of a single round"),
+        (["--target-epsilon", "0.01"], "is unreachable for 8 steps"),
     ],
 )
 def test_bad_input_gives_a_clear_error(tmp_path, args, message):
@@ -76,7 +77,8 @@ def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
     tight = 1.0001 * epsilon_of("rdp", ((1.0, 0.25, 8),), 1e-3)  # room for exactly two rounds of 4 steps
     out = tmp_path / "b"
     args = [a if a != "2" else "5" for a in TINY]  # 5 rounds
-    r = runner.invoke(app, ["run", *args, "--target-epsilons", f"1000,{tight},1000", "--out", str(out)])
+    r = runner.invoke(app, ["run", *args, "--target-epsilons", f"1000,{tight},1000", "--set",
+                            "calibrate_noise=false", "--out", str(out)])
     assert r.exit_code == 0, r.output
     s = json.loads((out / "summary.json").read_text())
     assert s["rounds_run"] == 5 and s["left"] == [{"client": 1, "round": 3, "reason": "budget spent"}]

@@ -218,12 +218,13 @@ def build_and_run(cfg, tmp_path):
 def test_budget_stops_the_server_and_a_too_small_budget_is_an_error(cl_cfg, tmp_path):
     one = epsilon_of("rdp", ((1.0, 1.0, 1),), 1e-3)
     two = epsilon_of("rdp", ((1.0, 1.0, 2),), 1e-3)
-    s = simulate(cl_cfg.replace(rounds=5, target_epsilon=(two + epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3)) / 2),
+    s = simulate(cl_cfg.replace(rounds=5, target_epsilon=(two + epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3)) / 2,
+                                 calibrate_noise=False),
                  progress=False)
     assert s["rounds_run"] == 3 and {x["round"] for x in s["left"]} == {3}
     assert s["privacy"]["epsilon_hospital"] == pytest.approx(two)
     with pytest.raises(BudgetExhausted, match="single round"):
-        simulate(cl_cfg.replace(target_epsilon=one / 2, out=str(tmp_path / "x")), progress=False)
+        simulate(cl_cfg.replace(target_epsilon=one / 2, calibrate_noise=False, out=str(tmp_path / "x")), progress=False)
 
 
 @pytest.mark.parametrize("changes, match", [

@@ -1,5 +1,5 @@
-"""``silofl`` command line: ``run``, ``launch``, ``compare``, ``evaluate``, ``predict``, ``export``, ``audit`` and the
-``pubsub``, ``site`` and ``deploy`` groups.
+"""``silofl`` command line: ``run``, ``launch``, ``tune``, ``compare``, ``evaluate``, ``predict``, ``export``, ``audit``
+and the ``pubsub``, ``site`` and ``deploy`` groups.
 
 Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
 fix are printed as one line (exit code 2), never as a traceback.
@@ -65,7 +65,8 @@ def run(
                                     "methods), or 'adaptive' / 'adaptive:C0' (client-level: private quantile estimate, start C0)."),
     delta: float | None = typer.Option(None, help="δ (must be < 1/n)."),
     accountant: str | None = typer.Option(None, help="rdp | prv"),
-    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget: a client leaves before exceeding it."),
+    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget ε per site (per unit for client-level methods): σ is set so that --rounds end at it (budget-first); with "
+                                          "--noise-multiplier also given, σ stays as given and a client leaves before exceeding it."),
     target_epsilons: str | None = typer.Option(None, "--target-epsilons", help="One budget per client, comma-separated (e.g. 20,50,80)."),
     dml_alpha: float | None = typer.Option(None, "--dml-alpha", help="α, private model's KL weight."),
     dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
@@ -102,6 +103,8 @@ def run(
     restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
     deployment: Path | None = typer.Option(None, "--deployment", hidden=True),
     superlink: str | None = typer.Option(None, "--superlink", hidden=True),
+    vs_alone: bool = typer.Option(False, "--vs-alone", help="Afterwards train each site alone without DP (Regular, "
+                                  "same split and rounds) into OUT/alone and print how this run compares."),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.run.config import RunConfig, load_yaml_mapping
@@ -110,7 +113,7 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     flags = {k: v for k, v in locals().items() if v is not None and k not in (
         "config", "quiet", "run_loop", "RunConfig", "load_yaml_mapping", "set_", "resume", "overwrite", "distributed",
-        "peer_timeout", "engine", "deploy_timeout", "insecure", "deployment", "superlink", "restart_sites")}
+        "peer_timeout", "engine", "deploy_timeout", "insecure", "deployment", "superlink", "restart_sites", "vs_alone")}
     if target_epsilons is not None:
         flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
     if clip is not None:
@@ -180,6 +183,10 @@ def run(
 
             shutdown()
     print_summary(summary)
+    if vs_alone and not distributed:
+        from silofl.run.alone import compare_with_alone
+
+        compare_with_alone(resolved, summary, console)
 
 
 def _serve_if_worker(cfg, peer_timeout: float) -> bool:
@@ -343,6 +350,38 @@ def _f(v, nd: int = 4) -> str:
 
 def _ms(d: dict, nd: int = 4) -> str:
     return "—" if d["mean"] is None else f"{d['mean']:.{nd}f}±{d['std']:.{nd}f}"
+
+
+@app.command()
+@friendly_errors
+def tune(
+    method: str = typer.Option("proxyfl", help=f"{_method_help()}"),
+    target_epsilon: float = typer.Option(..., "--target-epsilon", help="Budget ε per site: every trial's σ is set "
+                                         "from it (budget-first)."),
+    grid: list[str] = typer.Option([], "--grid", help="KEY=V1,V2,… (e.g. lr=0.001,0.003, rounds=10,30, batch_size="
+                                   "100,250, clip=0.5,1, dml_alpha=0,0.5); repeatable; every combination is a trial."),
+    config: Path | None = typer.Option(None, "--config", help="YAML with the base run options."),
+    out: str = typer.Option("runs/tune", help="Folder for the trials, tune.json/tune.md and best.yaml."),
+    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE; repeatable."),
+    quiet: bool = typer.Option(True, "--quiet/--progress", help="Progress bar per trial."),
+):
+    """Search settings for a budget on the validation split (training data no client holds, as public data) —
+    never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""
+    from silofl.experiments.tune import parse_grid
+    from silofl.experiments.tune import tune as run_tune
+    from silofl.run.config import RunConfig, load_yaml_mapping
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    base = load_yaml_mapping(config) if config else {}
+    cfg = RunConfig.from_dict({**base, **_parse_sets(set_), "method": method, "target_epsilon": target_epsilon,
+                               "eval_split": "validation"})
+    result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console)
+    b = result["best"]
+    c = result["tuning_cost"]
+    console.print(f"best on validation: {b['settings']} ({result['headline']} {b['validation']:.4f}) → {out}/best.yaml")
+    if c["max"] is not None:
+        console.print(f"each run: ε ≤ {target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
+                      f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}")
 
 
 @app.command()

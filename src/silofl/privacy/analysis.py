@@ -120,17 +120,44 @@ def max_steps_within(kind: str, noise_multiplier: float, sample_rate: float, del
     return lo * step_block
 
 
+CALIBRATION_TOLERANCE = 0.005  # a calibrated run ends within this much below its target ε
+MAX_CALIBRATED_SIGMA = 1e4  # beyond this no useful model trains: the budget is treated as unreachable
+
+
 def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                         accountant: str = "rdp") -> float:
+                         accountant: str = "rdp", tolerance: float = 0.01) -> float:
     """The noise multiplier σ at which ``steps`` steps at rate ``sample_rate`` end at ``target_epsilon``
-    (Opacus' ``get_noise_multiplier``: a binary search on its accountant). Raises ValueError when no σ
-    meets the target."""
+    (Opacus' ``get_noise_multiplier``: a binary search on its accountant; the ε it returns lies in
+    [target − tolerance, target]). Raises ValueError when no σ meets the target."""
     from opacus.accountants.utils import get_noise_multiplier
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
-                                          steps=steps, accountant=accountant))
+                                          steps=steps, accountant=accountant, epsilon_tolerance=tolerance))
+
+
+def calibrate_sigma(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                    accountant: str = "rdp") -> float:
+    """Budget-first σ: the noise multiplier with which ``steps`` steps of the Poisson-subsampled Gaussian
+    mechanism at rate ``sample_rate`` end at ε ≤ ``target_epsilon`` (within :data:`CALIBRATION_TOLERANCE`
+    of it) under the run's own accountant. Raises ConfigError, in one line, when the target cannot be met."""
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ConfigError(f"target_epsilon must be positive and finite, got {target_epsilon}")
+    if steps < 1 or not 0 < sample_rate <= 1:
+        raise ConfigError(f"cannot calibrate σ for {steps} steps at sample rate {sample_rate}")
+    try:
+        sigma = noise_multiplier_for(target_epsilon, delta, sample_rate, steps, accountant,
+                                     tolerance=CALIBRATION_TOLERANCE)
+    except (ValueError, OverflowError, ZeroDivisionError):
+        sigma = math.inf
+    if not math.isfinite(sigma) or sigma > MAX_CALIBRATED_SIGMA:
+        raise ConfigError(f"target_epsilon {target_epsilon:g} (δ={delta:g}) is unreachable for {steps} steps at "
+                          f"sample rate {sample_rate:.4g}: even σ = {MAX_CALIBRATED_SIGMA:g} spends more; raise the "
+                          "budget or lower the rounds or the sampling rate")
+    if epsilon_of(accountant, ((sigma, sample_rate, steps),), delta) > target_epsilon:  # never trust the search blindly
+        raise ConfigError(f"σ calibration for target_epsilon {target_epsilon:g} did not meet the target")
+    return sigma
 
 
 # ---------------------------------------------------------------------------------------------- client level

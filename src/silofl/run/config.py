@@ -34,6 +34,7 @@ DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bag
 PARTITIONS = ("p_major", "iid", "dirichlet", "site")
 ACCOUNTANTS = tuple(ACCOUNTANT_NAMES)
 DEVICES = ("auto", "cpu", "cuda")
+EVAL_SPLITS = ("test", "validation")
 DEFAULT_SAMPLES_PER_CLIENT, DEFAULT_BATCH_SIZE = 1000, 250
 # options of earlier versions: refused (with the reason) when given, dropped when reading an old run's file
 REMOVED = {"secure_noise": "secure_noise was removed: noise and sampling are secret unless a --seed is given"}
@@ -67,6 +68,9 @@ class RunConfig:
     accountant: str = "rdp"
     target_epsilon: float | None = None
     target_epsilons: list[float] | None = None  # one budget per client; overrides target_epsilon
+    # budget-first: σ is set so that the planned rounds end at the target ε (None: yes when a target is given;
+    # False — the default when noise_multiplier is given explicitly — σ as given, the target only stops a client early)
+    calibrate_noise: bool | None = None
     # data split
     partition: str = "p_major"
     p_major: float = 0.8
@@ -78,6 +82,10 @@ class RunConfig:
     # evaluation
     eval_every: int = 1
     test_limit: int | None = None
+    # what the models are scored on: "test" (the data set's test split) or "validation" (validation_size training
+    # examples that no client holds, treated as public data: what `silofl tune` selects on — never the test split)
+    eval_split: str = "test"
+    validation_size: int = 2000
     # whether sites report figures computed from non-private data (the private model's accuracy, un-noised gradient
     # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across processes
     report_nonprivate: bool | None = None
@@ -130,6 +138,8 @@ class RunConfig:
         if wrong and strict:
             raise ConfigError(f"option(s) {', '.join(wrong)} do not apply to method {method!r}")
         _site_defaults(flat)
+        if "noise_multiplier" in flat and "calibrate_noise" not in flat:
+            flat["calibrate_noise"] = False  # σ given explicitly: it wins, a budget only stops clients early
         for k, v in flat.items():
             if k in common:
                 continue
@@ -210,10 +220,14 @@ class RunConfig:
         choice("partition", self.partition, PARTITIONS)
         choice("accountant", self.accountant, ACCOUNTANTS)
         choice("device", self.device, DEVICES)
+        choice("eval_split", self.eval_split, EVAL_SPLITS)
+        if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
+            raise ConfigError("eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "
+                              "sources (partition 'site') have none")
         for name in ("clients", "rounds", "eval_every", "image_size", "max_bag_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("samples_per_client", "batch_size", "test_limit", "checkpoint_every", "threads"):
+        for name in ("samples_per_client", "batch_size", "test_limit", "checkpoint_every", "threads", "validation_size"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"{name} must be at least 1, got {v}")
@@ -231,6 +245,8 @@ class RunConfig:
                 raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
             if self.target_epsilon is not None and not (math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
                 raise ConfigError(f"target_epsilon must be positive and finite, got {self.target_epsilon}")
+            if self.calibrate_noise and self.target_epsilon is None and self.target_epsilons is None:
+                raise ConfigError("calibrate_noise needs a budget: give --target-epsilon E")
             if self.target_epsilons is not None:
                 if len(self.target_epsilons) != self.clients:
                     raise ConfigError(f"target_epsilons lists {len(self.target_epsilons)} budgets for {self.clients} clients")
@@ -294,6 +310,40 @@ class RunConfig:
     def data_seed(self) -> int | None:
         """The seed of the simulated data split (and of a data set's own seeded train/test split)."""
         return self.split_seed if self.split_seed is not None else self.seed
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether σ is set from the budget (budget-first) rather than given."""
+        if not self.is_private or self.info.traits.nonprivate:
+            return False
+        has_target = self.target_epsilon is not None or self.target_epsilons is not None
+        return has_target and self.calibrate_noise is not False
+
+    def calibration_plan(self, site_sizes: list[int]) -> list[dict[str, Any]]:
+        """What each party's accountant will see over the planned rounds: per party its target ε, sampling rate
+        q and steps (example level: a site of n examples takes n // B steps a round at q = B/n; client level: the
+        server's one mechanism a round at the client rate)."""
+        if self.is_client_level:
+            assert self.target_epsilon is not None
+            return [{"party": "server", "target_epsilon": self.target_epsilon,
+                     "sample_rate": float(self.options.client_rate), "steps": self.rounds}]
+        assert self.batch_size is not None
+        return [{"party": f"client{k}", "target_epsilon": self.target_epsilon_of(k),
+                 "sample_rate": min(1.0, self.batch_size / n), "steps": self.rounds * max(1, n // self.batch_size)}
+                for k, n in enumerate(site_sizes)]
+
+    def calibrated(self, site_sizes: list[int]) -> RunConfig:
+        """With a budget-first config: the config with σ set so that every party's planned rounds end at
+        ε ≤ its target (the largest σ any party needs — the run has one σ — so every party ends at or below its
+        target and the party that needs most ends at it, within the calibration's tolerance). Otherwise self."""
+        from silofl.privacy.analysis import calibrate_sigma
+
+        if not self.calibrates:
+            return self
+        plan = self.calibration_plan(site_sizes)
+        sigmas = {(p["target_epsilon"], p["sample_rate"], p["steps"]) for p in plan}
+        sigma = max(calibrate_sigma(e, self.delta, q, n, self.accountant) for e, q, n in sigmas)
+        return dataclasses.replace(self, noise_multiplier=sigma, calibrate_noise=True)
 
     def target_epsilon_of(self, client: int) -> float | None:
         """Client ``client``'s budget."""

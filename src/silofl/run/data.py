@@ -41,12 +41,46 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
         rng = np.random.default_rng(cfg.data_seed)
         shards = partition(cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
                            p=cfg.p_major, alpha=cfg.dirichlet_alpha)
-        x_test, y_test = data.test_split(cfg.test_limit)
+        if cfg.eval_split == "validation":
+            x_test, y_test, test_set = validation_split(cfg, data, shards)
+        else:
+            x_test, y_test = data.test_split(cfg.test_limit)
     check_against_data(cfg, [len(s) for s in shards])
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
+    cfg = calibrated(cfg, parts)
     prep = [data.preprocessing] * len(parts) if data.preprocessing else None
     return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set,
                           preprocessing=prep, indices=[np.asarray(s) for s in shards])
+
+
+def validation_split(cfg: RunConfig, data: Dataset, shards: list) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``validation_size`` training examples that no client holds (drawn with the split seed), limited by
+    ``test_limit``: the data tuning selects on. They stand for public data of the same kind; the test split is not
+    read."""
+    used = np.zeros(len(data.y_train), dtype=bool)
+    for s in shards:
+        used[np.asarray(s)] = True
+    free = np.flatnonzero(~used)
+    if len(free) == 0:
+        from silofl.core.errors import ConfigError
+
+        raise ConfigError("eval_split 'validation' needs training examples that no client holds; there are none")
+    rng = np.random.default_rng([int(cfg.data_seed or 0), 7919])
+    n = min(cfg.validation_size, len(free), cfg.test_limit or len(free))
+    idx = torch.as_tensor(np.sort(rng.choice(free, size=n, replace=False)))
+    return (data.x_train[idx], data.y_train[idx],
+            f"validation: {n} {cfg.dataset} training examples held by no client, treated as public data "
+            "(the test split is not used)")
+
+
+def site_sizes(cfg: RunConfig, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
+    """The number of training examples of each site the method builds from the clients' partitions."""
+    return [len(y) for _, y in cfg.info.cls(cfg).site_data(parts)]
+
+
+def calibrated(cfg: RunConfig, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> RunConfig:
+    """The config with σ set from its budget when it is budget-first (:meth:`RunConfig.calibrated`)."""
+    return cfg.calibrated(site_sizes(cfg, parts)) if cfg.calibrates else cfg
 
 
 def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, SplitData]:
@@ -62,6 +96,7 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
     sizes = [len(y) for _, y in src.parts]
     cfg = cfg.with_data(sum(sizes), smallest=min(sizes))
     check_against_data(cfg, sizes)
+    cfg = calibrated(cfg, src.parts)
 
     def dev(pair, limit=None):
         x, y = pair

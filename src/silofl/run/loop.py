@@ -173,6 +173,9 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
         raise
     if stash is not None:
         stash.drop()
+    cal = calibration_report(cfg, split)
+    if cal is not None and console is not None:
+        console.print(calibration_line(cal))
     try:
         return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume)
     finally:
@@ -352,6 +355,7 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
             "dml_alpha": opts.dml_alpha if info.mutual_learning else None,
             "dml_beta": opts.dml_beta if info.mutual_learning else None,
             **coordinator.privacy_summary(),
+            "noise_calibration": calibration_report(cfg, split),
         },
         "final": {
             "per_client": per_client,
@@ -395,6 +399,31 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
         summary["server_rounds"] = history
     summary["models"] = [m for f in reports.values() for m in f["models"]]
     return summary
+
+
+def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:
+    """How a budget-first run chose σ (None when σ was given): the target, the planned rounds, each party's
+    sampling rate and steps and the ε its accountant will reach at the end of the plan."""
+    if not cfg.calibrates:
+        return None
+    from silofl.privacy.analysis import CALIBRATION_TOLERANCE, epsilon_of
+    from silofl.run.data import site_sizes
+
+    plan = cfg.calibration_plan(site_sizes(cfg, split.parts))
+    for p in plan:
+        p["planned_epsilon"] = epsilon_of(cfg.accountant, ((cfg.noise_multiplier, p["sample_rate"], p["steps"]),),
+                                          cfg.delta)
+    return {"noise_multiplier": cfg.noise_multiplier, "rounds_planned": cfg.rounds, "delta": cfg.delta,
+            "accountant": ACCOUNTANT_NAMES[cfg.accountant], "method": "opacus.accountants.utils.get_noise_multiplier",
+            "tolerance": CALIBRATION_TOLERANCE, "parties": plan}
+
+
+def calibration_line(cal: dict) -> str:
+    """One console line saying which σ the budget set."""
+    p = max(cal["parties"], key=lambda x: x["planned_epsilon"])
+    return (f"budget-first: σ = {cal['noise_multiplier']:.4f} so that {cal['rounds_planned']} rounds ({p['steps']} steps "
+            f"at q = {p['sample_rate']:.4g}) end at ε = {p['planned_epsilon']:.3f} ≤ {p['target_epsilon']:g} "
+            f"(δ = {cal['delta']:g}, {cal['accountant']})")
 
 
 def _unseeded(cfg: RunConfig) -> RunConfig:

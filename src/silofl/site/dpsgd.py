@@ -219,12 +219,23 @@ class DPSGDSite(Site):
         self.shared_token = object()
 
     # ---------------------------------------------------------------- reporting
+    def eval_models(self) -> list[tuple[object, torch.nn.Module]]:
+        """(cache key, model) of each model :meth:`evaluate` scores, for an engine that scores many sites' models
+        at once: the private model by identity, the shared one by its weights' token (sites holding one broadcast
+        share it)."""
+        out: list[tuple[object, torch.nn.Module]] = []
+        if self.private is not None:
+            out.append((("model", id(self.private)), self.private))
+        out.append((self.shared_token if self.shared_token is not None else ("model", id(self.shared)), self.shared))
+        return out
+
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
         out = {}
         if self.private is not None:
-            out["private_acc"] = accuracy(self.private, x, y)
-        key = self.shared_token
-        if cache is not None and key is not None and key in cache:
+            pkey = ("model", id(self.private))
+            out["private_acc"] = cache[pkey] if cache is not None and pkey in cache else accuracy(self.private, x, y)
+        key: object = self.shared_token if self.shared_token is not None else ("model", id(self.shared))
+        if cache is not None and key in cache:
             out[f"{self.shared_field}_acc"] = cache[key]
         else:
             acc = accuracy(self.shared, x, y)
