@@ -136,6 +136,18 @@ def test_onnx_export_equals_pytorch_and_the_card_says_what_is_dp(table_run, tmp_
         want = loaded.pipeline(torch.from_numpy(x)).numpy()
     assert got.shape == (64, 2) and np.isfinite(got).all()
     assert np.abs(got - want).max() < 1e-5
+    # the exported graph runs where silofl (and torch) cannot be imported: a fresh interpreter that blocks them
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys; sys.modules['silofl'] = None; sys.modules['torch'] = None\n"
+            "import numpy as np, onnxruntime as ort\n"
+            f"s = ort.InferenceSession({str(tmp_path / 'p' / 'model.onnx')!r})\n"
+            f"np.save({str(tmp_path / 'y.npy')!r}, s.run(['probabilities'], {{'x': np.load({str(tmp_path / 'x.npy')!r})}})[0])")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert np.array_equal(np.load(tmp_path / "y.npy"), got)
 
     export(d / "run", 1, tmp_path / "s", model="shared")
     card = json.loads((tmp_path / "s" / "model_card.json").read_text())
