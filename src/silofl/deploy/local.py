@@ -367,20 +367,17 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
     """One site folder per partition of ``split`` under ``root`` (its exported data, fresh keys, a budget that
     admits the run, reporting its test figures), with the federation's cards pinned in each; (cards, folders)."""
     from silofl.deploy.site import SiteConfig, export_data, init_site, pin_federation
+    from silofl.run.loop import site_inputs
 
-    method = cfg.info.cls(cfg)
-    parts = method.site_data(split.parts)
     cards, folders = [], []
     lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
-    for k, (x, y) in enumerate(parts):
+    for k, inp in enumerate(site_inputs(cfg.info.cls(cfg), split)):
         name = f"site{k}"
         folder = root / name
         folder.mkdir(parents=True)
-        ext = split.external[k] if split.external else split.test
-        internal = split.internal[k] if split.internal and len(split.internal) == len(parts) else None
-        prep = split.preprocessing[k] if split.preprocessing and len(split.preprocessing) == len(parts) else None
-        export_data(folder / "data.safetensors", x, y, ext, internal,
-                    {"num_classes": split.num_classes, "classes": split.dataset.class_names, "preprocessing": prep,
+        export_data(folder / "data.safetensors", inp.x, inp.y, inp.external, inp.internal,
+                    {"num_classes": split.num_classes, "classes": split.dataset.class_names,
+                     "preprocessing": inp.preprocessing,
                      "source": f"{split.source} (partition {k}, exported by deploy local)"})
         sc = SiteConfig(name=name, data="data.safetensors", lifetime_epsilon=lifetime,
                         lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5, report_test_figures=True,

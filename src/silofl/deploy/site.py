@@ -241,6 +241,7 @@ class SiteWorker:
 
     def _setup(self, k: int, msg: Message) -> Message:
         from silofl.run.config import RunConfig
+        from silofl.run.loop import SiteInputs, make_site
 
         m = msg.meta
         run_id, order, config = m.get("run_id"), m.get("sites"), m.get("config")
@@ -270,13 +271,8 @@ class SiteWorker:
         method = cfg.info.cls(cfg)
         d = self.data
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
-        site = method.make_site(k, d.x, d.y, _Shape(d.input_shape, d.num_classes))
-        if d.test is not None:
-            site.tests["external"] = d.test
-        if d.internal is not None:
-            site.tests["internal"] = d.internal
-        site.preprocessing = d.preprocessing
-        site.open_folder(self.folder / "ledger", run_label=run_id, release_nonprivate=self.cfg.report_test_figures)
+        site = make_site(method, k, SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing),
+                         _Shape(d.input_shape, d.num_classes), self.folder / "ledger", run_id, self.cfg.report_test_figures)
         planned = self._cap_budget(site, cfg)
         resumed = None
         if m.get("resume"):  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend

@@ -65,28 +65,58 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+@dataclasses.dataclass
+class SiteInputs:
+    """What one site is built from: its training data, its test sets and its preprocessing (JSON)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    external: tuple[torch.Tensor, torch.Tensor] | None
+    internal: tuple[torch.Tensor, torch.Tensor] | None = None
+    preprocessing: dict | None = None
+
+
+def site_inputs(method: Method, split: SplitData) -> list[SiteInputs]:
+    """Each site's inputs from the split: its partition, the shared test set as it sees it (its own view with
+    per-site sources), its own held-out rows and preprocessing where the split has one per site."""
+    data = method.site_data(split.parts)
+
+    def per_site(items):
+        return items if items and len(items) == len(data) else None
+
+    external, internal, prep = per_site(split.external), per_site(split.internal), per_site(split.preprocessing)
+    return [SiteInputs(x, y, external[k] if external is not None else split.test,
+                       internal[k] if internal is not None else None, prep[k] if prep is not None else None)
+            for k, (x, y) in enumerate(data)]
+
+
+def make_site(method: Method, k: int, inputs: SiteInputs, shape, folder: Path | None = None, run_label: str = "run",
+              release_nonprivate: bool = True) -> Site:
+    """Site ``k`` of ``method`` built from its inputs (``shape``: input shape and classes), keeping its ledger and the
+    figures it does not release in ``folder`` when given."""
+    site = method.make_site(k, inputs.x, inputs.y, shape)
+    if inputs.external is not None:
+        site.tests["external"] = inputs.external
+    if inputs.internal is not None:
+        site.tests["internal"] = inputs.internal
+    if folder is not None:
+        site.open_folder(folder, run_label=run_label, release_nonprivate=release_nonprivate)
+    if inputs.preprocessing is not None:
+        site.preprocessing = inputs.preprocessing
+    return site
+
+
 def site_factory(method: Method, split: SplitData, ledgers: Path | None = None,
                  release_nonprivate: bool = True) -> tuple[Callable[[int], Site], int]:
     """(a function building site k with its training data and test sets — and, with ``ledgers``, its own folder
     ``ledgers/client<k>`` for its privacy ledger and the figures it keeps —, the number of sites)."""
-    data = method.site_data(split.parts)
-    internal = split.internal if split.internal and len(split.internal) == len(data) else None
-    external = split.external if split.external and len(split.external) == len(data) else None
-    prep = split.preprocessing if split.preprocessing and len(split.preprocessing) == len(data) else None
+    inputs = site_inputs(method, split)
 
     def make(k: int) -> Site:
-        site = method.make_site(k, *data[k], split)
-        site.tests["external"] = external[k] if external is not None else split.test
-        if internal is not None:
-            site.tests["internal"] = internal[k]
-        if ledgers is not None:
-            site.open_folder(ledgers / f"client{k}", run_label=Path(method.cfg.out).name,
-                             release_nonprivate=release_nonprivate)
-        if prep is not None:
-            site.preprocessing = prep[k]
-        return site
+        return make_site(method, k, inputs[k], split, ledgers / f"client{k}" if ledgers is not None else None,
+                         Path(method.cfg.out).name, release_nonprivate)
 
-    return make, len(data)
+    return make, len(inputs)
 
 
 def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
