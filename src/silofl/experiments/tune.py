@@ -100,7 +100,8 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
                      "noise_multiplier": (s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
                      "seconds": time.perf_counter() - t0, "test_set": s["test_set"]})
         if console is not None:
-            console.print(f"trial {i} {_label(combo)}: validation {headline} {score:.4f}")
+            shown = "—" if score is None else f"{score:.4f}"
+            console.print(f"trial {i} {_label(combo)}: validation {headline} {shown}")
     best = max(rows, key=lambda r: -1.0 if r["validation"] is None else r["validation"])
     best_cfg = base.replace(**best["settings"]).replace(eval_split="test")
     cost = tuning_cost(summaries)

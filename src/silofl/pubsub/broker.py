@@ -145,7 +145,7 @@ class Broker:
             lifetime = rel.get("lifetime")
             if not (isinstance(lifetime, list) and len(lifetime) == 2):
                 raise ModelRejected("the release receipt declares no lifetime budget")
-            verify_model(data, str(rel.get("public_key")))  # the folder broker trusts a new site's first key
+            # the folder broker trusts a new site's first key: verified just below, like any registered key
             pub = {"public_key": str(rel["public_key"]), "lifetime": (float(lifetime[0]), float(lifetime[1])),
                    "ledger_seq": -1, "new": True}
         rel = verify_model(data, pub["public_key"])

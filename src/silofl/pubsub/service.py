@@ -21,7 +21,6 @@ A refused request changes nothing.
 
 import hashlib
 import json
-import os
 import secrets
 import sqlite3
 import threading
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from silofl.core.errors import ConfigError, ModelRejected, SiloflError
+from silofl.deploy.pki import write_private
 from silofl.pubsub.broker import Broker
 from silofl.pubsub.model import MAX_BYTES
 
@@ -206,9 +206,7 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
     if not creds.has_admin():
         token = creds.issue(ADMIN, "admin")
         path = admin_credential_path(state)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"broker": public_url, "site": ADMIN, "token": token}, f)
+        write_private(path, json.dumps({"broker": public_url, "site": ADMIN, "token": token}).encode())
     limiter = RateLimiter(rate, burst)
     lock = threading.Lock()  # one writer at a time (checks and writes of a publish stay together)
 
@@ -255,10 +253,10 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
             raise HTTPException(403, "only a registered site may do this (the admin credential has no signing key)")
         return who[0]
 
-    def may_read(who: tuple[str, str], meta: dict) -> bool:
+    def may_read(who: tuple[str, str], meta: dict, channels: list | None = None) -> bool:
         if who[1] == "admin" or meta["publisher"] == who[0]:
             return True
-        return any(ch.matches(meta["features"]) for ch in broker.channels(who[0]))
+        return any(ch.matches(meta["features"]) for ch in (channels if channels is not None else broker.channels(who[0])))
 
     def model_meta(model_id: int) -> dict:
         meta = broker.model(model_id)
@@ -328,7 +326,8 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
 
     @app.get("/v1/models")
     def models(publisher: str | None = None, who=Depends(caller)):
-        return [m for m in broker.models(publisher) if may_read(who, m)]
+        channels = broker.channels(who[0])  # once per listing, not once per model
+        return [m for m in broker.models(publisher) if may_read(who, m, channels)]
 
     @app.get("/v1/models/{model_id}")
     def fetch(model_id: int, who=Depends(caller)):

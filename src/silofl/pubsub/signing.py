@@ -52,9 +52,9 @@ def load_signing_key(folder: str | Path) -> Ed25519PrivateKey:
 
 def public_key_hex(key: Ed25519PrivateKey) -> str:
     """The public half of a signing key, as 64 hex digits."""
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    from silofl.deploy.pki import public_raw
 
-    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    return public_raw(key.public_key()).hex()
 
 
 def parse_public_key(text: str) -> Ed25519PublicKey:
