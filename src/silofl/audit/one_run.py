@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import special, stats
@@ -63,7 +63,6 @@ __all__ = [
     "count_guesses",
     "AuditResult",
     "audit",
-    "audit_over_k",
 ]
 
 
@@ -272,40 +271,3 @@ def audit(
     m = len(t)
     return AuditResult(eps_lower_bound(m, r, v, delta, beta), m, r, v,
                        k_pos, k_neg, delta, beta, 1)
-
-
-def audit_over_k(
-    scores: Sequence[float] | np.ndarray,
-    included: Sequence[bool] | np.ndarray,
-    k_candidates: Iterable[tuple[int, int]],
-    delta: float,
-    beta: float = 0.05,
-    rng: np.random.Generator | None = None,
-) -> AuditResult:
-    """Try several (k_pos, k_neg) pairs and report the best bound.
-
-    Picking the best k after looking at which guesses were correct is a
-    multiple comparison, so each candidate is tested at beta / K (Bonferroni,
-    K = number of candidates). The reported bound then still holds with
-    probability >= 1 - beta. With a short list (e.g. 5 to 10 values) this
-    costs little: eps_lb depends on beta only through a log factor.
-
-    Choosing k from the *scores alone* (e.g. looking for a gap in their
-    distribution) does not use the labels, and needs no correction.
-    """
-    cands = [(int(a), int(b)) for a, b in k_candidates]
-    if not cands:
-        raise ValueError("no k candidates")
-    rng = np.random.default_rng() if rng is None else rng
-    tiebreak_seed = int(rng.integers(2**63 - 1))
-    beta_k = beta / len(cands)
-    best: AuditResult | None = None
-    for kp, kn in cands:
-        # Use the same tie-breaking for every candidate.
-        t = make_guesses(scores, kp, kn, np.random.default_rng(tiebreak_seed))
-        r, v = count_guesses(t, included)
-        e = eps_lower_bound(len(t), r, v, delta, beta_k)
-        if best is None or e > best.eps_lb:
-            best = AuditResult(e, len(t), r, v, kp, kn, delta, beta_k, len(cands))
-    assert best is not None
-    return best

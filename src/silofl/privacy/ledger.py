@@ -44,8 +44,9 @@ class LedgerTampered(SiloflError):
     """A ledger whose chain of MACs does not verify, or that is older than a head it once had."""
 
 
-def _canonical(entry: dict) -> bytes:
-    return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+def canonical_json(obj: Any) -> bytes:
+    """The one byte form of a JSON value that MACs and signatures cover (sorted keys, no spaces, no NaN)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def load_key(folder: Path) -> bytes:
@@ -91,7 +92,7 @@ class Ledger:
     # ------------------------------------------------------------------ integrity
     def _mac(self, entry: dict) -> str:
         body = {k: v for k, v in entry.items() if k != "mac"}
-        return hmac.new(self.key, _canonical(body), hashlib.sha256).hexdigest()
+        return hmac.new(self.key, canonical_json(body), hashlib.sha256).hexdigest()
 
     def _verify(self, text: str) -> None:
         prev = GENESIS
@@ -128,7 +129,7 @@ class Ledger:
         entry["mac"] = self._mac(entry)
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(_canonical(entry).decode() + "\n")
+            f.write(canonical_json(entry).decode() + "\n")
             f.flush()
             os.fsync(f.fileno())
         self.entries.append(entry)
@@ -165,13 +166,16 @@ class Ledger:
                     dlt[d] += e["delta"]
         return (max(eps.values(), default=0.0), max(dlt.values(), default=0.0))
 
-    def require_release(self, digests: set[str], epsilon: float, delta: float, lifetime: tuple[float, float]) -> None:
-        """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget."""
+    def require_release(self, digests: set[str], epsilon: float, delta: float,
+                        lifetime: tuple[float, float]) -> tuple[float, float]:
+        """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget; else what
+        they have spent so far."""
         eps, dlt = self.spent(digests)
         if eps + epsilon > lifetime[0] * (1 + 1e-12) or dlt + delta > lifetime[1] * (1 + 1e-12):
             raise BudgetExhausted(
                 f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's lifetime "
                 f"budget ε={lifetime[0]:g}, δ={lifetime[1]:g}: they have spent up to ε={eps:.4g}, δ={dlt:.3g} already")
+        return eps, dlt
 
     def record_release(self, digests: set[str], epsilon: float, delta: float, **fields: Any) -> dict:
         """Record a release of these records at (ε, δ)."""

@@ -73,8 +73,10 @@ def _lp(b: bytes) -> bytes:
 
 
 def _canonical_json(obj) -> bytes:
+    from silofl.privacy.ledger import canonical_json
+
     try:
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        return canonical_json(obj)
     except ValueError:
         raise ModelRejected("the release receipt holds a non-finite number") from None
 

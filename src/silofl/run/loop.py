@@ -129,10 +129,10 @@ def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: En
     ``engine_factory`` gets no site factory. Raises ConfigError / BudgetExhausted before a run folder is written."""
     cfg = cfg.resolve()
     device = device if device is not None else resolve_device(cfg.device)
-    method = cfg.info.cls(cfg)
     root = ledger_root(cfg) if ledgers else None
     release = releases_nonprivate(cfg, engine_factory is None)
     if remote is not None:
+        method = cfg.info.cls(cfg)
         if engine_factory is None:
             raise ConfigError("a run on remote sites needs their engine")
         split, n_sites = remote, len(remote.sites)
@@ -207,12 +207,12 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     if cal is not None and console is not None:
         console.print(calibration_line(cal))
     try:
-        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume)
+        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal)
     finally:
         engine.close()
 
 
-def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume) -> dict:
+def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal=None) -> dict:
     info = cfg.info
     last: dict[int, dict] = {}
     left_log: list[dict] = []
@@ -267,7 +267,7 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
                                          for k in range(coordinator.n_sites)})
     reports = {k: coordinator.site_report(k, r.meta) for k, r in sorted(finals.items())}
     summary = _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run,
-                       wall, train_s, eval_s)
+                       wall, train_s, eval_s, cal)
     if rejoined_log:
         summary["rejoined"] = rejoined_log
     folder.write_metrics_csv()
@@ -349,7 +349,7 @@ def _resume(cfg: RunConfig, coordinator: Coordinator, engine: Engine, root: Path
 
 
 def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run, wall, train_s,
-             eval_s) -> dict:
+             eval_s, cal=None) -> dict:
     info = cfg.info
     sent, received = dict(engine.bytes_sent), dict(engine.bytes_received)
     acc_keys = [k + sfx for sfx in ("", "_internal") for k in ACC_FIELDS if any(k + sfx in r for r in last.values())]
@@ -385,7 +385,7 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
             "dml_alpha": opts.dml_alpha if info.mutual_learning else None,
             "dml_beta": opts.dml_beta if info.mutual_learning else None,
             **coordinator.privacy_summary(),
-            "noise_calibration": calibration_report(cfg, split),
+            "noise_calibration": cal,
         },
         "final": {
             "per_client": per_client,

@@ -85,12 +85,11 @@ class SiteFolder:
                               "--lifetime-epsilon E [--lifetime-delta D]")
         return self.lifetime
 
-    def require_release(self, record_ids, epsilon: float, delta: float) -> set[str]:
-        """The keyed digests of ``record_ids``, after checking that releasing them at (ε, δ) stays within the
-        lifetime budget (BudgetExhausted if not)."""
+    def require_release(self, record_ids, epsilon: float, delta: float) -> tuple[set[str], tuple[float, float]]:
+        """(the keyed digests of ``record_ids``, what they have spent so far), after checking that releasing them at
+        (ε, δ) stays within the lifetime budget (BudgetExhausted if not)."""
         digests = {self.ledger.record_digest(i) for i in record_ids}
-        self.ledger.require_release(digests, epsilon, delta, self.require_lifetime())
-        return digests
+        return digests, self.ledger.require_release(digests, epsilon, delta, self.require_lifetime())
 
     def release(self, record_ids, epsilon: float, delta: float, make: Callable[[], Any],
                 send: Callable[[Any], Any], seal: Callable[[bytes, dict], bytes] | None = None,
@@ -106,14 +105,13 @@ class SiteFolder:
         returned)."""
         import hashlib
 
-        digests = self.require_release(record_ids, epsilon, delta)
+        digests, before = self.require_release(record_ids, epsilon, delta)
         artifact = make()
         data = artifact.to_bytes()
         eps, dlt = float(artifact.epsilon), float(artifact.delta)
         if eps > epsilon * (1 + 1e-9) or dlt > delta * (1 + 1e-9):
             raise RuntimeError(f"the mechanism spent ε={eps}, δ={dlt}, above the (ε={epsilon}, δ={delta}) it was asked for")
         if seal is not None:
-            before = self.ledger.spent(digests)
             life = self.require_lifetime()
             data = seal(data, {"site": self.name, "epsilon_spent": before[0] + eps, "delta_spent": before[1] + dlt,
                                "lifetime": [life[0], life[1]], "ledger_seq": len(self.ledger.entries)})
