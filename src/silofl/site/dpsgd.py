@@ -231,10 +231,11 @@ class DPSGDSite(Site):
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
         out = {}
+        keys = self.eval_models()  # the same keys the engine's batched scoring used
         if self.private is not None:
-            pkey = ("model", id(self.private))
+            pkey = keys[0][0]
             out["private_acc"] = cache[pkey] if cache is not None and pkey in cache else accuracy(self.private, x, y)
-        key: object = self.shared_token if self.shared_token is not None else ("model", id(self.shared))
+        key = keys[-1][0]
         if cache is not None and key in cache:
             out[f"{self.shared_field}_acc"] = cache[key]
         else:
