@@ -14,14 +14,18 @@ from silofl.run.data import prepare_data
 from silofl.training import accuracy
 
 
-def evaluate_run(run_dir: str | Path, data_dir: str | None = None) -> list[dict]:
-    """Each saved model's accuracy on the run's own test set, next to the figure summary.json recorded."""
+def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: str | None = None) -> list[dict]:
+    """Each saved model's accuracy on the run's own test set, next to the figure summary.json recorded.
+    ``eval_split``: score on this split instead of the one the run evaluated on (e.g. ``test`` for a tuning trial
+    that was scored on the validation split)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
     cfg = RunConfig.from_yaml(run_dir / "config.yaml", strict=False)
     if data_dir:
         cfg = cfg.replace(data_dir=data_dir)
+    if eval_split:
+        cfg = cfg.replace(eval_split=eval_split)
     _, split = prepare_data(cfg.resolve(), torch.device("cpu"))  # the run's own test set (e.g. external sites)
     data = split.dataset
     x, y = split.test

@@ -119,29 +119,17 @@ def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float
 def score_on_test(trial: Path) -> dict:
     """The chosen trial's released models, scored once on the test split (the seeded trial is deterministic, so
     this equals re-running its settings with eval_split test, without training again): a summary-like dict."""
-    import torch
-
-    from silofl.models import load_model
-    from silofl.run.config import RunConfig
-    from silofl.run.data import prepare_data
+    from silofl.experiments.evaluate import evaluate_run
     from silofl.run.folder import mean_std
-    from silofl.training.evaluation import accuracy
 
     s = json.loads((trial / "summary.json").read_text())
-    cfg = RunConfig.from_yaml(trial / "config.yaml", strict=False).replace(eval_split="test")
-    _, split = prepare_data(cfg.resolve(), torch.device("cpu"))
-    x, y = split.test
     accs: dict[str, list[float]] = {}
-    for spec_file in sorted((trial / "models").glob("client*.json")):
-        if spec_file.stem.endswith("_preprocessing"):
-            continue
-        model, _ = load_model(spec_file.with_suffix(""))
-        role = spec_file.stem.split("_", 1)[1]
-        accs.setdefault(f"{role}_acc", []).append(accuracy(model, x, y))
+    for r in evaluate_run(trial, eval_split="test"):
+        accs.setdefault(f"{r['model'].split('_', 1)[1]}_acc", []).append(r["accuracy"])
     final = {k: mean_std(v) for k, v in accs.items()}
     final["epsilon"] = s["final"]["epsilon"]
     return {"headline": s["headline"], "final": final, "privacy": s["privacy"], "rounds_run": s["rounds_run"],
-            "wall_time_s": s["wall_time_s"], "test_set": split.test_set, "scored_from": str(trial)}
+            "wall_time_s": s["wall_time_s"], "test_set": "the data set's test split", "scored_from": str(trial)}
 
 
 PUBSUB = ("PubSub-ML (untuned)", "pubsub", {"epochs": 10, "hidden": 64})
