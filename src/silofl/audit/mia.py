@@ -74,6 +74,10 @@ def auc(scores, labels):
     """Area under the ROC curve. Equals P[s_member > s_nonmember] +
     0.5 P[tie], the Mann-Whitney statistic."""
     fpr, tpr, _ = roc_curve(scores, labels)
+    return _auc(fpr, tpr)
+
+
+def _auc(fpr, tpr):
     trapezoid = getattr(np, "trapezoid", None) or np.trapz  # type: ignore[attr-defined]  # numpy >= 2.0 / < 2.0
     return float(trapezoid(tpr, fpr))
 
@@ -86,19 +90,23 @@ def tpr_at_fpr(scores, labels, fpr_target):
     that, or the number rests on 0 or 1 false positive. Report n next to it.
     """
     fpr, tpr, _ = roc_curve(scores, labels)
-    targets = np.atleast_1d(np.asarray(fpr_target, dtype=float))
-    out = np.array([tpr[fpr <= t + 1e-15].max() for t in targets])
+    out = _tpr_at(fpr, tpr, np.atleast_1d(np.asarray(fpr_target, dtype=float)))
     return out if np.ndim(fpr_target) else float(out[0])
 
 
+def _tpr_at(fpr, tpr, targets):
+    return np.array([tpr[fpr <= t + 1e-15].max() for t in targets])
+
+
 def attack_metrics(scores, labels, fprs=(1e-3, 1e-2)):
-    """AUC, TPR at each FPR in ``fprs`` and the member / non-member counts of ``scores`` (higher: member)."""
+    """AUC, TPR at each FPR in ``fprs`` and the member / non-member counts of ``scores`` (higher: member); the ROC
+    curve is computed once."""
     s, y = _prep(scores, labels)
-    res = {"auc": auc(s, y), "n_members": int(y.sum()), "n_nonmembers": int((~y).sum())}
-    for f in fprs:
-        res[f"tpr@{f:g}fpr"] = tpr_at_fpr(s, y, f)
-    # Balanced accuracy of the best single threshold (Carlini et al. report it too).
     fpr, tpr, _ = roc_curve(s, y)
+    res = {"auc": _auc(fpr, tpr), "n_members": int(y.sum()), "n_nonmembers": int((~y).sum())}
+    for f, t in zip(fprs, _tpr_at(fpr, tpr, fprs), strict=True):
+        res[f"tpr@{f:g}fpr"] = float(t)
+    # Balanced accuracy of the best single threshold (Carlini et al. report it too).
     res["balanced_acc"] = float(np.max(1 - (fpr + (1 - tpr)) / 2))
     return res
 
