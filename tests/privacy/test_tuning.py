@@ -12,6 +12,7 @@ gives by the same conversion (measured over these 42 cases: 1.09× to 2.52×, 0.
 arXiv:2110.03620 v2) on the subsampled Gaussian curves silofl's accountant computes.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -146,6 +147,20 @@ def test_delta_conversion_matches_dp_accounting_and_inverts_epsilon():
     assert delta_from_rdp(DEFAULT_ORDERS, curve, eps) == pytest.approx(1e-5, rel=1e-9)
 
 
+def test_poisson_formula_fails_below_mean_one_so_it_is_refused():
+    """Theorem 6's formula with μ = 0.5 (log μ < 0), by hand, falls below the exact divergence of the best of
+    K ~ Poisson(0.5) for a discrete Gaussian of σ = 2 at λ = 2 — why :func:`poisson` refuses μ < 1."""
+    p, q = MECHANISMS["gauss2.0"]
+    one = exact_curve(p, q)
+    mu, i = 0.5, int(np.flatnonzero(ORDERS == 2)[0])
+    formula = one[i] + mu * delta_from_rdp(ORDERS, one, math.log1p(1 / (2 - 1))) + math.log(mu) / (2 - 1)
+    half = dataclasses.replace(poisson(1), mu=mu)  # past the check, for the exact distribution only
+    exact = exact_curve(best_of(p, half), best_of(q, half))[i]
+    assert formula < exact
+    with pytest.raises(ConfigError, match="at least 1"):
+        poisson(mu)
+
+
 def test_theorem_formulas_at_one_order():
     """The formulas by hand at λ ∈ {2, 4} for the curve ε(λ) = λ/8 (a Gaussian of σ = 2); order 2 takes the smaller
     of its own value and order 4's (RDP is monotone in λ)."""
@@ -199,7 +214,7 @@ def test_parse(spec, name):
     assert parse_trial_count(spec).name == name
 
 
-@pytest.mark.parametrize("spec", ["poisson", "poisson:0", "poisson:-1", "poisson:x", "poisson:1,2", "negbin:0.5",
+@pytest.mark.parametrize("spec", ["poisson", "poisson:0", "poisson:-1", "poisson:0.5", "poisson:x", "poisson:1,2", "negbin:0.5",
                                   "negbin:-1,0.5", "geometric:1", "geometric:0", "logarithmic:1.5", "uniform:3",
                                   "poisson:nan", "poisson:inf"])
 def test_parse_refuses(spec):

@@ -17,13 +17,14 @@ Then A is (λ, ε')-RDP with
 
 E[K] = η(1 − γ)/(γ(1 − γ^η)) (η ≠ 0), (1/γ − 1)/log(1/γ) (η = 0). K ≥ 1 always.
 
-**Theorem 6 (Poisson).** Let Q be (λ, ε)-RDP and (ε̂, δ̂)-DP with λ ∈ (1, ∞), and K ~ Poisson(μ), μ > 0. If
+**Theorem 6 (Poisson).** Let Q be (λ, ε)-RDP and (ε̂, δ̂)-DP with λ ∈ (1, ∞), and K ~ Poisson(μ). If
 e^{ε̂} ≤ 1 + 1/(λ − 1), A is (λ, ε')-RDP with
 
     ε' = ε + μ δ̂ + log(μ)/(λ − 1).
 
 Here ε̂ = log(1 + 1/(λ − 1)) (the largest the condition allows) and δ̂ is Q's δ at ε̂ from its own RDP curve
-(:func:`silofl.privacy.analysis.delta_from_rdp`). P[K = 0] = e^{−μ}.
+(:func:`silofl.privacy.analysis.delta_from_rdp`). P[K = 0] = e^{−μ}. silofl takes μ ≥ 1 only, as ``dp_accounting``
+does: below 1 the formula is not an upper bound (see :func:`poisson`).
 
 Both are applied at every order of Q's RDP curve (λ̂ minimised over the curve's orders ≥ 1), and then RDP's
 monotonicity in λ (D_λ is non-decreasing in λ) lowers each order to the smallest value at any order above it, as
@@ -173,9 +174,11 @@ class TrialCount:
 
 
 def poisson(mu: float) -> TrialCount:
-    """K ~ Poisson(μ), μ > 0 (K = 0 has probability e^{−μ})."""
-    if not (math.isfinite(mu) and mu > 0):
-        raise ConfigError(f"the Poisson mean μ must be positive and finite, got {mu}")
+    """K ~ Poisson(μ), μ ≥ 1 (K = 0 has probability e^{−μ} ≤ 0.37). Below μ = 1, log(μ)/(λ − 1) < 0 and Theorem 6's
+    ε' falls below the exact divergence of the best of K (tests/privacy/test_tuning.py shows it at μ = 0.5; for
+    μ → 0 it even turns negative, which no divergence is); ``dp_accounting`` also refuses a mean below 1."""
+    if not (math.isfinite(mu) and mu >= 1):
+        raise ConfigError(f"the Poisson mean μ must be finite and at least 1 (Theorem 6's bound fails below), got {mu}")
     return TrialCount("poisson", mu=float(mu))
 
 
@@ -295,8 +298,8 @@ def repeat_and_select_epsilon(orders, rdp, count: TrialCount, delta: float, cap:
             if slack >= delta:
                 raise ConfigError(
                     f"at most {cap} trials cut off P[K > {cap}] = {tail:.3g} of {count.name}, which costs "
-                    f"(1 + e^ε)·{tail:.3g} ≥ δ = {delta:g}; raise the cap (the number of trials is then still "
-                    f"{count.mean:.3g} on average)")
+                    f"(1 + e^ε)·{tail:.3g} ≥ δ = {delta:g}: raise the cap (a cap costs no trials: E[K] stays "
+                    f"{count.mean:.3g})")
             new, order = epsilon_from_rdp(orders, curve, delta - slack)
             if new <= eps:
                 break
