@@ -247,3 +247,7 @@ def test_study_setting_numbers():
     ps = repeat_and_select_epsilon(DEFAULT_ORDERS, curve, poisson(4), 1e-5, cap=40)["epsilon"]
     assert one == pytest.approx(7.99, abs=0.01) and four == pytest.approx(17.91, abs=0.01)
     assert ps == pytest.approx(11.24, abs=0.01) and one < ps < four
+    for count, want in [(geometric(0.25), 11.24), (truncated_negative_binomial(0.5, 0.177692), 10.98),
+                        (logarithmic(0.0966496), 10.60)]:
+        assert count.mean == pytest.approx(4, abs=1e-4)
+        assert repeat_and_select_epsilon(DEFAULT_ORDERS, curve, count, 1e-5)["epsilon"] == pytest.approx(want, abs=0.01)

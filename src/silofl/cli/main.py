@@ -369,8 +369,8 @@ def tune(
                                              "logarithmic:GAMMA, each with settings drawn from the grid; only the best "
                                              "is kept, its ε bounded by Papernot & Steinke (ICLR 2022)."),
     max_trials: int | None = typer.Option(None, "--max-trials", help="With --random-trials: run at most this many "
-                                          "(the cut-off chance is paid in δ). Default: the smallest cap whose cut-off "
-                                          "chance is ≤ 10⁻⁶·δ."),
+                                          "(the cut-off chance is paid in δ). Default: the smallest cap that costs "
+                                          "at most 0.1% of δ."),
 ):
     """Search settings for a budget on the validation split (training data no client holds, as public data) —
     never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""

@@ -46,7 +46,7 @@ from silofl.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, epsilon_of
 from silofl.privacy.tuning import SOURCE, TrialCount, parse_trial_count, repeat_and_select_epsilon
 from silofl.run.config import RunConfig
 
-AUTO_CAP_TAIL = 1e-6  # the default cap on K: the smallest whose cut-off tail P[K > cap] is ≤ this × δ
+AUTO_CAP_TAIL = 1e-3  # the default cap on K spends at most this share of δ (see default_cap)
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -185,10 +185,11 @@ def _uniforms(seed: int | None) -> Callable[[int], list[float]]:
     return lambda n: [float(u) for u in rng.random(n)]
 
 
-def default_cap(count: TrialCount, delta: float) -> int:
-    """The cap on K when none is given: the smallest whose cut-off tail P[K > cap] is at most
-    ``AUTO_CAP_TAIL`` × δ (so capping costs (1 + e^ε) × that, next to nothing)."""
-    target = AUTO_CAP_TAIL * delta
+def default_cap(count: TrialCount, delta: float, epsilon: float = 0.0) -> int:
+    """The cap on K when none is given: the smallest whose cut-off tail τ = P[K > cap] is at most
+    ``AUTO_CAP_TAIL`` × δ / (1 + e^{ε+1}), ``epsilon`` being the uncapped bound — so the cap's cost (1 + e^ε')τ
+    stays below ``AUTO_CAP_TAIL`` × δ for any ε' ≤ ε + 1, and moves ε next to nothing."""
+    target = AUTO_CAP_TAIL * delta / (1 + math.exp(min(epsilon + 1, 700.0)))
     hi = max(1, math.ceil(count.mean))
     while count.tail(hi) > target:
         hi *= 2
@@ -243,14 +244,16 @@ def _draw_random_trials(base: RunConfig, combos: list[dict[str, Any]], count: Tr
         raise ConfigError(f"--max-trials must be at least 1, got {cap}")
     cfg = base.resolve()
     delta = cfg.delta
-    given = cap is not None
-    cap = int(cap) if cap is not None else default_cap(count, delta)
     curves = planned_curves(base, combos)
+    uncapped = max(repeat_and_select_epsilon(DEFAULT_ORDERS, c, count, delta)["epsilon"] for c in curves.values())
+    given = cap is not None
+    cap = int(cap) if cap is not None else default_cap(count, delta, uncapped)
     for curve in curves.values():  # refuses here, before any trial, if the cap costs too much
         try:
             repeat_and_select_epsilon(DEFAULT_ORDERS, curve, count, delta, cap)
         except ConfigError as e:
-            raise ConfigError(f"{e}; --max-trials {default_cap(count, delta)} would do" if given else str(e)) from None
+            raise ConfigError(f"{e}; --max-trials {default_cap(count, delta, uncapped)} would do" if given
+                              else str(e)) from None
     uniforms = _uniforms(base.seed)
     k, truncated = count.draw(uniforms(1)[0], cap)
     picks = [min(int(u * len(combos)), len(combos) - 1) for u in uniforms(k)]
