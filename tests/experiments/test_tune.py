@@ -10,9 +10,12 @@ from typer.testing import CliRunner
 
 import silofl.run.data as run_data
 from silofl.cli.main import app
+from silofl.core.errors import ConfigError
 from silofl.data.types import Dataset
 from silofl.experiments.tune import parse_grid, tune, tuning_cost
 from silofl.privacy import epsilon_of
+from silofl.privacy.analysis import DEFAULT_ORDERS, rdp_curve
+from silofl.privacy.tuning import poisson, repeat_and_select_epsilon
 from silofl.run.config import RunConfig
 
 
@@ -90,3 +93,122 @@ def test_tuning_cost_composes_histories():
     s = {"accounting": [{"client": 0, "history": [[1.0, 0.25, 8]], "delta": 1e-5, "accountant": "opacus.rdp"}]}
     c = tuning_cost([s, s])
     assert c["per_party"]["client0"] == pytest.approx(epsilon_of("rdp", ((1.0, 0.25, 16),), 1e-5))
+
+
+# ------------------------------------------------------------------------ random trials (Papernot & Steinke 2022)
+RANDOM_ARGS = ["tune", "--method", "fedavg", "--target-epsilon", "5", "--set", "dataset=digits", "--set", "clients=2",
+               "--set", "rounds=1", "--set", "samples_per_client=100", "--set", "batch_size=25", "--set",
+               "delta=0.001", "--set", "validation_size=100", "--grid", "lr=0.001,0.01"]
+
+
+def _fake_plan(monkeypatch, curve_of=lambda: rdp_curve(((0.8, 0.25, 4),))):
+    """Plan without loading data or calibrating: every party's one-trial curve is that of (σ 0.8, q 0.25, 4 steps)."""
+    import silofl.experiments.tune as tune_mod
+
+    monkeypatch.setattr(tune_mod, "planned_curves", lambda base, combos: {"client0": curve_of(), "client1": curve_of()})
+
+
+def _fake_trials(monkeypatch, scores):
+    """Trials that train nothing: trial i scores ``scores[settings lr]`` and records (σ 0.8, q 0.25, 4 steps)."""
+    import silofl.experiments.tune as tune_mod
+
+    seen = []
+
+    def fake(cfg, i, combo, score_field, progress, console):
+        seen.append(cfg)
+        acc = [{"client": k, "history": [[0.8, 0.25, 4]], "delta": cfg.delta, "accountant": "opacus.rdp"} for k in (0, 1)]
+        row = {"trial": i, "settings": combo, "validation": scores[combo["lr"]], "epsilon": 4.9,
+               "noise_multiplier": 0.8, "seconds": 0.0, "test_set": "validation: fake"}
+        return row, {"accounting": acc}
+
+    monkeypatch.setattr(tune_mod, "_run_trial", fake)
+    return seen
+
+
+def test_random_trials_draw_select_and_account(tmp_path, monkeypatch):
+    _fake_plan(monkeypatch)
+    seen = _fake_trials(monkeypatch, {0.001: 0.5, 0.01: 0.7, 0.1: 0.6})
+    base = _base(tmp_path).replace(method="fedavg")
+    res = tune(base, parse_grid(["lr=0.001,0.01,0.1"]), tmp_path / "r", random_trials="poisson:6", max_trials=24)
+    rt = res["random_trials"]
+    assert rt["drawn"] == len(res["trials"]) == len(rt["settings_drawn"]) == len(seen) >= 1
+    assert [r["settings"]["lr"] for r in res["trials"]] == [[0.001, 0.01, 0.1][i] for i in rt["settings_drawn"]]
+    assert res["best"]["validation"] == max(r["validation"] for r in res["trials"])
+    # independent trials: each its own seed (seeded research run), one data split for all
+    assert len({c.seed for c in seen}) == len(seen) and {c.data_seed for c in seen} == {1}
+    # the bound: one trial < Papernot–Steinke (Theorem 6) < the composition of the trials run, once K is large
+    curve = rdp_curve(((0.8, 0.25, 4),))
+    want = repeat_and_select_epsilon(DEFAULT_ORDERS, curve, poisson(6), 1e-3, 24)["epsilon"]
+    assert rt["per_party"]["client0"]["tuned"] == pytest.approx(want)
+    assert rt["per_party"]["client0"]["one_trial"] == pytest.approx(epsilon_of("rdp", ((0.8, 0.25, 4),), 1e-3))
+    assert rt["theorem"] == "Theorem 6, Poisson" and rt["max_trials"] == 24 and rt["selection"] == "global_acc"
+    assert res["tuning_cost"]["per_party"]["client0"] == pytest.approx(
+        epsilon_of("rdp", ((0.8, 0.25, 4 * rt["drawn"]),), 1e-3))
+    md = (tmp_path / "r" / "tune.md").read_text()
+    assert "Theorem 6, Poisson" in md and "best of K" in md and "composition" in md
+    assert json.loads((tmp_path / "r" / "tune.json").read_text())["random_trials"]["drawn"] == rt["drawn"]
+    # the same seed draws the same K and settings
+    again = tune(base, parse_grid(["lr=0.001,0.01,0.1"]), tmp_path / "r2", random_trials="poisson:6", max_trials=24)
+    assert again["random_trials"]["settings_drawn"] == rt["settings_drawn"]
+
+
+def test_random_trials_mutual_learning_selects_on_the_dp_proxy(tmp_path, monkeypatch):
+    _fake_plan(monkeypatch)
+    _fake_trials(monkeypatch, {0.001: 0.5, 0.01: 0.7})
+    res = tune(_base(tmp_path), parse_grid(["lr=0.001,0.01"]), tmp_path / "p", random_trials="geometric:0.5")
+    assert res["selection"] == "proxy_acc" and res["random_trials"]["theorem"].startswith("Theorem 2")
+    rt = res["random_trials"]  # the default cap spends at most 0.1% of δ
+    assert rt["per_party"]["client0"]["truncation_delta"] <= 1e-3 * 1e-3 and rt["tail"] > 0
+
+
+def test_random_trials_k_zero_runs_nothing(tmp_path, monkeypatch):
+    _fake_plan(monkeypatch)
+    seen = _fake_trials(monkeypatch, {0.001: 0.5, 0.01: 0.7})
+    base = _base(tmp_path).replace(seed=7)  # its first draw is 0.118 < P[K = 0] = e^{-1}
+    res = tune(base, parse_grid(["lr=0.001,0.01"]), tmp_path / "z", random_trials="poisson:1")
+    assert res["random_trials"]["drawn"] == 0 and res["trials"] == [] and res["best"] is None and not seen
+    assert not (tmp_path / "z" / "best.yaml").exists() and not (tmp_path / "z" / "trials").exists()
+    assert "K = 0" in (tmp_path / "z" / "tune.md").read_text()
+    assert res["random_trials"]["max"] > 0  # the bound still holds for what was (not) released
+
+
+def test_random_trials_need_budget_first_trials(tmp_path):
+    base = _base(tmp_path).replace(calibrate_noise=False, noise_multiplier=1.0)
+    with pytest.raises(ConfigError, match="budget-first"):
+        tune(base, parse_grid(["lr=0.001"]), tmp_path / "n", random_trials="poisson:2")
+    assert not (tmp_path / "n").exists()
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--random-trials", "poisson:-1"], "Poisson mean"),
+    (["--random-trials", "geometric:2"], "0 < γ < 1"),
+    (["--random-trials", "uniform:3"], "random trials are"),
+    (["--random-trials", "negbin:0.5"], "negbin:ETA,GAMMA"),
+    (["--random-trials", "poisson:2", "--max-trials", "0"], "at least 1"),
+    (["--max-trials", "5"], "needs --random-trials"),
+    (["--random-trials", "poisson:4", "--max-trials", "3"], "raise the cap"),
+])
+def test_cli_random_trials_bad_values(tmp_path, monkeypatch, extra, msg):
+    _fake_plan(monkeypatch)
+    r = CliRunner().invoke(app, [*RANDOM_ARGS, *extra, "--out", str(tmp_path / "bad")])
+    assert r.exit_code == 2 and msg in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_cli_random_trials_end_to_end(tmp_path):
+    """The bundled digits, tiny rounds, seeded: K ~ Poisson(2) trials train for real, the report states both bounds."""
+    out = tmp_path / "e"
+    r = CliRunner().invoke(app, [*RANDOM_ARGS, "--set", "seed=3", "--random-trials", "poisson:2", "--max-trials", "15",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "tune.json").read_text())
+    rt = res["random_trials"]
+    assert rt["drawn"] == len(res["trials"]) >= 1 and "Papernot–Steinke" in " ".join(r.output.split())
+    for party, v in rt["per_party"].items():
+        assert v["one_trial"] <= 5.0 < v["tuned"]
+        assert res["tuning_cost"]["per_party"][party] <= v["one_trial"] * rt["drawn"] + 1e-9
+        run = [a for a in json.loads((out / "trials/trial0/summary.json").read_text())["accounting"]
+               if f"client{a['client']}" == party][0]
+        assert v["one_trial"] >= epsilon_of("rdp", tuple(tuple(h) for h in run["history"]), 1e-3) - 1e-9
+    assert (out / "best.yaml").exists() and "Theorem 6, Poisson" in (out / "tune.md").read_text()

@@ -364,21 +364,44 @@ def tune(
     out: str = typer.Option("runs/tune", help="Folder for the trials, tune.json/tune.md and best.yaml."),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE; repeatable."),
     quiet: bool = typer.Option(True, "--quiet/--progress", help="Progress bar per trial."),
+    random_trials: str | None = typer.Option(None, "--random-trials", help="Instead of every grid combination, "
+                                             "K random trials, K ~ poisson:MU | negbin:ETA,GAMMA | geometric:GAMMA | "
+                                             "logarithmic:GAMMA, each with settings drawn from the grid; only the best "
+                                             "is kept, its ε bounded by Papernot & Steinke (ICLR 2022)."),
+    max_trials: int | None = typer.Option(None, "--max-trials", help="With --random-trials: run at most this many "
+                                          "(the cut-off chance is paid in δ). Default: the smallest cap that costs "
+                                          "at most 0.1% of δ."),
 ):
     """Search settings for a budget on the validation split (training data no client holds, as public data) —
     never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""
     from silofl.experiments.tune import parse_grid
     from silofl.experiments.tune import tune as run_tune
+    from silofl.privacy.tuning import parse_trial_count
     from silofl.run.config import RunConfig, load_yaml_mapping
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    count = parse_trial_count(random_trials) if random_trials is not None else None
+    if max_trials is not None and (count is None or max_trials < 1):
+        raise ConfigError("--max-trials needs --random-trials and a value of at least 1"
+                          if count is None else f"--max-trials must be at least 1, got {max_trials}")
     base = load_yaml_mapping(config) if config else {}
     cfg = RunConfig.from_dict({**base, **_parse_sets(set_), "method": method, "target_epsilon": target_epsilon,
                                "eval_split": "validation"})
-    result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console)
+    result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console, random_trials=count,
+                      max_trials=max_trials)
     b = result["best"]
     c = result["tuning_cost"]
-    console.print(f"best on validation: {b['settings']} ({result['headline']} {b['validation']:.4f}) → {out}/best.yaml")
+    rt = result.get("random_trials")
+    if b is None:
+        console.print(f"K = 0 trials drawn from {rt['distribution']}: nothing ran, nothing chosen (no best.yaml); "
+                      f"see {out}/tune.md")
+    else:
+        console.print(f"best on validation: {b['settings']} ({result['selection']} {b['validation']:.4f}) → "
+                      f"{out}/best.yaml")
+    if rt is not None:
+        console.print(f"{rt['drawn']} random trials (K ~ {rt['distribution']}, E[K] = {rt['mean']:.3g}, at most "
+                      f"{rt['max_trials']}): best trial only, Papernot–Steinke ε ≤ {rt['max']:.3f} (one trial "
+                      f"ε ≤ {rt['one_trial_max']:.3f}) at δ = {rt['delta']:g}")
     if c["max"] is not None:
         console.print(f"each run: ε ≤ {target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
                       f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}")

@@ -10,24 +10,43 @@ What tuning costs. Validation data being public does not make tuning free: every
 private data, and picking the best one is a function of all of them. ``tune.json`` states the tuning-inclusive
 spend of each party — the RDP composition of every trial's mechanisms (what each party's accountant would have
 recorded had all trials been one run), at the run's δ. That bound holds for anything released from any or all
-trials, the chosen one included. (Papernot & Steinke 2022 give much smaller bounds when the *number* of trials is
-random; a fixed grid, as here, is accounted by plain composition.)
+trials, the chosen one included.
+
+Random trials (``random_trials``, ``silofl tune --random-trials poisson:MU`` …). Instead of the whole grid, a number
+K of trials is drawn from a distribution fixed in advance (Poisson, truncated negative binomial, geometric,
+logarithmic) with the run's secret randomness (:class:`silofl.core.randomness.SecureRandom`; a seeded research run
+draws it from the seed), each trial's settings drawn uniformly from the grid (repeats allowed), each trial with its
+own independent randomness, and only the best one is kept. Papernot & Steinke (ICLR 2022) bound what releasing the
+best trial alone costs (:mod:`silofl.privacy.tuning`): about one trial's ε plus a few units, however large E[K] is,
+where composition grows with the number of trials. It covers ``best.yaml`` and the chosen trial's own output, not
+K, the other trials' scores or their folders, which stay with whoever runs the tuning: ``tune.json`` states both,
+the Papernot–Steinke ε (best trial only) and the plain composition of the K trials that ran (everything, given K).
+Trials are selected on a score of their DP output: the proxies' accuracy (``proxy_acc``) for a method with mutual
+learning, whose private models are not DP, the headline otherwise. Every trial of a tuning run uses one data split.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import json
+import math
+import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from silofl.core.errors import ConfigError
-from silofl.privacy.analysis import epsilon_of
+from silofl.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, epsilon_of, rdp_curve
+from silofl.privacy.tuning import SOURCE, TrialCount, parse_trial_count, repeat_and_select_epsilon
 from silofl.run.config import RunConfig
+
+AUTO_CAP_TAIL = 1e-3  # the default cap on K spends at most this share of δ (see default_cap)
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -72,11 +91,12 @@ def tuning_cost(summaries: list[dict]) -> dict[str, Any]:
             "method": "RDP composition of every trial's (σ, q, steps) per party"}
 
 
-def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress: bool = False, console=None) -> dict:
-    """Run every grid combination of ``base`` on the validation split; write ``OUT/tune.json``, ``tune.md`` and
-    ``best.yaml``; return the result."""
-    from silofl.run.loop import run
-
+def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress: bool = False, console=None,
+         random_trials: TrialCount | str | None = None, max_trials: int | None = None) -> dict:
+    """Run every grid combination of ``base`` on the validation split — or, with ``random_trials``, K ~ that
+    distribution trials of settings drawn from the grid, at most ``max_trials`` (default: see
+    :func:`default_cap`) — and write ``OUT/tune.json``, ``tune.md`` and ``best.yaml``; return the result. Every
+    check runs before the first trial: a ConfigError leaves nothing written."""
     out = Path(out)
     if (out / "tune.json").exists():
         raise ConfigError(f"{out} already holds a tuning result; choose another --out")
@@ -85,34 +105,43 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
     combos = trials(grid)
     if not combos:
         raise ConfigError("the grid is empty")
+    if max_trials is not None and random_trials is None:
+        raise ConfigError("--max-trials caps random trials; give --random-trials too")
+    # one data split (and so one validation split) for every trial, recorded like any run's split seed
+    base = base.replace(split_seed=base.data_seed if base.data_seed is not None else secrets.randbits(32))
+    if random_trials is None:
+        picks, random_part = list(range(len(combos))), None
+    else:
+        count = parse_trial_count(random_trials) if isinstance(random_trials, str) else random_trials
+        picks, random_part = _draw_random_trials(base, combos, count, max_trials)
     headline = base.info.headline
+    score_field = random_part["selection"] if random_part else headline
     rows, summaries = [], []
-    for i, combo in enumerate(combos):
+    for i, idx in enumerate(picks):
+        combo = combos[idx]
         cfg = base.replace(**combo, out=str(out / "trials" / f"trial{i}"))
         cfg = cfg.replace(eval_every=cfg.rounds)  # scored once, at the end: the validation score of what it releases
+        if random_part is not None and base.seed is not None:  # independent trials: each its own seed
+            cfg = dataclasses.replace(cfg, seed=_trial_seed(base.seed, i))
         if cfg.eval_split != "validation":
             raise ConfigError("a tuning trial must be scored on the validation split, never the test split")
-        t0 = time.perf_counter()
-        s = run(cfg, progress=progress, console=console)
+        row, s = _run_trial(cfg, i, combo, score_field, progress, console)
+        rows.append(row)
         summaries.append(s)
-        score = s["final"].get(headline, {}).get("mean")
-        rows.append({"trial": i, "settings": combo, "validation": score, "epsilon": s["final"]["epsilon"]["mean"],
-                     "noise_multiplier": (s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
-                     "seconds": time.perf_counter() - t0, "test_set": s["test_set"]})
-        if console is not None:
-            shown = "—" if score is None else f"{score:.4f}"
-            console.print(f"trial {i} {_label(combo)}: validation {headline} {shown}")
-    best = max(rows, key=lambda r: -1.0 if r["validation"] is None else r["validation"])
-    best_cfg = base.replace(**best["settings"]).replace(eval_split="test")
+    best = max(rows, key=lambda r: -1.0 if r["validation"] is None else r["validation"]) if rows else None
     cost = tuning_cost(summaries)
-    result = {"method": base.method, "headline": headline, "target_epsilon": base.target_epsilon, "grid": grid,
-              "validation_split": rows[0]["test_set"], "trials": rows, "best": best, "tuning_cost": cost,
-              "seconds": sum(r["seconds"] for r in rows)}
+    result: dict[str, Any] = {
+        "method": base.method, "headline": headline, "selection": score_field, "target_epsilon": base.target_epsilon,
+        "grid": grid, "validation_split": rows[0]["test_set"] if rows else None, "data_split_seed": base.data_seed,
+        "trials": rows, "best": best, "tuning_cost": cost, "seconds": sum(r["seconds"] for r in rows)}
+    if random_part is not None:
+        result["random_trials"] = _random_cost(random_part, summaries)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune.json").write_text(json.dumps(result, indent=1, default=str))
-    best_dict = best_cfg.to_dict()
-    best_dict.pop("out", None)
-    (out / "best.yaml").write_text(yaml.safe_dump(best_dict, sort_keys=False))
+    if best is not None:
+        best_dict = base.replace(**best["settings"]).replace(eval_split="test").to_dict()
+        best_dict.pop("out", None)
+        (out / "best.yaml").write_text(yaml.safe_dump(best_dict, sort_keys=False))
     (out / "tune.md").write_text(markdown(result))
     with open(out / "tune.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -123,10 +152,161 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
     return result
 
 
+def _run_trial(cfg: RunConfig, i: int, combo: dict[str, Any], score_field: str, progress: bool, console
+               ) -> tuple[dict, dict]:
+    from silofl.run.loop import run
+
+    t0 = time.perf_counter()
+    s = run(cfg, progress=progress, console=console)
+    score = s["final"].get(score_field, {}).get("mean")
+    row = {"trial": i, "settings": combo, "validation": score, "epsilon": s["final"]["epsilon"]["mean"],
+           "noise_multiplier": (s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
+           "seconds": time.perf_counter() - t0, "test_set": s["test_set"]}
+    if console is not None:
+        shown = "—" if score is None else f"{score:.4f}"
+        console.print(f"trial {i} {_label(combo)}: validation {score_field} {shown}")
+    return row, s
+
+
+# ------------------------------------------------------------------------------------------------ random trials
+def _trial_seed(run_seed: int, trial: int) -> int:
+    """Trial ``trial``'s own seed in a seeded research run (independent trials, as the bound needs)."""
+    return int(np.random.SeedSequence([int(run_seed), 0x5053, int(trial)]).generate_state(1)[0])
+
+
+def _uniforms(seed: int | None) -> Callable[[int], list[float]]:
+    """Uniforms in [0, 1) for the tuning's own draws: the secure generator, or the seed's (research runs)."""
+    if seed is None:
+        from silofl.core.randomness import SecureRandom
+
+        gen = SecureRandom()
+        return lambda n: [float(u) for u in gen.uniform(n)]
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5053]))
+    return lambda n: [float(u) for u in rng.random(n)]
+
+
+def default_cap(count: TrialCount, delta: float, epsilon: float = 0.0) -> int:
+    """The cap on K when none is given: the smallest whose cut-off tail τ = P[K > cap] is at most
+    ``AUTO_CAP_TAIL`` × δ / (1 + e^{ε+1}), ``epsilon`` being the uncapped bound — so the cap's cost (1 + e^ε')τ
+    stays below ``AUTO_CAP_TAIL`` × δ for any ε' ≤ ε + 1, and moves ε next to nothing."""
+    target = AUTO_CAP_TAIL * delta / (1 + math.exp(min(epsilon + 1, 700.0)))
+    hi = max(1, math.ceil(count.mean))
+    while count.tail(hi) > target:
+        hi *= 2
+        if hi > 2**20:
+            raise ConfigError(f"{count.name} needs more than {2**20} trials to cap; give --max-trials")
+    lo = max(0, hi // 2)
+    while hi - lo > 1:  # the tail falls as the cap grows
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if count.tail(mid) <= target else (mid, hi)
+    return max(1, hi)
+
+
+def planned_curves(base: RunConfig, combos: list[dict[str, Any]], orders: tuple[float, ...] = DEFAULT_ORDERS
+                   ) -> dict[str, np.ndarray]:
+    """Per party, the pointwise maximum over every grid setting of the RDP curve its budget-first run is planned to
+    spend (σ calibrated from the budget, each party's sampling rate and steps): the RDP curve of one random trial
+    (the mixture over the grid; see :mod:`silofl.privacy.tuning`). Loads the data set, trains nothing."""
+    import torch
+
+    from silofl.run.data import load_dataset, prepare_data, site_sizes
+
+    loaded: dict[tuple, Any] = {}
+    curves: dict[str, np.ndarray] = {}
+    for combo in combos:
+        cfg = base.replace(**combo).resolve()
+        if not cfg.calibrates or not cfg.is_private:
+            raise ConfigError("random trials need budget-first DP trials (σ set from --target-epsilon) so that "
+                              f"every trial's privacy is known in advance; {_label(combo)} is not")
+        if cfg.split_seed is None and cfg.seed is None:  # as prepare_data does: a fresh split
+            cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
+        seed = cfg.split_seed if cfg.split_seed is not None else cfg.seed
+        assert seed is not None
+        data = None
+        if not cfg.site_data:
+            key = (cfg.dataset, cfg.data_dir, cfg.image_size, cfg.max_bag_size, seed)
+            if key not in loaded:
+                loaded[key] = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size,
+                                           max_bag_size=cfg.max_bag_size, seed=seed)
+            data = loaded[key]
+        cfg, split = prepare_data(cfg, torch.device("cpu"), data)
+        for p in cfg.calibration_plan(site_sizes(cfg, split.parts)):
+            curve = rdp_curve(((cfg.noise_multiplier, p["sample_rate"], p["steps"]),), orders)
+            party = str(p["party"])
+            curves[party] = np.maximum(curves[party], curve) if party in curves else curve
+    return curves
+
+
+def _draw_random_trials(base: RunConfig, combos: list[dict[str, Any]], count: TrialCount, cap: int | None
+                        ) -> tuple[list[int], dict]:
+    """Check the bound can be given (before anything runs), then draw K and each trial's settings."""
+    if cap is not None and cap < 1:
+        raise ConfigError(f"--max-trials must be at least 1, got {cap}")
+    cfg = base.resolve()
+    delta = cfg.delta
+    curves = planned_curves(base, combos)
+    uncapped = max(repeat_and_select_epsilon(DEFAULT_ORDERS, c, count, delta)["epsilon"] for c in curves.values())
+    given = cap is not None
+    cap = int(cap) if cap is not None else default_cap(count, delta, uncapped)
+    for curve in curves.values():  # refuses here, before any trial, if the cap costs too much
+        try:
+            repeat_and_select_epsilon(DEFAULT_ORDERS, curve, count, delta, cap)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; --max-trials {default_cap(count, delta, uncapped)} would do" if given
+                              else str(e)) from None
+    uniforms = _uniforms(base.seed)
+    k, truncated = count.draw(uniforms(1)[0], cap)
+    picks = [min(int(u * len(combos)), len(combos) - 1) for u in uniforms(k)]
+    selection = "proxy_acc" if cfg.info.traits.mutual_learning else cfg.info.headline
+    return picks, {"count": count, "cap": cap, "k": k, "truncated": truncated, "picks": picks, "curves": curves,
+                   "delta": delta, "selection": selection, "formal": cfg.guarantee().formal,
+                   "seeded": base.seed is not None, "grid_size": len(combos)}
+
+
+def _random_cost(part: dict, summaries: list[dict]) -> dict:
+    """tune.json's ``random_trials``: the draws, and per party the ε of one trial and the Papernot–Steinke ε of the
+    best trial, each trial's curve being the planned one raised to what any trial that ran actually recorded."""
+    count: TrialCount = part["count"]
+    delta = part["delta"]
+    curves = {p: c.copy() for p, c in part["curves"].items()}
+    for s in summaries:
+        for a in s.get("accounting", []):
+            hist = a.get("history") or a.get("history_hospital")
+            if hist:
+                party = f"client{a['client']}" if "client" in a else str(a.get("party", "server"))
+                actual = rdp_curve(tuple(tuple(h) for h in hist))
+                curves[party] = np.maximum(curves[party], actual) if party in curves else actual
+    per: dict[str, dict] = {}
+    for party, curve in curves.items():
+        ps = repeat_and_select_epsilon(DEFAULT_ORDERS, curve, count, delta, part["cap"])
+        per[party] = {"one_trial": epsilon_from_rdp(DEFAULT_ORDERS, curve, delta)[0], "tuned": ps["epsilon"],
+                      "order": ps["order"], "tail": ps["tail"], "truncation_delta": ps["truncation_delta"]}
+    k = part["k"]
+    note = ("K = 0: no trial ran and nothing was chosen (the output is ⊥: no best.yaml). Running the tuning again "
+            "composes with this run's bound, which already counts the chance of K = 0." if k == 0 else
+            "Papernot–Steinke ε: releasing only the best trial (best.yaml, its model and score), never K nor the other "
+            "trials. tune.json, tune.csv and trials/ hold every trial: for those, the composition of the K trials run.")
+    if part["seeded"]:
+        note += (" A seeded research run: K, the settings and every trial's noise come from the seed, so this bound, "
+                 "like each trial's ε, holds only while the seed stays secret.")
+    elif not part["formal"]:
+        note += " These runs' ε is not a formal guarantee (see a trial's summary.json), nor is this bound."
+    return {**count.to_dict(), "max_trials": part["cap"], "tail": count.tail(part["cap"]), "drawn": k,
+            "truncated": part["truncated"], "settings_drawn": part["picks"], "grid_size": part["grid_size"],
+            "selection": part["selection"], "seeded": part["seeded"], "formal": part["formal"], "delta": delta,
+            "per_party": per, "max": max(v["tuned"] for v in per.values()),
+            "one_trial_max": max(v["one_trial"] for v in per.values()), "source": SOURCE,
+            "method": "RDP of one trial: per party, the maximum over every grid setting of its planned (σ, q, steps) "
+                      "and of what trials recorded; then Theorem 2/6, RDP monotonicity, opacus' RDP→(ε, δ) "
+                      "conversion, and (1 + e^ε)·P[K > cap] of δ for the cap",
+            "note": note}
+
+
 def markdown(result: dict) -> str:
     """The tuning result as a Markdown table."""
-    lines = [f"# Tuning {result['method']} at ε = {result['target_epsilon']} ({result['headline']} on the validation "
-             "split)", "", f"Validation split: {result['validation_split']}.", "",
+    sel = result.get("selection", result["headline"])
+    lines = [f"# Tuning {result['method']} at ε = {result['target_epsilon']} ({sel} on the validation split)", "",
+             f"Validation split: {result['validation_split']}.", "",
              "| trial | settings | σ | validation | ε (run) |", "|---|---|---|---|---|"]
     for r in result["trials"]:
         sigma = f"{r['noise_multiplier']:.3f}" if r["noise_multiplier"] else "—"
@@ -134,9 +314,21 @@ def markdown(result: dict) -> str:
         eps = f"{r['epsilon']:.3f}" if r["epsilon"] is not None else "—"
         lines.append(f"| {r['trial']} | {_label(r['settings'])} | {sigma} | {val} | {eps} |")
     c = result["tuning_cost"]
-    lines += ["", f"Best: {_label(result['best']['settings'])}.", ""]
+    rt = result.get("random_trials")
+    lines += ["", f"Best: {_label(result['best']['settings'])}." if result["best"] else "Best: none (no trial ran).", ""]
+    if rt is not None:
+        lines += [f"Random trials: K ~ {rt['distribution']} (E[K] = {rt['mean']:.3g}, at most {rt['max_trials']}; "
+                  f"P[K > {rt['max_trials']}] ≤ {rt['tail']:.2g}), drawn K = {rt['drawn']}"
+                  f"{' (capped)' if rt['truncated'] else ''}; settings drawn uniformly from the {rt['grid_size']} of "
+                  "the grid.", "",
+                  f"| party | ε one trial | ε best of K ({rt['theorem']}) | ε all K trials (composition) |",
+                  "|---|---|---|---|"]
+        for party, v in rt["per_party"].items():
+            comp = c["per_party"].get(party)
+            lines.append(f"| {party} | {v['one_trial']:.3f} | {v['tuned']:.3f} | "
+                         f"{'0 (none ran)' if comp is None else f'{comp:.3f}'} |")
+        lines += ["", f"δ = {rt['delta']:g}. {rt['note']} Bound: {rt['source']}.", ""]
     if c["max"] is not None:
         lines.append(f"Tuning-inclusive spend (every trial composed, δ = {c['delta']:g}): ε ≤ {c['max']:.3f} per party "
                      f"over {c['trials']} trials.")
     return "\n".join(lines) + "\n"
-

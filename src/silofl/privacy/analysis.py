@@ -82,6 +82,50 @@ def _epsilon(kind: str, history: History, delta: float, orders: tuple[float, ...
     raise ConfigError(f"unknown accountant {kind!r}; choose one of: {', '.join(ACCOUNTANT_NAMES)}")
 
 
+def rdp_curve(history: History, orders: tuple[float, ...] = DEFAULT_ORDERS) -> np.ndarray:
+    """The RDP curve ε(λ) at ``orders`` of a Poisson-subsampled Gaussian history (Mironov et al., as the ``rdp``
+    accountant computes it; zeros for an empty history)."""
+    curve = np.zeros(len(orders), dtype=np.float64)
+    for sigma, q, steps in history:
+        check_mechanism(sigma, q, steps)
+        curve = curve + steps * _rdp_per_step(float(q), float(sigma), tuple(orders))
+    return curve
+
+
+def epsilon_from_rdp(orders, rdp, delta: float) -> tuple[float, float]:
+    """(ε, order) at δ of an RDP curve: the conversion every ε of silofl's ``rdp`` accountant goes through
+    (``opacus.accountants.analysis.rdp.get_privacy_spent``: Balle et al. 2020, Theorem 21)."""
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    if not 0 < delta < 1:
+        raise ConfigError(f"δ must lie in (0, 1), got {delta}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eps, order = get_privacy_spent(orders=[float(a) for a in orders], rdp=[float(r) for r in rdp], delta=delta)
+    return float(eps), float(order)
+
+
+def delta_from_rdp(orders, rdp, epsilon: float) -> float:
+    """The smallest δ the RDP curve gives at ``epsilon`` ≥ 0: per order λ, the conversion of
+    :func:`epsilon_from_rdp` solved for δ, log δ = (λ−1)(ε(λ) − ε + log(1 − 1/λ)) − log λ (Canonne, Kamath &
+    Steinke 2020, Prop. 12; Balle et al. 2020), and the total-variation bound δ ≤ √(1 − e^{−ε(λ)}) (KL ≤ D_λ,
+    Bretagnolle–Huber), the same two bounds as ``dp_accounting``'s ``compute_delta``. At most 1."""
+    if not epsilon >= 0:
+        raise ConfigError(f"ε must be non-negative, got {epsilon}")
+    best = 0.0  # log δ; δ ≤ 1 always
+    for a, r in zip(orders, rdp, strict=True):
+        a, r = float(a), float(r)
+        if a < 1 or math.isnan(r) or r < 0:
+            raise ConfigError(f"invalid RDP point (order {a}, ε {r})")
+        if math.isinf(r):
+            continue
+        log_delta = -math.inf if r == 0 else 0.5 * math.log1p(-math.exp(-r))
+        if a > 1.01:  # the conversion is numerically unstable as λ → 1, and useless there
+            log_delta = min(log_delta, (a - 1) * (r - epsilon + math.log1p(-1 / a)) - math.log(a))
+        best = min(best, log_delta)
+    return math.exp(best)
+
+
 def check_mechanism(noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
     """Raise ConfigError unless (σ, q, steps) describe a subsampled Gaussian mechanism the accountants
     can analyse: 0 < σ < ∞, 0 < q ≤ 1, steps ≥ 0 (an infinite σ would make Opacus search forever)."""
@@ -137,11 +181,14 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
                                           steps=steps, accountant=accountant, epsilon_tolerance=tolerance))
 
 
+@lru_cache(maxsize=256)
 def calibrate_sigma(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                     accountant: str = "rdp") -> float:
     """Budget-first σ: the noise multiplier with which ``steps`` steps of the Poisson-subsampled Gaussian
     mechanism at rate ``sample_rate`` end at ε ≤ ``target_epsilon`` (within :data:`CALIBRATION_TOLERANCE`
-    of it) under the run's own accountant. Raises ConfigError, in one line, when the target cannot be met."""
+    of it) under the run's own accountant. Raises ConfigError, in one line, when the target cannot be met.
+    Cached (a pure function; Opacus' search takes seconds): tuning trials that differ only in, say, the learning
+    rate calibrate once."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ConfigError(f"target_epsilon must be positive and finite, got {target_epsilon}")
     if steps < 1 or not 0 < sample_rate <= 1:
