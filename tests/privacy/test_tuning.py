@@ -119,14 +119,12 @@ def test_capped_tuning_meets_its_epsilon_delta_exactly(count, cap):
     assert hockey <= delta
 
 
-@pytest.mark.parametrize("count", COUNTS, ids=lambda c: c.name)
+@pytest.mark.parametrize("count", [c for c in COUNTS if not (c.kind == "negbin" and c.eta < 0)], ids=lambda c: c.name)
 def test_matches_dp_accounting(count):
     """dp_accounting's repeat-and-select RDP (it applies RDP monotonicity to the negative binomial only; applied
     here to both, so its Poisson values are compared after the same step). It takes the mean and finds γ by a
     bisection, conservatively: equal to 1e-6 relative. η < 0 is outside its range (it needs shape ≥ 0)."""
-    ra = pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
-    if count.kind == "negbin" and count.eta < 0:
-        pytest.skip("dp_accounting takes shape ≥ 0 only")
+    from dp_accounting.rdp import rdp_privacy_accountant as ra
     o = np.asarray(DEFAULT_ORDERS)
     for history in [((1.96, 0.25, 120),), ((0.8, 0.01, 3000),), ((5.0, 1.0, 10),)]:
         curve = rdp_curve(history)
@@ -137,7 +135,7 @@ def test_matches_dp_accounting(count):
 
 
 def test_delta_conversion_matches_dp_accounting_and_inverts_epsilon():
-    ra = pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
+    from dp_accounting.rdp import rdp_privacy_accountant as ra
     curve = rdp_curve(((1.96, 0.25, 120),))
     for eps in (0.1, 1.0, 4.0, 8.0):
         assert delta_from_rdp(DEFAULT_ORDERS, curve, eps) == pytest.approx(
