@@ -336,7 +336,8 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
                      for k in rs[0]["accs"] if k != rs[0]["headline"]]
             extra = f"; {', '.join(other)}" if other else ""
             sig = f", σ {rs[0]['sigma']:.2f}" if rs[0]["sigma"] else ""
-            cells.append(f"{acc:.3f}{f' ± {sd:.3f}' if sd is not None else ''} (ε {e:.2f}{sig}{extra})")
+            n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(seeds) else ""
+            cells.append(f"{acc:.3f}{f' ± {sd:.3f}' if sd is not None else ''} (ε {e:.2f}{sig}{extra}{n})")
             sets.append(",".join(f"{k}={v}" for k, v in rs[0]["settings"].items()))
         lines.append(f"| {label} | " + " | ".join(cells) + " | " + " / ".join(sets) + " |")
     lines += ["", "Each cell: the method's headline accuracy on the test split (ProxyFL, FML: the private models; "
