@@ -311,6 +311,7 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
     for r in ok:
         by.setdefault((r["label"], r["budget"]), []).append(r)
     alone = _mean([r["test"] for r in ok if r["budget"] is None])
+    alone_by_seed = {r["seed"]: r["test"] for r in ok if r["budget"] is None}
     own = _mean([r["accs"].get("own_acc") for r in ok if r["method"] == "pubsub"])
     labels = [m[0] for m in METHODS] + [PUBSUB[0]]
     lines = [
@@ -385,15 +386,25 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
             gap = _mean([r["test"] for r in c]) - _mean([r["test"] for r in p])
             lines.append(f"  CWT − ProxyFL-private = {gap:+.3f} ({_mean([r['test'] for r in c]):.3f} vs "
                          f"{_mean([r['test'] for r in p]):.3f}).")
-        if alone is not None and p:
-            fed = [r for (lab, e), rs in by.items() if e == eps and lab != "Joint" for r in rs]
-            def shared(r):  # the models the collaboration produced (not a site's own model alone)
-                return [r["test"], *[v for k, v in r["accs"].items() if v is not None and k != "own_acc"]]
-
-            best = max(fed, key=lambda r: max(shared(r)))
-            top = max(shared(best))
-            lines.append(f"  Best federated model at this budget: {best['label']} {top:.3f}, {top - alone:+.3f} against "
-                         "each site going it alone without DP (Joint, which pools the data, is the upper reference).")
+        if alone is not None:
+            # per method, the mean over seeds of each model the collaboration produced (not a site's own model)
+            means, gains = {}, {}
+            for (lab, e), rs in by.items():
+                if e != eps or lab == "Joint":
+                    continue
+                keys = [k for k in rs[0]["accs"] if k != "own_acc"]
+                means[lab] = max([_mean([r["test"] for r in rs]), *[_mean([r["accs"].get(k) for r in rs]) for k in keys]])
+                ref = _mean([alone_by_seed.get(r["seed"]) for r in rs])  # going alone on the same seeds' splits
+                gains[lab] = means[lab] - ref if ref is not None else None
+            if means:
+                top_label = max(means, key=means.get)
+                above = [f"{lab} {means[lab]:.3f} ({g:+.3f})" for lab, g in sorted(gains.items(), key=lambda kv: -(kv[1] or -9))
+                         if g is not None and g > 0]
+                lines.append(f"  Best federated model at this budget: {top_label} {means[top_label]:.3f}, "
+                             f"{gains[top_label]:+.3f} against each site going it alone without DP on the same seeds' "
+                             f"splits; above that line: {', '.join(above) if above else 'none'}"
+                             + (f"; Joint (pooled data, the upper reference) {_mean([r['test'] for r in by[('Joint', eps)]]):.3f}"
+                                if by.get(("Joint", eps)) else "") + ".")
     alphas = {p["settings"].get("dml_alpha") for e in BUDGETS for p in by.get(("ProxyFL (strict)", e), [])}
     if alphas == {0.0}:
         lines += ["", "At every budget the validation split preferred α = 0: the private model then ignores the proxy, "
