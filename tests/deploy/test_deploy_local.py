@@ -2,8 +2,11 @@
 separate processes, TLS, SuperNode authentication, sealed payloads) gives the simulator's numbers."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -17,9 +20,49 @@ CASES = {
 }
 
 
+ENV = {**os.environ, "SILOFL_NO_PROGRESS": "1", "COLUMNS": "200"}
+PARALLEL = 2  # methods whose deployments run at once (a deployment is ~10 processes, ~3 GB; CPU is the limit)
+
+
 def silofl(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "silofl.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**__import__("os").environ, "SILOFL_NO_PROGRESS": "1", "COLUMNS": "200"})
+                          timeout=timeout, env=ENV)
+
+
+def deploy_and_simulate(method, root):
+    """``silofl deploy local`` and ``silofl run`` of ``method`` with the same arguments, side by side (the simulator
+    works while the deployment's processes wait on each other); (the deployment's, the simulator's) completed
+    processes."""
+    args = ["--method", method, *BASE, *CASES[method]]
+    cmd = [sys.executable, "-m", "silofl.cli.main"]
+    dep = subprocess.Popen([*cmd, "deploy", "local", "--sites", "3", *args, "--out", str(root / "d"), "--timeout", "600"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        sim = subprocess.run([*cmd, "run", "--clients", "3", *args, "--out", str(root / "s")], capture_output=True,
+                             text=True, timeout=600, env=ENV)
+        out, err = dep.communicate(timeout=900)
+    finally:
+        if dep.poll() is None:  # a failed wait: on SIGINT deploy local stops its SuperLink and sites
+            dep.send_signal(signal.SIGINT)
+            try:
+                dep.wait(60)
+            except subprocess.TimeoutExpired:
+                dep.kill()
+    return subprocess.CompletedProcess(dep.args, dep.returncode, out, err), sim
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """The selected methods' deployments and simulator runs, started together when the first is needed, PARALLEL
+    methods at a time; method -> future of (deployment, simulator, folder). Each deployment is its own: fresh site
+    folders (their ledgers start empty, so their ε is the simulator's), its own SuperLink."""
+    wanted = [m for m in CASES if any(getattr(item, "callspec", None) and item.callspec.params.get("method") == m
+                                      and item.originalname == "test_deploy_local_gives_the_simulators_numbers"
+                                      for item in request.session.items)]
+    root = tmp_path_factory.mktemp("equivalence")
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {m: pool.submit(lambda m=m: (*deploy_and_simulate(m, root / m), root / m)) for m in wanted}
+        yield futures
 
 
 def finals(path):
@@ -30,11 +73,9 @@ def finals(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", list(CASES))
-def test_deploy_local_gives_the_simulators_numbers(method, tmp_path):
-    args = ["--method", method, *BASE, *CASES[method]]
-    dep = silofl("deploy", "local", "--sites", "3", *args, "--out", str(tmp_path / "d"), "--timeout", "400")
+def test_deploy_local_gives_the_simulators_numbers(method, runs):
+    dep, sim, tmp_path = runs[method].result()
     assert dep.returncode == 0, dep.stdout[-3000:] + dep.stderr[-3000:]
-    sim = silofl("run", "--clients", "3", *args, "--out", str(tmp_path / "s"))
     assert sim.returncode == 0, sim.stderr[-2000:]
     d, got = finals(tmp_path / "d")
     _, want = finals(tmp_path / "s")
@@ -128,12 +169,14 @@ def test_the_readme_commands_between_institutions(tmp_path):
 def test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend(tmp_path):
     """Site 2 is killed (SIGKILL) as round 3 starts: the coordinator loses it and goes on with the others; its
     operator restarts it (--restart-sites) and it rejoins from its own checkpoint, its ledger's spend intact."""
-    import os
-
-    # the run must outlast the SuperLink's hold on the dead node's id (Flower: two 30 s heartbeats), so 16 short rounds
+    # The killed worker's SuperNode gets SIGTERM (it dies with its worker) and leaves the SuperLink, so the restarted
+    # one connects at once (Flower would hold a node that vanished without leaving for two 30 s heartbeats): the
+    # site is retired before round 4 and typically back before round 5. 10 rounds leave it 5 more rounds to come
+    # back; a site lost to a hung exchange would take --peer-timeout, far above a healthy exchange here.
+    rounds = 10
     r = subprocess.run([sys.executable, "-m", "silofl.cli.main", "deploy", "local", "--sites", "3", "--method", "fedavg",
-                        *BASE, "--rounds", "16", "--eval-every", "8", *CASES["fedavg"], "--checkpoint-every", "2",
-                        "--peer-timeout", "20", "--restart-sites", "--out", str(tmp_path / "r")],
+                        *BASE, "--rounds", str(rounds), "--eval-every", str(rounds), *CASES["fedavg"],
+                        "--checkpoint-every", "2", "--peer-timeout", "60", "--restart-sites", "--out", str(tmp_path / "r")],
                        capture_output=True, text=True, timeout=1500,
                        env={**os.environ, "SILOFL_NO_PROGRESS": "1", "SILOFL_INJECT_FAULT": "2:3:crash"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -143,9 +186,9 @@ def test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend
     recs = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     site2 = {x["round"]: x["epsilon"] for x in recs if x["client"] == 2}
     lost_at, back_at = s["left"][0]["round"], s["rejoined"][0]["round"]
-    assert lost_at not in site2 and 16 in site2 and site2[16] > site2[min(site2)]  # back to the end, spending on
-    # it trained rounds 1–2 and back_at–16 (checkpoint of round 2): its accountant counts exactly those rounds
+    assert lost_at not in site2 and rounds in site2 and site2[rounds] > site2[min(site2)]  # back to the end, spending on
+    # it trained rounds 1–2 and back_at–10 (checkpoint of round 2): its accountant counts exactly those rounds
     acc = next(a for a in s["accounting"] if a["client"] == 2)
-    assert acc["steps"] == 4 * (2 + 16 - back_at + 1)  # 120 examples, batch 30: 4 steps a round
+    assert acc["steps"] == 4 * (2 + rounds - back_at + 1)  # 120 examples, batch 30: 4 steps a round
     ledger = tmp_path / "r" / "deployment" / "sites" / "site2" / "ledger"
     assert ledger.is_dir()
