@@ -54,8 +54,11 @@ class FlowerEngine(Engine):
 
     name = "flower"
 
-    def __init__(self, grid, nodes: dict[int, int], timeout_s: float, security: dict, poll_s: float = 0.02):
+    def __init__(self, grid, nodes: dict[int, int], timeout_s: float, security: dict, poll_s: float = 0.1):
         super().__init__(sorted(nodes))
+        # poll_s: how often the replies are pulled from the SuperLink while a step is out. Each pull is an HTTPS request
+        # the SuperLink serves; a SuperNode takes seconds to answer (it polls for messages every 3 s and starts a
+        # ClientApp process per message), so 0.1 s adds nothing noticeable and costs the SuperLink a fifth of 0.02 s
         self.grid, self.nodes, self.timeout_s, self.security, self.poll_s = grid, nodes, timeout_s, security, poll_s
         self.wire_sent: dict[int, int] = {k: 0 for k in nodes}  # frame bytes to / from each site, sealing included
         self.wire_received: dict[int, int] = {k: 0 for k in nodes}
