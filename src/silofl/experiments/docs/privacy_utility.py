@@ -29,8 +29,9 @@ BASE: dict[str, Any] = {"dataset": "fashion-mnist", "clients": 8, "samples_per_c
                         "p_major": 0.8, "delta": 1e-5, "threads": 1, "validation_size": 2000}
 ROUNDS = [30, 100]
 TUNE_SEED = 0  # settings are tuned on this seed's split; the other seeds re-run the settings it chose
-# (label, method, fixed options, grid). The grid is deliberately small: 2 cores shared by several jobs.
-METHODS: list[tuple[str, str, dict, dict]] = [
+# (label, method, fixed options, grid) per feature stage. The grids are deliberately small: 2 cores shared by several
+# jobs. features none: the papers' models (private LeNet5, shared MLP) and recipe (Adam, lr 1e-3, clip 1, q = 0.25).
+METHODS_NONE: list[tuple[str, str, dict, dict]] = [
     ("ProxyFL (strict)", "proxyfl", {}, {"rounds": ROUNDS, "dml_alpha": [0.0, 0.5]}),
     ("FML", "fml", {}, {"rounds": ROUNDS}),
     ("FedAvg", "fedavg", {}, {"rounds": ROUNDS}),
@@ -41,7 +42,37 @@ METHODS: list[tuple[str, str, dict, dict]] = [
     ("DP-FedAvg (no intermediaries)", "dp-fedavg", {"intermediaries": "none"}, {"rounds": ROUNDS}),
     ("DP-FedAvg (adaptive intermediaries)", "dp-fedavg", {"intermediaries": "adaptive"}, {"rounds": ROUNDS}),
 ]
+# features scatter (Tramèr & Boneh): ScatterNet J = 2 + GroupNorm, linear heads, the DP-SGD recipe — SGD with momentum,
+# clip 0.1, q = 0.5; the server methods take one local DP step per round (the sites' noise averaged every step) and
+# server momentum; every site also fits the combination of its own non-DP model with the DP model(s) it holds on 20 %
+# of its rows (combined_acc: post-processing, non-private, stays at the site).
+SCATTER_HEADS = {"features": "scatter", "private_model": "linear", "proxy_model": "linear"}
+SGD = {"optimizer": "sgd", "momentum": 0.9, "clip": 0.1, "sample_rate": 0.5}
+SERVER = {"optimizer": "sgd", "clip": 0.1, "sample_rate": 0.5, "local_steps": 1, "server_momentum": 0.9}
+SCATTER_ROUNDS = [50, 100]
+SCATTER_LR = [3.0, 10.0]
+METHODS_SCATTER: list[tuple[str, str, dict, dict]] = [
+    ("ProxyFL (strict)", "proxyfl", {**SGD, "combine": "weights"},
+     {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR, "dml_alpha": [0.0, 0.5]}),
+    ("FML", "fml", {**SERVER, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
+    ("FedAvg", "fedavg", {**SERVER, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
+    ("AvgPush", "avgpush", {**SGD, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
+    ("CWT", "cwt", {**SGD, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
+    ("Regular", "regular", dict(SGD), {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
+    ("Joint", "joint", dict(SGD), {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
+    ("DP-FedAvg (no intermediaries)", "dp-fedavg", {"intermediaries": "none"}, {"rounds": ROUNDS}),
+    ("DP-FedAvg (adaptive intermediaries)", "dp-fedavg", {"intermediaries": "adaptive"}, {"rounds": ROUNDS}),
+]
+FEATURE_SETS: dict[str, tuple[dict, list[tuple[str, str, dict, dict]]]] = {
+    "none": ({}, METHODS_NONE),
+    "scatter": (SCATTER_HEADS, METHODS_SCATTER),
+}
+METHODS = METHODS_NONE  # the labels, in table order
+# going alone without DP on the same features: Regular (the method's own training, the longest rounds of the grid)
 ALONE = ("Regular, no DP (go it alone)", "regular", {"privacy": "off", "rounds": max(ROUNDS)})
+ALONE_SCATTER = ("Regular, no DP (go it alone)", "regular", {"privacy": "off", "rounds": max(SCATTER_ROUNDS), **SGD})
+OWN = "own logistic regression (go it alone)"
+OWN_C = (0.1, 1.0, 10.0)  # its L2 strength, chosen on the validation split (the same public split the methods tune on)
 # The papers' setting for reference, from docs/results.md (σ = 1, q = 0.25, 300 rounds: ε ≈ 99.6 per site)
 PAPER_NOTE = ("The papers' setting (σ = C = 1, q = 0.25, 300 rounds) ends at ε ≈ 99.6 per site (δ = 1e-5); its "
               "accuracies are in [results.md](results.md) and are not re-run here.")
@@ -51,8 +82,10 @@ def _slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
 
 
-def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float | None, seed: int, root: str) -> dict:
-    """One tuning + final run (or one untuned run): returns its row. Runs in a worker process."""
+def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float | None, seed: int, feats: str,
+         root: str) -> dict:
+    """One tuning + final run (or one untuned run) on feature stage ``feats``: returns its row. Runs in a worker
+    process."""
     import torch
 
     from silofl.experiments.tune import tune
@@ -60,11 +93,18 @@ def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float
     from silofl.run.loop import run
 
     torch.set_num_threads(1)
-    folder = Path(root) / _slug(label) / (f"eps{eps:g}" if eps is not None else "nodp") / f"seed{seed}"
+    folder = _folder(Path(root), (kind, label, method, fixed, grid, eps, seed, feats))
+    fixed = {**FEATURE_SETS[feats][0], **fixed}
     t0 = time.perf_counter()
-    row: dict[str, Any] = {"label": label, "method": method, "budget": eps, "seed": seed}
+    row: dict[str, Any] = {"label": label, "method": method, "budget": eps, "seed": seed, "features": feats}
     if kind == "pubsub":
-        row.update(_pubsub(eps, seed, folder), settings=fixed, tuning={"trials": 0, "seconds": 0.0, "max": None})
+        row.update(_pubsub(eps, seed, folder, feats), settings=fixed,
+                   tuning={"trials": 0, "seconds": 0.0, "max": None})
+        row["seconds"] = time.perf_counter() - t0
+        return row
+    if kind == "own":
+        row.update(_own_alone(seed, folder, feats), settings={"C": "chosen on the validation split"},
+                   tuning={"trials": 0, "seconds": 0.0, "max": None})
         row["seconds"] = time.perf_counter() - t0
         return row
     if kind == "final":  # the settings tuned on TUNE_SEED, run once on this seed's split and scored on the test split
@@ -72,8 +112,8 @@ def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float
         if not (final / "summary.json").exists():
             tuned = folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json"
             settings = json.loads(tuned.read_text())["best"]["settings"]
-            cfg = RunConfig.from_dict({**BASE, **fixed, "method": method, "seed": seed, "target_epsilon": eps,
-                                       "eval_split": "test", "out": str(final)}, strict=False).replace(**settings)
+            cfg = RunConfig.from_dict({**BASE, **fixed, **settings, "method": method, "seed": seed,
+                                       "target_epsilon": eps, "eval_split": "test", "out": str(final)}, strict=False)
             run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
         s = json.loads((final / "summary.json").read_text())
         settings = json.loads((folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json").read_text())["best"]["settings"]
@@ -135,33 +175,41 @@ def score_on_test(trial: Path) -> dict:
 PUBSUB = ("PubSub-ML (untuned)", "pubsub", {"epochs": 10, "hidden": 64})
 
 
-def jobs(seeds: list[int]) -> list[tuple]:
-    """Every (kind, label, method, fixed, grid, ε, seed), the cheap budgets first: the go-it-alone runs, the tuning
-    on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait for their tuning)."""
-    out = [("alone", ALONE[0], ALONE[1], ALONE[2], {}, None, s) for s in seeds]
-    for eps in (8.0, 3.0, 1.0):
-        for label, method, fixed, grid in METHODS:
-            out += [("tuned", label, method, fixed, grid, eps, TUNE_SEED)] if TUNE_SEED in seeds else []
-        out += [("pubsub", PUBSUB[0], PUBSUB[1], PUBSUB[2], {}, eps, s) for s in seeds]
-    for eps in (8.0, 3.0, 1.0):
-        for label, method, fixed, grid in METHODS:
-            out += [("final", label, method, fixed, grid, eps, s) for s in seeds if s != TUNE_SEED]
+def jobs(seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS)) -> list[tuple]:
+    """Every (kind, label, method, fixed, grid, ε, seed, features), the cheap budgets first: the go-it-alone runs, the
+    tuning on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait for their tuning)."""
+    out: list[tuple] = []
+    for f in features:
+        alone = ALONE_SCATTER if f != "none" else ALONE
+        out += [("alone", alone[0], alone[1], alone[2], {}, None, s, f) for s in seeds]
+        out += [("own", OWN, "logreg", {}, {}, None, s, f) for s in seeds]
+    for f in features:
+        for eps in (8.0, 3.0, 1.0):
+            for label, method, fixed, grid in FEATURE_SETS[f][1]:
+                out += [("tuned", label, method, fixed, grid, eps, TUNE_SEED, f)] if TUNE_SEED in seeds else []
+            out += [("pubsub", PUBSUB[0], PUBSUB[1], PUBSUB[2], {}, eps, s, f) for s in seeds]
+    for f in features:
+        for eps in (8.0, 3.0, 1.0):
+            for label, method, fixed, grid in FEATURE_SETS[f][1]:
+                out += [("final", label, method, fixed, grid, eps, s, f) for s in seeds if s != TUNE_SEED]
     return out
 
 
 def _folder(root: Path, j: tuple) -> Path:
-    return root / _slug(j[1]) / (f"eps{j[5]:g}" if j[5] is not None else "nodp") / f"seed{j[6]}"
+    base = root if j[7] == "none" else root / f"features-{j[7]}"  # features none: the earlier study's folders
+    return base / _slug(j[1]) / (f"eps{j[5]:g}" if j[5] is not None else "nodp") / f"seed{j[6]}"
 
 
-def run_all(root: Path, seeds: list[int], workers: int) -> list[dict]:
+def run_all(root: Path, seeds: list[int], workers: int, features: tuple[str, ...]) -> list[dict]:
     """Run (or pick up) every job; rows as they finish, also appended to ROOT/rows.jsonl. A seed's run of tuned
     settings starts once the tuning it reads has finished."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     rows = []
-    todo = jobs(seeds)
-    tuned_done = {(j[1], j[5]) for j in todo if j[0] == "tuned" and (_folder(root, j) / "tune" / "tune.json").exists()}
-    waiting = [j for j in todo if j[0] == "final" and (j[1], j[5]) not in tuned_done
+    todo = jobs(seeds, features)
+    tuned_done = {(j[1], j[5], j[7]) for j in todo if j[0] == "tuned"
+                  and (_folder(root, j) / "tune" / "tune.json").exists()}
+    waiting = [j for j in todo if j[0] == "final" and (j[1], j[5], j[7]) not in tuned_done
                and TUNE_SEED in seeds]
     ready = [j for j in todo if j not in waiting]
     with ProcessPoolExecutor(max_workers=workers) as ex:
@@ -173,25 +221,27 @@ def run_all(root: Path, seeds: list[int], workers: int) -> list[dict]:
                 try:
                     row = f.result()
                 except Exception as e:  # one failure does not stop the study
-                    row = {"label": j[1], "method": j[2], "budget": j[5], "seed": j[6], "error": repr(e)}
+                    row = {"label": j[1], "method": j[2], "budget": j[5], "seed": j[6], "features": j[7],
+                           "error": repr(e)}
                 if j[0] == "tuned":
-                    for w in [w for w in waiting if (w[1], w[5]) == (j[1], j[5])]:
+                    for w in [w for w in waiting if (w[1], w[5], w[7]) == (j[1], j[5], j[7])]:
                         waiting.remove(w)
                         futs[ex.submit(_job, *w, str(root))] = w
                 rows.append(row)
                 with open(root / "rows.jsonl", "a") as fh:
                     fh.write(json.dumps(row, default=str) + "\n")
-                print(json.dumps({k: row.get(k) for k in ("label", "budget", "seed", "test", "epsilon", "error")}),
+                print(json.dumps({k: row.get(k) for k in ("features", "label", "budget", "seed", "test", "epsilon",
+                                                          "error")}),
                       flush=True)
     return rows
 
 
-def collect(root: Path, seeds: list[int]) -> list[dict]:
+def collect(root: Path, seeds: list[int], features: tuple[str, ...]) -> list[dict]:
     """The rows of every finished job (read back from the run folders, without running anything)."""
     rows = []
-    for j in jobs(seeds):
+    for j in jobs(seeds, features):
         folder = _folder(root, j)
-        if any((folder / f).exists() for f in ("final/summary.json", "final.json", "pubsub.json")):
+        if any((folder / f).exists() for f in ("final/summary.json", "final.json", "pubsub.json", "own.json")):
             rows.append(_job(*j, str(root)))
     return rows
 
@@ -213,7 +263,54 @@ def _own_model(path: Path, x, y, feats: list[str], classes: list[str], seed: int
     return m
 
 
-def _pubsub(eps: float, seed: int, folder: Path) -> dict:
+def _split(seed: int, feats: str, eval_split: str = "test"):
+    """The study's split of seed ``seed`` (the sites' rows and the test or validation split) after feature stage
+    ``feats``, as every run of the study sees it."""
+    import torch
+
+    from silofl.run.config import RunConfig
+    from silofl.run.data import prepare_data
+
+    cfg = RunConfig.from_dict({**BASE, **FEATURE_SETS[feats][0], "method": "regular", "privacy": "off", "seed": seed,
+                               "eval_split": eval_split, "out": "unused"}, strict=False)
+    return prepare_data(cfg.resolve(), torch.device("cpu"))[1]
+
+
+# Public input bounds of features for PubSub-ML's models (they scale inputs to [0, 1] by bounds a site declares, never
+# by its data): GroupNorm-ed scattering coefficients have zero mean and unit variance per group of every example, so a
+# fixed ±4 keeps nearly all of them; a constant of the study, not computed from any site's rows.
+FEATURE_BOUND = 4.0
+
+
+def _own_alone(seed: int, folder: Path, feats: str) -> dict:
+    """Each site going it alone without DP on the same features: scikit-learn's logistic regression on all its own
+    rows, its L2 strength chosen from OWN_C on the validation split (the public split the methods tune on); the mean
+    over sites on the test split. Cached in FOLDER/own.json."""
+    cache = folder / "own.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    from sklearn.linear_model import LogisticRegression
+
+    t0 = time.perf_counter()
+    test, val = _split(seed, feats), _split(seed, feats, "validation")
+    x_val, y_val = val.test[0].flatten(1).numpy(), val.test[1].numpy()
+    x_test, y_test = test.test[0].flatten(1).numpy(), test.test[1].numpy()
+    accs, chosen = [], []
+    for x, y in test.parts:
+        x, y = x.flatten(1).numpy(), y.numpy()
+        fits = [LogisticRegression(C=c, max_iter=1000).fit(x, y) for c in OWN_C]
+        best = max(range(len(fits)), key=lambda i: fits[i].score(x_val, y_val))
+        chosen.append(OWN_C[best])
+        accs.append(float(fits[best].score(x_test, y_test)))
+    out = {"headline": "own_acc", "test": statistics.fmean(accs), "test_std": statistics.pstdev(accs),
+           "accs": {"own_acc": statistics.fmean(accs)}, "epsilon": None, "sigma": None, "rounds": None,
+           "final_seconds": time.perf_counter() - t0, "test_set": test.test_set, "per_site": accs, "C": chosen}
+    folder.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(out))
+    return out
+
+
+def _pubsub(eps: float, seed: int, folder: Path, feats: str = "none") -> dict:
     """PubSub-ML on the study's split: each of the 8 sites publishes a DP-SGD model (dp-nn) trained on its own rows
     at (eps, δ), then each site customizes — selects and fuses every published model, its own included, plus a
     non-private model of its own that never leaves it — on its own rows (60 % for its own model, 40 % to fuse), and
@@ -222,41 +319,39 @@ def _pubsub(eps: float, seed: int, folder: Path) -> dict:
     if cache.exists():
         return json.loads(cache.read_text())
     import numpy as np
-    import torch
 
     from silofl.pubsub.customize import LocalData, align, customize, model_outputs
     from silofl.pubsub.dp_models import Bounds, train
-    from silofl.run.config import RunConfig
-    from silofl.run.data import prepare_data
 
-    cfg = RunConfig.from_dict({**BASE, "method": "regular", "privacy": "off", "seed": seed, "eval_split": "test",
-                               "out": str(folder / "unused")}, strict=False)
-    _, split = prepare_data(cfg.resolve(), torch.device("cpu"))
+    split = _split(seed, feats)
     x_test = split.test[0].flatten(1).numpy().astype(np.float64)
     y_test = split.test[1].numpy()
     sites = [(x.flatten(1).numpy().astype(np.float64), y.numpy()) for x, y in split.parts]
-    lo = float(min(x.min() for x, _ in sites + [(x_test, y_test)]))  # the pixel domain (public): its fixed range
-    hi = float(max(x.max() for x, _ in sites + [(x_test, y_test)]))
-    feats = [f"px{i}" for i in range(x_test.shape[1])]
+    if feats == "none":
+        lo = float(min(x.min() for x, _ in sites + [(x_test, y_test)]))  # the pixel domain (public): its fixed range
+        hi = float(max(x.max() for x, _ in sites + [(x_test, y_test)]))
+    else:
+        lo, hi = -FEATURE_BOUND, FEATURE_BOUND
+    feats_names = [f"px{i}" for i in range(x_test.shape[1])]
     classes = [str(c) for c in range(split.dataset.num_classes)]
-    bounds = Bounds(np.full(len(feats), lo), np.full(len(feats), hi))
+    bounds = Bounds(np.full(len(feats_names), lo), np.full(len(feats_names), hi))
     t0 = time.perf_counter()
-    published = [train("dp-nn", x, y, publisher=f"site{i}", features=feats, task="classification", bounds=bounds,
+    published = [train("dp-nn", x, y, publisher=f"site{i}", features=feats_names, task="classification", bounds=bounds,
                        epsilon=eps, delta=BASE["delta"], classes=classes, seed=seed * 100 + i, **PUBSUB[2])
                  for i, (x, y) in enumerate(sites)]
     t_publish = time.perf_counter() - t0
     accs, own_accs = [], []
-    defaults = {f: (lo + hi) / 2 for f in feats}
+    defaults = {f: (lo + hi) / 2 for f in feats_names}
     for i, (x, y) in enumerate(sites):
         perm = np.random.default_rng([seed, i]).permutation(len(y))
         tr, cu = perm[: int(0.6 * len(y))], perm[int(0.6 * len(y)):]
-        own = _own_model(folder.parent.parent / f"own-seed{seed}-site{i}.pkl", x[tr], y[tr], feats, classes, seed)
+        own = _own_model(folder.parent.parent / f"own-seed{seed}-site{i}.pkl", x[tr], y[tr], feats_names, classes, seed)
         # the own model is what customize(own="auto") trains (non-private logistic regression on the training part,
         # never published); trained once per site and seed, as it does not depend on the budget
-        fused = customize([*published, own], LocalData(x, y, feats, "classification", classes), defaults, seed=seed,
+        fused = customize([*published, own], LocalData(x, y, feats_names, "classification", classes), defaults, seed=seed,
                           idx=(tr, cu, cu), own=None)
         accs.append(float((fused.predict(x_test) == y_test).mean()))
-        cols, fill = align(own, feats, defaults)
+        cols, fill = align(own, feats_names, defaults)
         own_accs.append(float((model_outputs(own, x_test, cols, fill).argmax(1).numpy() == y_test).mean()))
     out = {"headline": "fused_acc", "test": statistics.fmean(accs), "test_std": statistics.pstdev(accs),
            "accs": {"fused_acc": statistics.fmean(accs), "own_acc": statistics.fmean(own_accs)}, "epsilon": max(m.epsilon for m in published),
@@ -299,23 +394,78 @@ def _mean(xs):
     return statistics.fmean(xs) if xs else None
 
 
-def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command: str) -> str:
+def _sd(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.pstdev(xs) if len(xs) > 1 else None
+
+
+def _pm(m, sd, signed=False):
+    if m is None:
+        return "—"
+    f = f"{m:+.3f}" if signed else f"{m:.3f}"
+    return f + (f" ± {sd:.3f}" if sd is not None else "")
+
+
+SHARED_KEYS = ("proxy_acc", "global_acc")  # the DP models the sites share (ProxyFL's proxy, the rest's global model)
+FEATURE_TEXT = {
+    "none": "raw pixels; private LeNet5 and shared MLP (the papers'), Adam, lr 1e-3, clip 1, q = 0.25",
+    "scatter": ("ScatterNet features (kymatio `Scattering2D`, J = 2, L = 8: 81 × 7 × 7, then GroupNorm without affine "
+                "parameters: a fixed function of each image, no budget); linear heads; SGD with momentum 0.9, clip "
+                "0.1, q = 0.5; FedAvg and FML one local DP step per round with server momentum 0.9; each site also "
+                "combines its own non-DP model with the DP model(s) it holds on 20 % of its rows (`combined`, "
+                "non-private: stays at the site)"),
+}
+
+
+class _Rows:
+    """The finished rows, indexed by (features, label, budget)."""
+
+    def __init__(self, rows: list[dict]):
+        self.ok = sorted((r for r in rows if "error" not in r), key=lambda r: r["seed"])  # the tuned seed first
+        self.by: dict[tuple, list[dict]] = {}
+        for r in self.ok:
+            self.by.setdefault((r.get("features", "none"), r["label"], r["budget"]), []).append(r)
+
+    def get(self, feats, label, eps) -> list[dict]:
+        return self.by.get((feats, label, eps), [])
+
+    def alone(self, feats) -> tuple[str | None, dict[int, float]]:
+        """The strongest going-alone reference on these features (higher mean): its label and per-seed figure."""
+        best, best_mean = None, None
+        for label in (ALONE[0], OWN):
+            rs = self.get(feats, label, None)
+            m = _mean([r["test"] for r in rs])
+            if m is not None and (best_mean is None or m > best_mean):
+                best, best_mean = label, m
+        return best, {r["seed"]: r["test"] for r in self.get(feats, best, None)} if best else {}
+
+    def shared(self, rs: list[dict]) -> tuple[str | None, list[float]]:
+        """The method's best shared DP model (by mean): its field and its per-seed figures (aligned with ``rs``)."""
+        keys = [k for k in SHARED_KEYS if any(k in r["accs"] for r in rs)]
+        if not keys:
+            return None, []
+        k = max(keys, key=lambda k: _mean([r["accs"].get(k) for r in rs]) or -1)
+        return k, [r["accs"].get(k) for r in rs]
+
+
+def _gain(rs: list[dict], vals: list, ref: dict[int, float]) -> tuple[float | None, float | None]:
+    """Mean ± spread over seeds of (figure − the going-alone reference on the same seed's split)."""
+    d = [v - ref[r["seed"]] for r, v in zip(rs, vals, strict=True) if v is not None and r["seed"] in ref]
+    return _mean(d), _sd(d)
+
+
+def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command: str,
+             features: tuple[str, ...] = tuple(FEATURE_SETS)) -> str:
     """docs/privacy_utility.md from the rows, with its plot next to it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = sorted((r for r in rows if "error" not in r), key=lambda r: r["seed"])  # the tuned seed first
-    by: dict[tuple, list[dict]] = {}
-    for r in ok:
-        by.setdefault((r["label"], r["budget"]), []).append(r)
-    alone = _mean([r["test"] for r in ok if r["budget"] is None])
-    alone_by_seed = {r["seed"]: r["test"] for r in ok if r["budget"] is None}
-    own = _mean([r["accs"].get("own_acc") for r in ok if r["method"] == "pubsub"])
+    R = _Rows(rows)
     labels = [m[0] for m in METHODS] + [PUBSUB[0]]
     lines = [
-        "# Privacy–utility: every method at ε = 1, 3, 8 per site, tuned without the test set",
+        "# Privacy–utility: every method at ε = 1, 3, 8 per site, on pixels and on DP-friendly features",
         "",
         "Generated by",
         "",
@@ -323,151 +473,215 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
         command,
         "```",
         "",
-        f"Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5; private LeNet5 and shared MLP (the papers'); "
-        f"seeds {', '.join(map(str, seeds))} (seeded research runs: † the guarantee holds only while the seed stays "
-        "secret). For every method and budget, `silofl tune` tried the grid below, each trial budget-first (σ set so "
-        "that its planned rounds end at the budget), scored on a **validation split of 2000 Fashion-MNIST training "
-        "images that no client holds, treated as public data**; the best trial's settings then ran once on the "
-        "10 000-image test split. The test split was read only by those final runs.",
+        "Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5, the balanced 10 000-image test split; seeds "
+        f"{', '.join(map(str, seeds))} (seeded research runs: † the guarantee holds only while the seed stays secret). "
+        "For every method, budget and feature stage, `silofl tune` tried the grid below, each trial budget-first (σ set "
+        "so that its planned rounds end at the budget), scored on a **validation split of 2000 Fashion-MNIST training "
+        "images that no client holds, treated as public data**; the best trial's settings then ran on the test split. "
+        f"Tuning ran on seed {TUNE_SEED}'s split; the other seeds re-ran the settings seed {TUNE_SEED} chose on their "
+        "own splits. The test split was read only by those final runs.",
         "",
-        f"**Protocol and its limits** (2 CPU cores): the grid is rounds ∈ {ROUNDS} (plus ProxyFL's DML weight "
-        "α ∈ {0, 0.5}); lr 0.001, clip 1, q = 0.25 (B = 250) stay at the papers' values (`silofl tune --grid` takes "
-        f"any of them, the study does not search them); the papers ran 300 rounds. Tuning ran on seed {TUNE_SEED}'s "
-        "split; the other seeds re-ran the settings seed "
-        f"{TUNE_SEED} chose on their own splits (their sites hold other images, but all seeds draw from the same "
-        "60 000, so their runs are not independent of the tuning: the spread over seeds measures training noise, "
-        "the tuning-inclusive ε below is seed "
-        f"{TUNE_SEED}'s). PubSub-ML ran at its pipeline's defaults (dp-nn: DP-SGD MLP, 64 hidden, 10 epochs), "
-        "untuned: each site publishes its model at the budget and fuses all eight published models (its own "
-        "included) plus its own non-private logistic regression on its own rows (60 % to train that, 40 % to fuse); "
-        "the fused model never leaves the site, so the site's ε is its publication's.",
+        "Feature stages:",
         "",
-        f"Go it alone (Regular without DP, {max(ROUNDS)} rounds): **{alone:.3f}**." if alone is not None else "",
-        (f"A second go-it-alone reference: each site's own non-private logistic regression on 60 % of its rows "
-         f"(PubSub-ML's own model): **{own:.3f}**." if own is not None else ""),
-        "",
-        "| method | ε = 1 | ε = 3 | ε = 8 | tuned settings (1 / 3 / 8) |",
-        "|---|---|---|---|---|",
     ]
-    for label in labels:
-        cells, sets = [], []
+    lines += [f"- **{f}**: {FEATURE_TEXT[f]}." for f in features]
+    lines += ["", "Going alone (no DP, the same features, the same seeds' splits): Regular without DP (the method's own "
+              "training: the head, optimizer and longest rounds of the grid) and each site's own scikit-learn logistic "
+              f"regression on all its rows (L2 strength from {OWN_C} chosen on the validation split). Every gain below "
+              "is against the **stronger** of the two on the same features, seed by seed (mean ± spread over seeds).",
+              ""]
+    # headline summary
+    lines += ["## Does collaborating pay?", "",
+              "| features | going alone (best) | ε | best shared DP model | gain | best site model (combined / private) "
+              "| gain |", "|---|---|---|---|---|---|---|"]
+    for f in features:
+        ref_label, ref = R.alone(f)
+        ref_mean = _mean(list(ref.values()))
         for eps in BUDGETS:
-            rs = by.get((label, eps), [])
-            if not rs:
-                cells.append("—")
-                sets.append("—")
-                continue
-            acc = _mean([r["test"] for r in rs])
-            sd = statistics.pstdev([r["test"] for r in rs]) if len(rs) > 1 else None
-            e = max(r["epsilon"] for r in rs)
-            other = [f"{k.removesuffix('_acc')} {_mean([r['accs'].get(k) for r in rs]):.3f}"
-                     for k in rs[0]["accs"] if k != rs[0]["headline"]]
-            extra = f"; {', '.join(other)}" if other else ""
-            sig = f", σ {rs[0]['sigma']:.2f}" if rs[0]["sigma"] else ""
-            n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(seeds) else ""
-            cells.append(f"{acc:.3f}{f' ± {sd:.3f}' if sd is not None else ''} (ε {e:.2f}{sig}{extra}{n})")
-            sets.append(",".join(f"{k}={v}" for k, v in rs[0]["settings"].items()))
-        lines.append(f"| {label} | " + " | ".join(cells) + " | " + " / ".join(sets) + " |")
-    lines += ["", "Each cell: the method's headline accuracy on the test split (ProxyFL, FML: the private models; "
-              "the rest: the shared/global or local model), mean over clients (and seeds), the ε the run ended at, "
-              "the σ the budget set and the method's other model (ProxyFL's proxy, FML's global model: the DP models "
-              "the sites share). The ε is per site and per example (client-level DP-FedAvg: per hospital).", ""]
-    # DML weights and the CWT gap
-    lines += ["## What the tuning found", ""]
-    for eps in BUDGETS:
-        p = by.get(("ProxyFL (strict)", eps), [])
-        c = by.get(("CWT", eps), [])
-        if p:
-            lines.append(f"- ε = {eps:g}: ProxyFL's tuned DML weight α = {p[0]['settings'].get('dml_alpha')} "
-                         f"(rounds {p[0]['settings'].get('rounds')}); validation of every trial: "
-                         + "; ".join(f"{','.join(f'{k}={v}' for k, v in t['settings'].items())}: {t['validation']:.3f}"
-                                     for t in p[0].get("trials", [])) + ".")
-        if p and c:
-            gap = _mean([r["test"] for r in c]) - _mean([r["test"] for r in p])
-            lines.append(f"  CWT − ProxyFL-private = {gap:+.3f} ({_mean([r['test'] for r in c]):.3f} vs "
-                         f"{_mean([r['test'] for r in p]):.3f}).")
-        if alone is not None:
-            # per method, the mean over seeds of each model the collaboration produced (not a site's own model)
-            means, gains = {}, {}
-            for (lab, e), rs in by.items():
-                if e != eps or lab == "Joint":
+            best = None  # (mean, label, key, gain, sd)
+            site = None
+            for label in labels:
+                rs = R.get(f, label, eps)
+                if not rs or label == "Joint":
                     continue
-                keys = [k for k in rs[0]["accs"] if k != "own_acc"]
-                means[lab] = max([_mean([r["test"] for r in rs]), *[_mean([r["accs"].get(k) for r in rs]) for k in keys]])
-                ref = _mean([alone_by_seed.get(r["seed"]) for r in rs])  # going alone on the same seeds' splits
-                gains[lab] = means[lab] - ref if ref is not None else None
-            if means:
-                top_label = max(means, key=means.get)
-                above = [f"{lab} {means[lab]:.3f} ({g:+.3f})" for lab, g in sorted(gains.items(), key=lambda kv: -(kv[1] or -9))
-                         if g is not None and g > 0]
-                lines.append(f"  Best federated model at this budget: {top_label} {means[top_label]:.3f}, "
-                             f"{gains[top_label]:+.3f} against each site going it alone without DP on the same seeds' "
-                             f"splits; above that line: {', '.join(above) if above else 'none'}"
-                             + (f"; Joint (pooled data, the upper reference) {_mean([r['test'] for r in by[('Joint', eps)]]):.3f}"
-                                if by.get(("Joint", eps)) else "") + ".")
-    alphas = {p["settings"].get("dml_alpha") for e in BUDGETS for p in by.get(("ProxyFL (strict)", e), [])}
-    if alphas == {0.0}:
-        lines += ["", "At every budget the validation split preferred α = 0: the private model then ignores the proxy, "
-                  f"so ProxyFL's private figure is training alone without DP for the chosen number of rounds, and what the "
-                  f"collaboration adds sits in the shared DP proxy. At horizons of {ROUNDS} rounds distilling from a "
-                  "DP proxy (α = 0.5) slowed the private models, as the issue saw without DP at 100 rounds; whether "
-                  "that holds at the papers' 300 rounds was not tested here."]
-    lines += ["", "At ε = 1 Opacus warns that the best Rényi order is the largest of its grid (63): the ε printed is a "
-              "valid bound but not the tightest one, so σ there is somewhat larger than a finer grid would need."]
+                k, vals = R.shared(rs)
+                if k is not None:
+                    m = _mean(vals)
+                    if m is not None and (best is None or m > best[0]):
+                        best = (m, label, k, *_gain(rs, vals, ref))
+                for key in ("combined_acc", "private_acc"):
+                    if key == "private_acc" and label != "ProxyFL (strict)":
+                        continue
+                    vals = [r["accs"].get(key) for r in rs]
+                    m = _mean(vals)
+                    if m is not None and (site is None or m > site[0]):
+                        site = (m, label, key, *_gain(rs, vals, ref))
+            lines.append(
+                f"| {f} | {ref_mean:.3f} ({ref_label}) | {eps:g} | "
+                + (f"{best[0]:.3f} ({best[1]}, {best[2].removesuffix('_acc')}) | {_pm(best[3], best[4], True)} | "
+                   if best else "— | — | ")
+                + (f"{site[0]:.3f} ({site[1]}, {site[2].removesuffix('_acc')}) | {_pm(site[3], site[4], True)} |"
+                   if site else "— | — |") if ref_mean is not None else f"| {f} | — | {eps:g} | — | — | — | — |")
+    lines += ["", "*Shared DP model*: a model that leaves the site under the per-site (ε, δ) (ProxyFL's proxy, FML's, "
+              "FedAvg's, AvgPush's, CWT's and DP-FedAvg's global model). *Combined / private*: what a site keeps "
+              "— its own non-DP model fused with the DP model(s) it holds on its own held-out rows, or ProxyFL's "
+              "private model — non-private, it never leaves the site. Joint (pooled data) is the upper reference and "
+              "not counted.", ""]
+    # per feature stage: the tables
+    for f in features:
+        ref_label, ref = R.alone(f)
+        lines += [f"## Features: {f}", "",
+                  "| method | ε = 1 | ε = 3 | ε = 8 | tuned settings (1 / 3 / 8) |", "|---|---|---|---|---|"]
+        for label in [ALONE[0], OWN]:
+            rs = R.get(f, label, None)
+            if rs:
+                lines.append(f"| {label} | {_pm(_mean([r['test'] for r in rs]), _sd([r['test'] for r in rs]))} "
+                             "(no DP) | | | |")
+        for label in labels:
+            cells, sets = [], []
+            for eps in BUDGETS:
+                rs = R.get(f, label, eps)
+                if not rs:
+                    cells.append("—")
+                    sets.append("—")
+                    continue
+                acc, sd = _mean([r["test"] for r in rs]), _sd([r["test"] for r in rs])
+                e = max(r["epsilon"] for r in rs)
+                other = [f"{k.removesuffix('_acc')} {_mean([r['accs'].get(k) for r in rs]):.3f}"
+                         for k in rs[0]["accs"] if k != rs[0]["headline"] and _mean([r['accs'].get(k) for r in rs])
+                         is not None]
+                extra = f"; {', '.join(other)}" if other else ""
+                sig = f", σ {rs[0]['sigma']:.2f}" if rs[0].get("sigma") else ""
+                n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(seeds) else ""
+                cells.append(f"{_pm(acc, sd)} (ε {e:.2f}{sig}{extra}{n})")
+                sets.append(",".join(f"{k}={v}" for k, v in rs[0]["settings"].items()
+                                     if k not in FEATURE_SETS[f][0]) if isinstance(rs[0]["settings"], dict) else "—")
+            lines.append(f"| {label} | " + " | ".join(cells) + " | " + " / ".join(sets) + " |")
+        lines += ["", "Each cell: the method's headline accuracy (ProxyFL, FML: the private models; the rest: the "
+                  "shared/global or local model), mean ± spread over seeds (and clients), the ε the run ended at, the "
+                  "σ the budget set, and the method's other models (proxy/global: the DP models the sites share; "
+                  "combined: the site's fusion, non-private).", ""]
+        if ref:
+            lines += [f"Gain over going alone ({ref_label}, the stronger reference on these features), per method: "
+                      "its best shared DP model / the site's combined model, mean ± spread over seeds.", "",
+                      "| method | ε = 1 | ε = 3 | ε = 8 |", "|---|---|---|---|"]
+            for label in labels:
+                cells = []
+                for eps in BUDGETS:
+                    rs = R.get(f, label, eps)
+                    if not rs:
+                        cells.append("—")
+                        continue
+                    k, vals = R.shared(rs)
+                    g = _gain(rs, vals, ref) if k else (None, None)
+                    comb = [r["accs"].get("combined_acc") for r in rs]
+                    gc = _gain(rs, comb, ref) if any(v is not None for v in comb) else (None, None)
+                    head = _gain(rs, [r["test"] for r in rs], ref) if not k else (None, None)
+                    cells.append(" / ".join(x for x in (
+                        _pm(*g, signed=True) if k else f"{_pm(*head, signed=True)} (headline)",
+                        _pm(*gc, signed=True) if gc[0] is not None else None) if x))
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append("")
+    # targets
+    lines += ["## The issue's targets (mean of the seeds, balanced test set, δ = 1e-5, per-site ε)", ""]
+    for f in features:
+        ref_label, ref = R.alone(f)
+        if not ref:
+            continue
+        ref_mean = _mean(list(ref.values()))
+
+        def best_shared(eps, f=f):
+            out = None
+            for label in labels:
+                rs = R.get(f, label, eps)
+                if rs and label != "Joint":
+                    k, vals = R.shared(rs)
+                    m = _mean(vals) if k else None
+                    if m is not None and (out is None or m > out[0]):
+                        out = (m, label)
+            return out
+
+        b3, b8 = best_shared(3.0), best_shared(8.0)
+        p8 = R.get(f, "ProxyFL (strict)", 8.0)
+        pm = max([v for v in (_mean([r["accs"].get("private_acc") for r in p8]),
+                              _mean([r["accs"].get("combined_acc") for r in p8])) if v is not None], default=None)
+        fed1 = [lab for lab in labels if lab not in ("Joint", "Regular") and R.get(f, lab, 1.0)
+                and max(v for v in [_mean([r["test"] for r in R.get(f, lab, 1.0)]),
+                                    *(_mean([r["accs"].get(k) for r in R.get(f, lab, 1.0)])
+                                      for k in (*SHARED_KEYS, "combined_acc"))] if v is not None) >= ref_mean]
+
+        def ok(c):
+            return "**met**" if c else "not met"
+
+        lines += [f"Features {f} (going alone {ref_mean:.3f}):", ""]
+        if b3:
+            lines.append(f"- ε = 3: best shared DP model {b3[0]:.3f} ({b3[1]}): ≥ 0.80 {ok(b3[0] >= 0.80)}; ≥ going "
+                         f"alone + 0.05 = {ref_mean + 0.05:.3f} {ok(b3[0] >= ref_mean + 0.05)}.")
+        if b8:
+            lines.append(f"- ε = 8: best shared DP model {b8[0]:.3f} ({b8[1]}): ≥ 0.85 {ok(b8[0] >= 0.85)}"
+                         + (f"; ProxyFL's private or combined model {pm:.3f} ≥ going alone + 0.08 = "
+                            f"{ref_mean + 0.08:.3f} {ok(pm >= ref_mean + 0.08)}." if pm is not None else "."))
+        lines.append(f"- ε = 1: federated methods at or above going alone: {', '.join(fed1) if fed1 else 'none'}.")
+        lines.append("")
     # tuning cost
-    tc = [r for r in ok if r.get("tuning", {}).get("trials")]
+    tc = [r for r in R.ok if r.get("tuning", {}).get("trials")]
     if tc:
         secs = sum(r["tuning"]["seconds"] for r in tc)
-        lines += ["", "## Tuning cost", "",
+        lines += ["## Tuning cost", "",
                   f"{sum(r['tuning']['trials'] for r in tc)} trials, {secs / 60:.1f} CPU-minutes of wall time on the "
                   "shared machine. Validation data being public does not make tuning free: each trial trained on the "
                   "sites' private data and the choice depends on all of them. Composing every trial of a (method, "
                   "budget) — what each site's accountant would record had all trials been one run — gives the "
-                  "tuning-inclusive ε per site:", "",
-                  "| method | ε = 1 | ε = 3 | ε = 8 |", "|---|---|---|---|"]
+                  "tuning-inclusive ε per site (*random*: what `silofl tune --random-trials poisson:μ`, μ = the grid's "
+                  "size, would report by Papernot & Steinke's Theorem 6 for the same mechanisms):", "",
+                  "| features | method | ε = 1 | ε = 3 | ε = 8 |", "|---|---|---|---|---|"]
+        for f in features:
+            base = root if f == "none" else root / f"features-{f}"
+            for label in labels:
+                cells = []
+                for eps in BUDGETS:
+                    rs = [r for r in R.get(f, label, eps) if r.get("tuning", {}).get("max") is not None]
+                    ps = _random_trials_epsilon(base / _slug(label) / f"eps{eps:g}" / f"seed{TUNE_SEED}" / "tune") \
+                        if rs else None
+                    cells.append(f"{max(r['tuning']['max'] for r in rs):.2f} ({rs[0]['tuning']['trials']} trials"
+                                 + (f"; random: {ps:.2f}" if ps is not None else "") + ")" if rs else "—")
+                if any(c != "—" for c in cells):
+                    lines.append(f"| {f} | {label} | " + " | ".join(cells) + " |")
+        lines += ["", "Selection: ProxyFL and FML were selected on their private models' validation accuracy (their "
+                  "headline), which is not a DP output: which of the grid's settings won is not covered by either "
+                  "figure; `--random-trials` selects them on the DP proxy instead. A site that wants the table's ε to "
+                  "include tuning should tune at a fraction of its budget, or on another collaboration's public data."]
+    lines += ["", "At ε = 1 Opacus may warn that the best Rényi order is the largest of its grid: the ε printed is a "
+              "valid bound but not the tightest one.", "", PAPER_NOTE, ""]
+    # the plot: one panel per feature stage
+    fig, axes = plt.subplots(1, len(features), figsize=(6 * len(features), 4.5), sharey=True, squeeze=False)
+    for ax, f in zip(axes[0], features, strict=True):
         for label in labels:
-            cells = []
-            for eps in BUDGETS:
-                rs = [r for r in by.get((label, eps), []) if r.get("tuning", {}).get("max") is not None]
-                ps = _random_trials_epsilon(root / _slug(label) / f"eps{eps:g}" / f"seed{TUNE_SEED}" / "tune") \
-                    if rs else None
-                cells.append(f"{max(r['tuning']['max'] for r in rs):.2f} ({rs[0]['tuning']['trials']} trials"
-                             + (f"; random: {ps:.2f}" if ps is not None else "") + ")" if rs else "—")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines += ["", "*random*: what `silofl tune --random-trials poisson:μ` (μ = the grid's size, settings drawn "
-                  "uniformly from the grid, the best one released) would report for the same mechanisms — Papernot & "
-                  "Steinke's bound (Theorem 6) on the largest RDP curve of the grid's trials. It covers the released "
-                  "best model only (the trial list itself is then not released); the fixed grid above is what ran.",
-                  "", "Selection: ProxyFL and FML were selected on their private models' validation accuracy (their "
-                  "headline), which is not a DP output: which of the grid's settings won (at most log₂ 4 = 2 bits "
-                  "for ProxyFL, 1 bit for FML) is not covered by either figure; `--random-trials` selects them on "
-                  "the DP proxy instead."]
-        lines += ["", "A site that wants the table's ε to include tuning should tune at a fraction of its budget "
-                  "(random trials cost less than a grid), or tune on another collaboration's public data."]
-    lines += ["", PAPER_NOTE, ""]
-    # the plot
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for label in labels:
-        pts = [(e, _mean([r["test"] for r in by[(label, e)]])) for e in BUDGETS if by.get((label, e))]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    if alone is not None:
-        ax.axhline(alone, color="k", linestyle="--", label="Regular, no DP (alone)")
-    ax.set_xscale("log")
-    ax.set_xticks(BUDGETS, [f"{e:g}" for e in BUDGETS])
-    ax.minorticks_off()
-    ax.set_xlabel("ε per site (δ = 1e-5)")
-    ax.set_ylabel("test accuracy (headline)")
-    ax.set_title("Fashion-MNIST, 8 clients, p_major 0.8: tuned per budget")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            pts = []
+            for e in BUDGETS:
+                rs = R.get(f, label, e)
+                if rs:
+                    k, vals = R.shared(rs)
+                    pts.append((e, _mean(vals) if k else _mean([r["test"] for r in rs])))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ref_label, ref = R.alone(f)
+        if ref:
+            ax.axhline(_mean(list(ref.values())), color="k", linestyle="--", label=f"alone: {ref_label}")
+        ax.set_xscale("log")
+        ax.set_xticks(BUDGETS, [f"{e:g}" for e in BUDGETS])
+        ax.minorticks_off()
+        ax.set_xlabel("ε per site (δ = 1e-5)")
+        ax.set_title(f"features: {f}")
+    axes[0][0].set_ylabel("test accuracy (shared DP model; else headline)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     png = doc.parent / "privacy_utility.png"
     fig.savefig(png, dpi=110)
     plt.close(fig)
-    lines.insert(lines.index("| method | ε = 1 | ε = 3 | ε = 8 | tuned settings (1 / 3 / 8) |") - 1,
-                 "\n![accuracy against ε](privacy_utility.png)\n")
+    lines.insert(lines.index("## Does collaborating pay?"), "![accuracy against ε](privacy_utility.png)\n")
     (root / "rows.json").write_text(json.dumps(rows, indent=1, default=str))
-    _write_csv(ok, doc.parent / "data" / "privacy_utility.csv")
+    _write_csv(R.ok, doc.parent / "data" / "privacy_utility.csv")
     text = "\n".join(lines) + "\n"
     doc.write_text(text)
     return text
@@ -478,7 +692,7 @@ def _write_csv(rows: list[dict], path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = ["label", "method", "budget", "seed", "headline", "test", "epsilon", "sigma", "rounds", "settings",
-            "validation", "tuning_trials", "tuning_epsilon"]
+            "validation", "tuning_trials", "tuning_epsilon", "features"]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
@@ -486,7 +700,7 @@ def _write_csv(rows: list[dict], path: Path) -> None:
             t = r.get("tuning", {})
             w.writerow([r.get("label"), r.get("method"), r.get("budget"), r.get("seed"), r.get("headline"), r.get("test"),
                         r.get("epsilon"), r.get("sigma"), r.get("rounds"), json.dumps(r.get("settings")),
-                        r.get("validation"), t.get("trials"), t.get("max")])
+                        r.get("validation"), t.get("trials"), t.get("max"), r.get("features", "none")])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -496,14 +710,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--doc", default=str(Path(__file__).resolve().parents[4] / "docs" / "privacy_utility.md"))
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--features", default=",".join(FEATURE_SETS),
+                    help="feature stages to run, comma-separated (default: all)")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
+    features = tuple(f.strip() for f in a.features.split(","))
+    bad = [f for f in features if f not in FEATURE_SETS]
+    if bad:
+        ap.error(f"unknown feature stage(s) {bad}; choose from {list(FEATURE_SETS)}")
     seeds = [int(s) for s in a.seeds.split(",")]
     root = Path(a.out)
     root.mkdir(parents=True, exist_ok=True)
-    rows = collect(root, seeds) if a.report_only else run_all(root, seeds, a.jobs)
-    cmd = f"python -m silofl.experiments.docs.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs}"
-    document(rows, root, Path(a.doc), seeds, cmd)
+    rows = collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features)
+    cmd = (f"python -m silofl.experiments.docs.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
+           f"--features {','.join(features)}")
+    document(rows, root, Path(a.doc), seeds, cmd, features)
     print(f"wrote {a.doc}", file=sys.stderr)
 
 
