@@ -52,8 +52,8 @@ def run(
     privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
     device: str | None = typer.Option(None, help="auto | cpu | cuda"),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
-    private_model: str | None = typer.Option(None, "--private-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
-    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | tabmlp | logreg | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    private_model: str | None = typer.Option(None, "--private-model", help="mlp | tabmlp | logreg | linear | scattercnn | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
+    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | tabmlp | logreg | linear | scattercnn | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
     partition: str | None = typer.Option(None, help="p_major | iid | dirichlet | site"),
     p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
     dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),
@@ -105,6 +105,9 @@ def run(
     superlink: str | None = typer.Option(None, "--superlink", hidden=True),
     vs_alone: bool = typer.Option(False, "--vs-alone", help="Afterwards train each site alone without DP (Regular, "
                                   "same split and rounds) into OUT/alone and print how this run compares."),
+    features: str | None = typer.Option(None, "--features", help="Site-side feature stage before the models: none | "
+                                        "scatter (kymatio ScatterNet + GroupNorm; --set scatter_j=J) | backbone:DIR (a "
+                                        "frozen network trained on declared-public data). No budget: see docs/threat_model.md."),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.run.config import RunConfig, load_yaml_mapping
@@ -371,6 +374,8 @@ def tune(
     max_trials: int | None = typer.Option(None, "--max-trials", help="With --random-trials: run at most this many "
                                           "(the cut-off chance is paid in δ). Default: the smallest cap that costs "
                                           "at most 0.1% of δ."),
+    features: str | None = typer.Option(None, "--features", help="none | scatter | backbone:DIR for every trial (see "
+                                        "silofl run; search it with --grid features=none,scatter)."),
 ):
     """Search settings for a budget on the validation split (training data no client holds, as public data) —
     never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""
@@ -386,7 +391,7 @@ def tune(
                           if count is None else f"--max-trials must be at least 1, got {max_trials}")
     base = load_yaml_mapping(config) if config else {}
     cfg = RunConfig.from_dict({**base, **_parse_sets(set_), "method": method, "target_epsilon": target_epsilon,
-                               "eval_split": "validation"})
+                               "eval_split": "validation", **({"features": features} if features is not None else {})})
     result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console, random_trials=count,
                       max_trials=max_trials)
     b = result["best"]
@@ -428,6 +433,7 @@ def compare(
     threads: int | None = typer.Option(None),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    features: str | None = typer.Option(None, "--features", help="none | scatter | backbone:DIR (see silofl run)."),
 ):
     """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots)."""
     from silofl.experiments.compare import CompareConfig, run_compare
@@ -448,7 +454,7 @@ def compare(
     run_opts = {"dataset": dataset, "data_dir": data_dir, "rounds": rounds, "clients": clients,
                 "samples_per_client": samples_per_client, "batch_size": batch_size, "privacy": privacy,
                 "private_model": private_model, "proxy_model": proxy_model, "eval_every": eval_every,
-                "test_limit": test_limit, "threads": threads}
+                "test_limit": test_limit, "threads": threads, "features": features}
     run_opts.update(_parse_sets(set_))
     cc.run = {**cc.run, **{k: v for k, v in run_opts.items() if v is not None}}
     report = run_compare(cc, console=console, progress=not quiet)
@@ -582,6 +588,8 @@ def audit(
     merged = {**base, **_parse_sets(set_), **{k: v for k, v in run_opts.items() if v is not None}}
     if "eval_every" not in merged:
         merged["eval_every"] = int(merged.get("rounds", 300))
+    if str(merged.get("features") or "none") != "none":
+        raise ConfigError("silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs")
     cfg = RunConfig.from_dict(merged)
     if threads is not None:
         import torch
@@ -619,6 +627,9 @@ from silofl.cli.pubsub import app as pubsub_app  # noqa: E402
 app.add_typer(pubsub_app, name="pubsub")
 app.add_typer(site_app, name="site")
 app.add_typer(deploy_app, name="deploy")
+from silofl.cli.backbone import backbone_app  # noqa: E402
+
+app.add_typer(backbone_app, name="backbone")
 
 
 def main() -> None:  # pragma: no cover

@@ -52,11 +52,15 @@ class SplitData:
     external: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     preprocessing: list[dict] | None = None
     indices: list[np.ndarray] | None = None  # each client's rows of ``dataset.x_train`` (what it trains on)
+    # after a feature stage (silofl.features): the shape of one example's features and the stage's record; the
+    # tensors above then hold features, ``dataset`` the raw inputs
+    feature_shape: tuple[int, ...] | None = None
+    features: dict | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """The shape of one example."""
-        return self.dataset.input_shape
+        """The shape of one example as the models see it (its features' shape after a feature stage)."""
+        return self.feature_shape if self.feature_shape is not None else self.dataset.input_shape
 
     @property
     def num_classes(self) -> int:

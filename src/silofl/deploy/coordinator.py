@@ -294,6 +294,15 @@ def join(engine: FlowerEngine, spec: dict):
     joined = engine.exchange(SETUP, {k: Message(dict(engine.setup_meta)) for k in nodes})
     if len(joined) != len(nodes):
         raise SiloflError("sites refused the run: " + "; ".join(f"{names[k]}: {why}" for k, why in engine.lost.items()))
+    # after a feature stage each site reports the shape its models read (its own features of its own data)
+    try:
+        fshapes = {tuple(_count(v, "feature shape") for v in (r.meta.get("feature_shape") or input_shape)[:9])
+                   for r in joined.values()}
+    except (TypeError, AttributeError) as e:
+        raise SiloflError(f"a site's setup reply is malformed: {e}") from None
+    if len(fshapes) != 1:
+        raise ConfigError(f"the sites' features differ in shape: {sorted(fshapes)}")
+    (input_shape,) = fshapes
     internal = [None] * len(sites) if all(h.meta.get("internal") for h in hellos.values()) else None
     remote = RemoteSplit(input_shape, num_classes, source=f"each site's own data ({', '.join(names)})",
                          test_set="each site's own copy of the shared test set" if all(h.meta.get("test") for h in

@@ -303,7 +303,8 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
     dep = out / "deployment"
     if dep.exists():
         raise ConfigError(f"{dep} exists: choose another --out")
-    cfg, split = prepare_data(cfg, torch.device("cpu"))  # the one-machine stand-in for K institutions' own data
+    # the one-machine stand-in for K institutions' own data: raw inputs (each site computes its own features)
+    cfg, split = prepare_data(cfg, torch.device("cpu"), features=False)
     deployment = LocalDeployment(cfg, split, dep, insecure, poll_s)
     try:
         summary = deployment.run(cfg, out, timeout_s, progress, call_timeout_s, restart_sites)

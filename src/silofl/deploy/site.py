@@ -175,6 +175,7 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
 class _Shape:
     def __init__(self, input_shape: tuple[int, ...], num_classes: int):
         self.input_shape, self.num_classes = input_shape, num_classes
+        self.features: dict | None = None  # the feature stage's record, when the run has one
 
 
 class SiteWorker:
@@ -241,7 +242,7 @@ class SiteWorker:
 
     def _setup(self, k: int, msg: Message) -> Message:
         from silofl.run.config import RunConfig
-        from silofl.run.loop import SiteInputs, make_site
+        from silofl.run.loop import make_site
 
         m = msg.meta
         run_id, order, config = m.get("run_id"), m.get("sites"), m.get("config")
@@ -269,10 +270,9 @@ class SiteWorker:
             cfg = cfg.replace(private_model=self.cfg.private_model, private_models=None)
         cfg = cfg.replace(report_nonprivate=self.cfg.report_test_figures)
         method = cfg.info.cls(cfg)
-        d = self.data
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
-        site = make_site(method, k, SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing),
-                         _Shape(d.input_shape, d.num_classes), self.folder / "ledger", run_id, self.cfg.report_test_figures)
+        inputs, shape = self._inputs(cfg)
+        site = make_site(method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures)
         planned = self._cap_budget(site, cfg)
         resumed = None
         if m.get("resume"):  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend
@@ -288,7 +288,29 @@ class SiteWorker:
         log.info("site %s %s run %s as site %d (%s)", self.cfg.name,
                  f"rejoined from its round-{resumed} checkpoint" if resumed else "joined", run_id, k, cfg.method)
         return Message({"joined": True, "planned_epsilon": planned, "resumed_from": resumed,
-                        "lifetime": [self.cfg.lifetime_epsilon, self.cfg.lifetime_delta]})
+                        "lifetime": [self.cfg.lifetime_epsilon, self.cfg.lifetime_delta],
+                        "feature_shape": list(shape.input_shape)})
+
+    def _inputs(self, cfg: Any) -> tuple[Any, _Shape]:
+        """The site's inputs after the run's feature stage (silofl.features), computed here, from the site's own data,
+        and kept by content in its own folder (``features/``), with the shape the models see."""
+        from silofl.features import apply, record, stage_from_config
+        from silofl.run.loop import SiteInputs
+
+        d = self.data
+        stage = stage_from_config(cfg)
+        if stage.identity:
+            return SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing), _Shape(d.input_shape, d.num_classes)
+        rec = record(stage, d.input_shape, cfg)
+        root = self.folder / "features"
+
+        def f(pair, label):
+            return None if pair is None else (apply(stage, pair[0], root, label), pair[1])
+
+        shape = _Shape(tuple(rec["feature_shape"]), d.num_classes)
+        shape.features = rec
+        return (SiteInputs(apply(stage, d.x, root, "training data"), d.y, f(d.test, "test set"),
+                           f(d.internal, "held-out rows"), d.preprocessing), shape)
 
     def _cap_budget(self, site: Any, cfg: Any) -> float | None:
         """Refuse a run that would exceed the lifetime budget; cap the site's own accountant at it."""

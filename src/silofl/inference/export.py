@@ -1,5 +1,11 @@
 """``silofl export``: a site's model as ONNX (preprocessing inside the graph) with a model card.
 
+With a feature stage (``--features``, :mod:`silofl.features`) the graph holds it too when torch's exporter can
+trace it (a backbone); otherwise (kymatio's scattering: complex FFTs) the export has two stages: ``model.onnx``
+takes the *features* (``features``), which silofl computes (``silofl predict``, or
+``silofl.features.stage_from_record(json.load(open("features.json")))``), and ``features.json`` names the stage
+exactly. The model card says which, what the features are and why they cost no budget.
+
 ``OUT/model.onnx`` takes the *raw* inputs (``x``: a table's features in schema order, numbers as they are and
 categories as level indices, NaN where missing; or images in [0, 1] at the run's size) and returns class
 probabilities (``probabilities``); the site's scaling, filling and one-hot encoding run inside the graph, so a
@@ -49,9 +55,20 @@ def export(path: str | Path, client: int, out: str | Path, model: str = "private
     loaded = load_pipeline(path, client, model)
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = out / "model.onnx"
-    export_onnx(loaded, onnx_path)
+    graph = "one"
+    if loaded.features is not None:
+        try:
+            export_onnx(loaded, onnx_path)
+        except ConfigError:
+            raise
+        except Exception:  # noqa: BLE001 - the exporter cannot trace the feature stage: export the head alone
+            graph = "two-stage"
+            export_head(loaded, onnx_path)
+        (out / "features.json").write_text(json.dumps(loaded.features, indent=1) + "\n")
+    else:
+        export_onnx(loaded, onnx_path)
     shutil.copyfile(loaded.models_dir / f"client{client}_preprocessing.json", out / "preprocessing.json")
-    card = model_card(loaded, onnx_path)
+    card = model_card(loaded, onnx_path, graph)
     (out / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
     (out / "model_card.md").write_text(card_markdown(card))
     return card
@@ -79,11 +96,45 @@ def export_onnx(loaded: LoadedModel, path: Path) -> None:
                 lg.setLevel(level)
 
 
+class _Head(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model(f), dim=1)
+
+
+def export_head(loaded: LoadedModel, path: Path) -> None:
+    """The model alone (features in, probabilities out) as ONNX: the second stage of a two-stage export."""
+    import warnings
+
+    f = torch.zeros(2, *loaded.spec.input_shape)
+    batch = torch.export.Dim("batch")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Head(loaded.pipeline.model).eval(), (f,), str(path), input_names=["features"],
+                          output_names=["probabilities"], dynamic_shapes=({0: batch},), external_data=False,
+                          verbose=False)
+
+
+def _features_card(loaded: LoadedModel, graph: str) -> dict | None:
+    rec = loaded.features
+    if rec is None:
+        return None
+    where = ("inside the graph, between the preprocessing and the model" if graph == "one" else
+             "NOT in the graph (two-stage export): compute the features with silofl — `silofl predict`, or "
+             "silofl.features.stage_from_record(features.json) — and feed them to model.onnx as `features`")
+    return {"stage": rec.get("features"), "description": rec.get("description"),
+            "feature_shape": rec.get("feature_shape"), "where": where, "graph": graph,
+            "privacy": f"no budget: {rec.get('privacy')}"}
+
+
 def _round(v: Any, nd: int = 4) -> Any:
     return round(v, nd) if isinstance(v, float) and math.isfinite(v) else v
 
 
-def model_card(loaded: LoadedModel, onnx_path: Path | None = None) -> dict:
+def model_card(loaded: LoadedModel, onnx_path: Path | None = None, graph: str = "one") -> dict:
     """What the model is, its training data, its privacy and its evaluation (from the run's files)."""
     prep = loaded.preprocessing
     k, role = loaded.client, loaded.role
@@ -97,10 +148,17 @@ def model_card(loaded: LoadedModel, onnx_path: Path | None = None) -> dict:
                   "onnx": {"input": "x: float32 [batch, " + ", ".join(str(s) for s in _raw_shape(loaded)) + "] — " +
                            prep.to_dict()["input"], "output": "probabilities: float32 [batch, classes]",
                            "preprocessing": "inside the graph: " + prep.to_dict()["steps"]}},
+        **({"features": _features_card(loaded, graph)} if loaded.features is not None else {}),
         "training_data": _training_data(loaded, summary),
         "privacy": _privacy(loaded, summary),
         "evaluation": _evaluation(loaded, summary),
     }
+    if graph == "two-stage":
+        card["model"]["onnx"].update({
+            "input": "features: float32 [batch, " + ", ".join(str(s) for s in loaded.spec.input_shape) + "] — the "
+                     "feature stage's output (features.json) on the preprocessed inputs",
+            "preprocessing": "NOT in the graph (two-stage export): " + prep.to_dict()["steps"] + ", then the feature "
+                             "stage, both computed by silofl"})
     if summary:
         card["run"] = {"folder": str(loaded.run_dir), "method": summary.get("method"),
                        "rounds_run": summary.get("rounds_run"), "privacy_mode": summary["privacy"]["mode"]}
@@ -217,6 +275,10 @@ def card_markdown(card: dict) -> str:
              f"- input: {m['onnx']['input']}", f"- output: {m['onnx']['output']}",
              f"- preprocessing: {m['onnx']['preprocessing']} (also in `preprocessing.json`)", "",
              "## Privacy", "", f"**{priv['statement']}**", ""]
+    if card.get("features"):
+        fc = card["features"]
+        lines[-4:-4] = [f"- features: {fc['description']} → {fc['feature_shape']}; {fc['where']}",
+                        f"- features and privacy: {fc['privacy']}"]
     if priv.get("differentially_private"):
         lines += [f"- ε = {_round(priv['epsilon'])}, δ = {priv['delta']:g}, unit: {priv['unit']}",
                   f"- released: {priv['what_was_released']}",

@@ -17,14 +17,15 @@ SHARED_ROLES = ("proxy", "global")  # the model that left the site, by method
 
 
 class Pipeline(nn.Module):
-    """``softmax(model(preprocess(x)))``."""
+    """``softmax(model(features(preprocess(x))))`` (``features``: the run's feature stage, identity without one)."""
 
-    def __init__(self, preprocess: nn.Module, model: nn.Module):
+    def __init__(self, preprocess: nn.Module, model: nn.Module, features: nn.Module | None = None):
         super().__init__()
         self.preprocess, self.model = preprocess, model
+        self.features = features if features is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.model(self.preprocess(x)), dim=1)
+        return torch.softmax(self.model(self.features(self.preprocess(x))), dim=1)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class LoadedModel:
     client: int
     models_dir: Path
     run_dir: Path | None  # the run folder, when the models sit in one (config.yaml, summary.json)
+    features: dict | None = None  # the feature stage's record (client<k>_features.json), when the run had one
 
 
 def models_dir(path: str | Path, client: int) -> Path:
@@ -83,9 +85,26 @@ def load_pipeline(path: str | Path, client: int, model: str = "private") -> Load
     except ValueError as e:
         raise ConfigError(f"{prep_file} is not valid JSON: {e}") from None
     net, spec = load_model(d / f"client{client}_{role}")
-    if tuple(spec.input_shape) != tuple(prep.input_shape):
-        raise ConfigError(f"client{client}_{role} expects inputs {tuple(spec.input_shape)} but its preprocessing gives "
-                          f"{tuple(prep.input_shape)}")
-    pipe = Pipeline(prep.module(), net).eval()
+    rec, feats, shape = _features(d, client, tuple(prep.input_shape))
+    if tuple(spec.input_shape) != shape:
+        raise ConfigError(f"client{client}_{role} expects inputs {tuple(spec.input_shape)} but its preprocessing"
+                          f"{' and features' if rec else ''} give {shape}")
+    pipe = Pipeline(prep.module(), net, feats).eval()
     run_dir = d.parent if d.name == "models" and (d.parent / "config.yaml").is_file() else None
-    return LoadedModel(pipe, spec, prep, role, client, d, run_dir)
+    return LoadedModel(pipe, spec, prep, role, client, d, run_dir, rec)
+
+
+def _features(d: Path, client: int, input_shape: tuple[int, ...]) -> tuple[dict | None, nn.Module | None,
+                                                                           tuple[int, ...]]:
+    """(the feature record, the stage as a module, the shape the model reads) from ``client<k>_features.json``."""
+    f = d / f"client{client}_features.json"
+    if not f.is_file():
+        return None, None, input_shape
+    from silofl.features import stage_from_record
+
+    try:
+        rec = json.loads(f.read_text())
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{f} is not valid JSON: {e}") from None
+    stage = stage_from_record(rec)
+    return rec, stage.module(input_shape), tuple(stage.output_shape(input_shape))

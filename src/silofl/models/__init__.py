@@ -118,11 +118,39 @@ class CNN2(_ConvNet):
         super().__init__(input_shape, num_classes, channels=(128, 128), kernel=3, fc=())
 
 
+class ScatterCNN(nn.Module):
+    """Tramèr & Boneh's (ICLR 2021) ScatterNet+CNN head for MNIST-like data: over C×H×W feature maps (81×7×7
+    scattering channels, already GroupNorm-ed by the feature stage), conv3×3/2 → 16, tanh, conv3×3 → 32, tanh,
+    then Linear → 32, tanh, Linear → classes. Conv2d and Linear only: DP-SGD's fast per-example norms apply."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: tuple[int, int] = (16, 32),
+                 hidden: int = 32):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ConfigError(f"scattercnn is a convolutional head over feature maps (C×H×W); for inputs of shape "
+                              f"{tuple(input_shape)} use linear, logreg or mlp")
+        self.conv1 = nn.Conv2d(input_shape[0], channels[0], 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(channels[0], channels[1], 3, stride=1, padding=1)
+        with torch.no_grad():
+            n_flat = self._features(torch.zeros(1, *input_shape)).shape[1]
+        self.fc = nn.Linear(n_flat, hidden)
+        self.out = nn.Linear(hidden, num_classes)
+
+    def _features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.conv2(torch.tanh(self.conv1(x)))).flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.fc(self._features(x))))
+
+
 from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
 
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP, "mlp256": MLP256, "tabmlp": TabularMLP, "logreg": LogisticRegression, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2, "vgg": VGG, "resnet18": ResNet18, "deepset": DeepSet,
 }
+# heads for feature stages (silofl.features): a linear model over the flattened features (= logreg), and
+# Tramèr & Boneh's small CNN over scattering channels
+REGISTRY.update({"linear": LogisticRegression, "scattercnn": ScatterCNN})
 MODEL_NAMES = tuple(REGISTRY)
 
 

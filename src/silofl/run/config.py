@@ -89,6 +89,13 @@ class RunConfig:
     # whether sites report figures computed from non-private data (the private model's accuracy, un-noised gradient
     # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across processes
     report_nonprivate: bool | None = None
+    # a site-side feature stage before the models (silofl.features): none | scatter | backbone:DIR — a fixed function of
+    # each example (no budget); scatter_j/scatter_l: the scattering's scales and angles; features_cache: where features
+    # are kept by content (None: $SILOFL_CACHE/features or ~/.cache/silofl/features; "off": not kept)
+    features: str = "none"
+    scatter_j: int = 2
+    scatter_l: int = 8
+    features_cache: str | None = None
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -232,6 +239,7 @@ class RunConfig:
             if v is not None and v < 1:
                 raise ConfigError(f"{name} must be at least 1, got {v}")
         self._validate_sources()
+        self._validate_features()
         if not 0.0 <= self.p_major <= 1.0:
             raise ConfigError(f"p_major must lie in [0, 1], got {self.p_major}")
         if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):
@@ -274,6 +282,25 @@ class RunConfig:
                                   f"{self.partition!r}")
         elif self.test_data:
             raise ConfigError("--test-data goes with --site-data (the shared external test set of per-site sources)")
+
+    def _validate_features(self) -> None:
+        from silofl.features import make_stage
+        from silofl.features.registry import parse
+
+        name, arg = parse(self.features)
+        for f in ("scatter_j", "scatter_l"):
+            if getattr(self, f) < 1:
+                raise ConfigError(f"{f} must be at least 1, got {getattr(self, f)}")
+        if name != "none" and self.dataset in ("table", "bags"):
+            raise ConfigError(f"features {name!r} apply to images; dataset {self.dataset!r} has table rows or bags: use "
+                              "--features none")
+        if name == "backbone":
+            from silofl.features.backbone import read_card
+
+            assert arg is not None
+            read_card(Path(arg).expanduser())
+        elif name not in ("none", "scatter"):
+            make_stage(self.features, self)  # a plug-in checks its own parameters
 
     def with_data(self, n_train: int, smallest: int | None = None, cap: int | None = None) -> RunConfig:
         """Fill the settings left to ``auto`` from the data: examples per client (at most 1000, no more than an

@@ -14,9 +14,47 @@ from silofl.data.formats import site_split
 from silofl.run.config import RunConfig, check_against_data
 
 
-def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = None) -> tuple[RunConfig, SplitData]:
-    """(the config with its data-dependent settings filled, the split). ``data``: the data set, if already
-    loaded for this config."""
+def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = None,
+                 features: bool = True) -> tuple[RunConfig, SplitData]:
+    """(the config with its data-dependent settings filled, the split, after the config's feature stage: every site's
+    training data and test sets as features — unless ``features`` is False: the raw inputs, for sites that compute
+    their own). ``data``: the data set, if already loaded for this config."""
+    cfg, split = _prepare_inputs(cfg, device, data)
+    return cfg, with_features(cfg, split) if features else split
+
+
+def with_features(cfg: RunConfig, split: SplitData) -> SplitData:
+    """The split with the config's feature stage (:mod:`silofl.features`) applied to each site's training data and to
+    every test set a site scores (external, internal, validation); unchanged with ``features: none``. Features are a
+    fixed function of each example (no budget), computed once per tensor and kept on disk by content."""
+    from silofl.features import apply, cache_root, record, stage_from_config
+
+    stage = stage_from_config(cfg)
+    if stage.identity:
+        return split
+    stage.check_run(cfg)
+    raw = split.dataset.input_shape
+    rec = record(stage, raw, cfg)  # checks the stage fits the inputs (ConfigError) before any work
+    root = cache_root(cfg.features_cache)
+    done: dict[int, torch.Tensor] = {}
+
+    def f(pair, label):
+        if pair is None:
+            return None
+        x, y = pair
+        if id(x) not in done:
+            done[id(x)] = apply(stage, x, root, label)
+        return done[id(x)], y
+
+    parts = [f(p, f"client {k}") for k, p in enumerate(split.parts)]
+    test = f(split.test, "test set")
+    internal = [f(p, f"client {k} held-out") for k, p in enumerate(split.internal)] if split.internal else split.internal
+    external = [f(p, f"client {k} test set") for k, p in enumerate(split.external)] if split.external else split.external
+    return dataclasses.replace(split, parts=parts, test=test, internal=internal, external=external,
+                               feature_shape=tuple(rec["feature_shape"]), features=rec)
+
+
+def _prepare_inputs(cfg: RunConfig, device: torch.device, data: Dataset | None = None) -> tuple[RunConfig, SplitData]:
     if cfg.data_seed is None:  # a fresh split (not a secret: recorded so the run can be repeated on it)
         cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
     if cfg.site_data:

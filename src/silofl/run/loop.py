@@ -103,6 +103,8 @@ def make_site(method: Method, k: int, inputs: SiteInputs, shape, folder: Path | 
         site.open_folder(folder, run_label=run_label, release_nonprivate=release_nonprivate)
     if inputs.preprocessing is not None:
         site.preprocessing = inputs.preprocessing
+    if getattr(shape, "features", None) is not None:  # the feature stage its inputs went through (silofl.features)
+        site.features = shape.features
     return site
 
 
@@ -369,6 +371,7 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
         "dataset": cfg.dataset,
         "data_source": split.source,
         "test_set": split.test_set,
+        "features": getattr(split, "features", None) or {"features": {"name": "none"}},
         "sites": split.sites,
         "clients": cfg.clients,
         "sites_trained": coordinator.n_sites,

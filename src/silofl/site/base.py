@@ -52,6 +52,8 @@ class Site(ABC):
         # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON); written
         # next to its models, for `silofl predict` and `silofl export`
         self.preprocessing: dict | None = None
+        # the feature stage between preprocessing and the models (silofl.features record); written next to its models
+        self.features: dict | None = None
         self.ledger: Ledger | None = None  # the site's persistent privacy ledger (open_folder)
         self.folder: Path | None = None  # the site's own folder: its ledger and the figures it keeps
         self.run_label = "run"
@@ -203,6 +205,10 @@ class Site(ABC):
                 import json
 
                 (d / f"client{self.cid}_preprocessing.json").write_text(json.dumps(self.preprocessing, indent=1) + "\n")
+            if self.features is not None and written:
+                import json
+
+                (d / f"client{self.cid}_features.json").write_text(json.dumps(self.features, indent=1) + "\n")
         return Message({"architectures": self.architectures(), "epsilon": self.epsilon(), "left_at": self.left_at,
                         "privacy": self.privacy_report(), "models": written})
 
