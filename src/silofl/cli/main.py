@@ -376,7 +376,9 @@ def tune(
     target_epsilon: float = typer.Option(..., "--target-epsilon", help="Budget ε per site: every trial's σ is set "
                                          "from it (budget-first)."),
     grid: list[str] = typer.Option([], "--grid", help="KEY=V1,V2,… (e.g. lr=0.001,0.003, rounds=10,30, batch_size="
-                                   "100,250, clip=0.5,1, dml_alpha=0,0.5); repeatable; every combination is a trial."),
+                                   "100,250, clip=0.5,1, dml_alpha=0,0.5, sample_rate=0.25,0.5, momentum=0,0.9, "
+                                   "local_steps=1,4, features=none,scatter); repeatable; every combination is a "
+                                   "trial."),
     config: Path | None = typer.Option(None, "--config", help="YAML with the base run options."),
     out: str = typer.Option("runs/tune", help="Folder for the trials, tune.json/tune.md and best.yaml."),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE; repeatable."),
