@@ -212,3 +212,32 @@ def test_cli_random_trials_end_to_end(tmp_path):
                if f"client{a['client']}" == party][0]
         assert v["one_trial"] >= epsilon_of("rdp", tuple(tuple(h) for h in run["history"]), 1e-3) - 1e-9
     assert (out / "best.yaml").exists() and "Theorem 6, Poisson" in (out / "tune.md").read_text()
+
+
+def test_recipe_axes_parse_and_every_combination_is_checked_before_a_trial(tmp_path):
+    grid = parse_grid(["features=none,scatter,off", "momentum=0,0.9", "local_steps=1,4", "sample_rate=0.5,1"])
+    assert grid == {"features": ["none", "scatter", "off"], "momentum": [0, 0.9], "local_steps": [1, 4],
+                    "sample_rate": [0.5, 1]}
+    base = _base(tmp_path).replace(method="fedavg")
+    with pytest.raises(ConfigError, match="grid setting local_steps=0: local_steps must be at least 1"):
+        tune(base, parse_grid(["local_steps=1,0"]), tmp_path / "t")
+    with pytest.raises(ConfigError, match="grid setting momentum=0.9: momentum and nesterov apply to optimizer 'sgd'"):
+        tune(base, parse_grid(["momentum=0,0.9"]), tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.slow
+def test_tune_searches_momentum_and_local_steps_and_counts_what_each_trial_ran(tmp_path):
+    base = _base(tmp_path).replace(method="fedavg", optimizer="sgd", lr=0.1, clip=0.1, sample_rate=0.5)
+    res = tune(base, parse_grid(["momentum=0,0.9", "local_steps=1,2"]), tmp_path / "t")
+    assert len(res["trials"]) == 4
+    hist = []
+    for r in res["trials"]:
+        acc = json.loads((tmp_path / "t" / "trials" / f"trial{r['trial']}" / "summary.json").read_text())["accounting"]
+        assert acc[0]["steps"] == 2 * r["settings"]["local_steps"] and acc[0]["sample_rate"] == 0.5
+        assert r["epsilon"] <= 4.0 * 1.005
+        hist += [tuple(h) for h in acc[0]["history"]]
+    assert res["tuning_cost"]["per_party"]["client0"] == pytest.approx(epsilon_of("rdp", tuple(hist), 1e-3))
+    best = yaml.safe_load((tmp_path / "t" / "best.yaml").read_text())["fedavg"]
+    assert (best["momentum"], best["local_steps"]) == (res["best"]["settings"]["momentum"],
+                                                       res["best"]["settings"]["local_steps"])

@@ -78,9 +78,26 @@ def run(
     privacy_unit: str | None = typer.Option(None, "--privacy-unit", help="Client-level DP: hospital | subclient."),
     intermediaries: str | None = typer.Option(None, help="Client-level DP: sub-clients per client: none | V | adaptive."),
     client_rate: float | None = typer.Option(None, "--client-rate", help="Client-level DP: Poisson rate of clients per round."),
-    server_lr: float | None = typer.Option(None, "--server-lr", help="Client-level DP: server learning rate."),
+    server_lr: float | None = typer.Option(None, "--server-lr", help="Client-level DP: server learning rate; "
+                                           "FedAvg/FML: step on the average of the sites' DP models (default 1)."),
     local_epochs: int | None = typer.Option(None, "--local-epochs", help="Client-level DP: local SGD epochs."),
     local_lr: float | None = typer.Option(None, "--local-lr", help="Client-level DP: local SGD learning rate."),
+    optimizer: str | None = typer.Option(None, "--optimizer", help="DP-SGD methods: the DP model's optimizer, "
+                                         "adam (default) | sgd."),
+    momentum: float | None = typer.Option(None, "--momentum", help="--optimizer sgd: momentum (default 0)."),
+    nesterov: bool | None = typer.Option(None, "--nesterov/--no-nesterov", help="--optimizer sgd: Nesterov momentum."),
+    ema_decay: float | None = typer.Option(None, "--ema-decay", help="DP-SGD methods: evaluate and save an EMA of the "
+                                           "DP model's round-end weights with this decay (default 0: off)."),
+    augmult: int | None = typer.Option(None, "--augmult", help="DP-SGD methods, images: K augmented views per sampled "
+                                       "example, averaged before clipping (default 0: off)."),
+    aug_pad: int | None = typer.Option(None, "--aug-pad", help="--augmult: random-crop padding in pixels (default 4)."),
+    aug_flip: bool | None = typer.Option(None, "--aug-flip/--no-aug-flip", help="--augmult: random horizontal flips."),
+    sample_rate: float | None = typer.Option(None, "--sample-rate", help="DP-SGD methods: Poisson rate q per step, "
+                                             "up to 1 (default: batch size / n)."),
+    local_steps: int | None = typer.Option(None, "--local-steps", help="DP-SGD methods: DP steps per round "
+                                           "(default: one epoch)."),
+    server_momentum: float | None = typer.Option(None, "--server-momentum", help="FedAvg/FML: server momentum on the "
+                                                 "average of the sites' DP models (default 0)."),
     report_nonprivate: bool | None = typer.Option(None, "--report-nonprivate/--keep-nonprivate", help="Whether sites "
                                                   "report figures of non-private data (the private model's accuracy, "
                                                   "gradient norms). Default: yes in one process, no across processes."),
@@ -362,7 +379,9 @@ def tune(
     target_epsilon: float = typer.Option(..., "--target-epsilon", help="Budget ε per site: every trial's σ is set "
                                          "from it (budget-first)."),
     grid: list[str] = typer.Option([], "--grid", help="KEY=V1,V2,… (e.g. lr=0.001,0.003, rounds=10,30, batch_size="
-                                   "100,250, clip=0.5,1, dml_alpha=0,0.5); repeatable; every combination is a trial."),
+                                   "100,250, clip=0.5,1, dml_alpha=0,0.5, sample_rate=0.25,0.5, momentum=0,0.9, "
+                                   "local_steps=1,4, features=none,scatter); repeatable; every combination is a "
+                                   "trial."),
     config: Path | None = typer.Option(None, "--config", help="YAML with the base run options."),
     out: str = typer.Option("runs/tune", help="Folder for the trials, tune.json/tune.md and best.yaml."),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE; repeatable."),

@@ -23,6 +23,11 @@ K, the other trials' scores or their folders, which stay with whoever runs the t
 the Papernot–Steinke ε (best trial only) and the plain composition of the K trials that ran (everything, given K).
 Trials are selected on a score of their DP output: the proxies' accuracy (``proxy_acc``) for a method with mutual
 learning, whose private models are not DP, the headline otherwise. Every trial of a tuning run uses one data split.
+
+Axes. Any run option is an axis (``--grid KEY=V1,V2``, values read as YAML): the DP-SGD recipe's ``lr``, ``clip``,
+``batch_size`` or ``sample_rate`` (q), ``optimizer``/``momentum``, ``local_steps``, ``ema_decay``, ``augmult``,
+``server_momentum`` …; ``features`` values are passed through as plain strings (``none``, ``scatter``,
+``backbone:DIR``). Every combination is checked before the first trial runs.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from silofl.privacy.tuning import SOURCE, TrialCount, parse_trial_count, repeat_
 from silofl.run.config import RunConfig
 
 AUTO_CAP_TAIL = 1e-3  # the default cap on K spends at most this share of δ (see default_cap)
+STRING_AXES = ("features",)  # grid values kept as the strings given (not YAML: `off` is no boolean here)
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -56,7 +62,9 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
         key, sep, values = item.partition("=")
         if not sep or not key.strip() or not values.strip():
             raise ConfigError(f"a grid entry is KEY=V1,V2,…; got {item!r}")
-        grid[key.strip().replace("-", "_")] = [yaml.safe_load(v) for v in values.split(",")]
+        name = key.strip().replace("-", "_")
+        grid[name] = ([v.strip() for v in values.split(",")] if name in STRING_AXES
+                      else [yaml.safe_load(v) for v in values.split(",")])
     return grid
 
 
@@ -107,6 +115,7 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
         raise ConfigError("the grid is empty")
     if max_trials is not None and random_trials is None:
         raise ConfigError("--max-trials caps random trials; give --random-trials too")
+    check_combinations(base, combos)
     # one data split (and so one validation split) for every trial, recorded like any run's split seed
     base = base.replace(split_seed=base.data_seed if base.data_seed is not None else secrets.randbits(32))
     if random_trials is None:
@@ -150,6 +159,19 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
             w.writerow([r["trial"], json.dumps(r["settings"]), r["noise_multiplier"], r["validation"], r["epsilon"],
                         r["seconds"]])
     return result
+
+
+def check_combinations(base: RunConfig, combos: list[dict[str, Any]]) -> None:
+    """Raise ConfigError, before any trial runs, if a combination of the grid is not a valid run."""
+    known = set(RunConfig.common_fields()) | set(base.info.options.field_names())
+    for axis in STRING_AXES:
+        if any(axis in c for c in combos) and axis not in known:
+            raise ConfigError(f"the {axis} axis needs the run option {axis!r}, which this silofl does not have")
+    for combo in combos:
+        try:
+            base.replace(**combo).resolve()
+        except ConfigError as e:
+            raise ConfigError(f"grid setting {_label(combo)}: {e}") from None
 
 
 def _run_trial(cfg: RunConfig, i: int, combo: dict[str, Any], score_field: str, progress: bool, console

@@ -20,6 +20,8 @@ GRAPHS = ("exponential", "ring")
 DP_BACKENDS = ("auto", "ghost", "vmap")
 OPTIMIZER_STATE = ("keep", "reset")
 AGGREGATIONS = ("size", "uniform")
+DP_OPTIMIZERS = ("adam", "sgd")
+IMAGE_DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder")
 PRIVACY_UNITS = ("hospital", "subclient")
 
 
@@ -76,6 +78,16 @@ class DPSGDOptions(MethodOptions):
     lr: float = 1e-3
     weight_decay: float = 1e-4
     dp_backend: str = "auto"
+    # the DP-SGD recipe (silofl.site.dpsgd; defaults: today's Adam, one epoch of batch_size per round)
+    optimizer: str = "adam"  # the DP model's optimizer: adam | sgd (post-processing of the DP gradients)
+    momentum: float = 0.0  # sgd: heavy-ball momentum
+    nesterov: bool = False  # sgd: Nesterov momentum (needs momentum > 0)
+    ema_decay: float = 0.0  # > 0: the DP model evaluated and saved is an EMA of its round-end weights
+    augmult: int = 0  # images: K augmented views per sampled example, gradients averaged before clipping
+    aug_pad: int = 4  # augmult: random crop after reflect-padding this many pixels per side
+    aug_flip: bool = False  # augmult: random horizontal flips too
+    sample_rate: float | None = None  # Poisson rate q per DP step (None: batch_size / n); 1 = full batch
+    local_steps: int | None = None  # DP steps per round (None: one epoch, n // batch_size or 1 / q)
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -83,6 +95,24 @@ class DPSGDOptions(MethodOptions):
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ConfigError(f"weight_decay must be a finite non-negative number, got {self.weight_decay}")
         choice("dp_backend", self.dp_backend, DP_BACKENDS)
+        choice("optimizer", self.optimizer, DP_OPTIMIZERS)
+        unit_interval("momentum", self.momentum, open_hi=True)
+        if self.optimizer != "sgd" and (self.momentum != 0.0 or self.nesterov):
+            raise ConfigError("momentum and nesterov apply to optimizer 'sgd' (Adam has its own moments); "
+                              "add optimizer=sgd")
+        if self.nesterov and self.momentum == 0.0:
+            raise ConfigError("nesterov needs momentum > 0")
+        unit_interval("ema_decay", self.ema_decay, open_hi=True)
+        if self.augmult < 0:
+            raise ConfigError(f"augmult must be 0 (off) or a number of augmented views ≥ 1, got {self.augmult}")
+        if self.aug_pad < 0:
+            raise ConfigError(f"aug_pad must be a non-negative number of pixels, got {self.aug_pad}")
+        if self.augmult and getattr(run, "dataset", None) not in IMAGE_DATASETS:
+            raise ConfigError(f"augmult augments images; dataset {getattr(run, 'dataset', None)!r} has none")
+        if self.sample_rate is not None and not (math.isfinite(self.sample_rate) and 0.0 < self.sample_rate <= 1.0):
+            raise ConfigError(f"sample_rate must lie in (0, 1], got {self.sample_rate}")
+        if self.local_steps is not None and self.local_steps < 1:
+            raise ConfigError(f"local_steps must be at least 1, got {self.local_steps}")
 
 
 @dataclass
@@ -159,10 +189,21 @@ class AveragingOptions(MethodOptions):
     """A server averaging the sites' shared models."""
 
     aggregation: str = "size"  # weight sites by data size, or uniformly
+    # the server's step on the average Δ̄ of the uploads (post-processing): w ← w + server_lr·m, m ← μ·m + Δ̄
+    server_lr: float | None = None  # None: 1 (the global model is the average)
+    server_momentum: float = 0.0  # μ
+
+    def resolve(self, run: Any) -> MethodOptions:
+        if self.server_lr is not None:
+            return super().resolve(run)
+        return dataclasses.replace(self, server_lr=1.0).resolve(run)
 
     def validate(self, run: Any) -> None:
         super().validate(run)
         choice("aggregation", self.aggregation, AGGREGATIONS)
+        if self.server_lr is not None:
+            positive("server_lr", self.server_lr)
+        unit_interval("server_momentum", self.server_momentum, open_hi=True)
 
 
 def check_model(name: str) -> None:

@@ -63,22 +63,26 @@ class DPGradient:
         """The per-example gradient backend in use: ``ghost`` or ``vmap``."""
         return "ghost" if isinstance(self.clipper, GhostClipper) else "vmap"
 
-    def compute(self, x: torch.Tensor, loss_fn: LossFn, *extras: torch.Tensor) -> tuple[torch.Tensor, StepStats]:
-        """Set ``p.grad`` to the DP gradient of Σ_i loss_fn(model(x), *extras)_i; return the logits."""
-        B = x.shape[0]
+    def compute(self, x: torch.Tensor, loss_fn: LossFn, *extras: torch.Tensor, views: int = 1
+                ) -> tuple[torch.Tensor, StepStats]:
+        """Set ``p.grad`` to the DP gradient of Σ_i loss_fn(model(x), *extras)_i; return the logits. ``views`` > 1
+        (augmentation multiplicity): ``x`` holds that many consecutive augmented views of each of the B examples
+        of ``extras``; example i's loss is the mean over its views, so its clipped gradient — the sensitivity —
+        is still at most C."""
+        B = x.shape[0] // views
         if B == 0:
             grads, sq = {}, torch.zeros(0)
             with torch.no_grad():
                 logits = self.model(x) if x.dim() > 1 else torch.zeros(0)
         else:
             try:
-                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip)
+                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views)
             except GhostUnsupported:
                 if self.backend == "ghost":
                     raise
                 self.clipper.close()
                 self.clipper = VmapClipper(self.model)
-                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip)
+                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views)
         std = self.noise_multiplier * self.clip
         for p in self.params:
             g = grads.get(p)

@@ -91,28 +91,34 @@ class GhostClipper:
         for h in self._handles:
             h.remove()
 
-    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float):
-        """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms)."""
+    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float, views: int = 1):
+        """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms). ``views`` > 1:
+        ``x`` holds that many consecutive views of each example (augmentation multiplicity); an example's loss is
+        the mean of its views' and its gradient — the sum over views in every layer's identity — is clipped."""
         self._records = []
         try:
             logits = self.model(x)
         finally:
             records, self._records = self._records, None
+        if views > 1:
+            extras = tuple(e.repeat_interleave(views, 0) for e in extras)
         losses = loss_fn(logits, *extras)
+        if views > 1:
+            losses = losses.view(-1, views).mean(1)
         if len({id(r[0]) for r in records}) != len(records):
             raise GhostUnsupported("a layer ran more than once in one forward pass")
         if any(r[2]._version != r[3] for r in records):
             raise GhostUnsupported("a layer output was modified in place")
         outs = [r[2] for r in records]
         gouts = torch.autograd.grad(losses.sum(), outs, allow_unused=True)
-        B = x.shape[0]
+        B = x.shape[0] // views
         sq = torch.zeros(B, dtype=logits.dtype, device=logits.device)
         prepared = []
         for (mod, a, z, _), g in zip(records, gouts, strict=True):
             if g is None:
                 g = torch.zeros_like(z)
             rule = _linear_norms if isinstance(mod, nn.Linear) else _conv_norms if isinstance(mod, nn.Conv2d) else _groupnorm_norms
-            n2, ctx = rule(mod, a, g)
+            n2, ctx = rule(mod, a, g, views)
             sq += n2
             prepared.append((mod, ctx))
         c = clip_factors(sq, clip)
@@ -125,10 +131,10 @@ class GhostClipper:
         return logits.detach(), grads, sq
 
 
-def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor):
-    B = a.shape[0]
+def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor, views: int = 1):
+    B = a.shape[0] // views  # an example's views are its rows' consecutive blocks: a sequence of views
     has_bias = mod.bias is not None
-    if a.dim() == 2:
+    if a.dim() == 2 and views == 1:
         n2 = g.pow(2).sum(1) * (a.pow(2).sum(1) + (1.0 if has_bias else 0.0))
 
         def ctx2d(c):
@@ -153,11 +159,14 @@ def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor):
     return n2, ctx
 
 
-def _conv_norms(mod: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
-    B = a.shape[0]
+def _conv_norms(mod: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, views: int = 1):
+    B = a.shape[0] // views
     padding = cast(tuple[int, ...], mod.padding)  # ghost_support admits no string padding
     U = F.unfold(a, mod.kernel_size, dilation=mod.dilation, padding=padding, stride=mod.stride)  # B×D×L
-    gg = g.reshape(B, g.shape[1], -1)  # B×Cout×L
+    gg = g.reshape(a.shape[0], g.shape[1], -1)  # B×Cout×L
+    if views > 1:  # an example's views side by side: its patches are all its views' patches
+        U = U.view(B, views, U.shape[1], U.shape[2]).transpose(1, 2).reshape(B, U.shape[1], -1)
+        gg = gg.view(B, views, gg.shape[1], gg.shape[2]).transpose(1, 2).reshape(B, gg.shape[1], -1)
     cout, D, L = gg.shape[1], U.shape[1], U.shape[2]
     has_bias = mod.bias is not None
     gsum = gg.sum(2)
@@ -183,12 +192,14 @@ def _conv_norms(mod: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
     return n2, ctx
 
 
-def _groupnorm_norms(mod: nn.GroupNorm, a: torch.Tensor, g: torch.Tensor):
+def _groupnorm_norms(mod: nn.GroupNorm, a: torch.Tensor, g: torch.Tensor, views: int = 1):
     """GroupNorm's per-example gradients are C numbers each: ∂w_c = Σ g·x̂ over the channel, ∂b_c = Σ g."""
     B, C = a.shape[0], a.shape[1]
     xhat = F.group_norm(a, mod.num_groups, eps=mod.eps)
     gw = (g * xhat).reshape(B, C, -1).sum(2)
     gb = g.reshape(B, C, -1).sum(2)
+    if views > 1:  # summed over an example's views
+        gw, gb = gw.view(-1, views, C).sum(1), gb.view(-1, views, C).sum(1)
     n2 = gw.pow(2).sum(1) + gb.pow(2).sum(1)
 
     def ctx(c):
@@ -208,12 +219,21 @@ class VmapClipper:
         """Nothing to release."""
         pass
 
-    def per_example_grads(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple) -> dict[str, torch.Tensor]:
-        """Per-example gradients of the summed losses (torch.func vmap over grad)."""
+    def per_example_grads(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, views: int = 1
+                          ) -> dict[str, torch.Tensor]:
+        """Per-example gradients of the summed losses (torch.func vmap over grad); with ``views`` > 1 (``x``: that
+        many consecutive views of each example) the gradient of the mean of an example's views' losses."""
         from torch.func import functional_call, grad, vmap
 
         params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
         buffers = dict(self.model.named_buffers())
+        if views > 1:
+            def mean_of_views(prm, xi, *ex):
+                out = functional_call(self.model, (prm, buffers), (xi,))
+                return loss_fn(out, *[e.unsqueeze(0).expand(views, *e.shape) for e in ex]).mean()
+
+            xs = x.reshape(x.shape[0] // views, views, *x.shape[1:])
+            return vmap(grad(mean_of_views), in_dims=(None, 0, *([0] * len(extras))))(params, xs, *extras)
 
         def one(prm, xi, *ex):
             out = functional_call(self.model, (prm, buffers), (xi.unsqueeze(0),))
@@ -221,9 +241,10 @@ class VmapClipper:
 
         return vmap(grad(one), in_dims=(None, 0, *([0] * len(extras))))(params, x, *extras)
 
-    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float):
-        """Forward + per-example norms + clipped gradient sum: (logits, grads, squared norms)."""
-        per = self.per_example_grads(x, loss_fn, extras)
+    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float, views: int = 1):
+        """Forward + per-example norms + clipped gradient sum: (logits, grads, squared norms); ``views`` as in
+        :meth:`per_example_grads`."""
+        per = self.per_example_grads(x, loss_fn, extras, views)
         sq = cast(torch.Tensor, sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in per.values()))
         c = clip_factors(sq, clip)
         named = dict(self.model.named_parameters())

@@ -355,9 +355,15 @@ class RunConfig:
             return [{"party": "server", "target_epsilon": self.target_epsilon,
                      "sample_rate": float(self.options.client_rate), "steps": self.rounds}]
         assert self.batch_size is not None
-        return [{"party": f"client{k}", "target_epsilon": self.target_epsilon_of(k),
-                 "sample_rate": min(1.0, self.batch_size / n), "steps": self.rounds * max(1, n // self.batch_size)}
-                for k, n in enumerate(site_sizes)]
+        from silofl.site.dpsgd import round_schedule  # the sites' own (q, steps per round)
+
+        plan = []
+        for k, n in enumerate(site_sizes):
+            q, steps = round_schedule(n, self.batch_size, getattr(self.options, "sample_rate", None),
+                                      getattr(self.options, "local_steps", None))
+            plan.append({"party": f"client{k}", "target_epsilon": self.target_epsilon_of(k), "sample_rate": q,
+                         "steps": self.rounds * steps})
+        return plan
 
     def calibrated(self, site_sizes: list[int]) -> RunConfig:
         """With a budget-first config: the config with σ set so that every party's planned rounds end at

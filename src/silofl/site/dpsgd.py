@@ -15,24 +15,40 @@ the same way.
 
 ``shared_field`` names the shared model in metrics: ``proxy`` (ProxyFL, FML), ``global`` (FedAvg,
 AvgPush, CWT, Joint) or ``private`` (Regular: the local model is the DP model).
+
+The DP-SGD recipe (Tramèr & Boneh 2021, De et al. 2022), every part of it post-processing of the DP
+gradients or a change of the mechanism the accountant is told about exactly:
+
+* ``optimizer``: Adam (the default) or SGD with (Nesterov) momentum for the shared model;
+* ``sample_rate`` q (default batch_size / n; up to 1, full batch) and ``local_steps`` DP steps per round
+  (default one epoch): :func:`round_schedule`; the accountant counts the steps the mechanism ran;
+* ``augmult`` K: K augmented views of every sampled image, their gradients averaged before clipping
+  (:mod:`silofl.training.augment`); the sensitivity stays C;
+* ``ema_decay`` d > 0: the model *evaluated and saved* is an exponential moving average of the shared
+  model's round-end weights w_r (after the round's exchange): e_1 = w_1, e_r = d·e_{r−1} + (1−d)·w_r.
+  Every w_r is a DP release (this site's DP iterate, or what it received, itself DP), so the EMA is
+  post-processing and costs no budget. What is **exchanged** is the raw iterate, never the EMA: the
+  protocol and its accounting are exactly those without EMA.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
 
 from silofl.comm.messages import Packet
 from silofl.comm.wire import encode, read_model
-from silofl.core.errors import PeerModelRejected
+from silofl.core.errors import ConfigError, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within
 from silofl.privacy.sampling import load_sampler_state, make_sampler, sampler_state
 from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
 from silofl.training import Partner, accuracy, dml_loss, poisson_steps
+from silofl.training.augment import AugMult
 
 log = logging.getLogger("silofl")
 
@@ -57,6 +73,42 @@ class DPSGDSettings:
     optimizer_state: str = "reset"
     dml_alpha: float = 0.5
     dml_beta: float = 0.0
+    optimizer: str = "adam"  # the shared model's: adam | sgd
+    momentum: float = 0.0
+    nesterov: bool = False
+    ema_decay: float = 0.0
+    augmult: int = 0
+    aug_pad: int = 4
+    aug_flip: bool = False
+    sample_rate: float | None = None
+    local_steps: int | None = None
+
+
+def round_schedule(n: int, batch_size: int, sample_rate: float | None = None, local_steps: int | None = None
+                   ) -> tuple[float, int]:
+    """(Poisson rate q, DP steps per round) of a site of ``n`` examples: q = ``sample_rate``, else
+    min(1, batch_size / n); ``local_steps`` steps, else one epoch (n // batch_size, or ⌊1/q⌋ with a given q)."""
+    if sample_rate is None:
+        q, epoch = min(1.0, batch_size / n), max(1, n // batch_size)
+    else:
+        q, epoch = float(sample_rate), max(1, math.floor(1.0 / float(sample_rate) + 1e-9))
+    return q, int(local_steps) if local_steps is not None else epoch
+
+
+def shared_optimizer(params, s: DPSGDSettings) -> torch.optim.Optimizer:
+    """The shared (DP) model's optimizer: Adam, or SGD with (Nesterov) momentum."""
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum, nesterov=s.nesterov, weight_decay=s.weight_decay)
+    return torch.optim.Adam(params, lr=s.lr, weight_decay=s.weight_decay)
+
+
+_EMA_KEYS: dict[tuple, object] = {}  # (previous EMA key, round-end token) -> key: equal histories, one key
+
+
+def _ema_key(previous: object, token: object) -> object:
+    if len(_EMA_KEYS) > 1_000_000:
+        _EMA_KEYS.clear()
+    return _EMA_KEYS.setdefault((previous, token), object())
 
 
 class DPSGDSite(Site):
@@ -67,9 +119,8 @@ class DPSGDSite(Site):
         super().__init__(cid)
         self.settings = s = settings
         self.x, self.y = x, y
-        self.sample_rate = min(1.0, s.batch_size / self.n)
-        self.steps_per_round = max(1, self.n // s.batch_size)
-        seed_init, seed_sample, seed_noise, _ = party_seeds(s.seed, cid)
+        self.sample_rate, self.steps_per_round = round_schedule(self.n, s.batch_size, s.sample_rate, s.local_steps)
+        seed_init, seed_sample, seed_noise, seed_aug = party_seeds(s.seed, cid)
         seeded = s.seed is not None
         torch.manual_seed(seed_init)
         self.private_spec, self.shared_spec, self.shared_field = private_spec, shared_spec, shared_field
@@ -77,7 +128,15 @@ class DPSGDSite(Site):
         self.shared = shared_spec.build().to(x.device)
         self.private_opt = (torch.optim.Adam(self.private.parameters(), lr=s.lr, weight_decay=s.weight_decay)
                             if self.private is not None else None)
-        self.shared_opt = torch.optim.Adam(self.shared.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        self.shared_opt = shared_optimizer(self.shared.parameters(), s)
+        self.augment: AugMult | None = None
+        if s.augmult:
+            if x.dim() != 4:
+                raise ConfigError(f"augmult augments images; this site's inputs have shape {tuple(x.shape[1:])}")
+            self.augment = AugMult(s.augmult, s.aug_pad, s.aug_flip, seed_aug if seeded else None)
+        self._ema: dict[str, torch.Tensor] | None = None  # committed EMA of round-end weights (ema_decay > 0)
+        self._ema_key: object = None
+        self._ema_model: torch.nn.Module | None = None
         self.sampler = make_sampler(seed_sample if seeded else None)  # Poisson sampling: secure unless seeded
         # Without a private model there is nothing to distil from: plain cross-entropy.
         self.alpha, self.beta = s.dml_alpha, (s.dml_beta if self.private is not None else 0.0)
@@ -124,12 +183,14 @@ class DPSGDSite(Site):
         """One round: one epoch of Poisson batches (deep mutual learning with a private model)."""
         if self.budget is not None:
             self.budget.require(self.settings.noise_multiplier, self.sample_rate, self.steps_per_round)
+        if self.settings.ema_decay and self.rounds_trained > 0:
+            self._commit_ema()  # the weights the last round ended with
         partner = None
         if self.private is not None and self.private_opt is not None:
             partner = Partner(self.private, self.private_opt, self.alpha)
         stats = poisson_steps(self.shared, self.shared_opt, self.x, self.y, sample_rate=self.sample_rate,
                               steps=self.steps_per_round, sampler=self.sampler, loss_fn=self._shared_loss, dp=self.dp,
-                              partner=partner)
+                              partner=partner, augment=self.augment)
         self.empty_batches += stats.pop("empty_batches")
         if self.dp is not None and self.accountant is not None:
             run = self.dp.take_run()
@@ -140,6 +201,39 @@ class DPSGDSite(Site):
         self.shared_token = object()  # locally trained weights: unique to this site
         self.last_train = stats
         return stats
+
+    # ---------------------------------------------------------------- EMA of the shared model (post-processing)
+    def _commit_ema(self) -> None:
+        d = self.settings.ema_decay
+        cur = self.shared.state_dict()
+        if self._ema is None:
+            self._ema = {k: v.detach().clone() for k, v in cur.items() if v.is_floating_point()}
+        else:
+            with torch.no_grad():
+                for k, e in self._ema.items():
+                    e.mul_(d).add_(cur[k].detach(), alpha=1.0 - d)
+        self._ema_key = _ema_key(self._ema_key, self._shared_key())
+
+    def _shared_key(self) -> object:
+        return self.shared_token if self.shared_token is not None else ("model", id(self.shared))
+
+    def released(self) -> torch.nn.Module:
+        """The shared model as evaluated and saved: the EMA of its round-end weights, the current weights counting
+        as the latest (``ema_decay`` > 0), else the shared model itself."""
+        if not self.settings.ema_decay:
+            return self.shared
+        if self._ema_model is None:
+            with torch.random.fork_rng(devices=[]):  # draws nothing from the run's streams
+                self._ema_model = self.shared_spec.build().to(self.x.device)
+        d, cur = self.settings.ema_decay, self.shared.state_dict()
+        with torch.no_grad():
+            view = {k: (self._ema[k] * d + v.detach() * (1.0 - d)) if self._ema is not None and k in self._ema else v
+                    for k, v in cur.items()}
+        self._ema_model.load_state_dict(view)
+        return self._ema_model
+
+    def _released_key(self) -> object:
+        return ("ema", self._ema_key, self._shared_key()) if self.settings.ema_decay else self._shared_key()
 
     # ---------------------------------------------------------------- exchange primitives
     def shared_state(self) -> dict[str, torch.Tensor]:
@@ -197,6 +291,8 @@ class DPSGDSite(Site):
             "noise": self.dp.noise.state_dict() if self.dp is not None else None,
             "accountant": self.accountant.state_dict() if self.accountant is not None else None,
             "rounds_trained": self.rounds_trained, "empty_batches": self.empty_batches, "last_train": self.last_train,
+            **({"ema": self._ema} if self.settings.ema_decay else {}),
+            **({"augment": self.augment.state_dict()} if self.augment is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -217,6 +313,11 @@ class DPSGDSite(Site):
         self.rounds_trained, self.empty_batches = int(state["rounds_trained"]), int(state["empty_batches"])
         self.last_train = dict(state["last_train"])
         self.shared_token = object()
+        if self.settings.ema_decay:
+            self._ema = state.get("ema")
+            self._ema_key = object() if self._ema is not None else None
+        if self.augment is not None and "augment" in state:
+            self.augment.load_state_dict(state["augment"])
 
     # ---------------------------------------------------------------- reporting
     def eval_models(self) -> list[tuple[object, torch.nn.Module]]:
@@ -226,7 +327,7 @@ class DPSGDSite(Site):
         out: list[tuple[object, torch.nn.Module]] = []
         if self.private is not None:
             out.append((("model", id(self.private)), self.private))
-        out.append((self.shared_token if self.shared_token is not None else ("model", id(self.shared)), self.shared))
+        out.append((self._released_key(), self.released()))
         return out
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
@@ -239,7 +340,7 @@ class DPSGDSite(Site):
         if cache is not None and key in cache:
             out[f"{self.shared_field}_acc"] = cache[key]
         else:
-            acc = accuracy(self.shared, x, y)
+            acc = accuracy(keys[-1][1], x, y)
             if cache is not None and key is not None:
                 cache[key] = acc
             out[f"{self.shared_field}_acc"] = acc
@@ -284,7 +385,7 @@ class DPSGDSite(Site):
                 "dp_backend": self.dp.backend_name}
 
     def final_models(self):
-        out = {self.shared_field: (self.shared, self.shared_spec)}
+        out = {self.shared_field: (self.released(), self.shared_spec)}
         if self.private is not None and self.private_spec is not None:
             out["private"] = (self.private, self.private_spec)
         return out

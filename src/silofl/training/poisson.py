@@ -25,6 +25,7 @@ from torch import nn
 
 from silofl.privacy.dpsgd import DPGradient
 from silofl.privacy.sampling import Sampler, poisson_batch
+from silofl.training.augment import AugMult
 
 LossFn = Callable[..., torch.Tensor]  # (logits, y, partner log-probs or a (B, 1) placeholder) -> (B,) losses
 
@@ -49,10 +50,13 @@ class Partner:
 
 def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
                   sample_rate: float, steps: int, sampler: Sampler, loss_fn: LossFn,
-                  dp: DPGradient | None = None, partner: Partner | None = None) -> dict:
+                  dp: DPGradient | None = None, partner: Partner | None = None,
+                  augment: AugMult | None = None) -> dict:
     """Run ``steps`` Poisson-sampled steps on (x, y); returns what was seen (examples, empty batches, and
     under DP the mean per-example gradient norm and the fraction clipped — per-example statistics of the
-    site's data, NOT privatised)."""
+    site's data, NOT privatised). ``augment``: augmentation multiplicity — the model steps on K views of each
+    sampled example, an example's loss the mean over its views (clipped as one example under DP); a partner
+    trains on the un-augmented batch."""
     model.train()
     if partner is not None:
         partner.model.train()
@@ -72,7 +76,12 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
             continue
         partner_logits = partner.model(xb) if partner is not None else None
         partner_logp = F.log_softmax(partner_logits.detach(), dim=1) if partner_logits is not None else no_logp
-        if dp is not None:
+        if augment is not None:
+            logits, ast = _augmented_step(model, augment, xb, yb, partner_logp, loss_fn, dp, partner is not None)
+            if ast is not None:
+                clipped += ast.clipped_fraction * B
+                norms += ast.mean_norm * B
+        elif dp is not None:
             logits, st = dp.compute(xb, loss_fn, yb, partner_logp)
             clipped += st.clipped_fraction * B
             norms += st.mean_norm * B
@@ -89,3 +98,21 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
             partner.opt.step()
     return {"examples_seen": seen, "empty_batches": empty,
             "clipped_fraction": clipped / seen if seen else 0.0, "mean_grad_norm": norms / seen if seen else 0.0}
+
+
+def _augmented_step(model: nn.Module, augment: AugMult, xb: torch.Tensor, yb: torch.Tensor, logp: torch.Tensor,
+                    loss_fn: LossFn, dp: DPGradient | None, want_logits: bool):
+    """Gradients of one augmentation-multiplicity step in ``p.grad``: (the model's logits on the un-augmented batch
+    when a partner needs them, else None; the DP step's statistics or None)."""
+    K = augment.views
+    xv = augment(xb)
+    logits = None
+    if want_logits:
+        with torch.no_grad():
+            logits = model(xb)
+    if dp is not None:
+        _, st = dp.compute(xv, loss_fn, yb, logp, views=K)
+        return logits, st
+    out = model(xv)
+    loss_fn(out, yb.repeat_interleave(K, 0), logp.repeat_interleave(K, 0)).mean().backward()
+    return logits, None

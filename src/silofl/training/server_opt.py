@@ -7,6 +7,8 @@ aggregate, so whatever they do is post-processing of the DP mechanism.
 * ``fedadam``: Adam on the pseudo-gradient −Δ̄ (Reddi et al., "Adaptive Federated Optimization"):
   m ← β₁m + (1−β₁)Δ̄, u ← β₂u + (1−β₂)Δ̄², w ← w + η·m̂/(√û + τ); bias correction optional
   (Reddi et al. run without it), τ the adaptivity.
+* ``fedavgm``: server momentum (Hsu et al., 2019): m ← μ·m + Δ̄, w ← w + η·m; example-level
+  FedAvg/FML use it on the average of the sites' DP models (``server_lr``, ``server_momentum``).
 * ``fednova``: the clients normalise (see :mod:`silofl.site.subclients`), the server then steps
   like FedAvg.
 * ``dp2-rmsprop``: DP² (Li et al., "Differentially Private Adaptive Optimization with Delayed
@@ -24,7 +26,7 @@ import torch
 
 from silofl.core.errors import ConfigError
 
-OPTIMIZERS = ("fedavg", "fedadam", "fednova", "dp2-rmsprop")
+OPTIMIZERS = ("fedavg", "fedadam", "fednova", "dp2-rmsprop", "fedavgm")
 
 
 class ServerOptimizer:
@@ -137,6 +139,27 @@ class DP2RMSProp(ServerOptimizer):
         return {"lr": self.lr, "lr_sgd": self.lr_sgd, "delay": self.delay, "beta": self.beta, "tau": self.tau}
 
 
+class ServerMomentum(ServerOptimizer):
+    """FedAvgM: heavy-ball momentum on the mean update, m ← μ·m + Δ̄, step η·m."""
+    STATE = ("rounds", "m")
+    def __init__(self, lr: float, momentum: float = 0.9):
+        super().__init__(lr)
+        if not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"server momentum must lie in [0, 1), got {momentum}")
+        self.momentum = momentum
+        self.m: torch.Tensor | None = None
+
+    def step(self, mean_update: torch.Tensor) -> torch.Tensor:
+        """The step to add to the global weights for this round's mean update."""
+        self.rounds += 1
+        self.m = mean_update.clone() if self.m is None else self.m.mul_(self.momentum).add_(mean_update)
+        return self.lr * self.m
+
+    def describe(self) -> dict:
+        """The optimizer's settings, for summary.json."""
+        return {"lr": self.lr, "momentum": self.momentum}
+
+
 def make_optimizer(name: str, cfg) -> ServerOptimizer:
     """The server optimizer ``name`` with its settings from ``cfg`` (an object with ``server_lr`` and, per
     optimizer, ``adam_beta1``, ``adam_beta2``, ``server_tau``, ``bias_correction``, ``dp2_delay``,
@@ -146,6 +169,8 @@ def make_optimizer(name: str, cfg) -> ServerOptimizer:
         return ServerOptimizer(lr)
     if name == "fedadam":
         return FedAdam(lr, cfg.adam_beta1, cfg.adam_beta2, cfg.server_tau, cfg.bias_correction)
+    if name == "fedavgm":
+        return ServerMomentum(lr, cfg.server_momentum)
     if name == "dp2-rmsprop":
         return DP2RMSProp(lr, cfg.dp2_lr_sgd, cfg.dp2_delay, cfg.adam_beta2, cfg.server_tau)
     raise ConfigError(f"unknown server optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")

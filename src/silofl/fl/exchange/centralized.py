@@ -6,6 +6,10 @@ validates each upload like any site would (names, shapes, dtypes, finite values)
 float64 and broadcasts the result, and every site replaces its copy. Before round 1 the server
 broadcasts its initial model so all sites start from the same weights. A rejected upload is logged and
 left out of the average; if none is usable the server keeps the previous global model.
+
+With ``server_lr`` ≠ 1 or ``server_momentum`` > 0 the server steps instead of replacing: Δ̄ = average − w,
+m ← μ·m + Δ̄, w ← w + η·m (FedAvgM, :class:`silofl.training.server_opt.ServerMomentum`) — post-processing of
+the sites' DP uploads, no budget. With the defaults the global model *is* the average, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from silofl.models import ModelSpec
 from silofl.site.dpsgd import DPSGDSite
 from silofl.topology import combine
 from silofl.training import accuracy
+from silofl.training.local_sgd import flat, unflat
+from silofl.training.server_opt import ServerOptimizer, make_optimizer
 
 log = logging.getLogger("silofl")
 
@@ -56,13 +62,15 @@ class CentralSite(DPSGDSite):
 class AveragingServer:
     """The aggregator role (node ``K``): validate, average in float64, broadcast."""
 
-    def __init__(self, node: int, spec: ModelSpec, seed: int, device: torch.device):
+    def __init__(self, node: int, spec: ModelSpec, seed: int, device: torch.device,
+                 opt: ServerOptimizer | None = None):
         torch.manual_seed(seed)
         self.node = node
         self.spec = spec
         self.model = spec.build().to(device)
         self.version = 0
         self._encoded: tuple | None = None
+        self.opt = opt  # None: the global model is the average
 
     def state(self) -> dict[str, torch.Tensor]:
         """The global model's weights."""
@@ -77,13 +85,16 @@ class AveragingServer:
 
     def state_dict(self) -> dict:
         """The global model and the round it was last updated."""
-        return {"model": self.model.state_dict(), "version": self.version}
+        return {"model": self.model.state_dict(), "version": self.version,
+                **({"opt": self.opt.state_dict()} if self.opt is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
         self.model.load_state_dict(state["model"])
         self.version = int(state["version"])
         self._encoded = None
+        if self.opt is not None and "opt" in state:
+            self.opt.load_state_dict(state["opt"])
 
     def aggregate(self, rnd: int, packets: list[Packet], weights: dict[int, float] | None = None) -> list[dict]:
         """Average the valid uploads into the global model; the refused ones as records. ``weights``: each site's
@@ -104,9 +115,21 @@ class AveragingServer:
             log.warning("server received no usable model in round %d and keeps the previous global model", rnd)
             return rejected
         average, _ = combine(template, 0.0, received)  # weighted mean in float64, as PushSum mixes
+        if self.opt is not None:
+            average = self._server_step(template, average)
         self.model.load_state_dict(average)
         self.version = rnd
         return rejected
+
+    def _server_step(self, current: dict[str, torch.Tensor], average: dict[str, torch.Tensor]
+                     ) -> dict[str, torch.Tensor]:
+        """w + the server optimizer's step for Δ̄ = average − w, in float64 (floating tensors; others: the average)."""
+        assert self.opt is not None
+        keys = [k for k, v in current.items() if v.is_floating_point()]
+        w = flat({k: current[k].to(torch.float64) for k in keys})
+        delta = flat({k: average[k].to(torch.float64) for k in keys}) - w
+        new = unflat(w + self.opt.step(delta), {k: current[k] for k in keys})
+        return {k: new[k].to(current[k].dtype) if k in new else average[k] for k in current}
 
     def accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """The global model's accuracy on (x, y)."""
@@ -118,7 +141,10 @@ class Centralized(Coordinator):
 
     def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False):
         super().__init__(cfg, n_sites)
-        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device)
+        o = cfg.options
+        lr, momentum = getattr(o, "server_lr", None) or 1.0, float(getattr(o, "server_momentum", 0.0) or 0.0)
+        opt = make_optimizer("fedavgm", o) if (lr != 1.0 or momentum > 0.0) else None
+        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt)
         self.uniform = uniform
 
     def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:
