@@ -22,6 +22,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +32,9 @@ from silofl.core.checkpoint import load_node, save_node
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.models import ModelSpec
 from silofl.privacy.ledger import Ledger
+
+if TYPE_CHECKING:
+    from silofl.site.combine import Combination
 
 log = logging.getLogger("silofl")
 
@@ -56,7 +60,7 @@ class Site(ABC):
         self.folder: Path | None = None  # the site's own folder: its ledger and the figures it keeps
         self.run_label = "run"
         self.release_nonprivate = True  # report figures computed from non-private data (the site's choice)
-        self.combination = None  # silofl.site.combine.Combination: the site's own model fused with the DP ones
+        self.combination: Combination | None = None  # its own model fused with the DP ones (silofl.site.combine)
 
     def open_folder(self, folder: str | Path, run_label: str = "run", release_nonprivate: bool = True) -> None:
         """Keep this site's ledger (its privacy spend, recomputed from it: :mod:`silofl.privacy.ledger`) and the
