@@ -51,6 +51,19 @@ def test_stacker_equals_scikit_learns_logistic_regression():
     assert np.allclose(b.numpy(), ref.coef_[:, -1], atol=2e-3)
 
 
+def test_a_balanced_stacker_equals_scikit_learn_with_balanced_sample_weights():
+    from sklearn.linear_model import LogisticRegression
+
+    logps, y = _logps(n=90, seed=2)
+    y = torch.where(torch.arange(90) < 60, torch.zeros_like(y), y)  # mostly class 0, as a p_major site
+    w, b, _ = fit_combiner(logps, y, "stack", 1e-2, balance=True)
+    counts = np.bincount(y.numpy(), minlength=3)
+    sw = len(y) / (3 * counts[y.numpy()])  # sklearn's class_weight="balanced"
+    ref = LogisticRegression(C=1 / (2 * 1e-2 * sw.sum()), fit_intercept=False, tol=1e-10, max_iter=10_000)
+    ref.fit(np.hstack([torch.cat(logps, 1).double().numpy(), np.ones((len(y), 1))]), y.numpy(), sample_weight=sw)
+    assert np.allclose(w.numpy(), ref.coef_[:, :-1], atol=2e-3) and np.allclose(b.numpy(), ref.coef_[:, -1], atol=2e-3)
+
+
 def test_weights_are_the_best_grid_point_by_held_out_cross_entropy():
     logps, y = _logps(seed=1)
     w, b, mix = fit_combiner(logps, y, "weights")

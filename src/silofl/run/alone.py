@@ -13,7 +13,7 @@ from silofl.run.config import RunConfig
 # reference trains on the same rows, with the same inputs, and is scored on the same test set
 NOT_COPIED = ("method", "privacy", "noise_multiplier", "clip", "delta", "accountant", "target_epsilon", "target_epsilons",
               "calibrate_noise", "out", "eval_every", "checkpoint_every", "report_nonprivate", "split_seed",
-              "combine", "combine_holdout", "combine_epochs", "combine_l2")
+              "combine", "combine_holdout", "combine_epochs", "combine_l2", "combine_balance")
 
 
 def alone_config(cfg: RunConfig, split_seed: int | None) -> RunConfig:

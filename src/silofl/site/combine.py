@@ -18,7 +18,8 @@ The parts, the site's own model first:
 
 The combiner is one linear layer over the parts' log-probabilities, ``z = W·[log p_1(x), …, log p_k(x)] + b``
 (:mod:`silofl.training.fusion`): ``weights`` — ``W = [w_1·I … w_k·I]``, ``b = 0``, w on the simplex in steps
-of 0.05, chosen by held-out cross-entropy; ``stack`` — multinomial logistic regression on the log-probabilities
+of 0.05, chosen by held-out cross-entropy (with ``combine_balance``, class-balanced: every class of the held-out
+rows counts equally — a site whose rows are mostly one class otherwise fits that mix as a prior); ``stack`` — multinomial logistic regression on the log-probabilities
 (L2 ``combine_l2`` on W and b, L-BFGS). It is refitted at every evaluation (the parts change every round) and
 at the end; its accuracy is reported as ``combined_acc``, labelled **non-private** (it contains the site's
 own model), so across processes it stays in the site's folder unless the site releases it. The final combiner
@@ -76,6 +77,7 @@ class CombineSettings:
     batch_size: int = 64  # the own model's minibatch
     l2: float = 1e-2  # the stacker's L2 weight
     seed: int | None = None  # a research run's seed for the own model; None: secret randomness
+    balance: bool = False  # weight the held-out rows so that every class counts equally (class-balanced fit)
 
 
 def log_probs(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
@@ -127,7 +129,8 @@ class Combination:
         parts = self.parts(site)
         self.roles = [r for r, _ in parts]
         logps = [log_probs(m, self.x_hold) for _, m in parts]
-        self.weight, self.bias, self.mix = fit_combiner(logps, self.y_hold, self.settings.mode, self.settings.l2)
+        self.weight, self.bias, self.mix = fit_combiner(logps, self.y_hold, self.settings.mode, self.settings.l2,
+                                                        self.settings.balance)
 
     def logits(self, site: Site, x: torch.Tensor) -> torch.Tensor:
         """The combined model's logits on x."""
@@ -154,7 +157,8 @@ class Combination:
             save_model(self.own[0], self.own[1], d / f"client{site.cid}_{OWN}")
             written.append(f"{d.name}/client{site.cid}_{OWN}.safetensors")
         p = d / f"client{site.cid}_combined"
-        meta = {"format": COMBINER_FORMAT, "mode": self.settings.mode, "parts": self.roles,
+        meta = {"format": COMBINER_FORMAT, "mode": self.settings.mode, "balance": self.settings.balance,
+                "parts": self.roles,
                 "classes": int(self.weight.shape[0]), "held_out_rows": len(self.y_hold),
                 "mix": list(self.mix) if self.mix is not None else None, "privacy": "non-private",
                 "note": "logits = weight · concat(log_softmax(part(x)) for part in parts) + bias; the parts are this "
@@ -167,23 +171,31 @@ class Combination:
         return written
 
 
-def fit_combiner(logps: list[torch.Tensor], y: torch.Tensor, mode: str, l2: float = 1e-2
+def balanced_weights(y: torch.Tensor, c: int) -> torch.Tensor:
+    """Each class's weight so that every class present in ``y`` counts equally: n / (classes present · count)."""
+    counts = torch.bincount(y, minlength=c).double()
+    present = int((counts > 0).sum())
+    return torch.where(counts > 0, len(y) / (present * counts.clamp_min(1)), torch.zeros_like(counts)).float()
+
+
+def fit_combiner(logps: list[torch.Tensor], y: torch.Tensor, mode: str, l2: float = 1e-2, balance: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, ...] | None]:
     """(weight (C, k·C), bias (C,), the mix of ``weights``) of the combiner fitted on the parts' held-out
-    log-probabilities ``logps`` and labels ``y``."""
+    log-probabilities ``logps`` and labels ``y``; with ``balance`` every class of ``y`` counts equally."""
     c = logps[0].shape[1]
     y = y.long().cpu()
     logps = [lp.cpu() for lp in logps]
+    cw = balanced_weights(y, c) if balance else None
     if mode == "weights":
-        mix = fit_weights(logps, y)
+        mix = fit_weights(logps, y, class_weight=cw)
         weight = torch.cat([w * torch.eye(c) for w in mix], 1)
         return weight, torch.zeros(c), mix
     if mode == "stack":
         feats = torch.cat(logps, 1)
         with torch.random.fork_rng(devices=[]):  # nothing is drawn, but keep the run's streams untouched anyway
             fusion = Fusion(feats.shape[1], c, len(logps), 0, "classification", start="zero")
-        fit_fusion(fusion, feats, y, "classification", weight_decay=l2, epochs=500, tolerance_grad=1e-10,
-                   tolerance_change=1e-14)
+        fit_fusion(fusion, feats, y, "classification", weight_decay=l2, epochs=500, tolerance_grad=1e-7,
+                   tolerance_change=1e-12, class_weight=cw)
         return fusion.linear.weight.detach().clone(), fusion.linear.bias.detach().clone(), None
     raise ConfigError(f"unknown combine mode {mode!r}; choose one of: {', '.join(COMBINE_MODES)}")
 
@@ -221,5 +233,5 @@ def combination_for(cfg, k: int, x: torch.Tensor, y: torch.Tensor
     seed = None if cfg.seed is None else int(cfg.seed) * 1009 + k
     settings = CombineSettings(mode=mode, epochs=cfg.combine_epochs or cfg.rounds,
                                lr=float(getattr(cfg.options, "lr", 1e-3)), batch_size=int(cfg.batch_size or 64),
-                               l2=cfg.combine_l2, seed=seed)
+                               l2=cfg.combine_l2, seed=seed, balance=bool(cfg.combine_balance))
     return x[keep_t], y[keep_t], Combination(settings, x[held_t], y[held_t])

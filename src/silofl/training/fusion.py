@@ -66,9 +66,9 @@ class Fusion(nn.Module):
 
 def fit_fusion(fusion: Fusion, feats: torch.Tensor, target: torch.Tensor, task: str = "classification",
                weight_decay: float = 1e-2, epochs: int = 100, tolerance_grad: float = 1e-7,
-               tolerance_change: float = 1e-9) -> Fusion:
+               tolerance_change: float = 1e-9, class_weight: torch.Tensor | None = None) -> Fusion:
     """Fit ``fusion`` on (feats, target) by full-batch L-BFGS of the mean loss plus ``weight_decay · penalty``;
-    returns it in eval mode. (Full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps
+    returns it in eval mode. ``class_weight``: each class's weight in the mean cross-entropy (classification). (Full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps
     swung the logits of log-probability inputs by whole units and lost the ensemble it started from.)"""
     opt = torch.optim.LBFGS(fusion.parameters(), lr=1.0, max_iter=epochs, line_search_fn="strong_wolfe",
                             tolerance_grad=tolerance_grad, tolerance_change=tolerance_change)
@@ -76,7 +76,7 @@ def fit_fusion(fusion: Fusion, feats: torch.Tensor, target: torch.Tensor, task: 
     def closure():
         opt.zero_grad()
         z = fusion(feats)
-        loss = F.cross_entropy(z, target) if task == "classification" else F.mse_loss(z.squeeze(1), target)
+        loss = F.cross_entropy(z, target, weight=class_weight) if task == "classification" else F.mse_loss(z.squeeze(1), target)
         loss = loss + weight_decay * fusion.penalty()
         loss.backward()
         return loss
@@ -93,7 +93,8 @@ def weight_grid(n_models: int, step: float = 0.05) -> list[tuple[float, ...]]:
             for combo in itertools.product(range(k + 1), repeat=n_models - 1) if sum(combo) <= k]
 
 
-def fit_weights(logps: list[torch.Tensor], y: torch.Tensor, step: float = 0.05) -> tuple[float, ...]:
+def fit_weights(logps: list[torch.Tensor], y: torch.Tensor, step: float = 0.05,
+                class_weight: torch.Tensor | None = None) -> tuple[float, ...]:
     """The weights w (on the simplex, multiples of ``step``) minimising the cross-entropy of
     ``softmax(Σ_m w_m · logps[m])`` on (logps, y); ties go to the earlier grid point (more weight on the last
     model first)."""
@@ -101,7 +102,7 @@ def fit_weights(logps: list[torch.Tensor], y: torch.Tensor, step: float = 0.05) 
     best, best_loss = None, float("inf")
     for w in weight_grid(len(logps), step):
         z = torch.einsum("m,mnc->nc", torch.tensor(w, dtype=stacked.dtype), stacked)
-        loss = float(F.cross_entropy(z, y))
+        loss = float(F.cross_entropy(z, y, weight=class_weight))
         if loss < best_loss - 1e-12:
             best, best_loss = w, loss
     assert best is not None
