@@ -205,3 +205,51 @@ def test_image_sites_predict_and_onnx(tmp_path):
     with torch.no_grad():
         want = loaded.pipeline(torch.from_numpy(x)).numpy()
     assert np.abs(got - want).max() < 1e-5
+
+
+@pytest.mark.slow
+def test_a_combined_table_run_compares_with_going_alone_and_predicts_and_exports(tmp_path):
+    """`--dataset table --site-data … --schema … --combine stack --vs-alone` runs through; the combined model (own
+    private + DP proxy, fused on held-out rows) is reported, saved, predicted with and exported as non-private."""
+    paths = [str(write_csv(tmp_path, site_frame(60, seed=k, shift=6 * k), f"h{k}.csv")) for k in range(2)]
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["run", "--dataset", "table", "--site-data", ",".join(paths), "--schema",
+                            str(write_schema(tmp_path)), "--private-model", "tabmlp", "--proxy-model", "logreg",
+                            "--rounds", "2", "--delta", "1e-3", "--threads", "1", "--seed", "0", "--combine", "stack",
+                            "--vs-alone", "--quiet", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "vs training alone" in text and "combined" in text.split("vs training alone")[1]
+    s = json.loads((out / "summary.json").read_text())
+    alone = json.loads((out / "alone" / "summary.json").read_text())
+    assert alone["sites"] == s["sites"] and alone["dataset"] == "table"  # the same per-site sources
+    assert s["vs_alone"]["difference"]["combined_acc"] == pytest.approx(
+        s["final"]["combined_acc"]["mean"] - alone["final"]["private_acc"]["mean"])
+    # 48 training rows a site (60 less the internal test share), 10 of them held out for the combiner
+    assert [a["n"] for a in s["accounting"]] == [38, 38] and s["accounting"][0]["sample_rate"] == pytest.approx(9 / 38)
+    meta = json.loads((out / "models" / "client1_combined.json").read_text())
+    assert meta["parts"] == ["private", "proxy"] and meta["privacy"] == "non-private" and meta["held_out_rows"] == 10
+    res = predict(out, 1, paths[1], tmp_path / "p.csv", model="combined")
+    loaded = load_pipeline(out, 1, "combined")
+    raw, _, _ = Schema.load(str(tmp_path / "schema.yaml")).check(read_table(paths[1]), "")
+    x = loaded.preprocessing.module()(torch.as_tensor(raw, dtype=torch.float32))
+    with torch.no_grad():
+        parts = [load_pipeline(out, 1, m).pipeline.model for m in ("private", "shared")]
+        feats = torch.cat([torch.log_softmax(m(x), 1) for m in parts], 1)
+    from safetensors.torch import load_file
+
+    comb = load_file(str(out / "models" / "client1_combined.safetensors"))
+    expect = (feats @ comb["weight"].T + comb["bias"]).argmax(1).numpy()
+    got = [r["prediction"] for r in read_preds(tmp_path / "p.csv")]
+    assert res["model"] == "client1_combined" and got == [loaded.preprocessing.classes[i] for i in expect]
+    card = export(out, 1, tmp_path / "onnx", model="combined")
+    assert card["privacy"]["differentially_private"] is False and card["privacy"]["label"] == "non-private"
+    assert card["model"]["parts"] == ["private", "proxy"]
+    assert card["evaluation"]["accuracy_external"] == s["final"]["per_client"][1]["combined_acc"]
+    import onnxruntime as ort
+
+    onnx_out = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx")).run(None, {"x": raw[:5].astype(np.float32)})[0]
+    assert np.allclose(onnx_out, loaded.pipeline(torch.as_tensor(raw[:5], dtype=torch.float32)).detach().numpy(),
+                       atol=1e-5)
+    with pytest.raises(ConfigError, match="no combined model"):
+        load_pipeline(out / "alone", 0, "combined")

@@ -101,6 +101,13 @@ def run(
     report_nonprivate: bool | None = typer.Option(None, "--report-nonprivate/--keep-nonprivate", help="Whether sites "
                                                   "report figures of non-private data (the private model's accuracy, "
                                                   "gradient norms). Default: yes in one process, no across processes."),
+    combine: str | None = typer.Option(None, "--combine", help="Combination at inference (no budget): each site fuses "
+                                       "its own non-DP model with the DP model(s) it holds on rows held out from its own "
+                                       "training rows: none (default) | weights | stack. Reported as combined_acc "
+                                       "(non-private); saved for predict/export --model combined."),
+    combine_holdout: float | None = typer.Option(None, "--combine-holdout", help="With --combine: the share of each "
+                                                 "site's training rows held out for its combiner (default 0.2; no "
+                                                 "model trains on them)."),
     eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
     test_limit: int | None = typer.Option(None, "--test-limit", help="Evaluate on the first N test examples only."),
     checkpoint_every: int | None = typer.Option(None, "--checkpoint-every",
@@ -515,7 +522,7 @@ def predict(
                               "column is optional) or a folder of images (class sub-folders optional)."),
     out: Path = typer.Option(..., "--out", help="CSV to write: id, prediction, p_<class> per class[, label]."),
     model: str = typer.Option("private", "--model", help="private (the site's own model) | shared (its proxy or "
-                              "global model)."),
+                              "global model) | combined (both fused: runs with --combine; non-private)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
 ):
     """Predict with client K's model on new data, with exactly the preprocessing its site trained with."""
@@ -535,7 +542,8 @@ def export(
     client: int = typer.Option(..., "--client", help="Whose model: client K."),
     out: Path = typer.Option(..., "--out", help="Folder to write model.onnx, preprocessing.json, model_card.json/.md."),
     fmt: str = typer.Option("onnx", "--format", help="onnx"),
-    model: str = typer.Option("private", "--model", help="private | shared (the proxy or global model)."),
+    model: str = typer.Option("private", "--model", help="private | shared (the proxy or global model) | combined "
+                              "(runs with --combine; non-private)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out."),
 ):
     """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON + Markdown)."""

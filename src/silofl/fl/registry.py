@@ -26,7 +26,7 @@ log = logging.getLogger("silofl")
 
 ENTRY_POINT_GROUP = "silofl.methods"
 EXCHANGES = ("gossip", "server", "cycle", "none")
-ACC_FIELDS = ("private_acc", "proxy_acc", "global_acc")
+ACC_FIELDS = ("private_acc", "proxy_acc", "global_acc", "combined_acc")  # combined: silofl.site.combine
 
 
 @dataclass(frozen=True)

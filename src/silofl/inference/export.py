@@ -159,6 +159,12 @@ def model_card(loaded: LoadedModel, onnx_path: Path | None = None, graph: str = 
                      "feature stage's output (features.json) on the preprocessed inputs",
             "preprocessing": "NOT in the graph (two-stage export): " + prep.to_dict()["steps"] + ", then the feature "
                              "stage, both computed by silofl"})
+    parts = getattr(loaded.pipeline.model, "roles", None)
+    if role == "combined" and parts:  # silofl.site.combine: the site's own model fused with the DP one(s)
+        card["model"]["architecture"] = "combined: " + " + ".join(parts)
+        card["model"]["parts"] = parts
+        card["model"]["combiner"] = ("logits = weight · concat(log_softmax(part(x))) + bias, fitted on rows held out "
+                                     "from the site's own training rows")
     if summary:
         card["run"] = {"folder": str(loaded.run_dir), "method": summary.get("method"),
                        "rounds_run": summary.get("rounds_run"), "privacy_mode": summary["privacy"]["mode"]}
@@ -235,6 +241,12 @@ def _privacy(loaded: LoadedModel, summary: dict | None) -> dict:
         dp = acct.get("dp_model") == role
         eps = acct.get("epsilon")
         inputs = {key: acct.get(key) for key in ("noise_multiplier", "sample_rate", "steps", "accountant", "clip")}
+    if role == "combined":
+        return {"differentially_private": False, "epsilon": None, "delta": None, "label": "non-private",
+                "statement": "NOT differentially private: the combined model contains the site's own model, trained on "
+                "its own rows without noise, and a combiner fitted on its held-out rows without noise (the DP parts "
+                "it fuses keep their own guarantees, but nothing bounds what the combination reveals about this "
+                "site's rows). It is the site's to keep; release it only where the data itself may go." + extra}
     if not dp:
         return {"differentially_private": False, "epsilon": None, "delta": None,
                 "statement": f"NOT differentially private: the {role} model was trained on the site's own rows without "

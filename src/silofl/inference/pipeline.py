@@ -28,6 +28,50 @@ class Pipeline(nn.Module):
         return torch.softmax(self.model(self.features(self.preprocess(x))), dim=1)
 
 
+class Combined(nn.Module):
+    """A site's combined model (:mod:`silofl.site.combine`): ``weight · concat(log_softmax(part(x))) + bias``."""
+
+    def __init__(self, parts: list[nn.Module], roles: list[str], weight: torch.Tensor, bias: torch.Tensor):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.roles = roles
+        self.combiner = nn.Linear(weight.shape[1], weight.shape[0])
+        with torch.no_grad():
+            self.combiner.weight.copy_(weight)
+            self.combiner.bias.copy_(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.combiner(torch.cat([torch.log_softmax(m(x), dim=1) for m in self.parts], 1))
+
+
+def load_combined(d: Path, client: int) -> tuple[Combined, ModelSpec]:
+    """Client ``client``'s combined model from ``d`` (the combiner's safetensors + JSON and its parts' files), and
+    the spec of its first part (input shape and classes)."""
+    from safetensors.torch import load_file
+
+    from silofl.site.combine import COMBINER_FORMAT
+
+    p = d / f"client{client}_combined"
+    try:
+        meta = json.loads(p.with_suffix(".json").read_text())
+        tensors = load_file(str(p.with_suffix(".safetensors")))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"cannot read the combiner {p}: {e}") from None
+    roles = meta.get("parts") if isinstance(meta, dict) else None
+    if (meta.get("format") != COMBINER_FORMAT or not isinstance(roles, list) or not roles
+            or not all(isinstance(r, str) and r.isidentifier() for r in roles)):
+        raise ConfigError(f"{p.with_suffix('.json')} is not a silofl combiner ({COMBINER_FORMAT})")
+    loaded = [load_model(d / f"client{client}_{r}") for r in roles]
+    specs = [s for _, s in loaded]
+    c = specs[0].num_classes
+    w, b = tensors.get("weight"), tensors.get("bias")
+    if (any(tuple(s.input_shape) != tuple(specs[0].input_shape) or s.num_classes != c for s in specs)
+            or w is None or b is None or tuple(w.shape) != (c, c * len(roles)) or tuple(b.shape) != (c,)
+            or not bool(torch.isfinite(w).all() and torch.isfinite(b).all())):
+        raise ConfigError(f"the combiner {p} does not fit its parts {roles}")
+    return Combined([m for m, _ in loaded], roles, w.float(), b.float()), specs[0]
+
+
 @dataclass
 class LoadedModel:
     """What ``silofl predict`` / ``export`` need of one client's model."""
@@ -69,7 +113,12 @@ def pick_role(d: Path, client: int, model: str) -> str:
             raise ConfigError(f"client {client} has no shared (proxy or global) model here (models: {', '.join(roles)}); "
                               "use --model private")
         return shared[0]
-    raise ConfigError(f"--model takes private or shared, got {model!r}")
+    if model == "combined":
+        if "combined" not in roles:
+            raise ConfigError(f"client {client} has no combined model here (models: {', '.join(roles)}); run with "
+                              "--combine weights|stack")
+        return "combined"
+    raise ConfigError(f"--model takes private, shared or combined, got {model!r}")
 
 
 def load_pipeline(path: str | Path, client: int, model: str = "private") -> LoadedModel:
@@ -84,7 +133,7 @@ def load_pipeline(path: str | Path, client: int, model: str = "private") -> Load
         prep = preprocessing_from_dict(json.loads(prep_file.read_text()))
     except ValueError as e:
         raise ConfigError(f"{prep_file} is not valid JSON: {e}") from None
-    net, spec = load_model(d / f"client{client}_{role}")
+    net, spec = load_combined(d, client) if role == "combined" else load_model(d / f"client{client}_{role}")
     rec, feats, shape = _features(d, client, tuple(prep.input_shape))
     if tuple(spec.input_shape) != shape:
         raise ConfigError(f"client{client}_{role} expects inputs {tuple(spec.input_shape)} but its preprocessing"

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from silofl.core.errors import ConfigError
 from silofl.pubsub.dp_models import Bounds, train
 from silofl.pubsub.model import PublishedModel, is_nonprivate, outputs
+from silofl.training.fusion import Fusion, fit_fusion
 
 SMALL = 200  # customize parts smaller than this get a linear fusion layer (hidden="auto")
 
@@ -86,47 +86,6 @@ class Customized:
 def _fusion_input(task: str, out: torch.Tensor) -> torch.Tensor:
     """What the fusion network sees of one model: log-probabilities (classifiers) or predictions."""
     return torch.log(out.clamp_min(1e-6)) if task == "classification" else out
-
-
-class Fusion(nn.Module):
-    """The fusion network: a linear layer over m(x) that starts as the best model on the customize part
-    (``start="best"``; the selected models come ranked) or as the plain ensemble (``"mean"``: the mean of
-    the models' log-probabilities, or of their predictions), plus optionally one hidden layer whose
-    output starts at zero. Training moves it away from the ensemble only as far as the customize part
-    supports: ``penalty`` is the squared distance of the linear layer from its start plus the squared
-    weights of the hidden part."""
-
-    def __init__(self, n_in: int, n_out: int, n_models: int, hidden: int, task: str, y_mean: float = 0.0,
-                 y_std: float = 1.0, start: str = "best"):
-        super().__init__()
-        self.linear = nn.Linear(n_in, n_out)
-        with torch.no_grad():
-            w = torch.zeros(n_out, n_in)
-            if start == "best":  # the first block: the best model on the customize part
-                w[:, :n_out] = torch.eye(n_out) if task == "classification" else 1.0 / y_std
-            else:  # the plain ensemble: mean of the models' log-probabilities / predictions
-                w[:] = (torch.eye(n_out).repeat(1, n_models) if task == "classification"
-                        else torch.ones(n_out, n_in) / y_std) / n_models
-            self.linear.weight.copy_(w)
-            self.linear.bias.fill_(0.0 if task == "classification" else -y_mean / y_std)
-        self.start = [p.detach().clone() for p in self.linear.parameters()]
-        self.mlp = None
-        if hidden:
-            self.mlp = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
-            with torch.no_grad():
-                self.mlp[2].weight.zero_()
-                self.mlp[2].bias.zero_()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.linear(x)
-        return z if self.mlp is None else z + self.mlp(x)
-
-    def penalty(self) -> torch.Tensor:
-        """The squared distance of the linear layer from its start plus the hidden part's squared weights."""
-        pen = sum(((p - s) ** 2).sum() for p, s in zip(self.linear.parameters(), self.start, strict=True))
-        if self.mlp is not None:
-            pen = pen + sum((p ** 2).sum() for p in self.mlp.parameters())
-        return pen
 
 
 def model_outputs(m: PublishedModel, x: np.ndarray, columns: list[int | None], fill: np.ndarray) -> torch.Tensor:
@@ -233,19 +192,7 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     fusion = Fusion(feats.shape[1], n_out, len(keep), hidden, data.task, y_mean, y_std, start=start)
     # full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps swung the logits
     # of log-probability inputs by whole units and lost the ensemble it started from
-    opt = torch.optim.LBFGS(fusion.parameters(), lr=1.0, max_iter=epochs, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        z = fusion(feats)
-        loss = F.cross_entropy(z, target) if data.task == "classification" else F.mse_loss(z.squeeze(1), target)
-        loss = loss + weight_decay * fusion.penalty()
-        loss.backward()
-        return loss
-
-    if epochs > 0:
-        opt.step(closure)
-    fusion.eval()
+    fit_fusion(fusion, feats, target, data.task, weight_decay, epochs)
     t_fuse = time.perf_counter() - t2
     result = Customized([cands[i] for i in keep], [names[i] for i in keep], [aligned[i][0] for i in keep],
                         [aligned[i][1] for i in keep], fusion, data.task, y_mean, y_std)

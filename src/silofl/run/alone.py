@@ -8,18 +8,24 @@ from pathlib import Path
 
 from silofl.run.config import RunConfig
 
+# what going alone does not take from the run: its method, privacy mechanism, combination, output and reporting.
+# Everything else — the data set and its sources, schema, split, sizes, features, evaluation — is copied, so the
+# reference trains on the same rows, with the same inputs, and is scored on the same test set
+NOT_COPIED = ("method", "privacy", "noise_multiplier", "clip", "delta", "accountant", "target_epsilon", "target_epsilons",
+              "calibrate_noise", "out", "eval_every", "checkpoint_every", "report_nonprivate", "split_seed",
+              "combine", "combine_holdout", "combine_epochs", "combine_l2", "combine_balance")
+
 
 def alone_config(cfg: RunConfig, split_seed: int | None) -> RunConfig:
-    """Regular without DP on ``cfg``'s split (same data, clients, examples, rounds, private architecture)."""
-    flat = {k: getattr(cfg, k) for k in ("dataset", "data_dir", "clients", "rounds", "seed", "partition", "p_major",
-                                         "dirichlet_alpha", "samples_per_client", "batch_size", "threads", "test_limit",
-                                         "device", "image_size", "max_bag_size")}
-    model = getattr(cfg.options, "private_model", None) or getattr(cfg.options, "proxy_model", None)
-    lr = getattr(cfg.options, "lr", None)
-    return RunConfig.from_dict({**flat, "method": "regular", "privacy": "off", "split_seed": split_seed,
-                                "eval_every": cfg.rounds, "out": str(Path(cfg.out) / "alone"),
-                                **({"private_model": model} if model else {}), **({"lr": lr} if lr else {})},
-                               strict=False)
+    """Regular without DP on ``cfg``'s split: every data and feature setting of ``cfg`` (same data, sources, clients,
+    examples, rounds, features, test set), the run's private architecture (else its shared one)."""
+    flat = {k: getattr(cfg, k) for k in RunConfig.common_fields() if k not in NOT_COPIED}
+    regular = RunConfig.from_dict({"method": "regular"}).options
+    opts = {k: getattr(cfg.options, k) for k in regular.field_names() if hasattr(cfg.options, k)}  # same training
+    if "private_model" not in opts and getattr(cfg.options, "proxy_model", None):  # no private model: the shared one
+        opts["private_model"] = cfg.options.proxy_model
+    return RunConfig.from_dict({**flat, **opts, "method": "regular", "privacy": "off", "split_seed": split_seed,
+                                "eval_every": cfg.rounds, "out": str(Path(cfg.out) / "alone")}, strict=False)
 
 
 def compare_with_alone(cfg: RunConfig, summary: dict, console=None) -> dict:
@@ -34,7 +40,7 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None) -> dict:
     eps = fin["epsilon"]["mean"]
     result = {"alone_private_acc": base, "alone_run": str(Path(cfg.out) / "alone"), "this_run": mine,
               "difference": {k: v - base for k, v in mine.items()}, "epsilon": eps,
-              "note": "training alone: Regular without DP on the same split, examples, rounds and architecture"}
+              "note": "training alone: Regular without DP on the same split, examples, rounds, features and architecture"}
     path = Path(cfg.out) / "summary.json"
     data = json.loads(path.read_text())
     data["vs_alone"] = result

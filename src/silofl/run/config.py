@@ -96,6 +96,15 @@ class RunConfig:
     scatter_j: int = 2
     scatter_l: int = 8
     features_cache: str | None = None
+    # combination at inference (silofl.site.combine): each site fuses its own non-DP model with the DP model(s) it holds
+    # on combine_holdout of its own training rows (set aside before training; no model trains on them); none | weights |
+    # stack. Reported as combined_acc (non-private); combine_epochs: the own model's epochs where the method has none
+    # (None: rounds); combine_l2: the stacker's L2 weight
+    combine: str = "none"
+    combine_holdout: float = 0.2
+    combine_epochs: int | None = None
+    combine_l2: float = 1e-2
+    combine_balance: bool = False  # fit the combiner class-balanced (every class of the held-out rows counts equally)
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -228,6 +237,7 @@ class RunConfig:
         choice("accountant", self.accountant, ACCOUNTANTS)
         choice("device", self.device, DEVICES)
         choice("eval_split", self.eval_split, EVAL_SPLITS)
+        self._validate_combine()
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
             raise ConfigError("eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "
                               "sources (partition 'site') have none")
@@ -260,6 +270,17 @@ class RunConfig:
                     raise ConfigError(f"target_epsilons lists {len(self.target_epsilons)} budgets for {self.clients} clients")
                 if any(not (math.isfinite(e) and e > 0) for e in self.target_epsilons):
                     raise ConfigError(f"every target_epsilons entry must be positive and finite, got {self.target_epsilons}")
+
+    def _validate_combine(self) -> None:
+        from silofl.site.combine import COMBINE_MODES
+
+        choice("combine", self.combine, COMBINE_MODES)
+        if not 0.0 < self.combine_holdout < 1.0:
+            raise ConfigError(f"combine_holdout must lie in (0, 1), got {self.combine_holdout}")
+        if self.combine_epochs is not None and self.combine_epochs < 1:
+            raise ConfigError(f"combine_epochs must be at least 1, got {self.combine_epochs}")
+        if not (math.isfinite(self.combine_l2) and self.combine_l2 > 0):
+            raise ConfigError(f"combine_l2 must be a finite positive number, got {self.combine_l2}")
 
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
@@ -314,6 +335,8 @@ class RunConfig:
             changes["samples_per_client"] = spc
         if self.batch_size is None:
             n = smallest if smallest is not None else spc
+            if self.combine != "none":  # the rows that train (the combiner's held-out share trains nothing)
+                n -= int(round(self.combine_holdout * n))
             changes["batch_size"] = max(1, min(DEFAULT_BATCH_SIZE, n // 4))
         return dataclasses.replace(self, **changes) if changes else self
 

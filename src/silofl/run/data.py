@@ -113,7 +113,10 @@ def validation_split(cfg: RunConfig, data: Dataset, shards: list) -> tuple[torch
 
 def site_sizes(cfg: RunConfig, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
     """The number of training examples of each site the method builds from the clients' partitions."""
-    return [len(y) for _, y in cfg.info.cls(cfg).site_data(parts)]
+    sizes = [len(y) for _, y in cfg.info.cls(cfg).site_data(parts)]
+    if getattr(cfg, "combine", "none") != "none":  # the rows each site holds out for its combiner train nothing
+        sizes = [n - int(round(cfg.combine_holdout * n)) for n in sizes]
+    return sizes
 
 
 def calibrated(cfg: RunConfig, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> RunConfig:

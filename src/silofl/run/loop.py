@@ -94,7 +94,11 @@ def make_site(method: Method, k: int, inputs: SiteInputs, shape, folder: Path | 
               release_nonprivate: bool = True) -> Site:
     """Site ``k`` of ``method`` built from its inputs (``shape``: input shape and classes), keeping its ledger and the
     figures it does not release in ``folder`` when given."""
-    site = method.make_site(k, inputs.x, inputs.y, shape)
+    from silofl.site.combine import combination_for
+
+    x, y, combination = combination_for(method.cfg, k, inputs.x, inputs.y)  # rows held out for the combiner, if on
+    site = method.make_site(k, x, y, shape)
+    site.combination = combination
     if inputs.external is not None:
         site.tests["external"] = inputs.external
     if inputs.internal is not None:

@@ -22,6 +22,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +32,9 @@ from silofl.core.checkpoint import load_node, save_node
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.models import ModelSpec
 from silofl.privacy.ledger import Ledger
+
+if TYPE_CHECKING:
+    from silofl.site.combine import Combination
 
 log = logging.getLogger("silofl")
 
@@ -58,6 +62,7 @@ class Site(ABC):
         self.folder: Path | None = None  # the site's own folder: its ledger and the figures it keeps
         self.run_label = "run"
         self.release_nonprivate = True  # report figures computed from non-private data (the site's choice)
+        self.combination: Combination | None = None  # its own model fused with the DP ones (silofl.site.combine)
 
     def open_folder(self, folder: str | Path, run_label: str = "run", release_nonprivate: bool = True) -> None:
         """Keep this site's ledger (its privacy spend, recomputed from it: :mod:`silofl.privacy.ledger`) and the
@@ -112,6 +117,17 @@ class Site(ABC):
     @abstractmethod
     def n(self) -> int:
         """The number of training examples (public: it sets weights and sampling rates)."""
+
+    def own_model(self) -> nn.Module | None:
+        """The site's own model trained without DP, if its method has one (ProxyFL's, FML's private model)."""
+        return None
+
+    def _scores(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
+        """:meth:`evaluate`, plus the combined model's accuracy (``combined_acc``) when the site combines."""
+        out = self.evaluate(x, y, cache)
+        if self.combination is not None:
+            out["combined_acc"] = self.combination.accuracy(self, x, y)
+        return out
 
     def extra_metrics(self) -> dict:
         """Method-specific figures reported with every evaluation (e.g. a PushSum weight)."""
@@ -175,6 +191,8 @@ class Site(ABC):
         """Score the models on the shared test set (``score``) and on the site's own held-out set
         (``internal``); report ε and the last round's training figures."""
         kept: dict = {}
+        if self.combination is not None:  # refitted on the site's held-out rows with the current models
+            self.combination.fit(self)
         meta: dict = {"accs": {}, "internal": {}, "epsilon": self.epsilon(),
                       "extra": self._release(self.extra_metrics(), kept), "train": self._release(dict(self.last_train), kept)}
         if msg.meta.get("score", True) and "external" in self.tests:
@@ -182,9 +200,9 @@ class Site(ABC):
             # the cache shares one model's score among sites holding it, per test set: sites that see the shared
             # test set through their own preprocessing (per-site sources) hold different tensors
             cache = self.eval_cache.setdefault(("test set", id(x)), {}) if self.eval_cache is not None else None
-            meta["accs"] = self._release(self.evaluate(x, y, cache), kept)
+            meta["accs"] = self._release(self._scores(x, y, cache), kept)
         if msg.meta.get("internal", False) and "internal" in self.tests:
-            meta["internal"] = self._release(self.evaluate(*self.tests["internal"]), kept, "_internal")
+            meta["internal"] = self._release(self._scores(*self.tests["internal"]), kept, "_internal")
         if kept and self.folder is not None:  # what the site keeps to itself
             with open(self.folder / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"round": msg.meta.get("round"), "client": self.cid, **kept}) + "\n")
@@ -209,6 +227,8 @@ class Site(ABC):
                 import json
 
                 (d / f"client{self.cid}_features.json").write_text(json.dumps(self.features, indent=1) + "\n")
+            if self.combination is not None:
+                written += self.combination.save(self, d)
         return Message({"architectures": self.architectures(), "epsilon": self.epsilon(), "left_at": self.left_at,
                         "privacy": self.privacy_report(), "models": written})
 

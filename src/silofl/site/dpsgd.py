@@ -346,6 +346,9 @@ class DPSGDSite(Site):
             out[f"{self.shared_field}_acc"] = acc
         return out
 
+    def own_model(self) -> torch.nn.Module | None:
+        return self.private
+
     def epsilon(self) -> float | None:
         return None if self.accountant is None else self.accountant.epsilon(self.settings.delta)
 
