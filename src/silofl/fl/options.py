@@ -88,6 +88,8 @@ class DPSGDOptions(MethodOptions):
     aug_flip: bool = False  # augmult: random horizontal flips too
     sample_rate: float | None = None  # Poisson rate q per DP step (None: batch_size / n); 1 = full batch
     local_steps: int | None = None  # DP steps per round (None: one epoch, n // batch_size or 1 / q)
+    # the non-DP models' Adam learning rate (a private model, combination's own model, going alone): None: lr
+    private_lr: float | None = None
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -113,6 +115,8 @@ class DPSGDOptions(MethodOptions):
             raise ConfigError(f"sample_rate must lie in (0, 1], got {self.sample_rate}")
         if self.local_steps is not None and self.local_steps < 1:
             raise ConfigError(f"local_steps must be at least 1, got {self.local_steps}")
+        if self.private_lr is not None:
+            positive("private_lr", self.private_lr)
 
 
 @dataclass

@@ -24,6 +24,8 @@ def alone_config(cfg: RunConfig, split_seed: int | None) -> RunConfig:
     opts = {k: getattr(cfg.options, k) for k in regular.field_names() if hasattr(cfg.options, k)}  # same training
     if "private_model" not in opts and getattr(cfg.options, "proxy_model", None):  # no private model: the shared one
         opts["private_model"] = cfg.options.proxy_model
+    if opts.get("private_lr") is not None:  # the run trains its non-DP models with Adam at private_lr: so does alone
+        opts.update(optimizer="adam", momentum=0.0, nesterov=False, lr=opts["private_lr"], augmult=0)
     return RunConfig.from_dict({**flat, **opts, "method": "regular", "privacy": "off", "split_seed": split_seed,
                                 "eval_every": cfg.rounds, "out": str(Path(cfg.out) / "alone")}, strict=False)
 

@@ -82,6 +82,7 @@ class DPSGDSettings:
     aug_flip: bool = False
     sample_rate: float | None = None
     local_steps: int | None = None
+    private_lr: float | None = None  # the private model's Adam lr (None: lr)
 
 
 def round_schedule(n: int, batch_size: int, sample_rate: float | None = None, local_steps: int | None = None
@@ -126,7 +127,8 @@ class DPSGDSite(Site):
         self.private_spec, self.shared_spec, self.shared_field = private_spec, shared_spec, shared_field
         self.private = private_spec.build().to(x.device) if private_spec is not None else None
         self.shared = shared_spec.build().to(x.device)
-        self.private_opt = (torch.optim.Adam(self.private.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        private_lr = s.private_lr if s.private_lr is not None else s.lr
+        self.private_opt = (torch.optim.Adam(self.private.parameters(), lr=private_lr, weight_decay=s.weight_decay)
                             if self.private is not None else None)
         self.shared_opt = shared_optimizer(self.shared.parameters(), s)
         self.augment: AugMult | None = None

@@ -18,7 +18,8 @@ def dpsgd_settings(cfg: Any, k: int) -> DPSGDSettings:
         optimizer_state=getattr(o, "optimizer_state", "reset"), dml_alpha=getattr(o, "dml_alpha", 0.5),
         dml_beta=float(getattr(o, "dml_beta", 0.0) or 0.0),
         optimizer=o.optimizer, momentum=o.momentum, nesterov=o.nesterov, ema_decay=o.ema_decay, augmult=o.augmult,
-        aug_pad=o.aug_pad, aug_flip=o.aug_flip, sample_rate=o.sample_rate, local_steps=o.local_steps)
+        aug_pad=o.aug_pad, aug_flip=o.aug_flip, sample_rate=o.sample_rate, local_steps=o.local_steps,
+        private_lr=getattr(o, "private_lr", None))
 
 
 def spec(name: str, data: Any) -> ModelSpec:
