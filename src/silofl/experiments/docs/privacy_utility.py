@@ -489,6 +489,13 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
         "",
     ]
     lines += [f"- **{f}**: {FEATURE_TEXT[f]}." for f in features]
+    old = sorted({r.get("features", "none") for r in rows if r.get("carried")})
+    if old:
+        lines += ["", f"**Not re-run in this generation: features {', '.join(old)}.** Those rows are carried over "
+                  "unchanged from the previous generation of this document (its CSV; same study, same split, grid "
+                  f"rounds ∈ {ROUNDS} and ProxyFL's α, the papers' recipe), with their headline figure only: that "
+                  "generation did not search the DP-SGD recipe. Re-running them: the command above with "
+                  "`--features none,scatter`."]
     lines += ["", "Going alone (no DP, the same features, the same seeds' splits): Regular without DP (the method's own "
               "training: the head, optimizer and longest rounds of the grid) and each site's own scikit-learn logistic "
               f"regression on all its rows (L2 strength from {OWN_C} chosen on the validation split). Every gain below "
@@ -696,7 +703,7 @@ def _write_csv(rows: list[dict], path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = ["label", "method", "budget", "seed", "headline", "test", "epsilon", "sigma", "rounds", "settings",
-            "validation", "tuning_trials", "tuning_epsilon", "features"]
+            "validation", "tuning_trials", "tuning_epsilon", "features", "carried_from"]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
@@ -704,7 +711,40 @@ def _write_csv(rows: list[dict], path: Path) -> None:
             t = r.get("tuning", {})
             w.writerow([r.get("label"), r.get("method"), r.get("budget"), r.get("seed"), r.get("headline"), r.get("test"),
                         r.get("epsilon"), r.get("sigma"), r.get("rounds"), json.dumps(r.get("settings")),
-                        r.get("validation"), t.get("trials"), t.get("max"), r.get("features", "none")])
+                        r.get("validation"), t.get("trials"), t.get("max"), r.get("features", "none"),
+                        r.get("carried")])
+
+
+CARRIED = "carried over"  # rows of feature stages not re-run: taken from the CSV the previous generation wrote
+
+
+def carried_rows(csv_path: Path, features: tuple[str, ...]) -> list[dict]:
+    """The rows of ``csv_path`` (an earlier generation's CSV) whose feature stage is not among ``features``: kept as
+    they were (headline figure, ε, σ, settings), marked ``carried``; a CSV without a ``features`` column is of the
+    pixel stage (``none``)."""
+    import csv
+
+    if not csv_path.is_file():
+        return []
+    out = []
+    with open(csv_path, newline="") as f:
+        for r in csv.DictReader(f):
+            feats = r.get("features") or "none"
+            if feats in features or r.get("carried") == "no":
+                continue
+
+            def num(k, r=r):
+                return float(r[k]) if r.get(k) not in (None, "") else None
+
+            out.append({"label": r["label"], "method": r["method"], "budget": num("budget"), "seed": int(r["seed"]),
+                        "features": feats, "headline": r["headline"], "test": num("test"), "epsilon": num("epsilon"),
+                        "sigma": num("sigma"), "rounds": int(float(r["rounds"])) if r.get("rounds") else None,
+                        "settings": json.loads(r["settings"]) if r.get("settings") else {},
+                        "validation": num("validation"), "accs": {r["headline"]: num("test")},
+                        "tuning": {"trials": int(float(r["tuning_trials"])) if r.get("tuning_trials") else 0,
+                                   "max": num("tuning_epsilon"), "seconds": 0.0},
+                        "carried": r.get("carried_from") or "the previous generation of this document"})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -726,9 +766,10 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(a.out)
     root.mkdir(parents=True, exist_ok=True)
     rows = collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features)
+    carried = carried_rows(Path(a.doc).parent / "data" / "privacy_utility.csv", features)
     cmd = (f"python -m silofl.experiments.docs.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
            f"--features {','.join(features)}")
-    document(rows, root, Path(a.doc), seeds, cmd, features)
+    document(rows + carried, root, Path(a.doc), seeds, cmd, tuple(FEATURE_SETS) if carried else features)
     print(f"wrote {a.doc}", file=sys.stderr)
 
 
