@@ -29,7 +29,8 @@ def feature_names() -> list[str]:
 def make_stage(value: str, cfg: Any = None) -> FeatureStage:
     """The stage ``value`` names (``none``, ``scatter``, ``backbone:DIR``), with its parameters from ``cfg``."""
     name, arg = parse(value)
-    return stages()[name].from_config(arg, cfg)
+    cls: type[FeatureStage] = stages()[name]
+    return cls.from_config(arg, cfg)
 
 
 def stage_from_config(cfg: Any) -> FeatureStage:
