@@ -1,6 +1,7 @@
 """ScatterNet features: kymatio's scattering, then GroupNorm without affine parameters, one example at a time."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -52,11 +53,18 @@ def test_one_example_depends_on_no_other():
 
 
 def test_shape_and_bounds():
+    from silofl.features import record, value_bounds
+
     stage = ScatterFeatures(j=2, l=8)
     assert stage.output_shape((1, 28, 28)) == (81, 7, 7)
     assert scattering_channels(2, 8) == 81 and scattering_channels(1, 8) == 9
     lo, hi = stage.value_bounds((1, 16, 16))
-    f = stage.transform(_images(n=4))
+    cfg = SimpleNamespace(features="scatter", scatter_j=2, scatter_l=8)
+    assert (lo, hi) == value_bounds(record(stage, (1, 16, 16), cfg))
+    x = _images(n=4)
+    x[0] = 0
+    x[0, 0, 0, 0] = 1  # one bright pixel: the most extreme group values
+    f = stage.transform(x)
     assert lo <= float(f.min()) and float(f.max()) <= hi
 
 

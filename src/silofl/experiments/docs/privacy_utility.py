@@ -237,6 +237,10 @@ def _pubsub(eps: float, seed: int, folder: Path) -> dict:
     sites = [(x.flatten(1).numpy().astype(np.float64), y.numpy()) for x, y in split.parts]
     lo = float(min(x.min() for x, _ in sites + [(x_test, y_test)]))  # the pixel domain (public): its fixed range
     hi = float(max(x.max() for x, _ in sites + [(x_test, y_test)]))
+    if split.features is not None:  # a feature stage: its public value bounds, not a range read from the data
+        from silofl.features import value_bounds
+
+        lo, hi = value_bounds(split.features) or (lo, hi)
     feats = [f"px{i}" for i in range(x_test.shape[1])]
     classes = [str(c) for c in range(split.dataset.num_classes)]
     bounds = Bounds(np.full(len(feats), lo), np.full(len(feats), hi))
