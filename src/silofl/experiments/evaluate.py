@@ -27,7 +27,6 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: s
     if eval_split:
         cfg = cfg.replace(eval_split=eval_split)
     _, split = prepare_data(cfg.resolve(), torch.device("cpu"))  # the run's own test set (e.g. external sites)
-    data = split.dataset
     x, y = split.test
     recorded = {}
     if (run_dir / "summary.json").is_file():
@@ -39,11 +38,11 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: s
         raise ConfigError(f"no models found under {run_dir / 'models'}")
     results = []
     for spec_file in specs:
-        if not spec_file.stem.startswith("client") or spec_file.stem.endswith("_preprocessing"):
+        if not spec_file.stem.startswith("client") or spec_file.stem.endswith(("_preprocessing", "_features")):
             continue
         model, spec = load_model(spec_file.with_suffix(""))
-        if tuple(spec.input_shape) != data.input_shape:
-            raise ConfigError(f"{spec_file.name} expects inputs {spec.input_shape}, the data has {data.input_shape}")
+        if tuple(spec.input_shape) != split.input_shape:  # after the run's feature stage, the features' shape
+            raise ConfigError(f"{spec_file.name} expects inputs {spec.input_shape}, the data has {split.input_shape}")
         k = int(spec_file.stem.split("_")[0].removeprefix("client") or 0)
         xk, yk = split.external[k] if split.external and k < len(split.external) else (x, y)  # the site's own view
         results.append({"model": spec_file.stem, "architecture": spec.name,

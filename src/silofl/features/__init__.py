@@ -29,7 +29,8 @@ def feature_names() -> list[str]:
 def make_stage(value: str, cfg: Any = None) -> FeatureStage:
     """The stage ``value`` names (``none``, ``scatter``, ``backbone:DIR``), with its parameters from ``cfg``."""
     name, arg = parse(value)
-    return stages()[name].from_config(arg, cfg)
+    cls: type[FeatureStage] = stages()[name]
+    return cls.from_config(arg, cfg)
 
 
 def stage_from_config(cfg: Any) -> FeatureStage:
@@ -72,4 +73,12 @@ def stage_from_record(rec: dict[str, Any]) -> FeatureStage:
     return stage
 
 
-__all__ += ["cache_root", "record", "stage_from_record"]
+def value_bounds(rec: dict[str, Any]) -> tuple[float, float] | None:
+    """Public bounds of every feature value for a stage's record (the run's ``split.features``), whatever the data —
+    what PubSub-ML's ``dp-nn`` declares as its inputs' bounds on features — or None when the stage has none."""
+    stage = stage_from_record(rec)
+    fn = getattr(stage, "value_bounds", None)
+    return fn(tuple(rec["input_shape"])) if fn is not None else None
+
+
+__all__ += ["cache_root", "record", "stage_from_record", "value_bounds"]

@@ -20,6 +20,8 @@ class FeatureStage:
     takes_argument: ClassVar[bool] = False
     # why it costs no budget (the model card and the threat model quote it)
     budget_note: ClassVar[str] = ""
+    # whether `silofl export` puts the stage inside the ONNX graph (else a two-stage export: features by silofl)
+    in_onnx: ClassVar[bool] = True
 
     @classmethod
     def from_config(cls, arg: str | None, cfg: Any) -> FeatureStage:

@@ -93,16 +93,16 @@ class FeatureCache:
         """The stored features at ``places`` (chunk, row), in order."""
         out = np.empty((len(places), int(np.prod(out_shape))), dtype=np.float32)
         by_chunk: dict[str, list[tuple[int, int]]] = {}
-        for pos, (chunk, row) in enumerate(places):
-            by_chunk.setdefault(chunk, []).append((pos, row))
+        for i, (chunk, row) in enumerate(places):
+            by_chunk.setdefault(chunk, []).append((i, row))
         for chunk, pairs in by_chunk.items():
             arr = np.load(self.dir / f"{chunk}.npy", mmap_mode="r")
             if arr.ndim != 2 or arr.shape[1] != out.shape[1]:
                 raise OSError(f"feature cache chunk {self.dir / chunk}.npy has shape {arr.shape}")
-            pos = np.fromiter((p for p, _ in pairs), dtype=np.int64)
+            at = np.fromiter((p for p, _ in pairs), dtype=np.int64)
             rows = np.fromiter((r for _, r in pairs), dtype=np.int64)
             order = np.argsort(rows)
-            out[pos[order]] = arr[rows[order]]
+            out[at[order]] = arr[rows[order]]
         return torch.from_numpy(out).reshape(len(places), *out_shape)
 
     def write(self, keys: list[bytes], feats: torch.Tensor) -> None:

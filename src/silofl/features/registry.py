@@ -34,7 +34,7 @@ def register(name: str) -> Callable[[type], type]:
     def deco(cls: type) -> type:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"a feature stage named {name!r} is already registered ({_REGISTRY[name].__module__})")
-        cls.name = name
+        cls.name = name  # type: ignore[attr-defined]
         _REGISTRY[name] = cls
         return cls
 

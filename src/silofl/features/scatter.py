@@ -60,6 +60,9 @@ class ScatterModule(nn.Module):
 
 @register("scatter")
 class ScatterFeatures(FeatureStage):
+    # torch 2.13's ONNX exporter did not produce a graph of kymatio's complex FFTs here (the process ended during
+    # "Optimize the ONNX graph"): `silofl export` writes a two-stage export instead
+    in_onnx = False
     budget_note = ("a fixed transform of each example alone (kymatio's scattering with its predefined Morlet filters, "
                    "then per-example normalisation with no learned or data-derived statistic): it reads no other "
                    "example and no statistic of the data, so it releases nothing and costs no privacy budget")

@@ -57,13 +57,19 @@ def export(path: str | Path, client: int, out: str | Path, model: str = "private
     onnx_path = out / "model.onnx"
     graph = "one"
     if loaded.features is not None:
-        try:
-            export_onnx(loaded, onnx_path)
-        except ConfigError:
-            raise
-        except Exception:  # noqa: BLE001 - the exporter cannot trace the feature stage: export the head alone
+        from silofl.features import stage_from_record
+
+        if not stage_from_record(loaded.features).in_onnx:
             graph = "two-stage"
             export_head(loaded, onnx_path)
+        else:
+            try:
+                export_onnx(loaded, onnx_path)
+            except ConfigError:
+                raise
+            except Exception:  # noqa: BLE001 - the exporter cannot trace the feature stage: export the head alone
+                graph = "two-stage"
+                export_head(loaded, onnx_path)
         (out / "features.json").write_text(json.dumps(loaded.features, indent=1) + "\n")
     else:
         export_onnx(loaded, onnx_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import time
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ def with_features(cfg: RunConfig, split: SplitData) -> SplitData:
     rec = record(stage, raw, cfg)  # checks the stage fits the inputs (ConfigError) before any work
     root = cache_root(cfg.features_cache)
     done: dict[int, torch.Tensor] = {}
+    t0 = time.perf_counter()
 
     def f(pair, label):
         if pair is None:
@@ -50,6 +52,7 @@ def with_features(cfg: RunConfig, split: SplitData) -> SplitData:
     test = f(split.test, "test set")
     internal = [f(p, f"client {k} held-out") for k, p in enumerate(split.internal)] if split.internal else split.internal
     external = [f(p, f"client {k} test set") for k, p in enumerate(split.external)] if split.external else split.external
+    rec["seconds"] = round(time.perf_counter() - t0, 3)  # computing or reading back every site's features
     return dataclasses.replace(split, parts=parts, test=test, internal=internal, external=external,
                                feature_shape=tuple(rec["feature_shape"]), features=rec)
 

@@ -333,8 +333,11 @@ def _pubsub(eps: float, seed: int, folder: Path, feats: str = "none") -> dict:
     if feats == "none":
         lo = float(min(x.min() for x, _ in sites + [(x_test, y_test)]))  # the pixel domain (public): its fixed range
         hi = float(max(x.max() for x, _ in sites + [(x_test, y_test)]))
-    else:
-        lo, hi = -FEATURE_BOUND, FEATURE_BOUND
+    else:  # the feature stage's public value bounds (whatever the data), else a fixed ±FEATURE_BOUND
+        from silofl.features import value_bounds
+
+        lo, hi = (value_bounds(split.features) if split.features is not None else None) or (-FEATURE_BOUND,
+                                                                                          FEATURE_BOUND)
     feats_names = [f"px{i}" for i in range(x_test.shape[1])]
     classes = [str(c) for c in range(split.dataset.num_classes)]
     bounds = Bounds(np.full(len(feats_names), lo), np.full(len(feats_names), hi))
