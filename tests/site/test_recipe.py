@@ -2,6 +2,8 @@
 exchanges the raw iterate, and its accountant counts exactly the steps the mechanism ran (dp-accounting agrees);
 ``round_schedule`` keeps today's q and steps by default."""
 
+from copy import deepcopy
+
 import pytest
 import torch
 from dp_accounting import dp_event
@@ -31,6 +33,7 @@ def test_ema_is_what_is_evaluated_and_saved_the_raw_iterate_is_exchanged_and_the
                       momentum=0.9, nesterov=True, ema_decay=0.6, sample_rate=0.5, local_steps=3, augmult=2, aug_pad=1,
                       aug_flip=True)
     site = DPSGDSite(0, x, y, ModelSpec("logreg", (1, 6, 6), 3), s, shared_field="global")
+    copy = DPSGDSite(0, x, y, ModelSpec("logreg", (1, 6, 6), 3), s, shared_field="global")
     ends = []
     for rnd in range(1, 4):
         site.train(rnd)
@@ -49,3 +52,11 @@ def test_ema_is_what_is_evaluated_and_saved_the_raw_iterate_is_exchanged_and_the
     ref = RdpAccountant(list(DEFAULT_ORDERS))
     ref.compose(dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(1.3)), 9)
     assert rep["epsilon"] == pytest.approx(ref.get_epsilon(1e-3), rel=1e-3)
+    # a checkpoint carries the EMA and the augmentation's generator: a resumed site trains on identically
+    copy.load_state_dict(deepcopy(site.state_dict()))  # as a checkpoint file would: no shared tensors
+    for k, v in copy.released().state_dict().items():
+        assert torch.equal(v, released[k])
+    site.train(4)
+    copy.train(4)
+    for k, v in copy.released().state_dict().items():
+        assert torch.equal(v, site.released().state_dict()[k])

@@ -69,6 +69,8 @@ class DPGradient:
         (augmentation multiplicity): ``x`` holds that many consecutive augmented views of each of the B examples
         of ``extras``; example i's loss is the mean over its views, so its clipped gradient — the sensitivity —
         is still at most C."""
+        if views < 1 or x.shape[0] % views:
+            raise ValueError(f"{x.shape[0]} inputs are not {views} views of each example")
         B = x.shape[0] // views
         if B == 0:
             grads, sq = {}, torch.zeros(0)
