@@ -141,7 +141,7 @@ class Combination:
         if self.weight is None or self.bias is None:
             raise ConfigError("the combiner has not been fitted")
         feats = torch.cat([log_probs(m, x) for _, m in self.parts(site)], 1)
-        return feats @ self.weight.T + self.bias
+        return feats @ self.weight.to(feats.device).T + self.bias.to(feats.device)
 
     def accuracy(self, site: Site, x: torch.Tensor, y: torch.Tensor) -> float:
         """The combined model's accuracy on (x, y)."""
