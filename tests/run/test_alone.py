@@ -68,3 +68,7 @@ def test_vs_alone_and_combination_on_digits(tmp_path, method, extra):
     assert json.loads((out / "models" / "client0_combined.json").read_text())["parts"] == ["own", "global"]
     assert (out / "models" / "client0_own.safetensors").is_file()
     assert s["final"]["per_client"][0]["combined_acc"] is not None
+    from silofl.experiments.evaluate import evaluate_run  # the saved combination gives the recorded figure
+
+    again = {r["model"]: r for r in evaluate_run(out)}
+    assert again["client1_combined"]["accuracy"] == pytest.approx(again["client1_combined"]["recorded"], abs=1e-6)

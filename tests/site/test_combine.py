@@ -132,7 +132,8 @@ def test_combination_never_reads_the_test_split():
         assert "combined_acc" in reply.meta["accs"] and "combined_acc" in reply.meta["internal"]
     assert torch.equal(fitted[0][0], fitted[1][0]) and torch.equal(fitted[0][1], fitted[1][1])
     # and it is exactly the fit on the held-out rows' log-probabilities of the site's own and DP models
-    expect, _, _ = fit_combiner([log_probs(site.private, x[held]), log_probs(site.shared, x[held])], y[held], "stack")
+    expect, _, _ = fit_combiner([log_probs(site.private, x[held]), log_probs(site.shared, x[held])], y[held], "stack",
+                             balance=True)  # the default: class-balanced
     assert torch.equal(fitted[0][0], expect)
     assert site.combination.roles == ["private", "proxy"]
     assert site.metric_label("combined_acc") == "non-private"

@@ -31,7 +31,7 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: s
     recorded = {}
     if (run_dir / "summary.json").is_file():
         for r in json.loads((run_dir / "summary.json").read_text())["final"]["per_client"]:
-            for role in ("private", "proxy", "global"):
+            for role in ("private", "proxy", "global", "combined"):
                 recorded[f"client{r['client']}_{role}"] = r.get(f"{role}_acc")
     specs = sorted((run_dir / "models").glob("*.json"))
     if not specs:
@@ -40,10 +40,15 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: s
     for spec_file in specs:
         if not spec_file.stem.startswith("client") or spec_file.stem.endswith(("_preprocessing", "_features")):
             continue
-        model, spec = load_model(spec_file.with_suffix(""))
+        k = int(spec_file.stem.split("_")[0].removeprefix("client") or 0)
+        if spec_file.stem.endswith("_combined"):  # the site's combination (silofl.site.combine) over its model files
+            from silofl.inference.pipeline import load_combined
+
+            model, spec = load_combined(spec_file.parent, k)
+        else:
+            model, spec = load_model(spec_file.with_suffix(""))
         if tuple(spec.input_shape) != split.input_shape:  # after the run's feature stage, the features' shape
             raise ConfigError(f"{spec_file.name} expects inputs {spec.input_shape}, the data has {split.input_shape}")
-        k = int(spec_file.stem.split("_")[0].removeprefix("client") or 0)
         xk, yk = split.external[k] if split.external and k < len(split.external) else (x, y)  # the site's own view
         results.append({"model": spec_file.stem, "architecture": spec.name,
                         "accuracy": accuracy(model, xk, yk), "recorded": recorded.get(spec_file.stem)})

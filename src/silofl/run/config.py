@@ -104,7 +104,7 @@ class RunConfig:
     combine_holdout: float = 0.2
     combine_epochs: int | None = None
     combine_l2: float = 1e-2
-    combine_balance: bool = False  # fit the combiner class-balanced (every class of the held-out rows counts equally)
+    combine_balance: bool = True  # fit the combiner class-balanced (every class of the held-out rows counts equally)
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
