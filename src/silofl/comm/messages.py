@@ -21,6 +21,32 @@ from silofl.core.errors import PeerModelRejected
 
 MAX_FRAME_BYTES = 1 << 30  # one call's frame (all packets of all sites of one process)
 MAX_HEADER_BYTES = 16 << 20
+MAX_JSON_DEPTH = 64  # nesting of a frame's JSON header (a parser recursing 200,000 levels deep never returns)
+
+
+def json_depth(text: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """The nesting depth of JSON ``text`` by one linear scan (no recursion, strings and escapes skipped);
+    PeerModelRejected as soon as it exceeds ``limit``."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:  # backslash
+                escaped = True
+            elif c == 0x22:  # quote
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                raise PeerModelRejected(f"frame header nests deeper than {limit} levels")
+            deepest = max(deepest, depth)
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 @dataclass
@@ -65,9 +91,11 @@ def unpack(frame: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES) -> tuple
     hlen = int.from_bytes(bytes(frame[:8]), "little")
     if hlen > min(MAX_HEADER_BYTES, n - 8):
         raise PeerModelRejected(f"frame declares a header of {hlen} bytes in a frame of {n}")
+    head = bytes(frame[8 : 8 + hlen])
+    json_depth(head)  # bounded before the (recursive) parser sees it
     try:
-        header = json.loads(bytes(frame[8 : 8 + hlen]))
-    except ValueError as e:
+        header = json.loads(head)
+    except (ValueError, RecursionError) as e:
         raise PeerModelRejected(f"frame header is not JSON: {e}") from None
     if not isinstance(header, dict) or not isinstance(header.get("step"), str) or not isinstance(header.get("messages"), dict):
         raise PeerModelRejected("frame header must hold a step name and a mapping of messages")
