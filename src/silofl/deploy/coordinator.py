@@ -135,6 +135,26 @@ class FlowerEngine(Engine):
             return None
         return Packet(p.src, p.dst, data)
 
+    def keep_head(self, k: int, head, sig) -> None:
+        """Keep the ledger head site ``k`` announced (signed with its pinned key) after a round's spend."""
+        from cryptography.exceptions import InvalidSignature
+
+        from silofl.deploy.pki import load_public
+        from silofl.deploy.site import head_text
+
+        if self.heads is None or self.setup_meta is None:
+            return
+        name = self.cards[k]["name"]
+        try:
+            if not (isinstance(head, dict) and {"epoch", "entries", "mac"} <= set(head)):
+                raise ValueError("malformed head")
+            load_public(self.cards[k]["sign"], "ed25519").verify(bytes.fromhex(str(sig)),
+                                                                 head_text(self._run_id(), name, head))
+            self.heads.accept(name, head)
+        except (InvalidSignature, ValueError, TypeError, SiloflError) as e:
+            log.warning("site %d announced a ledger head the coordinator does not keep: %s", k, e)
+            self.refused.append({"client": k, "round": self.round, "reason": f"ledger head: {e}"[:300]})
+
     def server_id(self) -> int:
         """The node id of the coordinator's server role."""
         return len(self.nodes)
@@ -220,6 +240,8 @@ class FlowerEngine(Engine):
         if any(p.dst not in self.nodes for p in reply.packets):  # uploads to a server role: opened here
             opened = [p if p.dst in self.nodes else self.open_upload(k, p) for p in reply.packets]
             reply.packets = [p for p in opened if p is not None]
+        if "head_signature" in reply.meta:  # a site's ledger head after a round's spend
+            self.keep_head(k, reply.meta.pop("ledger_head", None), reply.meta.pop("head_signature"))
         for why in reply.meta.pop("refused_payloads", []) or []:
             self.refused.append({"client": k, "round": self.round, "reason": str(why)[:300]})
         return reply
@@ -360,9 +382,8 @@ def join(engine: FlowerEngine, spec: dict):
     """Greet every site (its signed hello checked against its pinned key), fill the run's data-dependent settings
     from the sizes the sites declare, and send every site the run, which each decides to join or refuses;
     (the config, the :class:`RemoteSplit`). SiloflError if a site is missing, impersonated or refuses."""
-    from silofl.run.config import RunConfig
-
     from silofl.privacy.ledger import HeadStore
+    from silofl.run.config import RunConfig
 
     sites = spec["sites"]
     nodes = engine.nodes

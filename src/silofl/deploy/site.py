@@ -538,8 +538,11 @@ class SiteWorker:
         packets = [self._open(p) for p in msg.packets]
         reply = self.site.handle(step, Message(meta, [p for p in packets if p is not None]))
         out = self._seal(step, reply)
-        if step in TRAIN_STEPS:
-            self.state.save_head(self._head())
+        if step in TRAIN_STEPS:  # the head after this round's spend: kept here, announced signed to the coordinator
+            head = self._head()
+            self.state.save_head(head)
+            out.meta["ledger_head"] = head
+            out.meta["head_signature"] = self.sign_key.sign(head_text(self.run_id, self.cfg.name, head)).hex()
         return out
 
     def _destination(self, d: object) -> str:
@@ -651,6 +654,13 @@ class SiteWorker:
             log.exception("site %s: a connection failed", self.cfg.name)
         finally:
             slots.release()
+
+
+def head_text(run_id: str, name: str, head: dict) -> bytes:
+    """What a site signs when it announces its ledger head in a run."""
+    from silofl.privacy.ledger import canonical_json
+
+    return f"silofl head|{run_id}|{name}|".encode() + canonical_json(head)
 
 
 def hello_text(nonce: str, name: str, head: dict) -> bytes:
