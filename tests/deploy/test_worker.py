@@ -12,7 +12,6 @@ from silofl.core.errors import SiloflError
 from silofl.deploy.coordinator import FlowerEngine, join
 from silofl.deploy.local import make_site_folders
 from silofl.deploy.site import ERROR, HELLO, SETUP, SiteConfig, SiteWorker
-from silofl.privacy.ledger import Ledger, change_lifetime
 from silofl.run.data import prepare_data
 from silofl.run.loop import run as simulate
 
@@ -131,6 +130,8 @@ def test_a_replayed_payload_is_refused(tiny_cfg, tmp_path):
 
 
 def test_a_site_refuses_what_its_folder_does_not_allow(tiny_cfg, tmp_path):
+    from silofl.privacy.ledger import Ledger, change_lifetime
+
     cfg = tiny_cfg.replace(method="proxyfl", clients=2, rounds=2, seed=0, noise_multiplier=1.0)
     _, workers, spec, folders = deployment(cfg, tmp_path, allow_research_seed=False)
     with pytest.raises(SiloflError, match="seed"):

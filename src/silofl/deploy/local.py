@@ -97,10 +97,12 @@ class Proc:
             f.seek(self.offset)
             return f.read().decode(errors="replace")
 
-    def wait_for(self, needle: str, timeout_s: float) -> None:
-        """Wait until ``needle`` appears in its output; SiloflError if it exits or the time runs out."""
+    def wait_for(self, needle: str, timeout_s: float, stop: threading.Event | None = None) -> None:
+        """Wait until ``needle`` appears in its output; SiloflError if it exits, the time runs out or ``stop`` is set."""
         deadline = time.monotonic() + timeout_s
         while needle not in self.text():
+            if stop is not None and stop.is_set():
+                raise SiloflError(f"{self.name}: stopped before it was ready")
             if self.p.poll() is not None:
                 raise SiloflError(f"{self.name} exited ({self.p.returncode}): {self.text()[-1500:]}")
             if time.monotonic() > deadline:
@@ -155,10 +157,12 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
     try:
         for attempt in range(1, 61):  # the SuperLink refuses a node id it still holds for a dead process (≤ 60 s)
             try:
-                node.wait_for("SuperNode ID", 120)
+                node.wait_for("SuperNode ID", 120, stop)
                 break
             except SiloflError as e:
-                if node.p.poll() is None or attempt == 60 or stop.is_set():
+                if stop.is_set():  # asked to stop (SIGTERM, Ctrl-C) while connecting
+                    return
+                if node.p.poll() is None or attempt == 60:
                     raise
                 log.warning("site %s: the SuperNode could not connect yet (%s); retrying", worker.cfg.name,
                             str(e).splitlines()[-1][:120])
