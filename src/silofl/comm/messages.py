@@ -15,6 +15,7 @@ node ids, the JSON types.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from silofl.core.errors import PeerModelRejected
@@ -22,29 +23,24 @@ from silofl.core.errors import PeerModelRejected
 MAX_FRAME_BYTES = 1 << 30  # one call's frame (all packets of all sites of one process)
 MAX_HEADER_BYTES = 16 << 20
 MAX_JSON_DEPTH = 64  # nesting of a frame's JSON header (a parser recursing 200,000 levels deep never returns)
+_STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)  # a whole string, or one bracket
 
 
 def json_depth(text: bytes, limit: int = MAX_JSON_DEPTH) -> int:
-    """The nesting depth of JSON ``text`` by one linear scan (no recursion, strings and escapes skipped);
-    PeerModelRejected as soon as it exceeds ``limit``."""
+    """The nesting depth of JSON ``text`` (at most ``limit`` when it has no more brackets than that) by one linear
+    scan over its strings and brackets (no recursion; brackets inside strings do not count); PeerModelRejected as soon
+    as it exceeds ``limit``."""
+    if text.count(b"[") + text.count(b"{") <= limit:  # cannot nest deeper than it has brackets (the common case)
+        return limit
     depth = deepest = 0
-    in_string = escaped = False
-    for c in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == 0x5C:  # backslash
-                escaped = True
-            elif c == 0x22:  # quote
-                in_string = False
-        elif c == 0x22:
-            in_string = True
-        elif c in (0x5B, 0x7B):  # [ {
+    for m in _STRUCTURE.finditer(text):
+        c = m.group()
+        if c in (b"[", b"{"):
             depth += 1
             if depth > limit:
                 raise PeerModelRejected(f"frame header nests deeper than {limit} levels")
             deepest = max(deepest, depth)
-        elif c in (0x5D, 0x7D):
+        elif c in (b"]", b"}"):
             depth -= 1
     return deepest
 
