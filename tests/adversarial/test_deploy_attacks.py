@@ -263,3 +263,14 @@ def test_the_lifetime_budget_changes_only_by_a_ledger_entry_and_a_lost_ledger_is
     join(joined_again, spec)  # the restored ledger starts a new epoch: the coordinator takes its head
     heads = json.loads((tmp_path / "coordinator-state" / "ledger_heads.json").read_text())["heads"]
     assert heads["site0"]["epoch"] == 1
+
+
+# ---------------------------------------------------------------------------------------------- 4. (fast part)
+def test_a_header_nesting_200000_lists_is_refused_without_recursion():
+    from silofl.core.errors import PeerModelRejected
+
+    deep = b'{"step": "s", "messages": {"0": {"meta": {"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}, \"packets\": []}}}"
+    with pytest.raises(PeerModelRejected, match="nests deeper"):
+        unpack(len(deep).to_bytes(8, "little") + deep)
+    ok = pack("s", {0: Message({"x": [[["[[[[[[" * 100]]], "y": {"z": "]]]]\\\"{{{{"}})})
+    assert unpack(ok)[1][0].meta["x"] == [[["[[[[[[" * 100]]]  # brackets inside strings do not count
