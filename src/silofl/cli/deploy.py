@@ -203,6 +203,11 @@ def deploy_certs(
 
     pki = folder / "pki"
     if (pki / "ca.key").exists():
+        if not (pki / "coordinator.sign.key").exists():  # a folder made before the coordinator had keys
+            make_coordinator_keys(pki)
+            typer.echo(f"{pki} already holds a CA (kept); made the coordinator's keys: give {pki / 'coordinator.json'} "
+                       "to every site")
+            return
         raise ConfigError(f"{pki} already holds a CA: certificates are never overwritten")
     pki.mkdir(parents=True, exist_ok=True)
     make_ca(pki, days=days)
