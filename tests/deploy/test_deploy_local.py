@@ -97,7 +97,8 @@ def readme_commands(tmp_path):
                        "--lifetime-epsilon", "5")
         assert again.returncode == 2 and "never overwritten" in again.stderr
         for name in ("hospital-a", "hospital-b"):
-            assert silofl("site", "pin", str(tmp_path / name), *cards).returncode == 0
+            assert silofl("site", "pin", str(tmp_path / name), *cards, "--coordinator",
+                          str(coord / "pki" / "coordinator.json")).returncode == 0
         deadline = time.monotonic() + 120
         while True:  # the SuperLink is up when registration succeeds
             r = silofl("deploy", "register", str(coord), *cards, "--superlink", addr)

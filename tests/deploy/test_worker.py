@@ -44,7 +44,8 @@ def deployment(cfg, tmp_path, **site_changes):
             d = json.loads((f / "site.json").read_text())
             (f / "site.json").write_text(json.dumps({**d, **site_changes}))
     workers = [SiteWorker(f) for f in folders]
-    spec = {"config": cfg.to_dict(), "sites": [{**c, "node_id": k} for k, c in enumerate(cards)]}
+    spec = {"config": cfg.to_dict(), "sites": [{**c, "node_id": k} for k, c in enumerate(cards)],
+            "coordinator_keys": str(tmp_path / "coordinator-keys"), "state_dir": str(tmp_path / "coordinator-state")}
     return cfg, workers, spec, folders
 
 
@@ -129,23 +130,25 @@ def test_a_replayed_payload_is_refused(tiny_cfg, tmp_path):
 
 
 def test_a_site_refuses_what_its_folder_does_not_allow(tiny_cfg, tmp_path):
+    from silofl.privacy.ledger import Ledger, change_lifetime
+
     cfg = tiny_cfg.replace(method="proxyfl", clients=2, rounds=2, seed=0, noise_multiplier=1.0)
     _, workers, spec, folders = deployment(cfg, tmp_path, allow_research_seed=False)
     with pytest.raises(SiloflError, match="seed"):
         join(Loopback(workers), spec)
     unseeded = {**spec, "config": {**spec["config"], "seed": None}}
-    for f in folders:
-        d = json.loads((f / "site.json").read_text())
-        (f / "site.json").write_text(json.dumps({**d, "lifetime_epsilon": 0.5}))
-    with pytest.raises(SiloflError, match="lifetime ε 0.5"):
+    for f in folders:  # the ledger is the budget of record: `silofl site budget` records a change
+        change_lifetime(Ledger(f / "ledger"), 0.5, 1e-3, "a stricter budget")
+    with pytest.raises(SiloflError, match="lifetime budget leaves, ε 0.5"):
         join(Loopback([SiteWorker(f) for f in folders]), unseeded)
     tight = {**unseeded, "config": {**unseeded["config"], "delta": 0.5}}
     with pytest.raises(SiloflError, match="lifetime δ"):
         join(Loopback([SiteWorker(f) for f in folders]), tight)
     paper = {**unseeded, "config": {**unseeded["config"], "privacy": "paper"}}
     for f in folders:
+        change_lifetime(Ledger(f / "ledger"), 1e6, 1e-3, "a generous budget")
         d = json.loads((f / "site.json").read_text())
-        (f / "site.json").write_text(json.dumps({**d, "lifetime_epsilon": 1e6, "allow_non_formal": False}))
+        (f / "site.json").write_text(json.dumps({**d, "allow_non_formal": False}))
     with pytest.raises(SiloflError, match="no formal guarantee"):
         join(Loopback([SiteWorker(f) for f in folders]), paper)
 

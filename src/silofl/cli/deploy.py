@@ -60,13 +60,72 @@ def site_init(
 @site_app.command("pin")
 @friendly_errors
 def site_pin(folder: Path = typer.Argument(...), cards: list[Path] = typer.Argument(..., help="public.json of every "
-                                                                                     "site of the federation")):
+                                                                                     "site of the federation"),
+             coordinator: Path | None = typer.Option(None, "--coordinator", help="The coordinator's card "
+                                                     "(pki/coordinator.json from `silofl deploy certs`): a server "
+                                                     "role's models are taken only when signed by it.")):
     """Pin the federation's public cards in the site folder (payloads are sealed to and checked against them)."""
     from silofl.deploy.site import SiteConfig, pin_federation
 
     SiteConfig.load(folder)
-    pin_federation(folder, [_card(c) for c in cards])
-    typer.echo(f"pinned {len(cards)} sites in {folder / 'federation.json'}")
+    coord = None
+    if coordinator is not None:
+        try:
+            coord = json.loads(coordinator.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{coordinator}: not the coordinator's card ({e})") from None
+    pin_federation(folder, [_card(c) for c in cards], coord)
+    typer.echo(f"pinned {len(cards)} sites{' and the coordinator' if coord else ''} in {folder / 'federation.json'}")
+
+
+@site_app.command("budget")
+@friendly_errors
+def site_budget(
+    folder: Path = typer.Argument(..., help="The site folder."),
+    lifetime_epsilon: float = typer.Option(..., "--lifetime-epsilon", help="The new lifetime ε."),
+    lifetime_delta: float | None = typer.Option(None, "--lifetime-delta", help="The new lifetime δ (default: as is)."),
+    why: str = typer.Option(..., "--why", help="Why it changes (recorded in the ledger)."),
+):
+    """Change the site's lifetime budget: a ledger entry (old → new, when, why); site.json follows. Editing site.json
+    alone changes nothing (the ledger is the budget of record)."""
+    from silofl.deploy.site import SiteConfig, SiteWorker
+    from silofl.privacy.ledger import Ledger, change_lifetime, lifetime_of
+
+    cfg = SiteConfig.load(folder)
+    SiteWorker.check_folder_ledger(folder)  # a missing, shorter or foreign ledger is refused first
+    led = Ledger(folder / "ledger")
+    old = lifetime_of(led)
+    delta = lifetime_delta if lifetime_delta is not None else (old[1] if old else cfg.lifetime_delta)
+    change_lifetime(led, lifetime_epsilon, delta, why)
+    d = json.loads((folder / "site.json").read_text())
+    d.update(lifetime_epsilon=lifetime_epsilon, lifetime_delta=delta)
+    (folder / "site.json").write_text(json.dumps(d, indent=1) + "\n")
+    typer.echo(f"site {cfg.name}: lifetime budget ε {old[0] if old else '?'} → {lifetime_epsilon:g}, δ "
+               f"{old[1] if old else '?'} → {delta:g}, recorded in its ledger")
+
+
+@site_app.command("ledger-restore")
+@friendly_errors
+def site_ledger_restore(
+    folder: Path = typer.Argument(..., help="The site folder whose ledger was lost."),
+    spent_epsilon: float = typer.Option(..., "--spent-epsilon", help="The ε the site had spent before (declared; it "
+                                        "counts against the lifetime budget)."),
+    spent_delta: float = typer.Option(0.0, "--spent-delta", help="The δ it had spent before."),
+    why: str = typer.Option(..., "--why", help="What happened (recorded in the ledger)."),
+):
+    """Start a new ledger after the old one was lost, recording the declared prior spend and a new epoch (the
+    coordinator accepts the restored ledger's head; the old file, if any, is kept beside it)."""
+    from silofl.deploy.site import SiteConfig, SiteState
+    from silofl.privacy.ledger import restore_ledger
+
+    cfg = SiteConfig.load(folder)
+    card = json.loads((folder / "keys" / "public.json").read_text())
+    state = SiteState(folder.resolve())
+    led = restore_ledger(folder / "ledger", cfg.name, card["sign"], (cfg.lifetime_epsilon, cfg.lifetime_delta),
+                         spent_epsilon, spent_delta, why, state.head)
+    typer.echo(f"site {cfg.name}: a new ledger ({len(led.entries)} entries) declaring a prior spend of ε "
+               f"{spent_epsilon:g}, δ {spent_delta:g}; lifetime budget ε {cfg.lifetime_epsilon:g}, δ "
+               f"{cfg.lifetime_delta:g}")
 
 
 def _card(path: Path) -> dict:
@@ -140,15 +199,22 @@ def deploy_certs(
     days: int = typer.Option(365, "--days", help="Validity of the certificates."),
 ):
     """Make the deployment's CA and the SuperLink's TLS certificate (FOLDER/pki); give pki/ca.crt to every site."""
-    from silofl.deploy.pki import make_ca, make_server_cert
+    from silofl.deploy.pki import make_ca, make_coordinator_keys, make_server_cert
 
     pki = folder / "pki"
     if (pki / "ca.key").exists():
+        if not (pki / "coordinator.sign.key").exists():  # a folder made before the coordinator had keys
+            make_coordinator_keys(pki)
+            typer.echo(f"{pki} already holds a CA (kept); made the coordinator's keys: give {pki / 'coordinator.json'} "
+                       "to every site")
+            return
         raise ConfigError(f"{pki} already holds a CA: certificates are never overwritten")
     pki.mkdir(parents=True, exist_ok=True)
     make_ca(pki, days=days)
     make_server_cert(pki, host, days=days)
-    typer.echo(f"CA and SuperLink certificate for {', '.join(host)} in {pki}; give {pki / 'ca.crt'} to every site")
+    make_coordinator_keys(pki)
+    typer.echo(f"CA, SuperLink certificate for {', '.join(host)} and the coordinator's keys in {pki}; give "
+               f"{pki / 'ca.crt'} and {pki / 'coordinator.json'} to every site")
 
 
 @deploy_app.command("superlink")

@@ -15,12 +15,34 @@ node ids, the JSON types.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from silofl.core.errors import PeerModelRejected
 
 MAX_FRAME_BYTES = 1 << 30  # one call's frame (all packets of all sites of one process)
 MAX_HEADER_BYTES = 16 << 20
+MAX_JSON_DEPTH = 64  # nesting of a frame's JSON header (a parser recursing 200,000 levels deep never returns)
+_STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)  # a whole string, or one bracket
+
+
+def json_depth(text: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """The nesting depth of JSON ``text`` (at most ``limit`` when it has no more brackets than that) by one linear
+    scan over its strings and brackets (no recursion; brackets inside strings do not count); PeerModelRejected as soon
+    as it exceeds ``limit``."""
+    if text.count(b"[") + text.count(b"{") <= limit:  # cannot nest deeper than it has brackets (the common case)
+        return limit
+    depth = deepest = 0
+    for m in _STRUCTURE.finditer(text):
+        c = m.group()
+        if c in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                raise PeerModelRejected(f"frame header nests deeper than {limit} levels")
+            deepest = max(deepest, depth)
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return deepest
 
 
 @dataclass
@@ -65,9 +87,11 @@ def unpack(frame: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES) -> tuple
     hlen = int.from_bytes(bytes(frame[:8]), "little")
     if hlen > min(MAX_HEADER_BYTES, n - 8):
         raise PeerModelRejected(f"frame declares a header of {hlen} bytes in a frame of {n}")
+    head = bytes(frame[8 : 8 + hlen])
+    json_depth(head)  # bounded before the (recursive) parser sees it
     try:
-        header = json.loads(bytes(frame[8 : 8 + hlen]))
-    except ValueError as e:
+        header = json.loads(head)
+    except (ValueError, RecursionError) as e:
         raise PeerModelRejected(f"frame header is not JSON: {e}") from None
     if not isinstance(header, dict) or not isinstance(header.get("step"), str) or not isinstance(header.get("messages"), dict):
         raise PeerModelRejected("frame header must hold a step name and a mapping of messages")

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from silofl.comm.engine import Engine
-from silofl.comm.messages import Message, pack, unpack
+from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
-from silofl.deploy.site import ERROR, HELLO, SETUP
+from silofl.deploy import seal as sealing
+from silofl.deploy.site import COORDINATOR, ERROR, HELLO, SETUP, hello_text
 
 log = logging.getLogger("silofl")
 
@@ -69,6 +70,94 @@ class FlowerEngine(Engine):
         self.cards: list[dict] = []  # the sites' pinned public cards (join)
         self.setup_meta: dict | None = None  # the run as every site was sent it (join); a rejoining site gets it too
         self.rejoin_timeout_s = min(60.0, timeout_s)
+        self.seal_key = self.sign_key = None  # the coordinator's keys (load_keys): a server role's payloads are sealed
+        self.guard = sealing.ReplayGuard()
+        self.heads = None  # the last ledger head each site announced (a HeadStore in the coordinator's state folder)
+
+    def load_keys(self, folder: str | Path) -> None:
+        """The coordinator's sealing keys (:func:`silofl.deploy.pki.make_coordinator_keys`)."""
+        from silofl.deploy.pki import load_private
+
+        folder = Path(folder)
+        try:
+            self.seal_key = load_private(folder / "coordinator.seal.key")
+            self.sign_key = load_private(folder / "coordinator.sign.key")
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{folder}: the coordinator's keys cannot be read ({e})") from None
+
+    def _run_id(self) -> str:
+        if self.setup_meta is None:
+            raise SiloflError("a payload before the run was set up")
+        return str(self.setup_meta["run_id"])
+
+    def seal_server(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        """Every packet a server role sends, sealed to its site and signed with the coordinator's key (sites take a
+        server's model only so)."""
+        from silofl.deploy.pki import load_public
+
+        out = {}
+        for k, m in requests.items():
+            if not m.packets:
+                out[k] = m
+                continue
+            if self.sign_key is None:
+                raise SiloflError("the coordinator has no keys to seal a server's payload (coordinator_keys)")
+            packets, count = [], {}
+            for p in m.packets:
+                if p.src in self.nodes:  # a site's sealed payload, routed as it came
+                    packets.append(p)
+                    continue
+                i = count.get(p.dst, 0)
+                count[p.dst] = i + 1
+                card = self.cards[k]
+                packets.append(Packet(p.src, p.dst, sealing.seal(
+                    p.data, run_id=self._run_id(), src=COORDINATOR, dst=card["name"], rnd=self.round, step=step, index=i,
+                    sign_key=self.sign_key, recipient=load_public(card["seal"], "x25519"))))
+            out[k] = Message(m.meta, packets)
+        return out
+
+    def open_upload(self, k: int, p: Packet) -> Packet | None:
+        """A site's payload to a server role, opened (sealed to the coordinator's key by the site's pinned key);
+        None (recorded) if it is not."""
+        from silofl.deploy.pki import load_public
+
+        name = self.cards[k]["name"]
+        try:
+            if self.seal_key is None:
+                raise PeerModelRejected("the coordinator has no key to open a site's upload (coordinator_keys)")
+            header = sealing.header_of(p.data)
+            self.guard.check(name, header, self.round)
+            _, data = sealing.open_sealed(p.data, run_id=self._run_id(), src=name, dst=COORDINATOR,
+                                          seal_key=self.seal_key, sender=load_public(self.cards[k]["sign"], "ed25519"))
+        except PeerModelRejected as e:
+            log.warning("the coordinator refused an upload of site %d: %s", k, e)
+            self.refused.append({"client": self.server_id(), "round": self.round, "reason": f"from site {k}: {e}"[:300]})
+            return None
+        return Packet(p.src, p.dst, data)
+
+    def keep_head(self, k: int, head, sig) -> None:
+        """Keep the ledger head site ``k`` announced (signed with its pinned key) after a round's spend."""
+        from cryptography.exceptions import InvalidSignature
+
+        from silofl.deploy.pki import load_public
+        from silofl.deploy.site import head_text
+
+        if self.heads is None or self.setup_meta is None:
+            return
+        name = self.cards[k]["name"]
+        try:
+            if not (isinstance(head, dict) and {"epoch", "entries", "mac"} <= set(head)):
+                raise ValueError("malformed head")
+            load_public(self.cards[k]["sign"], "ed25519").verify(bytes.fromhex(str(sig)),
+                                                                 head_text(self._run_id(), name, head))
+            self.heads.accept(name, head)
+        except (InvalidSignature, ValueError, TypeError, SiloflError) as e:
+            log.warning("site %d announced a ledger head the coordinator does not keep: %s", k, e)
+            self.refused.append({"client": k, "round": self.round, "reason": f"ledger head: {e}"[:300]})
+
+    def server_id(self) -> int:
+        """The node id of the coordinator's server role."""
+        return len(self.nodes)
 
     @property
     def processes(self) -> int:
@@ -148,6 +237,11 @@ class FlowerEngine(Engine):
             if p.src != k:  # a site speaks only for itself
                 self._lose(k, f"sent a packet as node {p.src}")
                 return None
+        if any(p.dst not in self.nodes for p in reply.packets):  # uploads to a server role: opened here
+            opened = [p if p.dst in self.nodes else self.open_upload(k, p) for p in reply.packets]
+            reply.packets = [p for p in opened if p is not None]
+        if "head_signature" in reply.meta:  # a site's ledger head after a round's spend
+            self.keep_head(k, reply.meta.pop("ledger_head", None), reply.meta.pop("head_signature"))
         for why in reply.meta.pop("refused_payloads", []) or []:
             self.refused.append({"client": k, "round": self.round, "reason": str(why)[:300]})
         return reply
@@ -168,9 +262,10 @@ class FlowerEngine(Engine):
                 continue
             why = self.lost.pop(k)
             try:
-                greet(self, [k], self.cards, self.rejoin_timeout_s)
+                hello = greet(self, [k], self.cards, self.rejoin_timeout_s)
                 if k not in self.exchange(SETUP, {k: Message({**self.setup_meta, "resume": True})}, self.rejoin_timeout_s):
                     raise SiloflError(self.lost.get(k, "no answer"))
+                keep_heads(self, hello, [k])
             except SiloflError as e:
                 log.info("site %d is connected but did not rejoin before round %d: %s", k, rnd, e)
                 self.lost[k] = why
@@ -192,7 +287,7 @@ class FlowerEngine(Engine):
                     tmp = self.status_path.with_suffix(".tmp")
                     tmp.write_text(json.dumps({"state": "running", "round": r}))
                     tmp.replace(self.status_path)
-        return self.exchange(step, requests)
+        return self.exchange(step, self.seal_server(step, requests))
 
 
 def _flwr_version() -> str:
@@ -260,22 +355,43 @@ def greet(engine: FlowerEngine, ks: list[int], cards: list[dict], timeout_s: flo
         h = hellos.get(k)
         if h is None:
             raise SiloflError(f"site {name} did not say hello: {engine.lost.get(k)}")
+        head = h.meta.get("ledger_head")
         try:
+            if not (isinstance(head, dict) and {"epoch", "entries", "mac"} <= set(head)):
+                raise ValueError("no ledger head")
             ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(cards[k]["sign"])).verify(
-                bytes.fromhex(str(h.meta.get("signature", ""))), f"silofl hello|{nonce}|{name}".encode())
-        except (InvalidSignature, ValueError):
+                bytes.fromhex(str(h.meta.get("signature", ""))), hello_text(nonce, name, head))
+        except (InvalidSignature, ValueError, TypeError):
             raise SiloflError(f"node {engine.nodes[k]} answered for site {name} without its pinned key") from None
+        if engine.heads is not None:  # a site whose ledger is older than the head it announced before is refused
+            try:
+                engine.heads.check(name, head)
+            except SiloflError as e:
+                raise SiloflError(f"site {name}: {e}") from None
     return hellos
+
+
+def keep_heads(engine: FlowerEngine, hellos: dict[int, Message], ks) -> None:
+    """Keep the ledger head each of ``ks`` announced in its (signed) hello as its last."""
+    if engine.heads is not None:
+        for k in ks:
+            engine.heads.accept(engine.cards[k]["name"], hellos[k].meta["ledger_head"])
 
 
 def join(engine: FlowerEngine, spec: dict):
     """Greet every site (its signed hello checked against its pinned key), fill the run's data-dependent settings
     from the sizes the sites declare, and send every site the run, which each decides to join or refuses;
     (the config, the :class:`RemoteSplit`). SiloflError if a site is missing, impersonated or refuses."""
+    from silofl.privacy.ledger import HeadStore
     from silofl.run.config import RunConfig
 
     sites = spec["sites"]
     nodes = engine.nodes
+    engine.cards = sites
+    if spec.get("coordinator_keys"):
+        engine.load_keys(spec["coordinator_keys"])
+    if spec.get("state_dir"):
+        engine.heads = HeadStore(Path(spec["state_dir"]) / "ledger_heads.json")
     hellos = greet(engine, list(nodes), sites)
     try:
         shapes = {(tuple(_count(v, "input shape") for v in h.meta["input_shape"]), _count(h.meta["num_classes"], "classes"))
@@ -292,6 +408,7 @@ def join(engine: FlowerEngine, spec: dict):
     engine.cards = sites
     engine.setup_meta = {"run_id": run_id, "sites": names, "config": cfg.to_dict()}
     joined = engine.exchange(SETUP, {k: Message(dict(engine.setup_meta)) for k in nodes})
+    keep_heads(engine, hellos, joined)
     if len(joined) != len(nodes):
         raise SiloflError("sites refused the run: " + "; ".join(f"{names[k]}: {why}" for k, why in engine.lost.items()))
     # after a feature stage each site reports the shape its models read (its own features of its own data)

@@ -97,10 +97,12 @@ class Proc:
             f.seek(self.offset)
             return f.read().decode(errors="replace")
 
-    def wait_for(self, needle: str, timeout_s: float) -> None:
-        """Wait until ``needle`` appears in its output; SiloflError if it exits or the time runs out."""
+    def wait_for(self, needle: str, timeout_s: float, stop: threading.Event | None = None) -> None:
+        """Wait until ``needle`` appears in its output; SiloflError if it exits, the time runs out or ``stop`` is set."""
         deadline = time.monotonic() + timeout_s
         while needle not in self.text():
+            if stop is not None and stop.is_set():
+                raise SiloflError(f"{self.name}: stopped before it was ready")
             if self.p.poll() is not None:
                 raise SiloflError(f"{self.name} exited ({self.p.returncode}): {self.text()[-1500:]}")
             if time.monotonic() > deadline:
@@ -155,10 +157,12 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
     try:
         for attempt in range(1, 61):  # the SuperLink refuses a node id it still holds for a dead process (≤ 60 s)
             try:
-                node.wait_for("SuperNode ID", 120)
+                node.wait_for("SuperNode ID", 120, stop)
                 break
             except SiloflError as e:
-                if node.p.poll() is None or attempt == 60 or stop.is_set():
+                if stop.is_set():  # asked to stop (SIGTERM, Ctrl-C) while connecting
+                    return
+                if node.p.poll() is None or attempt == 60:
                     raise
                 log.warning("site %s: the SuperNode could not connect yet (%s); retrying", worker.cfg.name,
                             str(e).splitlines()[-1][:120])
@@ -170,6 +174,8 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
         while not stop.is_set():
             if node.p.poll() is not None:
                 raise SiloflError(f"the SuperNode of site {worker.cfg.name} exited: {node.text()[-800:]}")
+            if not server.is_alive():
+                raise SiloflError(f"the worker of site {worker.cfg.name} stopped serving its socket")
             stop.wait(0.5)
     finally:
         stop.set()
@@ -267,6 +273,7 @@ class LocalDeployment:
             self.close()
             raise
         self.sites = [{**c, "node_id": n} for c, n in zip(cards, node_ids, strict=True)]
+        self.extra = {"coordinator_keys": str(dep / "coordinator-keys"), "state_dir": str(dep / "coordinator-state")}
         self.security = {"tls": not insecure, "node_auth": not insecure, "sealed": True, "insecure_flag": insecure,
                          "outbound_only_sites": True}
         self.setup_s = time.perf_counter() - t0
@@ -278,7 +285,7 @@ class LocalDeployment:
         SuperLink ends the run."""
         return start_run(cfg.replace(out=str(out), report_nonprivate=True), self.sites, self.env, out, timeout_s,
                          self.security, self.procs[:1], progress, call_timeout_s,
-                         restart=self.procs[1:] if restart_sites else None)
+                         restart=self.procs[1:] if restart_sites else None, extra=self.extra)
 
     def close(self) -> None:
         """Stop every process."""
@@ -318,13 +325,15 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
 
 def start_run(cfg, sites: list[dict], env: dict[str, str], out: Path, timeout_s: float, security: dict,
               procs: list[Proc] | None = None, progress: bool = True, call_timeout_s: float = 300.0,
-              restart: list[Proc] | None = None) -> dict:
+              restart: list[Proc] | None = None, extra: dict | None = None) -> dict:
     """Submit ``cfg`` to the SuperLink the ``flwr`` environment ``env`` points at, over ``sites`` (their public
     cards with their node ids), and wait for the coordinator's ServerApp to write the run folder ``out``; its
-    summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run failed."""
+    summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run failed. ``extra``:
+    the coordinator's key folder (``coordinator_keys``) and state folder (``state_dir``: the sites' ledger heads)."""
     coord = out / "coordinator"
     coord.mkdir(parents=True)
-    spec = {"config": cfg.to_dict(), "out": str(out), "timeout_s": call_timeout_s, "sites": sites, "security": security}
+    spec = {"config": cfg.to_dict(), "out": str(out), "timeout_s": call_timeout_s, "sites": sites, "security": security,
+            **(extra or {})}
     (coord / "coordinator.json").write_text(json.dumps(spec, indent=1))
     started = time.perf_counter()
     run_id = submit(coord / "coordinator.json", env)
@@ -357,8 +366,13 @@ def run_deployment(cfg, folder: Path | None, superlink: str | None, timeout_s: f
         raise ConfigError(f"{out / 'coordinator'} exists: choose another --out")
     env = cli_env(Path(folder), superlink, insecure=False)
     security = {"tls": True, "node_auth": True, "sealed": True, "insecure_flag": False, "outbound_only_sites": True}
+    keys = Path(folder).resolve() / "pki"
+    if not (keys / "coordinator.sign.key").is_file():
+        raise ConfigError(f"{keys} has no coordinator keys: run `silofl deploy certs` (it makes them) and give "
+                          f"{keys / 'coordinator.json'} to every site (`silofl site pin --coordinator`)")
     summary = start_run(cfg.replace(out=str(out)), sites, env, out, timeout_s, security, None, progress,
-                        call_timeout_s)
+                        call_timeout_s, extra={"coordinator_keys": str(keys),
+                                               "state_dir": str(Path(folder).resolve() / "state")})
     summary["deployment"].pop("started_s", None)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -367,8 +381,11 @@ def run_deployment(cfg, folder: Path | None, superlink: str | None, timeout_s: f
 def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
     """One site folder per partition of ``split`` under ``root`` (its exported data, fresh keys, a budget that
     admits the run, reporting its test figures), with the federation's cards pinned in each; (cards, folders)."""
+    from silofl.deploy.pki import make_coordinator_keys
     from silofl.deploy.site import SiteConfig, export_data, init_site, pin_federation
     from silofl.run.loop import site_inputs
+
+    coordinator = make_coordinator_keys(root.parent / "coordinator-keys")  # the coordinator's, pinned by every site
 
     cards, folders = [], []
     lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
@@ -386,7 +403,7 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
         cards.append(init_site(folder, sc))
         folders.append(folder)
     for folder in folders:
-        pin_federation(folder, cards)
+        pin_federation(folder, cards, coordinator)
     return cards, folders
 
 

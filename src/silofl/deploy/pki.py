@@ -109,3 +109,23 @@ def public_raw(key) -> bytes:
 def load_private(path: Path):
     """A PKCS#8 private key written by this module."""
     return serialization.load_pem_private_key(path.read_bytes(), None)
+
+
+def make_coordinator_keys(folder: Path) -> dict:
+    """The coordinator's sealing keys under ``folder``: ``coordinator.seal.key`` (X25519: sites seal what they send a
+    server role to it) and ``coordinator.sign.key`` (Ed25519: it signs what a server role sends); returns its public
+    card (also written to ``coordinator.json``), which every site pins (``silofl site pin --coordinator``)."""
+    seal, sign = x25519.X25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    write_private(folder / "coordinator.seal.key", _pkcs8(seal))
+    write_private(folder / "coordinator.sign.key", _pkcs8(sign))
+    card = {"role": "coordinator", "seal": public_raw(seal.public_key()).hex(), "sign": public_raw(sign.public_key()).hex()}
+    (folder / "coordinator.json").write_text(json.dumps(card, indent=1) + "\n")
+    return card
+
+
+def load_public(hex_key: str, kind: str):
+    """A pinned public key from its hex (``kind``: "x25519" or "ed25519"); ValueError if it is not one."""
+    raw = bytes.fromhex(str(hex_key))
+    if kind == "x25519":
+        return x25519.X25519PublicKey.from_public_bytes(raw)
+    return ed25519.Ed25519PublicKey.from_public_bytes(raw)

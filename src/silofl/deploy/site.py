@@ -30,9 +30,11 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import socket
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,26 @@ MAX_FRAME = 256 << 20  # one request to one site
 NOT_DEPLOYABLE = {"joint": "Joint pools every site's data in one place: it is a reference, not a deployment"}
 TRAIN_STEPS = ("train", "train_send", "train_upload")  # the steps that run a DP mechanism
 SOCKET_NAME = "site.sock"
+COORDINATOR = "coordinator"  # the name payloads to and from the coordinator's server role are sealed under
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a run id: a plain name, never a path
+STEP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a step name
+READ_TIMEOUT_S = 60.0  # a requester that stalls mid-frame for this long loses its request, never the worker
+MAX_CONNECTIONS = 16  # requests read at once; more wait in the listen queue
+
+
+def plain_name(value: object, what: str, pattern: re.Pattern = NAME_RE) -> str:
+    """``value`` if it is a plain name (letters, digits, '_', '.', '-'; not starting with '.' or '-'); else refused."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise PeerModelRejected(f"{what} must be a plain name ({pattern.pattern}), got {str(value)[:80]!r}")
+    return value
+
+
+def inside(folder: Path, *parts: str) -> Path:
+    """``folder/parts…``, refused unless it resolves inside ``folder``."""
+    p = folder.joinpath(*parts).resolve()
+    if not p.is_relative_to(folder.resolve()):
+        raise PeerModelRejected(f"{'/'.join(parts)[:80]!r} resolves outside the site folder")
+    return p
 
 
 @dataclass
@@ -94,9 +116,10 @@ class SiteConfig:
 
 
 def init_site(folder: Path, cfg: SiteConfig, federation: list[dict] | None = None) -> dict:
-    """Create a site folder with fresh keys; returns the site's public card. Refuses an existing site folder."""
+    """Create a site folder with fresh keys and its ledger (naming the site, with its lifetime budget); returns the
+    site's public card. Refuses an existing site folder."""
     from silofl.deploy.pki import make_site_keys
-    from silofl.privacy.ledger import check_site_name
+    from silofl.privacy.ledger import Ledger, check_site_name, start_site_ledger
 
     check_site_name(cfg.name)
     if (folder / "site.json").exists():
@@ -104,17 +127,35 @@ def init_site(folder: Path, cfg: SiteConfig, federation: list[dict] | None = Non
     folder.mkdir(parents=True, exist_ok=True)
     card = make_site_keys(folder / "keys", cfg.name)
     (folder / "site.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+    start_site_ledger(Ledger(folder / "ledger"), cfg.name, card["sign"], (cfg.lifetime_epsilon, cfg.lifetime_delta),
+                      "site init")
     if federation is not None:
         pin_federation(folder, federation)
     return card
 
 
-def pin_federation(folder: Path, cards: list[dict]) -> None:
-    """Pin the federation's public cards (every site's, this one's included) in ``folder/federation.json``."""
+def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = None) -> None:
+    """Pin the federation's public cards (every site's, this one's included) in ``folder/federation.json``, and the
+    coordinator's card (its keys sign and receive what a server role sends and gets; kept if already pinned)."""
     names = [c["name"] for c in cards]
     if len(set(names)) != len(names):
         raise ConfigError("two sites of the federation share a name")
-    (folder / "federation.json").write_text(json.dumps({"sites": cards}, indent=1) + "\n")
+    for c in cards:
+        from silofl.privacy.ledger import check_site_name
+
+        check_site_name(c["name"])
+    fed: dict = {"sites": cards}
+    old = folder / "federation.json"
+    if coordinator is None and old.is_file():
+        try:
+            coordinator = json.loads(old.read_text()).get("coordinator")
+        except ValueError:
+            coordinator = None
+    if coordinator is not None:
+        if not (isinstance(coordinator, dict) and {"seal", "sign"} <= set(coordinator)):
+            raise ConfigError("the coordinator's card needs its 'seal' and 'sign' public keys (coordinator.json)")
+        fed["coordinator"] = {"seal": str(coordinator["seal"]), "sign": str(coordinator["sign"])}
+    (folder / "federation.json").write_text(json.dumps(fed, indent=1) + "\n")
 
 
 def export_data(path: Path, x: torch.Tensor, y: torch.Tensor, test: tuple[torch.Tensor, torch.Tensor],
@@ -178,6 +219,54 @@ class _Shape:
         self.features: dict | None = None  # the feature stage's record, when the run has one
 
 
+class SiteState:
+    """What a site remembers of its runs, in ``state/`` of its folder (so a re-setup or a restarted worker cannot
+    reset it): every run id it joined, with the furthest round it reached and the sealed payloads it opened (its
+    replay guard), and the last ledger head it announced."""
+
+    def __init__(self, folder: Path):
+        self.dir = folder / "state"
+        self.runs_path, self.head_path = self.dir / "runs.json", self.dir / "head.json"
+        self.runs: dict[str, dict] = self._read(self.runs_path, {})
+        self.head: dict | None = self._read(self.head_path, None)
+
+    @staticmethod
+    def _read(path: Path, default: Any) -> Any:
+        if not path.is_file():
+            return default
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            raise ConfigError(f"{path} is damaged (not JSON): the site's replay state cannot be trusted; restore it "
+                              "from a backup") from None
+
+    @staticmethod
+    def _write(path: Path, obj: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(obj))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+
+    def save_run(self, run_id: str, rnd: int | None, guard: sealing.ReplayGuard) -> None:
+        """Keep run ``run_id``'s furthest round and replay guard."""
+        self.runs[run_id] = {"round": rnd, "seen": sorted([list(k) for k in guard.seen], key=str)}
+        self._write(self.runs_path, self.runs)
+
+    def guard_of(self, run_id: str) -> sealing.ReplayGuard:
+        """Run ``run_id``'s replay guard as it was last kept."""
+        g = sealing.ReplayGuard()
+        g.seen = {tuple(k) for k in self.runs.get(run_id, {}).get("seen", [])}
+        return g
+
+    def save_head(self, head: dict) -> None:
+        """Keep the last ledger head the site announced."""
+        self.head = head
+        self._write(self.head_path, head)
+
+
 class SiteWorker:
     """The site's side of a deployment (see the module doc): frames in, frames out."""
 
@@ -188,7 +277,8 @@ class SiteWorker:
         if not fed_path.is_file():
             raise ConfigError(f"{self.folder}: no federation.json (pin the other sites' public cards: `silofl site "
                               "pin`)")
-        self.cards = json.loads(fed_path.read_text())["sites"]
+        fed = json.loads(fed_path.read_text())
+        self.cards = fed["sites"]
         self.names = [c["name"] for c in self.cards]
         if self.cfg.name not in self.names:
             raise ConfigError(f"{fed_path}: this site ({self.cfg.name}) is not in its own federation")
@@ -200,20 +290,103 @@ class SiteWorker:
         self.seal_pub = {c["name"]: x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(c["seal"])) for c in self.cards}
         self.sign_pub = {c["name"]: ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(c["sign"]))
                          for c in self.cards}
+        coord = fed.get("coordinator")  # the coordinator's pinned card: what a server role sends must be signed by it
+        if coord is not None:
+            self.seal_pub[COORDINATOR] = x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(coord["seal"]))
+            self.sign_pub[COORDINATOR] = ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(coord["sign"]))
+        self.key_id = next(c["sign"] for c in self.cards if c["name"] == self.cfg.name)
+        self.state = SiteState(self.folder)
+        self.lifetime, self.budget_note = self.check_ledger()
         self.data = load_local(self.folder, self.cfg)
         self.site: Any = None
         self.run_id: str | None = None
         self.order: list[str] = []  # the run's sites, by index
         self.index: int | None = None
         self.round: int | None = None
+        self.has_server = False
         self.guard = sealing.ReplayGuard()
         self.refused: list[str] = []
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the ledger, the budget of record
+    def history(self) -> list[str]:
+        """What shows that this site has run before (then its ledger cannot start from nothing)."""
+        seen = []
+        if self.state.runs:
+            seen.append(f"{len(self.state.runs)} run id(s) it remembers")
+        if self.state.head and int(self.state.head.get("entries", 0)) > 0:
+            seen.append(f"a ledger head of {self.state.head['entries']} entries it announced")
+        for sub in ("checkpoint", "models"):
+            if (self.folder / sub).is_dir() and any(p.is_file() for p in (self.folder / sub).rglob("*")):
+                seen.append(f"files in {sub}/")
+        return seen
+
+    @staticmethod
+    def check_folder_ledger(folder: Path) -> None:
+        """The checks of :meth:`check_ledger` for the site folder ``folder``, without starting a worker."""
+        w = SiteWorker.__new__(SiteWorker)
+        w.folder = Path(folder).resolve()
+        w.cfg = SiteConfig.load(w.folder)
+        w.key_id = json.loads((w.folder / "keys" / "public.json").read_text())["sign"]
+        w.state = SiteState(w.folder)
+        w.check_ledger()
+
+    def check_ledger(self) -> tuple[tuple[float, float], str | None]:
+        """Open and check the ledger; (the lifetime budget available, a note if site.json disagrees with the ledger).
+        Refuses (LedgerTampered) a missing, shorter, foreign or broken ledger of a site that has history."""
+        from silofl.privacy.ledger import (
+            Ledger,
+            LedgerTampered,
+            announced_head,
+            head_order,
+            lifetime_of,
+            require_identity,
+            restored_spend,
+            start_site_ledger,
+        )
+
+        led = Ledger(self.folder / "ledger")
+        if not led.entries:
+            past = self.history()
+            if past:
+                raise LedgerTampered(
+                    f"site {self.cfg.name} has history ({'; '.join(past)}) but its ledger ({led.path}) is missing or "
+                    "empty: its spend is unknown, so it refuses to run. If the ledger is lost, its operator restores it "
+                    "with `silofl site ledger-restore` declaring the prior spend")
+            start_site_ledger(led, self.cfg.name, self.key_id, (self.cfg.lifetime_epsilon, self.cfg.lifetime_delta),
+                              "the lifetime budget of site.json when the ledger started")
+        require_identity(led, self.cfg.name, self.key_id)
+        if self.state.head is not None:
+            now = announced_head(led)
+            if head_order(self.state.head, now) < 0:
+                raise LedgerTampered(f"site {self.cfg.name}'s ledger ({now['entries']} entries, epoch {now['epoch']}) is "
+                                     f"older than the head of {self.state.head['entries']} entries it announced: it was "
+                                     "truncated or replaced; restore it with `silofl site ledger-restore`")
+            if int(self.state.head.get("epoch", 0)) == now["epoch"]:
+                led.check_head(self.state.head)
+        life = lifetime_of(led)
+        assert life is not None
+        note = None
+        if (self.cfg.lifetime_epsilon, self.cfg.lifetime_delta) != life:
+            note = (f"site.json says lifetime ε {self.cfg.lifetime_epsilon:g}, δ {self.cfg.lifetime_delta:g} but the "
+                    f"ledger's budget is ε {life[0]:g}, δ {life[1]:g}: the ledger's wins (change it with `silofl site "
+                    "budget`)")
+            log.warning("site %s: %s", self.cfg.name, note)
+        spent = restored_spend(led)
+        return (life[0] - spent[0], life[1] - spent[1]), note
+
+    def _head(self) -> dict:
+        from silofl.privacy.ledger import Ledger, announced_head
+
+        return announced_head(self.site.ledger if self.site is not None and self.site.ledger is not None
+                              else Ledger(self.folder / "ledger"))
 
     # ------------------------------------------------------------------ frames
     def handle_frame(self, frame: bytes) -> bytes:
         """One request frame in, one reply frame out; never raises (a refusal is an error frame with the reason)."""
         try:
             step, msgs = unpack(frame, MAX_FRAME)
+            plain_name(step, "a step", STEP_RE)
             if len(msgs) != 1:
                 raise PeerModelRejected(f"a request frame must address exactly this site, got {len(msgs)} messages")
             (k, msg), = msgs.items()
@@ -224,20 +397,23 @@ class SiteWorker:
             if self.site is None or k != self.index:
                 raise PeerModelRejected(f"step {step!r} for site {k} before this site joined a run as that index")
             return pack(step, {k: self._step(step, msg)})
-        except (SiloflError, PeerModelRejected, ValueError, KeyError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever a request does, it costs that request, never the worker
             why = f"{type(e).__name__}: {e}"
-            log.warning("site %s refused a request: %s", self.cfg.name, why)
-            self.refused.append(why)
+            if not isinstance(e, SiloflError | PeerModelRejected | ValueError | KeyError | TypeError):
+                log.exception("site %s: a request failed", self.cfg.name)
+            log.warning("site %s refused a request: %s", self.cfg.name, why[:500])
+            self.refused.append(why[:500])
             return pack(ERROR, {0: Message({"error": why[:2000]})})
 
     def _hello(self, msg: Message) -> Message:
         nonce = msg.meta.get("nonce")
         if not isinstance(nonce, str) or len(nonce) > 128:
             raise PeerModelRejected("hello needs a nonce")
-        sig = self.sign_key.sign(f"silofl hello|{nonce}|{self.cfg.name}".encode()).hex()
+        head = self._head()
+        sig = self.sign_key.sign(hello_text(nonce, self.cfg.name, head)).hex()
         d = self.data
         return Message({"name": self.cfg.name, "n": len(d.y), "input_shape": list(d.input_shape),
-                        "num_classes": d.num_classes, "signature": sig,
+                        "num_classes": d.num_classes, "signature": sig, "ledger_head": head,
                         "internal": d.internal is not None, "test": d.test is not None})
 
     def _setup(self, k: int, msg: Message) -> Message:
@@ -246,26 +422,43 @@ class SiteWorker:
 
         m = msg.meta
         run_id, order, config = m.get("run_id"), m.get("sites"), m.get("config")
-        if not (isinstance(run_id, str) and 0 < len(run_id) <= 128 and isinstance(order, list)
-                and all(isinstance(s, str) for s in order) and isinstance(config, dict)):
+        if not (isinstance(order, list) and all(isinstance(s, str) for s in order) and isinstance(config, dict)):
             raise PeerModelRejected("setup needs a run id, the run's sites and its config")
+        run_id = plain_name(run_id, "the run id")
         if order.count(self.cfg.name) != 1 or order.index(self.cfg.name) != k:
             raise PeerModelRejected(f"setup addresses this site ({self.cfg.name}) as index {k} of {order}")
         unknown = [s for s in order if s not in self.names]
         if unknown:
             raise PeerModelRejected(f"the run names sites this site has no pinned keys for: {unknown}")
+        resume = bool(m.get("resume"))
+        if run_id in self.state.runs and not resume:
+            raise PeerModelRejected(f"run id {run_id} was used before: site {self.cfg.name} joins a run id once (a "
+                                    "re-sent setup would reset its replay state)")
+        if resume and run_id not in self.state.runs:
+            raise PeerModelRejected(f"site {self.cfg.name} never joined run {run_id}: nothing to rejoin")
+        self.lifetime, self.budget_note = self.check_ledger()
         cfg = RunConfig.from_dict(config).resolve()
         why = NOT_DEPLOYABLE.get(cfg.method)
         if why:
             raise ConfigError(f"method {cfg.method} is not run between institutions: {why}")
+        field = "the site.json field"
         if cfg.seed is not None and not self.cfg.allow_research_seed:
-            raise ConfigError("the run carries a seed: whoever knows it can reproduce this site's noise; this site "
-                              "accepts seeded research runs only with allow_research_seed in its site.json")
-        if not cfg.guarantee().formal and cfg.seed is None and not self.cfg.allow_non_formal:
-            raise ConfigError(f"privacy {cfg.privacy} gives no formal guarantee; this site requires one "
-                              "(allow_non_formal in its site.json)")
-        if cfg.is_private and cfg.delta > self.cfg.lifetime_delta:
-            raise ConfigError(f"the run's δ {cfg.delta:g} exceeds this site's lifetime δ {self.cfg.lifetime_delta:g}")
+            raise ConfigError(f"site {self.cfg.name} refuses the run: it carries a seed, and whoever knows it can "
+                              "reproduce this site's noise; this site accepts seeded research runs only with "
+                              f"allow_research_seed: true ({field} allow_research_seed)")
+        # decided on its own: a seed (accepted or not) never unlocks a mode without a formal guarantee
+        if not cfg.replace(seed=None).guarantee().formal and not self.cfg.allow_non_formal:
+            raise ConfigError(f"site {self.cfg.name} refuses the run: privacy {cfg.privacy} gives no formal guarantee "
+                              f"and this site requires one ({field} allow_non_formal)")
+        has_server = cfg.info.exchange == "server"
+        if has_server and COORDINATOR not in self.sign_pub:
+            raise ConfigError(f"site {self.cfg.name} refuses the run: method {cfg.method} takes models from the "
+                              "coordinator's server role, and this site pins no coordinator key (federation.json "
+                              "'coordinator': `silofl site pin --coordinator coordinator.json`)")
+        if cfg.is_private and cfg.delta > self.lifetime[1]:
+            raise ConfigError(f"site {self.cfg.name} refuses the run: its δ {cfg.delta:g} exceeds this site's lifetime "
+                              f"δ {self.lifetime[1]:g} (the ledger's budget: `silofl site budget --lifetime-delta`; "
+                              f"{field} lifetime_delta records it)")
         if self.cfg.private_model and hasattr(cfg.options, "private_model"):
             cfg = cfg.replace(private_model=self.cfg.private_model, private_models=None)
         cfg = cfg.replace(report_nonprivate=self.cfg.report_test_figures)
@@ -275,21 +468,29 @@ class SiteWorker:
         site = make_site(method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures)
         planned = self._cap_budget(site, cfg)
         resumed = None
-        if m.get("resume"):  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend
-            root = self.folder / "checkpoint" / run_id
+        if resume:  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend
+            root = inside(self.folder, "checkpoint", run_id)
             rounds = site.on_checkpoints(Message({"root": str(root)})).meta["rounds"]
             if not rounds:
                 raise ConfigError(f"site {self.cfg.name} has no checkpoint of run {run_id} to rejoin from")
             resumed = rounds[-1]
             site.on_load(Message({"root": str(root), "round": resumed}))
         self.site, self.run_id, self.order, self.index = site, run_id, list(order), k
-        self.round = resumed
-        self.guard = sealing.ReplayGuard()
+        self.has_server = has_server
+        kept = self.state.runs.get(run_id, {}).get("round")
+        known = [r for r in (kept, resumed) if r is not None]
+        self.round = max(known) if known else None  # rounds only move forward, across re-setups too
+        self.guard = self.state.guard_of(run_id)  # the replay state of this run, as the site kept it
+        self.state.save_run(run_id, self.round, self.guard)
+        head = self._head()
+        self.state.save_head(head)
         log.info("site %s %s run %s as site %d (%s)", self.cfg.name,
                  f"rejoined from its round-{resumed} checkpoint" if resumed else "joined", run_id, k, cfg.method)
-        return Message({"joined": True, "planned_epsilon": planned, "resumed_from": resumed,
-                        "lifetime": [self.cfg.lifetime_epsilon, self.cfg.lifetime_delta],
-                        "feature_shape": list(shape.input_shape)})
+        out = {"joined": True, "planned_epsilon": planned, "resumed_from": resumed, "ledger_head": head,
+               "lifetime": [self.lifetime[0], self.lifetime[1]], "feature_shape": list(shape.input_shape)}
+        if self.budget_note:
+            out["budget_note"] = self.budget_note
+        return Message(out)
 
     def _inputs(self, cfg: Any) -> tuple[Any, _Shape]:
         """The site's inputs after the run's feature stage (silofl.features), computed here, from the site's own data,
@@ -320,11 +521,13 @@ class SiteWorker:
         s = site.settings
         planned = acc.epsilon_after(s.noise_multiplier, site.sample_rate, cfg.rounds * site.steps_per_round, s.delta)
         spent = acc.epsilon(s.delta) if acc.steps else 0.0
-        if planned > self.cfg.lifetime_epsilon and cfg.target_epsilon_of(site.cid) is None:
+        if planned > self.lifetime[0] and cfg.target_epsilon_of(site.cid) is None:
             raise BudgetExhausted(f"this run would bring site {self.cfg.name} to ε {planned:.3f} (δ {s.delta:g}; spent "
-                                  f"{spent:.3f} before it), over its lifetime ε {self.cfg.lifetime_epsilon:g}: refused")
+                                  f"{spent:.3f} before it), over what its lifetime budget leaves, ε {self.lifetime[0]:g}: "
+                                  "refused (the ledger's budget: `silofl site budget --lifetime-epsilon`; the site.json "
+                                  "field lifetime_epsilon records it)")
         target = budget.target_epsilon
-        budget.target_epsilon = min(target if target is not None else math.inf, self.cfg.lifetime_epsilon)
+        budget.target_epsilon = min(target if target is not None else math.inf, self.lifetime[0])
         return planned
 
     def _step(self, step: str, msg: Message) -> Message:
@@ -332,51 +535,86 @@ class SiteWorker:
             r = msg.meta["round"]
             if isinstance(r, bool) or not isinstance(r, int) or r < 0:
                 raise PeerModelRejected("round must be a non-negative integer")
+            if self.round is not None and r < self.round:
+                raise PeerModelRejected(f"step {step} for round {r}: site {self.cfg.name} is in round {self.round} of "
+                                        "this run, and rounds only move forward")
             if r != self.round:  # the testing hook SILOFL_INJECT_FAULT=SITE:ROUND:KIND
                 from silofl.comm.torchdist import inject_fault
 
                 inject_fault(self.index or 0, r, "start")
-            self.round = r
+                self.round = r
+                assert self.run_id is not None
+                self.state.save_run(self.run_id, r, self.guard)
         if step in TRAIN_STEPS and not self.site.can_continue():
             raise BudgetExhausted(f"site {self.cfg.name} cannot pay for another round within its budget: refused")
         meta = dict(msg.meta)
+        for key in ("to", "server"):  # where the site will send: a pinned peer or the pinned server, checked first
+            if key in meta:
+                for d in (meta[key] if isinstance(meta[key], list) else [meta[key]]):
+                    self._destination(d)
+        assert self.run_id is not None
         for key, sub in (("root", "checkpoint"), ("models_dir", "models")):  # only into its own folder
             if key in meta:
-                meta[key] = str(self.folder / sub / (self.run_id or "run"))
+                meta[key] = str(inside(self.folder, sub, self.run_id))
         packets = [self._open(p) for p in msg.packets]
         reply = self.site.handle(step, Message(meta, [p for p in packets if p is not None]))
-        return self._seal(step, reply)
+        out = self._seal(step, reply)
+        if step in TRAIN_STEPS:  # the head after this round's spend: kept here, announced signed to the coordinator
+            head = self._head()
+            self.state.save_head(head)
+            out.meta["ledger_head"] = head
+            out.meta["head_signature"] = self.sign_key.sign(head_text(self.run_id, self.cfg.name, head)).hex()
+        return out
+
+    def _destination(self, d: object) -> str:
+        """The pinned name of node ``d`` a site may send to: another site of the run, or the server role of a method
+        that has one (sealed to the pinned coordinator key); anything else is refused."""
+        n = len(self.order)
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= n or d == self.index:
+            raise PeerModelRejected(f"site {self.cfg.name} sends only to the other sites of the run (0..{n - 1}) or a "
+                                    f"server role ({n}); refused destination {str(d)[:40]}")
+        if d == n:
+            if not self.has_server or COORDINATOR not in self.seal_pub:
+                raise PeerModelRejected(f"site {self.cfg.name} refused destination {d}: this method has no server role "
+                                        "(or no coordinator key is pinned)")
+            return COORDINATOR
+        return self.order[d]
 
     def _open(self, p: Packet) -> Packet | None:
         assert self.index is not None and self.run_id is not None
         if p.dst != self.index:
             raise PeerModelRejected(f"a packet for node {p.dst} was delivered to site {self.index}")
-        if p.src >= len(self.order):  # the coordinator's server role: TLS to the coordinator, not sealed
-            return p
-        src = self.order[p.src]
         try:
+            if p.src == len(self.order) and self.has_server and COORDINATOR in self.sign_pub:
+                src = COORDINATOR
+            elif p.src < len(self.order) and p.src != self.index:
+                src = self.order[p.src]
+            else:
+                raise PeerModelRejected(f"a payload claiming to be from node {p.src}, which is neither another site of "
+                                        "the run nor this method's server role")
             header = sealing.header_of(p.data)
             self.guard.check(src, header, self.round)
             _, data = sealing.open_sealed(p.data, run_id=self.run_id, src=src, dst=self.cfg.name,
                                           seal_key=self.seal_key, sender=self.sign_pub[src])
         except PeerModelRejected as e:
-            log.warning("site %s refused a payload from %s: %s", self.cfg.name, src, e)
+            log.warning("site %s refused a payload from node %s: %s", self.cfg.name, p.src, e)
             self.refused.append(str(e))
             return None
+        self.state.save_run(self.run_id, self.round, self.guard)
         return Packet(p.src, p.dst, data)
 
     def _seal(self, step: str, reply: Message) -> Message:
         assert self.run_id is not None
         out, count = [], {}
         for p in reply.packets:
-            if p.dst < len(self.order) and p.dst != self.index:
-                i = count.get(p.dst, 0)
-                count[p.dst] = i + 1
-                dst = self.order[p.dst]
-                p = Packet(p.src, p.dst, sealing.seal(p.data, run_id=self.run_id, src=self.cfg.name, dst=dst,
-                                                      rnd=self.round or 0, step=step, index=i, sign_key=self.sign_key,
-                                                      recipient=self.seal_pub[dst]))
-            out.append(p)
+            if p.src != self.index:
+                raise PeerModelRejected(f"site {self.cfg.name} would send a packet as node {p.src}: refused")
+            dst = self._destination(p.dst)  # never a clear payload, never to a node it has no pinned key for
+            i = count.get(p.dst, 0)
+            count[p.dst] = i + 1
+            out.append(Packet(p.src, p.dst, sealing.seal(p.data, run_id=self.run_id, src=self.cfg.name, dst=dst,
+                                                         rnd=self.round or 0, step=step, index=i,
+                                                         sign_key=self.sign_key, recipient=self.seal_pub[dst])))
         reply.packets = out
         if self.refused:
             reply.meta["refused_payloads"] = self.refused[-20:]
@@ -385,7 +623,9 @@ class SiteWorker:
 
     # ------------------------------------------------------------------ the local socket
     def serve(self, path: Path, stop: Any = None) -> None:
-        """Answer frames on a Unix socket at ``path`` (mode 0600: only this user) until ``stop`` is set."""
+        """Answer frames on a Unix socket at ``path`` (mode 0600: only this user) until ``stop`` is set. Each
+        connection is read in its own thread with a timeout and answered under one lock: a requester that stalls,
+        hangs up or sends garbage costs its own request, never the worker."""
         path.unlink(missing_ok=True)
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
@@ -393,8 +633,9 @@ class SiteWorker:
             srv.bind(str(path))
         finally:
             os.umask(old)
-        srv.listen(4)
+        srv.listen(64)
         srv.settimeout(0.5)
+        slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         log.info("site %s serves %s", self.cfg.name, path)
         try:
             while stop is None or not stop.is_set():
@@ -402,17 +643,52 @@ class SiteWorker:
                     conn, _ = srv.accept()
                 except TimeoutError:
                     continue
-                with conn:
-                    conn.settimeout(600)
-                    try:
-                        frame = recv_frame(conn)
-                    except (OSError, PeerModelRejected) as e:
-                        log.warning("site %s: bad local request: %s", self.cfg.name, e)
-                        continue
-                    send_frame(conn, self.handle_frame(frame))
+                except OSError as e:  # e.g. out of file descriptors: wait and go on
+                    log.warning("site %s: accept failed: %s", self.cfg.name, e)
+                    if stop is not None:
+                        stop.wait(0.5)
+                    continue
+                if not slots.acquire(timeout=READ_TIMEOUT_S):
+                    conn.close()
+                    continue
+                threading.Thread(target=self._serve_one, args=(conn, slots), daemon=True).start()
         finally:
             srv.close()
             path.unlink(missing_ok=True)
+
+    def _serve_one(self, conn: socket.socket, slots: threading.BoundedSemaphore) -> None:
+        try:
+            with conn:
+                conn.settimeout(READ_TIMEOUT_S)
+                try:
+                    frame = recv_frame(conn)
+                except (OSError, PeerModelRejected) as e:
+                    log.warning("site %s: bad local request: %s", self.cfg.name, e)
+                    return
+                with self.lock:
+                    reply = self.handle_frame(frame)
+                try:
+                    send_frame(conn, reply)
+                except OSError as e:  # the requester hung up before the reply: its loss
+                    log.warning("site %s: the requester left before the reply: %s", self.cfg.name, e)
+        except Exception:  # noqa: BLE001 - never let one connection take the worker down
+            log.exception("site %s: a connection failed", self.cfg.name)
+        finally:
+            slots.release()
+
+
+def head_text(run_id: str, name: str, head: dict) -> bytes:
+    """What a site signs when it announces its ledger head in a run."""
+    from silofl.privacy.ledger import canonical_json
+
+    return f"silofl head|{run_id}|{name}|".encode() + canonical_json(head)
+
+
+def hello_text(nonce: str, name: str, head: dict) -> bytes:
+    """What a site signs in its hello: the coordinator's nonce, its name and its ledger head."""
+    from silofl.privacy.ledger import canonical_json
+
+    return f"silofl hello|{nonce}|{name}|".encode() + canonical_json(head)
 
 
 def send_frame(conn: socket.socket, data: bytes) -> None:

@@ -196,3 +196,159 @@ def check_site_name(name: str) -> str:
     if not ok:
         raise ConfigError(f"a site name has 1–64 letters, digits, '.', '_' or '-' and is not '.' or '..', got {name!r}")
     return name
+
+
+# ---------------------------------------------------------------------------------------------- identity, budget, heads
+# A site's ledger is the budget of record: its first entry names the site it belongs to (``kind: "genesis"``), its
+# lifetime budget is set and changed only by entries (``kind: "budget"``: old → new, when, why), and a lost ledger
+# comes back only by an explicit restore (``kind: "restore"``: the prior spend the operator declares). A ledger head
+# carries the number of restores (its *epoch*) so that whoever keeps a site's last head (the coordinator, the broker:
+# :class:`HeadStore`) can tell an older ledger from a restored one.
+
+def identity_of(ledger: Ledger) -> dict | None:
+    """The ledger's genesis entry (which site it belongs to), or None for a ledger without one."""
+    return ledger.entries[0] if ledger.entries and ledger.entries[0].get("kind") == "genesis" else None
+
+
+def start_site_ledger(ledger: Ledger, site: str, key_id: str, lifetime: tuple[float, float], why: str) -> None:
+    """Write the genesis (site ``site``, public key ``key_id``) and the first lifetime budget of an empty ledger."""
+    if ledger.entries:
+        raise LedgerTampered(f"{ledger.path} already holds {len(ledger.entries)} entries: a ledger is started once")
+    ledger.append("genesis", site=site, key_id=key_id)
+    ledger.append("budget", epsilon=float(lifetime[0]), delta=float(lifetime[1]), previous=None, why=why)
+
+
+def require_identity(ledger: Ledger, site: str, key_id: str) -> None:
+    """LedgerTampered unless the ledger's genesis names this site and key (another site's ledger, copied in with its
+    key, chains correctly but names its own site)."""
+    g = identity_of(ledger)
+    if g is None:
+        raise LedgerTampered(f"{ledger.path} does not say which site it belongs to (no genesis entry): it is not this "
+                             f"site's ledger; restore one with `silofl site ledger-restore`")
+    if g.get("site") != site or g.get("key_id") != key_id:
+        raise LedgerTampered(f"{ledger.path} is the ledger of site {g.get('site')!r} (key {str(g.get('key_id'))[:16]}…), "
+                             f"not of this site {site!r}: a foreign ledger is never used")
+
+
+def lifetime_of(ledger: Ledger) -> tuple[float, float] | None:
+    """The lifetime (ε, δ) the ledger's last budget entry sets (None if it has none)."""
+    for e in reversed(ledger.entries):
+        if e.get("kind") == "budget":
+            return float(e["epsilon"]), float(e["delta"])
+    return None
+
+
+def change_lifetime(ledger: Ledger, epsilon: float, delta: float, why: str) -> dict:
+    """Record a new lifetime budget (old → new, when, why)."""
+    import math
+
+    if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
+        raise ConfigError(f"a lifetime budget needs 0 < ε < ∞ and 0 < δ < 1, got ε={epsilon}, δ={delta}")
+    if not why.strip():
+        raise ConfigError("say why the lifetime budget changes (--why): the ledger records it")
+    old = lifetime_of(ledger)
+    return ledger.append("budget", epsilon=float(epsilon), delta=float(delta), previous=list(old) if old else None,
+                         why=why.strip()[:500])
+
+
+def restored_spend(ledger: Ledger) -> tuple[float, float]:
+    """The prior spend declared by restores of this ledger (ε, δ), composed with the rest by basic composition."""
+    eps = sum(float(e["epsilon"]) for e in ledger.entries if e.get("kind") == "restore")
+    dlt = sum(float(e["delta"]) for e in ledger.entries if e.get("kind") == "restore")
+    return eps, dlt
+
+
+def epoch_of(ledger: Ledger) -> int:
+    """The ledger's epoch: 0, or the epoch its last restore started (each restore starts a new one)."""
+    return max((int(e["epoch"]) for e in ledger.entries if e.get("kind") == "restore"), default=0)
+
+
+def restore_ledger(folder: str | Path, site: str, key_id: str, lifetime: tuple[float, float], spent_epsilon: float,
+                   spent_delta: float, why: str, previous: dict | None = None) -> Ledger:
+    """A new ledger for site ``site`` in ``folder`` after its ledger was lost: genesis, the lifetime budget, and a
+    restore entry with the prior spend the operator declares (ε, δ; it counts against the budget by basic composition)
+    and a new epoch (after the one of ``previous``, the last head the site announced). A ledger file still there is
+    kept beside it (``ledger.jsonl.lost-<time>``), never deleted."""
+    import math
+
+    if not (math.isfinite(spent_epsilon) and spent_epsilon >= 0 and 0 <= spent_delta < 1):
+        raise ConfigError(f"the declared prior spend needs 0 ≤ ε < ∞ and 0 ≤ δ < 1, got ε={spent_epsilon}, δ={spent_delta}")
+    if not why.strip():
+        raise ConfigError("say why the ledger is restored (--why): the ledger records it")
+    folder = Path(folder)
+    path = folder / LEDGER_FILE
+    if path.exists():
+        path.replace(folder / f"{LEDGER_FILE}.lost-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
+    try:
+        load_key(folder)
+    except LedgerTampered:  # a lost or damaged key: a new one (the old ledger could not be verified anyway)
+        (folder / KEY_FILE).replace(folder / f"{KEY_FILE}.lost-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
+    led = Ledger(folder)
+    led.append("genesis", site=site, key_id=key_id)
+    led.append("budget", epsilon=float(lifetime[0]), delta=float(lifetime[1]), previous=None, why="restored ledger")
+    led.append("restore", epsilon=float(spent_epsilon), delta=float(spent_delta), why=why.strip()[:500],
+               epoch=int((previous or {}).get("epoch", 0)) + 1, previous=previous)
+    return led
+
+
+def announced_head(ledger: Ledger) -> dict:
+    """The head a site announces (and keeps, and a coordinator or broker stores): epoch, entries, last MAC."""
+    return {"epoch": epoch_of(ledger), **ledger.head.to_dict()}
+
+
+def head_order(old: dict, new: dict) -> int:
+    """−1 if head ``new`` is older than ``old`` (fewer entries in the same epoch, or an earlier epoch), 0 if it is the
+    same head, 1 if it is newer; LedgerTampered if they diverge (same epoch and length, another last MAC)."""
+    o, n = (int(old.get("epoch", 0)), int(old["entries"])), (int(new.get("epoch", 0)), int(new["entries"]))
+    if n < o:
+        return -1
+    if n == o:
+        if str(old["mac"]) != str(new["mac"]):
+            raise LedgerTampered(f"a ledger head of {n[1]} entries differs from the one announced before with as many: "
+                                 "the ledger was replaced")
+        return 0
+    return 1
+
+
+class HeadStore:
+    """The last ledger head each site announced, kept by a party that is not the site (a coordinator in its state
+    folder, a broker): :meth:`accept` refuses a head older than the one it holds, so a site whose ledger was
+    deleted, truncated or replaced cannot join as if nothing had been spent. One JSON file, written atomically."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.heads: dict[str, dict] = {}
+        if self.path.is_file():
+            try:
+                d = json.loads(self.path.read_text())
+            except ValueError:
+                raise LedgerTampered(f"{self.path}: not a store of ledger heads") from None
+            if not isinstance(d, dict) or not isinstance(d.get("heads"), dict):
+                raise LedgerTampered(f"{self.path}: not a store of ledger heads")
+            self.heads = d["heads"]
+
+    def get(self, site: str) -> dict | None:
+        """The last head site ``site`` announced, or None."""
+        return self.heads.get(site)
+
+    def check(self, site: str, head: dict) -> None:
+        """LedgerTampered if ``head`` is older than (or diverges from) the last one ``site`` announced."""
+        old = self.heads.get(site)
+        if old is not None and head_order(old, head) < 0:
+            raise LedgerTampered(
+                f"site {site} presents a ledger head of {head['entries']} entries (epoch {head.get('epoch', 0)}); it "
+                f"announced {old['entries']} entries (epoch {old.get('epoch', 0)}) before: its ledger was lost, "
+                "truncated or replaced. Its operator restores it with `silofl site ledger-restore` (declaring the "
+                "prior spend), which starts a new epoch")
+
+    def accept(self, site: str, head: dict) -> None:
+        """:meth:`check`, then keep ``head`` as the site's last (durably)."""
+        self.check(site, head)
+        self.heads[site] = {"epoch": int(head.get("epoch", 0)), "entries": int(head["entries"]), "mac": str(head["mac"])}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"format": "silofl.heads/1", "heads": self.heads}, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from silofl.core.errors import ConfigError, SiloflError
-from silofl.privacy.ledger import Ledger, check_site_name
+from silofl.privacy.ledger import Ledger, announced_head, check_site_name
 
 SITE_FILE = "site.json"
 FORMAT = "silofl.site/1"
@@ -77,6 +77,11 @@ class SiteFolder:
         if self._ledger is None:
             self._ledger = Ledger(self.path)
         return self._ledger
+
+    def announced_head(self) -> dict:
+        """The head of this site's ledger as it announces it (epoch, entries, last MAC): what a broker keeps for it with
+        :class:`silofl.privacy.ledger.HeadStore` and compares with :func:`silofl.privacy.ledger.head_order`."""
+        return announced_head(self.ledger)
 
     def require_lifetime(self) -> tuple[float, float]:
         """The lifetime budget; ConfigError if the site never declared one."""
