@@ -13,6 +13,10 @@ Three kinds of audit, one folder layout (:mod:`silofl.audit.report`):
   scored from the shared models it releases every round and the last one;
 * client-level methods (:mod:`silofl.audit.clients`): canary *clients* (the privacy unit is a client),
   scored from the server's global model after every round;
+* example-level methods with white-box *gradient* canaries (:mod:`silofl.audit.gradient`, ``--canary-kind
+  dirac | random``): canary gradients added inside the audited site's DP step, scored from every step's noisy
+  gradient and from every release, with the Steinke et al. bound beside a Gaussian-sum estimate
+  (:mod:`silofl.audit.gauss`);
 * PubSub-ML published models (:mod:`silofl.audit.published`): canary examples in a publisher's data,
   scored from the published model.
 """
@@ -33,6 +37,7 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
     import time
 
     from silofl.audit import report
+    from silofl.audit.gradient import GRADIENT_KINDS
 
     settings.validate()
     out = Path(out)
@@ -48,6 +53,10 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
         from silofl.audit import clients
 
         audit, extra = clients.audit(cfg, settings, out, progress=progress, console=console)
+    elif settings.canary_kind in GRADIENT_KINDS:
+        from silofl.audit import gradient
+
+        audit, extra = gradient.audit(cfg, settings, out, progress=progress, console=console)
     else:
         from silofl.audit import example
 

@@ -11,6 +11,7 @@ accountant must count. The mechanism counts the steps it ran and reports them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -18,6 +19,13 @@ from torch import nn
 from silofl.privacy.accountant import MechanismRun
 from silofl.privacy.grad_sample import GhostClipper, GhostUnsupported, LossFn, VmapClipper, make_clipper
 from silofl.privacy.noise import NoiseSource
+
+
+class CanaryHook(Protocol):
+    """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm at most
+    ``clip``, added to the clipped per-example sum (returned: a dict over ``params``) before the noise."""
+
+    def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict: ...
 
 
 @dataclass
@@ -51,6 +59,9 @@ class DPGradient:
         self.backend = backend
         self.clipper = make_clipper(model, backend)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # research hook (silofl.audit.gradient): canary gradients sampled and added to the clipped sum before the
+        # noise, like examples; None (the default) leaves the mechanism untouched
+        self.canaries: CanaryHook | None = None
 
     def take_run(self) -> MechanismRun:
         """The steps this mechanism ran since the last call, with its (σ, q); the count restarts."""
@@ -79,6 +90,8 @@ class DPGradient:
                 self.clipper.close()
                 self.clipper = VmapClipper(self.model)
                 logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip)
+        if self.canaries is not None:
+            grads = self.canaries.add(grads, self.params, self.clip)
         std = self.noise_multiplier * self.clip
         for p in self.params:
             g = grads.get(p)
