@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ from torch import nn
 from silofl.audit import gauss, one_run
 from silofl.audit.bound import one_run_bound
 from silofl.audit.settings import AuditSettings
-from silofl.audit.tap import TappedEngine, model_tensors, released_by
+from silofl.audit.tap import TappedEngine, model_tensors, released_by, tap
+from silofl.comm.engine import Engine, InProcessEngine
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
 from silofl.run.config import RunConfig
@@ -211,24 +213,37 @@ def bounds_for(scores: np.ndarray, included: np.ndarray, delta: float, confidenc
             "gauss": gauss.gauss_estimate(scores, included, delta, confidence)}
 
 
-def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None) -> tuple[dict, dict]:
-    """Run ``cfg`` with gradient canaries at site ``s.site``; (audit.json content, plot/CSV material)."""
+def run_config(cfg: RunConfig, s: AuditSettings, out: Path) -> RunConfig:
+    """The configuration the audited run runs (its folder ``out/run``, the audit's seed); serving ranks of a
+    torch.distributed audit build their sites from it."""
     info = cfg.info
     if info.client_level:
         raise ConfigError(f"{cfg.method} protects whole clients: it is audited with canary clients (silofl.audit.clients)")
     if s.site >= cfg.clients:
         raise ConfigError(f"--audited-site {s.site} is not one of the {cfg.clients} clients")
     nonprivate = cfg.report_nonprivate if cfg.report_nonprivate is not None else True
-    cfg = dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
-                              report_nonprivate=nonprivate)
+    return dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
+                               report_nonprivate=nonprivate)
+
+
+def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None,
+          engine_factory: Callable[[Callable[[int], Any], int], Engine] | None = None) -> tuple[dict, dict]:
+    """Run ``cfg`` with gradient canaries at site ``s.site``; (audit.json content, plot/CSV material).
+    ``engine_factory`` (default: the simulator) makes the engine from the site factory — e.g. the torch.distributed
+    engine on rank 0, where the audited site must live (site 0 always does)."""
+    info = cfg.info
+    cfg = run_config(cfg, s, out)
     audited = 0 if info.traits.pooled else s.site
     coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
     observer = ReleaseObserver(audited)
     held: dict = {}
 
-    def engine_factory(make, n_sites):
-        sites = {k: make(k) for k in range(n_sites)}
-        site: Any = sites[audited]
+    def factory(make, n_sites):
+        engine: Any = InProcessEngine({k: make(k) for k in range(n_sites)}) if engine_factory is None else \
+            engine_factory(make, n_sites)
+        if audited not in getattr(engine, "sites", {}):
+            raise ConfigError(f"site {audited} does not run in this process: the audited site must (site 0 does)")
+        site: Any = engine.sites[audited]
         if not all(hasattr(site, a) for a in ("shared", "shared_opt", "dp", "sample_rate")):
             raise ConfigError(f"{cfg.method}'s sites do not train by DP-SGD: gradient canaries need a DP-SGD site")
         params = [p for p in site.shared.parameters() if p.requires_grad]
@@ -238,10 +253,11 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         observer.names = [n for n, p in site.shared.named_parameters() if p.requires_grad]
         observer.lr = float(site.settings.lr)
         held.update(site=site, canaries=canaries)
-        return TappedEngine(sites, [observer])
+        engine.name = f"{engine.name} (audited)"
+        return tap(engine, [observer])
 
     t0 = time.perf_counter()
-    summary = run_loop(cfg, progress=progress, console=console, engine_factory=engine_factory)
+    summary = run_loop(cfg, progress=progress, console=console, engine_factory=factory)
     run_s = time.perf_counter() - t0
     site: Any = held["site"]
     canaries: GradientCanaries = held["canaries"]
@@ -314,7 +330,8 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         },
         "observer_records": observer.records,
         "membership_inference": {"note": "gradient canaries audit the mechanism; membership inference on real "
-                                         "examples runs with input-space canaries (--canary-kind mislabelled)"},
+                                         "examples runs with input-space canaries (--canary-kind mislabelled)",
+                                 "targets": {}},
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
         "run_folder": "run",
         "seconds": {"run": run_s},

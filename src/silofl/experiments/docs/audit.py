@@ -299,6 +299,142 @@ def setup(rows: list[dict]) -> str:
     return "\n".join(f"- {p}" for p in parts)
 
 
+def is_gradient(a: dict) -> bool:
+    """An audit with white-box gradient canaries (silofl.audit.gradient)."""
+    return a.get("canaries", {}).get("space") == "gradient"
+
+
+def control_for(a: dict, rows: list[dict]) -> dict | None:
+    """The no-DP gradient-canary audit of the same method and canary kind (ProxyFL's modes share ``off``)."""
+    return next((c for c in rows if is_gradient(c) and c["epsilon_accountant"] is None and c["method"] == a["method"]
+                 and c["canaries"].get("canary_kind") == a["canaries"].get("canary_kind")), None)
+
+
+PER_STEP, PER_RELEASE = "white-box per step", "white-box per release"
+
+
+def grad_table(rows: list[dict]) -> tuple[str, list[dict]]:
+    """Gradient-canary rows: SNJ bound and Gaussian-sum estimate per threat model, the no-DP control beside each."""
+    head = ["audit", "method (mode)", "σ", "steps (q)", "ε accountant", "formal (mechanism)",
+            "**SNJ ε lower bound, per step** (95%)", "Gaussian-sum ε, per step (μ̂ / expected μ)",
+            "SNJ ε lower bound, per release", "Gaussian-sum ε, per release", "largest certifiable ε (m, δ)",
+            "no-DP control: SNJ / Gaussian-sum, per step", "per-step bound / accountant ε (SNJ; Gaussian-sum)",
+            "accuracy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    data = []
+    for a in sorted(rows, key=sort_key):
+        st, rel = a["bounds"][PER_STEP], a["bounds"][PER_RELEASE]
+        eps = a["epsilon_accountant"]
+        ctl = control_for(a, rows) if eps is not None else None
+        cs = ctl["bounds"][PER_STEP] if ctl else None
+        mu_exp = a.get("mu_sum_statistic_expected")
+        acc = "; ".join(f"{k.removesuffix('_acc')} {v['mean']:.3f}" for k, v in a.get("accuracy", {}).items()
+                        if v.get("mean") is not None) or "—"
+        ratio = ("—" if eps is None else f"{st['snj']['epsilon_lower_bound'] / eps:.0%}; "
+                 f"{st['gauss']['epsilon_estimate'] / eps:.0%}")
+        lines.append("| " + " | ".join([
+            a["_name"], f"{a['method']} ({a['privacy_mode']})", f(a.get("noise_multiplier"), 2) if eps else "0 (no DP)",
+            f"{a['steps']} ({a['sample_rate']:.3f})", "— (no DP)" if eps is None else f"{eps:.3f} (δ={a['delta']:g})",
+            "yes" if a["formal_guarantee"] else "**no**", f"**{st['snj']['epsilon_lower_bound']:.3f}**",
+            f"{f(st['gauss']['epsilon_estimate'])} ({f(st['gauss']['mu_hat'], 2)} / {f(mu_exp, 2)})",
+            f(rel["snj"]["epsilon_lower_bound"]), f(rel["gauss"]["epsilon_estimate"]),
+            f(a["certifiable_epsilon_max"], 2),
+            "—" if cs is None else f"{cs['snj']['epsilon_lower_bound']:.3f} / {f(cs['gauss']['epsilon_estimate'])}"
+            + f" ({ctl['_name']})", ratio, acc]) + " |")
+        data.append({"audit": a["_name"], "method": a["method"], "privacy_mode": a["privacy_mode"],
+                     "epsilon_accountant": eps, "delta": a["delta"], "noise_multiplier": a.get("noise_multiplier"),
+                     "steps": a["steps"], "sample_rate": a["sample_rate"], "formal_guarantee": a["formal_guarantee"],
+                     "certifiable_epsilon_max": a["certifiable_epsilon_max"], "mu_expected": mu_exp,
+                     "bounds": {tm: {"snj": {k: v for k, v in b["snj"].items() if k != "candidates"}, "gauss": b["gauss"]}
+                                for tm, b in a["bounds"].items()},
+                     "control": ctl["_name"] if ctl else None, "canaries": a["canaries"], "command": a.get("command"),
+                     "seconds": a.get("seconds")})
+    return "\n".join(lines), data
+
+
+def grad_findings(rows: list[dict]) -> str:
+    """What the gradient-canary table says, each statement computed from the rows."""
+    out = []
+    dp = [a for a in rows if a["epsilon_accountant"] is not None]
+    over = [f"{a['_name']} ({tm}, {kind})" for a in dp for tm, b in a["bounds"].items()
+            for kind, v in (("SNJ", b["snj"]["epsilon_lower_bound"]), ("Gaussian-sum", b["gauss"]["epsilon_estimate"]))
+            if v is not None and v > a["epsilon_accountant"]]
+    out.append(f"On the {len(dp)} DP rows, " + ("no SNJ bound and no Gaussian-sum estimate, under either threat model, "
+                                                 "exceeds its accountant's ε." if not over else
+                                                 f"a figure EXCEEDS the accountant's ε: {', '.join(over)}."))
+    for a in rows:
+        if a["epsilon_accountant"] is None:
+            st = a["bounds"][PER_STEP]
+            out.append(f"No-DP control {a['_name']}: per-step SNJ bound {st['snj']['epsilon_lower_bound']:.3f} "
+                       f"(at most {a['certifiable_epsilon_max']:.2f} certifiable with these m and δ), Gaussian-sum "
+                       f"{f(st['gauss']['epsilon_estimate'])}, canary AUC {f(next(iter(st['snj']['canary_auc'].values())))}; "
+                       f"per release {a['bounds'][PER_RELEASE]['snj']['epsilon_lower_bound']:.3f}.")
+    groups: dict[str, list[dict]] = {}
+    for a in dp:
+        groups.setdefault(f"{a['method']} {a['privacy_mode']}", []).append(a)
+    for g, grp in groups.items():
+        grp.sort(key=lambda a: a["epsilon_accountant"])
+        pairs = ", ".join(f"ε {a['epsilon_accountant']:.2f} → SNJ {a['bounds'][PER_STEP]['snj']['epsilon_lower_bound']:.2f}"
+                          f" / Gaussian-sum {f(a['bounds'][PER_STEP]['gauss']['epsilon_estimate'], 2)}" for a in grp)
+        out.append(f"{g}, white-box per step: {pairs}.")
+    near8 = [a for a in dp if 6 <= a["epsilon_accountant"] <= 10]
+    if near8:
+        best = max(near8, key=lambda a: a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] / a["epsilon_accountant"])
+        r = best["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] / best["epsilon_accountant"]
+        out.append(f"At ε ≈ 8 the best per-step SNJ bound is {r:.0%} of the accountant's ε ({best['_name']}); the "
+                   "issue's target was 27 % (what the client-level audit reached) — "
+                   + ("reached." if r >= 0.27 else "not reached at this scale."))
+    return "\n".join(f"- {x}" for x in out)
+
+
+def grad_paper_vs_strict(rows: list[dict]) -> str:
+    """ProxyFL strict vs paper with gradient canaries, at the same σ."""
+    by = {(a["privacy_mode"], round(a["noise_multiplier"], 4)): a for a in rows
+          if a["method"] == "proxyfl" and a["epsilon_accountant"] is not None}
+    sig = sorted({s for m, s in by if ("strict", s) in by and ("paper", s) in by})
+    if not sig:
+        return "These audits hold no strict/paper pair of ProxyFL gradient-canary runs at the same σ."
+    lines = ["| σ | accountant ε | SNJ per step: strict / paper | Gaussian-sum per step: strict / paper | SNJ per "
+             "release: strict / paper | Gaussian-sum per release: strict / paper | μ̂ per release: strict / paper "
+             "(± 2·SE) |", "|---|---|---|---|---|---|---|"]
+    for s in sig:
+        st, pa = by[("strict", s)], by[("paper", s)]
+        cells = [f"{s:g}", f"{st['epsilon_accountant']:.2f}"]
+        for tm in (PER_STEP, PER_RELEASE):
+            a, b = st["bounds"][tm], pa["bounds"][tm]
+            cells.append(f"{a['snj']['epsilon_lower_bound']:.3f} / {b['snj']['epsilon_lower_bound']:.3f}")
+            cells.append(f"{f(a['gauss']['epsilon_estimate'])} / {f(b['gauss']['epsilon_estimate'])}")
+        ga, gb = st["bounds"][PER_RELEASE]["gauss"], pa["bounds"][PER_RELEASE]["gauss"]
+        se2 = 2 * math.hypot(ga["mu_standard_error"], gb["mu_standard_error"])
+        cells.append(f"{ga['mu_hat']:.3f} / {gb['mu_hat']:.3f} ({gb['mu_hat'] - ga['mu_hat']:+.3f} ± {se2:.3f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return ("Gradient canaries enter the proxy's DP-SGD step, which is the same mechanism in both modes; `paper` mode "
+            "adds a distillation term from the site's non-private model to the proxy's *loss*, so it changes the real "
+            "examples' clipped gradients, never the canaries'. What these rows can show is whether the released proxy "
+            "carries a canary differently (the per-release scores go through the training dynamics); what `paper` mode "
+            "leaks about real examples through the distillation term is what input-space canaries and membership "
+            "inference measure (the black-box rows, where present). The paired runs share their seed.\n\n"
+            + "\n".join(lines))
+
+
+def grad_setup(rows: list[dict]) -> str:
+    """The gradient-canary audits' settings, read from the first such audit."""
+    a = next((r for r in rows if "_run" in r), None)
+    if a is None:
+        return ""
+    c, k = a["_run"], a["canaries"]
+    return (f"- **Example-level, gradient canaries** (white-box): {c['dataset']}, {c['clients']} clients × "
+            f"{c['samples_per_client']} examples (partition {c['partition']}), expected batch {c['batch_size']} "
+            f"(Poisson, q = {a['sample_rate']:.3f}), {c['rounds']} rounds = {a['steps']} DP steps at the audited site, "
+            f"Adam lr {c['lr']}, clip {c['clip']}, shared {c['proxy_model']}"
+            + (f", private {c['private_model']}" if c.get("private_model") else "") + f". {k['m']} canaries: {k['kind']}; "
+            f"with seed {a['seed']} the coins put {k['included']} in, each sampled with the site's q at every step "
+            f"(an included canary joined {k['mean_times_sampled_when_included']:.1f} steps on average). Scores: "
+            "per step, the noisy gradient along each canary summed over the steps; per release, the released model's "
+            "movement along each canary summed over the rounds. The bound is SNJ's (95 %, 7 guess counts, Bonferroni) "
+            "beside the Gaussian-sum estimate.")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Read every ``REPORTS_DIR/*/audit.json``, write docs/audit.png and docs/data/audit.json, print docs/audit.md."""
     argv = sys.argv[1:] if argv is None else argv
