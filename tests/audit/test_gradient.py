@@ -5,7 +5,6 @@ examples and leave the accountant's inputs alone; the GDP conversion against num
 few rounds): the no-DP control has power, no bound exceeds its accountant ε, an audited run whose canaries are all
 out is bit-identical to a plain run, and a torch.distributed audit's observer sees what the simulator's does."""
 
-import copy
 import json
 import math
 from pathlib import Path

@@ -185,7 +185,8 @@ class ReleaseObserver:
     def before(self, step: str, requests: dict[int, Message], engine: TappedEngine) -> None:
         """θ_start: the shared model the audited site starts the round from."""
         if self.canaries is not None and step in TRAIN_STEPS and self.site in requests:
-            self.start = self.canaries.flat_state(engine.sites[self.site].shared_state(), self.names)
+            site: Any = engine.sites[self.site]
+            self.start = self.canaries.flat_state(site.shared_state(), self.names)
 
     def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine) -> None:
         """θ_released: what left the site (or its shared model when nothing does)."""
