@@ -2,7 +2,8 @@
 
 The canaries are *gradients*, not examples: m vectors of norm C in the shared model's parameter space — ``dirac``
 (one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal) or ``random``
-(a random ±1/√s direction on s = min(1024, d) coordinates, scaled to norm C) — each included with probability ½
+(a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the model's largest parameter
+tensor (fixed before the run: there each coordinate carries little of the real examples' gradients) — each included with probability ½
 (the audit's secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a real
 example (independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones are
 added to the clipped per-example sum *before* the noise (:attr:`silofl.privacy.DPGradient.canaries`): a canary is
@@ -54,12 +55,14 @@ TRAIN_STEPS = ("train_send", "train_upload", "train")
 PER_STEP, PER_RELEASE, BLACK_BOX = "white-box per step", "white-box per release", "black-box final model"
 
 
-def describe(kind: str, d: int) -> str:
-    """audit.json's ``canaries.kind`` for a gradient canary kind."""
+def describe(kind: str, d: int, pool: int) -> str:
+    """audit.json's ``canaries.kind`` for a gradient canary kind (``pool``: coordinates they are drawn from)."""
+    where = (f"the {pool} coordinates of the shared model's largest parameter tensor (of {d})" if pool < d else
+             f"the shared model's {d} coordinates")
     if kind == "dirac":
-        return f"Dirac gradient canaries: one of the shared model's {d} coordinates at the clip norm C"
-    return (f"random-direction gradient canaries: a ±1/√s direction on s = {min(SUPPORT, d)} of the shared model's {d} "
-            "coordinates, at the clip norm C")
+        return f"Dirac gradient canaries: one coordinate at the clip norm C, m distinct coordinates among {where}"
+    return (f"random-direction gradient canaries: a ±1/√s direction on s = {min(SUPPORT, pool)} of {where}, at the "
+            "clip norm C")
 
 
 class GradientCanaries:
@@ -73,15 +76,23 @@ class GradientCanaries:
         self.shapes = [p.shape for p in self.params]
         self.d = sum(p.numel() for p in self.params)
         self.m, self.kind, self.q = m, kind, float(sample_rate)
-        if kind == "dirac" and m > self.d:
+        # the canaries live on the largest parameter tensor (the first layer of an MLP), fixed before the run: its
+        # coordinates carry the least real-gradient signal each, so the canary stands out of the noise (on small
+        # layers and biases the real examples' clipped gradients pile up)
+        sizes = [p.numel() for p in self.params]
+        big = int(np.argmax(sizes))
+        lo = sum(sizes[:big])
+        self.pool = (lo, lo + sizes[big]) if sizes[big] >= m else (0, self.d)
+        n_pool = self.pool[1] - self.pool[0]
+        if kind == "dirac" and m > n_pool:
             raise ConfigError(f"{m} Dirac canaries need {m} distinct coordinates; the shared model has {self.d}")
         rng_dirs, rng_sample = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
         if kind == "dirac":
-            support = rng_dirs.choice(self.d, size=m, replace=False)[:, None]
+            support = self.pool[0] + rng_dirs.choice(n_pool, size=m, replace=False)[:, None]
             values = np.ones((m, 1))
         else:
-            s = min(SUPPORT, self.d)
-            support = np.stack([rng_dirs.choice(self.d, size=s, replace=False) for _ in range(m)])
+            s = min(SUPPORT, n_pool)
+            support = np.stack([self.pool[0] + rng_dirs.choice(n_pool, size=s, replace=False) for _ in range(m)])
             values = rng_dirs.choice([-1.0, 1.0], size=(m, s)) / math.sqrt(s)
         device = self.params[0].device
         self.support = torch.as_tensor(support, dtype=torch.long, device=device)
@@ -322,7 +333,7 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "mu_sum_statistic_expected": mu_expected,
         "canaries": {
             "m": s.canaries, "included": int(coins.sum()), "excluded": int((~coins).sum()),
-            "inclusion_probability": 0.5, "kind": describe(s.canary_kind, canaries.d), "canary_kind": s.canary_kind,
+            "inclusion_probability": 0.5, "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]), "canary_kind": s.canary_kind,
             "space": "gradient", "audited_site": s.site, "site_examples_real": site.n,
             "mean_times_sampled_when_included": float(canaries.sampled[coins].mean()) if coins.any() else 0.0,
             "scores": {"steps": "Σ_t ⟨g̃_t, u_i⟩ · q·n / C over every DP step's noisy gradient (white-box per step)",
