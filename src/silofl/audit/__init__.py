@@ -29,6 +29,12 @@ from silofl.audit.settings import AuditSettings
 
 __all__ = ["AuditSettings", "run_audit"]
 
+THREAT_MODELS = {  # the threat model of each kind of audit's bound (gradient canaries: silofl.audit.gradient)
+    "example-level": "black-box per release (query access to every model the site released, the last among them)",
+    "client-level": "white-box per release (the parameters of every global model the server broadcast)",
+    "pubsub": "black-box final model (query access to the published model)",
+}
+
 
 def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = False, progress: bool = False,
               console=None, command: str | None = None) -> dict:
@@ -62,6 +68,9 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
 
         audit, extra = example.audit(cfg, settings, out, progress=progress, console=console)
     audit.setdefault("seconds", {})["total"] = time.perf_counter() - t0
+    # what the bound measures: the auditor's view of the run (gradient audits set their own)
+    audit.setdefault("threat_model", THREAT_MODELS.get(audit["kind"], "black-box final model"))
+    audit.setdefault("certifiable_epsilon_max", audit["bound"].get("certifiable_epsilon_max"))
     audit["command"] = command
     report.write(out, audit, extra["canary_scores"], extra["included"], extra["curves"], extra["split"])
     return audit
