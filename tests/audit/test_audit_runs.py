@@ -31,6 +31,8 @@ def test_example_level_without_dp_leaks_measurably(tmp_path):
     assert a["epsilon_lower_bound"] > 0.3, a["bound"]
     assert a["bound"]["canary_auc"]["final"] > 0.6
     assert a["canaries"]["releases_scored"] == 40  # every round's proxy left the site and was scored
+    assert a["threat_model"].startswith("black-box per release")
+    assert a["epsilon_lower_bound"] <= a["bound"]["max_auditable_epsilon"] <= a["certifiable_epsilon_max"]
     private = a["membership_inference"]["targets"]["private"]["attacks"]
     assert max(f["auc"] for f in private.values()) > 0.55  # the attack beats chance
     assert private["loss"]["members"] == 150 and private["loss"]["nonmembers"] == 150
