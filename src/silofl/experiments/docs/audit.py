@@ -377,6 +377,13 @@ def grad_findings(rows: list[dict]) -> str:
         pairs = ", ".join(f"ε {a['epsilon_accountant']:.2f} → SNJ {a['bounds'][PER_STEP]['snj']['epsilon_lower_bound']:.2f}"
                           f" / Gaussian-sum {f(a['bounds'][PER_STEP]['gauss']['epsilon_estimate'], 2)}" for a in grp)
         out.append(f"{g}, white-box per step: {pairs}.")
+    for a in dp:
+        if a.get("noise_multiplier") is not None and a["noise_multiplier"] <= 0.2:
+            st = a["bounds"][PER_STEP]
+            out.append(f"{a['_name']} (σ = {a['noise_multiplier']:g}: clipped like DP-SGD, almost no noise; accountant ε "
+                       f"{a['epsilon_accountant']:.0f}) is the mechanism's own power control: per-step SNJ bound "
+                       f"{st['snj']['epsilon_lower_bound']:.3f} of the {a['certifiable_epsilon_max']:.2f} these m can "
+                       f"certify, Gaussian-sum {f(st['gauss']['epsilon_estimate'])}.")
     near8 = [a for a in dp if 6 <= a["epsilon_accountant"] <= 10]
     if near8:
         best = max(near8, key=lambda a: a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] / a["epsilon_accountant"])
