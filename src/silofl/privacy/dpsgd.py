@@ -21,13 +21,6 @@ from silofl.privacy.grad_sample import GhostClipper, GhostUnsupported, LossFn, V
 from silofl.privacy.noise import NoiseSource
 
 
-class CanaryHook(Protocol):
-    """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm at most
-    ``clip``, added to the clipped per-example sum (returned: a dict over ``params``) before the noise."""
-
-    def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict: ...
-
-
 @dataclass
 class StepStats:
     batch_size: int
@@ -107,3 +100,10 @@ class DPGradient:
             clipped_fraction=float((norms > self.clip).float().mean()) if B else 0.0,
         )
         return logits, stats
+
+
+class CanaryHook(Protocol):
+    """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm at most
+    ``clip``, added to the clipped per-example sum (returned: a dict over ``params``) before the noise."""
+
+    def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict: ...
