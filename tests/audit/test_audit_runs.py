@@ -128,9 +128,9 @@ def test_cli_audit_errors_are_one_line(tmp_path):
     r = runner.invoke(app, ["audit", "--method", "proxyfl", "--dataset", "digits", "--clients", "3",
                             "--audited-site", "5", "--out", str(tmp_path / "z")])
     assert r.exit_code == 2 and "not one of the 3 clients" in r.output
-    r = runner.invoke(app, ["audit", "--canary-kind", "dirac", "--pubsub-model", "dp-nn", "--epsilon", "1",
+    r = runner.invoke(app, ["audit", "--canary-kind", "dirac", "--pubsub-model", "dp-nb", "--epsilon", "1",
                             "--dataset", "digits", "--out", str(tmp_path / "w")])
-    assert r.exit_code == 2 and "published PubSub-ML model" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "not a published dp-nb" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["audit", "--canary-kind", "diract", "--dataset", "digits", "--out", str(tmp_path / "v")])
     assert r.exit_code == 2 and "dirac, random" in r.output
     assert not (tmp_path / "w").exists() and not (tmp_path / "v").exists()

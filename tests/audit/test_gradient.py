@@ -128,10 +128,11 @@ def test_gauss_estimate_recovers_mu():
     assert null["epsilon_estimate"] < 0.5
 
 
-def test_gradient_kinds_are_refused_for_published_models():
-    with pytest.raises(ConfigError, match="published"):
-        AuditSettings(canary_kind="dirac", pubsub_model="dp-nn").validate()
+def test_gradient_kinds_are_refused_for_published_models_but_dp_nn():
+    with pytest.raises(ConfigError, match="published dp-logreg"):
+        AuditSettings(canary_kind="dirac", pubsub_model="dp-logreg").validate()
     AuditSettings(canary_kind="random").validate()
+    AuditSettings(canary_kind="dirac", pubsub_model="dp-nn").validate()
 
 
 # ---------------------------------------------------------------------------------------------- runs (slow)
@@ -228,3 +229,24 @@ def test_torchdist_audit_sees_what_the_simulator_sees(tmp_path):
     assert scores == {k: v.tolist() for k, v in extra["canary_scores"].items()}
     assert dist["epsilon_lower_bound"] == sim["epsilon_lower_bound"]
     assert dist["epsilon_accountant"] == sim["epsilon_accountant"]
+
+
+@pytest.mark.slow
+def test_published_dp_nn_with_gradient_canaries(tmp_path):
+    """PubSub-ML's dp-nn with the canaries in its DP-SGD step: the no-DP publisher leaks, the DP one stays below its ε."""
+    from silofl.audit import run_audit
+    from silofl.run.config import RunConfig
+
+    cfg = dict(dataset="digits", samples_per_client=300, delta=1e-5)
+    off = run_audit(RunConfig.from_dict(dict(cfg, privacy="off")), AuditSettings(
+        canaries=200, canary_kind="dirac", seed=2, pubsub_model="dp-nn", pubsub_epochs=10, reference_models=0),
+        tmp_path / "off")
+    assert off["epsilon_lower_bound"] > 1.0, off["bounds"]
+    dp = run_audit(RunConfig.from_dict(cfg), AuditSettings(canaries=200, canary_kind="dirac", seed=2, epsilon=2.0,
+                                                           pubsub_model="dp-nn", pubsub_epochs=10, reference_models=0),
+                   tmp_path / "dp")
+    assert dp["epsilon_accountant"] <= 2.0 * (1 + 1e-6) and dp["steps"] == dp["mechanism"]["steps"]
+    assert set(dp["bounds"]) == {"white-box per step", "white-box final model"}
+    for b in dp["bounds"].values():
+        assert b["snj"]["epsilon_lower_bound"] <= dp["epsilon_accountant"]
+        assert b["gauss"]["epsilon_estimate"] <= dp["epsilon_accountant"]

@@ -51,7 +51,11 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
     if overwrite:
         report.clear(out)
     t0 = time.perf_counter()
-    if settings.pubsub_model is not None:
+    if settings.pubsub_model is not None and settings.canary_kind in GRADIENT_KINDS:
+        from silofl.audit import gradient
+
+        audit, extra = gradient.audit_published(cfg, settings)
+    elif settings.pubsub_model is not None:
         from silofl.audit import published
 
         audit, extra = published.audit(cfg, settings)

@@ -37,9 +37,10 @@ class AuditSettings:
         if self.canary_kind not in (*CANARY_KINDS, *GRADIENT_KINDS):
             raise ConfigError(f"unknown --canary-kind {self.canary_kind!r}; choose one of: "
                               f"{', '.join((*CANARY_KINDS, *GRADIENT_KINDS))}")
-        if self.canary_kind in GRADIENT_KINDS and self.pubsub_model is not None:
-            raise ConfigError("gradient canaries (--canary-kind dirac | random) audit a run's DP-SGD sites, not a "
-                              "published PubSub-ML model; use --canary-kind mislabelled or noise")
+        if self.canary_kind in GRADIENT_KINDS and self.pubsub_model not in (None, "dp-nn"):
+            raise ConfigError(f"gradient canaries (--canary-kind dirac | random) audit DP-SGD: a run's sites or a "
+                              f"published dp-nn, not a published {self.pubsub_model}; use --canary-kind mislabelled or "
+                              "noise")
         if self.canaries < 2:
             raise ConfigError(f"--canaries must be at least 2, got {self.canaries}")
         if self.site < 0:
