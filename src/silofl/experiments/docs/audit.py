@@ -593,7 +593,7 @@ secret (the default of `silofl run` and `silofl audit` without `--seed`); the au
 
 {grad_setup(grows)}
 
-## Example-level audits with gradient canaries
+## Example-level DP-SGD audits with gradient canaries (sites and the published dp-nn)
 
 {gtab}
 
@@ -611,9 +611,11 @@ secret (the default of `silofl run` and `silofl audit` without `--seed`); the au
   available to this project); it was not checked against the paper's worked figures, and it is an estimate, not a
   bound with a guarantee. `tests/audit/test_gradient.py` checks its GDP conversion against numerical integration and
   that it recovers μ on synthetic Gaussian scores.
-- Gradient canaries are injected at DP-SGD *sites* (ProxyFL, FML, FedAvg, AvgPush, CWT, Regular, Joint); PubSub-ML's
-  published dp-nn is audited with input-space canaries only (its mechanism is built inside
-  `silofl.pubsub.dp_models`, which has no hook for them yet).
+- Gradient canaries are injected at DP-SGD sites (ProxyFL, FML, FedAvg, AvgPush, CWT, Regular, Joint: the same
+  `DPSGDSite`) and in PubSub-ML's published dp-nn; this study runs ProxyFL, FedAvg and dp-nn. The other PubSub-ML
+  models (diffprivlib's) are not DP-SGD and keep input-space canaries.
+- The no-DP controls add the canaries to the plain (unclipped) mean gradient, where the real examples' gradients
+  are larger than under DP; the σ = 0.1 rows are the clipped mechanism's own power control.
 - The per-step threat model assumes an auditor who sees the optimizer's input at every step; a site never releases
   it. The per-release rows are what leaves a site.
 - Seeded research runs, one seed per row: the spread over seeds is not measured here.
