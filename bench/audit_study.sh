@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Regenerates docs/audit.md: 19 audits (silofl audit) one after another, then the document (about 30 minutes on
-# the shared 2-core CPU, one torch thread: two threads on a contended machine ran ~50x slower).
-#   bash bench/audit_study.sh            (PYTHON=... to use another interpreter; default .venv/bin/python)
-# Example-level rows: the papers' ProxyFL/FedAvg settings (Fashion-MNIST, 8 clients × 1000 images, p_major 0.8,
-# batch 250, LeNet-5 private / MLP proxy, Adam 1e-3) with 100 rounds instead of 300; 1000 mislabelled canaries at
-# site 0. With seed 0 the coins put 531 canaries in, so site 0 holds 1531 examples (q = 250/1531, 6 steps a
-# round, 600 steps); σ is chosen so that its accountant lands at ε ≈ 1, 3, 8 (δ = 1e-5), and σ = 1 is the papers'
-# noise multiplier. `regular --privacy off` is a control: the same site training its LeNet-5 alone without DP,
-# audited as if that model were released. Client-level rows: 6 hospitals × 1000 images (IID), MLP-256, 20 rounds
-# (Jiang et al.: 2000 images, 50 rounds), adaptive intermediaries, 500 canary hospitals, z for ε ≈ 1, 3, 8 at
-# q = 1. PubSub rows: a DP-SGD network published at ε = 1, 3, 8 by a site holding 1000 images.
-# Finished audits are kept (delete reports/audit/NAME to redo one).
+# Regenerates docs/audit.md: audits (silofl audit) one after another, then the document.
+#   bash bench/audit_study.sh [full|reduced]     (default full; PYTHON=... for another interpreter, default .venv/bin/python)
+#
+# Example-level rows, white-box *gradient* canaries (silofl.audit.gradient): 1000 Dirac canaries at site 0, each in
+# with probability ½ and sampled at the site's q at every DP step; scored per step (noisy gradients) and per release.
+#   full:    the papers' ProxyFL/FedAvg settings (Fashion-MNIST, 8 clients × 1000 images, p_major 0.8, batch 250 so
+#            q = 0.25, LeNet-5 private / MLP proxy, Adam 1e-3) with 100 rounds (400 steps) instead of 300; σ from
+#            Opacus' RDP accountant for ε = 1, 3, 8 at δ = 1e-5, q = 0.25, 400 steps: 20.469, 7.578, 3.315.
+#            One black-box row (1000 mislabelled input canaries, ε = 8) for comparison.
+#   reduced: 4 clients, 30 rounds (120 steps): σ = 11.25, 4.277, 1.958 for ε = 1, 3, 8 (same accountant).
+# PubSub-ML's dp-nn gets the same canaries in its DP-SGD step. Each method has a no-DP control (--privacy off) with the same canaries, and a σ = 0.1 row (clipped, almost no noise). Client-level rows: as before (6 hospitals ×
+# 1000 images, IID, MLP-256, 20 rounds, adaptive intermediaries, 500 canary hospitals, z for ε ≈ 1, 3, 8 at q = 1).
+# Finished audits are kept (delete reports/audit[-reduced]/NAME to redo one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-OUT=reports/audit
+SCALE=${1:-full}
+case "$SCALE" in
+  full) OUT=reports/audit; CLIENTS=8; ROUNDS=100; SIGMAS=(1:20.469 3:7.578 8:3.315) ;;
+  reduced) OUT=reports/audit-reduced; CLIENTS=4; ROUNDS=30; SIGMAS=(1:11.25 3:4.277 8:1.958) ;;
+  *) echo "usage: bash bench/audit_study.sh [full|reduced]" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
+echo "$SCALE" > "$OUT/SCALE"
 export SILOFL_NO_PROGRESS=1 OMP_NUM_THREADS=1
 audit() {  # NAME ARGS...
   local name=$1; shift
@@ -25,28 +32,38 @@ audit() {  # NAME ARGS...
   "$PY" -m silofl.cli.main audit "$@" --seed 0 --threads 1 --quiet --out "$OUT/$name" > "$OUT/$name.log" 2>&1 \
     || { echo "failed: $name (see $OUT/$name.log)"; exit 1; }
 }
-EX=(--dataset fashion-mnist --clients 8 --samples-per-client 1000 --batch-size 250 --rounds 100 --canaries 1000
-    --reference-models 2)
+EX=(--dataset fashion-mnist --clients "$CLIENTS" --samples-per-client 1000 --batch-size 250 --rounds "$ROUNDS"
+    --canaries 1000)
+GRAD=(--canary-kind dirac --reference-models 0)
 PROXY=(--method proxyfl --private-model lenet5 --proxy-model mlp "${EX[@]}")
-for mode in strict paper; do
-  audit "proxyfl-$mode-eps1" "${PROXY[@]}" --privacy $mode --noise-multiplier 16.406
-  audit "proxyfl-$mode-eps3" "${PROXY[@]}" --privacy $mode --noise-multiplier 6.084
-  audit "proxyfl-$mode-eps8" "${PROXY[@]}" --privacy $mode --noise-multiplier 2.69
-  audit "proxyfl-$mode-sigma1" "${PROXY[@]}" --privacy $mode --noise-multiplier 1.0
+FEDAVG=(--method fedavg --proxy-model mlp "${EX[@]}")
+# controls and ε = 8 first: they carry the study's two targets
+audit proxyfl-off-grad "${PROXY[@]}" "${GRAD[@]}" --privacy off
+audit fedavg-off-grad "${FEDAVG[@]}" "${GRAD[@]}" --privacy off
+for e in "${SIGMAS[@]:2:1}" "${SIGMAS[@]:1:1}" "${SIGMAS[@]:0:1}"; do
+  for mode in strict paper; do
+    audit "proxyfl-$mode-eps${e%%:*}-grad" "${PROXY[@]}" "${GRAD[@]}" --privacy $mode --noise-multiplier "${e##*:}"
+  done
+  audit "fedavg-eps${e%%:*}-grad" "${FEDAVG[@]}" "${GRAD[@]}" --noise-multiplier "${e##*:}"
 done
-audit proxyfl-off "${PROXY[@]}" --privacy off
-audit regular-off --method regular --private-model lenet5 "${EX[@]}" --privacy off
-for e in 1:16.406 3:6.084 8:2.69; do
-  audit "fedavg-eps${e%%:*}" --method fedavg --proxy-model mlp "${EX[@]}" --noise-multiplier "${e##*:}"
+# the mechanism's own power control: DP-SGD's clipping and sampling with almost no noise (σ = 0.1; the accountant's ε
+# is astronomical), so the canaries are limited only by the real examples' clipped gradients and by m
+audit proxyfl-strict-sigma0.1-grad "${PROXY[@]}" "${GRAD[@]}" --privacy strict --noise-multiplier 0.1
+audit fedavg-sigma0.1-grad "${FEDAVG[@]}" "${GRAD[@]}" --noise-multiplier 0.1
+# PubSub-ML's published dp-nn (1000 rows, 20 epochs, σ from Opacus for the ε) with the canaries in its DP-SGD step
+PS=(--pubsub-model dp-nn --dataset fashion-mnist --samples-per-client 1000 --canaries 1000 "${GRAD[@]}")
+audit pubsub-dpnn-off-grad "${PS[@]}" --privacy off
+for e in 8 3 1; do
+  audit "pubsub-dpnn-eps$e-grad" "${PS[@]}" --epsilon $e
 done
-for e in 1 3 8; do
-  audit "pubsub-dpnn-eps$e" --pubsub-model dp-nn --epsilon $e --dataset fashion-mnist --samples-per-client 1000 \
-    --canaries 1000 --reference-models 2
-done
+if [ "$SCALE" = full ]; then
+  e=${SIGMAS[2]}
+  audit "proxyfl-strict-eps8-input" "${PROXY[@]}" --reference-models 2 --privacy strict --noise-multiplier "${e##*:}"
+fi
 CL=(--method dp-fedavg --dataset fashion-mnist --partition iid --clients 6 --samples-per-client 1000 --batch-size 64
     --proxy-model mlp256 --rounds 20 --intermediaries adaptive --privacy-unit hospital --canaries 500
     --reference-models 2)
-for e in 1:18.125 3:6.68 8:2.854; do
+for e in 8:2.854 3:6.68 1:18.125; do
   audit "dpfedavg-adaptive-eps${e%%:*}" "${CL[@]}" --noise-multiplier "${e##*:}"
 done
 "$PY" scripts/audit_doc.py "$OUT" > docs/audit.md

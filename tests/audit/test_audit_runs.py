@@ -31,6 +31,8 @@ def test_example_level_without_dp_leaks_measurably(tmp_path):
     assert a["epsilon_lower_bound"] > 0.3, a["bound"]
     assert a["bound"]["canary_auc"]["final"] > 0.6
     assert a["canaries"]["releases_scored"] == 40  # every round's proxy left the site and was scored
+    assert a["threat_model"].startswith("black-box per release")
+    assert a["epsilon_lower_bound"] <= a["bound"]["max_auditable_epsilon"] <= a["certifiable_epsilon_max"]
     private = a["membership_inference"]["targets"]["private"]["attacks"]
     assert max(f["auc"] for f in private.values()) > 0.55  # the attack beats chance
     assert private["loss"]["members"] == 150 and private["loss"]["nonmembers"] == 150
@@ -126,3 +128,9 @@ def test_cli_audit_errors_are_one_line(tmp_path):
     r = runner.invoke(app, ["audit", "--method", "proxyfl", "--dataset", "digits", "--clients", "3",
                             "--audited-site", "5", "--out", str(tmp_path / "z")])
     assert r.exit_code == 2 and "not one of the 3 clients" in r.output
+    r = runner.invoke(app, ["audit", "--canary-kind", "dirac", "--pubsub-model", "dp-nb", "--epsilon", "1",
+                            "--dataset", "digits", "--out", str(tmp_path / "w")])
+    assert r.exit_code == 2 and "not a published dp-nb" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["audit", "--canary-kind", "diract", "--dataset", "digits", "--out", str(tmp_path / "v")])
+    assert r.exit_code == 2 and "dirac, random" in r.output
+    assert not (tmp_path / "w").exists() and not (tmp_path / "v").exists()

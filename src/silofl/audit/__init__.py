@@ -13,6 +13,10 @@ Three kinds of audit, one folder layout (:mod:`silofl.audit.report`):
   scored from the shared models it releases every round and the last one;
 * client-level methods (:mod:`silofl.audit.clients`): canary *clients* (the privacy unit is a client),
   scored from the server's global model after every round;
+* example-level methods with white-box *gradient* canaries (:mod:`silofl.audit.gradient`, ``--canary-kind
+  dirac | random``): canary gradients added inside the audited site's DP step, scored from every step's noisy
+  gradient and from every release, with the Steinke et al. bound beside a Gaussian-sum estimate
+  (:mod:`silofl.audit.gauss`);
 * PubSub-ML published models (:mod:`silofl.audit.published`): canary examples in a publisher's data,
   scored from the published model.
 """
@@ -25,6 +29,12 @@ from silofl.audit.settings import AuditSettings
 
 __all__ = ["AuditSettings", "run_audit"]
 
+THREAT_MODELS = {  # the threat model of each kind of audit's bound (gradient canaries: silofl.audit.gradient)
+    "example-level": "black-box per release (query access to every model the site released, the last among them)",
+    "client-level": "white-box per release (the parameters of every global model the server broadcast)",
+    "pubsub": "black-box final model (query access to the published model)",
+}
+
 
 def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = False, progress: bool = False,
               console=None, command: str | None = None) -> dict:
@@ -33,6 +43,7 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
     import time
 
     from silofl.audit import report
+    from silofl.audit.gradient import GRADIENT_KINDS
 
     settings.validate()
     out = Path(out)
@@ -40,7 +51,11 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
     if overwrite:
         report.clear(out)
     t0 = time.perf_counter()
-    if settings.pubsub_model is not None:
+    if settings.pubsub_model is not None and settings.canary_kind in GRADIENT_KINDS:
+        from silofl.audit import gradient
+
+        audit, extra = gradient.audit_published(cfg, settings)
+    elif settings.pubsub_model is not None:
         from silofl.audit import published
 
         audit, extra = published.audit(cfg, settings)
@@ -48,11 +63,18 @@ def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = F
         from silofl.audit import clients
 
         audit, extra = clients.audit(cfg, settings, out, progress=progress, console=console)
+    elif settings.canary_kind in GRADIENT_KINDS:
+        from silofl.audit import gradient
+
+        audit, extra = gradient.audit(cfg, settings, out, progress=progress, console=console)
     else:
         from silofl.audit import example
 
         audit, extra = example.audit(cfg, settings, out, progress=progress, console=console)
     audit.setdefault("seconds", {})["total"] = time.perf_counter() - t0
+    # what the bound measures: the auditor's view of the run (gradient audits set their own)
+    audit.setdefault("threat_model", THREAT_MODELS.get(audit["kind"], "black-box final model"))
+    audit.setdefault("certifiable_epsilon_max", audit["bound"].get("certifiable_epsilon_max"))
     audit["command"] = command
     report.write(out, audit, extra["canary_scores"], extra["included"], extra["curves"], extra["split"])
     return audit

@@ -64,6 +64,8 @@ def one_run_bound(scores: dict[str, np.ndarray], included: np.ndarray, delta: fl
         "hypotheses": hypotheses,
         "beta_per_hypothesis": beta_h,
         "max_auditable_epsilon": ceiling,
+        # the most m canaries can certify at all: every one of them guessed, every guess right (no correction)
+        "certifiable_epsilon_max": one_run.max_auditable_eps(m, m, delta, beta),
         "canary_auc": aucs,
         "candidates": rows,
     }

@@ -72,6 +72,20 @@ def markdown(audit: dict) -> str:
              f"{audit['delta']:g} | {audit['unit']} | {'yes' if audit['formal_guarantee'] else 'no'} | "
              f"{audit['canaries']['included']} / {audit['canaries']['excluded']} | {b['score']}, {b['k_pos']} | "
              f"{b['correct']} / {b['guesses']} | {fmt(b['max_auditable_epsilon'])} |", ""]
+    if audit.get("bounds"):
+        lines += [f"Canaries: {audit['canaries']['kind']}. Each threat model's scores give the Steinke–Nasr–Jagielski "
+                  "bound and, beside it, the Gaussian-sum estimate (an estimate under a Gaussian-scores assumption, not "
+                  f"a guarantee); the headline is the {audit['threat_model']} row, fixed in advance. With "
+                  f"{audit['canaries']['m']} canaries no audit can certify more than "
+                  f"ε = {fmt(audit.get('certifiable_epsilon_max'))} (SNJ, every guess right).", "",
+                  "| threat model | SNJ ε lower bound | correct / guesses | canary AUC | Gaussian-sum ε estimate | μ̂ (lower) |",
+                  "|---|---|---|---|---|---|"]
+        for tm, bt in audit["bounds"].items():
+            sn, ga = bt["snj"], bt["gauss"]
+            auc = next(iter(sn["canary_auc"].values()))
+            lines.append(f"| {tm} | {fmt(sn['epsilon_lower_bound'])} | {sn['correct']} / {sn['guesses']} | {fmt(auc)} | "
+                         f"{fmt(ga['epsilon_estimate'])} | {fmt(ga['mu_hat'])} ({fmt(ga['mu_lower'])}) |")
+        lines.append("")
     rows = attack_rows(audit.get("membership_inference", {}))
     if rows:
         lines += ["Membership inference on real examples:", "",

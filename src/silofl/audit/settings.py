@@ -18,7 +18,8 @@ SECRET_NOTE = ("secret randomness: the run's noise and sampling come from a cryp
 @dataclass
 class AuditSettings:
     canaries: int = 1000  # m: each included in the audited site's data (or as a client) with probability ½
-    canary_kind: str = "mislabelled"  # example canaries: "mislabelled" | "noise" (out-of-distribution inputs)
+    canary_kind: str = "mislabelled"  # example canaries: "mislabelled" | "noise" (out-of-distribution inputs);
+    # gradient canaries (white-box, silofl.audit.gradient): "dirac" | "random"
     site: int = 0  # the audited site (client index)
     reference_models: int = 4  # per attacked architecture, trained on data disjoint from every candidate
     nonmembers: int | None = None  # default: as many as the audited site's real examples
@@ -31,9 +32,15 @@ class AuditSettings:
     def validate(self) -> None:
         """Raise ConfigError on settings no audit can run with."""
         from silofl.audit.canaries import CANARY_KINDS
+        from silofl.audit.gradient import GRADIENT_KINDS
 
-        if self.canary_kind not in CANARY_KINDS:
-            raise ConfigError(f"unknown --canary-kind {self.canary_kind!r}; choose one of: {', '.join(CANARY_KINDS)}")
+        if self.canary_kind not in (*CANARY_KINDS, *GRADIENT_KINDS):
+            raise ConfigError(f"unknown --canary-kind {self.canary_kind!r}; choose one of: "
+                              f"{', '.join((*CANARY_KINDS, *GRADIENT_KINDS))}")
+        if self.canary_kind in GRADIENT_KINDS and self.pubsub_model not in (None, "dp-nn"):
+            raise ConfigError(f"gradient canaries (--canary-kind dirac | random) audit DP-SGD: a run's sites or a "
+                              f"published dp-nn, not a published {self.pubsub_model}; use --canary-kind mislabelled or "
+                              "noise")
         if self.canaries < 2:
             raise ConfigError(f"--canaries must be at least 2, got {self.canaries}")
         if self.site < 0:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from silofl.comm.engine import InProcessEngine, SiteHandle
+from silofl.comm.engine import Engine, InProcessEngine, SiteHandle
 from silofl.comm.messages import Message, Packet
 from silofl.comm.wire import decode
 
@@ -58,3 +58,21 @@ def model_tensors(packet: Packet) -> dict[str, torch.Tensor]:
     """The model weights a packet carries (its protocol scalars, ``__name__`` keys, left out)."""
     tensors, _ = decode(packet.data)
     return {k: v for k, v in tensors.items() if not (k.startswith("__") and k.endswith("__"))}
+
+
+def tap(engine: Engine, observers: list[Observer]) -> Engine:
+    """Any engine — the torch.distributed one included — with ``observers`` called around every call, as
+    :class:`TappedEngine` does for the simulator. Observers that read a site's state (``engine.sites[k]``) need that
+    site in this process: over torch.distributed, a site on rank 0 (site 0 always is)."""
+    inner = engine.call
+
+    def call(step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        for o in observers:
+            o.before(step, requests, engine)  # type: ignore[arg-type]
+        replies = inner(step, requests)
+        for o in observers:
+            o.after(step, requests, replies, engine)  # type: ignore[arg-type]
+        return replies
+
+    engine.call = call  # type: ignore[method-assign]
+    return engine

@@ -563,7 +563,8 @@ def audit(
     canaries: int = typer.Option(1000, "--canaries", help="m: canaries, each included with probability ½ (examples at "
                                  "the audited site; clients for client-level methods; rows of a published model)."),
     canary_kind: str = typer.Option("mislabelled", "--canary-kind", help="Example canaries: mislabelled (pool "
-                                    "examples with a wrong label) | noise (out-of-distribution inputs, random labels)."),
+                                    "examples with a wrong label) | noise (out-of-distribution inputs, random labels); white-box "
+                                    "gradient canaries inside the DP step (example-level DP-SGD): dirac | random."),
     audited_site: int = typer.Option(0, "--audited-site", help="The client whose data (or whose peers) get the canaries."),
     reference_models: int = typer.Option(4, "--reference-models", help="Reference models per attacked model "
                                          "(LiRA/RMIA offline), trained on data disjoint from every candidate."),
@@ -642,6 +643,9 @@ def audit(
     console.print(f"empirical ε lower bound {a['epsilon_lower_bound']:.3f} ({a['confidence']:.0%} confidence, "
                   f"δ={a['delta']:g}; {b['correct']}/{b['guesses']} guesses right on score '{b['score']}', "
                   f"at most {b['max_auditable_epsilon']:.2f} measurable) · accountant ε {eps_acc}{label}")
+    if a.get("epsilon_gauss") is not None or "bounds" in a:
+        console.print(f"threat model {a['threat_model']}; Gaussian-sum estimate ε {a.get('epsilon_gauss') or 0:.3f} "
+                      "(an estimate, not a guarantee)", markup=False, highlight=False)
     for target, t in a["membership_inference"]["targets"].items():
         figs = ", ".join(f"{k} AUC {f['auc']:.3f} TPR@1% {f['tpr_at_1%_fpr']:.3f}" for k, f in t["attacks"].items())
         console.print(f"membership inference on {target} ({t['model']}): {figs}")

@@ -11,6 +11,7 @@ accountant must count. The mechanism counts the steps it ran and reports them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -51,6 +52,9 @@ class DPGradient:
         self.backend = backend
         self.clipper = make_clipper(model, backend)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # research hook (silofl.audit.gradient): canary gradients sampled and added to the clipped sum before the
+        # noise, like examples; None (the default) leaves the mechanism untouched
+        self.canaries: CanaryHook | None = None
 
     def take_run(self) -> MechanismRun:
         """The steps this mechanism ran since the last call, with its (σ, q); the count restarts."""
@@ -85,6 +89,8 @@ class DPGradient:
                 self.clipper.close()
                 self.clipper = VmapClipper(self.model)
                 logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views)
+        if self.canaries is not None:
+            grads = self.canaries.add(grads, self.params, self.clip)
         std = self.noise_multiplier * self.clip
         for p in self.params:
             g = grads.get(p)
@@ -100,3 +106,10 @@ class DPGradient:
             clipped_fraction=float((norms > self.clip).float().mean()) if B else 0.0,
         )
         return logits, stats
+
+
+class CanaryHook(Protocol):
+    """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm at most
+    ``clip``, added to the clipped per-example sum (returned: a dict over ``params``) before the noise."""
+
+    def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict: ...

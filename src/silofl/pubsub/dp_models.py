@@ -54,16 +54,17 @@ def train(kind: str, x: np.ndarray, y: np.ndarray, *, publisher: str, features: 
           bounds: Bounds, epsilon: float, delta: float, classes: list | None = None, seed: int | None = None,
           nonprivate: bool = False, chunk: int | None = None, y_bounds: tuple[float, float] | None = None,
           epochs: int = 20, hidden: int = 64, batch_size: int = 64, clip: float = 1.0, lr: float = 0.05,
-          trees: int = 10, depth: int = 5) -> PublishedModel:
+          trees: int = 10, depth: int = 5, dp_hook=None) -> PublishedModel:
     """Train one model of ``kind`` on (x, y) under (ε, δ) and return it in the published format. Without a
     ``seed`` (the default) the mechanism's randomness is cryptographically secure (silofl's noise and sampling;
     diffprivlib's ``secrets.SystemRandom``); a seed makes a reproducible research model whose guarantee holds
-    only while the seed stays secret."""
+    only while the seed stays secret. ``dp_hook`` (research, :mod:`silofl.audit.gradient`; dp-nn only) is called as
+    ``dp_hook(dp, model, opt, n)`` before training (``dp`` None without DP)."""
     _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonprivate)
     xs = bounds.scale(np.asarray(x, dtype=np.float64))
     if kind == "dp-nn":
         tensors, mech, eps = _dp_nn(xs, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden,
-                                    batch_size, clip, lr)
+                                    batch_size, clip, lr, dp_hook)
     elif kind in ("dp-logreg", "dp-nb", "dp-forest", "dp-linreg"):
         tensors, mech = _diffprivlib(kind, xs, y, task, classes, epsilon, seed, nonprivate, y_bounds, trees, depth)
         eps = math.inf if nonprivate else float(epsilon)
@@ -106,7 +107,7 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
 
 
 # ---------------------------------------------------------------------------------------------- DP-SGD
-def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr):
+def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr, dp_hook=None):
     """An MLP trained with the core's Poisson DP-SGD loop (:func:`silofl.training.poisson_steps`), σ calibrated
     by Opacus for (ε, δ) at the exact q and step count; the ε published is the accountant's for what ran."""
     from silofl.core.randomness import party_seeds
@@ -132,6 +133,8 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
         return (out.squeeze(1) - target) ** 2
 
     if nonprivate:
+        if dp_hook is not None:
+            dp_hook(None, model, opt, n)
         poisson_steps(model, opt, xt, yt, sample_rate=q, steps=steps, sampler=gen, loss_fn=loss_fn)
         return dict(model.state_dict()), {"name": "none (non-private)"}, math.inf
     try:
@@ -141,6 +144,8 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
                           f"sampling rate {q:.3g}: raise ε, or train fewer epochs") from None
     dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed + 1 if seed is not None else None), backend="vmap",
                     sample_rate=q)
+    if dp_hook is not None:
+        dp_hook(dp, model, opt, n)
     poisson_steps(model, opt, xt, yt, sample_rate=q, steps=steps, sampler=gen, loss_fn=loss_fn, dp=dp)
     acc = Accountant("rdp")
     acc.record(dp.take_run())
