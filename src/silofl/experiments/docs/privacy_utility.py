@@ -51,16 +51,18 @@ PRIVATE_LR = 0.003  # the non-DP models' Adam lr on features (a private model, t
 SGD = {"optimizer": "sgd", "momentum": 0.9, "clip": 0.1, "sample_rate": 0.5, "private_lr": PRIVATE_LR}
 SERVER = {"optimizer": "sgd", "clip": 0.1, "sample_rate": 0.5, "local_steps": 1, "server_momentum": 0.9,
           "private_lr": PRIVATE_LR}
+GOSSIP = {**SGD, "local_steps": 1}  # ProxyFL, AvgPush, CWT: one local DP step a round
 SCATTER_ROUNDS = [50, 100]
-SCATTER_LR = [3.0, 10.0]
+SCATTER_LR = [3.0, 10.0]  # the server methods' and Joint's (the sites' noise is averaged every step)
+GOSSIP_LR = [1.0, 3.0]  # one site's noise per step: smaller steps
 METHODS_SCATTER: list[tuple[str, str, dict, dict]] = [
-    ("ProxyFL (strict)", "proxyfl", {**SGD, "combine": "weights"},
-     {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR, "dml_alpha": [0.0, 0.5]}),
+    ("ProxyFL (strict)", "proxyfl", {**GOSSIP, "self_weight": 0.5, "combine": "weights"},
+     {"rounds": [100], "lr": GOSSIP_LR, "dml_alpha": [0.0, 0.5]}),
     ("FML", "fml", {**SERVER, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
     ("FedAvg", "fedavg", {**SERVER, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
-    ("AvgPush", "avgpush", {**SGD, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
-    ("CWT", "cwt", {**SGD, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
-    ("Regular", "regular", dict(SGD), {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
+    ("AvgPush", "avgpush", {**GOSSIP, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": GOSSIP_LR}),
+    ("CWT", "cwt", {**GOSSIP, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": GOSSIP_LR}),
+    ("Regular", "regular", dict(SGD), {"rounds": SCATTER_ROUNDS, "lr": GOSSIP_LR}),
     ("Joint", "joint", dict(SGD), {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
     ("DP-FedAvg (no intermediaries)", "dp-fedavg", {"intermediaries": "none"}, {"rounds": ROUNDS}),
     ("DP-FedAvg (adaptive intermediaries)", "dp-fedavg", {"intermediaries": "adaptive"}, {"rounds": ROUNDS}),
@@ -178,7 +180,8 @@ def score_on_test(trial: Path) -> dict:
 PUBSUB = ("PubSub-ML (untuned)", "pubsub", {"epochs": 10, "hidden": 64})
 
 
-def jobs(seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS)) -> list[tuple]:
+def jobs(seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS), budgets: tuple[float, ...] = BUDGETS
+         ) -> list[tuple]:
     """Every (kind, label, method, fixed, grid, ε, seed, features), the cheap budgets first: the go-it-alone runs, the
     tuning on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait for their tuning)."""
     out: list[tuple] = []
@@ -186,13 +189,14 @@ def jobs(seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS)) -> l
         alone = ALONE_SCATTER if f != "none" else ALONE
         out += [("alone", alone[0], alone[1], alone[2], {}, None, s, f) for s in seeds]
         out += [("own", OWN, "logreg", {}, {}, None, s, f) for s in seeds]
+    order = sorted(budgets, reverse=True)
     for f in features:
-        for eps in (8.0, 3.0, 1.0):
+        for eps in order:
             for label, method, fixed, grid in FEATURE_SETS[f][1]:
                 out += [("tuned", label, method, fixed, grid, eps, TUNE_SEED, f)] if TUNE_SEED in seeds else []
             out += [("pubsub", PUBSUB[0], PUBSUB[1], PUBSUB[2], {}, eps, s, f) for s in seeds]
     for f in features:
-        for eps in (8.0, 3.0, 1.0):
+        for eps in order:
             for label, method, fixed, grid in FEATURE_SETS[f][1]:
                 out += [("final", label, method, fixed, grid, eps, s, f) for s in seeds if s != TUNE_SEED]
     return out
@@ -203,13 +207,14 @@ def _folder(root: Path, j: tuple) -> Path:
     return base / _slug(j[1]) / (f"eps{j[5]:g}" if j[5] is not None else "nodp") / f"seed{j[6]}"
 
 
-def run_all(root: Path, seeds: list[int], workers: int, features: tuple[str, ...]) -> list[dict]:
+def run_all(root: Path, seeds: list[int], workers: int, features: tuple[str, ...],
+            budgets: tuple[float, ...] = BUDGETS) -> list[dict]:
     """Run (or pick up) every job; rows as they finish, also appended to ROOT/rows.jsonl. A seed's run of tuned
     settings starts once the tuning it reads has finished."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     rows = []
-    todo = jobs(seeds, features)
+    todo = jobs(seeds, features, budgets)
     tuned_done = {(j[1], j[5], j[7]) for j in todo if j[0] == "tuned"
                   and (_folder(root, j) / "tune" / "tune.json").exists()}
     waiting = [j for j in todo if j[0] == "final" and (j[1], j[5], j[7]) not in tuned_done
@@ -759,6 +764,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--features", default=",".join(FEATURE_SETS),
                     help="feature stages to run, comma-separated (default: all)")
+    ap.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS),
+                    help="the budgets to run, comma-separated (default: all); the document shows every finished one")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
     features = tuple(f.strip() for f in a.features.split(","))
@@ -768,7 +775,10 @@ def main(argv: list[str] | None = None) -> None:
     seeds = [int(s) for s in a.seeds.split(",")]
     root = Path(a.out)
     root.mkdir(parents=True, exist_ok=True)
-    rows = collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features)
+    budgets = tuple(float(b) for b in a.budgets.split(","))
+    if not set(budgets) <= set(BUDGETS):
+        ap.error(f"budgets must be among {BUDGETS}")
+    rows = collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features, budgets)
     carried = carried_rows(Path(a.doc).parent / "data" / "privacy_utility.csv", features)
     cmd = (f"python -m silofl.experiments.docs.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
            f"--features {','.join(features)}")
