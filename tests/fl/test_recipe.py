@@ -43,6 +43,12 @@ def test_augmult_on_a_table_is_refused():
     with pytest.raises(Exception, match="augmult augments images; dataset 'table' has none"):
         cfg.resolve()
 
+    class WithFeatures:  # a run whose sites compute features once per image (the `features` run option)
+        dataset, features = "fashion-mnist", "scatter"
+
+    with pytest.raises(Exception, match="augmult augments raw images; with features"):
+        RunConfig.from_dict(dict(method="fedavg", augmult=2)).options.validate(WithFeatures())
+
 
 def test_defaults_keep_todays_recipe_and_clip_0_1_is_accepted():
     d = DPSGDOptions.defaults()
