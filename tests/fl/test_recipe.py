@@ -138,3 +138,14 @@ def test_the_server_steps_with_momentum_on_the_average_of_the_uploads(tiny_cfg):
             torch.testing.assert_close(v.double(), w[k], rtol=1e-5, atol=1e-6)
             assert torch.equal(b.sites[0].shared_state()[k], v)  # the sites hold the server's model
         assert all(a["steps"] == rnd for a in [site.privacy_report() for site in b.sites])
+
+
+def test_a_flag_overrides_a_method_option_nested_in_the_config_file(tmp_path):
+    import yaml
+
+    best = tmp_path / "best.yaml"  # as `silofl tune` writes it: the method's options under its name
+    best.write_text(yaml.safe_dump({"method": "fedavg", "dataset": "digits", "fedavg": {"optimizer": "adam",
+                                                                                        "momentum": 0.0}}))
+    r = runner.invoke(app, ["run", "--config", str(best), "--momentum", "0.9", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "momentum and nesterov apply to optimizer 'sgd'" in " ".join(r.output.split())
+    assert not (tmp_path / "x").exists()
