@@ -21,20 +21,33 @@ TINY = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--samples-per
 @pytest.mark.parametrize("args,message", [
     (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'; choose one of: adam, sgd"),
     (["--momentum", "0.9"], "momentum and nesterov apply to optimizer 'sgd'"),
-    (["--optimizer", "sgd", "--nesterov"], "nesterov needs momentum > 0"),
-    (["--optimizer", "sgd", "--momentum", "1"], "momentum must lie in [0, 1)"),
-    (["--ema-decay", "1"], "ema_decay must lie in [0, 1)"),
-    (["--sample-rate", "1.5"], "sample_rate must lie in (0, 1]"),
-    (["--local-steps", "0"], "local_steps must be at least 1"),
-    (["--augmult", "-1"], "augmult must be 0 (off)"),
-    (["--method", "fedavg", "--server-momentum", "-0.1"], "server_momentum must lie in [0, 1)"),
     (["--server-momentum", "0.9"], "option server_momentum does not apply to method 'proxyfl'"),
 ])
-def test_recipe_options_are_refused_with_one_line_before_anything_is_written(tmp_path, args, message):
+def test_recipe_flags_are_refused_with_one_line_before_anything_is_written(tmp_path, args, message):
     r = runner.invoke(app, ["run", *TINY, "--out", str(tmp_path / "x"), *args])
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split()) and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_recipe_options_are_validated():
+    from silofl.core.errors import ConfigError
+
+    for opts, message in [
+        ({"optimizer": "sgd", "nesterov": True}, "nesterov needs momentum > 0"),
+        ({"optimizer": "sgd", "momentum": 1}, "momentum must lie in [0, 1)"),
+        ({"ema_decay": 1}, "ema_decay must lie in [0, 1)"),
+        ({"sample_rate": 1.5}, "sample_rate must lie in (0, 1]"),
+        ({"sample_rate": 0}, "sample_rate must lie in (0, 1]"),
+        ({"local_steps": 0}, "local_steps must be at least 1"),
+        ({"augmult": -1}, "augmult must be 0 (off)"),
+        ({"aug_pad": -1}, "aug_pad must be a non-negative number"),
+        ({"server_momentum": -0.1}, "server_momentum must lie in [0, 1)"),
+        ({"server_lr": 0}, "server_lr must be a finite positive number"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            RunConfig.from_dict({"method": "fedavg", **opts}).resolve()
+        assert message in str(e.value), (opts, str(e.value))
 
 
 def test_augmult_on_a_table_is_refused():
@@ -42,6 +55,12 @@ def test_augmult_on_a_table_is_refused():
                                    augmult=2))
     with pytest.raises(Exception, match="augmult augments images; dataset 'table' has none"):
         cfg.resolve()
+
+    class WithFeatures:  # a run whose sites compute features once per image (the `features` run option)
+        dataset, features = "fashion-mnist", "scatter"
+
+    with pytest.raises(Exception, match="augmult augments raw images; with features"):
+        RunConfig.from_dict(dict(method="fedavg", augmult=2)).options.validate(WithFeatures())
 
 
 def test_defaults_keep_todays_recipe_and_clip_0_1_is_accepted():
@@ -119,3 +138,14 @@ def test_the_server_steps_with_momentum_on_the_average_of_the_uploads(tiny_cfg):
             torch.testing.assert_close(v.double(), w[k], rtol=1e-5, atol=1e-6)
             assert torch.equal(b.sites[0].shared_state()[k], v)  # the sites hold the server's model
         assert all(a["steps"] == rnd for a in [site.privacy_report() for site in b.sites])
+
+
+def test_a_flag_overrides_a_method_option_nested_in_the_config_file(tmp_path):
+    import yaml
+
+    best = tmp_path / "best.yaml"  # as `silofl tune` writes it: the method's options under its name
+    best.write_text(yaml.safe_dump({"method": "fedavg", "dataset": "digits", "fedavg": {"optimizer": "adam",
+                                                                                        "momentum": 0.0}}))
+    r = runner.invoke(app, ["run", "--config", str(best), "--momentum", "0.9", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "momentum and nesterov apply to optimizer 'sgd'" in " ".join(r.output.split())
+    assert not (tmp_path / "x").exists()

@@ -147,7 +147,7 @@ def run(
         flags.update(_parse_clip(clip))
     flags = {k: v for k, v in flags.items() if v is not None}
     base = load_yaml_mapping(config) if config else {}
-    cfg = RunConfig.from_dict({**base, **_parse_sets(set_), **flags})
+    cfg = RunConfig.from_dict(_over_config(base, {**_parse_sets(set_), **flags}))
     resolved = cfg.resolve()
     if distributed:
         from silofl.comm.torchdist import init_from_env
@@ -297,6 +297,19 @@ def launch(
         raise typer.Exit(1) from None
 
 
+def _over_config(base: dict, overrides: dict) -> dict:
+    """``overrides`` (flags, --set) over a --config file's mapping: the file's section of the run's method is lifted
+    to flat options first, so a flag overrides a method option the file nests under the method's name (a tuned
+    best.yaml) instead of being shadowed by it."""
+    from silofl.run.config import RunConfig
+
+    method = overrides.get("method", base.get("method", RunConfig.method))
+    section = base.get(method) if isinstance(method, str) else None
+    if isinstance(section, dict):
+        base = {**{k: v for k, v in base.items() if k != method}, **section}
+    return {**base, **overrides}
+
+
 def _parse_sets(items: list[str]) -> dict:
     import yaml
 
@@ -416,8 +429,9 @@ def tune(
         raise ConfigError("--max-trials needs --random-trials and a value of at least 1"
                           if count is None else f"--max-trials must be at least 1, got {max_trials}")
     base = load_yaml_mapping(config) if config else {}
-    cfg = RunConfig.from_dict({**base, **_parse_sets(set_), "method": method, "target_epsilon": target_epsilon,
-                               "eval_split": "validation", **({"features": features} if features is not None else {})})
+    cfg = RunConfig.from_dict(_over_config(base, {**_parse_sets(set_), "method": method,
+                                                  "target_epsilon": target_epsilon, "eval_split": "validation",
+                                                  **({"features": features} if features is not None else {})}))
     result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console, random_trials=count,
                       max_trials=max_trials)
     b = result["best"]

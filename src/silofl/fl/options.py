@@ -111,6 +111,9 @@ class DPSGDOptions(MethodOptions):
             raise ConfigError(f"aug_pad must be a non-negative number of pixels, got {self.aug_pad}")
         if self.augmult and getattr(run, "dataset", None) not in IMAGE_DATASETS:
             raise ConfigError(f"augmult augments images; dataset {getattr(run, 'dataset', None)!r} has none")
+        if self.augmult and str(getattr(run, "features", None) or "none") != "none":
+            raise ConfigError("augmult augments raw images; with features the model sees features computed once per "
+                              "image, not images (use features none)")
         if self.sample_rate is not None and not (math.isfinite(self.sample_rate) and 0.0 < self.sample_rate <= 1.0):
             raise ConfigError(f"sample_rate must lie in (0, 1], got {self.sample_rate}")
         if self.local_steps is not None and self.local_steps < 1:
