@@ -98,6 +98,9 @@ def run(
                                            "(default: one epoch)."),
     server_momentum: float | None = typer.Option(None, "--server-momentum", help="FedAvg/FML: server momentum on the "
                                                  "average of the sites' DP models (default 0)."),
+    private_lr: float | None = typer.Option(None, "--private-lr", help="DP-SGD methods: the non-DP models' Adam "
+                                            "learning rate (a private model, --combine's own model, --vs-alone; "
+                                            "default: --lr)."),
     report_nonprivate: bool | None = typer.Option(None, "--report-nonprivate/--keep-nonprivate", help="Whether sites "
                                                   "report figures of non-private data (the private model's accuracy, "
                                                   "gradient norms). Default: yes in one process, no across processes."),
