@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS publishers (
     epsilon_spent REAL NOT NULL DEFAULT 0, delta_spent REAL NOT NULL DEFAULT 0, ledger_seq INTEGER NOT NULL DEFAULT -1,
     registered_at TEXT NOT NULL);
 """
+DB_FILE = "broker.sqlite"
 MODEL_COLUMNS = (("epsilon_spent", "REAL"), ("delta_spent", "REAL"), ("signed", "INTEGER NOT NULL DEFAULT 0"))
 
 
@@ -76,7 +77,7 @@ class Broker:
         self.path = Path(path)
         self.models_dir = self.path / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        self.db_path = self.path / "broker.sqlite"
+        self.db_path = self.path / DB_FILE
         self.max_bytes = max_bytes
         self.require_signed = require_signed
         with closing(self._connect()) as db, db:
