@@ -165,15 +165,29 @@ class Broker:
         or ``(kind, default, lo, hi)`` with public bounds (DP models clip and scale inputs by them)."""
         if not isinstance(site, str) or not site.strip():
             raise ConfigError("a site needs a non-empty name")
+        features = {} if features is None else features
+        if not isinstance(features, dict):
+            raise ConfigError(f"features must be a mapping of feature names to (kind, public default[, lo, hi]), got "
+                              f"{type(features).__name__}")
+        if len(features) > MAX_FEATURES:
+            raise ConfigError(f"at most {MAX_FEATURES} features, got {len(features)}")
         rows = []
-        for name, spec in (features or {}).items():
-            try:
-                kind, default, *bounds = spec
-                lo, hi = bounds if bounds else (None, None)
-            except (TypeError, ValueError):
-                raise ConfigError(f"feature {name!r}: give (kind, public default[, lo, hi]), got {spec!r}") from None
+        for name, spec in features.items():
+            check_feature_name(name)
+            if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 4):
+                raise ConfigError(f"feature {name!r}: give (kind, public default[, lo, hi]), got {spec!r}"[:300])
+            kind, default, *bounds = spec
+            lo, hi = bounds if bounds else (None, None)
+            if bounds and not all(_finite_number(b) for b in bounds):
+                raise ConfigError(f"feature {name!r}: public bounds are two finite numbers, got {lo!r}, {hi!r}"[:300])
             if lo is not None and not (float(lo) <= float(hi)):
                 raise ConfigError(f"feature {name!r}: public bounds need lo ≤ hi, got {lo}, {hi}")
+            if kind == "continuous" and not _finite_number(default):
+                raise ConfigError(f"feature {name!r}: a continuous feature's public default is a finite number (its "
+                                  "mean)")
+            if kind == "categorical" and not (isinstance(default, (str, int, float)) and len(str(default)) <= 200):
+                raise ConfigError(f"feature {name!r}: a categorical feature's public default is one level (a string or "
+                                  "number)")
             if kind not in ("continuous", "categorical"):
                 raise ConfigError(f"feature {name!r}: kind must be continuous or categorical, got {kind!r}")
             if kind == "continuous" and (isinstance(default, bool) or not isinstance(default, (int, float))):
@@ -285,6 +299,7 @@ class Broker:
     def fetch_bytes(self, model_id: int) -> bytes:
         """The stored blob of a model after its checksum (content address) and, for a model stored signed, its
         publisher's signature were checked; ModelRejected if it was tampered with."""
+        check_id(model_id)
         with closing(self._connect()) as db:
             row = db.execute("SELECT m.file, m.checksum, m.signed, p.public_key FROM models m LEFT JOIN publishers p "
                              "ON p.site = m.publisher WHERE m.id = ?", (model_id,)).fetchone()
@@ -310,6 +325,7 @@ class Broker:
 
     def unpublish(self, model_id: int) -> None:
         """Withdraw a published model (its file goes too)."""
+        check_id(model_id)
         with closing(self._connect()) as db, db:
             row = db.execute("SELECT file FROM models WHERE id = ?", (model_id,)).fetchone()
             if row is None:
@@ -330,7 +346,7 @@ class Broker:
         if publisher is not None:
             q, args = q + " WHERE publisher = ?", (publisher,)
         elif model_id is not None:
-            q, args = q + " WHERE id = ?", (int(model_id),)
+            q, args = q + " WHERE id = ?", (check_id(model_id),)
         with closing(self._connect()) as db:
             rows = db.execute(q + " ORDER BY id", args).fetchall()
         keys = ("id", "publisher", "kind", "task", "features", "classes", "epsilon", "delta", "chunk", "created_at", "size",
@@ -346,8 +362,16 @@ class Broker:
     # ------------------------------------------------------------------ channels
     def subscribe(self, subscriber: str, clauses: list[list[str]] | list[set[str]]) -> Channel:
         """Open a channel F1 ∨ … ∨ Fk; every feature must be known to the broker."""
+        if not isinstance(clauses, (list, tuple)) or not all(isinstance(c, (list, tuple, set, frozenset))
+                                                             for c in clauses):
+            raise ConfigError("a channel is a list of feature sets (lists of feature names)")
         if not clauses or any(not c for c in clauses):
             raise ConfigError("a channel needs at least one non-empty feature set")
+        if len(clauses) > MAX_FEATURES or sum(len(c) for c in clauses) > MAX_FEATURES * 4:
+            raise ConfigError(f"a channel has at most {MAX_FEATURES} feature sets")
+        for c in clauses:
+            for f in c:
+                check_feature_name(f)
         sets = tuple(frozenset(c) for c in clauses)
         with closing(self._connect()) as db, db:
             if not db.execute("SELECT 1 FROM sites WHERE name = ?", (subscriber,)).fetchone():
@@ -362,6 +386,7 @@ class Broker:
 
     def channel(self, channel_id: int) -> Channel:
         """The channel with this id."""
+        check_id(channel_id)
         with closing(self._connect()) as db:
             row = db.execute("SELECT subscriber, spec FROM channels WHERE id = ?", (channel_id,)).fetchone()
         if row is None:
@@ -376,6 +401,7 @@ class Broker:
 
     def unsubscribe(self, channel_id: int) -> None:
         """Close a channel."""
+        check_id(channel_id)
         with closing(self._connect()) as db, db:
             if not db.execute("DELETE FROM channels WHERE id = ?", (channel_id,)).rowcount:
                 raise ConfigError(f"no channel {channel_id}")
@@ -383,6 +409,7 @@ class Broker:
     def stream(self, channel_id: int, since: int = 0) -> list[int]:
         """Ids (> ``since``) of the models the channel delivers, oldest first; its own site's models excluded."""
         ch = self.channel(channel_id)
+        check_id(since, "since")
         return [m["id"] for m in self.models() if m["id"] > since and m["publisher"] != ch.subscriber
                 and ch.matches(m["features"])]
 
@@ -395,3 +422,26 @@ def _publisher(row) -> dict:
 
 def _channel(channel_id: int, subscriber: str, spec: str) -> Channel:
     return Channel(int(channel_id), subscriber, tuple(frozenset(c) for c in json.loads(spec)))
+
+
+MAX_ID = 2**63 - 1  # SQLite's largest INTEGER
+MAX_FEATURES = 10_000
+
+
+def check_id(value, what: str = "id") -> int:
+    """A model or channel id (or a ``since``) as an int in SQLite's range, or a ConfigError (a request's 10^23 is a
+    refusal, not an overflow)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise ConfigError(f"{what} must be an integer in [0, 2^63 - 1], got {value!r}"[:200])
+    return value
+
+
+def check_feature_name(name) -> str:
+    """A feature name: a non-empty string of at most 200 characters."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise ConfigError(f"a feature name is a non-empty string of at most 200 characters, got {name!r}"[:200])
+    return name
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
