@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS publishers (
 """
 DB_FILE = "broker.sqlite"
 MODEL_COLUMNS = (("epsilon_spent", "REAL"), ("delta_spent", "REAL"), ("signed", "INTEGER NOT NULL DEFAULT 0"))
+PUBLISHER_COLUMNS = (("ledger_head", "TEXT"),)  # the last signed ledger head ({"entries", "mac"}) a site presented
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,10 @@ class Broker:
             for col, decl in MODEL_COLUMNS:  # brokers made before signed models
                 if col not in have:
                     db.execute(f"ALTER TABLE models ADD COLUMN {col} {decl}")
+            have = {r[1] for r in db.execute("PRAGMA table_info(publishers)")}
+            for col, decl in PUBLISHER_COLUMNS:  # brokers made before ledger heads were kept
+                if col not in have:
+                    db.execute(f"ALTER TABLE publishers ADD COLUMN {col} {decl}")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.db_path, timeout=30)
@@ -120,14 +125,14 @@ class Broker:
         """A registered publisher: public key, lifetime budget, the largest spend its models declared."""
         with closing(self._connect()) as db:
             row = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
-                             "ledger_seq FROM publishers WHERE site = ?", (site,)).fetchone()
+                             "ledger_seq, ledger_head FROM publishers WHERE site = ?", (site,)).fetchone()
         return None if row is None else _publisher(row)
 
     def publishers(self) -> list[dict]:
         """Every registered publisher (see :meth:`publisher`), by name."""
         with closing(self._connect()) as db:
             rows = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
-                              "ledger_seq FROM publishers ORDER BY site").fetchall()
+                              "ledger_seq, ledger_head FROM publishers ORDER BY site").fetchall()
         return [_publisher(r) for r in rows]
 
     def _check_signed(self, data: bytes, model: PublishedModel) -> dict | None:
@@ -155,6 +160,7 @@ class Broker:
         if isinstance(seq, bool) or not isinstance(seq, int) or seq <= pub["ledger_seq"]:
             raise ModelRejected(f"the model's ledger entry {seq!r} is not after {model.publisher!r}'s previous one "
                                 f"({pub['ledger_seq']}): a replayed model or a rolled-back ledger")
+        rel["_ledger_head"] = check_ledger_head(rel.get("ledger_head"), seq, pub.get("ledger_head"), model.publisher)
         rel["_new_publisher"] = pub.get("new", False)
         rel["_lifetime"] = pub["lifetime"]
         return rel
@@ -287,8 +293,8 @@ class Broker:
                                        (model.publisher, rel["public_key"], *rel["_lifetime"],
                                         datetime.now(UTC).isoformat(timespec="seconds")))
                         db.execute("UPDATE publishers SET epsilon_spent = MAX(epsilon_spent, ?), "
-                                   "delta_spent = MAX(delta_spent, ?), ledger_seq = ? WHERE site = ?",
-                                   (spend[0], spend[1], rel["ledger_seq"], model.publisher))
+                                   "delta_spent = MAX(delta_spent, ?), ledger_seq = ?, ledger_head = ? WHERE site = ?",
+                                   (spend[0], spend[1], rel["ledger_seq"], rel["_ledger_head"], model.publisher))
                     os.replace(tmp, self.models_dir / fname)
                     return int(cur.lastrowid)
             except sqlite3.IntegrityError:
@@ -415,9 +421,29 @@ class Broker:
 
 
 def _publisher(row) -> dict:
-    site, key, le, ld, es, ds, seq = row
+    site, key, le, ld, es, ds, seq, head = row
     return {"site": site, "public_key": key, "lifetime": (le, ld), "epsilon_spent": es, "delta_spent": ds,
-            "ledger_seq": seq}
+            "ledger_seq": seq, "ledger_head": None if head is None else json.loads(head)}
+
+
+def check_ledger_head(head, seq: int, kept: dict | None, site: str) -> str | None:
+    """The signed ledger head a release receipt presents (the publisher's ledger just before the entry that records
+    this release: ``{"entries": seq, "mac": hex}``), as the JSON the broker keeps; ModelRejected if it is malformed,
+    does not sit at the receipt's entry, or is missing while the broker keeps an earlier head of this site (a site
+    folder replaced by one without a ledger's history). Kept heads only move forward (the receipt's ``ledger_seq`` is
+    checked against the kept one before this)."""
+    if head is None:
+        if kept is not None:
+            raise ModelRejected(f"the model's receipt presents no ledger head; the broker keeps {site!r}'s head of "
+                                f"{kept['entries']} entries")
+        return None
+    if not (isinstance(head, dict) and set(head) == {"entries", "mac"} and isinstance(head["entries"], int)
+            and not isinstance(head["entries"], bool) and isinstance(head["mac"], str) and len(head["mac"]) <= 128):
+        raise ModelRejected("the receipt's ledger head is not {entries, mac}")
+    if head["entries"] != seq:
+        raise ModelRejected(f"the receipt's ledger head ({head['entries']} entries) is not where its release entry "
+                            f"({seq}) is recorded")
+    return json.dumps({"entries": head["entries"], "mac": head["mac"]})
 
 
 def _channel(channel_id: int, subscriber: str, spec: str) -> Channel:
