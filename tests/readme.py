@@ -19,7 +19,7 @@ SECTIONS = {
     "PubSub-ML: publish DP models, subscribe by features, customize": "tests/cli/test_readme_commands.py (pubsub)",
     "A site's own data: tables and per-site folders": "tests/cli/test_readme_commands.py (tables, predict)",
     "Using the model: `silofl predict` and `silofl export`": "tests/cli/test_readme_commands.py (tables, predict)",
-    "Deploying between institutions": "tests/deploy/test_deploy_local.py (readme_commands)",
+    "Deploying between institutions": "tests/deploy/test_readme_site_commands.py; test_deploy_local.py (another form)",
 }
 
 

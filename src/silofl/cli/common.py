@@ -80,7 +80,9 @@ def check_options(kwargs: dict) -> None:
     an empty string (it would mean the current folder)."""
     for name, v in kwargs.items():
         flag = "--" + name.rstrip("_").replace("_", "-")
-        if isinstance(v, float) and (math.isnan(v) or (math.isfinite(v) and abs(v) > FLOAT_LIMIT)):
+        if isinstance(v, float) and math.isnan(v):
+            raise ConfigError(f"{flag} must be a number, got nan")
+        if isinstance(v, float) and math.isfinite(v) and abs(v) > FLOAT_LIMIT:
             raise ConfigError(f"{flag} must be a number of magnitude at most {FLOAT_LIMIT:g}, got {v!r}")
     v = kwargs.get("out")
     if isinstance(v, str) and not v.strip():

@@ -189,8 +189,8 @@ class Broker:
             if lo is not None and not (float(lo) <= float(hi)):
                 raise ConfigError(f"feature {name!r}: public bounds need lo ≤ hi, got {lo}, {hi}")
             if kind == "continuous" and not _finite_number(default):
-                raise ConfigError(f"feature {name!r}: a continuous feature's public default is a finite number (its "
-                                  "mean)")
+                raise ConfigError(f"feature {name!r}: a continuous feature's public default is a number (its mean), "
+                                  "finite")
             if kind == "categorical" and not (isinstance(default, (str, int, float)) and len(str(default)) <= 200):
                 raise ConfigError(f"feature {name!r}: a categorical feature's public default is one level (a string or "
                                   "number)")

@@ -414,15 +414,15 @@ def _coerce(name: str, t: str, v: Any) -> Any:
     return v
 
 
-INT_LIMIT = 2**31 - 1  # counts (rounds, clients, sizes) beyond it are nobody's run: refused, not planned for ever
+INT_LIMIT = 2**63 - 1  # int64 (torch, numpy, seeds): a count or seed beyond it is refused, not planned for ever
 FLOAT_LIMIT = 3.4e38  # the largest float32: every tensor silofl trains or accounts with is float32
 
 
 def check_float_range(name: str, v: Any) -> None:
-    """Raise a one-line ConfigError unless every number in ``v`` (a float or a list of floats) is finite and at most
-    FLOAT_LIMIT in magnitude: beyond it a learning rate, σ or clip overflows the float32 tensors it meets."""
+    """Raise a one-line ConfigError if a finite number in ``v`` (a float or a list of floats) exceeds FLOAT_LIMIT in
+    magnitude: beyond it a learning rate, σ or clip overflows the float32 tensors it meets."""
     for x in v if isinstance(v, list) else [v]:
-        if not (math.isfinite(x) and abs(x) <= FLOAT_LIMIT):
+        if math.isfinite(x) and abs(x) > FLOAT_LIMIT:  # ±inf is left to each option's own check (its own words)
             raise ConfigError(f"option {name!r} must be a finite number of magnitude at most {FLOAT_LIMIT:g} (float32), "
                               f"got {x!r}")
 
