@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import typer
 
-from silofl.cli.common import err_console, friendly_errors
+from silofl.cli.common import check_seconds, err_console, friendly_errors
 from silofl.core.errors import ConfigError
 
 site_app = typer.Typer(no_args_is_help=True, help="A site's own commands: its folder, keys, budget, and joining runs.")
@@ -50,8 +51,8 @@ def site_init(
                      lifetime_delta=lifetime_delta, private_model=private_model,
                      schema=str(Path(schema).resolve()) if schema else None, report_test_figures=report_test_figures,
                      allow_research_seed=allow_research_seed)
-    if not (lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
-        raise ConfigError("the lifetime budget needs ε > 0 and 0 < δ < 1")
+    if not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
+        raise ConfigError("the lifetime budget needs 0 < ε < ∞ and 0 < δ < 1")
     load_local(folder, cfg)  # the data must be readable before the folder is written
     init_site(folder, cfg)
     typer.echo(f"site {name} in {folder}: give {folder / 'keys' / 'public.json'} to the coordinator and the other sites")
@@ -150,6 +151,7 @@ def site_run(
     """Serve this site to the coordinator until stopped: its worker and a SuperNode connecting out over TLS."""
     from silofl.deploy.local import run_site
 
+    check_seconds("--poll-s", poll_s)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     run_site(site_dir, superlink, ca, insecure=insecure, poll_s=poll_s)
 
@@ -170,6 +172,7 @@ def deploy_local_cmd(
     Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 3 --out runs/d)."""
     if sites < 1:
         raise ConfigError("--sites must be at least 1")
+    check_seconds("--timeout", timeout_s)
     _as_run(["--engine", "flower-local", "--clients", str(sites), "--deploy-timeout", str(timeout_s),
              *(["--insecure"] if insecure else []), *(["--restart-sites"] if restart_sites else []), *ctx.args])
 
@@ -201,6 +204,8 @@ def deploy_certs(
     """Make the deployment's CA and the SuperLink's TLS certificate (FOLDER/pki); give pki/ca.crt to every site."""
     from silofl.deploy.pki import make_ca, make_coordinator_keys, make_server_cert
 
+    if not 1 <= days <= 36500:
+        raise ConfigError(f"--days must lie in [1, 36500], got {days}")
     pki = folder / "pki"
     if (pki / "ca.key").exists():
         if not (pki / "coordinator.sign.key").exists():  # a folder made before the coordinator had keys
@@ -229,6 +234,8 @@ def deploy_superlink(
 
     from silofl.deploy.local import start_superlink
 
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must lie in [1, 65535], got {port}")
     if not (folder / "pki" / "server.crt").is_file():
         raise ConfigError(f"{folder / 'pki'} has no certificate: run `silofl deploy certs {folder} --host NAME` first")
     import signal
@@ -283,5 +290,6 @@ def deploy_start(
 ):
     """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine.
     Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 100 --out runs/x)."""
+    check_seconds("--timeout", timeout_s)
     _as_run(["--engine", "flower", "--deployment", str(folder), "--superlink", superlink, "--deploy-timeout",
              str(timeout_s), *ctx.args])

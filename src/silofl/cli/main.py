@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from silofl.cli.common import err_console, friendly_errors
+from silofl.cli.common import check_seconds, err_console, friendly_errors, hold
 from silofl.core.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
@@ -149,6 +149,8 @@ def run(
     if clip is not None:
         flags.update(_parse_clip(clip))
     flags = {k: v for k, v in flags.items() if v is not None}
+    check_seconds("--peer-timeout", peer_timeout)
+    check_seconds("--deploy-timeout", deploy_timeout)
     base = load_yaml_mapping(config) if config else {}
     cfg = RunConfig.from_dict(_over_config(base, {**_parse_sets(set_), **flags}))
     resolved = cfg.resolve()
@@ -160,6 +162,9 @@ def run(
             resume = True  # torchrun restarted the group after a failure: every process resumes together
         if _serve_if_worker(resolved, peer_timeout):
             return
+    from silofl.run.folder import OutLock
+
+    hold(OutLock(resolved.out))  # one run at a time into OUT, until this command ends (the OS drops it on a crash)
     requested = cfg.privacy
     head = f"[bold]silofl run[/] {resolved.method} on {resolved.dataset}: {resolved.clients} clients, {resolved.rounds} rounds, "
     o = resolved.options

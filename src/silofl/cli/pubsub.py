@@ -73,10 +73,10 @@ def _is_number(v: str) -> bool:
         return False
 
 
-def _broker(path: str, credential: str | None = None, site: str | None = None):
+def _broker(path: str, credential: str | None = None, site: str | None = None, create: bool = True):
     from silofl.pubsub.client import open_broker
 
-    return open_broker(path, credential, site)
+    return open_broker(path, credential, site, create)
 
 
 def _site_folder(site: str, site_dir: str | None, lifetime_epsilon: float | None, lifetime_delta: float):
@@ -86,6 +86,16 @@ def _site_folder(site: str, site_dir: str | None, lifetime_epsilon: float | None
     folder = SiteFolder.open(site_dir, site, None if lifetime_epsilon is None else (lifetime_epsilon, lifetime_delta))
     folder.require_lifetime()
     return folder
+
+
+def _check_release(epsilon: float, delta: float, lifetime_epsilon: float | None, lifetime_delta: float) -> None:
+    """Refuse a release's or a lifetime budget's (ε, δ) that no DP model meets, before anything is made."""
+    if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
+        raise ConfigError(f"a DP model needs 0 < ε < ∞ and 0 < δ < 1, got ε={epsilon}, δ={delta}")
+    if lifetime_epsilon is not None and not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0
+                                             and 0 <= lifetime_delta < 1):
+        raise ConfigError(f"a lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1, got ε={lifetime_epsilon}, "
+                          f"δ={lifetime_delta}")
 
 
 def _sender(b):
@@ -156,8 +166,9 @@ def publish(
     from silofl.pubsub import tables
     from silofl.pubsub.dp_models import Bounds, train
 
+    _check_release(epsilon, delta, lifetime_epsilon, lifetime_delta)
+    t = tables.read(data, schema, id_column)  # bad input is refused before the site folder or broker is made
     folder = _site_folder(site, site_dir, lifetime_epsilon, lifetime_delta)
-    t = tables.read(data, schema, id_column)
     b = _broker(broker, credential, site)
     t0 = time.perf_counter()
 
@@ -199,7 +210,7 @@ def leave(broker: str = typer.Option(..., help=BROKER_HELP), site: str = typer.O
           credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP)):
     """A site leaves: its models, feature metadata and channels go with it (through a broker service, a site
     leaves only as itself; the operator may remove any site)."""
-    n = _broker(broker, credential).leave(site)
+    n = _broker(broker, credential, create=False).leave(site)
     console.print(f"{site} left the broker; {n} published model(s) withdrawn")
 
 
@@ -209,7 +220,7 @@ def list_(broker: str = typer.Option(..., help=BROKER_HELP),
           credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP)):
     """Sites, each publisher's declared spend against its lifetime budget, and the published models (through a
     broker service: the models the credential's channels deliver, its own, or all for the operator)."""
-    b = _broker(broker, credential)
+    b = _broker(broker, credential, create=False)
     pubs = Table(title="publishers: the largest spend their signed models declared (from each site's own ledger)")
     for col in ("publisher", "spent ε", "spent δ", "lifetime ε", "lifetime δ", "key"):
         pubs.add_column(col)
@@ -247,11 +258,17 @@ def customize(
     """Algorithm 2: split DATA 60/20/20, train an own model, keep the top-m subscribed models, fuse them."""
     from silofl.pubsub.customize import LocalData
     from silofl.pubsub.customize import customize as run_customize
+    from silofl.run.folder import check_out_path
 
+    check_out_path(out)
     x, y, features, classes, _ = read_site(data, target, task, schema)
-    b = _broker(broker, credential, site)
+    b = _broker(broker, credential, site, create=False)
     t0 = time.perf_counter()
-    ids = sorted({i for ch in b.channels(site) for i in b.stream(ch.id)})
+    channels = b.channels(site)
+    if not channels:
+        raise ConfigError(f"{site} has no channel on this broker, so no model would be used: open one first with "
+                          f"`silofl pubsub subscribe --site {site} --channel ...`")
+    ids = sorted({i for ch in channels for i in b.stream(ch.id)})
     models, skipped = [], []
     for i in ids:  # a stored model that fails its checks now is skipped, not fatal
         try:
@@ -306,8 +323,9 @@ def stream(
 
     if chunk_size < 1:
         raise ConfigError(f"--chunk-size must be ≥ 1, got {chunk_size}")
+    _check_release(epsilon, delta, lifetime_epsilon, lifetime_delta)
+    t = tables.read(data, schema, id_column)  # bad input is refused before the site folder or broker is made
     folder = _site_folder(site, site_dir, lifetime_epsilon, lifetime_delta)
-    t = tables.read(data, schema, id_column)
     b = _broker(broker, credential, site)
     pub = StreamPublisher(site, t.features, t.task, model, epsilon, delta, Bounds(t.lo, t.hi), k=ensemble,
                           classes=t.classes, broker=b, seed=seed, folder=folder, send=_sender(b), seal=_seal(folder, t),

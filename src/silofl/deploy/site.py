@@ -110,6 +110,8 @@ class SiteConfig:
             c = cls(**d)
         except TypeError as e:
             raise ConfigError(f"{path}: {e}") from None
+        from silofl.core.validate import check_field_types
+        check_field_types(c, str(path))  # a wrong type in an edited site.json: one line naming the field
         if not (c.lifetime_epsilon > 0 and 0 < c.lifetime_delta < 1):
             raise ConfigError(f"{path}: the lifetime budget needs ε > 0 and 0 < δ < 1")
         return c
@@ -204,6 +206,7 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
                          meta.get("source", str(path)))
     from silofl.data.sites import load_site_images, load_site_tables
 
+    seed = 0 if seed is None else seed  # the site's own held-out rows: the loaders' fixed default without a run seed
     if cfg.schema:
         src = load_site_tables(cfg.schema, [str(path)], None, cfg.test_fraction, seed)
     else:

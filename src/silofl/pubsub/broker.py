@@ -55,7 +55,9 @@ CREATE TABLE IF NOT EXISTS publishers (
     epsilon_spent REAL NOT NULL DEFAULT 0, delta_spent REAL NOT NULL DEFAULT 0, ledger_seq INTEGER NOT NULL DEFAULT -1,
     registered_at TEXT NOT NULL);
 """
+DB_FILE = "broker.sqlite"
 MODEL_COLUMNS = (("epsilon_spent", "REAL"), ("delta_spent", "REAL"), ("signed", "INTEGER NOT NULL DEFAULT 0"))
+PUBLISHER_COLUMNS = (("ledger_head", "TEXT"),)  # the last signed ledger head ({"entries", "mac"}) a site presented
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class Broker:
         self.path = Path(path)
         self.models_dir = self.path / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        self.db_path = self.path / "broker.sqlite"
+        self.db_path = self.path / DB_FILE
         self.max_bytes = max_bytes
         self.require_signed = require_signed
         with closing(self._connect()) as db, db:
@@ -87,6 +89,10 @@ class Broker:
             for col, decl in MODEL_COLUMNS:  # brokers made before signed models
                 if col not in have:
                     db.execute(f"ALTER TABLE models ADD COLUMN {col} {decl}")
+            have = {r[1] for r in db.execute("PRAGMA table_info(publishers)")}
+            for col, decl in PUBLISHER_COLUMNS:  # brokers made before ledger heads were kept
+                if col not in have:
+                    db.execute(f"ALTER TABLE publishers ADD COLUMN {col} {decl}")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.db_path, timeout=30)
@@ -119,14 +125,14 @@ class Broker:
         """A registered publisher: public key, lifetime budget, the largest spend its models declared."""
         with closing(self._connect()) as db:
             row = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
-                             "ledger_seq FROM publishers WHERE site = ?", (site,)).fetchone()
+                             "ledger_seq, ledger_head FROM publishers WHERE site = ?", (site,)).fetchone()
         return None if row is None else _publisher(row)
 
     def publishers(self) -> list[dict]:
         """Every registered publisher (see :meth:`publisher`), by name."""
         with closing(self._connect()) as db:
             rows = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
-                              "ledger_seq FROM publishers ORDER BY site").fetchall()
+                              "ledger_seq, ledger_head FROM publishers ORDER BY site").fetchall()
         return [_publisher(r) for r in rows]
 
     def _check_signed(self, data: bytes, model: PublishedModel) -> dict | None:
@@ -154,6 +160,7 @@ class Broker:
         if isinstance(seq, bool) or not isinstance(seq, int) or seq <= pub["ledger_seq"]:
             raise ModelRejected(f"the model's ledger entry {seq!r} is not after {model.publisher!r}'s previous one "
                                 f"({pub['ledger_seq']}): a replayed model or a rolled-back ledger")
+        rel["_ledger_head"] = check_ledger_head(rel.get("ledger_head"), seq, pub.get("ledger_head"), model.publisher)
         rel["_new_publisher"] = pub.get("new", False)
         rel["_lifetime"] = pub["lifetime"]
         return rel
@@ -164,15 +171,29 @@ class Broker:
         or ``(kind, default, lo, hi)`` with public bounds (DP models clip and scale inputs by them)."""
         if not isinstance(site, str) or not site.strip():
             raise ConfigError("a site needs a non-empty name")
+        features = {} if features is None else features
+        if not isinstance(features, dict):
+            raise ConfigError(f"features must be a mapping of feature names to (kind, public default[, lo, hi]), got "
+                              f"{type(features).__name__}")
+        if len(features) > MAX_FEATURES:
+            raise ConfigError(f"at most {MAX_FEATURES} features, got {len(features)}")
         rows = []
-        for name, spec in (features or {}).items():
-            try:
-                kind, default, *bounds = spec
-                lo, hi = bounds if bounds else (None, None)
-            except (TypeError, ValueError):
-                raise ConfigError(f"feature {name!r}: give (kind, public default[, lo, hi]), got {spec!r}") from None
+        for name, spec in features.items():
+            check_feature_name(name)
+            if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 4):
+                raise ConfigError(f"feature {name!r}: give (kind, public default[, lo, hi]), got {spec!r}"[:300])
+            kind, default, *bounds = spec
+            lo, hi = bounds if bounds else (None, None)
+            if bounds and not all(_finite_number(b) for b in bounds):
+                raise ConfigError(f"feature {name!r}: public bounds are two finite numbers, got {lo!r}, {hi!r}"[:300])
             if lo is not None and not (float(lo) <= float(hi)):
                 raise ConfigError(f"feature {name!r}: public bounds need lo ≤ hi, got {lo}, {hi}")
+            if kind == "continuous" and not _finite_number(default):
+                raise ConfigError(f"feature {name!r}: a continuous feature's public default is a number (its mean), "
+                                  "finite")
+            if kind == "categorical" and not (isinstance(default, (str, int, float)) and len(str(default)) <= 200):
+                raise ConfigError(f"feature {name!r}: a categorical feature's public default is one level (a string or "
+                                  "number)")
             if kind not in ("continuous", "categorical"):
                 raise ConfigError(f"feature {name!r}: kind must be continuous or categorical, got {kind!r}")
             if kind == "continuous" and (isinstance(default, bool) or not isinstance(default, (int, float))):
@@ -272,8 +293,8 @@ class Broker:
                                        (model.publisher, rel["public_key"], *rel["_lifetime"],
                                         datetime.now(UTC).isoformat(timespec="seconds")))
                         db.execute("UPDATE publishers SET epsilon_spent = MAX(epsilon_spent, ?), "
-                                   "delta_spent = MAX(delta_spent, ?), ledger_seq = ? WHERE site = ?",
-                                   (spend[0], spend[1], rel["ledger_seq"], model.publisher))
+                                   "delta_spent = MAX(delta_spent, ?), ledger_seq = ?, ledger_head = ? WHERE site = ?",
+                                   (spend[0], spend[1], rel["ledger_seq"], rel["_ledger_head"], model.publisher))
                     os.replace(tmp, self.models_dir / fname)
                     return int(cur.lastrowid)
             except sqlite3.IntegrityError:
@@ -284,6 +305,7 @@ class Broker:
     def fetch_bytes(self, model_id: int) -> bytes:
         """The stored blob of a model after its checksum (content address) and, for a model stored signed, its
         publisher's signature were checked; ModelRejected if it was tampered with."""
+        check_id(model_id)
         with closing(self._connect()) as db:
             row = db.execute("SELECT m.file, m.checksum, m.signed, p.public_key FROM models m LEFT JOIN publishers p "
                              "ON p.site = m.publisher WHERE m.id = ?", (model_id,)).fetchone()
@@ -309,6 +331,7 @@ class Broker:
 
     def unpublish(self, model_id: int) -> None:
         """Withdraw a published model (its file goes too)."""
+        check_id(model_id)
         with closing(self._connect()) as db, db:
             row = db.execute("SELECT file FROM models WHERE id = ?", (model_id,)).fetchone()
             if row is None:
@@ -329,7 +352,7 @@ class Broker:
         if publisher is not None:
             q, args = q + " WHERE publisher = ?", (publisher,)
         elif model_id is not None:
-            q, args = q + " WHERE id = ?", (int(model_id),)
+            q, args = q + " WHERE id = ?", (check_id(model_id),)
         with closing(self._connect()) as db:
             rows = db.execute(q + " ORDER BY id", args).fetchall()
         keys = ("id", "publisher", "kind", "task", "features", "classes", "epsilon", "delta", "chunk", "created_at", "size",
@@ -345,8 +368,16 @@ class Broker:
     # ------------------------------------------------------------------ channels
     def subscribe(self, subscriber: str, clauses: list[list[str]] | list[set[str]]) -> Channel:
         """Open a channel F1 ∨ … ∨ Fk; every feature must be known to the broker."""
+        if not isinstance(clauses, (list, tuple)) or not all(isinstance(c, (list, tuple, set, frozenset))
+                                                             for c in clauses):
+            raise ConfigError("a channel is a list of feature sets (lists of feature names)")
         if not clauses or any(not c for c in clauses):
             raise ConfigError("a channel needs at least one non-empty feature set")
+        if len(clauses) > MAX_FEATURES or sum(len(c) for c in clauses) > MAX_FEATURES * 4:
+            raise ConfigError(f"a channel has at most {MAX_FEATURES} feature sets")
+        for c in clauses:
+            for f in c:
+                check_feature_name(f)
         sets = tuple(frozenset(c) for c in clauses)
         with closing(self._connect()) as db, db:
             if not db.execute("SELECT 1 FROM sites WHERE name = ?", (subscriber,)).fetchone():
@@ -361,6 +392,7 @@ class Broker:
 
     def channel(self, channel_id: int) -> Channel:
         """The channel with this id."""
+        check_id(channel_id)
         with closing(self._connect()) as db:
             row = db.execute("SELECT subscriber, spec FROM channels WHERE id = ?", (channel_id,)).fetchone()
         if row is None:
@@ -375,6 +407,7 @@ class Broker:
 
     def unsubscribe(self, channel_id: int) -> None:
         """Close a channel."""
+        check_id(channel_id)
         with closing(self._connect()) as db, db:
             if not db.execute("DELETE FROM channels WHERE id = ?", (channel_id,)).rowcount:
                 raise ConfigError(f"no channel {channel_id}")
@@ -382,15 +415,59 @@ class Broker:
     def stream(self, channel_id: int, since: int = 0) -> list[int]:
         """Ids (> ``since``) of the models the channel delivers, oldest first; its own site's models excluded."""
         ch = self.channel(channel_id)
+        check_id(since, "since")
         return [m["id"] for m in self.models() if m["id"] > since and m["publisher"] != ch.subscriber
                 and ch.matches(m["features"])]
 
 
 def _publisher(row) -> dict:
-    site, key, le, ld, es, ds, seq = row
+    site, key, le, ld, es, ds, seq, head = row
     return {"site": site, "public_key": key, "lifetime": (le, ld), "epsilon_spent": es, "delta_spent": ds,
-            "ledger_seq": seq}
+            "ledger_seq": seq, "ledger_head": None if head is None else json.loads(head)}
+
+
+def check_ledger_head(head, seq: int, kept: dict | None, site: str) -> str | None:
+    """The signed ledger head a release receipt presents (the publisher's ledger just before the entry that records
+    this release: ``{"entries": seq, "mac": hex}``), as the JSON the broker keeps; ModelRejected if it is malformed,
+    does not sit at the receipt's entry, or is missing while the broker keeps an earlier head of this site (a site
+    folder replaced by one without a ledger's history). Kept heads only move forward (the receipt's ``ledger_seq`` is
+    checked against the kept one before this)."""
+    if head is None:
+        if kept is not None:
+            raise ModelRejected(f"the model's receipt presents no ledger head; the broker keeps {site!r}'s head of "
+                                f"{kept['entries']} entries")
+        return None
+    if not (isinstance(head, dict) and set(head) == {"entries", "mac"} and isinstance(head["entries"], int)
+            and not isinstance(head["entries"], bool) and isinstance(head["mac"], str) and len(head["mac"]) <= 128):
+        raise ModelRejected("the receipt's ledger head is not {entries, mac}")
+    if head["entries"] != seq:
+        raise ModelRejected(f"the receipt's ledger head ({head['entries']} entries) is not where its release entry "
+                            f"({seq}) is recorded")
+    return json.dumps({"entries": head["entries"], "mac": head["mac"]})
 
 
 def _channel(channel_id: int, subscriber: str, spec: str) -> Channel:
     return Channel(int(channel_id), subscriber, tuple(frozenset(c) for c in json.loads(spec)))
+
+
+MAX_ID = 2**63 - 1  # SQLite's largest INTEGER
+MAX_FEATURES = 10_000
+
+
+def check_id(value, what: str = "id") -> int:
+    """A model or channel id (or a ``since``) as an int in SQLite's range, or a ConfigError (a request's 10^23 is a
+    refusal, not an overflow)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise ConfigError(f"{what} must be an integer in [0, 2^63 - 1], got {value!r}"[:200])
+    return value
+
+
+def check_feature_name(name) -> str:
+    """A feature name: a non-empty string of at most 200 characters."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise ConfigError(f"a feature name is a non-empty string of at most 200 characters, got {name!r}"[:200])
+    return name
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

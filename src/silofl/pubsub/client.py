@@ -204,9 +204,10 @@ def _channel(d: dict) -> Channel:
     return Channel(int(d["id"]), d["subscriber"], tuple(frozenset(c) for c in d["clauses"]))
 
 
-def open_broker(broker: str, credential: str | None = None, site: str | None = None):
+def open_broker(broker: str, credential: str | None = None, site: str | None = None, create: bool = True):
     """A folder broker (a path) or the service at an https:// URL with ``credential`` (whose site must be
-    ``site`` when given)."""
+    ``site`` when given). Without ``create``, a folder that holds no broker is refused (a mistyped ``--broker``
+    of a command that only reads or removes is not made into a new, empty broker)."""
     if broker.startswith(("https://", "http://")):
         if not credential:
             raise ConfigError("a broker URL needs --credential FILE (the site's credential from its operator)")
@@ -214,6 +215,11 @@ def open_broker(broker: str, credential: str | None = None, site: str | None = N
         if site is not None and b.site != site:
             raise ConfigError(f"the credential {credential} is {b.site!r}'s, not {site!r}'s")
         return b
-    from silofl.pubsub.broker import Broker
+    from silofl.pubsub.broker import DB_FILE, Broker
 
+    if not broker.strip():
+        raise ConfigError("--broker is empty: give a broker folder or https:// URL")
+    if not create and not (Path(broker) / DB_FILE).is_file():
+        raise ConfigError(f"no broker in {broker} ({DB_FILE} not found): check --broker (a folder broker is made by "
+                          "the first publish)")
     return Broker(broker)

@@ -224,8 +224,13 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
         request.state.refused = msg
         return JSONResponse({"error": f"malformed request: {msg}"}, status_code=400)
 
+    from starlette.exceptions import (
+        HTTPException as RoutingError,  # 404 / 405 from routing: the same JSON reason
+    )
+
+    @app.exception_handler(RoutingError)
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException):
+    async def http_error(request: Request, exc: RoutingError):
         request.state.refused = str(exc.detail)[:200]
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 

@@ -438,18 +438,22 @@ def _coerce(name: str, t: str, v: Any) -> Any:
         if t.startswith("int"):
             if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
                 raise ValueError
+            if abs(int(v)) > INT_LIMIT:
+                raise ConfigError(f"option {name!r} must be an integer of magnitude at most {INT_LIMIT}, got {v!r}")
             return int(v)
         if t.startswith("float"):
             if isinstance(v, bool):
                 raise ValueError
             x = float(v)
             if not math.isnan(x):
+                check_float_range(name, x)
                 return x
         if t.startswith("bool"):
             if not isinstance(v, bool):
                 raise ValueError
             return v
         if t.startswith("list[float]"):
+            check_float_range(name, [float(x) for x in v])
             return [float(x) for x in v]
         if t.startswith("list[str]"):
             if isinstance(v, str):
@@ -457,11 +461,26 @@ def _coerce(name: str, t: str, v: Any) -> Any:
             return [str(x) for x in v]
         if t.startswith("str") and not isinstance(v, str):
             return str(v)
+    except ConfigError:
+        raise
     except (TypeError, ValueError):
         raise ConfigError(f"option {name!r} must be of type {t}, got {v!r}") from None
     if t.startswith("float"):
         raise ConfigError(f"option {name!r} must be a number, got nan")
     return v
+
+
+INT_LIMIT = 2**63 - 1  # int64 (torch, numpy, seeds): a count or seed beyond it is refused, not planned for ever
+FLOAT_LIMIT = 3.4e38  # the largest float32: every tensor silofl trains or accounts with is float32
+
+
+def check_float_range(name: str, v: Any) -> None:
+    """Raise a one-line ConfigError if a finite number in ``v`` (a float or a list of floats) exceeds FLOAT_LIMIT in
+    magnitude: beyond it a learning rate, σ or clip overflows the float32 tensors it meets."""
+    for x in v if isinstance(v, list) else [v]:
+        if math.isfinite(x) and abs(x) > FLOAT_LIMIT:  # ±inf is left to each option's own check (its own words)
+            raise ConfigError(f"option {name!r} must be a finite number of magnitude at most {FLOAT_LIMIT:g} (float32), "
+                              f"got {x!r}")
 
 
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -473,6 +492,10 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {p} is not a text file (not UTF-8): give a YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping of option names to values, got {type(data).__name__}")
     return data

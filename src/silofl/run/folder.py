@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -15,12 +16,31 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json")
 RUN_DIRS = ("models", "checkpoint", "sites")
 
 
+def check_out_path(out: str | Path, flag: str = "--out") -> Path:
+    """``out`` as a folder path that can be made: refuse an empty path (it would mean the current folder), a path
+    that is a file or lies under a file, and one whose nearest existing folder cannot be written — before anything is
+    written (one-line ConfigErrors)."""
+    if not str(out).strip():
+        raise ConfigError(f"{flag} is empty: name the folder to write")
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {p} is a file, not a folder")
+    parent = p
+    while not parent.exists():
+        if parent.is_symlink():
+            raise ConfigError(f"{flag} {p}: {parent} is a broken link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {p} lies under {parent}, which is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {p}: {parent} is not writable")
+    return p
+
+
 def check_out(out: str | Path, resume: bool = False, overwrite: bool = False) -> None:
     """Refuse an output path that is a file, or that holds another run (unless resuming it or asked to
     overwrite it) — before anything is written."""
-    p = Path(out)
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"--out {p} is a file, not a folder")
+    p = check_out_path(out)
     if resume:
         return
     if p.is_dir() and any((p / f).exists() for f in (*RUN_FILES, *RUN_DIRS)) and not overwrite:
@@ -149,3 +169,74 @@ def read_config(run_dir: str | Path) -> dict:
     from silofl.run.config import RunConfig
 
     return RunConfig.from_yaml(Path(run_dir) / "config.yaml", strict=False).to_flat()
+
+
+LOCK_FILE = ".lock"
+
+
+class OutLock:
+    """An exclusive OS-level lock on a run folder (``OUT/.lock``, ``fcntl.flock``) held for the life of the run that
+    writes it: a second run into the same ``--out`` is refused at once with a one-line ConfigError, whatever state the
+    folder is in. The kernel releases the lock when the process ends, crashed or killed, so a stale lock file never
+    blocks a later run. Leaving the block removes the lock file, and the folders it made when the run left nothing
+    else in them (bad input writes nothing)."""
+
+    def __init__(self, out: str | Path, flag: str = "--out"):
+        self.out = check_out_path(out, flag)
+        self.flag = flag
+        self.fd: int | None = None
+        self.made: list[Path] = []
+
+    def __enter__(self) -> OutLock:
+        import fcntl
+
+        missing = []
+        p = self.out
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot make {self.flag} {self.out}: {e.strerror}") from None
+        self.made = missing  # deepest first
+        lock = self.out / LOCK_FILE
+        while True:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as e:
+                self._cleanup()
+                raise ConfigError(f"cannot write {self.flag} {self.out}: {e.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise ConfigError(f"{self.flag} {self.out} is being written by another run (process {holder}); "
+                                  "wait for it to finish or choose another folder") from None
+            try:  # the file we locked must still be the one at the path (a finishing run removes its lock file)
+                same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            (self.out / LOCK_FILE).unlink(missing_ok=True)  # while still holding it (see __enter__)
+            os.close(self.fd)
+            self.fd = None
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        for d in self.made:  # the folders this lock made, deepest first, if the run left them empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        self.made = []

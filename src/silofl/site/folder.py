@@ -119,7 +119,8 @@ class SiteFolder:
         if seal is not None:
             life = self.require_lifetime()
             data = seal(data, {"site": self.name, "epsilon_spent": before[0] + eps, "delta_spent": before[1] + dlt,
-                               "lifetime": [life[0], life[1]], "ledger_seq": len(self.ledger.entries)})
+                               "lifetime": [life[0], life[1]], "ledger_seq": len(self.ledger.entries),
+                               "ledger_head": self.ledger.head.to_dict()})  # signed: the broker keeps the latest
         entry = self.ledger.record_release(digests, eps, dlt, checksum=hashlib.sha256(data).hexdigest(), **fields)
         try:
             out = send(data)
