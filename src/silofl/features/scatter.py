@@ -101,6 +101,7 @@ class ScatterFeatures(FeatureStage):
         return tuple(out.shape[1:])
 
     def module_for(self, input_shape: tuple[int, ...]) -> ScatterModule:
+        """The stage as a module on inputs of ``input_shape`` (built once per shape)."""
         key = tuple(input_shape)
         if key not in self._modules:
             c, h, w = self._check(key)

@@ -112,4 +112,6 @@ class CanaryHook(Protocol):
     """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm at most
     ``clip``, added to the clipped per-example sum (returned: a dict over ``params``) before the noise."""
 
-    def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict: ...
+    def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict:
+        """``grads`` with this step's sampled canary gradients added (each of norm at most ``clip``)."""
+        ...

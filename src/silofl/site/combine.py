@@ -235,7 +235,8 @@ def combination_for(cfg, k: int, x: torch.Tensor, y: torch.Tensor
     keep, held = holdout_rows(len(y), cfg.combine_holdout, cfg.data_seed, k)
     keep_t, held_t = torch.as_tensor(keep, device=y.device), torch.as_tensor(held, device=y.device)
     seed = None if cfg.seed is None else int(cfg.seed) * 1009 + k
-    settings = CombineSettings(mode=mode, epochs=cfg.combine_epochs or cfg.rounds,
-                               lr=float(getattr(cfg.options, "private_lr", None) or getattr(cfg.options, "lr", 1e-3)), batch_size=int(cfg.batch_size or 64),
+    own_lr = getattr(cfg.options, "private_lr", None) or getattr(cfg.options, "lr", None) or 1e-3  # the non-DP models'
+    settings = CombineSettings(mode=mode, epochs=cfg.combine_epochs or cfg.rounds, lr=float(own_lr),
+                               batch_size=int(cfg.batch_size or 64),
                                l2=cfg.combine_l2, seed=seed, balance=bool(cfg.combine_balance))
     return x[keep_t], y[keep_t], Combination(settings, x[held_t], y[held_t])
