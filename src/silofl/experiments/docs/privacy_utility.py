@@ -423,9 +423,11 @@ FEATURE_TEXT = {
     "scatter": ("ScatterNet features (kymatio `Scattering2D`, J = 2, L = 8: 81 × 7 × 7, then GroupNorm without affine "
                 "parameters: a fixed function of each image, no budget); linear heads; SGD with momentum 0.9, clip "
                 "0.1, q = 0.5 (the non-DP models: Adam, lr 0.003); FedAvg and FML one local DP step per round with "
-                "server momentum 0.9; each site also "
-                "combines its own non-DP model with the DP model(s) it holds on 20 % of its rows (`combined`, "
-                "non-private: stays at the site)"),
+                "server momentum 0.9; ProxyFL, AvgPush and CWT one local DP step a round (ProxyFL with push-sum "
+                "self-weight 0.5); each site also "
+                "combines its own non-DP model with the DP model(s) it holds on 20 % of its rows, set aside before "
+                "training — every model of those methods trains on the other 80 % (`combined`, non-private: stays at "
+                "the site)"),
 }
 
 
