@@ -41,3 +41,21 @@ def test_malformed_frames_are_refused_with_a_reason(frame, reason):
 def test_oversized_frame_is_refused_before_parsing():
     with pytest.raises(PeerModelRejected, match="exceeds the limit"):
         unpack(pack("s", {0: Message(packets=[Packet(0, 1, b"x" * 100)])}), max_bytes=50)
+
+
+def test_the_depth_scan_of_a_hostile_header_does_not_hang():
+    """Over 64 brackets, then 1 MB of '"\\' (a string that never closes, a trailing backslash): the scan must stay
+    linear — a string pattern that could fail rescanned from every quote (20 kB took 5.8 s; 1 MB would take hours).
+    Checked as a hang (a generous 20 s bound on a thread), not as a speed figure."""
+    import threading
+
+    from silofl.comm.messages import json_depth
+
+    out: list[int] = []
+    for tail in (b"", b"x", b'"'):
+        header = b"[]" * 70 + b'"\\' * 500_000 + tail
+        t = threading.Thread(target=lambda h=header: out.append(json_depth(h)), daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "json_depth did not finish: the scan is not linear"
+    assert out == [1, 1, 1]

@@ -60,9 +60,12 @@ def test_a_payload_is_bound_to_its_run_sender_and_recipient():
 
 def test_the_replay_guard_admits_each_context_once_and_only_in_its_rounds():
     g = ReplayGuard(window=1)
-    g.check("a", {"round": 3, "step": "s", "i": 0}, 3)
+    h = {"round": 3, "step": "s", "i": 0}
+    g.check("a", h, 3)
+    g.check("a", h, 3)  # checking alone uses nothing up: a forged payload that fails to open must not block the real one
+    g.mark("a", h, 3)  # opened: delivered
     with pytest.raises(PeerModelRejected, match="replay"):
-        g.check("a", {"round": 3, "step": "s", "i": 0}, 3)
+        g.check("a", h, 3)
     g.check("a", {"round": 3, "step": "s", "i": 1}, 4)  # one round late (a cycle hands on next round)
     with pytest.raises(PeerModelRejected, match="round"):
         g.check("a", {"round": 2, "step": "s", "i": 0}, 4)

@@ -129,6 +129,7 @@ class FlowerEngine(Engine):
             self.guard.check(name, header, self.round)
             _, data = sealing.open_sealed(p.data, run_id=self._run_id(), src=name, dst=COORDINATOR,
                                           seal_key=self.seal_key, sender=load_public(self.cards[k]["sign"], "ed25519"))
+            self.guard.mark(name, header, self.round)
         except PeerModelRejected as e:
             log.warning("the coordinator refused an upload of site %d: %s", k, e)
             self.refused.append({"client": self.server_id(), "round": self.round, "reason": f"from site {k}: {e}"[:300]})

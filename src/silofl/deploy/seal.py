@@ -115,6 +115,9 @@ class ReplayGuard:
         if key in self.seen:
             raise PeerModelRejected(f"sealed payload from {src} (round {rnd}, {header['step']}) was already "
                                     "delivered: a replay")
-        self.seen.add(key)
+
+    def mark(self, src: str, header: dict, current_round: int | None) -> None:
+        """Record a payload as delivered — only once it opened (a forged one must not use up its slot)."""
+        self.seen.add((src, header["round"], header["step"], header["i"]))
         if current_round is not None:  # forget what can no longer pass the round window
             self.seen = {k for k in self.seen if k[1] >= current_round - self.window}

@@ -599,6 +599,7 @@ class SiteWorker:
             self.guard.check(src, header, self.round)
             _, data = sealing.open_sealed(p.data, run_id=self.run_id, src=src, dst=self.cfg.name,
                                           seal_key=self.seal_key, sender=self.sign_pub[src])
+            self.guard.mark(src, header, self.round)
         except PeerModelRejected as e:
             log.warning("site %s refused a payload from node %s: %s", self.cfg.name, p.src, e)
             self.refused.append(str(e))

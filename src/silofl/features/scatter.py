@@ -97,7 +97,11 @@ class ScatterFeatures(FeatureStage):
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         c, h, w = self._check(input_shape)
-        out = self.module_for((c, h, w))(torch.zeros(1, c, h, w))
+        try:
+            out = self.module_for((c, h, w))(torch.zeros(1, c, h, w))
+        except (RuntimeError, ValueError) as e:  # e.g. GroupNorm over groups of one value on tiny images
+            raise ConfigError(f"features 'scatter' (J = {self.j}, L = {self.l}) do not apply to {h}×{w} images: {e}; "
+                              "use a smaller --set scatter_j or --features none") from None
         return tuple(out.shape[1:])
 
     def module_for(self, input_shape: tuple[int, ...]) -> ScatterModule:

@@ -21,6 +21,7 @@ DP_BACKENDS = ("auto", "ghost", "vmap")
 OPTIMIZER_STATE = ("keep", "reset")
 AGGREGATIONS = ("size", "uniform")
 DP_OPTIMIZERS = ("adam", "sgd")
+MAX_STEPS_PER_ROUND = 100_000  # a round's DP steps (local_steps, or ⌊1/q⌋ from sample_rate)
 IMAGE_DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder")
 PRIVACY_UNITS = ("hospital", "subclient")
 
@@ -116,8 +117,12 @@ class DPSGDOptions(MethodOptions):
                               "image, not images (use features none)")
         if self.sample_rate is not None and not (math.isfinite(self.sample_rate) and 0.0 < self.sample_rate <= 1.0):
             raise ConfigError(f"sample_rate must lie in (0, 1], got {self.sample_rate}")
-        if self.local_steps is not None and self.local_steps < 1:
-            raise ConfigError(f"local_steps must be at least 1, got {self.local_steps}")
+        if self.local_steps is not None and not 1 <= self.local_steps <= MAX_STEPS_PER_ROUND:
+            raise ConfigError(f"local_steps must lie in [1, {MAX_STEPS_PER_ROUND}], got {self.local_steps}")
+        if (self.sample_rate is not None and self.local_steps is None
+                and math.floor(1.0 / self.sample_rate + 1e-9) > MAX_STEPS_PER_ROUND):
+            raise ConfigError(f"sample_rate {self.sample_rate:g} plans ⌊1/q⌋ = {math.floor(1.0 / self.sample_rate):,} "
+                              f"DP steps a round (at most {MAX_STEPS_PER_ROUND:,}): raise it or set local_steps")
         if self.private_lr is not None:
             positive("private_lr", self.private_lr)
 

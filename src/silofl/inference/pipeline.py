@@ -58,7 +58,7 @@ def load_combined(d: Path, client: int) -> tuple[Combined, ModelSpec]:
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"cannot read the combiner {p}: {e}") from None
     roles = meta.get("parts") if isinstance(meta, dict) else None
-    if (meta.get("format") != COMBINER_FORMAT or not isinstance(roles, list) or not roles
+    if (not isinstance(meta, dict) or meta.get("format") != COMBINER_FORMAT or not isinstance(roles, list) or not roles
             or not all(isinstance(r, str) and r.isidentifier() for r in roles)):
         raise ConfigError(f"{p.with_suffix('.json')} is not a silofl combiner ({COMBINER_FORMAT})")
     loaded = [load_model(d / f"client{client}_{r}") for r in roles]

@@ -58,8 +58,9 @@ OWN = "own"  # the role of the own model a site without one trains for the combi
 
 def holdout_rows(n: int, fraction: float, split_seed: int | None, site: int) -> tuple[np.ndarray, np.ndarray]:
     """(rows the site trains on, rows kept for the combiner) of a site with ``n`` training rows: a random
-    ``fraction`` (at least one row, at least one left), drawn from the split seed (fresh secret randomness
-    without one)."""
+    ``fraction`` (at least one row, at least one left), drawn from the split seed — which a run always sets and
+    records: the draw depends on no record, so it is not secret and claims no amplification (a fresh draw only when
+    called without one)."""
     if not 0.0 < fraction < 1.0:
         raise ConfigError(f"combine_holdout must lie in (0, 1), got {fraction}")
     k = int(round(fraction * n))

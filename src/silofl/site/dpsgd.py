@@ -135,6 +135,9 @@ class DPSGDSite(Site):
         if s.augmult:
             if x.dim() != 4:
                 raise ConfigError(f"augmult augments images; this site's inputs have shape {tuple(x.shape[1:])}")
+            if s.aug_pad >= min(x.shape[2], x.shape[3]):
+                raise ConfigError(f"aug_pad {s.aug_pad} must be smaller than the images' sides "
+                                  f"({x.shape[2]}×{x.shape[3]})")
             self.augment = AugMult(s.augmult, s.aug_pad, s.aug_flip, seed_aug if seeded else None)
         self._ema: dict[str, torch.Tensor] | None = None  # committed EMA of round-end weights (ema_decay > 0)
         self._ema_key: object = None
