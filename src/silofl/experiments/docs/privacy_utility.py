@@ -506,6 +506,16 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
                   f"rounds ∈ {ROUNDS} and ProxyFL's α, the papers' recipe), with their headline figure only: that "
                   "generation did not search the DP-SGD recipe. Re-running them: the command above with "
                   "`--features none,scatter`."]
+    missing = []  # cells of this generation's feature stages with fewer seeds than asked
+    for f in (f for f in features if f not in old):
+        for eps in BUDGETS:
+            short = [lab for lab in labels if len(R.get(f, lab, eps)) < len(seeds)]
+            if short:
+                missing.append(f"{f}, ε = {eps:g}: " + ", ".join(
+                    f"{lab} ({len(R.get(f, lab, eps))} of {len(seeds)} seeds)" for lab in short))
+    if missing:
+        lines += ["", "**This generation is incomplete** (the study resumes where it stopped: the command above "
+                  "again). Cells with fewer seeds than asked:", ""] + [f"- {m}" for m in missing]
     lines += ["", "Going alone (no DP, the same features, the same seeds' splits): Regular without DP (the method's own "
               "training: the head, optimizer and longest rounds of the grid) and each site's own scikit-learn logistic "
               f"regression on all its rows (L2 strength from {OWN_C} chosen on the validation split). Every gain below "
@@ -619,7 +629,7 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
                     k, vals = R.shared(rs)
                     m = _mean(vals) if k else None
                     if m is not None and (out is None or m > out[0]):
-                        out = (m, label)
+                        out = (m, f"{label}, {len(rs)} seed{'s' if len(rs) > 1 else ''}")
             return out
 
         b3, b8 = best_shared(3.0), best_shared(8.0)
