@@ -47,6 +47,8 @@ def test_the_readme_site_init_pin_and_certs_commands_as_written(tmp_path):
     cmds = {tuple(readme.argv(c)[:2]): readme.argv(c) for c in readme.commands(DEPLOY)}
     silofl(cmds[("deploy", "certs")])
     assert (tmp_path / "coord" / "pki" / "ca.crt").is_file()
+    # the coordinator gives coord/pki/ca.crt and coord/pki/coordinator.json to every site (the README's comment)
+    shutil.copy(tmp_path / "coord" / "pki" / "coordinator.json", tmp_path / "coordinator.json")
     for x in SITES:
         silofl(_per_site(cmds[("site", "init")], x))
         shutil.copy(tmp_path / f"site-{x}" / "keys" / "public.json", tmp_path / f"hospital-{x}.json")  # sent around
@@ -54,6 +56,7 @@ def test_the_readme_site_init_pin_and_certs_commands_as_written(tmp_path):
         silofl(_per_site(cmds[("site", "pin")], x))
         fed = json.loads((tmp_path / f"site-{x}" / "federation.json").read_text())
         assert [c["name"] for c in fed["sites"]] == ["hospital-a", "hospital-b", "hospital-c"]
+        assert fed.get("coordinator"), "the coordinator's key is pinned"
     site = json.loads((tmp_path / "site-b" / "site.json").read_text())
     assert site["name"] == "hospital-b" and site["lifetime_epsilon"] == 8 and site["private_model"] == "tabmlp"
     assert site["data"].endswith("hospital_b.csv") and site["schema"].endswith("schema.yaml")
