@@ -21,7 +21,9 @@ def test_deployed_sites_featurize_their_own_data(tiny_cfg, tmp_path):
     cards, folders = make_site_folders(cfg, raw, tmp_path / "sites")
     workers = [SiteWorker(f) for f in folders]
     engine = Loopback(workers)
-    cfg2, remote = join(engine, {"config": cfg.to_dict(), "sites": [{**c, "node_id": k} for k, c in enumerate(cards)]})
+    cfg2, remote = join(engine, {"config": cfg.to_dict(), "sites": [{**c, "node_id": k} for k, c in enumerate(cards)],
+                                 "coordinator_keys": str(tmp_path / "coordinator-keys"),  # FedAvg's sealed server role
+                                 "state_dir": str(tmp_path / "coordinator-state")})
     assert remote.input_shape == (81, 4, 4)  # the shape the sites' features have, reported at setup
     s = simulate(cfg2.replace(out=str(tmp_path / "deployed")), progress=False, engine_factory=lambda make, n: engine,
                  remote=remote)
