@@ -364,27 +364,12 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     canaries installed through its ``dp_hook``; scored per step and from the published model's movement from its
     (data-independent) initialisation along each canary (white-box final model)."""
     import inspect
-    import secrets
 
-    from silofl.data import load_dataset
+    from silofl.audit.published import publisher_data
     from silofl.pubsub import dp_models
 
-    cfg = cfg.resolve()
-    nonprivate = not cfg.is_private
-    if not nonprivate and s.epsilon is None:
-        raise ConfigError("--pubsub-model needs --epsilon, the published model's ε (or --privacy off)")
-    split_seed = s.seed if s.seed is not None else secrets.randbits(32)
-    ds = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size, max_bag_size=cfg.max_bag_size,
-                      seed=split_seed)
-    x_train = ds.x_train.reshape(len(ds.x_train), -1).double()
-    x_test = ds.x_test.reshape(len(ds.x_test), -1).double()
-    n = cfg.samples_per_client or min(1000, len(ds.y_train) // 2)
-    if n > len(ds.y_train):
-        raise ConfigError(f"--samples-per-client {n} exceeds the {len(ds.y_train)} training examples")
-    rows = np.sort(np.random.default_rng(np.random.SeedSequence(split_seed)).choice(len(ds.y_train), size=n,
-                                                                                    replace=False))
-    allx = torch.cat([x_train, x_test])
-    bounds = dp_models.Bounds(allx.min(0).values.numpy(), allx.max(0).values.numpy())
+    cfg, nonprivate, split_seed, ds, x_train, x_test, rows, bounds = publisher_data(cfg, s)
+    n = len(rows)
     defaults = inspect.signature(dp_models.train).parameters
     batch, clip, lr = (defaults[k].default for k in ("batch_size", "clip", "lr"))
     coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5

@@ -36,11 +36,9 @@ def _target(m: PublishedModel) -> attacks.Target:
     return lambda x: torch.log(outputs(m, x.reshape(len(x), -1)).clamp_min(1e-300)).numpy()
 
 
-def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
-    """Publish one model with canaries; (audit.json content, plot/CSV material)."""
-    kind = s.pubsub_model
-    if kind not in dp_models.CLASSIFIERS:
-        raise ConfigError(f"--pubsub-model must be a classifier: {', '.join(dp_models.CLASSIFIERS)} (got {kind!r})")
+def publisher_data(cfg: RunConfig, s: AuditSettings):
+    """What an audited publisher holds: (resolved config, whether it publishes without DP, split seed, the data set,
+    flattened training and test inputs, the publisher's rows, the models' input bounds)."""
     cfg = cfg.resolve()
     nonprivate = not cfg.is_private
     if not nonprivate and s.epsilon is None:
@@ -56,13 +54,23 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         raise ConfigError(f"--samples-per-client {n} exceeds the {len(ds.y_train)} training examples")
     rng = np.random.default_rng(np.random.SeedSequence(split_seed))
     rows = np.sort(rng.choice(len(ds.y_train), size=n, replace=False))
+    allx = torch.cat([x_train, x_test])
+    bounds = dp_models.Bounds(allx.min(0).values.numpy(), allx.max(0).values.numpy())
+    return cfg, nonprivate, split_seed, ds, x_train, x_test, rows, bounds
+
+
+def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
+    """Publish one model with canaries; (audit.json content, plot/CSV material)."""
+    kind = s.pubsub_model
+    if kind not in dp_models.CLASSIFIERS:
+        raise ConfigError(f"--pubsub-model must be a classifier: {', '.join(dp_models.CLASSIFIERS)} (got {kind!r})")
+    cfg, nonprivate, split_seed, ds, x_train, x_test, rows, bounds = publisher_data(cfg, s)
+    n = len(rows)
     members = Rows(x_train[torch.as_tensor(rows)], ds.y_train[torch.as_tensor(rows)], ["train"] * n, rows)
     data = draw(Pool(x_train, ds.y_train, rows, x_test, ds.y_test), members.y, ds.num_classes, canaries=s.canaries,
                 nonmembers=s.nonmembers or n, references=s.reference_models, reference_size=n, seed=s.derived(1),
                 kind=s.canary_kind)
     features = [f"x{i}" for i in range(x_train.shape[1])]
-    allx = torch.cat([x_train, x_test])
-    bounds = dp_models.Bounds(allx.min(0).values.numpy(), allx.max(0).values.numpy())
     classes = list(range(ds.num_classes))
     epsilon = s.epsilon if s.epsilon is not None else 1.0
 
