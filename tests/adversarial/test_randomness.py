@@ -35,6 +35,7 @@ def test_without_a_seed_every_sites_noise_and_sampling_are_secure_and_a_round_ca
     assert not torch.equal(pa["out.weight"], pb["out.weight"])  # the same config does not reproduce a proxy
 
 
+@pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
 def test_a_seeded_run_reproduces_and_says_its_guarantee_holds_only_while_the_seed_is_secret(tiny_cfg, tmp_path):
     from silofl.run.loop import run
 
@@ -61,6 +62,7 @@ def test_the_cli_labels_a_seeded_run(tmp_path):
     assert r.exit_code == 0 and "seeded research run" in text and "holds only while the seed stays secret" in text
 
 
+@pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
 def test_a_published_dp_model_without_a_seed_does_not_fingerprint_its_data():
     from sklearn.datasets import load_breast_cancer
 

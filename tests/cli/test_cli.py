@@ -71,6 +71,7 @@ def test_bad_config_file(tmp_path):
     assert r.exit_code == 2 and "not a run folder" in r.output
 
 
+@pytest.mark.slow  # a whole run (fast tier ≤ 60 s)
 def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
     from silofl.privacy import epsilon_of
 
@@ -118,6 +119,7 @@ def test_client_level_adaptive_clip_in_the_readme_form(tmp_path):
     assert s["server_rounds"][0]["clip"] == 0.5 and "unclipped_fraction_noisy" in s["server_rounds"][0]
 
 
+@pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
 def test_an_existing_run_folder_or_a_file_is_never_overwritten_silently(tmp_path):
     out = tmp_path / "run"
     assert runner.invoke(app, ["run", *TINY, "--out", str(out)]).exit_code == 0

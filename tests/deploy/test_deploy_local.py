@@ -195,6 +195,7 @@ def test_deploy_local_gives_the_simulators_numbers(method, request, started):
         assert (site / "ledger").is_dir() and (site / "keys" / "seal.key").stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
 def test_deploy_local_refuses_a_method_that_pools_data_in_one_line(tmp_path):
     r = silofl("deploy", "local", "--sites", "2", "--method", "joint", "--dataset", "digits", "--out",
                str(tmp_path / "j"))

@@ -129,6 +129,7 @@ def test_a_replayed_payload_is_refused(tiny_cfg, tmp_path):
     assert "replay" in " ".join(msgs[pk.dst].meta["refused_payloads"])
 
 
+@pytest.mark.slow  # a whole run (fast tier ≤ 60 s)
 def test_a_site_refuses_what_its_folder_does_not_allow(tiny_cfg, tmp_path):
     from silofl.privacy.ledger import Ledger, change_lifetime
 

@@ -44,6 +44,7 @@ def _base(tmp_path):
                                     out=str(tmp_path / "unused")))
 
 
+@pytest.mark.slow  # a whole run (fast tier ≤ 60 s)
 def test_tune_never_touches_the_test_set(tmp_path, poisoned_test_split):
     res = tune(_base(tmp_path), parse_grid(["lr=0.001,0.01"]), tmp_path / "t")
     assert len(res["trials"]) == 2

@@ -84,6 +84,7 @@ def test_predict_on_a_csv_with_and_without_labels(table_run, tmp_path):
         predict(d / "run", 0, tmp_path / "new.csv", tmp_path / "p.csv")
 
 
+@pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
 def test_predict_from_a_sites_own_folder(table_run, tmp_path):
     """A site keeps only its own files (models and preprocessing), not the run folder."""
     import shutil
@@ -113,6 +114,7 @@ def test_predict_and_export_errors_are_one_line(table_run, tmp_path):
     assert r.exit_code == 2 and "--format takes onnx" in r.output
 
 
+@pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
 def test_onnx_export_equals_pytorch_and_the_card_says_what_is_dp(table_run, tmp_path):
     import onnxruntime as ort
 
