@@ -99,8 +99,9 @@ def _moved(rows: Rows, device: torch.device) -> Rows:
     return Rows(rows.x.to(device), rows.y.to(device), rows.source, rows.index)
 
 
-def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None) -> tuple[dict, dict]:
-    """Run ``cfg`` with canaries at site ``s.site``; (audit.json content, plot/CSV material)."""
+def run_config(cfg: RunConfig, s: AuditSettings, out: Path) -> RunConfig:
+    """The configuration the audited run runs (its folder ``out/run``, the audit's seed); serving ranks of a
+    torch.distributed audit build their sites from it."""
     info = cfg.info
     if info.client_level:
         raise ConfigError(f"{cfg.method} protects whole clients: it is audited with canary clients (silofl.audit.clients)")
@@ -109,8 +110,14 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     # the tapped engine is in-process (one process runs every site: a simulation), so sites report their
     # non-private figures, labelled, as an in-process `silofl run` does, unless the config says otherwise
     nonprivate = cfg.report_nonprivate if cfg.report_nonprivate is not None else True
-    cfg = dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
-                              report_nonprivate=nonprivate)
+    return dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
+                               report_nonprivate=nonprivate)
+
+
+def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None) -> tuple[dict, dict]:
+    """Run ``cfg`` with canaries at site ``s.site``; (audit.json content, plot/CSV material)."""
+    info = cfg.info
+    cfg = run_config(cfg, s, out)
     held: dict = {}
 
     def add_canaries(run_cfg: RunConfig, split: SplitData) -> SplitData:

@@ -41,6 +41,7 @@ from torch import nn
 
 from silofl.audit import gauss, one_run
 from silofl.audit.bound import one_run_bound
+from silofl.audit.example import run_config
 from silofl.audit.settings import AuditSettings
 from silofl.audit.tap import TappedEngine, model_tensors, released_by, tap
 from silofl.comm.engine import Engine, InProcessEngine
@@ -228,19 +229,6 @@ def bounds_for(scores: np.ndarray, included: np.ndarray, delta: float, confidenc
     snj = one_run_bound({name: scores}, included, delta, confidence, seed)
     return {"threat_model": threat_model, "score": name, "snj": snj,
             "gauss": gauss.gauss_estimate(scores, included, delta, confidence)}
-
-
-def run_config(cfg: RunConfig, s: AuditSettings, out: Path) -> RunConfig:
-    """The configuration the audited run runs (its folder ``out/run``, the audit's seed); serving ranks of a
-    torch.distributed audit build their sites from it."""
-    info = cfg.info
-    if info.client_level:
-        raise ConfigError(f"{cfg.method} protects whole clients: it is audited with canary clients (silofl.audit.clients)")
-    if s.site >= cfg.clients:
-        raise ConfigError(f"--audited-site {s.site} is not one of the {cfg.clients} clients")
-    nonprivate = cfg.report_nonprivate if cfg.report_nonprivate is not None else True
-    return dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
-                               report_nonprivate=nonprivate)
 
 
 def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None,
