@@ -1,7 +1,10 @@
 """Per-round seconds and bytes per site of ProxyFL on three engines, K sites, in one run of this script:
 the in-process simulator (`silofl run`), torch.distributed (`silofl launch --survive-faults`, one process per
 site, gloo on loopback) and Flower (`silofl deploy local`: a SuperLink and K SuperNodes as processes, TLS,
-node authentication, payloads sealed end to end).
+node authentication, payloads sealed end to end) — as silofl runs it (each site's warm executor, a paced
+SuperNode, one message per site per round), as Flower ships it (`flower-stock`: a ClientApp process per
+message, the SuperNode's 3 s idle sleep; the same fused protocol), and with 10 ms each way between the sites and
+the SuperLink (`flower+20ms`: a delaying TCP relay, as this kernel has no netem).
 
     python bench/deployment.py [--ks 2,4,8] [--rounds 3] [--out docs/data/deployment.json]
 
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -37,16 +41,20 @@ def args_for(k: int, rounds: int) -> list[str]:
             "--quiet"]
 
 
-def silofl(*args: str, timeout: float = 3600) -> None:
-    env = {**os.environ, "SILOFL_NO_PROGRESS": "1"}
+def silofl(*args: str, timeout: float = 3600, env: dict | None = None) -> None:
+    env = {**os.environ, "SILOFL_NO_PROGRESS": "1", **(env or {})}
     r = subprocess.run([sys.executable, "-m", "silofl.cli.main", *args], capture_output=True, text=True,
                        timeout=timeout, env=env)
     if r.returncode != 0:
         raise SystemExit(f"silofl {' '.join(args[:3])} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
 
 
+ENGINES = "simulator,torch.distributed,flower,flower-stock,flower+20ms"
+
+
 def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
     a = args_for(k, rounds)
+    env = {}
     t0 = time.perf_counter()
     if engine == "simulator":
         silofl("run", "--clients", str(k), *a, "--out", str(out))
@@ -54,7 +62,8 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
         silofl("launch", "--nproc-per-node", str(k), "--survive-faults", "--clients", str(k), *a, "--peer-timeout",
                "900", "--out", str(out))
     else:
-        silofl("deploy", "local", "--sites", str(k), "--timeout", "3000", *a, "--out", str(out))
+        env = {"flower-stock": {"SILOFL_FLOWER_STOCK": "1"}, "flower+20ms": {"SILOFL_BENCH_LATENCY_MS": "10"}}.get(engine, {})
+        silofl("deploy", "local", "--sites", str(k), "--timeout", "3000", *a, "--out", str(out), env=env)
     wall = time.perf_counter() - t0
     s = json.loads((out / "summary.json").read_text())
     per_site = [(r["bytes_sent"] + r["bytes_received"]) / s["rounds_run"] for r in s["final"]["per_client"]]
@@ -63,17 +72,40 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
            "proxy_acc": statistics.fmean(r["proxy_acc"] for r in s["final"]["per_client"]),
            "epsilon": max(r["epsilon"] for r in s["final"]["per_client"])}
     e = s["engine"]
-    if engine == "flower":
+    if engine.startswith("flower"):
         frames = [e["frame_bytes_to_sites"][str(i)] + e["frame_bytes_from_sites"][str(i)] for i in range(k)]
         row["frame_bytes_per_site_round"] = statistics.fmean(frames) / s["rounds_run"]
         row["security"] = {x: e[x] for x in ("tls", "node_auth", "sealed")}
         row["setup_s"] = s["deployment"]["setup_s"]
+        row["trace"] = task_trace(out / "deployment" / "logs")
     return row
+
+
+TRACE = re.compile(r"task (\d+) \(round (\d+)\) at [\d.]+: queued ([\d.]+) s, input ([\d.]+) s, work ([\d.]+) s, "
+                   r"reply ([\d.]+) s")
+
+
+def task_trace(logs: Path) -> dict | None:
+    """Where a task's seconds go at the sites (their executors' trace lines), over the tasks of rounds ≥ 1 but the
+    last (the set-up and the final evaluation aside): mean seconds queued (from the coordinator creating the message
+    to the site's executor taking it), pulling its input, working, pushing the reply; tasks per site and round."""
+    rows = []
+    for f in sorted(logs.glob("site*.log")):
+        rows += [tuple(float(x) for x in m.groups()) for m in TRACE.finditer(f.read_text(errors="replace"))]
+    if not rows:
+        return None  # stock Flower: no executor, no trace
+    last = max(r[1] for r in rows)
+    mid = [r for r in rows if 1 <= r[1] < last] or rows
+    sites = len(list(logs.glob("site*.log")))
+    rounds = max(1, len({r[1] for r in mid}))
+    return {"queued_s": statistics.fmean(r[2] for r in mid), "input_s": statistics.fmean(r[3] for r in mid),
+            "work_s": statistics.fmean(r[4] for r in mid), "reply_s": statistics.fmean(r[5] for r in mid),
+            "tasks_per_site_round": len(mid) / sites / rounds}
 
 
 def write_doc(result: dict, path: Path) -> None:
     rows = result["rows"]
-    setup = ", ".join("K={}: {:.0f} s".format(r["k"], r["setup_s"]) for r in rows if "setup_s" in r)
+    td = {r["k"]: r["seconds_per_round"] for r in rows if r["engine"] == "torch.distributed"}
     lines = [
         "<!-- generated by: python bench/deployment.py "
         f"--ks {','.join(str(k) for k in result['ks'])} --rounds {result['rounds']} -->",
@@ -84,13 +116,26 @@ def write_doc(result: dict, path: Path) -> None:
         f"{result['machine']} ({result['cpus']} cores) on {result['date']} in one run of the command above. "
         "Every engine ran the same seeded configuration and gave the same per-site accuracy and ε (last columns).",
         "",
-        "| K | engine | s / round | payload kB / site / round | frame kB / site / round | proxy acc | ε |",
-        "|---|---|---|---|---|---|---|",
+        "| K | engine | s / round | × torch.distributed | set-up s | payload kB / site / round | "
+        "frame kB / site / round | proxy acc | ε |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         frame = f"{r['frame_bytes_per_site_round'] / 1e3:.1f}" if "frame_bytes_per_site_round" in r else "—"
-        lines.append(f"| {r['k']} | {r['engine']} | {r['seconds_per_round']:.2f} | "
-                     f"{r['payload_bytes_per_site_round'] / 1e3:.1f} | {frame} | {r['proxy_acc']:.4f} | {r['epsilon']:.3f} |")
+        ratio = f"{r['seconds_per_round'] / td[r['k']]:.2f}" if td.get(r["k"]) else "—"
+        setup = f"{r['setup_s']:.1f}" if "setup_s" in r else "—"
+        lines.append(f"| {r['k']} | {r['engine']} | {r['seconds_per_round']:.2f} | {ratio} | {setup} | "
+                     f"{r['payload_bytes_per_site_round'] / 1e3:.1f} | {frame} | {r['proxy_acc']:.4f} | "
+                     f"{r['epsilon']:.3f} |")
+    traced = [r for r in rows if r.get("trace")]
+    if traced:
+        lines += ["", "Where a deployed task's seconds go (means over the sites' tasks of the middle rounds, from the "
+                  "executors' trace lines in each site's log):", "",
+                  "| K | engine | tasks / site / round | queued s | input s | work s | reply s |", "|---|---|---|---|---|---|---|"]
+        for r in traced:
+            t = r["trace"]
+            lines.append(f"| {r['k']} | {r['engine']} | {t['tasks_per_site_round']:.1f} | {t['queued_s']:.3f} | "
+                         f"{t['input_s']:.3f} | {t['work_s']:.3f} | {t['reply_s']:.3f} |")
     lines += [
         "",
         "How to read it:",
@@ -99,12 +144,18 @@ def write_doc(result: dict, path: Path) -> None:
         "and their context, about 170 bytes per payload). *frame*: Flower only — everything the coordinator sends "
         "to and receives from the site per round: the sealed payloads, the requests' JSON and the figures the site "
         "reports; TLS records come on top.",
-        "- Seconds per round are measured on the coordinator. Flower's are dominated by its per-message "
-        "process: a SuperNode starts a new ClientApp process for every message (silofl's relay imports only "
-        "Flower; the site's models stay loaded in its worker), and the SuperLink and SuperNodes poll (0.1 s "
-        "task polling set by `deploy local`). On this machine all K sites share its cores with the SuperLink.",
-        "- Set-up of a local deployment (CA, keys, site folders, SuperLink and K SuperNodes started, keys "
-        f"registered): {setup}.",
+        "- Seconds per round are measured on the coordinator (training and evaluation over the rounds). *flower* is "
+        "`silofl deploy local` as shipped: each site's SuperNode runs with Flower's process isolation and silofl's "
+        "pacing (`silofl.deploy.flower_shim`: no 3 s sleep while a run is on), its tasks taken by the warm executor "
+        "inside the site's worker (`silofl.deploy.executor`: no process per message, the models in memory), and a "
+        "round asks each site one message (`silofl.comm.batch`: the last round's deliveries ride with this round's "
+        "step). *flower-stock* runs the same protocol with Flower as it ships: a `flwr-clientapp` process per "
+        "message and the SuperNode's 3 s sleep after an empty pull. *flower+20ms*: *flower* with a relay holding "
+        "every chunk 10 ms each way between the sites and the SuperLink (the kernel here has no `netem`).",
+        "- *queued*: from the coordinator creating a message to the site's executor taking it (the coordinator's "
+        "push to the SuperLink, the SuperNode's pull, its doorbell); *input*: pulling the task's message from the "
+        "SuperNode; *work*: the site's own step (training, sealing); *reply*: pushing the reply and the task's "
+        "status. On this machine all K sites, the SuperLink and the coordinator share its cores.",
     ]
     if result.get("note"):
         lines.append(f"- {result['note']}")
@@ -115,7 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ks", default="2,4,8")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--engines", default="simulator,torch.distributed,flower")
+    ap.add_argument("--engines", default=ENGINES)
     ap.add_argument("--out", default=str(ROOT / "docs" / "data" / "deployment.json"))
     ap.add_argument("--doc", default=str(ROOT / "docs" / "deployment.md"))
     ap.add_argument("--note", default="", help="A line about the machine's state, added to the doc.")

@@ -40,6 +40,8 @@ def spy_packets(engine: InProcessEngine) -> list[tuple[int, int, bytes]]:
 
     def call(step, requests):
         replies = real(step, requests)
+        if step == "batch":  # its parts came through this call one by one (InProcessEngine.call)
+            return replies
         for r in replies.values():
             seen.extend((p.src, p.dst, p.data) for p in r.packets)
         return replies

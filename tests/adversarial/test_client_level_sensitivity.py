@@ -89,6 +89,7 @@ def test_the_server_recomputes_the_count_bounds_for_the_unit(tmp_path):
     srv = b.coordinator.server
     assert srv.z_update == pytest.approx(1 / math.sqrt(1 - 0.16))
     b.coordinator.start()
+    b.coordinator.flush()
     msg = b.sites[0].train(1)
     from silofl.comm.wire import decode
 

@@ -92,6 +92,7 @@ def test_the_coordinator_routes_only_what_a_site_may_send(tiny_cfg):
 
     b.engine.call = tampering
     ev = b.coordinator.run_round(1)  # round 1: hop 2 on 4 sites, so 1 → 3 only
+    b.coordinator.flush()  # the deliveries go with each site's next request: now
     assert sorted(delivered) == [(0, 2), (1, 3), (2, 0), (3, 1)]
     assert sorted(r["reason"] for r in ev.rejected) == ["site 1 may not send to node 2 in round 1",
                                                        "site 1 sent a packet as node 3"]

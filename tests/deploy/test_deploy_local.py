@@ -161,8 +161,8 @@ def site_dies_and_rejoins(tmp_path):
 def started(request, tmp_path_factory):
     """The deployments of this module's selected slow tests, started together when the first is needed (each
     test then waits for its own and checks it): test name -> future. The rejoin test's long run goes first on its
-    own, the others PARALLEL at a time in the order of the tests. A deployment mostly waits (a SuperNode looks for
-    messages every 3 s), so several share the machine's cores well. Each is its own: its SuperLink, fresh site
+    own, the others PARALLEL at a time in the order of the tests (a deployment's processes wait on each other
+    between steps, so two share the machine's cores well). Each is its own: its SuperLink, fresh site
     folders (their ledgers start empty, so their ε is the simulator's)."""
     jobs = {f"test_deploy_local_gives_the_simulators_numbers[{m}]": (lambda t, m=m: (*deploy_and_simulate(m, t), t))
             for m in CASES}

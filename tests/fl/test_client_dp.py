@@ -109,6 +109,7 @@ def test_the_broadcast_announces_the_subclient_clip_of_the_unit(cl_cfg):
         tensors, _ = decode(b.coordinator.server.payload(0, 0))
         assert float(tensors[CLIP]) == pytest.approx(want)
         b.coordinator.start()
+        b.coordinator.flush()  # the broadcast goes with each site's next request: deliver it now
         assert all(c.clip == pytest.approx(want) and c.v == 4 and c.selected for c in b.sites)
 
 
@@ -261,6 +262,7 @@ def test_fednova_normalises_each_update_by_its_local_steps(cl_cfg, monkeypatch):
     srv.sizes = [160, 320]  # public sizes the server announces τ̄ from: 10 and 20 steps of 16
     assert srv.tau_bar() == pytest.approx(15.0)
     b.coordinator.start()
+    b.coordinator.flush()
     d = srv.d
     fake = {0: [(torch.full((d,), 1e-3), 10)], 1: [(torch.full((d,), 2e-3), 20)]}
     c0, c1 = b.sites

@@ -40,6 +40,10 @@ class TappedEngine(InProcessEngine):
         self.observers = list(observers)
 
     def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        from silofl.comm import batch
+
+        if step == batch.BATCH:  # its parts come back through this call, one step at a time
+            return super().call(step, requests)
         for o in self.observers:
             o.before(step, requests, self)
         replies = super().call(step, requests)
@@ -64,15 +68,42 @@ def tap(engine: Engine, observers: list[Observer]) -> Engine:
     """Any engine — the torch.distributed one included — with ``observers`` called around every call, as
     :class:`TappedEngine` does for the simulator. Observers that read a site's state (``engine.sites[k]``) need that
     site in this process: over torch.distributed, a site on rank 0 (site 0 always is)."""
+    from silofl.comm import batch
+
     inner = engine.call
+    in_process = isinstance(engine, InProcessEngine)  # runs a batch's parts through engine.call: seen one by one
 
     def call(step: str, requests: dict[int, Message]) -> dict[int, Message]:
+        if step == batch.BATCH and in_process:
+            return inner(step, requests)
+        views = as_steps(step, requests)
         for o in observers:
-            o.before(step, requests, engine)  # type: ignore[arg-type]
+            for s, reqs in views:
+                o.before(s, reqs, engine)  # type: ignore[arg-type]
         replies = inner(step, requests)
         for o in observers:
-            o.after(step, requests, replies, engine)  # type: ignore[arg-type]
+            for (s, reqs), reps in zip(views, as_replies(step, requests, replies), strict=True):
+                o.after(s, reqs, reps, engine)  # type: ignore[arg-type]
         return replies
 
     engine.call = call  # type: ignore[method-assign]
     return engine
+
+
+def as_steps(step: str, requests: dict[int, Message]) -> list[tuple[str, dict[int, Message]]]:
+    """A call as the steps it carries: itself, or a batch's parts (:mod:`silofl.comm.batch`)."""
+    from silofl.comm import batch
+
+    if step != batch.BATCH:
+        return [(step, requests)]
+    return [(st, reqs) for st, _, reqs in batch.phases(requests)]
+
+
+def as_replies(step: str, requests: dict[int, Message], replies: dict[int, Message]) -> list[dict[int, Message]]:
+    """The replies to :func:`as_steps`' steps, in the same order."""
+    from silofl.comm import batch
+
+    if step != batch.BATCH:
+        return [replies]
+    answers = {k: batch.split_reply(r, len(batch.split(requests[k]))) for k, r in replies.items()}
+    return [{k: answers[k][i] for k, i in idx.items() if k in answers} for _, idx, _ in batch.phases(requests)]

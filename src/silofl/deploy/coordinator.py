@@ -24,6 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from silofl.comm import batch
 from silofl.comm.engine import Engine
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
@@ -55,11 +56,10 @@ class FlowerEngine(Engine):
 
     name = "flower"
 
-    def __init__(self, grid, nodes: dict[int, int], timeout_s: float, security: dict, poll_s: float = 0.1):
+    def __init__(self, grid, nodes: dict[int, int], timeout_s: float, security: dict, poll_s: float = 0.02):
         super().__init__(sorted(nodes))
-        # poll_s: how often the replies are pulled from the SuperLink while a step is out. Each pull is an HTTPS request
-        # the SuperLink serves; a SuperNode takes seconds to answer (it polls for messages every 3 s and starts a
-        # ClientApp process per message), so 0.1 s adds nothing noticeable and costs the SuperLink a fifth of 0.02 s
+        # poll_s: how often the replies are pulled from the SuperLink while a step is out (one request for all the
+        # sites still pending); a paced SuperNode picks a message up within tens of milliseconds (flower_shim)
         self.grid, self.nodes, self.timeout_s, self.security, self.poll_s = grid, nodes, timeout_s, security, poll_s
         self.wire_sent: dict[int, int] = {k: 0 for k in nodes}  # frame bytes to / from each site, sealing included
         self.wire_received: dict[int, int] = {k: 0 for k in nodes}
@@ -92,29 +92,35 @@ class FlowerEngine(Engine):
 
     def seal_server(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
         """Every packet a server role sends, sealed to its site and signed with the coordinator's key (sites take a
-        server's model only so)."""
-        from silofl.deploy.pki import load_public
-
+        server's model only so); in a batch, each part's under its own step and round."""
         out = {}
         for k, m in requests.items():
-            if not m.packets:
-                out[k] = m
-                continue
-            if self.sign_key is None:
-                raise SiloflError("the coordinator has no keys to seal a server's payload (coordinator_keys)")
-            packets, count = [], {}
-            for p in m.packets:
-                if p.src in self.nodes:  # a site's sealed payload, routed as it came
-                    packets.append(p)
-                    continue
-                i = count.get(p.dst, 0)
-                count[p.dst] = i + 1
-                card = self.cards[k]
-                packets.append(Packet(p.src, p.dst, sealing.seal(
-                    p.data, run_id=self._run_id(), src=COORDINATOR, dst=card["name"], rnd=self.round, step=step, index=i,
-                    sign_key=self.sign_key, recipient=load_public(card["seal"], "x25519"))))
-            out[k] = Message(m.meta, packets)
+            if step == batch.BATCH:
+                parts = [(s, self._seal(s, pm.meta.get("round", self.round), k, pm)) for s, pm in batch.split(m)]
+                out[k] = batch.make(parts)
+            else:
+                out[k] = self._seal(step, self.round, k, m)
         return out
+
+    def _seal(self, step: str, rnd: int, k: int, m: Message) -> Message:
+        from silofl.deploy.pki import load_public
+
+        if not m.packets:
+            return m
+        if self.sign_key is None:
+            raise SiloflError("the coordinator has no keys to seal a server's payload (coordinator_keys)")
+        packets, count = [], {}
+        for p in m.packets:
+            if p.src in self.nodes:  # a site's sealed payload, routed as it came
+                packets.append(p)
+                continue
+            i = count.get(p.dst, 0)
+            count[p.dst] = i + 1
+            card = self.cards[k]
+            packets.append(Packet(p.src, p.dst, sealing.seal(
+                p.data, run_id=self._run_id(), src=COORDINATOR, dst=card["name"], rnd=int(rnd), step=step, index=i,
+                sign_key=self.sign_key, recipient=load_public(card["seal"], "x25519"))))
+        return Message(m.meta, packets)
 
     def open_upload(self, k: int, p: Packet) -> Packet | None:
         """A site's payload to a server role, opened (sealed to the coordinator's key by the site's pinned key);
@@ -203,6 +209,8 @@ class FlowerEngine(Engine):
                 time.sleep(self.poll_s)
         for mid in pending:
             self._lose(ids[mid], f"no answer within {timeout_s or self.timeout_s:g} s")
+        log.debug("step %s round %d: %d sites answered in %.3f s (sent at %.3f)", step, self.round, len(replies),
+                 time.perf_counter() - t0, time.time() - (time.perf_counter() - t0))
         return replies
 
     def _reply(self, k: int, step: str, r) -> Message | None:
@@ -233,7 +241,18 @@ class FlowerEngine(Engine):
         if got_step != step or set(got) != {k}:
             self._lose(k, f"replied to {got_step!r} for {sorted(got)} when asked {step!r}")
             return None
-        reply = got[k]
+        if step != batch.BATCH:
+            return self._accept(k, got[k])
+        try:
+            parts = [m for _, m in batch.split(got[k], replies=True)]
+        except PeerModelRejected as e:
+            self._lose(k, f"malformed batch reply: {e}")
+            return None
+        accepted = [self._accept(k, m) for m in parts]
+        return None if any(m is None for m in accepted) else batch.reply(accepted)  # type: ignore[arg-type]
+
+    def _accept(self, k: int, reply: Message) -> Message | None:
+        """One reply of site ``k`` (or one part of its batch reply), checked: uploads opened, its ledger head kept."""
         for p in reply.packets:
             if p.src != k:  # a site speaks only for itself
                 self._lose(k, f"sent a packet as node {p.src}")
@@ -281,7 +300,7 @@ class FlowerEngine(Engine):
 
     def _call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
         for m in requests.values():
-            r = m.meta.get("round")
+            r = batch.split(m)[-1][1].meta.get("round") if step == batch.BATCH else m.meta.get("round")
             if isinstance(r, int) and r != self.round:
                 self.round = r
                 if self.status_path is not None:
@@ -332,9 +351,11 @@ def serve_run(grid, coordinator_path: str) -> dict:
 
 
 def _serve(grid, spec: dict, status: Path) -> dict:
+    from silofl.deploy.flower_shim import fast_pulls
     from silofl.run.loop import run
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    fast_pulls()  # a site's reply is pulled as soon as its content is there, not after Flower's 1 s backoff
     nodes = {k: int(s["node_id"]) for k, s in enumerate(spec["sites"])}
     wait_for_nodes(grid, set(nodes.values()), float(spec.get("connect_timeout_s", 300)))
     engine = FlowerEngine(grid, nodes, float(spec.get("timeout_s", 600)), dict(spec["security"]))

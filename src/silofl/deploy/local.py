@@ -126,12 +126,23 @@ class Proc:
 
 # ---------------------------------------------------------------------------------------------- a site
 def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = False, poll_s: float = 0.1,
-             ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
-    """``silofl site run``: the site's worker, and its SuperNode connecting out to ``superlink``, until stopped."""
+             ready: threading.Event | None = None, stop: threading.Event | None = None, stock: bool = False) -> None:
+    """``silofl site run``: the site's worker, and its SuperNode connecting out to ``superlink``, until stopped.
+
+    The SuperNode runs with Flower's process isolation, paced (:mod:`silofl.deploy.flower_shim`), and its tasks
+    are taken by the warm executor in this process (:mod:`silofl.deploy.executor`). ``stock``: Flower as shipped
+    instead — a ``flwr-clientapp`` process per message relaying to the worker's socket (for the benchmark)."""
+    import secrets as _secrets
+
+    from silofl.deploy.executor import WarmExecutor
+    from silofl.deploy.flower_shim import DOORBELL_ENV, fast_pulls
     from silofl.deploy.site import SiteWorker
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per runtime-API request otherwise
 
     folder = Path(folder).resolve()
     worker = SiteWorker(folder)
+    stock = stock or os.environ.get(STOCK_ENV) == "1"
     if not insecure and (ca is None or not Path(ca).is_file()):
         raise ConfigError("the coordinator's CA certificate is needed (--ca), or --insecure for a test without TLS")
     sock_dir = Path(tempfile.mkdtemp(prefix="silofl-site-"))  # 0700: only this user; short enough for a socket
@@ -139,13 +150,35 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
     stop = stop or threading.Event()
     server = threading.Thread(target=worker.serve, args=(sock, stop), daemon=True)
     server.start()
-    cmd = [flower_bin("flower-supernode"), "--superlink", superlink, "--node-config",
-           f'site-socket="{sock}"', "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(free_port())]
+    port = free_port()
+    env = flower_env(folder / "flwr", poll_s)
+    threads = [server]
+    if stock:
+        cmd = [flower_bin("flower-supernode"), "--superlink", superlink, "--node-config", f'site-socket="{sock}"',
+               "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port)]
+    else:
+        fast_pulls()
+        secret = _secrets.token_bytes(32)  # guards the runtime API's AcquireTask: only this site's processes
+        fd = os.open(sock_dir / "runtime.secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret)
+        bell = sock_dir / "bell"
+        env[DOORBELL_ENV] = str(bell)
+        cmd = [sys.executable, "-m", "silofl.deploy.flower_shim", "--superlink", superlink, "--isolation", "process",
+               "--host", "127.0.0.1", "--port", str(port), "--superexec-auth-secret-file", str(sock_dir / "runtime.secret")]
+
+        def handle(frame: bytes) -> bytes:
+            with worker.lock:
+                return worker.handle_frame(frame)
+
+        executor = WarmExecutor(f"127.0.0.1:{port}", secret, handle, bell, FAB_DIR, worker.cfg.name, stop)
+        threads.append(threading.Thread(target=executor.run, daemon=True, name="silofl-executor"))
+        threads[-1].start()
     if insecure:
         cmd.append("--insecure")
     else:
         cmd += ["--root-certificates", str(ca), "--auth-supernode-private-key", str(folder / "keys" / "node")]
-    node = Proc("supernode", cmd, flower_env(folder / "flwr", poll_s), folder / "logs", die_with_parent=True)
+    node = Proc("supernode", cmd, env, folder / "logs", die_with_parent=True)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, frame):  # noqa: ARG001
@@ -174,13 +207,14 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
         while not stop.is_set():
             if node.p.poll() is not None:
                 raise SiloflError(f"the SuperNode of site {worker.cfg.name} exited: {node.text()[-800:]}")
-            if not server.is_alive():
-                raise SiloflError(f"the worker of site {worker.cfg.name} stopped serving its socket")
+            if not all(t.is_alive() for t in threads):
+                raise SiloflError(f"the worker of site {worker.cfg.name} stopped serving (its socket or executor)")
             stop.wait(0.5)
     finally:
         stop.set()
         node.stop()
-        server.join(5)
+        for t in threads:
+            t.join(5)
         shutil.rmtree(sock_dir, ignore_errors=True)
         if threading.current_thread() is threading.main_thread():
             for s, h in previous.items():
@@ -238,6 +272,64 @@ def submit(coordinator_json: Path, env: dict[str, str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- deploy local
+LATENCY_ENV = "SILOFL_BENCH_LATENCY_MS"  # bench/deployment.py: one-way delay between the sites and the SuperLink
+STOCK_ENV = "SILOFL_FLOWER_STOCK"  # bench/deployment.py: sites run Flower as shipped (a process per message)
+
+
+class DelayRelay:
+    """A TCP relay on loopback that holds every chunk ``delay_s`` before passing it on, both ways: the wide-area
+    stand-in of ``bench/deployment.py`` where the kernel has no ``netem``. Bytes pass unchanged (TLS end to end)."""
+
+    def __init__(self, target: tuple[str, int], delay_s: float):
+        import asyncio
+
+        self.target, self.delay_s = target, delay_s
+        self.loop = asyncio.new_event_loop()
+        self.port = free_port()
+        ready = threading.Event()
+
+        async def pipe(reader, writer):
+            q: asyncio.Queue = asyncio.Queue()
+
+            async def send():
+                while (item := await q.get()) is not None:
+                    due, data = item
+                    await asyncio.sleep(max(0.0, due - self.loop.time()))
+                    writer.write(data)
+                    await writer.drain()
+                writer.close()
+
+            sender = asyncio.ensure_future(send())
+            try:
+                while data := await reader.read(1 << 16):
+                    q.put_nowait((self.loop.time() + self.delay_s, data))
+            except OSError:
+                pass
+            q.put_nowait(None)
+            await sender
+
+        async def serve(reader, writer):
+            try:
+                r2, w2 = await asyncio.open_connection(*self.target)
+            except OSError:
+                writer.close()
+                return
+            await asyncio.gather(pipe(reader, w2), pipe(r2, writer), return_exceptions=True)
+
+        async def main():
+            self.server = await asyncio.start_server(serve, "127.0.0.1", self.port)
+            ready.set()
+            await self.server.serve_forever()
+
+        self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(main()), daemon=True)
+        self.thread.start()
+        ready.wait(10)
+
+    def close(self) -> None:
+        """Stop accepting connections."""
+        self.loop.call_soon_threadsafe(self.server.close)
+
+
 class LocalDeployment:
     """A CA, a SuperLink and one ``silofl site run`` process per partition of ``split`` under ``dep`` (TLS and node
     authentication unless ``insecure``), ready for runs (:meth:`run`) until :meth:`close`. The sites keep running
@@ -247,6 +339,7 @@ class LocalDeployment:
         from silofl.deploy.pki import make_ca, make_server_cert
 
         self.insecure, self.procs = insecure, []
+        self.relay: DelayRelay | None = None
         t0 = time.perf_counter()
         dep.mkdir(parents=True)
         try:
@@ -260,7 +353,12 @@ class LocalDeployment:
             self.procs.append(start_superlink(dep, port, insecure, poll_s))
             self.env = cli_env(dep, address, insecure)
             node_ids = [register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders]
-            cmd = [sys.executable, "-m", "silofl.cli.main", "site", "run", "--superlink", address, "--poll-s", str(poll_s)]
+            site_address = address
+            if float(os.environ.get(LATENCY_ENV, "0") or 0) > 0:  # the benchmark's wide-area stand-in
+                self.relay = DelayRelay(("127.0.0.1", port), float(os.environ[LATENCY_ENV]) / 1000)
+                site_address = f"127.0.0.1:{self.relay.port}"
+            cmd = [sys.executable, "-m", "silofl.cli.main", "site", "run", "--superlink", site_address, "--poll-s",
+                   str(poll_s)]
             cmd += ["--insecure"] if insecure else ["--ca", str(dep / "pki" / "ca.crt")]
             for k, folder in enumerate(folders):
                 self.procs.append(Proc(f"site{k}", [*cmd, "--site-dir", str(folder)],
@@ -291,6 +389,8 @@ class LocalDeployment:
         """Stop every process."""
         for p in reversed(self.procs):
             p.stop()
+        if self.relay is not None:
+            self.relay.close()
 
 
 def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = False, poll_s: float = 0.1,

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from silofl.comm import batch
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
 from silofl.deploy import seal as sealing
@@ -399,6 +400,13 @@ class SiteWorker:
                 return pack(step, {k: self._setup(k, msg)})
             if self.site is None or k != self.index:
                 raise PeerModelRejected(f"step {step!r} for site {k} before this site joined a run as that index")
+            if step == batch.BATCH:  # several steps in one message: each checked, run and sealed as its own
+                parts = batch.split(msg)
+                for s, _ in parts:
+                    plain_name(s, "a step", STEP_RE)
+                    if s in (HELLO, SETUP):
+                        raise PeerModelRejected(f"{s} is never part of a batch")
+                return pack(step, {k: batch.reply([self._step(s, m) for s, m in parts])})
             return pack(step, {k: self._step(step, msg)})
         except Exception as e:  # noqa: BLE001 - whatever a request does, it costs that request, never the worker
             why = f"{type(e).__name__}: {e}"

@@ -21,7 +21,7 @@ import torch
 
 from silofl.comm.engine import Engine
 from silofl.comm.messages import Message, Packet
-from silofl.core.errors import BudgetExhausted
+from silofl.core.errors import BudgetExhausted, PeerModelRejected
 from silofl.site.base import Site
 
 log = logging.getLogger("silofl")
@@ -52,6 +52,8 @@ class Coordinator(ABC):
     """A method's round logic over an engine (see the module doc). Node ids: sites ``0..K-1``; a role the
     coordinator plays (a server) is node ``K``."""
 
+    deferred_steps: frozenset[str] = frozenset({"receive_global"})  # sent with the site's next step (see call)
+
     def __init__(self, cfg: Any, n_sites: int):
         self.cfg = cfg
         self.n_sites = n_sites
@@ -62,6 +64,9 @@ class Coordinator(ABC):
         self.lost_sites: set[int] = set()  # lost by the engine (they may rejoin), not left for their budget
         self.info: dict[int, dict] = {}
         self.release_nonprivate = True  # report the coordinator's own figures of non-private data
+        self._pending: dict[int, list[tuple[str, Message]]] = {}  # deferred steps per site (see call)
+        self._late: list[dict] = []
+        self.delivered: dict[int, int] = {}  # site -> the last round whose deferred deliveries it answered
 
     @property
     def server_id(self) -> int:
@@ -70,12 +75,60 @@ class Coordinator(ABC):
 
     # ------------------------------------------------------------------ talking to sites
     def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
-        """``engine.call`` that also keeps every site's last word on whether it can continue."""
+        """``engine.call`` that also keeps every site's last word on whether it can continue.
+
+        A step in :attr:`deferred_steps` is not sent now: it waits for the next step asked of the same site and
+        goes with it in one message (:mod:`silofl.comm.batch`), so a round costs one message per site; its reply
+        (the payloads the site refused) comes back then, into :meth:`take_late`. A site lost meanwhile never gets
+        it; :attr:`delivered` says up to which round each site is known to have taken its deliveries."""
         assert self.engine is not None, "connect() first"
-        replies = self.engine.call(step, requests)
+        if step in self.deferred_steps:
+            for k, m in requests.items():
+                if k not in self.engine.lost:
+                    self._pending.setdefault(k, []).append((step, m))
+            return {}
+        pending = {k: self._pending.pop(k) for k in requests if k in self._pending}
+        if pending:
+            replies = self._batch({k: [*pending.get(k, []), (step, m)] for k, m in requests.items()})
+        else:
+            replies = self.engine.call(step, requests)
         for k, r in replies.items():
             self.can_continue[k] = bool(r.meta.get("can_continue", True))
         return replies
+
+    def flush(self) -> None:
+        """Send the deferred steps now, on their own (before reading a site's state out of band, as tests do)."""
+        pending, self._pending = self._pending, {}
+        if pending:
+            for k, r in self._batch(pending).items():
+                self.can_continue[k] = bool(r.meta.get("can_continue", True))
+
+    def _batch(self, parts: dict[int, list[tuple[str, Message]]]) -> dict[int, Message]:
+        """Each site's parts in one batch request; the replies of the last parts (the earlier ones' refusals go to
+        :meth:`take_late`, and their rounds to :attr:`delivered`)."""
+        from silofl.comm import batch
+
+        assert self.engine is not None
+        got = self.engine.call(batch.BATCH, {k: batch.make(p) for k, p in parts.items()})
+        replies = {}
+        for k, r in got.items():
+            try:
+                answers = batch.split_reply(r, len(parts[k]))
+            except PeerModelRejected as e:  # a site that answers a batch wrongly is lost, as for any bad reply
+                self.engine.lost.setdefault(k, f"malformed batch reply: {e}")
+                continue
+            for (s, m), a in zip(parts[k], answers, strict=True):
+                if s in self.deferred_steps:
+                    self._late.extend(a.meta.get("rejected", []) or [])
+                    if isinstance(m.meta.get("round"), int):
+                        self.delivered[k] = max(self.delivered.get(k, -1), int(m.meta["round"]))
+            replies[k] = answers[-1]
+        return replies
+
+    def take_late(self) -> list[dict]:
+        """The refusals that came back with deferred steps' replies since the last call of this."""
+        late, self._late = self._late, []
+        return late
 
     def connect(self, engine: Engine) -> None:
         """Meet the sites (their public facts) and check that at least one can train a round."""

@@ -251,7 +251,7 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
             left_log += [{"client": c, "round": rnd, "reason": "budget spent"} for c in ev.left]
             left_log += [{"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()]
             rejoined_log += [{"client": c, "round": rnd} for c in ev.rejoined]
-            rejected_log += ev.rejected
+            rejected_log += ev.rejected + coordinator.take_late()  # late: refusals of the last round's deliveries
             if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost or ev.rejoined:
                 t0 = time.perf_counter()
                 records = _records(cfg, coordinator, engine, rnd, internal)
@@ -272,6 +272,7 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
     finals = coordinator.call("finish", {k: Message({"models_dir": str(Path(cfg.out) / "models")})
                                          for k in range(coordinator.n_sites)})
     reports = {k: coordinator.site_report(k, r.meta) for k, r in sorted(finals.items())}
+    rejected_log += coordinator.take_late()
     summary = _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run,
                        wall, train_s, eval_s, cal)
     if rejoined_log:

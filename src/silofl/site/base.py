@@ -88,6 +88,12 @@ class Site(ABC):
         reply.meta["can_continue"] = bool(self.active and self.can_continue())
         return reply
 
+    def on_batch(self, msg: Message) -> Message:
+        """Several steps in one request (:mod:`silofl.comm.batch`), run in order."""
+        from silofl.comm import batch
+
+        return batch.reply([self.handle(step, part) for step, part in batch.split(msg)])
+
     # ------------------------------------------------------------------ what every site provides
     @abstractmethod
     def can_continue(self) -> bool:

@@ -36,18 +36,22 @@ class GossipSite(DPSGDSite):
         self.max_weight = max_weight  # PushSum conserves the total weight: no share exceeds the number of sites
         self.pushsum_weight = 1.0
         self._kept_weight = 1.0
-        self._sent: tuple[dict[str, torch.Tensor], float, set[int]] | None = None  # last round's (θ, w each, to)
+        # the last two rounds' sends, newest last: (round, θ, w each, to) — a round's deliveries reach their sites
+        # with the next round's request (silofl.comm.batch), so a node lost then may not have taken either
+        self._sends: list[tuple[int, dict[str, torch.Tensor], float, set[int]]] = []
 
     def state_dict(self) -> dict:
-        sent = None if self._sent is None else {"theta": self._sent[0], "each": self._sent[1], "to": sorted(self._sent[2])}
+        sends = [{"round": r, "theta": t, "each": e, "to": sorted(to)} for r, t, e, to in self._sends]
         return {**super().state_dict(), "pushsum_weight": self.pushsum_weight, "kept_weight": self._kept_weight,
-                "sent": sent}
+                "sends": sends}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.pushsum_weight, self._kept_weight = float(state["pushsum_weight"]), float(state["kept_weight"])
-        sent = state.get("sent")
-        self._sent = None if sent is None else (sent["theta"], float(sent["each"]), set(sent["to"]))
+        sends = state.get("sends")
+        if sends is None and state.get("sent") is not None:  # a checkpoint from before the sends were kept per round
+            sends = [{"round": -1, **state["sent"]}]
+        self._sends = [(int(x["round"]), x["theta"], float(x["each"]), set(x["to"])) for x in sends or []]
 
     def extra_metrics(self) -> dict:
         return {"pushsum_weight": self.pushsum_weight}
@@ -64,37 +68,40 @@ class GossipSite(DPSGDSite):
         return Message({"rejected": self.incoming(int(msg.meta["round"]), msg.packets)})
 
     def on_reclaim(self, msg: Message) -> Message:
-        """Take back the mass sent last round to sites since lost."""
-        self.reclaim(set(msg.meta["lost"]), int(msg.meta["round"]))
+        """Take back the mass sent to sites since lost (``since``: from which round, per lost site)."""
+        since = msg.meta.get("since")
+        self.reclaim(set(msg.meta["lost"]), int(msg.meta["round"]),
+                     None if since is None else {int(d): int(r) for d, r in dict(since).items()})
         return Message()
 
     # ------------------------------------------------------------------ PushSum
     def outgoing(self, rnd: int, out_neighbors: list[int]) -> dict[int, bytes]:
         """{destination: payload} of this round (the same bytes to each)."""
         self._kept_weight, each = share(self.pushsum_weight, self.self_weight, len(out_neighbors))
+        self._sends = self._sends[-1:]
         if not out_neighbors:
-            self._sent = None
             return {}
-        self._sent = (self.shared_state(), each, set(out_neighbors))
+        self._sends.append((rnd, self.shared_state(), each, set(out_neighbors)))
         data = self.payload(rnd, {PUSHSUM_KEY: torch.tensor(each, dtype=torch.float64)})
         return {d: data for d in out_neighbors}
 
-    def reclaim(self, lost: set[int], rnd: int) -> None:
-        """Take back the PushSum mass sent last round to nodes since lost (the mass never entered a live
-        site), so that the live sites' total weight stays what it was."""
-        if self._sent is None:
-            return
-        theta, each, to = self._sent
-        gone = to & lost
-        if not gone:
-            return
-        self._sent = (theta, each, to - gone)
-        own = self.shared_state()
-        theta = {k: theta[k].to(v.device) for k, v in own.items()}
-        new_state, self.pushsum_weight = combine(own, self.pushsum_weight, [(theta, each * len(gone))])
-        self.replace_shared(new_state)
-        log.info("client %d took back the PushSum mass (weight %.4g) sent to lost node(s) %s before round %d",
-                 self.cid, each * len(gone), sorted(gone), rnd)
+    def reclaim(self, lost: set[int], rnd: int, since: dict[int, int] | None = None) -> None:
+        """Take back the PushSum mass sent to nodes since lost (the mass never entered a live site), so that the
+        live sites' total weight stays what it was: what was sent to each lost node ``d`` in rounds from
+        ``since[d]`` on (the rounds whose deliveries it did not answer), or, without ``since``, in the last send."""
+        kept = []
+        for i, (r, theta, each, to) in enumerate(self._sends):
+            last = i == len(self._sends) - 1
+            gone = {d for d in to & lost if (r >= since.get(d, 0) if since is not None else last)}
+            if gone:
+                own = self.shared_state()
+                back = {k: theta[k].to(v.device) for k, v in own.items()}
+                new_state, self.pushsum_weight = combine(own, self.pushsum_weight, [(back, each * len(gone))])
+                self.replace_shared(new_state)
+                log.info("client %d took back the PushSum mass (weight %.4g) sent in round %d to lost node(s) %s "
+                         "before round %d", self.cid, each * len(gone), r, sorted(gone), rnd)
+            kept.append((r, theta, each, to - gone))
+        self._sends = kept
 
     def incoming(self, rnd: int, packets: list[Packet]) -> list[dict]:
         """Validate and mix the received (model, weight) pairs; the refused ones as records."""
@@ -121,7 +128,7 @@ class GossipSite(DPSGDSite):
         if received:
             self.replace_shared(new_state)
         elif self._kept_weight == 0.0:  # combine gave it back its own model with weight 1
-            self._sent = None  # so nothing more to take back from this round
+            self._sends = [x for x in self._sends if x[0] != rnd]  # so nothing more to take back from this round
             log.warning("client %d received no usable model in round %d and keeps its own", self.cid, rnd)
         return rejected
 
@@ -148,5 +155,8 @@ class Gossip(Coordinator):
             events.rejected += r.meta.get("rejected", [])
         return events
 
+    deferred_steps = frozenset({"receive", "receive_global"})  # a round's deliveries go with the next request
+
     def on_lost(self, nodes: set[int], rnd: int) -> None:
-        self.call("reclaim", {k: Message({"round": rnd, "lost": sorted(nodes)}) for k in self.active})
+        since = {str(d): self.delivered.get(d, -1) + 1 for d in sorted(nodes)}  # the rounds it did not take
+        self.call("reclaim", {k: Message({"round": rnd, "lost": sorted(nodes), "since": since}) for k in self.active})

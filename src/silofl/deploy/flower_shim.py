@@ -1,0 +1,134 @@
+"""Flower 1.41's SuperNode without its idle sleeps while a run is on: the one place silofl reaches into Flower.
+
+Stock ``flower-supernode`` (``flwr/supernode/start_client_internal.py``) pulls one message at a time from the
+SuperLink and, when a pull comes back empty, sleeps a literal 3 s; while a message is being worked on it checks
+for the reply every 0.5 s. In a silofl round every site answers every step, so each step waited about 3 s for
+the last site to notice it. This module runs the same SuperNode (``python -m silofl.deploy.flower_shim ARGS``
+takes ``flower-supernode``'s arguments) with two module globals of that file replaced — nothing else:
+
+- ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` while a
+  run is on (a message was pulled within the last :data:`IDLE_AFTER_S`), then backs off by doubling up to
+  Flower's 3 s when idle, so K idle sites do not flood the SuperLink; the reply check waits :data:`REPLY_S`;
+- ``_pull_and_store_message``: the same function, which also rings the site's *doorbell* (a datagram on the
+  Unix socket named by ``SILOFL_DOORBELL``, if set) after a message is stored, so the site's warm executor
+  (:mod:`silofl.deploy.executor`) takes the task at once instead of polling for it.
+
+And in every silofl process that talks to Flower (the SuperNode, the site's executor, the coordinator's
+ServerApp), :func:`fast_pulls` lowers the backoff of Flower's object pulls — a message's content arrives just
+after the message, and Flower's first retry waits 1 s, doubling to 10 s — to :data:`PULL_BACKOFF_S`.
+
+Only flwr 1.41.0's loop is known; on any other version the SuperNode runs stock (with a warning), slower but
+correct (the executor then finds tasks by polling)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import types
+import warnings
+
+SUPPORTED = "1.41.0"
+ACTIVE_S = 0.05  # an empty pull while a run is on: tens of milliseconds
+IDLE_AFTER_S = 15.0  # no message for this long: back off towards Flower's 3 s
+REPLY_S = 0.005  # the wait between two checks for the reply of the message in work (in-memory, cheap)
+DOORBELL_ENV = "SILOFL_DOORBELL"
+PULL_BACKOFF_S = (0.01, 1.0)  # first retry, cap (Flower: 1 s, 10 s; up to 500 tries per object either way)
+
+
+def supported() -> bool:
+    """Whether this is the Flower whose internals this module knows."""
+    import flwr
+
+    return bool(flwr.__version__ == SUPPORTED)
+
+
+def fast_pulls() -> bool:
+    """Lower the retry backoff of Flower's object pulls in this process (see the module doc); whether it did."""
+    if not supported():
+        return False
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    for f in (iu.pull_objects, iu.pull_and_inflate_object_from_tree):
+        kw = f.__kwdefaults__
+        if not kw or "initial_backoff" not in kw or "backoff_cap" not in kw:
+            return False
+        kw["initial_backoff"], kw["backoff_cap"] = PULL_BACKOFF_S
+    return True
+
+
+class Pacer:
+    """The sleeps of the SuperNode's loop, as a function of how recently a message came."""
+
+    def __init__(self, clock=time.monotonic, sleep=time.sleep):
+        self.clock, self._sleep = clock, sleep
+        self.last_message = -float("inf")
+        self.idle_s = ACTIVE_S
+
+    def pulled(self) -> None:
+        """A message was pulled: the run is on."""
+        self.last_message = self.clock()
+        self.idle_s = ACTIVE_S
+
+    def delay(self, asked: float) -> float:
+        """What to sleep where stock Flower sleeps ``asked`` seconds."""
+        if asked < 1.0:  # the reply / object checks (0.5 s in flwr 1.41)
+            return min(asked, REPLY_S)
+        if self.clock() - self.last_message < IDLE_AFTER_S:
+            return min(asked, ACTIVE_S)
+        self.idle_s = min(asked, self.idle_s * 2)
+        return self.idle_s
+
+    def sleep(self, asked: float) -> None:
+        """Stand-in for ``time.sleep`` in the SuperNode's loop."""
+        self._sleep(self.delay(asked))
+
+
+def ring(path: str | None) -> None:
+    """One datagram to the doorbell at ``path`` (nobody listening: nothing happens)."""
+    if not path:
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)
+            s.sendto(b"1", path)
+    except OSError:
+        pass
+
+
+def patch(module: types.ModuleType, pacer: Pacer, doorbell: str | None) -> None:
+    """Replace ``time`` and ``_pull_and_store_message`` in flwr 1.41's ``start_client_internal`` module."""
+    clock = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")})
+    clock.sleep = pacer.sleep
+    pull = module._pull_and_store_message
+
+    def pull_and_ring(*args, **kwargs):
+        run_id = pull(*args, **kwargs)
+        if run_id is not None:
+            pacer.pulled()
+            ring(doorbell)
+        return run_id
+
+    module.time = clock
+    module._pull_and_store_message = pull_and_ring
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``flower-supernode ARGS``, paced (see the module doc)."""
+    import flwr
+    from flwr.supernode import start_client_internal as sci
+    from flwr.supernode.cli import flower_supernode
+
+    if supported() and hasattr(sci, "_pull_and_store_message") and hasattr(sci, "time"):
+        patch(sci, Pacer(), os.environ.get(DOORBELL_ENV))
+        fast_pulls()
+    else:
+        warnings.warn(f"silofl paces Flower {SUPPORTED}'s SuperNode only; flwr {flwr.__version__} runs stock (a 3 s "
+                      "sleep when a pull is empty)", stacklevel=1)
+    sys.argv = ["flower-supernode", *(sys.argv[1:] if argv is None else argv)]
+    flower_supernode()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The paced SuperNode (silofl.deploy.flower_shim): its pacing, its doorbell and its object-pull backoff. The real
+SuperNode it runs is exercised by every deployment test (tests/deploy/test_deploy_local.py)."""
+
+import socket
+import types
+
+import pytest
+
+from silofl.deploy import flower_shim as shim
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+        self.slept = []
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.slept.append(s)
+        self.t += s
+
+
+def test_the_pacer_polls_fast_while_a_run_is_on_and_backs_off_to_flowers_3_s_when_idle():
+    c = Clock()
+    p = shim.Pacer(clock=c, sleep=c.sleep)
+    assert p.delay(0.5) == shim.REPLY_S  # the reply checks
+    idle = [p.delay(3) for _ in range(10)]  # no run yet: doubling from the active pace up to 3 s
+    assert idle[0] == 2 * shim.ACTIVE_S and idle[-1] == 3 and idle == sorted(idle)
+    p.pulled()
+    assert [p.delay(3) for _ in range(5)] == [shim.ACTIVE_S] * 5  # a run is on
+    c.t += shim.IDLE_AFTER_S + 1
+    assert p.delay(3) == 2 * shim.ACTIVE_S  # quiet for a while: backing off again
+    p.pulled()
+    assert p.delay(3) == shim.ACTIVE_S
+
+
+def test_the_patched_loop_rings_the_doorbell_only_when_a_message_was_stored(tmp_path):
+    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    bell.bind(str(tmp_path / "bell"))
+    bell.settimeout(0.2)
+    results = iter([None, 42])
+    mod = types.SimpleNamespace(time=__import__("time"), _pull_and_store_message=lambda *a, **k: next(results))
+    c = Clock()
+    pacer = shim.Pacer(clock=c, sleep=c.sleep)
+    shim.patch(mod, pacer, str(tmp_path / "bell"))
+    assert mod._pull_and_store_message() is None
+    with pytest.raises(TimeoutError):
+        bell.recv(8)
+    assert mod._pull_and_store_message() == 42
+    assert bell.recv(8) == b"1" and pacer.last_message == c.t
+    mod.time.sleep(3)
+    assert c.slept == [shim.ACTIVE_S] and mod.time.monotonic is __import__("time").monotonic  # the rest is time's
+    shim.ring(str(tmp_path / "nobody"))  # nobody listening: nothing happens
+    bell.close()
+
+
+@pytest.mark.slow  # imports Flower (seconds)
+def test_fast_pulls_lowers_flowers_object_pull_backoff_in_this_process():
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    fns = (iu.pull_objects, iu.pull_and_inflate_object_from_tree)
+    before = [dict(f.__kwdefaults__) for f in fns]
+    try:
+        assert shim.fast_pulls() is True
+        for f in fns:
+            assert (f.__kwdefaults__["initial_backoff"], f.__kwdefaults__["backoff_cap"]) == shim.PULL_BACKOFF_S
+    finally:
+        for f, kw in zip(fns, before, strict=True):
+            f.__kwdefaults__.update(kw)
