@@ -54,6 +54,11 @@ def acc_field_of(key: str) -> str | None:
     return None
 
 
+def prefixed(acc_field: str, scores: dict) -> dict:
+    """A model's metrics ``{acc: …, auroc: …}`` as its figures ``{private_acc: …, private_auroc: …}``."""
+    return {acc_field.removesuffix("_acc") + "_" + k: v for k, v in scores.items()}
+
+
 def higher_is_better(metric: str) -> bool:
     """Whether a larger value of ``metric`` is better (all but ECE)."""
     return metric not in LOWER_IS_BETTER
