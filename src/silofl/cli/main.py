@@ -538,15 +538,17 @@ def evaluate(
     run_dir: Path = typer.Argument(..., help="A run folder written by `silofl run`."),
     data_dir: str | None = typer.Option(None, "--data-dir"),
 ):
-    """Reload a run's saved models and recompute their test accuracy."""
+    """Reload a run's saved models and recompute their test accuracy (and AUROC, balanced accuracy, F1, ECE)."""
     from silofl.experiments.evaluate import evaluate_run
 
     results = evaluate_run(run_dir, data_dir=data_dir)
     t = Table(title=f"evaluate {run_dir}")
-    for col in ("model", "architecture", "test accuracy", "in summary"):
+    for col in ("model", "architecture", "test accuracy", "in summary", "AUROC", "balanced acc", "F1", "ECE"):
         t.add_column(col, justify="right")
     for r in results:
-        t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]))
+        m = r.get("metrics", {})
+        t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]),
+                  *(_f(m.get(k)) for k in ("auroc", "balanced_accuracy", "f1", "ece")))
     console.print(t)
     (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
 
