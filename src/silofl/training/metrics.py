@@ -107,10 +107,35 @@ def auroc(scores, y) -> float:
         raise ValueError(f"scores must be (n, classes) for n = {len(t)} labels, got shape {p.shape}")
     if p.shape[1] == 2:
         return binary_auroc(p[:, 1], t == 1)
-    present = np.unique(t)
-    if len(present) < 2:
+    n, c = p.shape
+    n1 = np.bincount(t, minlength=c).astype(np.float64)
+    n0 = n - n1
+    present = (n1 > 0) & (n0 > 0)
+    if present.sum() < 2:
         return math.nan
-    return float(np.mean([binary_auroc(p[:, c], t == c) for c in present]))
+    ranks = _row_midranks(np.ascontiguousarray(p.T, dtype=np.float64))  # (C, n): each class's score column ranked
+    r1 = np.bincount(t, weights=ranks[t, np.arange(n)], minlength=c)  # per class: the rank sum of its positives
+    auc = (r1[present] - n1[present] * (n1[present] + 1) / 2.0) / (n1[present] * n0[present])  # Mann–Whitney U / n1 n0
+    return float(np.mean(auc))
+
+
+def _row_midranks(s: np.ndarray) -> np.ndarray:
+    """:func:`_midranks` of every row of ``s`` at once (one sort; tie runs resolved only where a row has ties)."""
+    c, n = s.shape
+    order = np.argsort(s, axis=1)
+    sv = np.take_along_axis(s, order, 1)
+    neq = sv[:, 1:] != sv[:, :-1]
+    if neq.all():  # no ties: ranks 1 … n in sorted order
+        mid = np.broadcast_to(np.arange(1, n + 1, dtype=np.float64), (c, n))
+    else:
+        idx = np.broadcast_to(np.arange(n), (c, n))
+        edge = np.ones((c, 1), dtype=bool)
+        start = np.maximum.accumulate(np.where(np.hstack([edge, neq]), idx, 0), axis=1)  # first index of the tie run
+        end = np.minimum.accumulate(np.where(np.hstack([neq, edge]), idx, n)[:, ::-1], axis=1)[:, ::-1]  # its last
+        mid = (start + end) / 2.0 + 1.0
+    ranks = np.empty((c, n), dtype=np.float64)
+    np.put_along_axis(ranks, order, mid, 1)
+    return ranks
 
 
 def _confusion(y, pred, classes: int) -> np.ndarray:
