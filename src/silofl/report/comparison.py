@@ -13,6 +13,7 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -48,7 +49,8 @@ def summarize(runs, results) -> tuple[list[dict], list[dict]]:
         metric = getattr(items[0][0].cfg, "metric", "accuracy")  # the comparison's --metric (all its runs share it)
         head = sums[0]["headline"]
         head = metric_field(acc_field_of(head) or head, metric)  # a run written with another --metric: this one's
-        row = {"variant": variant, "method": label, "headline": head, "seeds": [r.seed for r, _ in items]}
+        row: dict[str, Any] = {"variant": variant, "method": label, "headline": head,
+                               "seeds": [r.seed for r, _ in items]}
         for k in ACC_KEYS:
             row[k] = _ms([c.get(k) for c in per])
         for k in ACC_KEYS:  # every model's other metrics (silofl.training.metrics)
