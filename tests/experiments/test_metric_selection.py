@@ -75,3 +75,15 @@ def test_compare_rows_and_table_use_the_metric(metric):
     table = markdown_table(rows)
     assert ("private AUROC" in table) == (metric == "auroc") and ("private acc" in table) == (metric == "accuracy")
     assert f"{want:.4f} ± 0.0500" in table
+
+
+@pytest.mark.parametrize("command", [["run", "--dataset", "digits"], ["tune", "--target-epsilon", "3"],
+                                     ["compare", "--methods", "fedavg"]])
+def test_an_unknown_metric_is_one_line(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from silofl.cli.main import app
+
+    r = CliRunner().invoke(app, [*command, "--metric", "logloss", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "unknown metric 'logloss'" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "o").exists()
