@@ -139,6 +139,10 @@ def _headline_of(runs):
     return lambda s: metric_field(acc_field_of(s["headline"]) or s["headline"], metric)
 
 
+def _metric_name(runs) -> str:
+    return metric_label(getattr(runs[0].cfg, "metric", "accuracy")) if runs else "accuracy"
+
+
 def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
     """Accuracy against rounds (mean ± std band), one panel per variant."""
     curves = _curves(runs, results, _headline_of(runs))
@@ -159,7 +163,7 @@ def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
             ax.fill_between(xs, m - sd, m + sd, alpha=0.15)
         ax.set_title(v if len(variants) > 1 else "")
         ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy of the judged model\n(mean ± std over clients and seeds)")
+        ax.set_ylabel(f"test {_metric_name(runs)} of the judged model\n(mean ± std over clients and seeds)")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -196,7 +200,7 @@ def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
         plt.close(fig)
         return None
     ax.set_xlabel(f"ε at δ = {delta:g} (as the rounds go)")
-    ax.set_ylabel("test accuracy of the judged model (mean)")
+    ax.set_ylabel(f"test {_metric_name(runs)} of the judged model (mean)")
     ax.grid(alpha=0.3)
     n = len(ax.get_legend_handles_labels()[0])
     if n > 12:  # many variants × methods: the legend goes beside the axes, in columns
