@@ -1,6 +1,6 @@
 """Equivalence of the simulator and the torch.distributed engine: the same config and seed give identical
-per-client metrics, bytes and privacy accounting for every method, with sites spread unevenly over 3 gloo
-processes on loopback (and through `silofl launch`, with 2)."""
+per-client metrics (AUROC and ECE to floating point: see LOOSE), bytes and privacy accounting for every method, with
+sites spread unevenly over 3 gloo processes on loopback (and through `silofl launch`, with 2)."""
 
 import json
 import subprocess
@@ -36,6 +36,29 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+# The simulator scores models of one architecture in one vectorised pass, a process one model at a time: logits agree
+# to about 1e-6 relative (silofl.training.evaluation), so predictions — accuracy, balanced accuracy, F1 — are equal,
+# while figures of the probabilities may move: AUROC by a near-tied pair swapping ranks (1 / (n1·n0) each), ECE by
+# an example crossing a bin edge (at most 2 / n; 200 test examples here)
+LOOSE = {"auroc": 1e-3, "ece": 2 / 200 + 1e-9}
+
+
+def same(a, b, tol: float = 0.0) -> bool:
+    """``a == b`` — but within ``LOOSE`` for the AUROC and ECE figures (keys ``<role>_auroc``, ``<role>_ece``…)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k], _tol(k, tol)) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y, tol) for x, y in zip(a, b, strict=True))
+    if tol and isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= tol
+    return a == b
+
+
+def _tol(key: str, tol: float) -> float:
+    base = key.removesuffix("_internal")
+    return next((t for sfx, t in LOOSE.items() if base.endswith("_" + sfx)), tol)
+
+
 def test_every_method_gives_the_simulators_numbers_on_three_processes(tmp_path):
     names = list(methods())
     cases = [case(m, tmp_path / "dist" / m) for m in names]
@@ -47,9 +70,9 @@ def test_every_method_gives_the_simulators_numbers_on_three_processes(tmp_path):
         sim = simulate(RunConfig.from_dict({**c, "out": str(tmp_path / "sim" / m)}), progress=False)
         dist = json.loads((tmp_path / "dist" / m / "summary.json").read_text())
         assert dist["processes"] == 3 and dist["engine"]["name"] == "torch.distributed", m
-        assert records(tmp_path / "dist" / m) == records(tmp_path / "sim" / m), m  # accuracy, ε, bytes per round
+        assert same(records(tmp_path / "dist" / m), records(tmp_path / "sim" / m)), m  # accuracy, ε, bytes per round
         for key in ("final", "bytes", "accounting", "left", "rejected_messages"):
-            assert dist[key] == sim[key], (m, key)
+            assert same(dist[key], sim[key]), (m, key)
         assert dist.get("server_rounds") == sim.get("server_rounds"), m
         assert sorted(dist["models"]) == sorted(sim["models"]), m
 

@@ -135,6 +135,9 @@ def run(
     features: str | None = typer.Option(None, "--features", help="Site-side feature stage before the models: none | "
                                         "scatter (kymatio ScatterNet + GroupNorm; --set scatter_j=J) | backbone:DIR (a "
                                         "frozen network trained on declared-public data). No budget: see docs/threat_model.md."),
+    metric: str | None = typer.Option(None, "--metric", help="The headline figure of the summary and --vs-alone: "
+                                      "accuracy (default) | auroc | balanced_accuracy | f1 | ece. All are computed and "
+                                      "written to metrics.jsonl and summary.json."),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.run.config import RunConfig, load_yaml_mapping
@@ -357,11 +360,15 @@ def _number_list(text: str, flag: str) -> list[float]:
 def print_summary(summary: dict) -> None:
     """Print a run's final per-client table, what its ε means, and its timing."""
     from silofl.fl.registry import ACC_FIELDS as ACC_KEYS
+    from silofl.training.metrics import higher_is_better, metric_field
 
     priv = summary["privacy"]
     fin = summary["final"]
     rows = fin["per_client"]
     acc_keys = [k for k in ACC_KEYS if k in fin]
+    metric = summary.get("metric", "accuracy")
+    if metric != "accuracy":  # the headline metric of every model next to its accuracy
+        acc_keys += [metric_field(k, metric) for k in ACC_KEYS if metric_field(k, metric) in fin]
     arch_keys = [k for k in ("private_model", "proxy_model", "global_model") if any(k in r for r in rows)]
     t = Table(title=f"{summary['method']} · {summary['dataset']} · {summary['rounds_run']} rounds")
     any_left = bool(summary["left"])
@@ -374,6 +381,10 @@ def print_summary(summary: dict) -> None:
     t.add_row("mean±std", *([""] * len(arch_keys)), *(_ms(fin[k], 3) for k in acc_keys), _ms(fin["epsilon"], 2),
               *(("",) if any_left else ()))
     console.print(t)
+    if metric != "accuracy" and summary.get("headline") in fin:
+        console.print(f"judged by {summary['headline'].replace('_', ' ')} (--metric {metric}"
+                      f"{', lower is better' if not higher_is_better(metric) else ''}): "
+                      f"{_ms(fin[summary['headline']], 4)}")
     if priv["mode"] == "off":
         console.print("privacy: [bold]off[/] — no differential privacy.")
     else:
@@ -423,6 +434,8 @@ def tune(
                                           "at most 0.1% of δ."),
     features: str | None = typer.Option(None, "--features", help="none | scatter | backbone:DIR for every trial (see "
                                         "silofl run; search it with --grid features=none,scatter)."),
+    metric: str | None = typer.Option(None, "--metric", help="Select on this validation figure: accuracy (default) | "
+                                      "auroc | balanced_accuracy | f1 | ece (lowest wins)."),
 ):
     """Search settings for a budget on the validation split (training data no client holds, as public data) —
     never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""
@@ -439,7 +452,8 @@ def tune(
     base = load_yaml_mapping(config) if config else {}
     cfg = RunConfig.from_dict(_over_config(base, {**_parse_sets(set_), "method": method,
                                                   "target_epsilon": target_epsilon, "eval_split": "validation",
-                                                  **({"features": features} if features is not None else {})}))
+                                                  **({"features": features} if features is not None else {}),
+                                                  **({"metric": metric} if metric is not None else {})}))
     result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console, random_trials=count,
                       max_trials=max_trials)
     b = result["best"]
@@ -482,6 +496,8 @@ def compare(
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     features: str | None = typer.Option(None, "--features", help="none | scatter | backbone:DIR (see silofl run)."),
+    metric: str | None = typer.Option(None, "--metric", help="The table's figure: accuracy (default) | auroc | "
+                                      "balanced_accuracy | f1 | ece."),
 ):
     """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots)."""
     from silofl.experiments.compare import CompareConfig, run_compare
@@ -502,7 +518,7 @@ def compare(
     run_opts = {"dataset": dataset, "data_dir": data_dir, "rounds": rounds, "clients": clients,
                 "samples_per_client": samples_per_client, "batch_size": batch_size, "privacy": privacy,
                 "private_model": private_model, "proxy_model": proxy_model, "eval_every": eval_every,
-                "test_limit": test_limit, "threads": threads, "features": features}
+                "test_limit": test_limit, "threads": threads, "features": features, "metric": metric}
     run_opts.update(_parse_sets(set_))
     cc.run = {**cc.run, **{k: v for k, v in run_opts.items() if v is not None}}
     report = run_compare(cc, console=console, progress=not quiet)
@@ -522,15 +538,17 @@ def evaluate(
     run_dir: Path = typer.Argument(..., help="A run folder written by `silofl run`."),
     data_dir: str | None = typer.Option(None, "--data-dir"),
 ):
-    """Reload a run's saved models and recompute their test accuracy."""
+    """Reload a run's saved models and recompute their test accuracy (and AUROC, balanced accuracy, F1, ECE)."""
     from silofl.experiments.evaluate import evaluate_run
 
     results = evaluate_run(run_dir, data_dir=data_dir)
     t = Table(title=f"evaluate {run_dir}")
-    for col in ("model", "architecture", "test accuracy", "in summary"):
+    for col in ("model", "architecture", "test accuracy", "in summary", "AUROC", "balanced acc", "F1", "ECE"):
         t.add_column(col, justify="right")
     for r in results:
-        t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]))
+        m = r.get("metrics", {})
+        t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]),
+                  *(_f(m.get(k)) for k in ("auroc", "balanced_accuracy", "f1", "ece")))
     console.print(t)
     (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
 

@@ -92,7 +92,7 @@ class InProcessEngine(Engine):
     Messages are still real wire bytes, so sizes and validation are real. Evaluation of sites that hold
     the same model (a broadcast global model) is shared through one cache per ``evaluate`` call, and with
     ``batch_eval`` (the default) every model the sites will score on a shared test set is scored first in one
-    vectorised pass per architecture (:func:`silofl.training.evaluation.accuracies`); each site then finds its
+    vectorised pass per architecture (:func:`silofl.training.evaluation.all_scores`); each site then finds its
     scores in the cache.
     """
 
@@ -105,7 +105,7 @@ class InProcessEngine(Engine):
 
     def _prescore(self, requests: dict[int, Message], cache: dict) -> None:
         """Score every model the requested sites will score on a shared test set, one pass per architecture."""
-        from silofl.training.evaluation import accuracies
+        from silofl.training.evaluation import all_scores
 
         by_test: dict[int, tuple] = {}
         for k, req in requests.items():
@@ -121,8 +121,10 @@ class InProcessEngine(Engine):
         for xid, (x, y, keyed) in by_test.items():
             if len(keyed) < 2:
                 continue
-            scores = accuracies(list(keyed.values()), x, y)
-            cache.setdefault(("test set", xid), {}).update(zip(keyed, scores, strict=True))
+            scores = all_scores(list(keyed.values()), x, y)  # every metric from one pass (silofl.training.metrics)
+            held = cache.setdefault(("test set", xid), {})
+            held.update(zip(keyed, (s["acc"] for s in scores), strict=True))  # accuracies, as before
+            held.update({("scores", key): s for key, s in zip(keyed, scores, strict=True)})
 
     def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
         """As :meth:`Engine.call`; a batch (:mod:`silofl.comm.batch`) runs as its parts, right-aligned across the

@@ -191,7 +191,7 @@ class PlannedRun:
             return False
         want = self.cfg.to_flat()
         # the thread count does not change results; the folder is the one checked, however OUT was spelled
-        ignore = {"threads": None, "out": None}
+        ignore = {"threads": None, "out": None, "metric": None}  # every metric is in a finished run: any may headline
         return {**have, **ignore} == {**want, **ignore}
 
 
@@ -291,8 +291,8 @@ def _report_one(console, r: PlannedRun, res: dict) -> None:
         log.error("run %s failed:\n%s", r.rid, res.get("traceback", res["error"]))
     else:
         s = res["summary"]
-        h = s["final"][s["headline"]]["mean"]
-        _say(console, f"done {r.rid}: {s['headline']} {h:.4f}, {s['wall_time_s']:.0f} s")
+        h = s["final"].get(s["headline"], {}).get("mean")
+        _say(console, f"done {r.rid}: {s['headline']} {'—' if h is None else f'{h:.4f}'}, {s['wall_time_s']:.0f} s")
 
 
 def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> list[dict]:

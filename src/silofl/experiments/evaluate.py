@@ -11,11 +11,12 @@ from silofl.core.errors import ConfigError
 from silofl.models import load_model
 from silofl.run.config import RunConfig
 from silofl.run.data import prepare_data
-from silofl.training import accuracy
+from silofl.training.evaluation import scores
 
 
 def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: str | None = None) -> list[dict]:
-    """Each saved model's accuracy on the run's own test set, next to the figure summary.json recorded.
+    """Each saved model's accuracy on the run's own test set, next to the figure summary.json recorded, and its
+    other metrics (``metrics``: AUROC, balanced accuracy, F1, ECE of the same pass).
     ``eval_split``: score on this split instead of the one the run evaluated on (e.g. ``test`` for a tuning trial
     that was scored on the validation split)."""
     run_dir = Path(run_dir)
@@ -50,6 +51,7 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: s
         if tuple(spec.input_shape) != split.input_shape:  # after the run's feature stage, the features' shape
             raise ConfigError(f"{spec_file.name} expects inputs {spec.input_shape}, the data has {split.input_shape}")
         xk, yk = split.external[k] if split.external and k < len(split.external) else (x, y)  # the site's own view
+        figures = scores(model, xk, yk)  # accuracy and the other metrics of one pass (silofl.training.metrics)
         results.append({"model": spec_file.stem, "architecture": spec.name,
-                        "accuracy": accuracy(model, xk, yk), "recorded": recorded.get(spec_file.stem)})
+                        "accuracy": figures["acc"], "recorded": recorded.get(spec_file.stem), "metrics": figures})
     return results

@@ -4,7 +4,9 @@ Every trial is a budget-first run (σ set from ``--target-epsilon`` and the tria
 scored on the **validation split** (``eval_split: validation``): training examples of the pooled data set that no
 client holds, standing for public data of the same kind. The test split is never read by a trial. The trial with
 the best mean headline accuracy (the method's own: ``private_acc`` for ProxyFL, ``global_acc`` for FedAvg, …) is
-written to ``OUT/best.yaml`` with ``eval_split: test``, ready for one final run.
+written to ``OUT/best.yaml`` with ``eval_split: test``, ready for one final run. With ``metric`` (``--metric auroc``
+| ``balanced_accuracy`` | ``f1`` | ``ece``) the same model is scored by that metric instead (``private_auroc`` …;
+for ECE the lowest wins); every trial computes every metric from the same validation pass.
 
 What tuning costs. Validation data being public does not make tuning free: every trial trains on the clients'
 private data, and picking the best one is a function of all of them. ``tune.json`` states the tuning-inclusive
@@ -50,6 +52,7 @@ from silofl.core.errors import ConfigError
 from silofl.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, epsilon_of, rdp_curve
 from silofl.privacy.tuning import SOURCE, TrialCount, parse_trial_count, repeat_and_select_epsilon
 from silofl.run.config import RunConfig
+from silofl.training.metrics import higher_is_better, metric_field
 
 AUTO_CAP_TAIL = 1e-3  # the default cap on K spends at most this share of δ (see default_cap)
 STRING_AXES = ("features",)  # grid values kept as the strings given (not YAML: `off` is no boolean here)
@@ -123,7 +126,8 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
     else:
         count = parse_trial_count(random_trials) if isinstance(random_trials, str) else random_trials
         picks, random_part = _draw_random_trials(base, combos, count, max_trials)
-    headline = base.info.headline
+    metric = getattr(base, "metric", "accuracy")  # --metric: the validation figure trials are selected on
+    headline = metric_field(base.info.headline, metric)
     score_field = random_part["selection"] if random_part else headline
     rows, summaries = [], []
     for i, idx in enumerate(picks):
@@ -137,10 +141,12 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
         row, s = _run_trial(cfg, i, combo, score_field, progress, console)
         rows.append(row)
         summaries.append(s)
-    best = max(rows, key=lambda r: -1.0 if r["validation"] is None else r["validation"]) if rows else None
+    sign = 1.0 if higher_is_better(metric) else -1.0  # ECE: the lowest wins
+    best = max(rows, key=lambda r: -math.inf if r["validation"] is None else sign * r["validation"]) if rows else None
     cost = tuning_cost(summaries)
     result: dict[str, Any] = {
-        "method": base.method, "headline": headline, "selection": score_field, "target_epsilon": base.target_epsilon,
+        "method": base.method, "headline": headline, "selection": score_field, "metric": metric,
+        "lower_is_better": not higher_is_better(metric), "target_epsilon": base.target_epsilon,
         "grid": grid, "validation_split": rows[0]["test_set"] if rows else None, "data_split_seed": base.data_seed,
         "trials": rows, "best": best, "tuning_cost": cost, "seconds": sum(r["seconds"] for r in rows)}
     if random_part is not None:
@@ -279,7 +285,8 @@ def _draw_random_trials(base: RunConfig, combos: list[dict[str, Any]], count: Tr
     uniforms = _uniforms(base.seed)
     k, truncated = count.draw(uniforms(1)[0], cap)
     picks = [min(int(u * len(combos)), len(combos) - 1) for u in uniforms(k)]
-    selection = "proxy_acc" if cfg.info.traits.mutual_learning else cfg.info.headline
+    selection = metric_field("proxy_acc" if cfg.info.traits.mutual_learning else cfg.info.headline,
+                             getattr(cfg, "metric", "accuracy"))
     return picks, {"count": count, "cap": cap, "k": k, "truncated": truncated, "picks": picks, "curves": curves,
                    "delta": delta, "selection": selection, "formal": cfg.guarantee().formal,
                    "seeded": base.seed is not None, "grid_size": len(combos)}
@@ -327,7 +334,8 @@ def _random_cost(part: dict, summaries: list[dict]) -> dict:
 def markdown(result: dict) -> str:
     """The tuning result as a Markdown table."""
     sel = result.get("selection", result["headline"])
-    lines = [f"# Tuning {result['method']} at ε = {result['target_epsilon']} ({sel} on the validation split)", "",
+    low = " — lowest wins" if result.get("lower_is_better") else ""
+    lines = [f"# Tuning {result['method']} at ε = {result['target_epsilon']} ({sel} on the validation split{low})", "",
              f"Validation split: {result['validation_split']}.", "",
              "| trial | settings | σ | validation | ε (run) |", "|---|---|---|---|---|"]
     for r in result["trials"]:

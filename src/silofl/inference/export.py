@@ -276,10 +276,17 @@ def _evaluation(loaded: LoadedModel, summary: dict | None) -> dict:
     if summary is None:
         return {}
     row: dict = next((r for r in summary["final"]["per_client"] if r["client"] == loaded.client), {})
+    from silofl.training.metrics import METRICS, metric_field
+
     key = f"{loaded.role}_acc"
+    # every metric of the run's last evaluation of this model (silofl.training.metrics); null where not recorded
+    metrics = {m: row.get(metric_field(key, m)) for m in METRICS}
+    metrics_internal = {m: row.get(metric_field(key, m) + "_internal") for m in METRICS}
     return {"test_set": summary.get("test_set"), "accuracy_external": row.get(key),
             "accuracy_internal": row.get(f"{key}_internal"), "round": row.get("round"),
-            "internal_test_set": "the site's own held-out rows" if row.get(f"{key}_internal") is not None else None}
+            "internal_test_set": "the site's own held-out rows" if row.get(f"{key}_internal") is not None else None,
+            "metrics_external": metrics, "metrics_internal": metrics_internal,
+            "headline_metric": summary.get("metric", "accuracy")}
 
 
 def card_markdown(card: dict) -> str:
@@ -321,6 +328,12 @@ def card_markdown(card: dict) -> str:
         lines += [f"- accuracy on {ev['test_set']}: {_fmt(ev['accuracy_external'])}",
                   f"- accuracy on the site's own held-out rows: {_fmt(ev['accuracy_internal'])}",
                   f"- after round {ev['round']}"]
+        for where, ms in (("on " + str(ev["test_set"]), ev.get("metrics_external")),
+                          ("on the site's own held-out rows", ev.get("metrics_internal"))):
+            if ms and any(v is not None for k, v in ms.items() if k != "accuracy"):
+                lines.append(f"- {where}: AUROC {_fmt(ms.get('auroc'))}, balanced accuracy "
+                             f"{_fmt(ms.get('balanced_accuracy'))}, F1 (macro) {_fmt(ms.get('f1'))}, ECE (15 bins) "
+                             f"{_fmt(ms.get('ece'))}")
     else:
         lines.append("- no evaluation recorded (no summary.json next to the models)")
     if card.get("run"):

@@ -13,6 +13,7 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -22,6 +23,7 @@ import numpy as np  # noqa: E402
 
 from silofl.report.plots import ACC_KEYS  # noqa: E402
 from silofl.run.folder import clean_json, mean_std, values_by_round  # noqa: E402
+from silofl.training.metrics import METRICS, acc_field_of, higher_is_better, metric_field, metric_label  # noqa: E402
 
 
 def _ms(vals: list[float]) -> dict:
@@ -44,10 +46,19 @@ def summarize(runs, results) -> tuple[list[dict], list[dict]]:
     for (variant, label), items in groups.items():
         sums = [s for _, s in items]
         per = [c for s in sums for c in s["final"]["per_client"]]
-        row = {"variant": variant, "method": label, "headline": sums[0]["headline"], "seeds": [r.seed for r, _ in items]}
+        metric = getattr(items[0][0].cfg, "metric", "accuracy")  # the comparison's --metric (all its runs share it)
+        head = sums[0]["headline"]
+        head = metric_field(acc_field_of(head) or head, metric)  # a run written with another --metric: this one's
+        row: dict[str, Any] = {"variant": variant, "method": label, "headline": head,
+                               "seeds": [r.seed for r, _ in items]}
         for k in ACC_KEYS:
             row[k] = _ms([c.get(k) for c in per])
-        row["headline_acc"] = row[sums[0]["headline"]]
+        for k in ACC_KEYS:  # every model's other metrics (silofl.training.metrics)
+            for m in METRICS:
+                if m != "accuracy":
+                    row[metric_field(k, m)] = _ms([c.get(metric_field(k, m)) for c in per])
+        row["metric"] = metric
+        row["headline_acc"] = row[head]
         row["epsilon"] = _ms([c.get("epsilon") for c in per])
         for unit in ("hospital", "subclient"):  # client-level DP: both privacy units
             if sums[0]["privacy"].get(f"epsilon_{unit}") is not None:
@@ -78,11 +89,14 @@ def _bytes(n: float) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """The comparison's main table in Markdown."""
+    """The comparison's main table in Markdown (its figures: the rows' --metric, accuracy by default)."""
     show_variant = len({r["variant"] for r in rows}) > 1
+    metric = rows[0].get("metric", "accuracy") if rows else "accuracy"
+    name = "acc" if metric == "accuracy" else metric_label(metric)
+    fields = [metric_field(k, metric) for k in ("private_acc", "proxy_acc", "global_acc")]
     head = (["variant"] if show_variant else []) + [
-        "method", "judged by", "private acc", "proxy acc", "global acc", "ε", "bytes / client", "bytes total",
-        "wall s", "rounds", "seeds"]
+        "method", "judged by", f"private {name}", f"proxy {name}", f"global {name}", "ε", "bytes / client",
+        "bytes total", "wall s", "rounds", "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r["epsilon"]["mean"] is None:
@@ -92,11 +106,19 @@ def markdown_table(rows: list[dict]) -> str:
             if "epsilon_hospital" in r:
                 eps = f"{r['epsilon_hospital']['mean']:.2f} hospital / {r['epsilon_subclient']['mean']:.2f} sub-client"
         cells = ([r["variant"]] if show_variant else []) + [
-            r["method"], r["headline"].removesuffix("_acc"), _fmt(r["private_acc"]), _fmt(r["proxy_acc"]),
-            _fmt(r["global_acc"]), eps, _bytes(r["bytes_per_client"]), _bytes(r["bytes_total"]),
+            r["method"], r["headline"].removesuffix("_" + METRICS[metric]), _fmt(r[fields[0]]), _fmt(r[fields[1]]),
+            _fmt(r[fields[2]]), eps, _bytes(r["bytes_per_client"]), _bytes(r["bytes_total"]),
             f"{r['wall_time_s']['mean']:.0f}", str(r["rounds"]), ",".join(map(str, r["seeds"]))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _figures_note(rows: list[dict]) -> str:
+    metric = rows[0].get("metric", "accuracy") if rows else "accuracy"
+    if metric == "accuracy":
+        return "Accuracies"
+    return (f"Figures: {metric_label(metric)} on the test set ({'lower' if not higher_is_better(metric) else 'higher'} is "
+            "better; results.json holds every metric)")
 
 
 def _curves(runs, results, key_of) -> dict:
@@ -111,9 +133,19 @@ def _curves(runs, results, key_of) -> dict:
     return out
 
 
+def _headline_of(runs):
+    """summary ↦ the field the comparison is judged by: the method's judged model scored by the runs' --metric."""
+    metric = getattr(runs[0].cfg, "metric", "accuracy") if runs else "accuracy"
+    return lambda s: metric_field(acc_field_of(s["headline"]) or s["headline"], metric)
+
+
+def _metric_name(runs) -> str:
+    return metric_label(getattr(runs[0].cfg, "metric", "accuracy")) if runs else "accuracy"
+
+
 def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
     """Accuracy against rounds (mean ± std band), one panel per variant."""
-    curves = _curves(runs, results, lambda s: s["headline"])
+    curves = _curves(runs, results, _headline_of(runs))
     variants = list(dict.fromkeys(r.variant for r in runs))
     cols = min(4, len(variants))
     nrows = -(-len(variants) // cols)
@@ -131,7 +163,7 @@ def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
             ax.fill_between(xs, m - sd, m + sd, alpha=0.15)
         ax.set_title(v if len(variants) > 1 else "")
         ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy of the judged model\n(mean ± std over clients and seeds)")
+        ax.set_ylabel(f"test {_metric_name(runs)} of the judged model\n(mean ± std over clients and seeds)")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -145,7 +177,7 @@ def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
 
 def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
     """Accuracy against ε as the rounds go, one line per (variant, method); None if no DP run."""
-    acc = _curves(runs, results, lambda s: s["headline"])
+    acc = _curves(runs, results, _headline_of(runs))
     eps = _curves(runs, results, lambda s: "epsilon")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
@@ -168,7 +200,7 @@ def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
         plt.close(fig)
         return None
     ax.set_xlabel(f"ε at δ = {delta:g} (as the rounds go)")
-    ax.set_ylabel("test accuracy of the judged model (mean)")
+    ax.set_ylabel(f"test {_metric_name(runs)} of the judged model (mean)")
     ax.grid(alpha=0.3)
     n = len(ax.get_legend_handles_labels()[0])
     if n > 12:  # many variants × methods: the legend goes beside the axes, in columns
@@ -221,17 +253,19 @@ def write_report(out: Path, runs, results, comm, cc) -> dict:
         w = csv.writer(f)
         w.writerow(["variant", "method", "headline", "headline_mean", "headline_std", "private_mean", "private_std",
                     "proxy_mean", "proxy_std", "global_mean", "global_std", "epsilon", "delta", "formal_guarantee",
-                    "bytes_per_client", "bytes_total", "wall_time_s", "rounds", "seeds"])
+                    "bytes_per_client", "bytes_total", "wall_time_s", "rounds", "seeds", "metric"])
         for r in rows:
+            m = r.get("metric", "accuracy")  # private/proxy/global columns: the comparison's metric
+            pv, px, gl = (r[metric_field(k, m)] for k in ("private_acc", "proxy_acc", "global_acc"))
             w.writerow([r["variant"], r["method"], r["headline"], r["headline_acc"]["mean"], r["headline_acc"]["std"],
-                        r["private_acc"]["mean"], r["private_acc"]["std"], r["proxy_acc"]["mean"], r["proxy_acc"]["std"],
-                        r["global_acc"]["mean"], r["global_acc"]["std"], r["epsilon"]["mean"], r["delta"],
+                        pv["mean"], pv["std"], px["mean"], px["std"],
+                        gl["mean"], gl["std"], r["epsilon"]["mean"], r["delta"],
                         r["formal_guarantee"], r["bytes_per_client"], r["bytes_total"], r["wall_time_s"]["mean"],
-                        r["rounds"], " ".join(map(str, r["seeds"]))])
+                        r["rounds"], " ".join(map(str, r["seeds"])), m])
     md = ["# silofl compare report", ""]
     if rows:
         md += [markdown_table(rows), "",
-               "Accuracies: mean ± std over every client's final value in every seed. ε: final, at δ = "
+               f"{_figures_note(rows)}: mean ± std over every client's final value in every seed. ε: final, at δ = "
                f"{next((r['delta'] for r in rows if r['delta']), 0):g}, from the runs' accountants; † = not a formal "
                "guarantee (paper privacy mode). Bytes: measured on the serialized messages."
                + (" Every run is a seeded research run (reproducible): its ε holds only while the seed stays secret."

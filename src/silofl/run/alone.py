@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from silofl.run.config import RunConfig
+from silofl.training.metrics import METRICS, higher_is_better, metric_field, metric_label
 
 # what going alone does not take from the run: its method, privacy mechanism, combination, output and reporting.
 # Everything else — the data set and its sources, schema, split, sizes, features, evaluation — is copied, so the
@@ -34,21 +35,27 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None) -> dict:
     """Run the go-it-alone baseline into ``OUT/alone`` and add the comparison to ``OUT/summary.json``."""
     from silofl.run.loop import run
 
+    metric = getattr(cfg, "metric", "accuracy")
+    suffix = "_" + METRICS[metric]  # the figures compared: --metric's (accuracy by default)
     alone = run(alone_config(cfg, summary.get("data_split_seed")), progress=False)
-    base = alone["final"]["private_acc"]["mean"]
+    base = alone["final"][metric_field("private_acc", metric)]["mean"]
     fin = summary["final"]
-    mine = {k: fin[k]["mean"] for k in fin if k.endswith("_acc") and isinstance(fin[k], dict) and
+    mine = {k: fin[k]["mean"] for k in fin if k.endswith(suffix) and isinstance(fin[k], dict) and
             fin[k].get("mean") is not None}
     eps = fin["epsilon"]["mean"]
-    result = {"alone_private_acc": base, "alone_run": str(Path(cfg.out) / "alone"), "this_run": mine,
-              "difference": {k: v - base for k, v in mine.items()}, "epsilon": eps,
+    result = {f"alone_{metric_field('private_acc', metric)}": base, "alone_run": str(Path(cfg.out) / "alone"),
+              "this_run": mine, "difference": {k: v - base for k, v in mine.items()} if base is not None else {},
+              "epsilon": eps, "metric": metric,
+              "alone": {k: v["mean"] for k, v in alone["final"].items() if k.startswith("private_") and
+                        isinstance(v, dict) and not k.endswith("_internal")},
               "note": "training alone: Regular without DP on the same split, examples, rounds, features and architecture"}
     path = Path(cfg.out) / "summary.json"
     data = json.loads(path.read_text())
     data["vs_alone"] = result
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    if console is not None:
-        parts = ", ".join(f"{k.removesuffix('_acc')} {v:.3f} ({v - base:+.3f})" for k, v in mine.items())
+    if console is not None and base is not None:
+        parts = ", ".join(f"{k.removesuffix(suffix)} {v:.3f} ({v - base:+.3f})" for k, v in mine.items())
         eps_txt = f" at ε = {eps:.2f}" if eps is not None else ""
-        console.print(f"[bold]vs training alone[/] (Regular, no DP, same split and rounds: {base:.3f}): {parts}{eps_txt}")
+        what = "" if metric == "accuracy" else f", {metric_label(metric)}{'' if higher_is_better(metric) else ', lower is better'}"
+        console.print(f"[bold]vs training alone[/] (Regular, no DP, same split and rounds{what}: {base:.3f}): {parts}{eps_txt}")
     return result

@@ -29,6 +29,7 @@ from silofl.fl.options import MethodOptions, choice
 from silofl.fl.registry import MethodInfo, method_info, methods
 from silofl.privacy.analysis import ACCOUNTANT_NAMES
 from silofl.privacy.guarantee import PRIVACY_MODES, Guarantee, effective_mode, guarantee
+from silofl.training.metrics import METRICS
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags", "table")
 PARTITIONS = ("p_major", "iid", "dirichlet", "site")
@@ -86,6 +87,9 @@ class RunConfig:
     # examples that no client holds, treated as public data: what `silofl tune` selects on — never the test split)
     eval_split: str = "test"
     validation_size: int = 2000
+    # the headline figure of a run's summary, --vs-alone, compare tables and tune's selection (silofl.training.metrics):
+    # accuracy | auroc | balanced_accuracy | f1 | ece; every one of them is computed and written whatever this is
+    metric: str = "accuracy"
     # whether sites report figures computed from non-private data (the private model's accuracy, un-noised gradient
     # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across processes
     report_nonprivate: bool | None = None
@@ -237,6 +241,7 @@ class RunConfig:
         choice("accountant", self.accountant, ACCOUNTANTS)
         choice("device", self.device, DEVICES)
         choice("eval_split", self.eval_split, EVAL_SPLITS)
+        choice("metric", self.metric, tuple(METRICS))
         self._validate_combine()
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
             raise ConfigError("eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "

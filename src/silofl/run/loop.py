@@ -37,12 +37,13 @@ from silofl.run.config import RunConfig
 from silofl.run.data import prepare_data
 from silofl.run.folder import RunFolder, Stash, check_out, mean_std
 from silofl.site.base import Site
+from silofl.training.metrics import ECE_BINS, METRICS, metric_field
 
 log = logging.getLogger("silofl")
 
 CHECKPOINT_DIR = "checkpoint"
 # options that may differ between a run and its resumption
-RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every")
+RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every", "metric")  # metric: which computed figure is the headline
 EngineFactory = Callable[[Callable[[int], Site], int], Engine]
 SiteMaker = Callable[[int], Site]
 
@@ -360,6 +361,9 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
     info = cfg.info
     sent, received = dict(engine.bytes_sent), dict(engine.bytes_received)
     acc_keys = [k + sfx for sfx in ("", "_internal") for k in ACC_FIELDS if any(k + sfx in r for r in last.values())]
+    # every model's other metrics (silofl.training.metrics), after the accuracies
+    acc_keys += [metric_field(k, m) + sfx for sfx in ("", "_internal") for k in ACC_FIELDS for m in METRICS
+                 if m != "accuracy" and any(metric_field(k, m) + sfx in r for r in last.values())]
     per_client = [
         {"client": k, **{f"{role}_model": arch for role, arch in f["architectures"].items()},
          "round": last.get(k, {}).get("round"), **{key: last.get(k, {}).get(key) for key in acc_keys},
@@ -372,7 +376,9 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
     opts = cfg.options
     summary = {
         "method": cfg.method,
-        "headline": info.headline,
+        "headline": metric_field(info.headline, cfg.metric),  # the method's judged model, scored by --metric
+        "metric": cfg.metric,
+        "metrics": metrics_note(),
         "dataset": cfg.dataset,
         "data_source": split.source,
         "test_set": split.test_set,
@@ -437,6 +443,18 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
         summary["server_rounds"] = history
     summary["models"] = [m for f in reports.values() for m in f["models"]]
     return summary
+
+
+def metrics_note() -> dict:
+    """What summary.json says about its metrics (silofl.training.metrics)."""
+    return {"computed": list(METRICS), "fields": "<role>_acc, <role>_auroc, <role>_balanced_accuracy, <role>_f1, "
+            "<role>_ece (role: private, proxy, global, combined; _internal: on the site's own held-out rows)",
+            "auroc": "binary: AUROC of class 1's probability; more classes: one-vs-rest, macro over the classes present "
+                     "in the test labels (null when fewer than two are present)",
+            "f1": "macro over the classes in the labels or the predictions",
+            "balanced_accuracy": "mean recall over the classes present in the labels",
+            "ece": f"{ECE_BINS} equal-width bins (lo, hi] of the confidence (the largest class probability); lower is "
+                   "better", "privacy": "each figure is labelled and released like the accuracy of the same model"}
 
 
 def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:

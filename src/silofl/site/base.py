@@ -32,6 +32,7 @@ from silofl.core.checkpoint import load_node, save_node
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.models import ModelSpec
 from silofl.privacy.ledger import Ledger
+from silofl.training.metrics import acc_field_of
 
 if TYPE_CHECKING:
     from silofl.site.combine import Combination
@@ -101,7 +102,9 @@ class Site(ABC):
 
     @abstractmethod
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
-        """Accuracy of each of the site's models on (x, y), keyed ``<role>_acc``."""
+        """Accuracy of each of the site's models on (x, y), keyed ``<role>_acc``, and the other classification
+        metrics of the same pass keyed ``<role>_<metric>`` (:mod:`silofl.training.metrics`; see
+        :meth:`cached_scores`)."""
 
     @abstractmethod
     def epsilon(self) -> float | None:
@@ -129,11 +132,31 @@ class Site(ABC):
         return None
 
     def _scores(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
-        """:meth:`evaluate`, plus the combined model's accuracy (``combined_acc``) when the site combines."""
+        """:meth:`evaluate`, plus the combined model's figures (``combined_acc``, ``combined_auroc``, …) when the site
+        combines."""
         out = self.evaluate(x, y, cache)
         if self.combination is not None:
-            out["combined_acc"] = self.combination.accuracy(self, x, y)
+            from silofl.training.metrics import prefixed
+
+            out.update(prefixed("combined_acc", self.combination.scores(self, x, y)))
         return out
+
+    @staticmethod
+    def cached_scores(key: object, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cache: dict | None,
+                      store: bool = True) -> dict:
+        """Every metric of ``model`` on (x, y) (:func:`silofl.training.evaluation.scores`: ``acc``, ``auroc``, …),
+        taken from an engine's evaluation cache when it holds them under ``("scores", key)``; with ``store`` what is
+        computed here is put there too (and its accuracy under ``key``, as :func:`accuracy`'s figure)."""
+        from silofl.training.evaluation import scores
+
+        found = cache.get(("scores", key)) if cache is not None and key is not None else None
+        if found is not None:
+            return found
+        s = scores(model, x, y)
+        if store and cache is not None and key is not None:
+            cache[("scores", key)] = s
+            cache[key] = s["acc"]
+        return s
 
     def extra_metrics(self) -> dict:
         """Method-specific figures reported with every evaluation (e.g. a PushSum weight)."""
@@ -149,7 +172,7 @@ class Site(ABC):
             return figures
         out = {}
         for k, v in figures.items():
-            if self.metric_label(k) == NONPRIVATE:
+            if self.metric_label(acc_field_of(k) or k) == NONPRIVATE:  # a model's AUROC, F1 …: as its accuracy
                 kept[k + suffix] = v
             else:
                 out[k] = v

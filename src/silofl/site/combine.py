@@ -148,6 +148,16 @@ class Combination:
         """The combined model's accuracy on (x, y)."""
         return float((self.logits(site, x).argmax(1) == y).float().mean()) if len(y) else 0.0
 
+    def scores(self, site: Site, x: torch.Tensor, y: torch.Tensor) -> dict:
+        """Every metric of the combined model on (x, y) from one pass (:mod:`silofl.training.metrics`); ``acc`` as
+        :meth:`accuracy` gives it."""
+        from silofl.training.metrics import classification_metrics, finite_or_none
+
+        logits = self.logits(site, x)
+        out: dict = {k: finite_or_none(v) for k, v in classification_metrics(logits, y).items()}
+        out["acc"] = float((logits.argmax(1) == y).float().mean()) if len(y) else 0.0
+        return out
+
     # ------------------------------------------------------------------ saving
     def save(self, site: Site, d: Path) -> list[str]:
         """Write the own model (if trained here) and the combiner under ``d``; the files written (``d.name/…``)."""

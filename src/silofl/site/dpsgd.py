@@ -47,8 +47,9 @@ from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within
 from silofl.privacy.sampling import load_sampler_state, make_sampler, sampler_state
 from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
-from silofl.training import Partner, accuracy, dml_loss, poisson_steps
+from silofl.training import Partner, dml_loss, poisson_steps
 from silofl.training.augment import AugMult
+from silofl.training.metrics import prefixed
 
 log = logging.getLogger("silofl")
 
@@ -336,19 +337,13 @@ class DPSGDSite(Site):
         return out
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
+        """``private_acc`` and ``<shared>_acc`` with the other metrics of the same pass (``private_auroc``, …)."""
         out = {}
         keys = self.eval_models()  # the same keys the engine's batched scoring used
         if self.private is not None:
-            pkey = keys[0][0]
-            out["private_acc"] = cache[pkey] if cache is not None and pkey in cache else accuracy(self.private, x, y)
-        key = keys[-1][0]
-        if cache is not None and key in cache:
-            out[f"{self.shared_field}_acc"] = cache[key]
-        else:
-            acc = accuracy(keys[-1][1], x, y)
-            if cache is not None and key is not None:
-                cache[key] = acc
-            out[f"{self.shared_field}_acc"] = acc
+            out.update(prefixed("private_acc", self.cached_scores(keys[0][0], self.private, x, y, cache, store=False)))
+        key, model = keys[-1]
+        out.update(prefixed(f"{self.shared_field}_acc", self.cached_scores(key, model, x, y, cache)))
         return out
 
     def own_model(self) -> torch.nn.Module | None:

@@ -24,8 +24,8 @@ from silofl.core.randomness import party_seeds
 from silofl.models import ModelSpec
 from silofl.privacy.client_level import clip_update
 from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
-from silofl.training import accuracy
 from silofl.training.local_sgd import flat, local_updates
+from silofl.training.metrics import prefixed
 
 log = logging.getLogger("silofl")
 
@@ -157,12 +157,8 @@ class SubclientSite(Site):
 
     # ------------------------------------------------------------------ reporting
     def evaluate(self, x, y, cache=None) -> dict[str, float]:
-        if cache is not None and self.token is not None and self.token in cache:
-            return {"global_acc": cache[self.token]}
-        acc = accuracy(self.model, x, y)
-        if cache is not None and self.token is not None:
-            cache[self.token] = acc
-        return {"global_acc": acc}
+        """``global_acc`` with the other metrics of the same pass (``global_auroc``, …)."""
+        return prefixed("global_acc", self.cached_scores(self.token, self.model, x, y, cache))
 
     def metric_label(self, key: str) -> str:
         if key in ("subclients", "local_steps"):  # set by the server's privatised v and the public sizes

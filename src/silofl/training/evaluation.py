@@ -12,6 +12,10 @@ predictions equal those of scoring each model alone except where two logits of a
 point rounding (the batched kernels sum in another order: logits agree to about 1e-6 relative); accuracies can
 then differ by such examples only — none in the checks of ``tests/training/test_evaluation.py`` and
 ``bench/eval_round.py``.
+
+:func:`scores` and :func:`all_scores` do the same passes and keep the logits: every classification metric of
+:mod:`silofl.training.metrics` (accuracy — the same figure :func:`accuracy` gives —, AUROC, balanced accuracy, macro
+F1, ECE) comes from that one forward pass per model.
 """
 
 from __future__ import annotations
@@ -165,3 +169,54 @@ def _stacked_accuracies(models: Sequence[nn.Module], x: torch.Tensor, y: torch.T
         correct += (pred == y[i : i + batch_size]).sum(1)
     n = max(1, len(y))
     return [int(c) / n for c in correct]
+
+
+# ------------------------------------------------------------------------------------------------ every metric
+def _metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float | None]:
+    from silofl.training.metrics import classification_metrics, finite_or_none
+
+    return {k: finite_or_none(v) for k, v in classification_metrics(logits, y).items()}
+
+
+@torch.no_grad()
+def scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> dict[str, float | None]:
+    """Every metric of :mod:`silofl.training.metrics` for one model over (x, y), from one pass in batches under
+    no_grad, in eval mode: ``{acc, auroc, balanced_accuracy, f1, ece}`` (None where undefined). ``acc`` equals
+    :func:`accuracy`."""
+    was_training = model.training
+    model.eval()
+    try:
+        if len(y) == 0:
+            return _metrics(torch.zeros(0, 1, device=y.device), y)
+        logits = torch.cat([model(x[i : i + batch_size]) for i in range(0, len(y), batch_size)])
+    finally:
+        model.train(was_training)
+    return _metrics(logits, y)
+
+
+def all_scores(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
+               min_group: int = 2) -> list[dict[str, float | None]]:
+    """:func:`scores` of each model over (x, y), grouped and vectorised as :func:`accuracies` does (its ``acc``
+    values are :func:`accuracies`' figures)."""
+    out: list[dict | None] = [None] * len(models)
+    groups: dict[tuple, list[int]] = {}
+    for i, m in enumerate(models):
+        groups.setdefault(signature(m), []).append(i)
+    for idx in groups.values():
+        ms = [models[i] for i in idx]
+        if len(ms) < min_group or _has_mode_dependent_layers(ms[0]) or len(y) == 0:
+            for i in idx:
+                out[i] = scores(models[i], x, y, batch_size)
+            continue
+        for i, s in zip(idx, _stacked_scores(ms, x, y, batch_size), strict=True):
+            out[i] = s
+    return [s for s in out if s is not None]
+
+
+@torch.inference_mode()
+def _stacked_scores(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int
+                    ) -> list[dict[str, float | None]]:
+    forward = _stacked_forward(models) or _vmap_forward(models)
+    batch_size = _chunk(models, x, batch_size)
+    logits = torch.cat([forward(x[i : i + batch_size]) for i in range(0, len(y), batch_size)], dim=1)  # (K, n, C)
+    return [_metrics(logits[j], y) for j in range(len(models))]
