@@ -223,8 +223,9 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
 
 # ---------------------------------------------------------------------------------------------- the coordinator
 def start_superlink(folder: Path, port: int, insecure: bool = False, poll_s: float = 0.1,
-                    host: str = "127.0.0.1") -> Proc:
-    """The coordinator's SuperLink on ``host:port`` with TLS (folder/pki) and SuperNode authentication."""
+                    host: str = "127.0.0.1", wait: bool = True) -> Proc:
+    """The coordinator's SuperLink on ``host:port`` with TLS (folder/pki) and SuperNode authentication (serving when
+    this returns, unless not ``wait``)."""
     cmd = [flower_bin("flower-superlink"), "--host", host, "--port", str(port), "--isolation", "subprocess",
            "--disable-runtime-dependency-installation"]
     if insecure:
@@ -234,7 +235,8 @@ def start_superlink(folder: Path, port: int, insecure: bool = False, poll_s: flo
         cmd += ["--ssl-ca-certfile", str(pki / "ca.crt"), "--ssl-certfile", str(pki / "server.crt"),
                 "--ssl-keyfile", str(pki / "server.key"), "--enable-supernode-auth"]
     proc = Proc("superlink", cmd, flower_env(folder / "flwr-superlink", poll_s), folder / "logs")
-    proc.wait_for("Uvicorn running", 120)
+    if wait:
+        proc.wait_for("Uvicorn running", 120)
     return proc
 
 
@@ -261,8 +263,41 @@ def flwr(args: list[str], env: dict[str, str], timeout_s: float = 120) -> dict:
 
 
 def register_node(pub: Path, env: dict[str, str]) -> int:
-    """Register a site's node key with the SuperLink (only registered nodes may connect); its node id."""
-    return int(flwr(["supernode", "register", str(pub), FEDERATION], env)["node-id"])
+    """Register a site's node key with the SuperLink (only registered nodes may connect); its node id.
+
+    What ``flwr supernode register`` does, in this process (a CLI process per site cost seconds of imports each);
+    through the CLI on any Flower but the one whose internals :mod:`silofl.deploy.flower_shim` knows."""
+    from silofl.deploy.flower_shim import supported
+
+    if not supported():
+        return int(flwr(["supernode", "register", str(pub), FEDERATION], env)["node-id"])
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.proto.control_pb2 import RegisterNodeRequest
+
+    with _REGISTER_LOCK:
+        old = os.environ.get("FLWR_HOME")
+        os.environ["FLWR_HOME"] = env["FLWR_HOME"]
+        try:
+            client = init_http_client_from_connection(read_superlink_connection(FEDERATION))
+            try:
+                res = client.RegisterNode(RegisterNodeRequest(public_key=try_load_public_key(Path(pub))))
+            finally:
+                client.close()
+        except Exception as e:  # noqa: BLE001 - Flower's errors, as one line
+            raise SiloflError(f"registering {pub} with the SuperLink failed: {e}") from None
+        finally:
+            if old is None:
+                os.environ.pop("FLWR_HOME", None)
+            else:
+                os.environ["FLWR_HOME"] = old
+    if not res.node_id:
+        raise SiloflError(f"the SuperLink did not register {pub}")
+    return int(res.node_id)
+
+
+_REGISTER_LOCK = threading.Lock()
 
 
 def submit(coordinator_json: Path, env: dict[str, str]) -> int:
@@ -350,9 +385,8 @@ class LocalDeployment:
             cards, folders = make_site_folders(cfg, split, dep / "sites")
             port = free_port()
             address = f"127.0.0.1:{port}"
-            self.procs.append(start_superlink(dep, port, insecure, poll_s))
+            self.procs.append(start_superlink(dep, port, insecure, poll_s, wait=False))  # the sites start meanwhile
             self.env = cli_env(dep, address, insecure)
-            node_ids = [register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders]
             site_address = address
             if float(os.environ.get(LATENCY_ENV, "0") or 0) > 0:  # the benchmark's wide-area stand-in
                 self.relay = DelayRelay(("127.0.0.1", port), float(os.environ[LATENCY_ENV]) / 1000)
@@ -363,6 +397,9 @@ class LocalDeployment:
             for k, folder in enumerate(folders):
                 self.procs.append(Proc(f"site{k}", [*cmd, "--site-dir", str(folder)],
                                        {**os.environ, "SILOFL_NO_PROGRESS": "1"}, dep / "logs"))
+            self.procs[0].wait_for("Uvicorn running", 120)
+            # registered while the sites load (a site's SuperNode connecting before its key is registered retries)
+            node_ids = [register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders]
             for p in self.procs[1:]:
                 p.wait_for("SuperNode ID", 180)
             if insecure:  # without node authentication the node ids are learnt from the sites' logs
