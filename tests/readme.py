@@ -5,9 +5,7 @@ A command is one logical line: ``\\``-continued lines joined, ``# comments`` dro
 ``.venv/bin/silofl`` read as ``silofl`` (the same console script). A line that only sets a shell variable
 (``COORD=coord.example.org``) is not a command: :func:`variables` gives those, and a test sets its own value (the
 tests run on one machine, with no name service) — the way a reader sets it for their machines. :func:`argv` gives a
-command's arguments after ``silofl``, with ``$NAME`` expanded from the test's values, host names under
-``example.org`` read as ``localhost`` and the ports a test names changed to free ones (sections without a variable:
-the broker's)."""
+command's arguments after ``silofl``, with ``$NAME`` expanded from the test's values and nothing else changed."""
 
 from __future__ import annotations
 
@@ -82,16 +80,13 @@ def commands(title: str, text: str | None = None) -> list[str]:
     return out
 
 
-def argv(command: str, ports: dict[int, int] | None = None, env: dict[str, str] | None = None) -> list[str]:
-    """A command's arguments after ``silofl``: ``$NAME`` / ``${NAME}`` expanded from ``env`` (a name it lacks is an
-    error), example.org hosts → localhost and README ports → ``ports``."""
+def argv(command: str, env: dict[str, str] | None = None) -> list[str]:
+    """A command's arguments after ``silofl``, ``$NAME`` / ``${NAME}`` expanded from ``env`` (a name it lacks is an
+    error)."""
     tokens = shlex.split(command)
     assert tokens[0] == "silofl", command
     out = []
     for t in tokens[1:]:
         t = re.sub(r"\$(?:\{(\w+)\}|(\w+))", lambda m: (env or {})[m.group(1) or m.group(2)], t)
-        t = re.sub(r"\b[\w.-]+\.example\.org\b", "localhost", t)
-        for old, new in (ports or {}).items():
-            t = re.sub(rf"(?<=:){old}\b|^{old}$", str(new), t)
         out.append(t)
     return out

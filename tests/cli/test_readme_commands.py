@@ -58,7 +58,7 @@ def appended(args: list[str]) -> list[str]:
 DEPLOY_AS_WRITTEN = {("deploy", "certs"), ("deploy", "superlink"), ("site", "init"), ("site", "pin"),
                      ("deploy", "register"), ("site", "run"), ("deploy", "start"), ("deploy", "local")}
 # the shell variables a section may set, and the test that sets them for this machine
-VARIABLES = {DEPLOY: {"COORD"}}
+VARIABLES = {DEPLOY: {"COORD"}, PUBSUB: {"BROKER"}}
 
 
 def runner(command: str) -> str:
@@ -91,8 +91,8 @@ def test_the_extraction_joins_continued_lines_and_drops_comments():
     text = ("## S\n\n```bash\n.venv/bin/silofl run --a 1 \\\n  --b 'x|y'   # a comment\n# only a comment\n"
             "silofl list\n```\n\n## T\n```bash\nsilofl other\n```\n")
     assert readme.commands("S", text) == ["silofl run --a 1 --b 'x|y'", "silofl list"]
-    assert readme.argv("silofl x --broker https://broker.example.org:8443 --port 8443", {8443: 9}) == [
-        "x", "--broker", "https://localhost:9", "--port", "9"]
+    assert readme.argv("silofl x --broker https://broker.example.org:8443 --port 8443") == [
+        "x", "--broker", "https://broker.example.org:8443", "--port", "8443"]  # as written
     text = "## V\n\n```bash\nCOORD=coord.example.org   # a host\nsilofl a --superlink \"$COORD:9092\" --host ${COORD}\n```\n"
     assert readme.variables("V", text) == {"COORD": "coord.example.org"}
     (c,) = readme.commands("V", text)
@@ -174,16 +174,22 @@ def _breast_cancer_files(cwd: Path) -> None:
                                                       "features": feats}))
 
 
-def _free_port() -> int:
+BROKER_PORT = 8443  # the README's, as written
+
+
+def _port_is_free(port: int) -> None:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            pytest.fail(f"port {port}, the README's broker port, is busy on this machine")
 
 
 @pytest.mark.slow
 def test_the_readme_pubsub_commands_as_written(tmp_path):
     """The PubSub-ML section: the folder broker's commands, then the service's (a test CA, `pubsub serve` in the
-    background, enroll and register each site the commands name — a and s — publish, subscribe, customize, list)."""
+    background, enroll and register each site the commands name — a and s — publish, subscribe, customize, list).
+    The README names the broker's host `$BROKER` (set on every machine); here every machine is this one: localhost."""
     _breast_cancer_files(tmp_path)
     env = {**ENV, "SILOFL_HOME": str(tmp_path / "home")}
     cmds = readme.commands(PUBSUB)
@@ -195,13 +201,16 @@ def test_the_readme_pubsub_commands_as_written(tmp_path):
     assert len(rep["selected"]) == 2
     shutil.rmtree(tmp_path / "runs")  # the service's publishers and subscriber start afresh, in their own home
     env = {**ENV, "SILOFL_HOME": str(tmp_path / "home2")}
-    ports = {8443: _free_port()}
-    sites = sorted({readme.argv(c)[readme.argv(c).index("--site") + 1] for c in cmds[service_at:] if "--site" in c})
+    _port_is_free(BROKER_PORT)
+    variables = {"BROKER": "localhost"}
+    assert readme.variables(PUBSUB).keys() == variables.keys()
+    named = [readme.argv(c, env=variables) for c in cmds[service_at:]]
+    sites = sorted({a[a.index("--site") + 1] for a in named if "--site" in a})
     assert sites == ["a", "s"]
     procs = []
     try:
         for c in cmds[service_at:]:
-            args, kind = readme.argv(c, ports), runner(c)
+            args, kind = readme.argv(c, env=variables), runner(c)
             if kind == "serve":
                 procs.append(subprocess.Popen([sys.executable, "-m", "silofl.cli.main", *args], cwd=tmp_path, env=env,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
