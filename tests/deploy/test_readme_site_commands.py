@@ -75,6 +75,7 @@ def test_the_readme_deployment_commands_as_written(tmp_path):
     cmds = {tuple(c.split()[1:3]): readme.argv(c, env=VARIABLES) for c in readme.commands(DEPLOY)}
     assert list(cmds) == [("deploy", "certs"), ("deploy", "superlink"), ("site", "init"), ("site", "pin"),
                           ("deploy", "register"), ("site", "run"), ("deploy", "start"), ("deploy", "local")]
+    assert len(cmds) == len(readme.commands(DEPLOY)), "one command of each kind (the test runs each once)"
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-m", "silofl.cli.main"]
     procs: list[tuple[subprocess.Popen, int]] = []
