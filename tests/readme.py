@@ -2,9 +2,10 @@
 the README shows and a changed or added command cannot go untested (issue 25, item 7).
 
 A command is one logical line: ``\\``-continued lines joined, ``# comments`` dropped (shell rules, quotes kept), and
-``.venv/bin/silofl`` read as ``silofl`` (the same console script). :func:`argv` gives its arguments after ``silofl``
-with the only rewrites the tests make: host names under ``example.org`` become ``localhost`` and the ports the README
-names become free ones (the tests run on one machine, with no name service)."""
+``.venv/bin/silofl`` read as ``silofl`` (the same console script). A line that only sets a shell variable
+(``COORD=coord.example.org``) is not a command: :func:`variables` gives those, and a test sets its own value (the
+tests run on one machine, with no name service) — the way a reader sets it for their machines. :func:`argv` gives a
+command's arguments after ``silofl``, with ``$NAME`` expanded from the test's values and nothing else changed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SECTIONS = {
     "PubSub-ML: publish DP models, subscribe by features, customize": "tests/cli/test_readme_commands.py (pubsub)",
     "A site's own data: tables and per-site folders": "tests/cli/test_readme_commands.py (tables, predict)",
     "Using the model: `silofl predict` and `silofl export`": "tests/cli/test_readme_commands.py (tables, predict)",
-    "Deploying between institutions": "tests/deploy/test_readme_site_commands.py; test_deploy_local.py (another form)",
+    "Deploying between institutions": "tests/deploy/test_readme_site_commands.py",
 }
 
 
@@ -46,29 +47,46 @@ def section(title: str, text: str | None = None) -> str:
     return "\n".join(lines[start:])
 
 
-def commands(title: str, text: str | None = None) -> list[str]:
-    """Every command of the section's ``bash`` blocks, in order, as one normalised line each."""
+ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", flags=re.S)
+
+
+def _lines(title: str, text: str | None) -> list[list[str]]:
+    """The tokens of every non-empty line of the section's ``bash`` blocks (continued lines joined, comments dropped)."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", section(title, text), flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
             tokens = shlex.split(line, comments=True)
-            if not tokens:
-                continue
-            if tokens[0] == ".venv/bin/silofl":
-                tokens[0] = "silofl"
-            out.append(shlex.join(tokens))
+            if tokens:
+                out.append(tokens)
     return out
 
 
-def argv(command: str, ports: dict[int, int] | None = None) -> list[str]:
-    """A command's arguments after ``silofl``, with example.org hosts → localhost and README ports → ``ports``."""
+def variables(title: str, text: str | None = None) -> dict[str, str]:
+    """The shell variables the section's ``bash`` blocks set (``NAME=value`` lines), with the README's values."""
+    return {m.group(1): m.group(2) for t in _lines(title, text) if len(t) == 1 and (m := ASSIGNMENT.fullmatch(t[0]))}
+
+
+def commands(title: str, text: str | None = None) -> list[str]:
+    """Every command of the section's ``bash`` blocks, in order, as one normalised line each (variable settings
+    are not commands: :func:`variables`)."""
+    out = []
+    for tokens in _lines(title, text):
+        if len(tokens) == 1 and ASSIGNMENT.fullmatch(tokens[0]):
+            continue
+        if tokens[0] == ".venv/bin/silofl":
+            tokens[0] = "silofl"
+        out.append(shlex.join(tokens))
+    return out
+
+
+def argv(command: str, env: dict[str, str] | None = None) -> list[str]:
+    """A command's arguments after ``silofl``, ``$NAME`` / ``${NAME}`` expanded from ``env`` (a name it lacks is an
+    error)."""
     tokens = shlex.split(command)
     assert tokens[0] == "silofl", command
     out = []
     for t in tokens[1:]:
-        t = re.sub(r"\b[\w.-]+\.example\.org\b", "localhost", t)
-        for old, new in (ports or {}).items():
-            t = re.sub(rf"(?<=:){old}\b|^{old}$", str(new), t)
+        t = re.sub(r"\$(?:\{(\w+)\}|(\w+))", lambda m: (env or {})[m.group(1) or m.group(2)], t)
         out.append(t)
     return out

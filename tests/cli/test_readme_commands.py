@@ -1,6 +1,6 @@
 """Every command of the README's tables, predict/export and PubSub-ML (broker) sections runs as written, read from
 README.md (tests/readme.py), with the files it names generated for the test in its working folder; the
-between-institutions section runs in tests/deploy/test_deploy_local.py (readme_commands). A command added to these
+between-institutions section runs in tests/deploy/test_readme_site_commands.py. A command added to these
 sections without a way to run it fails test_every_readme_command_has_a_runner at once."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -52,17 +53,16 @@ def appended(args: list[str]) -> list[str]:
     return args
 
 
-# the between-institutions section: run as written by tests/deploy/test_readme_site_commands.py, or (not yet as
-# written) in another form by tests/deploy/test_deploy_local.py's readme_commands job: `deploy start` as written is
-# refused (`--dataset table` needs --site-data at the coordinator, whose sites hold the data), and the Flower runs of
-# `deploy start --rounds 50` and `deploy local --sites 4` take minutes each on two cores
-DEPLOY_AS_WRITTEN = {("deploy", "certs"), ("site", "init"), ("site", "pin")}
-DEPLOY_OTHER_FORM = {("deploy", "superlink"), ("deploy", "register"), ("site", "run"), ("deploy", "start"),
-                     ("deploy", "local")}
+# the between-institutions section: every command run as written by tests/deploy/test_readme_site_commands.py (its
+# variable COORD set to localhost; `deploy start` with --rounds 2 appended), in the order it knows
+DEPLOY_AS_WRITTEN = {("deploy", "certs"), ("deploy", "superlink"), ("site", "init"), ("site", "pin"),
+                     ("deploy", "register"), ("site", "run"), ("deploy", "start"), ("deploy", "local")}
+# the shell variables a section may set, and the test that sets them for this machine
+VARIABLES = {DEPLOY: {"COORD"}, PUBSUB: {"BROKER"}}
 
 
 def runner(command: str) -> str:
-    args = readme.argv(command)
+    args = shlex.split(command)[1:]  # the command's name (variables not expanded)
     for n in (2, 1):
         if tuple(args[:n]) in RUNNERS:
             return RUNNERS[tuple(args[:n])]
@@ -78,9 +78,11 @@ def test_every_readme_command_has_a_runner():
             assert c.startswith("silofl "), c
             runner(c)
     assert set(readme.SECTIONS) == {TABLES, PREDICT, PUBSUB, DEPLOY}
-    every = [readme.argv(c) for t in (TABLES, PREDICT, PUBSUB, DEPLOY) for c in readme.commands(t)]
+    every = [shlex.split(c)[1:] for t in (TABLES, PREDICT, PUBSUB, DEPLOY) for c in readme.commands(t)]
     for c in readme.commands(DEPLOY):
-        assert tuple(readme.argv(c)[:2]) in DEPLOY_AS_WRITTEN | DEPLOY_OTHER_FORM, c
+        assert tuple(shlex.split(c)[1:3]) in DEPLOY_AS_WRITTEN, c
+    for title in (TABLES, PREDICT, PUBSUB, DEPLOY):  # a variable no test sets would leave a command unexpanded
+        assert set(readme.variables(title)) == VARIABLES.get(title, set()), title
     for prefix in APPENDED:  # an override names a command the README has, and only appends
         assert any(tuple(a[:len(prefix)]) == prefix for a in every), prefix
 
@@ -89,8 +91,14 @@ def test_the_extraction_joins_continued_lines_and_drops_comments():
     text = ("## S\n\n```bash\n.venv/bin/silofl run --a 1 \\\n  --b 'x|y'   # a comment\n# only a comment\n"
             "silofl list\n```\n\n## T\n```bash\nsilofl other\n```\n")
     assert readme.commands("S", text) == ["silofl run --a 1 --b 'x|y'", "silofl list"]
-    assert readme.argv("silofl x --broker https://broker.example.org:8443 --port 8443", {8443: 9}) == [
-        "x", "--broker", "https://localhost:9", "--port", "9"]
+    assert readme.argv("silofl x --broker https://broker.example.org:8443 --port 8443") == [
+        "x", "--broker", "https://broker.example.org:8443", "--port", "8443"]  # as written
+    text = "## V\n\n```bash\nCOORD=coord.example.org   # a host\nsilofl a --superlink \"$COORD:9092\" --host ${COORD}\n```\n"
+    assert readme.variables("V", text) == {"COORD": "coord.example.org"}
+    (c,) = readme.commands("V", text)
+    assert readme.argv(c, env={"COORD": "localhost"}) == ["a", "--superlink", "localhost:9092", "--host", "localhost"]
+    with pytest.raises(KeyError):
+        readme.argv(c)  # a variable the test does not set
 
 
 ENV = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
@@ -166,16 +174,22 @@ def _breast_cancer_files(cwd: Path) -> None:
                                                       "features": feats}))
 
 
-def _free_port() -> int:
+BROKER_PORT = 8443  # the README's, as written
+
+
+def _port_is_free(port: int) -> None:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            pytest.fail(f"port {port}, the README's broker port, is busy on this machine")
 
 
 @pytest.mark.slow
 def test_the_readme_pubsub_commands_as_written(tmp_path):
     """The PubSub-ML section: the folder broker's commands, then the service's (a test CA, `pubsub serve` in the
-    background, enroll and register each site the commands name — a and s — publish, subscribe, customize, list)."""
+    background, enroll and register each site the commands name — a and s — publish, subscribe, customize, list).
+    The README names the broker's host `$BROKER` (set on every machine); here every machine is this one: localhost."""
     _breast_cancer_files(tmp_path)
     env = {**ENV, "SILOFL_HOME": str(tmp_path / "home")}
     cmds = readme.commands(PUBSUB)
@@ -187,13 +201,16 @@ def test_the_readme_pubsub_commands_as_written(tmp_path):
     assert len(rep["selected"]) == 2
     shutil.rmtree(tmp_path / "runs")  # the service's publishers and subscriber start afresh, in their own home
     env = {**ENV, "SILOFL_HOME": str(tmp_path / "home2")}
-    ports = {8443: _free_port()}
-    sites = sorted({readme.argv(c)[readme.argv(c).index("--site") + 1] for c in cmds[service_at:] if "--site" in c})
+    _port_is_free(BROKER_PORT)
+    variables = {"BROKER": "localhost"}
+    assert readme.variables(PUBSUB).keys() == variables.keys()
+    named = [readme.argv(c, env=variables) for c in cmds[service_at:]]
+    sites = sorted({a[a.index("--site") + 1] for a in named if "--site" in a})
     assert sites == ["a", "s"]
     procs = []
     try:
         for c in cmds[service_at:]:
-            args, kind = readme.argv(c, ports), runner(c)
+            args, kind = readme.argv(c, env=variables), runner(c)
             if kind == "serve":
                 procs.append(subprocess.Popen([sys.executable, "-m", "silofl.cli.main", *args], cwd=tmp_path, env=env,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

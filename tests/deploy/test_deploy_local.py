@@ -61,73 +61,6 @@ def finals(path):
     return s, [(r["client"], *(r[k] for k in keys), r["epsilon"]) for r in s["final"]["per_client"]]
 
 
-def readme_commands(tmp_path):
-    """The job of test_the_readme_commands_between_institutions (its checks included)."""
-    import socket
-    import time
-
-    import torch
-
-    from silofl.deploy.site import export_data
-    from silofl.run.config import RunConfig
-    from silofl.run.data import prepare_data
-
-    cfg, split = prepare_data(RunConfig.from_dict(dict(dataset="digits", clients=2, samples_per_client=100,
-                                                       seed=0, test_limit=100)).resolve(), torch.device("cpu"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    addr = f"127.0.0.1:{port}"
-    coord = tmp_path / "coord"
-    assert silofl("deploy", "certs", str(coord), "--host", "127.0.0.1").returncode == 0
-    env = ENV
-    procs = [subprocess.Popen([sys.executable, "-m", "silofl.cli.main", "deploy", "superlink", str(coord), "--host",
-                               "127.0.0.1", "--port", str(port)], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        cards = []
-        for k, name in enumerate(["hospital-a", "hospital-b"]):
-            data = tmp_path / f"{name}.safetensors"
-            export_data(data, *split.parts[k], split.test, None, {"num_classes": 10})
-            r = silofl("site", "init", str(tmp_path / name), "--name", name, "--data", str(data), "--lifetime-epsilon",
-                       "50", "--lifetime-delta", "1e-3", "--report-test-figures")
-            assert r.returncode == 0, r.stderr
-            cards.append(str(tmp_path / name / "keys" / "public.json"))
-        again = silofl("site", "init", str(tmp_path / "hospital-a"), "--name", "x", "--data", str(data),
-                       "--lifetime-epsilon", "5")
-        assert again.returncode == 2 and "never overwritten" in again.stderr
-        for name in ("hospital-a", "hospital-b"):
-            assert silofl("site", "pin", str(tmp_path / name), *cards, "--coordinator",
-                          str(coord / "pki" / "coordinator.json")).returncode == 0
-        deadline = time.monotonic() + 120
-        while True:  # the SuperLink is up when registration succeeds
-            r = silofl("deploy", "register", str(coord), *cards, "--superlink", addr)
-            if r.returncode == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        assert r.returncode == 0, r.stderr
-        for name in ("hospital-a", "hospital-b"):
-            procs.append(subprocess.Popen([sys.executable, "-m", "silofl.cli.main", "site", "run", "--site-dir",
-                                           str(tmp_path / name), "--superlink", addr, "--ca",
-                                           str(coord / "pki" / "ca.crt")], env=env, start_new_session=True,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        r = silofl("deploy", "start", str(coord), "--superlink", addr, "--method", "fedavg", "--dataset", "digits",
-                   "--rounds", "2", "--delta", "1e-3", "--noise-multiplier", "1.0", "--batch-size", "25",
-                   "--proxy-model", "mlp", "--threads", "1", "--out", str(tmp_path / "run"))
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        s = json.loads((tmp_path / "run" / "summary.json").read_text())
-        assert s["rounds_run"] == 2 and s["privacy"]["formal_guarantee"] is True  # no seed: secret randomness
-        assert s["engine"]["tls"] and s["engine"]["node_auth"] and s["sites"] == ["hospital-a", "hospital-b"]
-        assert all(r["epsilon"] > 0 for r in s["final"]["per_client"])
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(p.pid, signal.SIGKILL)
-
-
 def site_dies_and_rejoins(tmp_path):
     """The job of test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend (its checks
     included)."""
@@ -166,7 +99,6 @@ def started(request, tmp_path_factory):
     folders (their ledgers start empty, so their ε is the simulator's)."""
     jobs = {f"test_deploy_local_gives_the_simulators_numbers[{m}]": (lambda t, m=m: (*deploy_and_simulate(m, t), t))
             for m in CASES}
-    jobs["test_the_readme_commands_between_institutions"] = readme_commands
     names = [item.name for item in request.session.items if item.name in jobs and item.module is request.module]
     futures = {}
     with ThreadPoolExecutor(1) as long_run, ThreadPoolExecutor(PARALLEL) as pool:
@@ -201,13 +133,6 @@ def test_deploy_local_refuses_a_method_that_pools_data_in_one_line(tmp_path):
                str(tmp_path / "j"))
     assert r.returncode == 2 and "Joint pools" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "j").exists()
-
-
-@pytest.mark.slow
-def test_the_readme_commands_between_institutions(request, started):
-    """The coordinator's and each site's commands of the README, on loopback: certs, SuperLink, site init and
-    pin, registration, site run, deploy start (readme_commands, started with the module's other deployments)."""
-    started[request.node.name].result()
 
 
 @pytest.mark.slow

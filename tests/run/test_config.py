@@ -82,3 +82,21 @@ def test_data_dependent_defaults_fit_the_data_set():
     assert (big.samples_per_client, big.batch_size) == (1000, 250)  # the papers' settings
     given = RunConfig.from_dict({"samples_per_client": 100, "batch_size": 10}).with_data(60000)
     assert (given.samples_per_client, given.batch_size) == (100, 10)
+
+
+def test_a_deployed_run_takes_dataset_table_without_the_sites_files():
+    """`silofl deploy start … --dataset table` (the README's): each site reads its own table and schema (site.json);
+    the coordinator names none, and is refused one it could not use. A run that reads data here still needs them."""
+    import torch
+
+    from silofl.run.data import prepare_data
+
+    cfg = RunConfig.from_dict(dict(method="proxyfl", dataset="table", data_at_sites=True)).resolve()
+    assert cfg.dataset == "table" and cfg.site_data is None and cfg.data_at_sites
+    for given in (dict(site_data=["a.csv"], clients=1), dict(schema="s.yaml"), dict(test_data="t.csv")):
+        with pytest.raises(ConfigError, match="site.json"):
+            RunConfig.from_dict(dict(method="proxyfl", dataset="table", data_at_sites=True, **given)).resolve()
+    with pytest.raises(ConfigError, match="needs --site-data"):
+        RunConfig.from_dict(dict(method="proxyfl", dataset="table")).resolve()
+    with pytest.raises(ConfigError, match="the sites hold this run's data"):
+        prepare_data(cfg, torch.device("cpu"))

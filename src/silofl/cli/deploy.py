@@ -151,6 +151,7 @@ def site_run(
     """Serve this site to the coordinator until stopped: its worker and a SuperNode connecting out over TLS."""
     from silofl.deploy.local import run_site
 
+    ca = ca.resolve() if ca is not None else None  # Flower reads certificate paths as absolute ones
     check_seconds("--poll-s", poll_s)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     run_site(site_dir, superlink, ca, insecure=insecure, poll_s=poll_s)
@@ -216,7 +217,8 @@ def deploy_certs(
         raise ConfigError(f"{pki} already holds a CA: certificates are never overwritten")
     pki.mkdir(parents=True, exist_ok=True)
     make_ca(pki, days=days)
-    make_server_cert(pki, host, days=days)
+    # the SuperLink's own ServerApp executor reaches it over TLS at 127.0.0.1 on its machine, whatever name the sites use
+    make_server_cert(pki, [*dict.fromkeys([*host, "127.0.0.1"])], days=days)
     make_coordinator_keys(pki)
     typer.echo(f"CA, SuperLink certificate for {', '.join(host)} and the coordinator's keys in {pki}; give "
                f"{pki / 'ca.crt'} and {pki / 'coordinator.json'} to every site")
@@ -234,6 +236,7 @@ def deploy_superlink(
 
     from silofl.deploy.local import start_superlink
 
+    folder = folder.resolve()  # Flower reads certificate paths as absolute ones
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port must lie in [1, 65535], got {port}")
     if not (folder / "pki" / "server.crt").is_file():
@@ -265,6 +268,7 @@ def deploy_register(
     """Register every site's node key with the SuperLink (only they may connect) and write FOLDER/federation.json."""
     from silofl.deploy.local import cli_env, register_node
 
+    folder = folder.resolve()  # the flwr CLI's configuration takes the CA certificate's absolute path
     parsed = [_card(c) for c in cards]
     names = [c["name"] for c in parsed]
     if len(set(names)) != len(names):
@@ -291,5 +295,5 @@ def deploy_start(
     """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine.
     Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 100 --out runs/x)."""
     check_seconds("--timeout", timeout_s)
-    _as_run(["--engine", "flower", "--deployment", str(folder), "--superlink", superlink, "--deploy-timeout",
+    _as_run(["--engine", "flower", "--deployment", str(folder.resolve()), "--superlink", superlink, "--deploy-timeout",
              str(timeout_s), *ctx.args])

@@ -152,6 +152,8 @@ def run(
     if clip is not None:
         flags.update(_parse_clip(clip))
     flags = {k: v for k, v in flags.items() if v is not None}
+    if engine == "flower":  # silofl deploy start: each site reads its own data (its site.json), the coordinator none
+        flags["data_at_sites"] = True
     check_seconds("--peer-timeout", peer_timeout)
     check_seconds("--deploy-timeout", deploy_timeout)
     base = load_yaml_mapping(config) if config else {}

@@ -109,6 +109,9 @@ class RunConfig:
     combine_epochs: int | None = None
     combine_l2: float = 1e-2
     combine_balance: bool = True  # fit the combiner class-balanced (every class of the held-out rows counts equally)
+    # a deployed run (`silofl deploy start`): each site reads its own data and schema, named in its site.json, and
+    # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data here)
+    data_at_sites: bool = False
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -290,6 +293,13 @@ class RunConfig:
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must lie in (0, 1), got {self.test_fraction}")
+        if self.data_at_sites:  # the sites read their own sources: the coordinator names none
+            given = [f for f, v in (("--site-data", self.site_data), ("--schema", self.schema),
+                                    ("--test-data", self.test_data)) if v]
+            if given:
+                raise ConfigError(f"a deployed run reads each site's own data and schema (its site.json): "
+                                  f"{', '.join(given)} cannot be given to the coordinator")
+            return
         if self.dataset == "table" and not self.site_data:
             raise ConfigError("dataset 'table' needs --site-data (one CSV or Parquet file per site) and --schema")
         if self.dataset == "table" and not self.schema:

@@ -20,6 +20,11 @@ def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = No
     """(the config with its data-dependent settings filled, the split, after the config's feature stage: every site's
     training data and test sets as features — unless ``features`` is False: the raw inputs, for sites that compute
     their own). ``data``: the data set, if already loaded for this config."""
+    if cfg.data_at_sites:
+        from silofl.core.errors import ConfigError
+
+        raise ConfigError("data_at_sites: the sites hold this run's data (`silofl deploy start`); a run that reads its "
+                          "data here takes a data set or --site-data")
     cfg, split = _prepare_inputs(cfg, device, data)
     return cfg, with_features(cfg, split) if features else split
 
