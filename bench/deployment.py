@@ -77,6 +77,7 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
         row["frame_bytes_per_site_round"] = statistics.fmean(frames) / s["rounds_run"]
         row["security"] = {x: e[x] for x in ("tls", "node_auth", "sealed")}
         row["setup_s"] = s["deployment"]["setup_s"]
+        row["setup_phases_s"] = s["deployment"].get("setup_phases_s")
         row["trace"] = task_trace(out / "deployment" / "logs")
     return row
 
@@ -136,6 +137,16 @@ def write_doc(result: dict, path: Path) -> None:
             t = r["trace"]
             lines.append(f"| {r['k']} | {r['engine']} | {t['tasks_per_site_round']:.1f} | {t['queued_s']:.3f} | "
                          f"{t['input_s']:.3f} | {t['work_s']:.3f} | {t['reply_s']:.3f} |")
+    phased = [r for r in rows if r.get("setup_phases_s")]
+    if phased:
+        names = list(phased[0]["setup_phases_s"])
+        lines += ["", "Where a local deployment's set-up goes (seconds; the sites start while the SuperLink does):", "",
+                  "| K | engine | " + " | ".join(n.replace("_", " ") for n in names) + " | total |",
+                  "|---|---|" + "---|" * (len(names) + 1)]
+        for r in phased:
+            ph = r["setup_phases_s"]
+            lines.append(f"| {r['k']} | {r['engine']} | " + " | ".join(f"{ph.get(n, 0):.1f}" for n in names)
+                         + f" | {r['setup_s']:.1f} |")
     lines += [
         "",
         "How to read it:",

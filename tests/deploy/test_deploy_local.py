@@ -67,9 +67,9 @@ def site_dies_and_rejoins(tmp_path):
     # The killed worker's SuperNode gets SIGTERM (it dies with its worker) and usually leaves the SuperLink, so the
     # restarted one connects at once. When its goodbye does not get through, the SuperLink holds the dead node (up to
     # two 30 s heartbeats) and the restarted one retries: --peer-timeout 60 then retires the site by the time its
-    # node is free. Either way it is retired before round 4 and back before round 5 or 6 (seen: 5, in both cases);
-    # 10 rounds leave it four more to come back.
-    rounds = 10
+    # node is free. Either way it is retired before round 4 and back once its restarted process has loaded and
+    # connected (seconds); a round takes about half a second here, so 40 rounds leave it 15-20 s to come back.
+    rounds = 40
     r = subprocess.run([sys.executable, "-m", "silofl.cli.main", "deploy", "local", "--sites", "3", "--method", "fedavg",
                         *BASE, "--rounds", str(rounds), "--eval-every", str(rounds), *CASES["fedavg"],
                         "--checkpoint-every", "2", "--peer-timeout", "60", "--restart-sites", "--out", str(tmp_path / "r")],

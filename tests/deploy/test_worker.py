@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from silofl.comm import batch
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import SiloflError
 from silofl.deploy.coordinator import FlowerEngine, join
@@ -92,20 +93,22 @@ def test_the_relay_sees_no_payload_and_its_tampering_is_refused(tiny_cfg, tmp_pa
 
     def tap(step, k, frame, way):
         _, msgs = unpack(frame)
-        for m in msgs.values():
-            for p in m.packets:
-                seen.append(p.data)
-                if way == "to" and step == "receive" and p.src != p.dst:
-                    sent.setdefault(k, []).append(p.data)
-        if way == "to" and step == "receive" and k == 1:  # corrupt every payload to site 1 in transit
-            (kk, m), = msgs.items()
-            m.packets = [Packet(p.src, p.dst, p.data[:-1] + bytes([p.data[-1] ^ 1])) for p in m.packets]
-            return pack(step, {kk: m})
-        return frame
+        (kk, m), = msgs.items()
+        seen.extend(p.data for p in m.packets)
+        if way != "to":
+            return frame
+        # a round's deliveries (receive) ride in a batch with the site's next step (silofl.comm.batch)
+        parts = batch.split(m) if step == batch.BATCH else [(step, m)]
+        for s, part in parts:
+            if s == "receive":
+                sent.setdefault(k, []).extend(p.data for p in part.packets if p.src != p.dst)
+                if k == 1:  # corrupt every payload to site 1 in transit
+                    part.packets = [Packet(p.src, p.dst, p.data[:-1] + bytes([p.data[-1] ^ 1])) for p in part.packets]
+        return pack(step, {kk: batch.make(parts) if step == batch.BATCH else parts[0][1]})
 
     cfg = tiny_cfg.replace(method="proxyfl", clients=3, rounds=2, seed=0)
     s, engine, workers, folders = deployed_run(cfg, tmp_path, tap)
-    assert all(d[:4] == b"SFS1" for d in (p for ps in sent.values() for p in ps))  # only sealed payloads travel
+    assert sent and all(d[:4] == b"SFS1" for d in (p for ps in sent.values() for p in ps))  # only sealed ones travel
     proxy = workers[0].site.shared.state_dict()
     raw = proxy[next(iter(proxy))].numpy().tobytes()[:32]
     assert not any(raw in d for d in seen)  # the relay never holds a proxy's weights in the clear

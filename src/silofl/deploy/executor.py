@@ -30,6 +30,7 @@ from pathlib import Path
 log = logging.getLogger("silofl")
 
 POLL_S = 1.0  # the wait for work when the doorbell stays silent
+POLL_GAP_S = 0.1  # the wait before asking again when the SuperNode's runtime API does not answer (starting up)
 HEARTBEAT_S = 20.0  # Flower expects a task's heartbeat within 30 s (HEARTBEAT_DEFAULT_INTERVAL)
 FRAME_LIMIT = (256 << 20) + (1 << 20)
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
@@ -80,9 +81,11 @@ class WarmExecutor:
         else:
             interceptors = [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
                             RuntimeTokenHttpInterceptor(token)]
+        # the task loop retries AcquireTask itself every POLL_GAP_S (Flower's invoker backs off to seconds while the
+        # SuperNode is still starting); a task's own requests keep Flower's retries
         return RuntimeHttpClient.from_server_address(server_address=self.address, insecure=True,
                                                      root_certificates=None, interceptors=interceptors,
-                                                     retry_invoker=make_simple_http_retry_invoker())
+                                                     retry_invoker=make_simple_http_retry_invoker() if token else None)
 
     def run(self) -> None:
         """Take and run tasks until stopped; a failure costs its task, never the loop."""
@@ -97,7 +100,7 @@ class WarmExecutor:
                     res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[str(TaskType.CLIENT_APP)]))
                 except Exception as e:  # noqa: BLE001 - the SuperNode restarting or not up yet: wait, retry
                     log.debug("site %s: AcquireTask failed: %s", self.name, e)
-                    self.stop.wait(0.5)
+                    self.stop.wait(POLL_GAP_S)
                     continue
                 if res.HasField("task") and res.token:
                     self.execute(res.token)

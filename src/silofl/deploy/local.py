@@ -29,6 +29,7 @@ log = logging.getLogger("silofl")
 
 FAB_DIR = Path(__file__).parent / "fab"
 FEDERATION = "silofl"  # the name of the SuperLink connection in the CLI's config
+SERVERAPP_START_S = 180.0  # a submitted run whose ServerApp has not said a word by then is not coming
 
 
 def flower_bin(name: str) -> str:
@@ -376,6 +377,11 @@ class LocalDeployment:
         self.insecure, self.procs = insecure, []
         self.relay: DelayRelay | None = None
         t0 = time.perf_counter()
+        self.phases: dict[str, float] = {}  # seconds of each set-up phase (bench/deployment.py shows them)
+
+        def done(phase: str) -> None:
+            self.phases[phase] = time.perf_counter() - t0 - sum(self.phases.values())
+
         dep.mkdir(parents=True)
         try:
             if not insecure:
@@ -383,6 +389,7 @@ class LocalDeployment:
                 make_ca(dep / "pki")
                 make_server_cert(dep / "pki", ["localhost", "127.0.0.1"])
             cards, folders = make_site_folders(cfg, split, dep / "sites")
+            done("keys_and_site_folders")
             port = free_port()
             address = f"127.0.0.1:{port}"
             self.procs.append(start_superlink(dep, port, insecure, poll_s, wait=False))  # the sites start meanwhile
@@ -398,10 +405,13 @@ class LocalDeployment:
                 self.procs.append(Proc(f"site{k}", [*cmd, "--site-dir", str(folder)],
                                        {**os.environ, "SILOFL_NO_PROGRESS": "1"}, dep / "logs"))
             self.procs[0].wait_for("Uvicorn running", 120)
+            done("superlink_serving")
             # registered while the sites load (a site's SuperNode connecting before its key is registered retries)
             node_ids = [register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders]
+            done("nodes_registered")
             for p in self.procs[1:]:
                 p.wait_for("SuperNode ID", 180)
+            done("sites_connected")
             if insecure:  # without node authentication the node ids are learnt from the sites' logs
                 node_ids = [_node_id(p.text()) for p in self.procs[1:]]
         except BaseException:
@@ -455,6 +465,7 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
     finally:
         deployment.close()
     summary["deployment"]["setup_s"] = deployment.setup_s
+    summary["deployment"]["setup_phases_s"] = deployment.phases
     summary["deployment"].pop("started_s", None)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -559,11 +570,16 @@ def _wait(status_path: Path, procs: list[Proc], timeout_s: float, progress: bool
 
     from silofl.run.loop import progress_bar
 
-    deadline = time.monotonic() + timeout_s + 120
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s + 120
     with progress_bar(None) if progress else nullcontext() as bar:
         task = bar.add_task("deployed run", total=rounds) if bar else None
         while time.monotonic() < deadline:
             st: dict = {"state": "running"}
+            if not status_path.is_file() and time.monotonic() - t0 > SERVERAPP_START_S:
+                raise SiloflError(f"the coordinator's ServerApp did not start within {SERVERAPP_START_S:g} s of the "
+                                  "submission (the SuperLink's log says why; e.g. a certificate that does not name "
+                                  "127.0.0.1, where the SuperLink starts it)")
             if status_path.is_file():
                 try:
                     st = json.loads(status_path.read_text())
