@@ -68,42 +68,22 @@ def tap(engine: Engine, observers: list[Observer]) -> Engine:
     """Any engine — the torch.distributed one included — with ``observers`` called around every call, as
     :class:`TappedEngine` does for the simulator. Observers that read a site's state (``engine.sites[k]``) need that
     site in this process: over torch.distributed, a site on rank 0 (site 0 always is)."""
-    from silofl.comm import batch
-
     inner = engine.call
-    in_process = isinstance(engine, InProcessEngine)  # runs a batch's parts through engine.call: seen one by one
+    if not isinstance(engine, InProcessEngine):
+        # an engine that runs a batch elsewhere would show the observers its parts only all at once: each step is
+        # sent on its own instead (the simulator runs a batch's parts through engine.call, seen one by one)
+        engine.batches = False
 
     def call(step: str, requests: dict[int, Message]) -> dict[int, Message]:
-        if step == batch.BATCH and in_process:
+        if step == "batch":  # the simulator's: its parts come back through this call, one step at a time
             return inner(step, requests)
-        views = as_steps(step, requests)
         for o in observers:
-            for s, reqs in views:
-                o.before(s, reqs, engine)  # type: ignore[arg-type]
+            o.before(step, requests, engine)  # type: ignore[arg-type]
         replies = inner(step, requests)
         for o in observers:
-            for (s, reqs), reps in zip(views, as_replies(step, requests, replies), strict=True):
-                o.after(s, reqs, reps, engine)  # type: ignore[arg-type]
+            o.after(step, requests, replies, engine)  # type: ignore[arg-type]
         return replies
 
     engine.call = call  # type: ignore[method-assign]
     return engine
 
-
-def as_steps(step: str, requests: dict[int, Message]) -> list[tuple[str, dict[int, Message]]]:
-    """A call as the steps it carries: itself, or a batch's parts (:mod:`silofl.comm.batch`)."""
-    from silofl.comm import batch
-
-    if step != batch.BATCH:
-        return [(step, requests)]
-    return [(st, reqs) for st, _, reqs in batch.phases(requests)]
-
-
-def as_replies(step: str, requests: dict[int, Message], replies: dict[int, Message]) -> list[dict[int, Message]]:
-    """The replies to :func:`as_steps`' steps, in the same order."""
-    from silofl.comm import batch
-
-    if step != batch.BATCH:
-        return [replies]
-    answers = {k: batch.split_reply(r, len(batch.split(requests[k]))) for k, r in replies.items()}
-    return [{k: answers[k][i] for k, i in idx.items() if k in answers} for _, idx, _ in batch.phases(requests)]

@@ -39,6 +39,7 @@ class Engine(ABC):
     """Runs site steps and counts the bytes that cross (see the module doc)."""
 
     name = "engine"
+    batches = True  # may carry several steps in one message (silofl.comm.batch); off for an audit's observer
 
     def __init__(self, site_ids: list[int]):
         self.site_ids = list(site_ids)

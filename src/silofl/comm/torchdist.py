@@ -289,14 +289,16 @@ def serve(make_site: Callable[[int], SiteHandle], n_sites: int) -> bool:
             return False
         if step == STOP:
             return True
-        rnd = next((int(m.meta["round"]) for m in requests.values() if "round" in m.meta), None)
-        if rnd is not None and rnd != current:
-            current, started = rnd, False
-        if rnd is not None and not started:
-            started = True
-            inject_fault(rank, rnd, "start")
-        if rnd is not None and step.startswith("receive"):
-            inject_fault(rank, rnd, "receiving")
+        # the testing hook, at each step this request carries (a batch carries several: silofl.comm.batch)
+        for part, meta in _steps_of(step, requests):
+            rnd = int(meta["round"]) if isinstance(meta.get("round"), int) else None
+            if rnd is not None and rnd != current:
+                current, started = rnd, False
+            if rnd is not None and not started:
+                started = True
+                inject_fault(rank, rnd, "start")
+            if rnd is not None and part.startswith("receive"):
+                inject_fault(rank, rnd, "receiving")
         try:
             stray = sorted(set(requests) - set(sites))
             if stray:
@@ -314,3 +316,18 @@ def _reason(e: Exception) -> str:
     if "closed by peer" in text.lower() or "connection reset" in text.lower():
         return "connection closed (the process crashed or exited)"
     return text.splitlines()[0][:200]
+
+
+def _steps_of(step: str, requests: dict[int, Message]) -> list[tuple[str, dict]]:
+    """(step, meta) of what a request asks, in order: itself, or a batch's parts (of the site with the most)."""
+    from silofl.comm import batch
+
+    if not requests:
+        return []
+    first = max(requests.values(), key=lambda m: len(m.meta.get("parts") or []))
+    if step != batch.BATCH:
+        return [(step, first.meta)]
+    try:
+        return [(s, m.meta) for s, m in batch.split(first)]
+    except PeerModelRejected:
+        return []

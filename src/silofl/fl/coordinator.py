@@ -82,7 +82,7 @@ class Coordinator(ABC):
         (the payloads the site refused) comes back then, into :meth:`take_late`. A site lost meanwhile never gets
         it; :attr:`delivered` says up to which round each site is known to have taken its deliveries."""
         assert self.engine is not None, "connect() first"
-        if step in self.deferred_steps:
+        if step in self.deferred_steps and self.engine.batches:
             for k, m in requests.items():
                 if k not in self.engine.lost:
                     self._pending.setdefault(k, []).append((step, m))
