@@ -9,7 +9,9 @@ left out of the average; if none is usable the server keeps the previous global 
 
 With ``server_lr`` ≠ 1 or ``server_momentum`` > 0 the server steps instead of replacing: Δ̄ = average − w,
 m ← μ·m + Δ̄, w ← w + η·m (FedAvgM, :class:`silofl.training.server_opt.ServerMomentum`) — post-processing of
-the sites' DP uploads, no budget. With the defaults the global model *is* the average, as before.
+the sites' DP uploads, no budget. With the defaults the global model *is* the average, as before. A method may
+name another server optimizer (``server_optimizer``: FedAdam, FedYogi — :mod:`silofl.fl.methods.fedopt`), also
+post-processing of the average.
 """
 
 from __future__ import annotations
@@ -139,11 +141,14 @@ class AveragingServer:
 class Centralized(Coordinator):
     """Train locally → upload → aggregate → broadcast → replace."""
 
-    def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False):
+    def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False,
+                 server_optimizer: str | None = None):
         super().__init__(cfg, n_sites)
         o = cfg.options
         lr, momentum = getattr(o, "server_lr", None) or 1.0, float(getattr(o, "server_momentum", 0.0) or 0.0)
         opt = make_optimizer("fedavgm", o) if (lr != 1.0 or momentum > 0.0) else None
+        if server_optimizer is not None:  # FedOpt (silofl.fl.methods.fedopt): e.g. fedadam, fedyogi on Δ̄
+            opt = make_optimizer(server_optimizer, o)
         self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt)
         self.uniform = uniform
 
