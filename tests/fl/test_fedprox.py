@@ -8,7 +8,7 @@ from silofl.fl.methods.fedprox import ProxSite, proximal_hook
 from silofl.models import ModelSpec
 from silofl.site.dpsgd import DPSGDSettings
 
-SPEC = ModelSpec("mlp", (1, 8, 8), 10)
+SPEC = ModelSpec("logreg", (1, 8, 8), 10)
 
 
 def settings(private: bool, **kw) -> DPSGDSettings:
@@ -64,3 +64,17 @@ def test_the_proximal_hook_adds_mu_times_the_distance_to_whatever_gradient_is_th
     proximal_hook(list(lin.parameters()), anchor, 0.25)()
     for p, g in zip(lin.parameters(), noisy, strict=True):
         torch.testing.assert_close(p.grad, g + 0.25 * torch.ones_like(g))  # w − anchor = 1 everywhere
+
+
+def test_the_new_flags_reach_their_method_and_are_refused_elsewhere_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from silofl.cli.main import app
+
+    for flags, message in ((["--method", "fedavg", "--mu", "0.1"], "option mu does not apply to method 'fedavg'"),
+                           (["--method", "fedprox", "--mu", "-1"], "mu must be a finite non-negative number"),
+                           (["--method", "ditto", "--mrmtl-lambda", "2"], "option mrmtl_lambda does not apply"),
+                           (["--method", "mr-mtl", "--ditto-lambda", "0.5"], "option ditto_lambda does not apply")):
+        r = CliRunner().invoke(app, ["run", *flags, "--dataset", "digits", "--rounds", "1", "--out", str(tmp_path / "o")])
+        assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+        assert not (tmp_path / "o").exists()
