@@ -16,7 +16,7 @@ BASE = dict(dataset="digits", clients=3, rounds=3, samples_per_client=300, parti
             threads=1)
 
 
-@pytest.mark.parametrize("method", ["fedprox", "fedavg-adam", "fedavg-yogi", "ditto", "mr-mtl"])
+@pytest.mark.parametrize("method", ["fedprox", "fedavg-adam", "fedavg-yogi", "ditto", "mr-mtl", "fedper"])
 def test_the_method_learns_on_digits_and_reports_the_accountants_epsilon(method, tmp_path):
     out = tmp_path / method
     s = simulate(RunConfig.from_dict({**BASE, "method": method, "out": str(out)}), progress=False)

@@ -65,7 +65,7 @@ class AveragingServer:
     """The aggregator role (node ``K``): validate, average in float64, broadcast."""
 
     def __init__(self, node: int, spec: ModelSpec, seed: int, device: torch.device,
-                 opt: ServerOptimizer | None = None):
+                 opt: ServerOptimizer | None = None, keys: tuple[str, ...] | None = None):
         torch.manual_seed(seed)
         self.node = node
         self.spec = spec
@@ -73,10 +73,12 @@ class AveragingServer:
         self.version = 0
         self._encoded: tuple | None = None
         self.opt = opt  # None: the global model is the average
+        self.keys = keys  # the tensors the sites share (FedPer: the body); None: all of them
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The global model's weights."""
-        return dict(self.model.state_dict())
+        """The global model's weights (the shared ones, with ``keys``)."""
+        state = dict(self.model.state_dict())
+        return state if self.keys is None else {k: state[k] for k in self.keys}
 
     def payload(self, rnd: int, client: int | None = None) -> bytes:
         """The broadcast of round ``rnd`` (the same bytes for every site: encoded once per round)."""
@@ -119,7 +121,7 @@ class AveragingServer:
         average, _ = combine(template, 0.0, received)  # weighted mean in float64, as PushSum mixes
         if self.opt is not None:
             average = self._server_step(template, average)
-        self.model.load_state_dict(average)
+        self.model.load_state_dict(average, strict=self.keys is None)
         self.version = rnd
         return rejected
 
@@ -142,14 +144,14 @@ class Centralized(Coordinator):
     """Train locally → upload → aggregate → broadcast → replace."""
 
     def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False,
-                 server_optimizer: str | None = None):
+                 server_optimizer: str | None = None, shared_keys: tuple[str, ...] | None = None):
         super().__init__(cfg, n_sites)
         o = cfg.options
         lr, momentum = getattr(o, "server_lr", None) or 1.0, float(getattr(o, "server_momentum", 0.0) or 0.0)
         opt = make_optimizer("fedavgm", o) if (lr != 1.0 or momentum > 0.0) else None
         if server_optimizer is not None:  # FedOpt (silofl.fl.methods.fedopt): e.g. fedadam, fedyogi on Δ̄
             opt = make_optimizer(server_optimizer, o)
-        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt)
+        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt, shared_keys)
         self.uniform = uniform
 
     def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:

@@ -7,6 +7,7 @@ from silofl.fl.methods import (  # noqa: F401
     ditto,
     fedavg,
     fedopt,
+    fedper,
     fedprox,
     fml,
     local,
@@ -16,4 +17,4 @@ from silofl.fl.methods import (  # noqa: F401
 
 ORDER = ("proxyfl", "fedavg", "fml", "avgpush", "cwt", "regular", "joint", "dp-fedavg", "dp-fedadam", "dp-fednova",
          "dp2-rmsprop", "fedadam", "fednova", "rmsprop",
-         "fedprox", "fedavg-adam", "fedavg-yogi", "ditto", "mr-mtl")
+         "fedprox", "fedavg-adam", "fedavg-yogi", "ditto", "mr-mtl", "fedper")
