@@ -1,4 +1,4 @@
-"""FedProx, FedAdam/FedYogi, Ditto and MR-MTL end to end on digits: they learn (above chance) and every ε they report
+"""FedProx, FedAdam/FedYogi, Ditto, MR-MTL, FedPer and SCAFFOLD end to end on digits: they learn (above chance) and every ε they report
 is the accountant's for the DP-SGD steps that ran (the same as FedAvg's: the extra terms are post-processing)."""
 
 import json
@@ -16,7 +16,7 @@ BASE = dict(dataset="digits", clients=3, rounds=3, samples_per_client=300, parti
             threads=1)
 
 
-@pytest.mark.parametrize("method", ["fedprox", "fedavg-adam", "fedavg-yogi", "ditto", "mr-mtl", "fedper"])
+@pytest.mark.parametrize("method", ["fedprox", "fedavg-adam", "fedavg-yogi", "ditto", "mr-mtl", "fedper", "scaffold"])
 def test_the_method_learns_on_digits_and_reports_the_accountants_epsilon(method, tmp_path):
     out = tmp_path / method
     s = simulate(RunConfig.from_dict({**BASE, "method": method, "out": str(out)}), progress=False)

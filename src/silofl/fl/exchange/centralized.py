@@ -119,11 +119,18 @@ class AveragingServer:
             log.warning("server received no usable model in round %d and keeps the previous global model", rnd)
             return rejected
         average, _ = combine(template, 0.0, received)  # weighted mean in float64, as PushSum mixes
+        average = self.absorb(average, len(received))  # a method's extra averaged tensors (SCAFFOLD's), taken out
+        template = {k: template[k] for k in average}
         if self.opt is not None:
             average = self._server_step(template, average)
         self.model.load_state_dict(average, strict=self.keys is None)
         self.version = rnd
         return rejected
+
+    def absorb(self, average: dict[str, torch.Tensor], received: int) -> dict[str, torch.Tensor]:
+        """Take a method's own averaged tensors out of ``average`` (``received`` uploads were averaged) and return the
+        model's; the plain server has none."""
+        return average
 
     def _server_step(self, current: dict[str, torch.Tensor], average: dict[str, torch.Tensor]
                      ) -> dict[str, torch.Tensor]:
