@@ -49,3 +49,16 @@ def test_the_cli_flags_set_the_methods_options(tmp_path):
         r = CliRunner().invoke(app, ["run", "--method", method, flag, "0.25", *tiny, "--out", str(out)])
         assert r.exit_code == 0, r.output
         assert yaml.safe_load((out / "config.yaml").read_text())[method][key] == 0.25
+
+
+@pytest.mark.parametrize("method", ["scaffold", "ditto", "mr-mtl", "fedavg-yogi"])
+def test_a_resumed_run_continues_exactly_where_it_stopped(method, tmp_path):
+    """The state these methods add (control variates, the personal model and its batches, the mean to pull towards,
+    the server's Yogi moments) is checkpointed: 2 rounds + resume to 3 = 3 rounds straight."""
+    cfg = RunConfig.from_dict({**BASE, "method": method, "clients": 2, "samples_per_client": 120, "checkpoint_every": 1,
+                               "out": str(tmp_path / "resumed"), "rounds": 2})
+    simulate(cfg, progress=False)
+    resumed = simulate(cfg.replace(rounds=3), progress=False, resume=True)
+    straight = simulate(cfg.replace(rounds=3, out=str(tmp_path / "straight")), progress=False)
+    assert resumed["final"]["per_client"] == straight["final"]["per_client"]
+    assert resumed["accounting"] == straight["accounting"]
