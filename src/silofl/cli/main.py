@@ -98,6 +98,12 @@ def run(
                                            "(default: one epoch)."),
     server_momentum: float | None = typer.Option(None, "--server-momentum", help="FedAvg/FML: server momentum on the "
                                                  "average of the sites' DP models (default 0)."),
+    mu: float | None = typer.Option(None, "--mu", help="FedProx: the proximal weight μ of μ/2·‖w − w_global‖² "
+                                    "(default 0.01; 0: FedAvg)."),
+    ditto_lambda: float | None = typer.Option(None, "--ditto-lambda", help="Ditto: the personal model's pull λ "
+                                              "towards the received global model (default 0.1)."),
+    mrmtl_lambda: float | None = typer.Option(None, "--mrmtl-lambda", help="MR-MTL: each site's pull λ towards the "
+                                              "mean of the sites' DP models (default 0.1)."),
     private_lr: float | None = typer.Option(None, "--private-lr", help="DP-SGD methods: the non-DP models' Adam "
                                             "learning rate (a private model, --combine's own model, --vs-alone; "
                                             "default: --lr)."),

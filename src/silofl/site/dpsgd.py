@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +117,10 @@ def _ema_key(previous: object, token: object) -> object:
 class DPSGDSite(Site):
     """See the module doc."""
 
+    # whether a private model trains by mutual learning on the shared model's batches (ProxyFL, FML); a method whose
+    # private model trains its own way (Ditto's personal model) sets False and trains it in its own step
+    mutual_learning_partner = True
+
     def __init__(self, cid: int, x: torch.Tensor, y: torch.Tensor, shared_spec: ModelSpec, settings: DPSGDSettings,
                  private_spec: ModelSpec | None = None, shared_field: str = "proxy"):
         super().__init__(cid)
@@ -192,11 +197,11 @@ class DPSGDSite(Site):
         if self.settings.ema_decay and self.rounds_trained > 0:
             self._commit_ema()  # the weights the last round ended with
         partner = None
-        if self.private is not None and self.private_opt is not None:
+        if self.private is not None and self.private_opt is not None and self.mutual_learning_partner:
             partner = Partner(self.private, self.private_opt, self.alpha)
         stats = poisson_steps(self.shared, self.shared_opt, self.x, self.y, sample_rate=self.sample_rate,
                               steps=self.steps_per_round, sampler=self.sampler, loss_fn=self._shared_loss, dp=self.dp,
-                              partner=partner, augment=self.augment)
+                              partner=partner, augment=self.augment, grad_hook=self.shared_grad_hook())
         self.empty_batches += stats.pop("empty_batches")
         if self.dp is not None and self.accountant is not None:
             run = self.dp.take_run()
@@ -207,6 +212,12 @@ class DPSGDSite(Site):
         self.shared_token = object()  # locally trained weights: unique to this site
         self.last_train = stats
         return stats
+
+    def shared_grad_hook(self) -> Callable[[], None] | None:
+        """A data-independent term added to the shared model's (DP) gradient before every optimizer step of this
+        round (:func:`~silofl.training.poisson.poisson_steps`' ``grad_hook``), or None; FedProx's and MR-MTL's sites
+        add their proximal pull here."""
+        return None
 
     # ---------------------------------------------------------------- EMA of the shared model (post-processing)
     def _commit_ema(self) -> None:

@@ -51,12 +51,14 @@ class Partner:
 def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
                   sample_rate: float, steps: int, sampler: Sampler, loss_fn: LossFn,
                   dp: DPGradient | None = None, partner: Partner | None = None,
-                  augment: AugMult | None = None) -> dict:
+                  augment: AugMult | None = None, grad_hook: Callable[[], None] | None = None) -> dict:
     """Run ``steps`` Poisson-sampled steps on (x, y); returns what was seen (examples, empty batches, and
     under DP the mean per-example gradient norm and the fraction clipped — per-example statistics of the
     site's data, NOT privatised). ``augment``: augmentation multiplicity — the model steps on K views of each
     sampled example, an example's loss the mean over its views (clipped as one example under DP); a partner
-    trains on the un-augmented batch."""
+    trains on the un-augmented batch. ``grad_hook``: called after every step's gradient is in ``p.grad`` (under DP:
+    the noised one) and before the optimizer steps — a data-independent term such as a proximal pull towards a
+    received model (FedProx, Ditto, MR-MTL) added there is post-processing of the DP gradient."""
     model.train()
     if partner is not None:
         partner.model.train()
@@ -72,6 +74,8 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
             empty += 1
             if dp is not None:  # a noise-only step, still counted by the mechanism
                 dp.compute(xb, loss_fn, yb, no_logp)
+                if grad_hook is not None:
+                    grad_hook()
                 opt.step()
             continue
         partner_logits = partner.model(xb) if partner is not None else None
@@ -89,6 +93,8 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
             out = model(xb)
             loss_fn(out, yb, partner_logp).mean().backward()
             logits = out.detach()
+        if grad_hook is not None:
+            grad_hook()
         opt.step()
         seen += B
         if partner is not None and partner_logits is not None:

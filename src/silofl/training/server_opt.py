@@ -26,7 +26,7 @@ import torch
 
 from silofl.core.errors import ConfigError
 
-OPTIMIZERS = ("fedavg", "fedadam", "fednova", "dp2-rmsprop", "fedavgm")
+OPTIMIZERS = ("fedavg", "fedadam", "fednova", "dp2-rmsprop", "fedavgm", "fedyogi")
 
 
 class ServerOptimizer:
@@ -90,6 +90,28 @@ class FedAdam(ServerOptimizer):
         """The optimizer's settings, for summary.json."""
         return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau,
                 "bias_correction": self.bias_correction}
+
+
+class FedYogi(FedAdam):
+    """Yogi on the pseudo-gradient −Δ̄ (Reddi et al.; Zaheer et al. 2018): FedAdam's step with the second moment
+    u ← u − (1−β₂)·Δ̄²·sign(u − Δ̄²), which grows or shrinks by at most (1−β₂)·Δ̄² a round instead of decaying
+    geometrically. u starts at 0, as FedAdam's does (its first round equals FedAdam's)."""
+
+    def step(self, mean_update: torch.Tensor) -> torch.Tensor:
+        """The step to add to the global weights for this round's mean update."""
+        self.rounds += 1
+        if self.m is None:
+            self.m = torch.zeros_like(mean_update)
+            self.u = torch.zeros_like(mean_update)
+        assert self.u is not None
+        sq = mean_update * mean_update
+        self.m.mul_(self.beta1).add_(mean_update, alpha=1 - self.beta1)
+        self.u.sub_((1 - self.beta2) * sq * torch.sign(self.u - sq))
+        m, u = self.m, self.u
+        if self.bias_correction:
+            m = m / (1 - self.beta1 ** self.rounds)
+            u = u / (1 - self.beta2 ** self.rounds)
+        return self.lr * m / (u.sqrt() + self.tau)
 
 
 class DP2RMSProp(ServerOptimizer):
@@ -169,6 +191,8 @@ def make_optimizer(name: str, cfg) -> ServerOptimizer:
         return ServerOptimizer(lr)
     if name == "fedadam":
         return FedAdam(lr, cfg.adam_beta1, cfg.adam_beta2, cfg.server_tau, cfg.bias_correction)
+    if name == "fedyogi":
+        return FedYogi(lr, cfg.adam_beta1, cfg.adam_beta2, cfg.server_tau, cfg.bias_correction)
     if name == "fedavgm":
         return ServerMomentum(lr, cfg.server_momentum)
     if name == "dp2-rmsprop":

@@ -9,7 +9,9 @@ left out of the average; if none is usable the server keeps the previous global 
 
 With ``server_lr`` ≠ 1 or ``server_momentum`` > 0 the server steps instead of replacing: Δ̄ = average − w,
 m ← μ·m + Δ̄, w ← w + η·m (FedAvgM, :class:`silofl.training.server_opt.ServerMomentum`) — post-processing of
-the sites' DP uploads, no budget. With the defaults the global model *is* the average, as before.
+the sites' DP uploads, no budget. With the defaults the global model *is* the average, as before. A method may
+name another server optimizer (``server_optimizer``: FedAdam, FedYogi — :mod:`silofl.fl.methods.fedopt`), also
+post-processing of the average.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class AveragingServer:
     """The aggregator role (node ``K``): validate, average in float64, broadcast."""
 
     def __init__(self, node: int, spec: ModelSpec, seed: int, device: torch.device,
-                 opt: ServerOptimizer | None = None):
+                 opt: ServerOptimizer | None = None, keys: tuple[str, ...] | None = None):
         torch.manual_seed(seed)
         self.node = node
         self.spec = spec
@@ -71,10 +73,12 @@ class AveragingServer:
         self.version = 0
         self._encoded: tuple | None = None
         self.opt = opt  # None: the global model is the average
+        self.keys = keys  # the tensors the sites share (FedPer: the body); None: all of them
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The global model's weights."""
-        return dict(self.model.state_dict())
+        """The global model's weights (the shared ones, with ``keys``)."""
+        state = dict(self.model.state_dict())
+        return state if self.keys is None else {k: state[k] for k in self.keys}
 
     def payload(self, rnd: int, client: int | None = None) -> bytes:
         """The broadcast of round ``rnd`` (the same bytes for every site: encoded once per round)."""
@@ -115,11 +119,18 @@ class AveragingServer:
             log.warning("server received no usable model in round %d and keeps the previous global model", rnd)
             return rejected
         average, _ = combine(template, 0.0, received)  # weighted mean in float64, as PushSum mixes
+        average = self.absorb(average, len(received))  # a method's extra averaged tensors (SCAFFOLD's), taken out
+        template = {k: template[k] for k in average}
         if self.opt is not None:
             average = self._server_step(template, average)
-        self.model.load_state_dict(average)
+        self.model.load_state_dict(average, strict=self.keys is None)
         self.version = rnd
         return rejected
+
+    def absorb(self, average: dict[str, torch.Tensor], received: int) -> dict[str, torch.Tensor]:
+        """Take a method's own averaged tensors out of ``average`` (``received`` uploads were averaged) and return the
+        model's; the plain server has none."""
+        return average
 
     def _server_step(self, current: dict[str, torch.Tensor], average: dict[str, torch.Tensor]
                      ) -> dict[str, torch.Tensor]:
@@ -139,12 +150,15 @@ class AveragingServer:
 class Centralized(Coordinator):
     """Train locally → upload → aggregate → broadcast → replace."""
 
-    def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False):
+    def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False,
+                 server_optimizer: str | None = None, shared_keys: tuple[str, ...] | None = None):
         super().__init__(cfg, n_sites)
         o = cfg.options
         lr, momentum = getattr(o, "server_lr", None) or 1.0, float(getattr(o, "server_momentum", 0.0) or 0.0)
         opt = make_optimizer("fedavgm", o) if (lr != 1.0 or momentum > 0.0) else None
-        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt)
+        if server_optimizer is not None:  # FedOpt (silofl.fl.methods.fedopt): e.g. fedadam, fedyogi on Δ̄
+            opt = make_optimizer(server_optimizer, o)
+        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt, shared_keys)
         self.uniform = uniform
 
     def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:

@@ -1,0 +1,91 @@
+"""FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020) with example-level DP-SGD.
+
+FedAvg's round (:mod:`silofl.fl.exchange.centralized`: train, upload, average, broadcast, replace) with a proximal
+term in every site's local objective, F_k(w) + (μ/2)·‖w − w_g‖², w_g the global model the site received (its
+weights when the round's training starts). Its gradient μ·(w − w_g) is added to the shared model's gradient after
+DP-SGD has clipped and noised the data term, before the optimizer steps
+(:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): it depends on no example, only on the current iterate and
+the received global — itself a DP release — so it is post-processing of the DP gradient. The mechanism, its
+accountant and ε are exactly FedAvg's; ``mu`` 0 is FedAvg. The server's ``server_lr``/``server_momentum`` apply as
+for FedAvg.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from silofl.core.errors import ConfigError
+from silofl.fl.coordinator import Method
+from silofl.fl.exchange.centralized import Centralized, CentralSite
+from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.options import AveragingOptions, SharedModelOptions
+from silofl.fl.registry import register
+
+
+def non_negative(name: str, value: float) -> None:
+    """Raise ConfigError unless ``value`` is a finite number ≥ 0."""
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{name} must be a finite non-negative number, got {value}")
+
+
+def proximal_hook(params: list[torch.nn.Parameter], anchor: list[torch.Tensor], weight: float) -> Callable[[], None]:
+    """A ``grad_hook`` adding ``weight``·(p − anchor) to every ``p.grad``: the gradient of (weight/2)·‖p − anchor‖²."""
+
+    def hook() -> None:
+        with torch.no_grad():
+            for p, a in zip(params, anchor, strict=True):
+                pull = (p.detach() - a).mul_(weight)
+                if p.grad is None:
+                    p.grad = pull
+                else:
+                    p.grad.add_(pull)
+
+    return hook
+
+
+def snapshot(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
+    """A model's trainable parameters and a detached copy of their current values."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return params, [p.detach().clone() for p in params]
+
+
+@dataclass
+class FedProxOptions(AveragingOptions, SharedModelOptions):
+    """FedProx: FedAvg with a proximal term μ/2·‖w − w_global‖² in the sites' local objective."""
+
+    mu: float = 0.01  # the proximal weight μ (0: FedAvg)
+
+    def validate(self, run: Any) -> None:
+        super().validate(run)
+        non_negative("mu", self.mu)
+
+
+class ProxSite(CentralSite):
+    """A FedAvg site whose local steps are pulled towards the model it received (see the module doc)."""
+
+    def __init__(self, *args: Any, mu: float = 0.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.mu = float(mu)
+
+    def shared_grad_hook(self) -> Callable[[], None] | None:
+        if self.mu == 0.0:
+            return None
+        params, anchor = snapshot(self.shared)  # the received global model: this round's start
+        return proximal_hook(params, anchor, self.mu)
+
+
+@register("fedprox", options=FedProxOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
+          description="FedAvg with a proximal term μ/2·‖w − w_global‖² in the local DP-SGD objective")
+class FedProx(Method):
+    def make_site(self, k, x, y, data):
+        return ProxSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global",
+                        mu=self.opts.mu)
+
+    def make_coordinator(self, n_sites, data, device):
+        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
+                           uniform=self.opts.aggregation == "uniform")
