@@ -42,12 +42,14 @@ def test_fedavg_clients_hold_the_size_weighted_average_of_their_uploads(tiny_cfg
     b = build_run(tiny_cfg.replace(method="fedavg"))
     proto = b.coordinator
     proto.start()
+    proto.flush()  # the broadcast goes with each site's next request (silofl.comm.batch): deliver it now
     first = [c.shared_state() for c in b.sites]
     for c in b.sites[1:]:  # the server's initial broadcast: everyone starts equal
         assert all(torch.equal(first[0][k], c.shared_state()[k]) for k in first[0])
     server_bytes = b.engine.bytes_sent[proto.server_id]
     packets = spy_packets(b.engine)
     proto.run_round(1)
+    proto.flush()
     uploads = [decode(data)[0] for src, dst, data in packets if dst == proto.server_id]
     assert len(uploads) == 4
     w = torch.tensor([float(u.pop(WEIGHT_KEY)) for u in uploads], dtype=torch.float64)
@@ -82,6 +84,7 @@ def test_fml_averages_memes_but_private_models_stay_local(tiny_cfg):
     b = build_run(tiny_cfg.replace(method="fml", private_models=["mlp", "cnn1", "lenet5", "cnn2"]))
     b.coordinator.start()
     b.coordinator.run_round(1)
+    b.coordinator.flush()  # the round's broadcast goes with each site's next request: deliver it now
     memes = [c.shared_state() for c in b.sites]
     assert all(torch.equal(memes[0][k], m[k]) for m in memes for k in m)
     assert [c.private_spec.name for c in b.sites] == ["mlp", "cnn1", "lenet5", "cnn2"]

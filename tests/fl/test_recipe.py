@@ -128,6 +128,7 @@ def test_the_server_steps_with_momentum_on_the_average_of_the_uploads(tiny_cfg):
     for rnd in (1, 2):
         packets.clear()
         proto.run_round(rnd)
+        proto.flush()  # the round's broadcast goes with each site's next request: deliver it now
         ups = [decode(d)[0] for _, dst, d in packets if dst == proto.server_id]
         for u in ups:
             u.pop(WEIGHT_KEY)
