@@ -49,16 +49,20 @@ class CentralSite(DPSGDSite):
         return Message(packets=[Packet(self.cid, int(msg.meta["server"]), data)])
 
     def on_receive_global(self, msg: Message) -> Message:
-        """Replace the shared model by the server's broadcast (validated first)."""
+        """Take the server's broadcast, validated first (:meth:`take_global`)."""
         rnd = int(msg.meta["round"])
         rejected = []
         for p in msg.packets:
             try:
                 tensors, _, _ = self.read(p, rnd=rnd)
-                self.replace_shared(tensors, token=("server", rnd))
+                self.take_global(tensors, rnd)
             except PeerModelRejected as e:
                 rejected.append(self.reject(rnd, p, e))
         return Message({"rejected": rejected})
+
+    def take_global(self, tensors: dict[str, torch.Tensor], rnd: int) -> None:
+        """What the site does with the server's validated broadcast: its shared model becomes it."""
+        self.replace_shared(tensors, token=("server", rnd))
 
 
 class AveragingServer:

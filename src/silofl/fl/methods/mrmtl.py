@@ -26,8 +26,6 @@ from typing import Any
 
 import torch
 
-from silofl.comm.messages import Message
-from silofl.core.errors import PeerModelRejected
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized, CentralSite
 from silofl.fl.methods.common import dpsgd_settings, spec
@@ -57,19 +55,11 @@ class MeanRegularisedSite(CentralSite):
         self.mrmtl_lambda = float(mrmtl_lambda)
         self.target: dict[str, torch.Tensor] | None = None  # w̄, the last mean received
 
-    def on_receive_global(self, msg: Message) -> Message:
+    def take_global(self, tensors: dict[str, torch.Tensor], rnd: int) -> None:
         """Round 0: start from the server's initial model; later rounds: keep the (validated) mean as the target."""
-        rnd = int(msg.meta["round"])
-        rejected = []
-        for p in msg.packets:
-            try:
-                tensors, _, _ = self.read(p, rnd=rnd)
-                if rnd == 0:
-                    self.replace_shared(tensors, token=("server", rnd))
-                self.target = {k: v.detach().clone() for k, v in tensors.items()}
-            except PeerModelRejected as e:
-                rejected.append(self.reject(rnd, p, e))
-        return Message({"rejected": rejected})
+        if rnd == 0:
+            self.replace_shared(tensors, token=("server", rnd))
+        self.target = {k: v.detach().clone() for k, v in tensors.items()}
 
     def shared_grad_hook(self) -> Callable[[], None] | None:
         if self.target is None or self.mrmtl_lambda == 0.0:
