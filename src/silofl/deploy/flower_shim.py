@@ -6,7 +6,7 @@ for the reply every 0.5 s. In a silofl round every site answers every step, so e
 the last site to notice it. This module runs the same SuperNode (``python -m silofl.deploy.flower_shim ARGS``
 takes ``flower-supernode``'s arguments) with two module globals of that file replaced — nothing else:
 
-- ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` while a
+- ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` (0.1 s) while a
   run is on (a message was pulled within the last :data:`IDLE_AFTER_S`), then backs off by doubling up to
   Flower's 3 s when idle, so K idle sites do not flood the SuperLink; the reply check waits :data:`REPLY_S`;
 - ``_pull_and_store_message``: the same function, which also rings the site's *doorbell* (a datagram on the
@@ -30,7 +30,9 @@ import types
 import warnings
 
 SUPPORTED = "1.41.0"
-ACTIVE_S = 0.05  # an empty pull while a run is on: tens of milliseconds
+# an empty pull while a run is on waits this long (SILOFL_SUPERNODE_POLL_S): each pull costs the SuperLink and the
+# SuperNode CPU, and on 2 cores with 8 sites 0.05 / 0.1 / 0.2 s gave 1.45 / 1.35 / 1.16 s a round (bench/deployment.py)
+ACTIVE_S = float(os.environ.get("SILOFL_SUPERNODE_POLL_S", "0.1"))
 IDLE_AFTER_S = 15.0  # no message for this long: back off towards Flower's 3 s
 REPLY_S = 0.005  # the wait between two checks for the reply of the message in work (in-memory, cheap)
 DOORBELL_ENV = "SILOFL_DOORBELL"
