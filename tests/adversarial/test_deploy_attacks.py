@@ -140,6 +140,28 @@ def test_rounds_only_move_forward(tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_batch_cannot_smuggle_a_setup_nor_move_rounds_back(tiny_cfg, tmp_path):
+    """Several steps in one message (silofl.comm.batch) are checked as the steps they are: a hello or setup inside
+    a batch, a batch inside a batch, a part whose round goes back, are refused and change nothing."""
+    from silofl.comm import batch
+
+    engine, workers, spec, _ = joined(tiny_cfg.replace(clients=2), tmp_path)
+    w = workers[0]
+    for parts in ([("status", Message({"round": 1})), (SETUP, Message(dict(spec)))],
+                  [("status", Message({"round": 1})), ("__hello__", Message({"nonce": "x"}))]):
+        got, reply = ask(w, batch.BATCH, 0, batch.make(parts).meta, batch.make(parts).packets)
+        assert got == ERROR and "never part of a batch" in reply.meta["error"]
+    nested = Message({"parts": [{"step": batch.BATCH, "meta": {}, "packets": 0}]})
+    got, reply = ask(w, batch.BATCH, 0, nested.meta)
+    assert got == ERROR
+    got, reply = ask(w, batch.BATCH, 0, batch.make([("status", Message({"round": 3})),
+                                                     ("status", Message({"round": 2}))]).meta)
+    assert got == ERROR and "forward" in reply.meta["error"]
+    got, reply = ask(w, batch.BATCH, 0, batch.make([("status", Message({"round": 3}))]).meta)
+    assert got == batch.BATCH and len(batch.split_reply(reply, 1)) == 1  # a well-formed batch still runs
+
+
+@pytest.mark.slow
 def test_a_resent_setup_does_not_reset_the_replay_guard(tiny_cfg, tmp_path):
     engine, workers, spec, _, pk = _one_payload(tiny_cfg, tmp_path)
     w = workers[pk.dst]
