@@ -21,7 +21,7 @@ F1, ECE) comes from that one forward pass per model.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -54,19 +54,26 @@ def accuracies(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, ba
                min_group: int = 2) -> list[float]:
     """Top-1 accuracy of each model over (x, y): models of one architecture in one vectorised pass (see the module
     doc), any other (or a group smaller than ``min_group``) alone with :func:`accuracy`."""
-    out: list[float | None] = [None] * len(models)
+    return [float(a) for a in _by_architecture(models, x, y, batch_size, min_group, accuracy, _stacked_accuracies)]
+
+
+def _by_architecture(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int, min_group: int,
+                     alone: Callable, stacked: Callable) -> list:
+    """``alone(model, x, y, batch_size)`` or, for each group of at least ``min_group`` models of one architecture
+    (without mode-dependent layers), ``stacked(models, x, y, batch_size)`` in one pass; in the models' order."""
+    out: list = [None] * len(models)
     groups: dict[tuple, list[int]] = {}
     for i, m in enumerate(models):
         groups.setdefault(signature(m), []).append(i)
     for idx in groups.values():
         ms = [models[i] for i in idx]
-        if len(ms) < min_group or _has_mode_dependent_layers(ms[0]):
+        if len(ms) < min_group or _has_mode_dependent_layers(ms[0]) or len(y) == 0:
             for i in idx:
-                out[i] = accuracy(models[i], x, y, batch_size)
+                out[i] = alone(models[i], x, y, batch_size)
             continue
-        for i, acc in zip(idx, _stacked_accuracies(ms, x, y, batch_size), strict=True):
-            out[i] = acc
-    return [float(a) for a in out]  # type: ignore[arg-type]
+        for i, r in zip(idx, stacked(ms, x, y, batch_size), strict=True):
+            out[i] = r
+    return out
 
 
 def _linear_stack(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,19 +205,7 @@ def all_scores(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, ba
                min_group: int = 2) -> list[dict[str, float | None]]:
     """:func:`scores` of each model over (x, y), grouped and vectorised as :func:`accuracies` does (its ``acc``
     values are :func:`accuracies`' figures)."""
-    out: list[dict | None] = [None] * len(models)
-    groups: dict[tuple, list[int]] = {}
-    for i, m in enumerate(models):
-        groups.setdefault(signature(m), []).append(i)
-    for idx in groups.values():
-        ms = [models[i] for i in idx]
-        if len(ms) < min_group or _has_mode_dependent_layers(ms[0]) or len(y) == 0:
-            for i in idx:
-                out[i] = scores(models[i], x, y, batch_size)
-            continue
-        for i, s in zip(idx, _stacked_scores(ms, x, y, batch_size), strict=True):
-            out[i] = s
-    return [s for s in out if s is not None]
+    return _by_architecture(models, x, y, batch_size, min_group, scores, _stacked_scores)
 
 
 @torch.inference_mode()
