@@ -17,6 +17,7 @@ post-processing of the average.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -54,13 +55,17 @@ class CentralSite(DPSGDSite):
         rejected = []
         for p in msg.packets:
             try:
-                tensors, _, _ = self.read(p, rnd=rnd)
-                self.take_global(tensors, rnd)
+                self.take_global(self.read_global(p, rnd), rnd)
             except PeerModelRejected as e:
                 rejected.append(self.reject(rnd, p, e))
         return Message({"rejected": rejected})
 
-    def take_global(self, tensors: dict[str, torch.Tensor], rnd: int) -> None:
+    def read_global(self, packet: Packet, rnd: int) -> Any:
+        """The server's broadcast in ``packet``, validated (PeerModelRejected otherwise): its model tensors."""
+        tensors, _, _ = self.read(packet, rnd=rnd)
+        return tensors
+
+    def take_global(self, tensors: Any, rnd: int) -> None:
         """What the site does with the server's validated broadcast: its shared model becomes it."""
         self.replace_shared(tensors, token=("server", rnd))
 

@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
-from silofl.comm.messages import Message, Packet
+from silofl.comm.messages import Packet
 from silofl.comm.wire import encode, read_model
-from silofl.core.errors import PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import AveragingServer, Centralized, CentralSite
@@ -85,20 +84,12 @@ class ScaffoldSite(CentralSite):
         state.update(extra or {})
         return encode(state, meta={"round": rnd, "src": self.cid, "model": self.shared_spec.name, **meta})
 
-    def on_receive_global(self, msg: Message) -> Message:
-        """Replace the model and take the server's c from its broadcast (validated first)."""
-        rnd = int(msg.meta["round"])
-        rejected = []
-        for p in msg.packets:
-            try:
-                model, c = self.read_with_cv(p, rnd)
-                self.replace_shared(model, token=("server", rnd))
-                self.c_global = c
-            except PeerModelRejected as e:
-                rejected.append(self.reject(rnd, p, e))
-        return Message({"rejected": rejected})
+    def take_global(self, got: tuple[dict, dict], rnd: int) -> None:
+        """Replace the model and take the server's c from its (validated) broadcast."""
+        model, self.c_global = got
+        self.replace_shared(model, token=("server", rnd))
 
-    def read_with_cv(self, packet: Packet, rnd: int) -> tuple[dict, dict]:
+    def read_global(self, packet: Packet, rnd: int) -> tuple[dict, dict]:
         """A broadcast's model and control variate, validated (names, shapes, dtypes, finite and bounded values,
         round and sender; the model probed on local data). Raises PeerModelRejected."""
         reference = {**dict(self.shared.state_dict()), **{CV + n: v for n, v in self.c_global.items()}}
