@@ -66,5 +66,5 @@ CL=(--method dp-fedavg --dataset fashion-mnist --partition iid --clients 6 --sam
 for e in 8:2.854 3:6.68 1:18.125; do
   audit "dpfedavg-adaptive-eps${e%%:*}" "${CL[@]}" --noise-multiplier "${e##*:}"
 done
-"$PY" scripts/audit_doc.py "$OUT" > docs/audit.md
+"$PY" -m studies.audit_doc "$OUT" > docs/audit.md
 echo "docs/audit.md written"

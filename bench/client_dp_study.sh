@@ -9,5 +9,5 @@ export OMP_NUM_THREADS=1
 .venv/bin/silofl compare --config bench/client_dp_full_data.yaml --resume --quiet
 .venv/bin/silofl compare --config bench/client_dp_clip_sampling.yaml --resume --quiet
 .venv/bin/python bench/client_dp_round.py --rounds 3 --threads 2 --out docs/data/client_dp_round.json
-.venv/bin/python scripts/client_dp_doc.py reports/client-dp --fixed-v reports/client-dp-fixed-v \
+.venv/bin/python -m studies.client_dp_doc reports/client-dp --fixed-v reports/client-dp-fixed-v \
   --full-data reports/client-dp-full --clip-sampling reports/client-dp-clip > docs/client_dp.md

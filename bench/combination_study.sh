@@ -2,7 +2,7 @@
 # Combination at inference (silofl.site.combine) on the ProxyFL benchmark: Fashion-MNIST, 8 sites x 1000 examples,
 # p_major 0.8, 30 rounds, eps = 3 per site (delta 1e-5, budget-first), strict mode, one thread, seeds 0-2; each run
 # also trains going alone (--vs-alone). Then docs/combination.md:
-#   python scripts/combination_doc.py --runs reports/combination --out docs/combination.md
+#   python -m studies.combination_doc --runs reports/combination --out docs/combination.md
 set -euo pipefail
 OUT=${OUT:-reports/combination}
 S=${SILOFL:-.venv/bin/silofl}

@@ -22,7 +22,7 @@ for s in 0 1 2; do
 done
 .venv/bin/python bench/dp_step.py --json docs/data/dp_step.json
 .venv/bin/python bench/proxyfl_round.py --privacy paper --rounds 5 --json docs/data/proxyfl_round.json
-.venv/bin/python scripts/proxyfl_results.py --strict runs/main-strict --paper runs/main-paper \
+.venv/bin/python -m studies.proxyfl_doc --strict runs/main-strict --paper runs/main-paper \
   --seeds strict=runs/main-strict,runs/strict-reset-s1,runs/strict-reset-s2 \
   --seeds paper=runs/main-paper,runs/paper-reset-s1,runs/paper-reset-s2 \
   --seeds "strict, optimizer_state keep"=runs/strict-keep-s0,runs/strict-keep-s1,runs/strict-keep-s2 \

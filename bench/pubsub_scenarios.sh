@@ -7,4 +7,4 @@ OUT=${1:-reports/pubsub}
 for s in scale distributed-features regression noisy-sites stream iid non-iid; do
   .venv/bin/silofl pubsub scenario "$s" --out "$OUT/$s"
 done
-.venv/bin/python scripts/pubsub_doc.py --runs "$OUT" --out docs/pubsub.md
+.venv/bin/python -m studies.pubsub_doc --runs "$OUT" --out docs/pubsub.md

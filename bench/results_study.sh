@@ -19,5 +19,5 @@ $SILOFL compare --methods proxyfl,fedavg,fml,avgpush,cwt,regular --preset dp --d
 $SILOFL compare --methods proxyfl,fedavg,cwt --dataset fashion-mnist --seeds 0 --rounds "${LONG_ROUNDS:-800}" \
   --eval-every 50 --threads 1 --resume --out reports/fmnist-long --quiet
 $SILOFL compare --config bench/cwt_one_hop.yaml --resume --quiet
-.venv/bin/python scripts/results_doc.py reports/fmnist --dp reports/fmnist-dp --long reports/fmnist-long \
+.venv/bin/python -m studies.results_doc reports/fmnist --dp reports/fmnist-dp --long reports/fmnist-long \
   --extra reports/fmnist-cwt1 > docs/results.md

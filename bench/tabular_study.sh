@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reports/tabular}
-SILOFL_NO_PROGRESS=1 .venv/bin/python -m silofl.experiments.tabular --out "$OUT"
-.venv/bin/python scripts/tabular_doc.py --runs "$OUT" --out docs/tabular.md
+SILOFL_NO_PROGRESS=1 .venv/bin/python -m studies.tabular --out "$OUT"
+.venv/bin/python -m studies.tabular_doc --runs "$OUT" --out docs/tabular.md

@@ -128,7 +128,7 @@ def _images(root: Path, rng: np.random.Generator, per_class: int = 6) -> None:
 def test_the_readme_tables_and_predict_export_commands_as_written(tmp_path):
     """The tables section (the penguin run on its three files, an image-folder run, a publish) and then the
     predict/export section on the runs it made — in one working folder, in the README's order."""
-    from silofl.experiments.tabular import write_sites
+    from studies.tabular import write_sites
 
     write_sites(tmp_path)  # schema.yaml, biscoe.csv, dream.csv, torgersen.parquet: the files the README names
     shutil.copy(tmp_path / "dream.csv", tmp_path / "new_rows.csv")

@@ -61,8 +61,8 @@ def _stop(p: subprocess.Popen, first: int = signal.SIGTERM) -> None:
 
 @pytest.mark.slow
 def test_the_readme_deployment_commands_as_written(tmp_path):
-    from silofl.experiments.tabular import write_sites
     from silofl.privacy.analysis import epsilon_of
+    from studies.tabular import write_sites
 
     assert readme.variables(DEPLOY).keys() == VARIABLES.keys()
     with socket.socket() as s:

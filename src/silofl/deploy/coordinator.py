@@ -28,6 +28,7 @@ from silofl.comm import batch
 from silofl.comm.engine import Engine
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
+from silofl.core.extras import require
 from silofl.deploy import seal as sealing
 from silofl.deploy.site import COORDINATOR, ERROR, HELLO, SETUP, hello_text
 
@@ -311,9 +312,7 @@ class FlowerEngine(Engine):
 
 
 def _flwr_version() -> str:
-    import flwr
-
-    return flwr.__version__
+    return str(require("flwr", "deploy").__version__)
 
 
 def _count(v, what: str) -> int:

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from silofl.core.extras import require
+
 log = logging.getLogger("silofl")
 
 POLL_S = 1.0  # the wait for work when the doorbell stays silent
@@ -39,6 +41,7 @@ ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 def own_fab_hash(fab_dir: Path) -> str:
     """The SHA-256 of the FAB Flower builds from silofl's app as installed here (Flower's build is deterministic:
     sorted files, fixed dates), the one FAB this site accepts."""
+    require("flwr", "deploy")
     from flwr.cli.build import build_fab_from_disk
 
     return hashlib.sha256(build_fab_from_disk(fab_dir)).hexdigest()

@@ -29,6 +29,8 @@ import time
 import types
 import warnings
 
+from silofl.core.extras import require
+
 SUPPORTED = "1.41.0"
 # an empty pull while a run is on waits this long (SILOFL_SUPERNODE_POLL_S): each pull costs the SuperLink and the
 # SuperNode CPU, and on 2 cores with 8 sites 0.05 / 0.1 / 0.2 s gave 1.45 / 1.35 / 1.16 s a round (bench/deployment.py)
@@ -41,8 +43,7 @@ PULL_BACKOFF_S = (0.01, 1.0)  # first retry, cap (Flower: 1 s, 10 s; up to 500 t
 
 def supported() -> bool:
     """Whether this is the Flower whose internals this module knows."""
-    import flwr
-
+    flwr = require("flwr", "deploy")
     return bool(flwr.__version__ == SUPPORTED)
 
 
@@ -118,7 +119,7 @@ def patch(module: types.ModuleType, pacer: Pacer, doorbell: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``flower-supernode ARGS``, paced (see the module doc)."""
-    import flwr
+    flwr = require("flwr", "deploy")
     from flwr.supernode import start_client_internal as sci
     from flwr.supernode.cli import flower_supernode
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from silofl.core.errors import ConfigError, SiloflError
+from silofl.core.extras import require
 
 log = logging.getLogger("silofl")
 
@@ -34,6 +35,7 @@ SERVERAPP_START_S = 180.0  # a submitted run whose ServerApp has not said a word
 
 def flower_bin(name: str) -> str:
     """A Flower executable installed beside this Python."""
+    require("flwr", "deploy")
     p = Path(sys.executable).parent / name
     found = str(p) if p.exists() else shutil.which(name)
     if not found:
@@ -135,6 +137,7 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
     instead — a ``flwr-clientapp`` process per message relaying to the worker's socket (for the benchmark)."""
     import secrets as _secrets
 
+    require("flwr", "deploy")
     from silofl.deploy.executor import WarmExecutor
     from silofl.deploy.flower_shim import DOORBELL_ENV, fast_pulls
     from silofl.deploy.site import SiteWorker
@@ -270,6 +273,7 @@ def register_node(pub: Path, env: dict[str, str]) -> int:
     through the CLI on any Flower but the one whose internals :mod:`silofl.deploy.flower_shim` knows."""
     from silofl.deploy.flower_shim import supported
 
+    require("flwr", "deploy")
     if not supported():
         return int(flwr(["supernode", "register", str(pub), FEDERATION], env)["node-id"])
     from flwr.cli.flower_config import read_superlink_connection
@@ -443,6 +447,7 @@ class LocalDeployment:
 def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = False, poll_s: float = 0.1,
                  progress: bool = True, call_timeout_s: float = 300.0, restart_sites: bool = False) -> dict:
     """A real deployment of ``cfg`` on this machine (see the module doc); the run's summary."""
+    require("flwr", "deploy", "silofl deploy local")
     import torch
 
     from silofl.deploy.site import NOT_DEPLOYABLE
@@ -501,6 +506,7 @@ def run_deployment(cfg, folder: Path | None, superlink: str | None, timeout_s: f
     SuperLink at ``superlink`` (this machine runs it: its ServerApp reads the coordinator folder)."""
     from silofl.run.folder import check_out
 
+    require("flwr", "deploy", "silofl deploy start")
     if folder is None or superlink is None:
         raise ConfigError("a deployed run needs the coordinator's folder and --superlink HOST:PORT")
     fed = Path(folder) / "federation.json"

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from silofl.core.errors import ConfigError
+from silofl.core.extras import require
 from silofl.pubsub.customize import LocalData, customize, split
 from silofl.pubsub.dp_models import Bounds, train
 from silofl.pubsub.fl_baselines import evaluate, fine_tune, run_fl
@@ -255,6 +256,7 @@ def scenario_regression(seeds, quick: bool) -> dict:
 def _hyperplane(n: int, seed: int, n_features: int = 10, drift: float = 0.001):
     import itertools
 
+    require("river", "pubsub", "the PubSub-ML stream scenarios (river's Hyperplane stream)")
     from river.datasets import synth
 
     gen = synth.Hyperplane(seed=seed, n_features=n_features, n_drift_features=n_features // 2, mag_change=drift,

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from silofl.core.errors import ConfigError
+from silofl.core.extras import require
 from silofl.data.preprocessing import TablePreprocessing
 from silofl.inference.pipeline import LoadedModel, load_pipeline
 
@@ -49,6 +50,8 @@ def export(path: str | Path, client: int, out: str | Path, model: str = "private
     card."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format takes {', '.join(FORMATS)}, got {fmt!r}")
+    for module in ("onnx", "onnxscript"):  # torch's exporter imports them; checked before anything is written
+        require(module, "export", "silofl export --format onnx")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
@@ -96,7 +99,8 @@ def export_onnx(loaded: LoadedModel, path: Path) -> None:
             torch.onnx.export(loaded.pipeline, (x,), str(path), input_names=["x"], output_names=["probabilities"],
                               dynamic_shapes=({0: batch},), external_data=False, verbose=False)
         except ImportError as e:  # onnx / onnxscript missing
-            raise ConfigError(f"ONNX export needs the onnx and onnxscript packages ({e}); reinstall silofl") from None
+            raise ConfigError(f"ONNX export needs the onnx and onnxscript packages ({e}): "
+                              "pip install 'silofl[export]'") from None
         finally:
             for lg, level in zip(quiet, levels, strict=True):
                 lg.setLevel(level)

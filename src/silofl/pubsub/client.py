@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from silofl.core.errors import ConfigError, ModelRejected, SiloflError
+from silofl.core.extras import require
 from silofl.pubsub.broker import Broker, Channel
 from silofl.pubsub.model import PublishedModel
 
@@ -52,7 +53,7 @@ class RemoteBroker:
 
     def __init__(self, url: str, credential: str | Path | dict, ca: str | None = None, timeout: float = 60.0,
                  retries_on_429: int = 5):
-        import httpx
+        httpx = require("httpx", "pubsub", "the PubSub-ML broker client (--broker URL)")
 
         if not url.startswith("https://") and not url.startswith("http://"):
             raise ConfigError(f"a broker URL starts with https://, got {url!r}")

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from silofl.core.errors import ConfigError
+from silofl.core.extras import require
 from silofl.pubsub.model import PublishedModel, scale_inputs
 
 KINDS = ("dp-nn", "dp-logreg", "dp-nb", "dp-forest", "dp-linreg")
@@ -159,6 +160,8 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
 
 # ---------------------------------------------------------------------------------------------- diffprivlib
 def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds, trees, depth):
+    if not nonprivate:
+        require("diffprivlib", "pubsub", f"a {kind} model (diffprivlib)")
     d = x.shape[1]
     unit = (np.zeros(d), np.ones(d))
     with warnings.catch_warnings():

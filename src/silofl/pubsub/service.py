@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from silofl.core.errors import ConfigError, ModelRejected, SiloflError
+from silofl.core.extras import require
 from silofl.deploy.pki import write_private
 from silofl.pubsub.broker import Broker
 from silofl.pubsub.model import MAX_BYTES
@@ -194,6 +195,7 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
                public_url: str | None = None):
     """The FastAPI application serving the broker in ``state`` (see the module doc). On first use it writes the
     operator's credential to ``state/admin.json`` (mode 0600)."""
+    require("fastapi", "pubsub", "the PubSub-ML broker service")
     from fastapi import Depends, FastAPI, HTTPException, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
@@ -395,7 +397,8 @@ def _channel_json(ch) -> dict:
 def serve(state: str | Path, host: str, port: int, certfile: str | None, keyfile: str | None, *,
           max_upload: int = MAX_BYTES, rate: float = 20.0, burst: int = 40, log_level: str = "warning") -> None:
     """Run the service until interrupted (HTTPS unless ``certfile`` is None)."""
-    import uvicorn
+    uvicorn = require("uvicorn", "pubsub", "silofl pubsub serve")
+    require("fastapi", "pubsub", "silofl pubsub serve")
 
     scheme = "https" if certfile else "http"
     app = create_app(state, max_upload=max_upload, rate=rate, burst=burst, public_url=f"{scheme}://{host}:{port}")

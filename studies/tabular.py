@@ -53,6 +53,9 @@ def write_sites(out: Path) -> tuple[Path, list[Path]]:
     """The schema and one file per island from the package's CSV (Torgersen as Parquet)."""
     import importlib.resources
 
+    from silofl.core.extras import require
+
+    require("palmerpenguins", "studies", "the tabular study (the penguins data)")
     import pandas as pd
     import yaml
 

@@ -5,7 +5,7 @@ accountant in its ``summary.json``, the (σ, q, steps) history it was fed is com
 ``dp_accounting.rdp.RdpAccountant`` (Poisson-sampled Gaussian events) and with Opacus' RDP analysis, both on
 integer Rényi orders, and set beside the ε silofl printed (Opacus' accountant on its default orders, fractional
 ones included). On one grid the two libraries agree to rounding; the printed ε may only be lower than them (more
-orders, each a valid bound). ``python scripts/epsilon_check.py --out DIR`` prints a markdown table.
+orders, each a valid bound). ``python -m studies.epsilon_check --out DIR`` prints a markdown table.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 import json
 
-from silofl.experiments.docs import audit as doc
+from studies import audit_doc as doc
 
 
 def fake(mode, sigma, eps, bound, canary_auc, mia_auc):

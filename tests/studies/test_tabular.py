@@ -5,8 +5,8 @@ import json
 import pytest
 
 from silofl.data.schema import Schema, read_table
-from silofl.experiments import tabular
-from silofl.experiments.docs import tabular as doc
+from studies import tabular
+from studies import tabular_doc as doc
 
 
 def test_penguin_sites_are_written_and_pass_their_schema(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-COMMAND = ("bash bench/combination_study.sh` (runs into reports/combination), then `python scripts/combination_doc.py "
+COMMAND = ("bash bench/combination_study.sh` (runs into reports/combination), then `python -m studies.combination_doc "
            "--runs reports/combination --out docs/combination.md")
 
 
@@ -153,3 +153,9 @@ def main(argv: list[str]) -> None:
                        "more rounds is the stronger reference.", "",
                        "| run | seed | rounds | batch | accuracy |", "|---|---|---|---|---|", *alone_rows(runs), ""])
     Path(a.out).write_text(text)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,8 +1,8 @@
 """Generate docs/privacy_utility.md: what each method reaches at ε = 1, 3, 8 per site, each tuned for the budget on
 the validation split (never the test set), then run once on the test set.
 
-    python -m silofl.experiments.docs.privacy_utility --out runs/privacy_utility [--jobs 2] [--seeds 0]
-    python -m silofl.experiments.docs.privacy_utility --out runs/privacy_utility --report-only
+    python -m studies.privacy_utility --out runs/privacy_utility [--jobs 2] [--seeds 0]
+    python -m studies.privacy_utility --out runs/privacy_utility --report-only
 
 For every (method, budget): ``silofl tune`` over the grid below on seed 0 (budget-first σ for each trial's rounds),
 the best trial's released models scored on the test split; every other seed runs those settings once on its own
@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run (or resume) the study and write the document."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/privacy_utility")
-    ap.add_argument("--doc", default=str(Path(__file__).resolve().parents[4] / "docs" / "privacy_utility.md"))
+    ap.add_argument("--doc", default=str(Path(__file__).resolve().parents[1] / "docs" / "privacy_utility.md"))
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--features", default=",".join(FEATURE_SETS),
@@ -792,7 +792,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"budgets must be among {BUDGETS}")
     rows = collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features, budgets)
     carried = carried_rows(Path(a.doc).parent / "data" / "privacy_utility.csv", features)
-    cmd = (f"python -m silofl.experiments.docs.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
+    cmd = (f"python -m studies.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
            f"--features {','.join(features)}")
     document(rows + carried, root, Path(a.doc), seeds, cmd, tuple(FEATURE_SETS) if carried else features)
     print(f"wrote {a.doc}", file=sys.stderr)

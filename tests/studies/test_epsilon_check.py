@@ -2,7 +2,7 @@
 
 import pytest
 
-from silofl.experiments.epsilon_check import collapse, dp_accounting_epsilon, opacus_epsilon
+from studies.epsilon_check import collapse, dp_accounting_epsilon, opacus_epsilon
 
 
 @pytest.mark.parametrize("history,delta", [

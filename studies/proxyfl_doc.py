@@ -1,6 +1,6 @@
 """Generate docs/proxyfl.md from run folders and bench JSON files (nothing in it is typed by hand).
 
-    .venv/bin/python scripts/proxyfl_results.py --strict runs/main-strict --paper runs/main-paper \
+    .venv/bin/python -m studies.proxyfl_doc --strict runs/main-strict --paper runs/main-paper \
         --seeds strict=runs/main-strict,runs/strict-s1,runs/strict-s2 --seeds paper=runs/main-paper,runs/paper-s1,runs/paper-s2 \
         --seeds "strict, optimizer_state reset"=runs/strict-reset-s0,runs/strict-reset-s1,runs/strict-reset-s2 \
         --bench-step bench/out/dp_step.json --bench-round bench/out/proxyfl_round.json --out docs/proxyfl.md
