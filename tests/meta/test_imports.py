@@ -36,8 +36,9 @@ def test_importing_the_library_and_the_cli_loads_no_extra(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_needs_no_extra_and_an_extra_s_command_says_which(tmp_path):
-    """With every extra's packages blocked: a ProxyFL run on digits completes; `silofl pubsub serve` and `silofl
-    deploy local` stop with the one line naming their extra (exit code 2)."""
+    """With every extra's packages blocked: the main job's kind of run (ProxyFL on ScatterNet features, against going
+    alone) completes on digits; `silofl pubsub serve` and `silofl deploy local` stop with the one line naming their
+    extra (exit code 2)."""
     cp = python(f"""
         import sys
         for name in {EXTRA_MODULES!r}:
@@ -46,7 +47,9 @@ def test_a_run_needs_no_extra_and_an_extra_s_command_says_which(tmp_path):
         from silofl.cli.main import app
         tiny = ["--dataset", "digits", "--clients", "2", "--rounds", "1", "--samples-per-client", "60",
                 "--batch-size", "20", "--delta", "1e-3", "--test-limit", "100", "--quiet"]
-        for args in (["run", "--method", "proxyfl", *tiny, "--out", "run"],
+        main_job = ["--target-epsilon", "8", "--features", "scatter", "--private-model", "linear", "--proxy-model",
+                    "linear", "--vs-alone"]  # the README's main job, on digits
+        for args in (["run", "--method", "proxyfl", *tiny, *main_job, "--out", "run"],
                      ["pubsub", "serve", "--state", "broker", "--insecure-http"],
                      ["deploy", "local", "--sites", "2", "--method", "fedavg", "--dataset", "digits", "--rounds", "1",
                       "--quiet", "--out", "dep"]):
@@ -55,7 +58,9 @@ def test_a_run_needs_no_extra_and_an_extra_s_command_says_which(tmp_path):
     """, tmp_path)
     assert cp.returncode == 0, cp.stderr
     (run, _), (serve, serve_line), (deploy, deploy_line) = (line.split("\t") for line in cp.stdout.strip().splitlines())
-    assert run == "0" and (tmp_path / "run" / "summary.json").is_file()
+    assert run == "0", cp.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["features"]["features"]["name"] == "scatter" and "vs_alone" in summary
     assert serve == "2" and serve_line.endswith("pip install 'silofl[pubsub]'")
     assert deploy == "2" and deploy_line.endswith("pip install 'silofl[deploy]'")
     assert not (tmp_path / "broker").exists() and not (tmp_path / "dep").exists()

@@ -39,7 +39,7 @@ def flower_bin(name: str) -> str:
     p = Path(sys.executable).parent / name
     found = str(p) if p.exists() else shutil.which(name)
     if not found:
-        raise ConfigError(f"{name} not found: install Flower (pip install flwr==1.41.0)")
+        raise ConfigError(f"{name} not found beside {sys.executable}: pip install 'silofl[deploy]' into this environment")
     return found
 
 
