@@ -31,7 +31,7 @@ import yaml
 
 from tests import readme
 
-DEPLOY = "Deploying between institutions"
+DEPLOY = readme.DEPLOY  # (file, title): docs/howto/deploy.md since issue 27
 SITES = ("a", "b", "c")
 VARIABLES = {"COORD": "localhost"}  # the README's variables, as this machine sets them
 PORT = 9092  # the README's SuperLink port, as written
