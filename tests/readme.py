@@ -1,16 +1,17 @@
-"""The README's commands, read from README.md itself (fenced ``bash`` blocks of a section), so that a test runs what
-the README shows and a changed or added command cannot go untested (issue 25, item 7).
+"""The README's commands, read from README.md itself (fenced ``bash`` blocks of a section), so that a test
+runs what the README shows and a changed or added command cannot go untested (issue 25, item 7).
 
-A command is one logical line: ``\\``-continued lines joined, ``# comments`` dropped (shell rules, quotes kept), and
-``.venv/bin/silofl`` read as ``silofl`` (the same console script). A line that only sets a shell variable
-(``COORD=coord.example.org``) is not a command: :func:`variables` gives those, and a test sets its own value (the
-tests run on one machine, with no name service) — the way a reader sets it for their machines. :func:`argv` gives a
-command's arguments after ``silofl``, with ``$NAME`` expanded from the test's values and nothing else changed.
+A command is one logical line: ``\\``-continued lines joined, ``# comments`` dropped (shell rules, quotes
+kept), and ``.venv/bin/silofl`` read as ``silofl`` (the same console script). A line that only sets a shell
+variable (``COORD=coord.example.org``) is not a command: :func:`variables` gives those, and a test sets its
+own value (the tests run on one machine, with no name service) — the way a reader sets it for their machines.
+:func:`argv` gives a command's arguments after ``silofl``, with ``$NAME`` expanded from the test's values and
+nothing else changed.
 
-A section lives in README.md or in a page of the docs site (issue 27: the README keeps the way in, the docs the rest):
-``where`` is a ``(file, title)`` pair, the file relative to the repository root — or a bare title, read from
-README.md. Moving a section to another page means changing its pair here and in the test that runs it; the commands
-stay exactly as written."""
+A section lives in README.md or in a page of the docs site (issue 27: the README keeps the way in, the docs
+the rest): ``where`` is a ``(file, title)`` pair, the file relative to the repository root — or a bare
+title, read from README.md. Moving a section to another page means changing its pair here and in the test
+that runs it; the commands stay exactly as written."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def _split(where: Where) -> tuple[Path, str]:
 
 
 def section(where: Where, text: str | None = None) -> str:
-    """The text of the section headed ``title`` (any level) of README.md or of ``where``'s file, up to the next
-    heading of the same or a higher level (``text``: read that instead of the file)."""
+    """The text of the section headed ``title`` (any level) of README.md or of ``where``'s file, up to the
+    next heading of the same or a higher level (``text``: read that instead of the file)."""
     path, title = _split(where)
     lines = (path.read_text() if text is None else text).splitlines()
     in_code = False
@@ -82,7 +83,8 @@ def blocks(where: Where, lang: str = "bash", text: str | None = None) -> list[st
 
 
 def _lines(where: Where, text: str | None) -> list[list[str]]:
-    """The tokens of every non-empty line of the section's ``bash`` blocks (continued lines joined, comments dropped)."""
+    """The tokens of every non-empty line of the section's ``bash`` blocks (continued lines joined,
+    comments dropped)."""
     out = []
     for block in blocks(where, "bash", text):
         joined = re.sub(r"\\\n\s*", " ", block)
@@ -94,13 +96,18 @@ def _lines(where: Where, text: str | None) -> list[list[str]]:
 
 
 def variables(where: Where, text: str | None = None) -> dict[str, str]:
-    """The shell variables the section's ``bash`` blocks set (``NAME=value`` lines), with the README's values."""
-    return {m.group(1): m.group(2) for t in _lines(where, text) if len(t) == 1 and (m := ASSIGNMENT.fullmatch(t[0]))}
+    """The shell variables the section's ``bash`` blocks set (``NAME=value`` lines), with the README's
+    values."""
+    return {
+        m.group(1): m.group(2)
+        for t in _lines(where, text)
+        if len(t) == 1 and (m := ASSIGNMENT.fullmatch(t[0]))
+    }
 
 
 def commands(where: Where, text: str | None = None) -> list[str]:
-    """Every command of the section's ``bash`` blocks, in order, as one normalised line each (variable settings
-    are not commands: :func:`variables`)."""
+    """Every command of the section's ``bash`` blocks, in order, as one normalised line each (variable
+    settings are not commands: :func:`variables`)."""
     out = []
     for tokens in _lines(where, text):
         if len(tokens) == 1 and ASSIGNMENT.fullmatch(tokens[0]):
@@ -112,8 +119,8 @@ def commands(where: Where, text: str | None = None) -> list[str]:
 
 
 def argv(command: str, env: dict[str, str] | None = None) -> list[str]:
-    """A command's arguments after ``silofl``, ``$NAME`` / ``${NAME}`` expanded from ``env`` (a name it lacks is an
-    error)."""
+    """A command's arguments after ``silofl``, ``$NAME`` / ``${NAME}`` expanded from ``env`` (a name it
+    lacks is an error)."""
     tokens = shlex.split(command)
     assert tokens[0] == "silofl", command
     out = []

@@ -1,9 +1,9 @@
 """MkDocs hook: the command-line reference, generated at build time from the CLI's own command tree.
 
-``reference/cli.md`` holds the marker ``<!-- cli-reference -->``; this hook replaces it with one section per command
-(usage, help, arguments and options with their types and defaults), walking the click command that typer builds
-from ``silofl.cli.main.app``. The repository's ``src/`` comes first on ``sys.path``, so the page describes the tree
-being built, not whatever silofl happens to be installed."""
+``reference/cli.md`` holds the marker ``<!-- cli-reference -->``; this hook replaces it with one section
+per command (usage, help, arguments and options with their types and defaults), walking the click command
+that typer builds from ``silofl.cli.main.app``. The repository's ``src/`` comes first on ``sys.path``, so
+the page describes the tree being built, not whatever silofl happens to be installed."""
 
 from __future__ import annotations
 
@@ -65,14 +65,18 @@ def _command(cmd: Any, path: list[str], out: list[str]) -> None:
     name = " ".join(path)
     out.append(f"{'#' * min(len(path) + 1, 4)} `{name}`\n")
     ctx = click.Context(cmd, info_name=name)
-    out.append(f"```text\n{' '.join(cmd.collect_usage_pieces(ctx)) and name + ' ' + ' '.join(cmd.collect_usage_pieces(ctx))}\n```\n")
+    out.append(
+        f"```text\n{' '.join([name, *cmd.collect_usage_pieces(ctx)])}\n```\n"
+    )
     if cmd.help:
         out.append(_plain(cmd.help) + "\n")
     args = [p for p in cmd.params if isinstance(p, click.Argument)]
     opts = [p for p in cmd.params if isinstance(p, click.Option) and not p.hidden]
     if args:
         out.append("| argument | type | required |\n|---|---|---|")
-        out.extend(f"| `{p.human_readable_name}` | {_type(p)} | {'yes' if p.required else 'no'} |" for p in args)
+        out.extend(
+            f"| `{p.human_readable_name}` | {_type(p)} | {'yes' if p.required else 'no'} |" for p in args
+        )
         out.append("")
     if opts:
         out.append("| option | type | default | help |\n|---|---|---|---|")

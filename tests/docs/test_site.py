@@ -1,6 +1,7 @@
-"""The documentation site (issue 27 item 2): ``mkdocs build --strict`` succeeds on the repository (every link and
-anchor resolves, the generated CLI / configuration / API pages render), and the built site, served over HTTP, opens in
-a real headless browser (Debian's Chromium through selenium) with its pages' headings and every image loaded."""
+"""The documentation site (issue 27 item 2): ``mkdocs build --strict`` succeeds on the repository (every
+link and anchor resolves, the generated CLI / configuration / API pages render), and the built site, served
+over HTTP, opens in a real headless browser (Debian's Chromium through selenium) with its pages' headings
+and every image loaded."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ PAGES = {
     "concepts/protocols/": ("protocols", "The three protocols", False),
     "reference/cli/": ("Command line", "Command line", False),
     "reference/config/": ("Configuration", "Configuration", False),
-    "privacy_utility/": ("Privacy", "Privacy–utility: every method at ε = 1, 3, 8 per site, on pixels and on "
-                         "DP-friendly features", True),
+    "privacy_utility/": (
+        "Privacy",
+        "Privacy–utility: every method at ε = 1, 3, 8 per site, on pixels and on DP-friendly features",
+        True,
+    ),
     "tabular/": ("Tabular", None, True),
 }
 
@@ -41,8 +45,14 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT / "src")}
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d",
-                        str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     print(f"mkdocs build --strict: {time.perf_counter() - t:.1f} s")
     return out
@@ -68,10 +78,16 @@ def test_the_site_builds_strict_with_its_generated_pages(site):
     for md in listed:  # every page of the nav is built
         html = site / ("index.html" if md == "index.md" else md.removesuffix(".md") + "/index.html")
         assert html.is_file(), md
-    # every existing top-level docs page (the generated results, the threat model) is in the nav under its own name
+    # every existing top-level docs page (the generated results, the threat model) is in the nav, by its name
     assert {p.name for p in (ROOT / "docs").glob("*.md")} <= listed
     cli = (site / "reference/cli/index.html").read_text()
-    for text in ("silofl run", "silofl deploy local", "silofl site init", "--target-epsilon", "silofl pubsub publish"):
+    for text in (
+        "silofl run",
+        "silofl deploy local",
+        "silofl site init",
+        "--target-epsilon",
+        "silofl pubsub publish",
+    ):
         assert text in cli, text
     config = (site / "reference/config/index.html").read_text()
     assert "RunConfig" in config and "MethodOptions" in config
@@ -89,8 +105,11 @@ def _free_port() -> int:
 def served(site):
     """The built site served by ``python -m http.server`` on a free loopback port, in its own process."""
     port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
-                          str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(site)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}/"
     try:
         for _ in range(100):
@@ -110,8 +129,10 @@ def served(site):
 @pytest.mark.slow
 def test_the_site_opens_in_a_headless_browser(served, tmp_path):
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip("Debian's Chromium is not installed (apt-get install -y chromium chromium-driver; "
-                    "scripts/test.sh does as root)")
+        pytest.skip(
+            "Debian's Chromium is not installed (apt-get install -y chromium chromium-driver; "
+            "scripts/test.sh does as root)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -119,20 +140,34 @@ def test_the_site_opens_in_a_headless_browser(served, tmp_path):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
     driver.set_page_load_timeout(60)
     try:
+
         def images():
             return driver.execute_script(
-                "return Array.from(document.images).map(i => [i.currentSrc || i.src, i.complete, i.naturalWidth]);")
+                "return Array.from(document.images)"
+                ".map(i => [i.currentSrc || i.src, i.complete, i.naturalWidth]);"
+            )
 
         for path, (title, h1, has_image) in PAGES.items():
             driver.get(served + path)
-            WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+            WebDriverWait(driver, 30).until(
+                lambda d: d.execute_script("return document.readyState") == "complete"
+            )
             WebDriverWait(driver, 30).until(lambda d: all(done for _, done, _ in images()))
             assert "404" not in driver.title and title in driver.title, (path, driver.title)
             heading = driver.find_element(By.CSS_SELECTOR, "article h1").text.strip()
@@ -144,9 +179,13 @@ def test_the_site_opens_in_a_headless_browser(served, tmp_path):
         # the checks can fail: a page that is not there is a 404, and a missing image has no width
         driver.get(served + "no-such-page/")
         assert "404" in driver.title or "not found" in driver.page_source.lower()
-        driver.execute_script("const i = document.createElement('img'); i.id = 'gone'; i.src = '/gone.png';"
-                              "document.body.appendChild(i);")
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.getElementById('gone').complete"))
+        driver.execute_script(
+            "const i = document.createElement('img'); i.id = 'gone'; i.src = '/gone.png';"
+            "document.body.appendChild(i);"
+        )
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script("return document.getElementById('gone').complete")
+        )
         assert driver.execute_script("return document.getElementById('gone').naturalWidth") == 0
     finally:
         driver.quit()
