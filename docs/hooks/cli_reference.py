@@ -1,4 +1,4 @@
-"""MkDocs hook: the command-line reference, generated at build time from the CLI's own command tree.
+"""MkDocs hook: the command-line and configuration references, generated at build time from the code.
 
 ``reference/cli.md`` holds the marker ``<!-- cli-reference -->``; this hook replaces it with one section
 per command (usage, help, arguments and options with their types and defaults), walking the click command
@@ -14,6 +14,8 @@ from typing import Any
 
 MARKER = "<!-- cli-reference -->"
 PAGE = "reference/cli.md"
+CONFIG_MARKER = "<!-- config-reference -->"
+CONFIG_PAGE = "reference/config.md"
 
 
 def on_config(config: Any) -> Any:
@@ -100,9 +102,94 @@ def cli_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+def _comments(cls: type) -> tuple[dict[str, str], dict[str, str]]:
+    """From a dataclass's source: each field's trailing ``# comment``, and the comment block just above a
+    field (a group's heading, for the first field below it)."""
+    import inspect
+
+    trailing: dict[str, str] = {}
+    above: dict[str, str] = {}
+    block: list[str] = []
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        text = line.strip()
+        if text.startswith("#"):
+            block.append(text.lstrip("#").strip())
+            continue
+        m = re.match(r"(\w+)\s*:[^=]*(?:=.*)?$", text)
+        if m and not text.startswith(("def ", "@", "return")):
+            code, _, comment = text.partition("  # ")
+            if comment:
+                trailing[m.group(1)] = comment.strip()
+            if block:
+                above[m.group(1)] = " ".join(block)
+        block = []
+    return trailing, above
+
+
+def _fields_markdown(cls: type, own_only: bool = False) -> list[str]:
+    """A dataclass's fields as tables (name, type, default, what it is), split at its comment groups."""
+    import dataclasses
+
+    def default(f: Any) -> str:
+        if f.default is not dataclasses.MISSING:
+            return f"`{f.default!r}`"
+        return "(built)" if f.default_factory is not dataclasses.MISSING else "required"
+
+    notes: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    out: list[str] = []
+    header = ["| field | type | default | what it is |", "|---|---|---|---|"]
+    table: list[str] = []
+    for f in dataclasses.fields(cls):
+        owner = next(c for c in reversed(cls.__mro__) if f.name in getattr(c, "__annotations__", {}))
+        if own_only and owner is not cls:
+            continue
+        trailing, above = notes.setdefault(owner.__qualname__, _comments(owner))
+        if f.name in above:
+            if table:
+                out += [*header, *table, ""]
+                table = []
+            out += [_plain(above[f.name]).replace("<", "&lt;") + "\n"]
+        help_ = f.metadata.get("help") if f.metadata else None
+        typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        table.append(f"| `{f.name}` | `{_cell(str(typ))}` | {_cell(default(f))} | "
+                     f"{_cell(help_ or trailing.get(f.name, ''))} |")
+    if table:
+        out += [*header, *table, ""]
+    return out
+
+
+def config_markdown() -> str:
+    """RunConfig's fields, then every registered method and the fields of its options dataclass."""
+    from silofl.fl.registry import methods
+    from silofl.run.config import RunConfig
+
+    out = ["### `RunConfig`: the settings every method shares\n", *_fields_markdown(RunConfig)]
+    infos = methods()
+    out += ["### Each method's options\n", "| method | options | judged by | exchange | what it is |",
+            "|---|---|---|---|---|"]
+    out += [f"| `{n}` | [`{i.options.__name__}`](#{i.options.__name__.lower()}) | `{i.headline}` | "
+            f"{i.exchange} | {_cell(i.description)} |" for n, i in infos.items()]
+    out.append("")
+    seen: set[type] = set()
+    for info in infos.values():
+        for cls in reversed(info.options.__mro__):
+            if cls in seen or not hasattr(cls, "__dataclass_fields__") or not cls.__dataclass_fields__:
+                continue
+            seen.add(cls)
+            bases = [b.__name__ for b in cls.__bases__ if hasattr(b, "__dataclass_fields__")]
+            out.append(f"#### `{cls.__name__}`\n")
+            doc = (cls.__doc__ or "").strip()
+            if doc and not doc.startswith(cls.__name__ + "("):
+                out.append(_plain(doc) + (f" (besides those of {', '.join(bases)})" if bases else "") + "\n")
+            out += _fields_markdown(cls, own_only=True) or ["(no options of its own)\n"]
+    return "\n".join(out) + "\n"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    if page.file.src_uri != PAGE:
+    generated = {PAGE: (MARKER, cli_markdown), CONFIG_PAGE: (CONFIG_MARKER, config_markdown)}
+    if page.file.src_uri not in generated:
         return markdown
-    if MARKER not in markdown:
-        raise ValueError(f"{PAGE} lost its marker {MARKER}")
-    return markdown.replace(MARKER, cli_markdown())
+    marker, make = generated[page.file.src_uri]
+    if marker not in markdown:
+        raise ValueError(f"{page.file.src_uri} lost its marker {marker}")
+    return markdown.replace(marker, make())

@@ -91,6 +91,12 @@ def test_the_site_builds_strict_with_its_generated_pages(site):
         assert text in cli, text
     config = (site / "reference/config/index.html").read_text()
     assert "RunConfig" in config and "MethodOptions" in config
+    from silofl.fl.registry import methods
+
+    for name, info in methods().items():  # every registered method and its options, from the dataclasses
+        assert f"<code>{name}</code>" in config and info.options.__name__ in config, name
+    for option in ("target_epsilon", "noise_multiplier", "dml_alpha", "server_lr", "self_weight"):
+        assert f"<code>{option}</code>" in config, option
     # the tutorial is the plug-in test itself, included at build time
     assert "silofl_fedmedian" in (site / "howto/extend/index.html").read_text()
 
