@@ -1,5 +1,5 @@
 """Every command of the README's tables, predict/export and PubSub-ML (broker) sections runs as written, read from
-README.md (tests/readme.py), with the files it names generated for the test in its working folder; the
+the docs pages they moved to (docs/howto/, tests/readme.py), with the files it names generated for the test in its working folder; the
 between-institutions section runs in tests/deploy/test_readme_site_commands.py. A command added to these
 sections without a way to run it fails test_every_readme_command_has_a_runner at once."""
 
