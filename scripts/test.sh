@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SILOFL_EXTRAS=all,dev bash scripts/setup.sh
+# the docs site's browser test (tests/docs): Debian's Chromium + chromedriver
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "note: no /usr/bin/chromium; run 'apt-get install chromium chromium-driver' as root (tests/docs skips its browser test)" >&2
+  fi
+fi
 export SILOFL_NO_PROGRESS=1
 .venv/bin/mypy  # the files named in pyproject.toml: privacy, comm, site, core
 exec .venv/bin/python -m pytest -q "$@"

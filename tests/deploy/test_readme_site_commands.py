@@ -1,4 +1,4 @@
-"""The README's between-institutions commands, exactly as written (read from README.md, tests/readme.py), with real
+"""The README's between-institutions commands, exactly as written (read from docs/howto/deploy.md, tests/readme.py), with real
 processes on loopback: the coordinator's `deploy certs`, `deploy superlink` (kept running), each of the three example
 sites' (hospital-a, -b, -c) `site init` on its own table (hospital_a.csv … with the collaboration's schema.yaml),
 `site pin`, the coordinator's `deploy register`, every site's `site run` (kept running) and `deploy start` — then
@@ -31,7 +31,7 @@ import yaml
 
 from tests import readme
 
-DEPLOY = "Deploying between institutions"
+DEPLOY = readme.DEPLOY  # (file, title): docs/howto/deploy.md since issue 27
 SITES = ("a", "b", "c")
 VARIABLES = {"COORD": "localhost"}  # the README's variables, as this machine sets them
 PORT = 9092  # the README's SuperLink port, as written

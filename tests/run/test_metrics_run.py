@@ -16,7 +16,7 @@ from sklearn.metrics import balanced_accuracy_score, f1_score, roc_auc_score
 from silofl.training.metrics import METRICS
 from tests import readme
 
-SECTION = "Metrics: `--metric`"
+SECTION = readme.METRIC  # (file, title): docs/howto/run.md since issue 27
 EXTRA = ("auroc", "balanced_accuracy", "f1", "ece")
 
 
