@@ -11,7 +11,7 @@ from silofl.cli.main import app
 from silofl.core.errors import ConfigError
 from silofl.run.config import RunConfig
 from silofl.run.loop import run
-from silofl.run.tracking import label_of, scalars
+from silofl.run.tracking import Tracker, label_of, scalars
 
 FIGURES_OF_RECORD = ("round", "client")
 
@@ -142,3 +142,35 @@ def test_cli_refuses_an_unknown_tracker_with_exit_2(tmp_path):
                                  str(tmp_path / "run"), "--set", f"track=[wandb, {tmp_path / 'w'}]"])
     assert r.exit_code == 2 and "unknown tracker 'wandb'" in r.output and "Traceback" not in r.output
     assert list(tmp_path.iterdir()) == []
+
+
+class Flaky(Tracker):
+    """A backend that breaks at round 2 (a full disk, a locked store)."""
+
+    def __init__(self, where):
+        super().__init__(where)
+        self.logged, self.closed = [], False
+
+    def _start(self, cfg):
+        self.logged.append("config")
+
+    def _log_round(self, rnd, records, labels):
+        if rnd == 2:
+            raise OSError("No space left on device")
+        self.logged.append(rnd)
+
+    def _close(self):
+        self.closed = True
+
+
+def test_a_backend_that_fails_mid_run_stops_tracking_with_one_warning_and_the_run_goes_on(tmp_path, caplog):
+    t = Flaky(tmp_path)
+    t.start(None)
+    for rnd in (1, 2, 3):
+        t.log_round(rnd, [{"round": rnd, "client": 0, "epsilon": 1.0}], {})
+    t.finish({})
+    t.close()
+    assert t.logged == ["config", 1] and t.closed and t.failed == "OSError: No space left on device"
+    warnings = [r.getMessage() for r in caplog.records if "tracking" in r.getMessage()]
+    assert warnings == [f"tracking to {tmp_path} stopped: OSError: No space left on device (the run goes on; its folder "
+                        "has every figure)"]

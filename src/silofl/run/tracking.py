@@ -3,7 +3,8 @@
 A :class:`Tracker` gets three calls from the round loop (:mod:`silofl.run.loop`): :meth:`Tracker.start` with the
 resolved config (logged as text / parameters), :meth:`Tracker.log_round` after each evaluated round with the
 records that round wrote to ``metrics.jsonl``, and :meth:`Tracker.finish` with the summary; :meth:`Tracker.close`
-ends it (a run that stopped before :meth:`Tracker.finish` is marked failed where the backend has a status).
+ends it (a run that stopped before :meth:`Tracker.finish` is marked failed where the backend has a status). A
+backend that fails during the run stops tracking with a warning; the run goes on.
 
 Every figure is logged as a scalar tagged ``<label>/<figure>/client<k>``, where the label says what the figure is
 a function of (:mod:`silofl.site.base`): ``dp`` (post-processing of a DP release, e.g. the shared model's
@@ -21,6 +22,7 @@ Backends are chosen by name from :data:`TRACKERS`; their packages are imported o
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from silofl.core.errors import ConfigError
+
+log = logging.getLogger("silofl")
 
 DP, PUBLIC, NONPRIVATE = "dp", "public", "nonprivate"  # tag prefixes (the sites' "non-private" is written without "-")
 SITE_LABELS = {"dp": DP, "public": PUBLIC, "non-private": NONPRIVATE}
@@ -66,27 +70,51 @@ def config_params(cfg: Any) -> dict[str, str]:
 
 
 class Tracker(ABC):
-    """Where a run's figures go besides its run folder (see the module doc)."""
+    """Where a run's figures go besides its run folder (see the module doc). A backend that fails while the run goes on
+    (a full disk, a locked store) is logged once and stops tracking; the run, its folder and its ledgers carry on."""
 
     def __init__(self, where: Path):
         self.where = where
         self.finished = False
+        self.failed: str | None = None
 
-    @abstractmethod
     def start(self, cfg: Any) -> None:
         """Log the run's resolved config."""
+        self._guard(self._start, cfg)
 
-    @abstractmethod
     def log_round(self, rnd: int, records: list[dict], labels: dict[int, dict[str, str]]) -> None:
         """Log one evaluated round's records (``labels``: each site's labels of its figures)."""
+        self._guard(self._log_round, rnd, records, labels)
 
     def finish(self, summary: dict) -> None:
         """The run ended normally."""
         self.finished = True
 
-    @abstractmethod
     def close(self) -> None:
-        """Flush and release (failed status if :meth:`finish` was not called)."""
+        """Flush and release (a failed status where :meth:`finish` was not called)."""
+        try:
+            self._close()
+        except Exception as e:  # noqa: BLE001 - the run is over and written: tracking must not turn it into a crash
+            log.warning("tracking (%s) could not be closed: %s", self.where, e)
+
+    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.failed is not None:
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - a side channel: never the reason a run (and its privacy spend) is lost
+            self.failed = f"{type(e).__name__}: {e}"
+            log.warning("tracking to %s stopped: %s (the run goes on; its folder has every figure)", self.where,
+                        self.failed)
+
+    @abstractmethod
+    def _start(self, cfg: Any) -> None: ...
+
+    @abstractmethod
+    def _log_round(self, rnd: int, records: list[dict], labels: dict[int, dict[str, str]]) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
 
 
 def _run_dir(where: Path, name: str) -> Path:
@@ -105,19 +133,19 @@ class TensorBoardTracker(Tracker):
         super().__init__(where)
         self.writer: Any = None
 
-    def start(self, cfg: Any) -> None:
+    def _start(self, cfg: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.path = _run_dir(self.where, Path(cfg.out).name or "run")
         self.writer = SummaryWriter(log_dir=str(self.path))
         self.writer.add_text("config", "```yaml\n" + cfg.to_yaml() + "```", global_step=0)
 
-    def log_round(self, rnd: int, records: list[dict], labels: dict[int, dict[str, str]]) -> None:
+    def _log_round(self, rnd: int, records: list[dict], labels: dict[int, dict[str, str]]) -> None:
         for tag, v in scalars(records, labels).items():
             self.writer.add_scalar(tag, v, global_step=rnd)
         self.writer.flush()
 
-    def close(self) -> None:
+    def _close(self) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -140,7 +168,7 @@ class MlflowTracker(Tracker):
         """The tracking URI of the store in ``where``."""
         return f"sqlite:///{where.resolve() / 'mlflow.db'}"
 
-    def start(self, cfg: Any) -> None:
+    def _start(self, cfg: Any) -> None:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -158,7 +186,7 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=params[i:i + 100])
         self.client.log_text(self.run_id, cfg.to_yaml(), "config.yaml")
 
-    def log_round(self, rnd: int, records: list[dict], labels: dict[int, dict[str, str]]) -> None:
+    def _log_round(self, rnd: int, records: list[dict], labels: dict[int, dict[str, str]]) -> None:
         import time
 
         from mlflow.entities import Metric
@@ -168,9 +196,9 @@ class MlflowTracker(Tracker):
         for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a batch
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
-    def close(self) -> None:
+    def _close(self) -> None:
         if self.client is not None and self.run_id is not None:
-            self.client.set_terminated(self.run_id, status="FINISHED" if self.finished else "FAILED")
+            self.client.set_terminated(self.run_id, status="FINISHED" if self.finished and not self.failed else "FAILED")
             self.run_id = None
 
 
