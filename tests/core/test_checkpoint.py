@@ -14,9 +14,13 @@ def test_flatten_moves_tensors_out_in_order_and_keeps_int_keys_and_tuples_as_lis
     a, b = torch.ones(2), torch.arange(3)
     tensors, skel = flatten({"w": a, 3: [b, (1, "x")], "ok": True})
     assert list(tensors) == ["t.0", "t.1"] and torch.equal(tensors["t.1"], b)
-    assert skel == {"__dict__": [["w", {"__tensor__": "t.0"}], [3, {"__list__": [{"__tensor__": "t.1"},
-                                                                                  {"__list__": [1, "x"]}]}],
-                                 ["ok", True]]}
+    assert skel == {
+        "__dict__": [
+            ["w", {"__tensor__": "t.0"}],
+            [3, {"__list__": [{"__tensor__": "t.1"}, {"__list__": [1, "x"]}]}],
+            ["ok", True],
+        ]
+    }
     back = unflatten(tensors, json.loads(json.dumps(skel)))  # through JSON, as on disk: the int key survives
     assert list(back) == ["w", 3, "ok"] and back[3][1] == [1, "x"]
     with pytest.raises(TypeError, match="keys must be str or int"):
@@ -31,14 +35,19 @@ def test_a_named_node_round_trips_and_its_files_hold_no_pickle(tmp_path):
     head = json.loads(path.read_text())
     assert (head["format"], head["node"], head["meta"]) == (FORMAT, "protocol", {})
     assert set(load_file(str(tmp_path / "ck" / "protocol.safetensors"))) == {"t.0"}
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["protocol.json", "protocol.safetensors"]  # no .tmp
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "protocol.json",
+        "protocol.safetensors",
+    ]  # no .tmp
     state, meta = load_node(tmp_path / "ck", "protocol")
     assert state["step"] == 4 and torch.equal(state["sigma"], torch.tensor([0.5])) and meta == {}
 
 
 def test_another_nodes_file_or_another_format_is_refused(tmp_path):
     save_node(tmp_path, 1, {"x": 1})
-    (tmp_path / "node2.json").write_text((tmp_path / "node1.json").read_text())  # node 1's state under node 2's name
+    (tmp_path / "node2.json").write_text(
+        (tmp_path / "node1.json").read_text()
+    )  # node 1's state under node 2's name
     (tmp_path / "node2.safetensors").write_bytes((tmp_path / "node1.safetensors").read_bytes())
     with pytest.raises(ConfigError, match="is not a silofl checkpoint of node 2"):
         load_node(tmp_path, 2)

@@ -1,4 +1,5 @@
-"""silofl.core.randomness: per-party seeds of a research run, secret ones otherwise, the secure generator's stream."""
+"""silofl.core.randomness: per-party seeds of a research run, secret ones otherwise, the secure
+generator's stream."""
 
 import numpy as np
 import torch

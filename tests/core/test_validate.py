@@ -23,17 +23,20 @@ def test_good_values_pass_an_int_is_a_float_and_none_fills_an_optional():
     check_field_types(Settings(rate=2, limit=4, tag=["x"]), "site.json")
 
 
-@pytest.mark.parametrize("change, msg", [
-    ({"rate": True}, "site.json: rate must be float, got True"),  # a bool is not a number here
-    ({"rate": float("nan")}, "site.json: rate must be float, got nan"),
-    ({"rate": "0.5"}, "site.json: rate must be float, got '0.5'"),
-    ({"count": 3.0}, "site.json: count must be int, got 3.0"),
-    ({"count": False}, "site.json: count must be int, got False"),
-    ({"flag": 1}, "site.json: flag must be bool, got 1"),
-    ({"name": None}, "site.json: name must be str, got None"),
-    ({"limit": "lots"}, "site.json: limit must be float or null, got 'lots'"),
-    ({"limit": float("nan")}, "site.json: limit must be float or null, got nan"),
-])
+@pytest.mark.parametrize(
+    "change, msg",
+    [
+        ({"rate": True}, "site.json: rate must be float, got True"),  # a bool is not a number here
+        ({"rate": float("nan")}, "site.json: rate must be float, got nan"),
+        ({"rate": "0.5"}, "site.json: rate must be float, got '0.5'"),
+        ({"count": 3.0}, "site.json: count must be int, got 3.0"),
+        ({"count": False}, "site.json: count must be int, got False"),
+        ({"flag": 1}, "site.json: flag must be bool, got 1"),
+        ({"name": None}, "site.json: name must be str, got None"),
+        ({"limit": "lots"}, "site.json: limit must be float or null, got 'lots'"),
+        ({"limit": float("nan")}, "site.json: limit must be float or null, got nan"),
+    ],
+)
 def test_a_wrong_type_is_one_line_naming_the_file_and_field(change, msg):
     with pytest.raises(ConfigError) as e:
         check_field_types(Settings(**change), "site.json")

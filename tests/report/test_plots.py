@@ -1,14 +1,17 @@
-"""silofl.report.plots directly: the series it draws and what each panel shows (read from the figure itself)."""
+"""silofl.report.plots directly: the series it draws and what each panel shows (read from the figure
+itself)."""
 
 import numpy as np
 import pytest
 
 import silofl.report.plots as plots
 
-RECORDS = [{"round": 1, "client": 0, "proxy_acc": 0.5, "private_acc": 0.7, "epsilon": 1.0},
-           {"round": 1, "client": 1, "proxy_acc": 0.3, "private_acc": None, "epsilon": 1.2},
-           {"round": 2, "client": 1, "proxy_acc": 0.6, "epsilon": 2.0},
-           {"round": 2, "client": 0, "proxy_acc": 0.8, "epsilon": 1.9}]
+RECORDS = [
+    {"round": 1, "client": 0, "proxy_acc": 0.5, "private_acc": 0.7, "epsilon": 1.0},
+    {"round": 1, "client": 1, "proxy_acc": 0.3, "private_acc": None, "epsilon": 1.2},
+    {"round": 2, "client": 1, "proxy_acc": 0.6, "epsilon": 2.0},
+    {"round": 2, "client": 0, "proxy_acc": 0.8, "epsilon": 1.9},
+]
 
 
 @pytest.fixture
@@ -25,8 +28,8 @@ saved: list = []
 
 @pytest.fixture
 def unrendered(figures, monkeypatch):
-    """As ``figures``, without rendering the PNG (the slow part; whole runs write theirs) or laying the panels out; the
-    savefig calls go to ``saved``."""
+    """As ``figures``, without rendering the PNG (the slow part; whole runs write theirs) or laying the
+    panels out; the savefig calls go to ``saved``."""
     from matplotlib.figure import Figure
 
     monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: saved.append((path, kw)))
@@ -36,7 +39,9 @@ def unrendered(figures, monkeypatch):
 
 def test_series_is_mean_and_population_std_over_clients_per_round_skipping_missing_values():
     rounds, mean, std = plots.series(RECORDS, "proxy_acc")
-    assert rounds.tolist() == [1, 2] and mean == pytest.approx([0.4, 0.7]) and std == pytest.approx([0.1, 0.1])
+    assert (
+        rounds.tolist() == [1, 2] and mean == pytest.approx([0.4, 0.7]) and std == pytest.approx([0.1, 0.1])
+    )
     rounds, mean, std = plots.series(RECORDS, "private_acc")
     assert rounds.tolist() == [1] and mean.tolist() == [0.7] and std.tolist() == [0.0]
     assert plots.series(RECORDS, "global_acc")[0].size == 0
@@ -62,7 +67,10 @@ def test_without_dp_the_epsilon_panel_says_so(tmp_path, unrendered):
 
 
 def test_server_rounds_panels_and_log_scale_only_for_positive_diagnostics(tmp_path, unrendered):
-    history = [{"round": 1, "xi": 0.5, "phi": 0.0, "v": 2, "clip": 1.0}, {"round": 2, "xi": 0.25, "phi": 0.5, "v": 3}]
+    history = [
+        {"round": 1, "xi": 0.5, "phi": 0.0, "v": 2, "clip": 1.0},
+        {"round": 2, "xi": 0.25, "phi": 0.5, "v": 3},
+    ]
     plots.plot_server_rounds(history, tmp_path / "s.png", title="x")
     xi, phi, v, clip = unrendered[0].axes
     assert (xi.get_yscale(), phi.get_yscale(), v.get_yscale()) == ("log", "linear", "linear")

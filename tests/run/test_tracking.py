@@ -1,5 +1,6 @@
-"""--track tensorboard|mlflow DIR: each evaluated round's figures, labelled dp / public / nonprivate, and the config,
-read back from the written event files and MLflow store and compared with the run's own metrics.jsonl."""
+"""--track tensorboard|mlflow DIR: each evaluated round's figures, labelled dp / public / nonprivate, and
+the config, read back from the written event files and MLflow store and compared with the run's own
+metrics.jsonl."""
 
 import json
 
@@ -17,13 +18,27 @@ FIGURES_OF_RECORD = ("round", "client")
 
 
 def _cfg(tmp_path, track, **kw):
-    return RunConfig.from_dict(dict(dataset="digits", clients=2, rounds=2, samples_per_client=100, batch_size=25,
-                                    delta=1e-3, private_model="mlp", proxy_model="mlp", test_limit=100,
-                                    out=str(tmp_path / "run"), track=track, **kw))
+    return RunConfig.from_dict(
+        dict(
+            dataset="digits",
+            clients=2,
+            rounds=2,
+            samples_per_client=100,
+            batch_size=25,
+            delta=1e-3,
+            private_model="mlp",
+            proxy_model="mlp",
+            test_limit=100,
+            out=str(tmp_path / "run"),
+            track=track,
+            **kw,
+        )
+    )
 
 
 def _expected(out) -> dict[str, dict[int, float]]:
-    """'<figure>/client<k>' -> {round: value} from the run folder's metrics.jsonl (every number of every record)."""
+    """'<figure>/client<k>' -> {round: value} from the run folder's metrics.jsonl (every number of every
+    record)."""
     want: dict[str, dict[int, float]] = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -42,11 +57,38 @@ def _by_figure(tags) -> dict[str, str]:
 def test_tensorboard_event_files_hold_every_figure_with_its_label(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    # the YAML value path of the command line (--set track=[KIND, DIR]); the sites release their non-private figures
-    r = CliRunner().invoke(app, ["run", "--dataset", "digits", "--clients", "2", "--rounds", "2", "--samples-per-client",
-                                 "100", "--batch-size", "25", "--delta", "1e-3", "--private-model", "mlp", "--proxy-model",
-                                 "mlp", "--test-limit", "100", "--report-nonprivate", "--quiet", "--out",
-                                 str(tmp_path / "run"), "--set", f"track=[tensorboard, {tmp_path / 'tb'}]"])
+    # the YAML value path of the command line (--set track=[KIND, DIR]); the sites release their
+    # non-private figures
+    r = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--dataset",
+            "digits",
+            "--clients",
+            "2",
+            "--rounds",
+            "2",
+            "--samples-per-client",
+            "100",
+            "--batch-size",
+            "25",
+            "--delta",
+            "1e-3",
+            "--private-model",
+            "mlp",
+            "--proxy-model",
+            "mlp",
+            "--test-limit",
+            "100",
+            "--report-nonprivate",
+            "--quiet",
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            f"track=[tensorboard, {tmp_path / 'tb'}]",
+        ],
+    )
     assert r.exit_code == 0, r.output
     (logdir,) = (tmp_path / "tb").iterdir()
     assert logdir.name == "run"
@@ -62,7 +104,12 @@ def test_tensorboard_event_files_hold_every_figure_with_its_label(tmp_path):
     # ProxyFL strict: the proxy is the DP release, the private model is not, ε and bytes are public
     assert labels["proxy_acc/client0"] == labels["proxy_auroc/client1"] == "dp"
     assert labels["private_acc/client0"] == labels["mean_grad_norm/client1"] == "nonprivate"
-    assert labels["epsilon/client0"] == labels["bytes_sent/client1"] == labels["examples_seen/client0"] == "public"
+    assert (
+        labels["epsilon/client0"]
+        == labels["bytes_sent/client1"]
+        == labels["examples_seen/client0"]
+        == "public"
+    )
     eps = {e.step: e.value for e in ea.Scalars("public/epsilon/client1")}
     assert eps[2] > eps[1] > 0
     text = ea.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
@@ -88,34 +135,63 @@ def test_mlflow_store_holds_the_history_and_params_and_no_unreleased_figure(tmp_
         hist = {m.step: m.value for m in client.get_metric_history(r.info.run_id, tag)}
         assert hist == pytest.approx(want[tag.split("/", 1)[1]])
     # the sites kept their non-private figures (in their own folders): none reached the tracker
-    assert not [t for t in r.data.metrics if t.startswith("nonprivate/") or "private_acc" in t.replace("proxy", "")]
+    assert not [
+        t for t in r.data.metrics if t.startswith("nonprivate/") or "private_acc" in t.replace("proxy", "")
+    ]
     kept = json.loads((tmp_path / "run" / "sites" / "client0" / "metrics.jsonl").read_text().splitlines()[0])
     assert "private_acc" in kept and "private_acc/client0" not in want
     assert _by_figure(r.data.metrics)["proxy_acc/client0"] == "dp"
     params = r.data.params
-    assert (params["method"], params["clients"], params["report_nonprivate"], params["proxy_model"]) == \
-        ("proxyfl", "2", "False", "mlp")
+    assert (params["method"], params["clients"], params["report_nonprivate"], params["proxy_model"]) == (
+        "proxyfl",
+        "2",
+        "False",
+        "mlp",
+    )
     logged = client.download_artifacts(r.info.run_id, "config.yaml", str(tmp_path))
-    assert yaml.safe_load(open(logged).read()) == yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert yaml.safe_load(open(logged).read()) == yaml.safe_load(
+        (tmp_path / "run" / "config.yaml").read_text()
+    )
 
 
 def test_scalars_label_every_number_by_the_sites_labels_then_the_runs():
-    records = [{"round": 3, "client": 1, "active": True, "proxy_acc": 0.5, "private_acc": 0.7, "epsilon": 2.0,
-                "delta": None, "note": "x", "xi": 0.1, "v": 4.0, "mystery": float("nan")}]
+    records = [
+        {
+            "round": 3,
+            "client": 1,
+            "active": True,
+            "proxy_acc": 0.5,
+            "private_acc": 0.7,
+            "epsilon": 2.0,
+            "delta": None,
+            "note": "x",
+            "xi": 0.1,
+            "v": 4.0,
+            "mystery": float("nan"),
+        }
+    ]
     labels = {1: {"proxy_acc": "dp", "private_acc": "non-private"}}
-    assert scalars(records, labels) == {"public/active/client1": 1.0, "dp/proxy_acc/client1": 0.5,
-                                        "nonprivate/private_acc/client1": 0.7, "public/epsilon/client1": 2.0,
-                                        "nonprivate/xi/client1": 0.1, "dp/v/client1": 4.0}
+    assert scalars(records, labels) == {
+        "public/active/client1": 1.0,
+        "dp/proxy_acc/client1": 0.5,
+        "nonprivate/private_acc/client1": 0.7,
+        "public/epsilon/client1": 2.0,
+        "nonprivate/xi/client1": 0.1,
+        "dp/v/client1": 4.0,
+    }
     assert label_of("unknown", {}) == "nonprivate"  # unlabelled: treated as non-private
     assert label_of("epsilon", {"epsilon": "weird"}) == "nonprivate"
 
 
-@pytest.mark.parametrize("track, msg", [
-    (["wandb", "DIR"], "unknown tracker 'wandb' for --track; choose one of: tensorboard, mlflow"),
-    (["tensorboard"], "option 'track' must be of type tuple[str, str]"),
-    ("tensorboard", "option 'track' must be of type tuple[str, str]"),
-    (["tensorboard", "FILE"], "--track tensorboard DIR {file} is a file, not a folder"),
-])
+@pytest.mark.parametrize(
+    "track, msg",
+    [
+        (["wandb", "DIR"], "unknown tracker 'wandb' for --track; choose one of: tensorboard, mlflow"),
+        (["tensorboard"], "option 'track' must be of type tuple[str, str]"),
+        ("tensorboard", "option 'track' must be of type tuple[str, str]"),
+        (["tensorboard", "FILE"], "--track tensorboard DIR {file} is a file, not a folder"),
+    ],
+)
 def test_bad_track_is_one_line_error_and_writes_nothing(tmp_path, track, msg):
     f = tmp_path / "a-file"
     f.write_text("keep")
@@ -138,8 +214,23 @@ def test_track_from_yaml_and_set_is_a_pair(tmp_path):
 
 
 def test_cli_refuses_an_unknown_tracker_with_exit_2(tmp_path):
-    r = CliRunner().invoke(app, ["run", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--quiet", "--out",
-                                 str(tmp_path / "run"), "--set", f"track=[wandb, {tmp_path / 'w'}]"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--dataset",
+            "digits",
+            "--clients",
+            "2",
+            "--rounds",
+            "1",
+            "--quiet",
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            f"track=[wandb, {tmp_path / 'w'}]",
+        ],
+    )
     assert r.exit_code == 2 and "unknown tracker 'wandb'" in r.output and "Traceback" not in r.output
     assert list(tmp_path.iterdir()) == []
 
@@ -172,5 +263,7 @@ def test_a_backend_that_fails_mid_run_stops_tracking_with_one_warning_and_the_ru
     t.close()
     assert t.logged == ["config", 1] and t.closed and t.failed == "OSError: No space left on device"
     warnings = [r.getMessage() for r in caplog.records if "tracking" in r.getMessage()]
-    assert warnings == [f"tracking to {tmp_path} stopped: OSError: No space left on device (the run goes on; its folder "
-                        "has every figure)"]
+    assert warnings == [
+        f"tracking to {tmp_path} stopped: OSError: No space left on device (the run goes on; its folder "
+        "has every figure)"
+    ]

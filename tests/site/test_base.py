@@ -57,28 +57,62 @@ class Counter(Site):
 def test_every_reply_says_whether_the_site_can_pay_another_round_and_an_unknown_step_is_an_error():
     site = Counter(2)
     assert site.handle("status", Message()).meta == {"can_continue": True}
-    assert site.handle("hello", Message()).meta == {"n": 40, "architectures": {"proxy": "mlp", "private": "cnn1"},
-                                                    "can_continue": True}
+    assert site.handle("hello", Message()).meta == {
+        "n": 40,
+        "architectures": {"proxy": "mlp", "private": "cnn1"},
+        "can_continue": True,
+    }
     broke = Counter(1, budget=0)
-    assert broke.handle("hello", Message()).meta["budget_message"] == "site 1 cannot train a single round within its budget"
+    assert (
+        broke.handle("hello", Message()).meta["budget_message"]
+        == "site 1 cannot train a single round within its budget"
+    )
     site.handle("leave", Message({"round": 4}))
-    assert (site.active, site.left_at, site.handle("status", Message()).meta["can_continue"]) == (False, 4, False)
+    assert (site.active, site.left_at, site.handle("status", Message()).meta["can_continue"]) == (
+        False,
+        4,
+        False,
+    )
     with pytest.raises(SiloflError, match="site 2 has no step 'steal'"):
         site.handle("steal", Message())
 
 
-def test_a_site_that_keeps_its_nonprivate_figures_releases_only_dp_and_public_ones_and_writes_the_rest(tmp_path):
+def test_a_site_that_keeps_its_nonprivate_figures_releases_only_dp_and_public_ones_and_writes_the_rest(
+    tmp_path,
+):
     site = Counter(0)
     site.open_folder(tmp_path / "client0", run_label="r", release_nonprivate=False)
     meta = site.handle("evaluate", Message({"round": 3, "internal": True})).meta
-    assert meta["accs"] == {"proxy_acc": 0.54, "proxy_f1": 0.4}  # a model's other metrics go as its accuracy does
+    assert meta["accs"] == {
+        "proxy_acc": 0.54,
+        "proxy_f1": 0.4,
+    }  # a model's other metrics go as its accuracy does
     assert meta["internal"] == {"proxy_acc": 0.52, "proxy_f1": 0.4}
-    assert (meta["extra"], meta["train"], meta["epsilon"]) == ({"pushsum_weight": 0.5}, {"examples_seen": 30}, 1.5)
-    assert meta["labels"] == {"proxy_acc": "dp", "proxy_f1": "dp", "pushsum_weight": "public", "examples_seen": "public",
-                              "proxy_acc_internal": "dp", "proxy_f1_internal": "dp"}
+    assert (meta["extra"], meta["train"], meta["epsilon"]) == (
+        {"pushsum_weight": 0.5},
+        {"examples_seen": 30},
+        1.5,
+    )
+    assert meta["labels"] == {
+        "proxy_acc": "dp",
+        "proxy_f1": "dp",
+        "pushsum_weight": "public",
+        "examples_seen": "public",
+        "proxy_acc_internal": "dp",
+        "proxy_f1_internal": "dp",
+    }
     kept = [json.loads(line) for line in (tmp_path / "client0" / "metrics.jsonl").read_text().splitlines()]
-    assert kept == [{"round": 3, "client": 0, "mean_grad_norm": 2.5, "private_acc": 0.9, "private_auroc": 0.8,
-                     "private_acc_internal": 0.9, "private_auroc_internal": 0.8}]
+    assert kept == [
+        {
+            "round": 3,
+            "client": 0,
+            "mean_grad_norm": 2.5,
+            "private_acc": 0.9,
+            "private_auroc": 0.8,
+            "private_acc_internal": 0.9,
+            "private_auroc_internal": 0.8,
+        }
+    ]
 
 
 def test_a_site_that_releases_reports_everything_labelled_and_keeps_no_file(tmp_path):

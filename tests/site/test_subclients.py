@@ -1,4 +1,5 @@
-"""silofl.site.subclients.SubclientSite directly: its split, one round's update message, labels and ε, its state."""
+"""silofl.site.subclients.SubclientSite directly: its split, one round's update message, labels and ε,
+its state."""
 
 import pytest
 import torch
@@ -13,9 +14,22 @@ SPEC = ModelSpec("logreg", (1, 8, 8), 10)
 def _site(cid=0, private=True, unit="hospital", seed=3, n=60):
     g = torch.Generator().manual_seed(cid)
     x, y = torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
-    return SubclientSite(cid, x, y, SPEC, SubclientSettings(seed=seed, batch_size=10, local_epochs=1, local_lr=0.1,
-                                                            private=private, privacy_unit=unit, normalise=False,
-                                                            clip=0.01))
+    return SubclientSite(
+        cid,
+        x,
+        y,
+        SPEC,
+        SubclientSettings(
+            seed=seed,
+            batch_size=10,
+            local_epochs=1,
+            local_lr=0.1,
+            private=private,
+            privacy_unit=unit,
+            normalise=False,
+            clip=0.01,
+        ),
+    )
 
 
 def test_a_seeded_site_draws_its_own_split_and_an_unseeded_one_a_secret_one():
@@ -42,8 +56,11 @@ def test_labels_and_epsilon_follow_the_servers_dp_release_and_the_unit():
     site = _site(unit="subclient")
     site.eps = {"hospital": 2.0, "subclient": 0.7}
     assert site.epsilon() == 0.7 and _site(private=False).epsilon() is None
-    assert (site.metric_label("global_acc"), site.metric_label("subclients"), site.metric_label("update_norm_mean")) \
-        == ("dp", "public", "non-private")
+    assert (
+        site.metric_label("global_acc"),
+        site.metric_label("subclients"),
+        site.metric_label("update_norm_mean"),
+    ) == ("dp", "public", "non-private")
     assert _site(private=False).metric_label("global_acc") == "non-private"
     scores = site.evaluate(site.x, site.y)
     assert {"global_acc", "global_auroc", "global_f1"} <= set(scores) and 0.0 <= scores["global_acc"] <= 1.0
@@ -56,5 +73,10 @@ def test_state_round_trips_exactly():
     b = _site(seed=99)
     b.load_state_dict(a.state_dict())
     assert torch.equal(a.perm, b.perm) and (b.v, b.clip, b.eps, b.rounds_trained) == (2, 0.5, a.eps, 1)
-    assert all(torch.equal(p, q) for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True))
-    assert torch.equal(decode(a.train(rnd=2))[0]["update"], decode(b.train(rnd=2))[0]["update"])  # same generator
+    assert all(
+        torch.equal(p, q)
+        for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True)
+    )
+    assert torch.equal(
+        decode(a.train(rnd=2))[0]["update"], decode(b.train(rnd=2))[0]["update"]
+    )  # same generator

@@ -112,8 +112,9 @@ class RunConfig:
     # a deployed run (`silofl deploy start`): each site reads its own data and schema, named in its site.json, and
     # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data here)
     data_at_sites: bool = False
-    # experiment tracking (silofl.run.tracking): (KIND, DIR), KIND tensorboard | mlflow; each evaluated round's figures are
-    # logged there with their labels (dp / public / non-private — the last only where the sites release them)
+    # experiment tracking (silofl.run.tracking): (KIND, DIR), KIND tensorboard | mlflow; each evaluated
+    # round's figures are logged there with their labels (dp / public / non-private — the last only where
+    # the sites release them)
     track: tuple[str, str] | None = None
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)

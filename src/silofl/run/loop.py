@@ -43,8 +43,9 @@ from silofl.training.metrics import ECE_BINS, METRICS, metric_field
 log = logging.getLogger("silofl")
 
 CHECKPOINT_DIR = "checkpoint"
-# options that may differ between a run and its resumption
-RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every", "metric", "track")  # metric: which computed figure is the headline
+# options that may differ between a run and its resumption (metric: which computed figure is the
+# headline; track: where the figures are also logged)
+RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every", "metric", "track")
 EngineFactory = Callable[[Callable[[int], Site], int], Engine]
 SiteMaker = Callable[[int], Site]
 
@@ -223,7 +224,8 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
             tracker.close()
 
 
-def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal=None, tracker=None) -> dict:
+def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal=None,
+         tracker=None) -> dict:
     info = cfg.info
     last: dict[int, dict] = {}
     left_log: list[dict] = []
@@ -308,8 +310,8 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
 
 def _records(cfg: RunConfig, coordinator: Coordinator, engine: Engine, rnd: int, internal: bool,
              labels: dict[int, dict] | None = None) -> list[dict]:
-    """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures (and, into ``labels``,
-    each site's labels of its figures)."""
+    """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures (and,
+    into ``labels``, each site's labels of its figures)."""
     records = []
     for k, r in sorted(coordinator.evaluate(rnd, internal).items()):
         if labels is not None:

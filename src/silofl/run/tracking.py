@@ -1,19 +1,20 @@
 """Experiment tracking: a run's figures, round by round, in TensorBoard or MLflow (``--track KIND DIR``).
 
-A :class:`Tracker` gets three calls from the round loop (:mod:`silofl.run.loop`): :meth:`Tracker.start` with the
-resolved config (logged as text / parameters), :meth:`Tracker.log_round` after each evaluated round with the
-records that round wrote to ``metrics.jsonl``, and :meth:`Tracker.finish` with the summary; :meth:`Tracker.close`
-ends it (a run that stopped before :meth:`Tracker.finish` is marked failed where the backend has a status). A
-backend that fails during the run stops tracking with a warning; the run goes on.
+A :class:`Tracker` gets three calls from the round loop (:mod:`silofl.run.loop`): :meth:`Tracker.start` with
+the resolved config (logged as text / parameters), :meth:`Tracker.log_round` after each evaluated round with
+the records that round wrote to ``metrics.jsonl``, and :meth:`Tracker.finish` with the summary;
+:meth:`Tracker.close` ends it (a run that stopped before :meth:`Tracker.finish` is marked failed where the
+backend has a status). A backend that fails during the run stops tracking with a warning; the run goes on.
 
-Every figure is logged as a scalar tagged ``<label>/<figure>/client<k>``, where the label says what the figure is
-a function of (:mod:`silofl.site.base`): ``dp`` (post-processing of a DP release, e.g. the shared model's
-accuracy), ``public`` (nothing private: ε and δ — the accountant's output for the mechanism that ran —, bytes,
-protocol state) or ``nonprivate`` (the site's data without DP: the private model's accuracy, un-noised gradient
-norms). The tracker logs only what the round's records hold, and the records hold a non-private figure only when
-its site released it (``report_nonprivate``): a run whose sites keep them logs none. The labels of a site's
-figures are the site's own (its evaluation reply's ``labels``); the run's bookkeeping and a coordinator's
-figures are labelled here (:data:`RUN_LABELS`); a figure without a label counts as non-private.
+Every figure is logged as a scalar tagged ``<label>/<figure>/client<k>``, where the label says what the
+figure is a function of (:mod:`silofl.site.base`): ``dp`` (post-processing of a DP release, e.g. the shared
+model's accuracy), ``public`` (nothing private: ε and δ — the accountant's output for the mechanism that ran
+—, bytes, protocol state) or ``nonprivate`` (the site's data without DP: the private model's accuracy,
+un-noised gradient norms). The tracker logs only what the round's records hold, and the records hold a
+non-private figure only when its site released it (``report_nonprivate``): a run whose sites keep them logs
+none. The labels of a site's figures are the site's own (its evaluation reply's ``labels``); the run's
+bookkeeping and a coordinator's figures are labelled here (:data:`RUN_LABELS`); a figure without a label
+counts as non-private.
 
 Backends are chosen by name from :data:`TRACKERS`; their packages are imported only when a tracker is opened
 (the ``track`` extra: ``pip install 'silofl[track]'``).
@@ -33,13 +34,24 @@ from silofl.core.errors import ConfigError
 
 log = logging.getLogger("silofl")
 
-DP, PUBLIC, NONPRIVATE = "dp", "public", "nonprivate"  # tag prefixes (the sites' "non-private" is written without "-")
+# tag prefixes (the sites' "non-private" is written without "-")
+DP, PUBLIC, NONPRIVATE = "dp", "public", "nonprivate"
 SITE_LABELS = {"dp": DP, "public": PUBLIC, "non-private": NONPRIVATE}
-# figures the run or its coordinator adds to a site's record: ε and δ are the accountant's output for the mechanism
-# that ran (its public parameters), bytes are message sizes; a client-level server's v (its privatised count) and
-# clip (set from privatised quantiles, or fixed) are DP; its xi/phi/lambda/cos_std (of the un-noised sum) are not
-RUN_LABELS = {"epsilon": PUBLIC, "delta": PUBLIC, "bytes_sent": PUBLIC, "bytes_received": PUBLIC, "active": PUBLIC,
-              "epsilon_hospital": PUBLIC, "epsilon_subclient": PUBLIC, "v": DP, "clip": DP}
+# figures the run or its coordinator adds to a site's record: ε and δ are the accountant's output for the
+# mechanism that ran (its public parameters), bytes are message sizes; a client-level server's v (its
+# privatised count) and clip (set from privatised quantiles, or fixed) are DP; its xi/phi/lambda/cos_std (of
+# the un-noised sum) are not
+RUN_LABELS = {
+    "epsilon": PUBLIC,
+    "delta": PUBLIC,
+    "bytes_sent": PUBLIC,
+    "bytes_received": PUBLIC,
+    "active": PUBLIC,
+    "epsilon_hospital": PUBLIC,
+    "epsilon_subclient": PUBLIC,
+    "v": DP,
+    "clip": DP,
+}
 NOT_FIGURES = ("round", "client")
 
 
@@ -70,8 +82,9 @@ def config_params(cfg: Any) -> dict[str, str]:
 
 
 class Tracker(ABC):
-    """Where a run's figures go besides its run folder (see the module doc). A backend that fails while the run goes on
-    (a full disk, a locked store) is logged once and stops tracking; the run, its folder and its ledgers carry on."""
+    """Where a run's figures go besides its run folder (see the module doc). A backend that fails while
+    the run goes on (a full disk, a locked store) is logged once and stops tracking; the run, its folder
+    and its ledgers carry on."""
 
     def __init__(self, where: Path):
         self.where = where
@@ -104,8 +117,11 @@ class Tracker(ABC):
             fn(*args)
         except Exception as e:  # noqa: BLE001 - a side channel: never the reason a run (and its privacy spend) is lost
             self.failed = f"{type(e).__name__}: {e}"
-            log.warning("tracking to %s stopped: %s (the run goes on; its folder has every figure)", self.where,
-                        self.failed)
+            log.warning(
+                "tracking to %s stopped: %s (the run goes on; its folder has every figure)",
+                self.where,
+                self.failed,
+            )
 
     @abstractmethod
     def _start(self, cfg: Any) -> None: ...
@@ -127,7 +143,8 @@ def _run_dir(where: Path, name: str) -> Path:
 
 
 class TensorBoardTracker(Tracker):
-    """Event files under ``DIR/<run name>`` (``tensorboard --logdir DIR``): scalars per round, the config as text."""
+    """Event files under ``DIR/<run name>`` (``tensorboard --logdir DIR``): scalars per round, the config as
+    text."""
 
     def __init__(self, where: Path):
         super().__init__(where)
@@ -152,9 +169,9 @@ class TensorBoardTracker(Tracker):
 
 
 class MlflowTracker(Tracker):
-    """An MLflow run in the local store ``sqlite:///DIR/mlflow.db`` (artifacts under ``DIR/artifacts``; no server:
-    ``mlflow ui --backend-store-uri sqlite:///DIR/mlflow.db``): metrics per round, the config as parameters and as
-    ``config.yaml``."""
+    """An MLflow run in the local store ``sqlite:///DIR/mlflow.db`` (artifacts under ``DIR/artifacts``; no
+    server: ``mlflow ui --backend-store-uri sqlite:///DIR/mlflow.db``): metrics per round, the config as
+    parameters and as ``config.yaml``."""
 
     EXPERIMENT = "silofl"
 
@@ -175,15 +192,27 @@ class MlflowTracker(Tracker):
         self.where.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri(self.where))
         exp = self.client.get_experiment_by_name(self.EXPERIMENT)
-        eid = exp.experiment_id if exp is not None else self.client.create_experiment(
-            self.EXPERIMENT, artifact_location=(self.where.resolve() / "artifacts").as_uri())
-        run = self.client.create_run(eid, run_name=Path(cfg.out).name or "run",
-                                     tags={"silofl.out": str(Path(cfg.out).resolve()), "silofl.method": cfg.method,
-                                           "silofl.dataset": cfg.dataset, "silofl.privacy": cfg.privacy})
+        eid = (
+            exp.experiment_id
+            if exp is not None
+            else self.client.create_experiment(
+                self.EXPERIMENT, artifact_location=(self.where.resolve() / "artifacts").as_uri()
+            )
+        )
+        run = self.client.create_run(
+            eid,
+            run_name=Path(cfg.out).name or "run",
+            tags={
+                "silofl.out": str(Path(cfg.out).resolve()),
+                "silofl.method": cfg.method,
+                "silofl.dataset": cfg.dataset,
+                "silofl.privacy": cfg.privacy,
+            },
+        )
         self.run_id = run.info.run_id
         params = [Param(k, v[:6000]) for k, v in config_params(cfg).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
-            self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
         self.client.log_text(self.run_id, cfg.to_yaml(), "config.yaml")
 
     def _log_round(self, rnd: int, records: list[dict], labels: dict[int, dict[str, str]]) -> None:
@@ -194,11 +223,13 @@ class MlflowTracker(Tracker):
         now = int(time.time() * 1000)
         metrics = [Metric(tag, v, now, rnd) for tag, v in scalars(records, labels).items()]
         for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a batch
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def _close(self) -> None:
         if self.client is not None and self.run_id is not None:
-            self.client.set_terminated(self.run_id, status="FINISHED" if self.finished and not self.failed else "FAILED")
+            self.client.set_terminated(
+                self.run_id, status="FINISHED" if self.finished and not self.failed else "FAILED"
+            )
             self.run_id = None
 
 
