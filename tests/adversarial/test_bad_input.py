@@ -102,6 +102,7 @@ def _start_run(out: Path, rounds: int) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_runs_into_one_out_the_second_is_refused_by_the_lock_and_a_crash_releases_it(tmp_path):
     """Two real processes into one --out: the second, started while the first holds OUT/.lock, exits 2 in one line and
     writes nothing; the first finishes a complete run. A run killed (SIGKILL) mid-way leaves its lock file, which the

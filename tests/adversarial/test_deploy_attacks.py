@@ -66,6 +66,7 @@ def sending_step(method, k, dst):
 # ---------------------------------------------------------------------------------------------- 1. sealed means sealed
 @pytest.mark.slow
 @pytest.mark.parametrize("method", DEPLOYABLE)
+@pytest.mark.deploy
 def test_an_unsealed_model_claiming_any_node_is_never_taken(method, tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method=method, clients=2, rounds=2, seed=0, **EXTRA.get(method, {}))
     engine, workers, spec, _ = joined(cfg, tmp_path)
@@ -84,6 +85,7 @@ def test_an_unsealed_model_claiming_any_node_is_never_taken(method, tiny_cfg, tm
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_an_unsealed_model_from_the_server_id_is_not_mixed_into_a_proxyfl_site(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="proxyfl", clients=2, rounds=2, seed=0)
     engine, workers, _, _ = joined(cfg, tmp_path)
@@ -98,6 +100,7 @@ def test_an_unsealed_model_from_the_server_id_is_not_mixed_into_a_proxyfl_site(t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", [m for m in DEPLOYABLE if sending_step(m, 0, 1)])
+@pytest.mark.deploy
 def test_a_site_never_sends_in_the_clear_nor_to_an_unpinned_destination(method, tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method=method, clients=2, rounds=2, seed=0, **EXTRA.get(method, {}))
     _, workers, _, _ = joined(cfg, tmp_path)
@@ -130,6 +133,7 @@ def _replayed(worker, pk, rnd):
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_rounds_only_move_forward(tiny_cfg, tmp_path):
     _, workers, _, _, pk = _one_payload(tiny_cfg, tmp_path)
     w = workers[pk.dst]
@@ -140,6 +144,7 @@ def test_rounds_only_move_forward(tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_a_batch_cannot_smuggle_a_setup_nor_move_rounds_back(tiny_cfg, tmp_path):
     """Several steps in one message (silofl.comm.batch) are checked as the steps they are: a hello or setup inside
     a batch, a batch inside a batch, a part whose round goes back, are refused and change nothing."""
@@ -162,6 +167,7 @@ def test_a_batch_cannot_smuggle_a_setup_nor_move_rounds_back(tiny_cfg, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_a_resent_setup_does_not_reset_the_replay_guard(tiny_cfg, tmp_path):
     engine, workers, spec, _, pk = _one_payload(tiny_cfg, tmp_path)
     w = workers[pk.dst]
@@ -171,6 +177,7 @@ def test_a_resent_setup_does_not_reset_the_replay_guard(tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_a_restarted_worker_remembers_its_run_ids_and_replay_state(tiny_cfg, tmp_path):
     engine, workers, spec, folders, pk = _one_payload(tiny_cfg, tmp_path)
     again = SiteWorker(folders[pk.dst])  # the worker process restarted
@@ -229,6 +236,7 @@ def _after_a_round(tiny_cfg, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loss", ["deleted", "truncated", "foreign"])
+@pytest.mark.deploy
 def test_a_site_with_history_refuses_a_missing_shorter_or_foreign_ledger(loss, tiny_cfg, tmp_path):
     spec, folders = _after_a_round(tiny_cfg, tmp_path)
     led = folders[0] / "ledger"
@@ -245,6 +253,7 @@ def test_a_site_with_history_refuses_a_missing_shorter_or_foreign_ledger(loss, t
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_the_coordinator_refuses_an_older_ledger_head_even_when_the_site_forgot_everything(tiny_cfg, tmp_path):
     spec, folders = _after_a_round(tiny_cfg, tmp_path)
     for sub in ("ledger", "state", "checkpoint", "models"):  # nothing left at the site to tell it has run
@@ -256,6 +265,7 @@ def test_the_coordinator_refuses_an_older_ledger_head_even_when_the_site_forgot_
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_the_lifetime_budget_changes_only_by_a_ledger_entry_and_a_lost_ledger_is_restored_explicitly(tiny_cfg,
                                                                                                     tmp_path):
     from typer.testing import CliRunner

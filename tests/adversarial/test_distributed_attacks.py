@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 ARGS = ["--method", "proxyfl", "--dataset", "digits", "--clients", "3", "--rounds", "2", "--samples-per-client", "100",
         "--batch-size", "25", "--delta", "1e-3", "--test-limit", "100", "--threads", "1", "--peer-timeout", "30",

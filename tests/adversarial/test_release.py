@@ -43,6 +43,7 @@ def test_a_simulation_reports_everything_and_says_so(tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_across_processes_sites_keep_nonprivate_figures_by_default(tmp_path):
     out = tmp_path / "d"
     res = subprocess.run([sys.executable, "-m", "silofl.cli.main", "launch", "--nproc-per-node", "2", "--method",

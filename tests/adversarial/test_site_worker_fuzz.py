@@ -57,6 +57,8 @@ def raw(sock_path, data, read=False, timeout=5.0):
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
+@pytest.mark.multiprocess
 def test_no_frame_hang_up_or_stall_wedges_a_real_site_worker(tiny_cfg, tmp_path):
     import torch
 

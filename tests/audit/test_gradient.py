@@ -210,6 +210,7 @@ def test_audited_run_with_no_canary_in_is_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_torchdist_audit_sees_what_the_simulator_sees(tmp_path):
     from silofl.comm.launcher import launch_processes
     from silofl.run.config import RunConfig

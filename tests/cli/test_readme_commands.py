@@ -124,6 +124,7 @@ def _images(root: Path, rng: np.random.Generator, per_class: int = 6) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_readme_tables_and_predict_export_commands_as_written(tmp_path):
     """The tables section (the penguin run on its three files, an image-folder run, a publish) and then the
     predict/export section on the runs it made — in one working folder, in the README's order."""
@@ -185,6 +186,7 @@ def _port_is_free(port: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_readme_pubsub_commands_as_written(tmp_path):
     """The PubSub-ML section: the folder broker's commands, then the service's (a test CA, `pubsub serve` in the
     background, enroll and register each site the commands name — a and s — publish, subscribe, customize, list).

@@ -43,6 +43,7 @@ def records(out):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_killed_process_is_dropped_and_the_other_three_finish(tmp_path):
     # process 2 is killed (SIGKILL) mid-round 3, after it trained and sent, when it starts receiving
     res = launch("proxyfl", tmp_path / "run", 5, "2:3:crash-receiving", "--survive-faults", "--grace-s", "5",
@@ -62,6 +63,7 @@ def test_a_killed_process_is_dropped_and_the_other_three_finish(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_hung_process_is_dropped_after_the_timeout_and_killed_at_the_end(tmp_path):
     # process 3 stops (SIGSTOP) at the start of round 2: it neither answers nor closes its connections
     res = launch("fedavg", tmp_path / "run", 4, "3:2:hang", "--survive-faults", "--grace-s", "2",
@@ -77,6 +79,7 @@ def test_a_hung_process_is_dropped_after_the_timeout_and_killed_at_the_end(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_torchrun_restart_resumes_every_process_from_its_checkpoint(tmp_path):
     """Process 2 crashes at the start of round 3; torchrun stops the group and starts it again, every
     process resumes from round 2, and the run ends with the models and figures of an uninterrupted one. The

@@ -14,7 +14,7 @@ from silofl.fl.registry import methods
 from silofl.run.config import RunConfig
 from silofl.run.loop import run as simulate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 COMMON = {"dataset": "digits", "clients": 4, "rounds": 3, "samples_per_client": 120, "batch_size": 30, "delta": 1e-3,
           "test_limit": 200, "eval_every": 1, "threads": 1, "seed": 5, "report_nonprivate": True}

@@ -112,6 +112,8 @@ def started(request, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", list(CASES))
+@pytest.mark.deploy
+@pytest.mark.multiprocess
 def test_deploy_local_gives_the_simulators_numbers(method, request, started):
     dep, sim, tmp_path = started[request.node.name].result()
     assert dep.returncode == 0, dep.stdout[-3000:] + dep.stderr[-3000:]
@@ -128,6 +130,8 @@ def test_deploy_local_gives_the_simulators_numbers(method, request, started):
 
 
 @pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
+@pytest.mark.deploy
+@pytest.mark.multiprocess
 def test_deploy_local_refuses_a_method_that_pools_data_in_one_line(tmp_path):
     r = silofl("deploy", "local", "--sites", "2", "--method", "joint", "--dataset", "digits", "--out",
                str(tmp_path / "j"))
@@ -136,6 +140,8 @@ def test_deploy_local_refuses_a_method_that_pools_data_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
+@pytest.mark.multiprocess
 def test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend(request, started):
     """Site 2 is killed (SIGKILL) as round 3 starts: the coordinator loses it and goes on with the others; its
     operator restarts it (--restart-sites) and it rejoins from its own checkpoint, its ledger's spend intact

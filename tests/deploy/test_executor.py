@@ -13,6 +13,7 @@ from silofl.deploy.local import FAB_DIR
 
 
 @pytest.mark.slow  # imports Flower's build (seconds): the fast tier stays under a minute
+@pytest.mark.deploy
 def test_the_sites_fab_hash_is_the_hash_of_flowers_deterministic_build():
     from flwr.cli.build import build_fab_from_disk
 
@@ -23,6 +24,7 @@ def test_the_sites_fab_hash_is_the_hash_of_flowers_deterministic_build():
 
 
 @pytest.mark.slow  # imports Flower's build
+@pytest.mark.deploy
 def test_a_fab_other_than_the_sites_own_is_refused(tmp_path):
     from flwr.cli.build import build_fab_from_disk
 
@@ -40,6 +42,7 @@ def test_a_fab_other_than_the_sites_own_is_refused(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_a_site_refuses_a_run_whose_fab_is_not_its_own(tmp_path, monkeypatch):
     """A real deployment (SuperLink and two `silofl site run` processes): the coordinator submits a FAB whose
     ClientApp differs from the sites' silofl; every site answers the first message with an error and the run ends

@@ -57,6 +57,7 @@ def test_the_patched_loop_rings_the_doorbell_only_when_a_message_was_stored(tmp_
 
 
 @pytest.mark.slow  # imports Flower (seconds)
+@pytest.mark.deploy
 def test_fast_pulls_lowers_flowers_object_pull_backoff_in_this_process():
     from flwr.supercore.inflatable import inflatable_utils as iu
 

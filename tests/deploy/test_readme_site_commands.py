@@ -60,6 +60,8 @@ def _stop(p: subprocess.Popen, first: int = signal.SIGTERM) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
+@pytest.mark.multiprocess
 def test_the_readme_deployment_commands_as_written(tmp_path):
     from silofl.privacy.analysis import epsilon_of
     from studies.tabular import write_sites

@@ -74,6 +74,7 @@ EXTRA = {"dp-fedavg": CLIENT_LEVEL, "dp-fedadam": CLIENT_LEVEL, "dp-fednova": CL
 @pytest.mark.slow
 @pytest.mark.parametrize("method", [m for m in __import__("silofl.fl.registry", fromlist=["methods"]).methods()
                                     if m != "joint"])
+@pytest.mark.deploy
 def test_every_method_runs_on_deployed_sites_with_the_simulators_numbers(method, tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method=method, clients=3, rounds=2, seed=0, **EXTRA.get(method, {}))
     s, engine, workers, _ = deployed_run(cfg, tmp_path)
@@ -88,6 +89,7 @@ def test_every_method_runs_on_deployed_sites_with_the_simulators_numbers(method,
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_the_relay_sees_no_payload_and_its_tampering_is_refused(tiny_cfg, tmp_path):
     seen, sent = [], {}
 
@@ -117,6 +119,7 @@ def test_the_relay_sees_no_payload_and_its_tampering_is_refused(tiny_cfg, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_a_replayed_payload_is_refused(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="proxyfl", clients=3, rounds=1, seed=0)
     cfg, workers, spec, _ = deployment(cfg, tmp_path)
@@ -133,6 +136,7 @@ def test_a_replayed_payload_is_refused(tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow  # a whole run (fast tier ≤ 60 s)
+@pytest.mark.deploy
 def test_a_site_refuses_what_its_folder_does_not_allow(tiny_cfg, tmp_path):
     from silofl.privacy.ledger import Ledger, change_lifetime
 

@@ -13,6 +13,7 @@ from tests.deploy.test_worker import Loopback
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 def test_deployed_sites_featurize_their_own_data(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="fedavg", clients=3, rounds=2, seed=0, proxy_model="linear", features="scatter",
                            threads=1).resolve()

@@ -13,6 +13,7 @@ from tests.comm.test_torchdist import records
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_launch_with_scatter_features_equals_the_simulator(tmp_path):
     c = {"dataset": "digits", "clients": 2, "rounds": 2, "samples_per_client": 100, "batch_size": 25, "delta": 1e-3,
          "test_limit": 100, "threads": 1, "seed": 5, "proxy_model": "linear", "features": "scatter"}

@@ -115,6 +115,7 @@ def test_predict_and_export_errors_are_one_line(table_run, tmp_path):
 
 
 @pytest.mark.slow  # whole runs (fast tier ≤ 60 s)
+@pytest.mark.multiprocess
 def test_onnx_export_equals_pytorch_and_the_card_says_what_is_dp(table_run, tmp_path):
     import onnxruntime as ort
 

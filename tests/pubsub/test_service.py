@@ -20,7 +20,7 @@ from silofl.privacy.ledger import Ledger
 from silofl.pubsub.signing import header_metadata, load_signing_key, sign_model
 from tests.data.test_tables import site_frame, write_schema
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 runner = CliRunner()
 MAX_UPLOAD = 256 * 1024
 RATE, BURST = 20, 40

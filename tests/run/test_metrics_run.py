@@ -25,6 +25,7 @@ def _records(path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_readme_metric_command_as_written(tmp_path):
     """`--metric auroc` makes AUROC the headline of the summary and of --vs-alone; every metric is written."""
     (cmd,) = readme.commands(SECTION)

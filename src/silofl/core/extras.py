@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "pubsub": ("PubSub-ML (silofl pubsub: DP models, the broker service and client, streams)",
                ("fastapi", "uvicorn", "httpx", "diffprivlib", "river")),
     "export": ("ONNX export (silofl export)", ("onnx", "onnxscript", "onnxruntime")),
+    "track": ("experiment tracking (--track tensorboard|mlflow DIR)", ("tensorboard", "mlflow")),
     "studies": ("the studies behind docs/ (python -m studies.<name>)", ("palmerpenguins",)),
 }
 

@@ -192,6 +192,7 @@ class PlannedRun:
         want = self.cfg.to_flat()
         # the thread count does not change results; the folder is the one checked, however OUT was spelled
         ignore = {"threads": None, "out": None, "metric": None}  # every metric is in a finished run: any may headline
+        ignore["track"] = None  # where figures were also logged (--track) does not change them
         return {**have, **ignore} == {**want, **ignore}
 
 

@@ -14,7 +14,7 @@ from silofl.training.metrics import METRICS, higher_is_better, metric_field, met
 # reference trains on the same rows, with the same inputs, and is scored on the same test set
 NOT_COPIED = ("method", "privacy", "noise_multiplier", "clip", "delta", "accountant", "target_epsilon", "target_epsilons",
               "calibrate_noise", "out", "eval_every", "checkpoint_every", "report_nonprivate", "split_seed",
-              "combine", "combine_holdout", "combine_epochs", "combine_l2", "combine_balance")
+              "combine", "combine_holdout", "combine_epochs", "combine_l2", "combine_balance", "track")
 
 
 def alone_config(cfg: RunConfig, split_seed: int | None) -> RunConfig:

@@ -112,6 +112,10 @@ class RunConfig:
     # a deployed run (`silofl deploy start`): each site reads its own data and schema, named in its site.json, and
     # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data here)
     data_at_sites: bool = False
+    # experiment tracking (silofl.run.tracking): (KIND, DIR), KIND tensorboard | mlflow; each evaluated
+    # round's figures are logged there with their labels (dp / public / non-private — the last only where
+    # the sites release them)
+    track: tuple[str, str] | None = None
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -246,6 +250,7 @@ class RunConfig:
         choice("eval_split", self.eval_split, EVAL_SPLITS)
         choice("metric", self.metric, tuple(METRICS))
         self._validate_combine()
+        self._validate_track()
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
             raise ConfigError("eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "
                               "sources (partition 'site') have none")
@@ -289,6 +294,16 @@ class RunConfig:
             raise ConfigError(f"combine_epochs must be at least 1, got {self.combine_epochs}")
         if not (math.isfinite(self.combine_l2) and self.combine_l2 > 0):
             raise ConfigError(f"combine_l2 must be a finite positive number, got {self.combine_l2}")
+
+    def _validate_track(self) -> None:
+        if self.track is None:
+            return
+        from silofl.run.folder import check_out_path
+        from silofl.run.tracking import check_available
+
+        kind, where = self.track
+        check_available(kind)  # a known kind whose package is installed
+        check_out_path(where, flag=f"--track {kind} DIR")
 
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
@@ -470,6 +485,10 @@ def _coerce(name: str, t: str, v: Any) -> Any:
         if t.startswith("list[float]"):
             check_float_range(name, [float(x) for x in v])
             return [float(x) for x in v]
+        if t.startswith("tuple[str, str]"):
+            if not isinstance(v, (list, tuple)) or len(v) != 2:
+                raise ValueError
+            return (str(v[0]), str(v[1]))
         if t.startswith("list[str]"):
             if isinstance(v, str):
                 raise ValueError

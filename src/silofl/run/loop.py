@@ -36,14 +36,16 @@ from silofl.run.checkpoint import load_run, save_run, saved_rounds
 from silofl.run.config import RunConfig
 from silofl.run.data import prepare_data
 from silofl.run.folder import RunFolder, Stash, check_out, mean_std
+from silofl.run.tracking import open_tracker
 from silofl.site.base import Site
 from silofl.training.metrics import ECE_BINS, METRICS, metric_field
 
 log = logging.getLogger("silofl")
 
 CHECKPOINT_DIR = "checkpoint"
-# options that may differ between a run and its resumption
-RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every", "metric")  # metric: which computed figure is the headline
+# options that may differ between a run and its resumption (metric: which computed figure is the
+# headline; track: where the figures are also logged)
+RESUMABLE_CHANGES = ("rounds", "threads", "checkpoint_every", "metric", "track")
 EngineFactory = Callable[[Callable[[int], Site], int], Engine]
 SiteMaker = Callable[[int], Site]
 
@@ -213,13 +215,17 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     cal = calibration_report(cfg, split)
     if cal is not None and console is not None:
         console.print(calibration_line(cal))
+    tracker = open_tracker(cfg.track)  # --track KIND DIR (silofl.run.tracking), else None
     try:
-        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal)
+        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal, tracker)
     finally:
         engine.close()
+        if tracker is not None:
+            tracker.close()
 
 
-def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal=None) -> dict:
+def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal=None,
+         tracker=None) -> dict:
     info = cfg.info
     last: dict[int, dict] = {}
     left_log: list[dict] = []
@@ -238,6 +244,8 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
         folder = RunFolder(cfg.out)
         coordinator.start()
     folder.write_config(cfg)
+    if tracker is not None:
+        tracker.start(cfg)
     first = rounds_run + 1
     internal = split.internal is not None and len(split.internal) == coordinator.n_sites
 
@@ -255,9 +263,12 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
             rejected_log += ev.rejected + coordinator.take_late()  # late: refusals of the last round's deliveries
             if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost or ev.rejoined:
                 t0 = time.perf_counter()
-                records = _records(cfg, coordinator, engine, rnd, internal)
+                labels: dict[int, dict] = {}
+                records = _records(cfg, coordinator, engine, rnd, internal, labels)
                 last.update({r["client"]: r for r in records})
                 folder.add_metrics(records)
+                if tracker is not None:
+                    tracker.log_round(rnd, records, labels)
                 eval_s += time.perf_counter() - t0
                 if p and records:
                     p.update(task, description=_describe(info, records))
@@ -292,13 +303,19 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
             plot_server_rounds(history, folder.path / "server_rounds.png",
                                title=f"{info.name}: noise level, diversity and sub-clients per round").name)
     folder.write_summary(summary)
+    if tracker is not None:
+        tracker.finish(summary)
     return summary
 
 
-def _records(cfg: RunConfig, coordinator: Coordinator, engine: Engine, rnd: int, internal: bool) -> list[dict]:
-    """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures."""
+def _records(cfg: RunConfig, coordinator: Coordinator, engine: Engine, rnd: int, internal: bool,
+             labels: dict[int, dict] | None = None) -> list[dict]:
+    """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures (and,
+    into ``labels``, each site's labels of its figures)."""
     records = []
     for k, r in sorted(coordinator.evaluate(rnd, internal).items()):
+        if labels is not None:
+            labels[k] = dict(r.get("labels", {}))
         accs = dict(r["accs"])
         accs.update({f"{name}_internal": v for name, v in r.get("internal", {}).items()})
         records.append({"round": rnd, "client": k, "active": k in coordinator.active, **accs, "epsilon": r["epsilon"],

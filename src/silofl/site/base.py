@@ -167,6 +167,14 @@ class Site(ABC):
         site's data without DP (``non-private``). Unknown figures are treated as non-private."""
         return NONPRIVATE
 
+    def figure_labels(self, meta: dict) -> dict[str, str]:
+        """The label (:meth:`metric_label`) of every figure of an evaluation reply, keyed as the run's
+        metrics key it (``<figure>_internal`` on the site's own held-out rows)."""
+        out = {k: self.metric_label(acc_field_of(k) or k)
+               for part in ("accs", "extra", "train") for k in meta[part]}
+        out.update({f"{k}_internal": self.metric_label(acc_field_of(k) or k) for k in meta["internal"]})
+        return out
+
     def _release(self, figures: dict, kept: dict, suffix: str = "") -> dict:
         if self.release_nonprivate:
             return figures
@@ -232,6 +240,7 @@ class Site(ABC):
             meta["accs"] = self._release(self._scores(x, y, cache), kept)
         if msg.meta.get("internal", False) and "internal" in self.tests:
             meta["internal"] = self._release(self._scores(*self.tests["internal"]), kept, "_internal")
+        meta["labels"] = self.figure_labels(meta)  # what each released figure is a function of
         if kept and self.folder is not None:  # what the site keeps to itself
             with open(self.folder / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"round": msg.meta.get("round"), "client": self.cid, **kept}) + "\n")
