@@ -53,14 +53,14 @@ class Registry(Generic[T]):
     # ------------------------------------------------------------------ registering
     def register(self, name: str, obj: T | None = None, **meta: Any) -> Any:
         """Register ``obj`` under ``name`` (or, without ``obj``, a decorator that does). Registering the same
-        object twice is harmless; another object under a taken name is an error."""
+        object twice is harmless (also the same class or function of a module imported again); another object
+        under a taken name is an error."""
         if not isinstance(name, str) or not name or name != name.strip() or ":" in name:
             raise ValueError(f"a {self.kind} name must be a non-empty word without ':', got {name!r}")
 
         def add(o: T) -> T:
             old = self._entries.get(name)
-            if old is not None and old.obj is not o and getattr(old.obj, "__qualname__", None) != getattr(
-                    o, "__qualname__", object()):
+            if old is not None and old.obj is not o and _where(old.obj) != _where(o):
                 raise ValueError(f"a {self.kind} named {name!r} is already registered "
                                  f"({getattr(old.obj, '__module__', '?')})")
             self._entries[name] = Entry(name, o, dict(meta))
@@ -133,6 +133,15 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, group={self.group!r}, names={list(self._entries)})"
+
+
+def _where(obj: Any) -> tuple[Any, Any]:
+    """(module, qualified name) of a class or function — the same one when its module was imported again; unique
+    (its identity) for anything else."""
+    q = getattr(obj, "__qualname__", None) if isinstance(obj, type) or callable(obj) else None
+    if q is None or "<lambda>" in q:
+        return (id(obj), None)
+    return (getattr(obj, "__module__", None), q)
 
 
 def load_ref(ref: str) -> Any:
