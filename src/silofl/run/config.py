@@ -25,11 +25,11 @@ from typing import Any
 import yaml
 
 from silofl.core.errors import ConfigError
-from silofl.fl.options import MethodOptions, choice
-from silofl.fl.registry import MethodInfo, method_info, methods
 from silofl.core.registry import check_choice
 from silofl.data.datasets import DATASETS as DATASET_REGISTRY
 from silofl.data.datasets import dataset_meta
+from silofl.fl.options import MethodOptions, choice
+from silofl.fl.registry import MethodInfo, method_info, methods
 from silofl.privacy.analysis import ACCOUNTANTS as ACCOUNTANT_REGISTRY
 from silofl.privacy.guarantee import PRIVACY_MODES, Guarantee, effective_mode, guarantee
 from silofl.training.metrics import METRICS
