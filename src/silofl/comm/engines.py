@@ -29,9 +29,10 @@ class EngineEntry:
     """An engine and how a run is started on it.
 
     * ``engine``: ``"module:Class"`` of the :class:`~silofl.comm.engine.Engine` that carries the calls;
-    * ``start``: ``"module:function"`` that runs a resolved :class:`~silofl.run.config.RunConfig` on it and returns
-      the run's summary, called as ``start(cfg, **{k: v for k in call})``;
-    * ``call``: the keyword arguments ``start`` takes besides the config (a test checks they are its parameters);
+    * ``start``: ``"module:function"`` that runs a resolved :class:`~silofl.run.config.RunConfig` on it and
+      returns the run's summary, called as ``start(cfg, **{k: v for k in call})``;
+    * ``call``: the keyword arguments ``start`` takes besides the config (a test checks they are its
+      parameters);
     * ``launched_by``: what starts its processes (``this process``, ``silofl launch``, …);
     * ``processes``: ``one``, ``one per rank`` or ``one per site``;
     * ``data_at_sites``: each site reads its own data (its site folder); the coordinator reads none;
@@ -75,13 +76,14 @@ ENGINES.register("simulator", EngineEntry(
 ENGINES.register("torch.distributed", EngineEntry(
     engine="silofl.comm.torchdist:TorchDistEngine", start="silofl.run.loop:run",
     call=("progress", "console", "resume", "overwrite", "engine_factory"),
-    launched_by="silofl launch (torchrun; each process runs `silofl run --distributed`)", processes="one per rank",
-    description="one process per rank over torch.distributed (gloo), every frame authenticated with the run's key"))
+    launched_by="silofl launch (torchrun; each process runs `silofl run --distributed`)",
+    processes="one per rank",
+    description="one process per rank over torch.distributed (gloo), frames authenticated by the run's key"))
 ENGINES.register("flower-local", EngineEntry(
     engine="silofl.deploy.coordinator:FlowerEngine", start="silofl.deploy.local:deploy_local",
     call=("out", "timeout_s", "insecure", "progress", "call_timeout_s", "restart_sites"),
     launched_by="silofl deploy local", processes="one per site", extra="deploy",
-    description="a Flower SuperLink and one SuperNode process per site on this machine (TLS, node authentication)"))
+    description="a Flower SuperLink and a SuperNode process per site on this machine (TLS, node auth)"))
 ENGINES.register("flower", EngineEntry(
     engine="silofl.deploy.coordinator:FlowerEngine", start="silofl.deploy.local:run_deployment",
     call=("folder", "superlink", "timeout_s", "progress", "call_timeout_s"),

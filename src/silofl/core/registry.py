@@ -45,7 +45,7 @@ class Registry(Generic[T]):
         self.kind = kind  # "dataset", "model", …: the word error messages use
         self.group = group  # the entry-point group, e.g. "silofl.datasets"
         self._builtins = builtins  # modules whose import registers the built-ins
-        self._order = order  # names listed first, in this order, once the built-ins are imported (else: as registered)
+        self._order = order  # names listed first, in this order, once the built-ins are imported
         self._entries: dict[str, Entry[T]] = {}
         self._loading = False
         self._loaded = False
@@ -73,13 +73,13 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
 
     def registered(self, name: str) -> Entry[T] | None:
-        """The entry registered as ``name`` so far, or None — without importing the built-ins or plug-ins (what a
-        registering function may ask)."""
+        """The entry registered as ``name`` so far, or None — without importing the built-ins or plug-ins
+        (what a registering function may ask)."""
         return self._entries.get(name)
 
     def rescan(self) -> None:
-        """Read the entry-point group again at the next lookup (a plug-in installed since the first read, as tests
-        install one)."""
+        """Read the entry-point group again at the next lookup (a plug-in installed since the first read, as
+        tests install one)."""
         self._loaded = False
 
     # ------------------------------------------------------------------ reading
@@ -136,8 +136,8 @@ class Registry(Generic[T]):
 
 
 def _where(obj: Any) -> tuple[Any, Any]:
-    """(module, qualified name) of a class or function — the same one when its module was imported again; unique
-    (its identity) for anything else."""
+    """(module, qualified name) of a class or function — the same one when its module was imported again;
+    unique (its identity) for anything else."""
     q = getattr(obj, "__qualname__", None) if isinstance(obj, type) or callable(obj) else None
     if q is None or "<lambda>" in q:
         return (id(obj), None)
@@ -145,8 +145,8 @@ def _where(obj: Any) -> tuple[Any, Any]:
 
 
 def load_ref(ref: str) -> Any:
-    """The object a ``"package.module:attribute"`` reference names (imported now): how registries name what they
-    must not import before it is used (an engine's runner needs flwr, a layer above the registry's)."""
+    """The object a ``"package.module:attribute"`` reference names (imported now): how registries name what
+    they must not import before it is used (an engine's runner needs flwr, a layer above the registry's)."""
     mod, sep, attr = ref.partition(":")
     if not (mod and sep and attr):
         raise ValueError(f"a reference is 'package.module:attribute', got {ref!r}")

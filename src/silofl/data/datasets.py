@@ -213,9 +213,9 @@ def load_digits_dataset(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
 
 # ---------------------------------------------------------------------------------------------- the registry
 DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset", "silofl.datasets")
-"""Every data set by name. An entry's object is its loader, ``load(data_dir, *, image_size, max_bag_size, seed)
--> Dataset`` (a plug-in takes ``**_`` for the options it ignores); its metadata (:data:`DATASET_META`)
-says what the configuration may ask of it."""
+"""Every data set by name. An entry's object is its loader,
+``load(data_dir, *, image_size, max_bag_size, seed) -> Dataset`` (a plug-in takes ``**_`` for the options it
+ignores); its metadata (:data:`DATASET_META`) says what the configuration may ask of it."""
 
 DATASET_META = {
     "images": "inputs are images (C×H×W): feature stages and image augmentation apply",
@@ -225,7 +225,8 @@ DATASET_META = {
     "seeded": "its train/test split depends on the data seed (compare keeps one load per seed)",
     "description": "one line for help texts and docs",
 }
-DEFAULTS = {"images": True, "pooled": True, "site_data": False, "schema": False, "seeded": False, "description": ""}
+DEFAULTS = {"images": True, "pooled": True, "site_data": False, "schema": False, "seeded": False,
+            "description": ""}
 
 
 def register_dataset(name: str, loader: Callable[..., Dataset] | None = None, **meta: Any) -> Any:
@@ -236,11 +237,12 @@ def register_dataset(name: str, loader: Callable[..., Dataset] | None = None, **
         def load(data_dir=None, **_):
             return Dataset("mydata", x_train, y_train, x_test, y_test, num_classes=2, source="…")
 
-    A ``sites`` entry — ``sites(paths, *, schema, image_size, test_data, test_fraction, seed) -> SiteSources`` —
+    A ``sites`` entry, ``sites(paths, *, schema, image_size, test_data, test_fraction, seed) -> SiteSources``,
     reads per-site sources (``site_data`` is then true)."""
     unknown = set(meta) - set(DATASET_META) - {"sites", "how_to_get"}
     if unknown:
-        raise ValueError(f"unknown dataset metadata {sorted(unknown)}; known: {', '.join(DATASET_META)}, sites")
+        raise ValueError(f"unknown dataset metadata {sorted(unknown)}; known: {', '.join(DATASET_META)}, "
+                         "sites")
     full = {**DEFAULTS, "site_data": "sites" in meta, **meta}
     return DATASETS.register(name, loader, **full) if loader is not None else DATASETS.register(name, **full)
 
@@ -267,7 +269,8 @@ def _tables_of_sites(paths, *, schema=None, image_size=32, test_data=None, test_
     from silofl.data.sites import load_site_tables
 
     if not schema:
-        raise ConfigError("dataset 'table' needs --schema FILE.yaml (feature names and types, target, levels, bounds)")
+        raise ConfigError("dataset 'table' needs --schema FILE.yaml (feature names and types, target, "
+                          "levels, bounds)")
     return load_site_tables(schema, paths, test_data, test_fraction, seed)
 
 
@@ -278,7 +281,8 @@ def _images_of_sites(paths, *, schema=None, image_size=32, test_data=None, test_
 
 
 def _table(data_dir=None, **_: Any) -> Dataset:
-    raise ConfigError("dataset 'table' is read per site: give --site-data (one CSV or Parquet file per site) and --schema")
+    raise ConfigError("dataset 'table' is read per site: give --site-data (one CSV or Parquet file per "
+                      "site) and --schema")
 
 
 def _cifar10(data_dir=None, **_: Any) -> Dataset:
@@ -304,29 +308,30 @@ def _bags(data_dir=None, *, max_bag_size: int = 64, seed: int = 0, **_: Any) -> 
 register_dataset("fashion-mnist", _idx("fashion-mnist"), description="Fashion-MNIST (28×28 grey, 10 classes)")
 register_dataset("mnist", _idx("mnist"), description="MNIST (28×28 grey, 10 classes)")
 register_dataset("cifar10", _cifar10, description="CIFAR-10 (32×32 colour, 10 classes)")
-register_dataset("digits", _digits, description="scikit-learn's bundled 8×8 digits, upsampled to 16×16 (always there)")
+register_dataset("digits", _digits, description="scikit-learn's bundled 8×8 digits, upsampled to 16×16")
 register_dataset("npz", _npz, description="a .npz with x_train, y_train, x_test, y_test (--data-dir)")
 register_dataset("folder", _folder, sites=_images_of_sites, seeded=True,
-                 description="an image folder, one sub-folder per class (--data-dir), or one per site (--site-data)")
+                 description="an image folder, a sub-folder per class (--data-dir), or one per site")
 register_dataset("bags", _bags, images=False, seeded=True,
                  description="bags of instance features (multiple-instance learning, --data-dir)")
 register_dataset("table", _table, images=False, pooled=False, schema=True, sites=_tables_of_sites,
                  description="one CSV or Parquet file per site (--site-data) and a schema (--schema)")
 
 
-def load_dataset(name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64, seed: int = 0) -> Dataset:
-    """Load data set ``name`` (searched as the module doc says) through :data:`DATASETS`; ConfigError naming the
-    choices if there is no such data set, DataError if it is missing or unreadable."""
+def load_dataset(name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64,
+                 seed: int = 0) -> Dataset:
+    """Load data set ``name`` (searched as the module doc says) through :data:`DATASETS`; ConfigError naming
+    the choices if there is no such data set, DataError if it is missing or unreadable."""
     return DATASETS.get(name)(data_dir, image_size=image_size, max_bag_size=max_bag_size, seed=seed)
 
 
 def load_sites(name: str, paths: list[str], *, schema: str | None = None, image_size: int = 32,
                test_data: str | None = None, test_fraction: float = 0.2, seed: int = 0):
-    """Per-site sources (:class:`silofl.data.sites.SiteSources`) of data set ``name``, by its ``sites`` loader;
-    ConfigError if it reads no per-site sources."""
+    """Per-site sources (:class:`silofl.data.sites.SiteSources`) of data set ``name``, by its ``sites``
+    loader; ConfigError if it reads no per-site sources."""
     sites = dataset_meta(name).get("sites")
     if sites is None:
-        raise ConfigError(f"--site-data takes {' or '.join(n for n in DATASETS.names() if dataset_meta(n)['site_data'])}"
-                          f" sources, not dataset {name!r}")
-    return sites(paths, schema=schema, image_size=image_size, test_data=test_data, test_fraction=test_fraction,
-                 seed=seed)
+        takers = " or ".join(n for n in DATASETS.names() if dataset_meta(n)["site_data"])
+        raise ConfigError(f"--site-data takes {takers} sources, not dataset {name!r}")
+    return sites(paths, schema=schema, image_size=image_size, test_data=test_data,
+                 test_fraction=test_fraction, seed=seed)

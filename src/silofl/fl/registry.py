@@ -9,8 +9,8 @@ A method is one module and one registration::
 Built-in methods live in :mod:`silofl.fl.methods`. Another package adds a method without editing
 silofl by exposing a module in the ``silofl.methods`` entry-point group (``[project.entry-points."silofl.methods"]
 mymethod = "mypkg.mymethod"`` in its ``pyproject.toml``); importing that module registers it. The
-configuration, the CLI, ``silofl compare``, the engines and the reports all read this registry (:data:`METHODS`, a
-:class:`silofl.core.registry.Registry`).
+configuration, the CLI, ``silofl compare``, the engines and the reports all read this registry
+(:data:`METHODS`, a :class:`silofl.core.registry.Registry`).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def register(name: str, *, options: type, headline: str, exchange: str, descript
                 raise ValueError(f"a method named {name!r} is already registered ({old.obj.cls.__module__})")
             return cls
         traits = MethodTraits(mutual_learning=mutual_learning, level=level, pooled=pooled, nonprivate=nonprivate)
-        METHODS.register(name, MethodInfo(name, cls, options, headline, exchange, traits, description, tuple(metrics)),
-                         exchange=exchange, headline=headline, level=level)
+        info = MethodInfo(name, cls, options, headline, exchange, traits, description, tuple(metrics))
+        METHODS.register(name, info, exchange=exchange, headline=headline, level=level)
         return cls
 
     return deco

@@ -151,8 +151,8 @@ class ScatterCNN(nn.Module):
 from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model", "silofl.models")
-"""Every architecture by name. An entry's object builds it, ``build(input_shape, num_classes) -> nn.Module`` (a
-class or a function); its metadata (:data:`MODEL_META`) says what inputs it takes. A saved model's
+"""Every architecture by name. An entry's object builds it, ``build(input_shape, num_classes) -> nn.Module``
+(a class or a function); its metadata (:data:`MODEL_META`) says what inputs it takes. A saved model's
 :class:`ModelSpec` names its registered architecture, so a plug-in's model loads back while its package is
 installed."""
 
@@ -183,7 +183,7 @@ for _name, _cls, _inputs in (("mlp", MLP, "any"), ("mlp256", MLP256, "any"), ("t
     register_model(_name, _cls, inputs=_inputs)
 # heads for feature stages (silofl.features): a linear model over the flattened features (= logreg), and
 # Tramèr & Boneh's small CNN over scattering channels
-register_model("linear", LogisticRegression, head=True, description="a linear head over the flattened features")
+register_model("linear", LogisticRegression, head=True, description="a linear head over flattened features")
 register_model("scattercnn", ScatterCNN, inputs="images", head=True)
 
 

@@ -22,8 +22,8 @@ from silofl.privacy.analysis import (
     max_steps_within,
 )
 
-__all__ = ["ACCOUNTANTS", "ACCOUNTANT_NAMES", "DEFAULT_ORDERS", "Accountant", "Budget", "MechanismRun", "epsilon_of",
-           "max_steps_within"]
+__all__ = ["ACCOUNTANTS", "ACCOUNTANT_NAMES", "DEFAULT_ORDERS", "Accountant", "Budget", "MechanismRun",
+           "epsilon_of", "max_steps_within"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Accountant:
 
     @property
     def name(self) -> str:
-        """The accountant's name as reported (``opacus.rdp``, ``opacus.prv``: its registry entry's ``reported``)."""
+        """The accountant's name as reported (``opacus.rdp``, ``opacus.prv``: its entry's ``reported``)."""
         return ACCOUNTANTS.get(self.kind).reported
 
     @property

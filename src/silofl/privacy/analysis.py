@@ -64,12 +64,13 @@ History = tuple[tuple[float, float, int], ...]
 class AccountantSpec:
     """How an accountant is built and asked for ε (an entry of :data:`ACCOUNTANTS`).
 
-    ``reported``: its name in summaries and ledgers (``opacus.rdp``). ``build()``: a fresh accountant object in the
-    Opacus interface (``.history`` a list of (σ, q, steps), ``.get_epsilon(delta)``), e.g. Opacus'
-    ``PRVAccountant`` or a wrapper of a dp-accounting one. ``epsilon(history, delta, orders) -> (ε, order or None)``:
-    an optional faster route to the same numbers (the RDP accountant's per-step curve, scaled by the steps).
-    ``opacus``: the mechanism name Opacus' ``get_noise_multiplier`` takes for σ calibration; None calibrates by the
-    same bisection over this accountant's own ε (:func:`noise_multiplier_for`)."""
+    ``reported``: its name in summaries and ledgers (``opacus.rdp``). ``build()``: a fresh accountant object
+    in the Opacus interface (``.history`` a list of (σ, q, steps), ``.get_epsilon(delta)``), e.g. Opacus'
+    ``PRVAccountant`` or a wrapper of a dp-accounting one.
+    ``epsilon(history, delta, orders) -> (ε, order or None)``: an optional faster route to the same numbers
+    (the RDP accountant's per-step curve, scaled by the steps). ``opacus``: the mechanism name Opacus'
+    ``get_noise_multiplier`` takes for σ calibration; None calibrates by the same bisection over this
+    accountant's own ε (:func:`noise_multiplier_for`)."""
 
     reported: str
     build: Callable[[], Any]
@@ -101,10 +102,12 @@ def _opacus(name: str) -> Callable[[], Any]:
     return build
 
 
-ACCOUNTANTS.register("rdp", AccountantSpec("opacus.rdp", _opacus("rdp"), _rdp_epsilon, opacus="rdp",
-                                           description="Rényi DP of the subsampled Gaussian (Mironov et al.), Opacus"))
-ACCOUNTANTS.register("prv", AccountantSpec("opacus.prv", _opacus("prv"), opacus="prv",
-                                           description="privacy random variables (Gopi et al.), Opacus; tighter"))
+ACCOUNTANTS.register("rdp", AccountantSpec(
+    "opacus.rdp", _opacus("rdp"), _rdp_epsilon, opacus="rdp",
+    description="Rényi DP of the subsampled Gaussian (Mironov et al.), Opacus"))
+ACCOUNTANTS.register("prv", AccountantSpec(
+    "opacus.prv", _opacus("prv"), opacus="prv",
+    description="privacy random variables (Gopi et al.), Opacus; tighter"))
 
 
 class _ReportedNames(Mapping[str, str]):
@@ -252,8 +255,9 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
 
 def _bisect_sigma(kind: str, target_epsilon: float, delta: float, sample_rate: float, steps: int,
                   tolerance: float) -> float:
-    """Opacus' ``get_noise_multiplier`` search (double σ from 20 until ε ≤ target, then bisect until ε lies within
-    ``tolerance`` below it) over accountant ``kind``'s ε: σ calibration for an accountant Opacus does not know."""
+    """Opacus' ``get_noise_multiplier`` search (double σ from 20 until ε ≤ target, then bisect until ε lies
+    within ``tolerance`` below it) over accountant ``kind``'s ε: σ calibration for an accountant Opacus does
+    not know."""
     from opacus.accountants.utils import MAX_SIGMA
 
     def eps(sigma: float) -> float:

@@ -34,7 +34,7 @@ from silofl.privacy.analysis import ACCOUNTANTS as ACCOUNTANT_REGISTRY
 from silofl.privacy.guarantee import PRIVACY_MODES, Guarantee, effective_mode, guarantee
 from silofl.training.metrics import METRICS
 
-DATASETS = DATASET_REGISTRY  # the data sets' registry (silofl.data.datasets): `in`, iteration and .names() read it
+DATASETS = DATASET_REGISTRY  # the data sets' registry (silofl.data.datasets): `in`, iteration, .names()
 PARTITIONS = ("p_major", "iid", "dirichlet", "site")
 ACCOUNTANTS = ACCOUNTANT_REGISTRY  # the accountants' registry (silofl.privacy.analysis)
 DEVICES = ("auto", "cpu", "cuda")
