@@ -16,7 +16,8 @@ def test_builtins_and_their_shape():
     assert engine_entry("flower").data_at_sites and engine_entry("flower-local").extra == "deploy"
     with pytest.raises(ConfigError) as e:
         engine_entry("ray")
-    assert str(e.value) == "unknown engine 'ray'; choose one of: simulator, torch.distributed, flower-local, flower"
+    choices = "simulator, torch.distributed, flower-local, flower"
+    assert str(e.value) == f"unknown engine 'ray'; choose one of: {choices}"
 
 
 def test_an_entry_whose_start_lacks_a_keyword_is_caught():

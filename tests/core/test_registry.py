@@ -78,7 +78,8 @@ def test_every_extension_point_is_a_registry_with_its_group_and_one_line_errors(
         with pytest.raises(ConfigError) as e:
             reg.get("no-such-thing")
         msg = str(e.value)
-        assert "\n" not in msg and msg == f"unknown {reg.kind} 'no-such-thing'; choose one of: {', '.join(reg.names())}"
+        assert "\n" not in msg
+        assert msg == f"unknown {reg.kind} 'no-such-thing'; choose one of: {', '.join(reg.names())}"
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -59,7 +59,8 @@ class PlugNet(nn.Module):
 '''
 
 MODULES = {"silofl_digitrows": DATASET, "silofl_plugnet": MODEL}
-GROUPS = {"silofl.datasets": {"digit-rows": "silofl_digitrows"}, "silofl.models": {"plugnet": "silofl_plugnet"}}
+GROUPS = {"silofl.datasets": {"digit-rows": "silofl_digitrows"},
+          "silofl.models": {"plugnet": "silofl_plugnet"}}
 
 
 @pytest.fixture
@@ -73,7 +74,8 @@ def plugin(tmp_path, monkeypatch):
 
 
 def test_a_dataset_and_a_model_from_another_package_register(plugin):
-    assert DATASETS.names()[:8] == ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags", "table")
+    builtin = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags", "table")
+    assert DATASETS.names()[:8] == builtin
     assert "digit-rows" in DATASETS and "plugnet" in MODELS
     meta = dataset_meta("digit-rows")
     assert meta["images"] is False and meta["pooled"] is True and meta["site_data"] is False
@@ -83,13 +85,14 @@ def test_a_dataset_and_a_model_from_another_package_register(plugin):
 
 @pytest.mark.slow
 def test_a_real_run_trains_on_a_plugin_dataset_and_model(plugin, tmp_path):
-    """The configuration takes the plug-in's names and asks its metadata; then ``silofl run`` as a user types it,
-    in a fresh process that finds the package by its entry points, trains on them and saves the model."""
+    """The configuration takes the plug-in's names and asks its metadata; then ``silofl run`` as a user types
+    it, in a fresh process that finds the package by its entry points, trains on them and saves the model."""
     from silofl.run.config import RunConfig
 
     ds = load_dataset("digit-rows")
     assert ds.x_train.shape == (1397, 64) and ds.num_classes == 10
-    cfg = RunConfig.from_dict({"method": "fedavg", "dataset": "digit-rows", "proxy_model": "plugnet"}).resolve()
+    asked = {"method": "fedavg", "dataset": "digit-rows", "proxy_model": "plugnet"}
+    cfg = RunConfig.from_dict(asked).resolve()
     assert cfg.dataset == "digit-rows" and cfg.options.proxy_model == "plugnet"
     with pytest.raises(ConfigError, match="apply to images; dataset 'digit-rows'"):  # its metadata is asked
         RunConfig.from_dict({"method": "fedavg", "dataset": "digit-rows", "features": "scatter"}).resolve()
@@ -97,7 +100,8 @@ def test_a_real_run_trains_on_a_plugin_dataset_and_model(plugin, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "SILOFL_NO_PROGRESS": "1"}
     cmd = [sys.executable, "-m", "silofl.cli.main", "run", "--method", "fedavg", "--dataset", "digit-rows",
-           "--proxy-model", "plugnet", "--clients", "3", "--rounds", "3", "--partition", "iid", "--privacy", "off",
+           "--proxy-model", "plugnet", "--clients", "3", "--rounds", "3", "--partition", "iid",
+           "--privacy", "off",
            "--samples-per-client", "200", "--batch-size", "50", "--set", "lr=0.01", "--seed", "7", "--quiet",
            "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

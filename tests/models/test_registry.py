@@ -1,5 +1,5 @@
-"""An architecture is one module and one registration, from silofl or another package (``silofl.models``); a saved
-model's spec names its registered architecture and loads back through the registry."""
+"""An architecture is one module and one registration, from silofl or another package (``silofl.models``);
+a saved model's spec names its registered architecture and loads back through the registry."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def plugin(tmp_path, monkeypatch):
 
 def test_builtins_in_their_order_with_metadata():
     assert model_names()[:4] == ("mlp", "mlp256", "tabmlp", "logreg") and MODEL_NAMES == model_names()
-    assert MODELS.entry("lenet5").meta["inputs"] == "images" and MODELS.entry("deepset").meta["inputs"] == "bags"
+    assert MODELS.entry("lenet5").meta["inputs"] == "images"
+    assert MODELS.entry("deepset").meta["inputs"] == "bags"
     assert {n for n in MODELS if MODELS.entry(n).meta["head"]} == {"linear", "scattercnn"}
     assert REGISTRY["linear"] is REGISTRY["logreg"]  # the linear head is logistic regression
 
@@ -54,7 +55,8 @@ def test_builtins_in_their_order_with_metadata():
 def test_a_plugin_model_builds_saves_and_loads_back(plugin, tmp_path):
     import silofl.models
 
-    assert "widelogreg" in model_names() and "widelogreg" in silofl.models.MODEL_NAMES  # the old name reads it now
+    assert "widelogreg" in model_names()
+    assert "widelogreg" in silofl.models.MODEL_NAMES  # the old name reads the registry now
     torch.manual_seed(0)
     net = build_model("widelogreg", (4, 4), 3)
     spec = ModelSpec("widelogreg", (4, 4), 3)

@@ -1,6 +1,6 @@
-"""An accountant is one registration (``silofl.accountants``): the built-ins are Opacus' RDP and PRV accountants;
-here one wrapping dp-accounting's RDP accountant (an independent implementation) is added as a plug-in, records a
-run, reports ε close to Opacus' and calibrates σ by the same search Opacus runs."""
+"""An accountant is one registration (``silofl.accountants``): the built-ins are Opacus' RDP and PRV
+accountants; here one wrapping dp-accounting's RDP accountant (an independent implementation) is added as a
+plug-in, records a run, reports ε close to Opacus' and calibrates σ by the same search Opacus runs."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class DpaRdp:
 
         acc = RdpAccountant(ORDERS)
         for sigma, q, steps in self.history:
-            acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), int(steps))
+            event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+            acc.compose(event, int(steps))
         return float(acc.get_epsilon(delta))
 
 
@@ -68,9 +69,10 @@ def test_a_plugin_accountant_records_and_calibrates(plugin):
 
 @pytest.mark.slow
 def test_a_plugin_accountant_calibrates_by_opacus_search(plugin):
-    """Opacus knows no dpa-rdp: σ comes from silofl's copy of Opacus' get_noise_multiplier search over the plug-in's
-    ε, which for an accountant Opacus knows returns exactly Opacus' σ."""
-    assert _bisect_sigma("rdp", 3.0, 1e-5, 0.01, 400, 0.01) == noise_multiplier_for(3.0, 1e-5, 0.01, 400, "rdp")
+    """Opacus knows no dpa-rdp: σ comes from silofl's copy of Opacus' get_noise_multiplier search over the
+    plug-in's ε, which for an accountant Opacus knows returns exactly Opacus' σ."""
+    opacus = noise_multiplier_for(3.0, 1e-5, 0.01, 400, "rdp")
+    assert _bisect_sigma("rdp", 3.0, 1e-5, 0.01, 400, 0.01) == opacus
     sigma = noise_multiplier_for(2.0, 1e-5, 0.02, 300, "dpa-rdp")
     assert 2.0 - 0.01 <= epsilon_of("dpa-rdp", ((sigma, 0.02, 300),), 1e-5) <= 2.0
 
