@@ -58,3 +58,40 @@ def test_builtins_import_on_first_read_and_plugins_load(monkeypatch):
     monkeypatch.setattr(registry_module, "entry_points", fake_entry_points)
     assert reg.names() == ("plug",)  # the broken plug-in is logged and skipped
     assert reg.get("plug") == "from a plug-in"
+
+
+def _registries():
+    from silofl.comm.engines import ENGINES
+    from silofl.data.datasets import DATASETS
+    from silofl.features.registry import FEATURES
+    from silofl.fl.registry import METHODS
+    from silofl.models import MODELS
+    from silofl.privacy.analysis import ACCOUNTANTS
+
+    return {"silofl.methods": METHODS, "silofl.features": FEATURES, "silofl.datasets": DATASETS,
+            "silofl.models": MODELS, "silofl.accountants": ACCOUNTANTS, "silofl.engines": ENGINES}
+
+
+def test_every_extension_point_is_a_registry_with_its_group_and_one_line_errors():
+    for group, reg in _registries().items():
+        assert isinstance(reg, Registry) and reg.group == group and len(reg) >= 2
+        with pytest.raises(ConfigError) as e:
+            reg.get("no-such-thing")
+        msg = str(e.value)
+        assert "\n" not in msg
+        assert msg == f"unknown {reg.kind} 'no-such-thing'; choose one of: {', '.join(reg.names())}"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--accountant", "pld"], "unknown accountant 'pld'; choose one of: rdp, prv"),
+    (["--method", "fedsgd"], "unknown method 'fedsgd'; choose one of: proxyfl, fedavg"),
+])
+def test_an_unknown_name_on_the_command_line_exits_2_in_one_line(flags, message, tmp_path):
+    """(Data sets and models: tests/cli/test_cli.py.)"""
+    from typer.testing import CliRunner
+
+    from silofl.cli.main import app
+
+    res = CliRunner().invoke(app, ["run", *flags, "--quiet", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "r").exists()

@@ -20,7 +20,8 @@ def test_site_data_sets_one_client_per_site_and_partition_site():
     ({"dataset": "table", "site_data": ["a.csv"]}, "needs --schema"),
     ({"dataset": "table", "schema": "s.yaml"}, "needs --site-data"),
     ({"dataset": "digits", "schema": "s.yaml"}, "--schema applies to dataset 'table'"),
-    ({"dataset": "digits", "site_data": ["a", "b"]}, "--site-data takes table files"),
+    ({"dataset": "digits", "site_data": ["a", "b"]}, "--site-data takes per-site sources of .folder. or "
+                                                      ".table."),
     ({"dataset": "table", "schema": "s.yaml", "site_data": ["a.csv", "b.csv"], "clients": 3}, "names 2 sites but clients is 3"),
     ({"dataset": "table", "schema": "s.yaml", "site_data": ["a.csv", "b.csv"], "partition": "iid"}, "partition must be 'site'"),
     ({"dataset": "digits", "test_data": "t.csv"}, "--test-data goes with --site-data"),

@@ -60,11 +60,11 @@ def plugin(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: silofl-fedmedian\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[silofl.methods]\nfedmedian = silofl_fedmedian\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_loaded", False)
+    registry.METHODS.rescan()
     yield
-    registry._REGISTRY.pop("fedmedian", None)
+    registry.METHODS.unregister("fedmedian")
     sys.modules.pop("silofl_fedmedian", None)
-    monkeypatch.setattr(registry, "_loaded", False)
+    registry.METHODS.rescan()
 
 
 @pytest.mark.slow

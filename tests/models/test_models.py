@@ -23,7 +23,7 @@ def test_paper_sizes():
 
 
 def test_unknown_and_too_small():
-    with pytest.raises(ConfigError, match="available models"):
+    with pytest.raises(ConfigError, match="unknown model .*; choose one of: mlp, "):
         build_model("resnet999", (1, 28, 28), 10)
     with pytest.raises(ConfigError, match="larger inputs"):
         build_model("lenet5", (1, 8, 8), 10)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
@@ -40,10 +40,12 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Objects of one kind by name; built-ins first (in ``builtins``' registration order), then plug-ins."""
 
-    def __init__(self, kind: str, group: str, builtins: tuple[str, ...] = ()) -> None:
+    def __init__(self, kind: str, group: str, builtins: tuple[str, ...] = (),
+                 order: Callable[[], Iterable[str]] | None = None) -> None:
         self.kind = kind  # "dataset", "model", …: the word error messages use
         self.group = group  # the entry-point group, e.g. "silofl.datasets"
         self._builtins = builtins  # modules whose import registers the built-ins
+        self._order = order  # names listed first, in this order, once the built-ins are imported
         self._entries: dict[str, Entry[T]] = {}
         self._loading = False
         self._loaded = False
@@ -51,14 +53,14 @@ class Registry(Generic[T]):
     # ------------------------------------------------------------------ registering
     def register(self, name: str, obj: T | None = None, **meta: Any) -> Any:
         """Register ``obj`` under ``name`` (or, without ``obj``, a decorator that does). Registering the same
-        object twice is harmless; another object under a taken name is an error."""
+        object twice is harmless (also the same class or function of a module imported again); another object
+        under a taken name is an error."""
         if not isinstance(name, str) or not name or name != name.strip() or ":" in name:
             raise ValueError(f"a {self.kind} name must be a non-empty word without ':', got {name!r}")
 
         def add(o: T) -> T:
             old = self._entries.get(name)
-            if old is not None and old.obj is not o and getattr(old.obj, "__qualname__", None) != getattr(
-                    o, "__qualname__", object()):
+            if old is not None and old.obj is not o and _where(old.obj) != _where(o):
                 raise ValueError(f"a {self.kind} named {name!r} is already registered "
                                  f"({getattr(old.obj, '__module__', '?')})")
             self._entries[name] = Entry(name, o, dict(meta))
@@ -70,6 +72,16 @@ class Registry(Generic[T]):
         """Drop ``name`` (tests that register a throw-away plug-in clean up with it)."""
         self._entries.pop(name, None)
 
+    def registered(self, name: str) -> Entry[T] | None:
+        """The entry registered as ``name`` so far, or None — without importing the built-ins or plug-ins
+        (what a registering function may ask)."""
+        return self._entries.get(name)
+
+    def rescan(self) -> None:
+        """Read the entry-point group again at the next lookup (a plug-in installed since the first read, as
+        tests install one)."""
+        self._loaded = False
+
     # ------------------------------------------------------------------ reading
     def _load(self) -> None:
         if self._loaded or self._loading:
@@ -78,6 +90,9 @@ class Registry(Generic[T]):
         try:
             for mod in self._builtins:
                 importlib.import_module(mod)
+            if self._order is not None:
+                first = [n for n in self._order() if n in self._entries]
+                self._entries = {**{n: self._entries[n] for n in first}, **self._entries}
             for ep in entry_points(group=self.group):
                 try:
                     ep.load()
@@ -118,6 +133,27 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, group={self.group!r}, names={list(self._entries)})"
+
+
+def _where(obj: Any) -> tuple[Any, Any]:
+    """(module, qualified name) of a class or function — the same one when its module was imported again;
+    unique (its identity) for anything else."""
+    q = getattr(obj, "__qualname__", None) if isinstance(obj, type) or callable(obj) else None
+    if q is None or "<lambda>" in q:
+        return (id(obj), None)
+    return (getattr(obj, "__module__", None), q)
+
+
+def load_ref(ref: str) -> Any:
+    """The object a ``"package.module:attribute"`` reference names (imported now): how registries name what
+    they must not import before it is used (an engine's runner needs flwr, a layer above the registry's)."""
+    mod, sep, attr = ref.partition(":")
+    if not (mod and sep and attr):
+        raise ValueError(f"a reference is 'package.module:attribute', got {ref!r}")
+    obj: Any = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def check_choice(registry: Registry[Any], name: str, what: str | None = None) -> str:

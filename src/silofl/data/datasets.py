@@ -5,6 +5,10 @@ Search order for a data set's files: ``data_dir`` (the ``--data-dir`` flag), ``$
 as ``dataset-fashion-mnist``). Each root is searched as-is and in a sub-folder named after the
 data set. scikit-learn's bundled digits set is always available (upsampled 8×8 → 16×16 so the
 convolutional models fit).
+
+Every data set is an entry of :data:`DATASETS` (group ``silofl.datasets``): a loader and its metadata
+(:data:`DATASET_META`). Another package adds one with :func:`register_dataset` in a module it names in that
+entry-point group; the configuration's choices and checks read the registry.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ import gzip
 import os
 import pickle
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from silofl.core.errors import DataError
+from silofl.core.errors import ConfigError, DataError
+from silofl.core.registry import Registry
 from silofl.data.formats import load_bags, load_image_folder
 from silofl.data.types import Dataset
 
@@ -204,18 +211,127 @@ def load_digits_dataset(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10, source="sklearn.datasets.load_digits")
 
 
-def load_dataset(name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64, seed: int = 0) -> Dataset:
-    """Load data set ``name`` (searched as the module doc says); DataError if it is missing or unreadable."""
-    if name == "folder":
-        return load_image_folder(data_dir, image_size=image_size, seed=seed)
-    if name == "bags":
-        return load_bags(data_dir, max_bag_size=max_bag_size, seed=seed)
-    if name in ("fashion-mnist", "mnist"):
+# ---------------------------------------------------------------------------------------------- the registry
+DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset", "silofl.datasets")
+"""Every data set by name. An entry's object is its loader,
+``load(data_dir, *, image_size, max_bag_size, seed) -> Dataset`` (a plug-in takes ``**_`` for the options it
+ignores); its metadata (:data:`DATASET_META`) says what the configuration may ask of it."""
+
+DATASET_META = {
+    "images": "inputs are images (C×H×W): feature stages and image augmentation apply",
+    "pooled": "load_dataset returns a pooled train/test split to partition among clients",
+    "site_data": "per-site sources (--site-data, one file or folder per site) are read by its `sites` loader",
+    "schema": "it takes a collaboration's schema (--schema), and needs one",
+    "seeded": "its train/test split depends on the data seed (compare keeps one load per seed)",
+    "description": "one line for help texts and docs",
+}
+DEFAULTS = {"images": True, "pooled": True, "site_data": False, "schema": False, "seeded": False,
+            "description": ""}
+
+
+def register_dataset(name: str, loader: Callable[..., Dataset] | None = None, **meta: Any) -> Any:
+    """Register a data set's loader under ``name`` (decorator or direct), with the metadata keys of
+    :data:`DATASET_META` (unnamed ones take :data:`DEFAULTS`)::
+
+        @register_dataset("mydata", images=False, description="my clinic's rows")
+        def load(data_dir=None, **_):
+            return Dataset("mydata", x_train, y_train, x_test, y_test, num_classes=2, source="…")
+
+    A ``sites`` entry, ``sites(paths, *, schema, image_size, test_data, test_fraction, seed) -> SiteSources``,
+    reads per-site sources (``site_data`` is then true)."""
+    unknown = set(meta) - set(DATASET_META) - {"sites", "how_to_get"}
+    if unknown:
+        raise ValueError(f"unknown dataset metadata {sorted(unknown)}; known: {', '.join(DATASET_META)}, "
+                         "sites")
+    full = {**DEFAULTS, "site_data": "sites" in meta, **meta}
+    return DATASETS.register(name, loader, **full) if loader is not None else DATASETS.register(name, **full)
+
+
+def dataset_names() -> tuple[str, ...]:
+    """Every registered data set, built-ins first (the CLI's choices)."""
+    return DATASETS.names()
+
+
+def dataset_meta(name: str) -> dict[str, Any]:
+    """The metadata of data set ``name`` (:data:`DATASET_META`); ConfigError naming the choices if unknown."""
+    return {**DEFAULTS, **DATASETS.entry(name).meta}
+
+
+def _idx(name: str) -> Callable[..., Dataset]:
+    def load(data_dir=None, **_: Any) -> Dataset:
         return load_idx_dataset(name, data_dir)
-    if name == "cifar10":
-        return load_cifar10(data_dir)
-    if name == "digits":
-        return load_digits_dataset()
-    if name == "npz":
-        return load_npz(data_dir)
-    raise DataError(f"unknown dataset {name!r}; choose one of: fashion-mnist, mnist, cifar10, digits, npz, folder, bags")
+
+    load.__qualname__ = f"load_{name.replace('-', '_')}"
+    return load
+
+
+def _tables_of_sites(paths, *, schema=None, image_size=32, test_data=None, test_fraction=0.2, seed=0):
+    from silofl.data.sites import load_site_tables
+
+    if not schema:
+        raise ConfigError("dataset 'table' needs --schema FILE.yaml (feature names and types, target, "
+                          "levels, bounds)")
+    return load_site_tables(schema, paths, test_data, test_fraction, seed)
+
+
+def _images_of_sites(paths, *, schema=None, image_size=32, test_data=None, test_fraction=0.2, seed=0):
+    from silofl.data.sites import load_site_images
+
+    return load_site_images(paths, image_size, test_data, test_fraction, seed)
+
+
+def _table(data_dir=None, **_: Any) -> Dataset:
+    raise ConfigError("dataset 'table' is read per site: give --site-data (one CSV or Parquet file per "
+                      "site) and --schema")
+
+
+def _cifar10(data_dir=None, **_: Any) -> Dataset:
+    return load_cifar10(data_dir)
+
+
+def _digits(data_dir=None, **_: Any) -> Dataset:
+    return load_digits_dataset()
+
+
+def _npz(data_dir=None, **_: Any) -> Dataset:
+    return load_npz(data_dir)
+
+
+def _folder(data_dir=None, *, image_size: int = 32, seed: int = 0, **_: Any) -> Dataset:
+    return load_image_folder(data_dir, image_size=image_size, seed=seed)
+
+
+def _bags(data_dir=None, *, max_bag_size: int = 64, seed: int = 0, **_: Any) -> Dataset:
+    return load_bags(data_dir, max_bag_size=max_bag_size, seed=seed)
+
+
+register_dataset("fashion-mnist", _idx("fashion-mnist"), description="Fashion-MNIST (28×28 grey, 10 classes)")
+register_dataset("mnist", _idx("mnist"), description="MNIST (28×28 grey, 10 classes)")
+register_dataset("cifar10", _cifar10, description="CIFAR-10 (32×32 colour, 10 classes)")
+register_dataset("digits", _digits, description="scikit-learn's bundled 8×8 digits, upsampled to 16×16")
+register_dataset("npz", _npz, description="a .npz with x_train, y_train, x_test, y_test (--data-dir)")
+register_dataset("folder", _folder, sites=_images_of_sites, seeded=True,
+                 description="an image folder, a sub-folder per class (--data-dir), or one per site")
+register_dataset("bags", _bags, images=False, seeded=True,
+                 description="bags of instance features (multiple-instance learning, --data-dir)")
+register_dataset("table", _table, images=False, pooled=False, schema=True, sites=_tables_of_sites,
+                 description="one CSV or Parquet file per site (--site-data) and a schema (--schema)")
+
+
+def load_dataset(name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64,
+                 seed: int = 0) -> Dataset:
+    """Load data set ``name`` (searched as the module doc says) through :data:`DATASETS`; ConfigError naming
+    the choices if there is no such data set, DataError if it is missing or unreadable."""
+    return DATASETS.get(name)(data_dir, image_size=image_size, max_bag_size=max_bag_size, seed=seed)
+
+
+def load_sites(name: str, paths: list[str], *, schema: str | None = None, image_size: int = 32,
+               test_data: str | None = None, test_fraction: float = 0.2, seed: int = 0):
+    """Per-site sources (:class:`silofl.data.sites.SiteSources`) of data set ``name``, by its ``sites``
+    loader; ConfigError if it reads no per-site sources."""
+    sites = dataset_meta(name).get("sites")
+    if sites is None:
+        takers = " or ".join(n for n in DATASETS.names() if dataset_meta(n)["site_data"])
+        raise ConfigError(f"--site-data takes {takers} sources, not dataset {name!r}")
+    return sites(paths, schema=schema, image_size=image_size, test_data=test_data,
+                 test_fraction=test_fraction, seed=seed)

@@ -13,53 +13,41 @@ The configuration, the CLI's errors and the run folder's record all read this re
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from importlib.metadata import entry_points
 
 from silofl.core.errors import ConfigError
-
-log = logging.getLogger("silofl")
+from silofl.core.registry import Registry
 
 ENTRY_POINT_GROUP = "silofl.features"
 BUILTIN = ("none", "scatter", "backbone")
 
-_REGISTRY: dict[str, type] = {}
-_loaded = False
+FEATURES: Registry[type] = Registry("features", ENTRY_POINT_GROUP, builtins=(
+    "silofl.features.none", "silofl.features.scatter", "silofl.features.backbone"), order=lambda: BUILTIN)
 
 
 def register(name: str) -> Callable[[type], type]:
-    """Class decorator that registers a feature stage under ``name``."""
+    """Class decorator that registers a feature stage under ``name`` (in :data:`FEATURES`; its metadata:
+    ``takes_argument``, whether it is named ``name:ARG``)."""
 
     def deco(cls: type) -> type:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"a feature stage named {name!r} is already registered ({_REGISTRY[name].__module__})")
+        old = FEATURES.registered(name)
+        if old is not None and old.obj is not cls:
+            raise ValueError(f"a feature stage named {name!r} is already registered ({old.obj.__module__})")
         cls.name = name  # type: ignore[attr-defined]
-        _REGISTRY[name] = cls
+        FEATURES.register(name, cls, takes_argument=bool(getattr(cls, "takes_argument", False)))
         return cls
 
     return deco
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    from silofl.features import backbone, none, scatter  # noqa: F401 - the built-in stages register on import
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken plug-in must not break silofl
-            log.warning("feature plug-in %s (%s) failed to load: %s", ep.name, ep.value, e)
-
-
 def stages() -> dict[str, type]:
     """Every registered feature stage by name, built-ins first."""
-    _load()
-    return {**{n: _REGISTRY[n] for n in BUILTIN if n in _REGISTRY},
-            **{n: c for n, c in _REGISTRY.items() if n not in BUILTIN}}
+    return {n: e.obj for n, e in FEATURES.entries().items()}
+
+
+def choices() -> tuple[str, ...]:
+    """The stages as the CLI names them: ``name``, or ``name:DIR`` for a stage that takes an argument."""
+    return tuple(f"{n}:DIR" if getattr(c, "takes_argument", False) else n for n, c in stages().items())
 
 
 def parse(value: str) -> tuple[str, str | None]:
@@ -69,8 +57,7 @@ def parse(value: str) -> tuple[str, str | None]:
     name, sep, arg = value.strip().partition(":")
     known = stages()
     if name not in known:
-        choices = ", ".join(f"{n}:DIR" if getattr(c, "takes_argument", False) else n for n, c in known.items())
-        raise ConfigError(f"unknown features {value!r}; choose one of: {choices}")
+        raise ConfigError(f"unknown features {value!r}; choose one of: {', '.join(choices())}")
     cls = known[name]
     if getattr(cls, "takes_argument", False) and not (sep and arg):
         raise ConfigError(f"features {name!r} needs an argument: {name}:DIR")

@@ -9,20 +9,17 @@ A method is one module and one registration::
 Built-in methods live in :mod:`silofl.fl.methods`. Another package adds a method without editing
 silofl by exposing a module in the ``silofl.methods`` entry-point group (``[project.entry-points."silofl.methods"]
 mymethod = "mypkg.mymethod"`` in its ``pyproject.toml``); importing that module registers it. The
-configuration, the CLI, ``silofl compare``, the engines and the reports all read this registry.
+configuration, the CLI, ``silofl compare``, the engines and the reports all read this registry
+(:data:`METHODS`, a :class:`silofl.core.registry.Registry`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
-from silofl.core.errors import ConfigError
+from silofl.core.registry import Registry
 from silofl.privacy.guarantee import MethodTraits
-
-log = logging.getLogger("silofl")
 
 ENTRY_POINT_GROUP = "silofl.methods"
 EXCHANGES = ("gossip", "server", "cycle", "none")
@@ -53,56 +50,44 @@ class MethodInfo:
         return self.traits.level == "client"
 
 
-_REGISTRY: dict[str, MethodInfo] = {}
-_loaded = False
+def _builtin_order() -> tuple[str, ...]:
+    from silofl.fl.methods import ORDER
+
+    return ORDER
+
+
+METHODS: Registry[MethodInfo] = Registry("method", ENTRY_POINT_GROUP, builtins=("silofl.fl.methods",),
+                                         order=_builtin_order)
 
 
 def register(name: str, *, options: type, headline: str, exchange: str, description: str,
              metrics: tuple[str, ...], mutual_learning: bool = False, level: str = "example", pooled: bool = False,
              nonprivate: bool = False) -> Callable[[type], type]:
-    """Class decorator that registers a method under ``name``."""
+    """Class decorator that registers a method under ``name`` (in :data:`METHODS`)."""
     if exchange not in EXCHANGES:
         raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
     if headline not in metrics or not set(metrics) <= set(ACC_FIELDS):
         raise ValueError(f"metrics {metrics} must be among {ACC_FIELDS} and include the headline {headline!r}")
 
     def deco(cls: type) -> type:
-        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
-            raise ValueError(f"a method named {name!r} is already registered ({_REGISTRY[name].cls.__module__})")
+        old = METHODS.registered(name)
+        if old is not None:
+            if old.obj.cls is not cls:
+                raise ValueError(f"a method named {name!r} is already registered ({old.obj.cls.__module__})")
+            return cls
         traits = MethodTraits(mutual_learning=mutual_learning, level=level, pooled=pooled, nonprivate=nonprivate)
-        _REGISTRY[name] = MethodInfo(name, cls, options, headline, exchange, traits, description, tuple(metrics))
+        info = MethodInfo(name, cls, options, headline, exchange, traits, description, tuple(metrics))
+        METHODS.register(name, info, exchange=exchange, headline=headline, level=level)
         return cls
 
     return deco
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    from silofl.fl.methods import ORDER  # the built-in methods register on import
-
-    builtin = {name: _REGISTRY[name] for name in ORDER if name in _REGISTRY}
-    rest = {name: info for name, info in _REGISTRY.items() if name not in builtin}
-    _REGISTRY.clear()
-    _REGISTRY.update({**builtin, **rest})
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken plug-in must not break silofl
-            log.warning("method plug-in %s (%s) failed to load: %s", ep.name, ep.value, e)
-
-
 def methods() -> dict[str, MethodInfo]:
-    """Every registered method by name, built-ins first."""
-    _load()
-    return dict(_REGISTRY)
+    """Every registered method by name, built-ins first (in :data:`silofl.fl.methods.ORDER`)."""
+    return {name: e.obj for name, e in METHODS.entries().items()}
 
 
 def method_info(name: str) -> MethodInfo:
     """The registered method ``name``; ConfigError naming the choices if there is none."""
-    known = methods()
-    if name not in known:
-        raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(known)}")
-    return known[name]
+    return METHODS.get(name)

@@ -5,6 +5,9 @@ that is saved next to each ``.safetensors`` file and rebuilds the same architect
 Every layer with parameters is ``Linear``, ``Conv2d`` or ``GroupNorm`` (no BatchNorm), so DP-SGD's
 fast per-example norms apply to all of them. VGG, ResNet-18 (GroupNorm) and DeepSet are in
 :mod:`silofl.models.large`.
+
+Every architecture is an entry of :data:`MODELS` (group ``silofl.models``); another package adds one with
+:func:`register_model` in a module it names in that entry-point group.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from silofl.core.errors import ConfigError
+from silofl.core.registry import Registry
 
 
 class MLP(nn.Module):
@@ -145,13 +150,55 @@ class ScatterCNN(nn.Module):
 
 from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
 
-REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "mlp": MLP, "mlp256": MLP256, "tabmlp": TabularMLP, "logreg": LogisticRegression, "lenet5": LeNet5, "cnn1": CNN1, "cnn2": CNN2, "vgg": VGG, "resnet18": ResNet18, "deepset": DeepSet,
+MODELS: Registry[Callable[..., nn.Module]] = Registry("model", "silofl.models")
+"""Every architecture by name. An entry's object builds it, ``build(input_shape, num_classes) -> nn.Module``
+(a class or a function); its metadata (:data:`MODEL_META`) says what inputs it takes. A saved model's
+:class:`ModelSpec` names its registered architecture, so a plug-in's model loads back while its package is
+installed."""
+
+MODEL_META = {
+    "inputs": "'images' (C×H×W), 'rows' (a flat vector: table rows, features), 'bags' (B×M×(d+1)) or 'any'",
+    "head": "a head for a feature stage's output (silofl.features)",
+    "description": "one line for help texts and docs",
 }
+
+
+def register_model(name: str, build: Callable[..., nn.Module] | None = None, *, inputs: str = "any",
+                   head: bool = False, description: str = "") -> Any:
+    """Register an architecture under ``name`` (decorator or direct); ``build(input_shape, num_classes)`` must
+    return a fresh module (every layer with parameters Linear, Conv2d or GroupNorm keeps DP-SGD's fast
+    per-example norms)."""
+    if inputs not in ("images", "rows", "bags", "any"):
+        raise ValueError(f"inputs must be images, rows, bags or any, got {inputs!r}")
+    if not description and build is not None:
+        description = (build.__doc__ or "").strip().split("\n")[0]
+    meta = {"inputs": inputs, "head": head, "description": description}
+    return MODELS.register(name, build, **meta) if build is not None else MODELS.register(name, **meta)
+
+
+for _name, _cls, _inputs in (("mlp", MLP, "any"), ("mlp256", MLP256, "any"), ("tabmlp", TabularMLP, "any"),
+                             ("logreg", LogisticRegression, "any"), ("lenet5", LeNet5, "images"),
+                             ("cnn1", CNN1, "images"), ("cnn2", CNN2, "images"), ("vgg", VGG, "images"),
+                             ("resnet18", ResNet18, "images"), ("deepset", DeepSet, "bags")):
+    register_model(_name, _cls, inputs=_inputs)
 # heads for feature stages (silofl.features): a linear model over the flattened features (= logreg), and
 # Tramèr & Boneh's small CNN over scattering channels
-REGISTRY.update({"linear": LogisticRegression, "scattercnn": ScatterCNN})
-MODEL_NAMES = tuple(REGISTRY)
+register_model("linear", LogisticRegression, head=True, description="a linear head over flattened features")
+register_model("scattercnn", ScatterCNN, inputs="images", head=True)
+
+
+def model_names() -> tuple[str, ...]:
+    """Every registered architecture, built-ins first (the CLI's choices)."""
+    return MODELS.names()
+
+
+def __getattr__(name: str) -> Any:
+    # MODEL_NAMES and REGISTRY, as they were before the registry, but reading it now (plug-ins included)
+    if name == "MODEL_NAMES":
+        return MODELS.names()
+    if name == "REGISTRY":
+        return {n: e.obj for n, e in MODELS.entries().items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -179,10 +226,8 @@ class ModelSpec:
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A fresh model by name for the input shape and number of classes."""
-    key = name.lower()
-    if key not in REGISTRY:
-        raise ConfigError(f"unknown model {name!r}; available models: {', '.join(MODEL_NAMES)}")
-    return REGISTRY[key](tuple(input_shape), num_classes)
+    key = name.lower() if isinstance(name, str) and name.lower() in MODELS else name
+    return MODELS.get(key)(tuple(input_shape), num_classes)
 
 
 def save_model(model: nn.Module, spec: ModelSpec, path: str | Path) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.privacy.analysis import (
     ACCOUNTANT_NAMES,
+    ACCOUNTANTS,
     DEFAULT_ORDERS,
     History,
     check_mechanism,
@@ -21,8 +22,8 @@ from silofl.privacy.analysis import (
     max_steps_within,
 )
 
-__all__ = ["ACCOUNTANT_NAMES", "DEFAULT_ORDERS", "Accountant", "Budget", "MechanismRun", "epsilon_of",
-           "max_steps_within"]
+__all__ = ["ACCOUNTANTS", "ACCOUNTANT_NAMES", "DEFAULT_ORDERS", "Accountant", "Budget", "MechanismRun",
+           "epsilon_of", "max_steps_within"]
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,14 @@ class Accountant:
     """Tracks one party's privacy spend. ``record``/``step`` add what ran; ``epsilon`` asks Opacus."""
 
     def __init__(self, kind: str = "rdp"):
-        if kind not in ACCOUNTANT_NAMES:
-            raise ConfigError(f"unknown accountant {kind!r}; choose one of: {', '.join(ACCOUNTANT_NAMES)}")
+        ACCOUNTANTS.get(kind)  # ConfigError naming the choices if there is none
         self.kind = kind
         self._history: list[list] = []  # [sigma, q, steps], consecutive equal mechanisms merged
 
     @property
     def name(self) -> str:
-        """The accountant's name as reported (``opacus.rdp`` or ``opacus.prv``)."""
-        return ACCOUNTANT_NAMES[self.kind]
+        """The accountant's name as reported (``opacus.rdp``, ``opacus.prv``: its entry's ``reported``)."""
+        return ACCOUNTANTS.get(self.kind).reported
 
     @property
     def history(self) -> History:

@@ -43,17 +43,92 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 from silofl.core.errors import ConfigError
+from silofl.core.registry import Registry
 
 DEFAULT_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
-ACCOUNTANT_NAMES = {"rdp": "opacus.rdp", "prv": "opacus.prv"}
 UNITS = ("hospital", "subclient")
 
 History = tuple[tuple[float, float, int], ...]
+
+
+# ---------------------------------------------------------------------------------------------- accountants
+@dataclass(frozen=True)
+class AccountantSpec:
+    """How an accountant is built and asked for ε (an entry of :data:`ACCOUNTANTS`).
+
+    ``reported``: its name in summaries and ledgers (``opacus.rdp``). ``build()``: a fresh accountant object
+    in the Opacus interface (``.history`` a list of (σ, q, steps), ``.get_epsilon(delta)``), e.g. Opacus'
+    ``PRVAccountant`` or a wrapper of a dp-accounting one.
+    ``epsilon(history, delta, orders) -> (ε, order or None)``: an optional faster route to the same numbers
+    (the RDP accountant's per-step curve, scaled by the steps). ``opacus``: the mechanism name Opacus'
+    ``get_noise_multiplier`` takes for σ calibration; None calibrates by the same bisection over this
+    accountant's own ε (:func:`noise_multiplier_for`)."""
+
+    reported: str
+    build: Callable[[], Any]
+    epsilon: Callable[[History, float, tuple[float, ...]], tuple[float, float | None]] | None = None
+    opacus: str | None = None
+    description: str = ""
+
+
+ACCOUNTANTS: Registry[AccountantSpec] = Registry("accountant", "silofl.accountants")
+"""Every accountant by name (group ``silofl.accountants``): ``rdp`` and ``prv``; another package adds one with
+``ACCOUNTANTS.register(name, AccountantSpec(...))`` in a module it names in that entry-point group."""
+
+
+def _rdp_epsilon(history: History, delta: float, orders: tuple[float, ...]) -> tuple[float, float | None]:
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    rdp = sum(steps * _rdp_per_step(q, sigma, orders) for sigma, q, steps in history)
+    eps, best = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
+    return float(eps), float(best)
+
+
+def _opacus(name: str) -> Callable[[], Any]:
+    def build() -> Any:
+        from opacus.accountants import create_accountant
+
+        return create_accountant(mechanism=name)  # RDPAccountant() / PRVAccountant()
+
+    build.__qualname__ = f"build_opacus_{name}"
+    return build
+
+
+ACCOUNTANTS.register("rdp", AccountantSpec(
+    "opacus.rdp", _opacus("rdp"), _rdp_epsilon, opacus="rdp",
+    description="Rényi DP of the subsampled Gaussian (Mironov et al.), Opacus"))
+ACCOUNTANTS.register("prv", AccountantSpec(
+    "opacus.prv", _opacus("prv"), opacus="prv",
+    description="privacy random variables (Gopi et al.), Opacus; tighter"))
+
+
+class _ReportedNames(Mapping[str, str]):
+    """``{name: reported name}`` of every registered accountant, read from :data:`ACCOUNTANTS` when asked."""
+
+    def __getitem__(self, name: str) -> str:
+        if name not in ACCOUNTANTS:
+            raise KeyError(name)
+        return ACCOUNTANTS.get(name).reported
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ACCOUNTANTS.names())
+
+    def __len__(self) -> int:
+        return len(ACCOUNTANTS)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+ACCOUNTANT_NAMES: Mapping[str, str] = _ReportedNames()
 
 
 @lru_cache(maxsize=256)
@@ -67,19 +142,12 @@ def _rdp_per_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarr
 def _epsilon(kind: str, history: History, delta: float, orders: tuple[float, ...] = DEFAULT_ORDERS) -> tuple[float, float | None]:
     if not history:
         return 0.0, None
-    if kind == "rdp":
-        from opacus.accountants.analysis.rdp import get_privacy_spent
-
-        rdp = sum(steps * _rdp_per_step(q, sigma, orders) for sigma, q, steps in history)
-        eps, best = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
-        return float(eps), float(best)
-    if kind == "prv":
-        from opacus.accountants import PRVAccountant
-
-        acc = PRVAccountant()
-        acc.history = list(history)
-        return float(acc.get_epsilon(delta=delta)), None
-    raise ConfigError(f"unknown accountant {kind!r}; choose one of: {', '.join(ACCOUNTANT_NAMES)}")
+    spec = ACCOUNTANTS.get(kind)
+    if spec.epsilon is not None:
+        return spec.epsilon(history, delta, orders)
+    acc = spec.build()
+    acc.history = list(history)
+    return float(acc.get_epsilon(delta=delta)), None
 
 
 def rdp_curve(history: History, orders: tuple[float, ...] = DEFAULT_ORDERS) -> np.ndarray:
@@ -175,10 +243,40 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
     [target − tolerance, target]). Raises ValueError when no σ meets the target."""
     from opacus.accountants.utils import get_noise_multiplier
 
+    spec = ACCOUNTANTS.get(accountant)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
-                                          steps=steps, accountant=accountant, epsilon_tolerance=tolerance))
+        if spec.opacus is not None:
+            return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
+                                              sample_rate=sample_rate, steps=steps, accountant=spec.opacus,
+                                              epsilon_tolerance=tolerance))
+        return _bisect_sigma(accountant, target_epsilon, delta, sample_rate, steps, tolerance)
+
+
+def _bisect_sigma(kind: str, target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                  tolerance: float) -> float:
+    """Opacus' ``get_noise_multiplier`` search (double σ from 20 until ε ≤ target, then bisect until ε lies
+    within ``tolerance`` below it) over accountant ``kind``'s ε: σ calibration for an accountant Opacus does
+    not know."""
+    from opacus.accountants.utils import MAX_SIGMA
+
+    def eps(sigma: float) -> float:
+        return epsilon_of(kind, ((sigma, sample_rate, steps),), delta)
+
+    eps_high, sigma_low, sigma_high = math.inf, 0.0, 10.0
+    while eps_high > target_epsilon:
+        sigma_high *= 2
+        eps_high = eps(sigma_high)
+        if sigma_high > MAX_SIGMA:
+            raise ValueError("The privacy budget is too low.")
+    while target_epsilon - eps_high > tolerance:
+        sigma = (sigma_low + sigma_high) / 2
+        e = eps(sigma)
+        if e < target_epsilon:
+            sigma_high, eps_high = sigma, e
+        else:
+            sigma_low = sigma
+    return sigma_high
 
 
 @lru_cache(maxsize=256)

@@ -25,15 +25,18 @@ from typing import Any
 import yaml
 
 from silofl.core.errors import ConfigError
+from silofl.core.registry import check_choice
+from silofl.data.datasets import DATASETS as DATASET_REGISTRY
+from silofl.data.datasets import dataset_meta
 from silofl.fl.options import MethodOptions, choice
 from silofl.fl.registry import MethodInfo, method_info, methods
-from silofl.privacy.analysis import ACCOUNTANT_NAMES
+from silofl.privacy.analysis import ACCOUNTANTS as ACCOUNTANT_REGISTRY
 from silofl.privacy.guarantee import PRIVACY_MODES, Guarantee, effective_mode, guarantee
 from silofl.training.metrics import METRICS
 
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder", "bags", "table")
+DATASETS = DATASET_REGISTRY  # the data sets' registry (silofl.data.datasets): `in`, iteration, .names()
 PARTITIONS = ("p_major", "iid", "dirichlet", "site")
-ACCOUNTANTS = tuple(ACCOUNTANT_NAMES)
+ACCOUNTANTS = ACCOUNTANT_REGISTRY  # the accountants' registry (silofl.privacy.analysis)
 DEVICES = ("auto", "cpu", "cuda")
 EVAL_SPLITS = ("test", "validation")
 DEFAULT_SAMPLES_PER_CLIENT, DEFAULT_BATCH_SIZE = 1000, 250
@@ -243,9 +246,9 @@ class RunConfig:
         """Raise ConfigError for an invalid common setting (the method's own are checked by its options)."""
         method_info(self.method)
         choice("privacy", self.privacy, PRIVACY_MODES)
-        choice("dataset", self.dataset, DATASETS)
+        check_choice(DATASETS, self.dataset)
         choice("partition", self.partition, PARTITIONS)
-        choice("accountant", self.accountant, ACCOUNTANTS)
+        check_choice(ACCOUNTANTS, self.accountant)
         choice("device", self.device, DEVICES)
         choice("eval_split", self.eval_split, EVAL_SPLITS)
         choice("metric", self.metric, tuple(METRICS))
@@ -315,16 +318,19 @@ class RunConfig:
                 raise ConfigError(f"a deployed run reads each site's own data and schema (its site.json): "
                                   f"{', '.join(given)} cannot be given to the coordinator")
             return
-        if self.dataset == "table" and not self.site_data:
-            raise ConfigError("dataset 'table' needs --site-data (one CSV or Parquet file per site) and --schema")
-        if self.dataset == "table" and not self.schema:
-            raise ConfigError("dataset 'table' needs --schema FILE.yaml (feature names and types, target, levels, bounds)")
-        if self.schema and self.dataset != "table":
-            raise ConfigError(f"--schema applies to dataset 'table', not {self.dataset!r}")
+        meta = dataset_meta(self.dataset)
+        if not meta["pooled"] and not self.site_data:
+            raise ConfigError(f"dataset {self.dataset!r} needs --site-data (one source per site)"
+                              + (" and --schema" if meta["schema"] else ""))
+        if meta["schema"] and not self.schema:
+            raise ConfigError(f"dataset {self.dataset!r} needs --schema FILE.yaml (feature names and types, target, "
+                              "levels, bounds)")
+        if self.schema and not meta["schema"]:
+            raise ConfigError(f"--schema applies to dataset {_takes('schema')}, not {self.dataset!r}")
         if self.site_data:
-            if self.dataset not in ("table", "folder"):
-                raise ConfigError(f"--site-data takes table files (dataset 'table') or image folders (dataset "
-                                  f"'folder'), not dataset {self.dataset!r}")
+            if not meta["site_data"]:
+                raise ConfigError(f"--site-data takes per-site sources of {_takes('site_data')} (table files, "
+                                  f"image folders), not dataset {self.dataset!r}")
             if len(self.site_data) != self.clients:
                 raise ConfigError(f"--site-data names {len(self.site_data)} sites but clients is {self.clients}: one "
                                   "client per site (leave clients out to take the number of sites)")
@@ -342,7 +348,7 @@ class RunConfig:
         for f in ("scatter_j", "scatter_l"):
             if getattr(self, f) < 1:
                 raise ConfigError(f"{f} must be at least 1, got {getattr(self, f)}")
-        if name != "none" and self.dataset in ("table", "bags"):
+        if name != "none" and not dataset_meta(self.dataset)["images"]:
             raise ConfigError(f"features {name!r} apply to images; dataset {self.dataset!r} has table rows or bags: use "
                               "--features none")
         if name == "backbone":
@@ -545,3 +551,8 @@ def check_against_data(cfg: RunConfig, client_sizes: list[int]) -> None:
             )
         if cfg.batch_size is not None and cfg.batch_size > n:
             raise ConfigError(f"batch_size {cfg.batch_size} exceeds client {k}'s {n} examples")
+
+
+def _takes(key: str) -> str:
+    """The registered data sets whose metadata ``key`` is true, as an error message names them."""
+    return " or ".join(repr(n) for n in DATASETS.names() if dataset_meta(n)[key])
