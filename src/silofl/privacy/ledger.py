@@ -157,20 +157,26 @@ class Ledger:
         eps: dict[str, float] = defaultdict(float)
         dlt: dict[str, float] = defaultdict(float)
         cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
+        every = [0.0, 0.0]  # releases carried over from a ledger with another key count for every record ("*")
         for e in self.entries:
             if e["kind"] != "release" or e["seq"] in cancelled:
+                continue
+            if e["records"] == ["*"]:
+                every[0] += e["epsilon"]
+                every[1] += e["delta"]
                 continue
             for d in e["records"]:
                 if digests is None or d in digests:
                     eps[d] += e["epsilon"]
                     dlt[d] += e["delta"]
-        return (max(eps.values(), default=0.0), max(dlt.values(), default=0.0))
+        return (max(eps.values(), default=0.0) + every[0], max(dlt.values(), default=0.0) + every[1])
 
     def require_release(self, digests: set[str], epsilon: float, delta: float,
-                        lifetime: tuple[float, float]) -> tuple[float, float]:
+                        lifetime: tuple[float, float], base: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
         """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget; else what
-        they have spent so far."""
+        they have spent so far (``base``, what every record spent elsewhere — restores, DP-SGD training —, included)."""
         eps, dlt = self.spent(digests)
+        eps, dlt = eps + base[0], dlt + base[1]
         if eps + epsilon > lifetime[0] * (1 + 1e-12) or dlt + delta > lifetime[1] * (1 + 1e-12):
             raise BudgetExhausted(
                 f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's lifetime "
