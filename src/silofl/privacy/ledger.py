@@ -157,19 +157,22 @@ class Ledger:
         eps: dict[str, float] = defaultdict(float)
         dlt: dict[str, float] = defaultdict(float)
         cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
-        every = [0.0, 0.0]  # releases carried over from a ledger with another key count for every record ("*")
+        # releases carried over from a ledger keyed otherwise ("*:<old digest>", silofl.site.folder.migrate): their
+        # records cannot be matched to this key's digests, so the most any of them spent counts for every record
+        e_any: dict[str, float] = defaultdict(float)
+        d_any: dict[str, float] = defaultdict(float)
         for e in self.entries:
             if e["kind"] != "release" or e["seq"] in cancelled:
                 continue
-            if e["records"] == ["*"]:
-                every[0] += e["epsilon"]
-                every[1] += e["delta"]
-                continue
             for d in e["records"]:
-                if digests is None or d in digests:
+                if d.startswith("*"):
+                    e_any[d] += e["epsilon"]
+                    d_any[d] += e["delta"]
+                elif digests is None or d in digests:
                     eps[d] += e["epsilon"]
                     dlt[d] += e["delta"]
-        return (max(eps.values(), default=0.0) + every[0], max(dlt.values(), default=0.0) + every[1])
+        return (max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
+                max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0))
 
     def require_release(self, digests: set[str], epsilon: float, delta: float,
                         lifetime: tuple[float, float], base: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:

@@ -39,7 +39,6 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -252,17 +251,18 @@ _ENVELOPE = ("format", "seq", "prev", "mac", "time")
 
 def _carry(new: Ledger, old: Ledger, same_key: bool, origin: str) -> int:
     """Append ``old``'s spending entries to ``new`` (each with where it came from); returns how many. Releases keep
-    their record digests when both ledgers share the key; otherwise they count for every record (``"*"``)."""
+    their record digests when both ledgers share the key; otherwise (``"*:<digest>"``) the most any old record spent
+    counts for every record."""
     remap: dict[int, int] = {}
     n = 0
     for e in old.entries:
         kind = e.get("kind")
         if kind not in ("release", "cancel", "dp-sgd", "restore", "client-level"):
             continue
+        _check_entry(e, origin)
         body = {k: v for k, v in e.items() if k not in _ENVELOPE and k != "kind"}
-        if kind == "release" and not same_key:
-            body["records"] = ["*"]
-            body["record_count"] = len(e.get("records", []))
+        if kind == "release" and not same_key:  # another key: counted for every record of this ledger
+            body["records"] = [f"*:{r}" for r in e["records"]]
         if kind == "cancel":
             if e.get("release") not in remap:
                 continue
@@ -273,6 +273,29 @@ def _carry(new: Ledger, old: Ledger, same_key: bool, origin: str) -> int:
             remap[int(e["seq"])] = got["seq"]
         n += 1
     return n
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def _check_entry(e: dict, origin: str) -> None:
+    """ConfigError unless a spending entry of an old ledger has the fields that make it count (a MAC proves who wrote
+    it, not that it is well formed)."""
+    kind, ok = e["kind"], True
+    if kind == "release":
+        recs = e.get("records")
+        ok = (_number(e.get("epsilon")) and _number(e.get("delta")) and isinstance(recs, list)
+              and all(isinstance(r, str) and len(r) <= 64 for r in recs))
+    elif kind == "cancel":
+        ok = isinstance(e.get("release"), int) and not isinstance(e.get("release"), bool)
+    elif kind == "dp-sgd":
+        ok = (_number(e.get("noise_multiplier")) and _number(e.get("sample_rate")) and isinstance(e.get("steps"), int)
+              and not isinstance(e.get("steps"), bool))
+    elif kind == "restore":
+        ok = _number(e.get("epsilon")) and _number(e.get("delta")) and isinstance(e.get("epoch"), int)
+    if not ok:
+        raise ConfigError(f"cannot convert the {origin}: its entry {e.get('seq')} ({kind}) is malformed: refused")
 
 
 def migrate(folder: Path) -> str | None:
@@ -652,6 +675,39 @@ class SiteFolder:
         return artifact, out
 
 
-def now_tag() -> str:
-    """A UTC time stamp for file names."""
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonprivate: bool = True) -> Any:
+    """Make ``site`` (a simulated site, :func:`silofl.run.loop.make_site`) keep its spend in ``folder``'s one ledger:
+    its accountant replays every DP-SGD round the ledger holds (every run, every protocol) and its budget is capped at
+    what the lifetime leaves for training after restores and PubSub-ML releases. Returns ``site``."""
+    from silofl.core.errors import BudgetExhausted
+
+    left = folder.training_budget()
+    folder.ledger  # noqa: B018 - verified and checked to be this site's before anything is charged to it
+    settings = getattr(site, "settings", None)
+    if settings is not None and getattr(settings, "private", False) and settings.delta > left[1]:
+        raise BudgetExhausted(f"site {folder.name} refuses the run: its δ {settings.delta:g} exceeds what its lifetime "
+                              f"budget leaves, δ {left[1]:g} ({folder.budget_note()})")
+    site.open_folder(folder.ledger_dir, run_label=run_label, release_nonprivate=release_nonprivate)
+    if site.ledger is not None:
+        folder._ledger = site.ledger  # one Ledger object for the file: appends from either side chain on each other
+    budget = getattr(site, "budget", None)
+    if budget is not None:
+        if left[0] <= 0:
+            raise BudgetExhausted(f"site {folder.name} has no budget left to train: {folder.budget_note()}")
+        target = budget.target_epsilon
+        budget.target_epsilon = min(target if target is not None else math.inf, left[0])
+    return site
+
+
+def with_site_folders(folders: dict[int, SiteFolder], run_label: str = "run") -> Callable[[Any, int], tuple[Any, int]]:
+    """A ``sites`` hook for :class:`silofl.run.loop.RunHooks`: simulated site ``k`` charges ``folders[k]``'s ledger
+    (:func:`attach`) — the same ledger and budget its PubSub-ML releases and deployed runs use."""
+
+    def hook(make: Callable[[int], Any], n: int) -> tuple[Callable[[int], Any], int]:
+        def made(k: int) -> Any:
+            site = make(k)
+            return attach(site, folders[k], run_label) if k in folders else site
+
+        return made, n
+
+    return hook
