@@ -127,8 +127,9 @@ def _seal(folder, table):
 def _spent_note(folder, ids) -> str:
     eps, dlt = folder.ledger.spent({folder.ledger.record_digest(i) for i in ids})
     life = folder.lifetime
-    return (f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} of {folder.name}'s lifetime budget "
-            f"ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})")
+    trained = " plus the DP-SGD rounds its ledger records (same budget)" if folder.ledger.history() else ""
+    return (f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} in releases{trained} of {folder.name}'s "
+            f"lifetime budget ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})")
 
 
 SCHEMA_HELP = ("The collaboration's schema (YAML/JSON): DATA (.csv or .parquet) is checked against it, and its declared "
