@@ -26,7 +26,7 @@ def test_the_broker_keeps_the_signed_ledger_head_and_refuses_a_rolled_back_site(
                                         "--lifetime-epsilon", "10", "--site-dir", str(site)])
 
     assert publish().exit_code == 0
-    entries = Ledger(site).entries
+    entries = Ledger(site / "ledger").entries
     kept = Broker(broker).publisher("a")["ledger_head"]
     release = next(e for e in reversed(entries) if e["kind"] == "release")
     assert kept == {"entries": release["seq"], "mac": entries[release["seq"] - 1]["mac"] if release["seq"] else GENESIS}

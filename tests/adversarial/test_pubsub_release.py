@@ -46,7 +46,7 @@ def said(res) -> str:
 
 
 def released(tmp_path, site="a") -> tuple[float, float]:
-    return Ledger(tmp_path / "sites" / site).spent()
+    return Ledger(tmp_path / "sites" / site / "ledger").spent()
 
 
 # ---------------------------------------------------------------------------------------------- finding 2
@@ -101,7 +101,8 @@ def test_a_failed_publish_neither_joins_nor_counts(tmp_path):
     res = publish(tmp_path, tmp_path / "b.csv", "b")
     assert res.exit_code == 2 and "not the public bounds" in res.output
     assert released(tmp_path, "b") == (0.0, 0.0) and Broker(tmp_path / "broker").models() == []
-    kinds = [e["kind"] for e in Ledger(tmp_path / "sites" / "b").entries]
+    kinds = [e["kind"] for e in Ledger(tmp_path / "sites" / "b" / "ledger").entries
+             if e["kind"] not in ("genesis", "budget")]
     assert kinds == ["release", "cancel"]
     # a file that does not match the schema: nothing joins, nothing is recorded
     df.rename(columns={"dose": "dosage"}).to_csv(tmp_path / "wrong.csv", index=False)
@@ -165,13 +166,14 @@ def test_a_lifetime_budget_is_declared_once(tmp_path):
 def test_an_edited_ledger_stops_the_site(tmp_path):
     site_frame(100, seed=12).to_csv(tmp_path / "a.csv", index=False)
     assert publish(tmp_path, tmp_path / "a.csv", "a", lifetime="1").exit_code == 0
-    path = tmp_path / "sites" / "a" / "ledger.jsonl"
-    entry = json.loads(path.read_text())
-    path.write_text(json.dumps({**entry, "epsilon": 0.0}) + "\n")  # "nothing was spent"
+    path = tmp_path / "sites" / "a" / "ledger" / "ledger.jsonl"
+    lines = path.read_text().splitlines()
+    entry = json.loads(lines[-1])  # the release
+    path.write_text("\n".join([*lines[:-1], json.dumps({**entry, "epsilon": 0.0})]) + "\n")  # "nothing was spent"
     res = publish(tmp_path, tmp_path / "a.csv", "a", lifetime="1")
     assert res.exit_code == 2 and "fails its MAC" in res.output
     path.write_text("")  # or roll it back entirely: the site no longer matches its ledger head
-    assert Ledger(tmp_path / "sites" / "a").spent() == (0.0, 0.0)
+    assert Ledger(tmp_path / "sites" / "a" / "ledger").spent() == (0.0, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- finding 7 (broker)

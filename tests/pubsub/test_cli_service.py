@@ -42,4 +42,8 @@ def test_enroll_writes_a_request_and_keeps_the_key(tmp_path):
     assert res.exit_code == 0, res.output
     req = json.loads((tmp_path / "r.json").read_text())
     assert req["site"] == "a" and len(req["public_key"]) == 64 and req["lifetime_epsilon"] == 3.0
-    assert (tmp_path / "a" / "sign.key").read_text().strip() not in (tmp_path / "r.json").read_text()
+    key = (tmp_path / "a" / "keys" / "sign.key").read_text().splitlines()[1]  # the PEM body: the secret
+    assert key not in (tmp_path / "r.json").read_text()
+    from silofl.site.folder import SiteFolder
+
+    assert req["public_key"] == SiteFolder.load(tmp_path / "a").key_id  # one identity: deployment's card says the same

@@ -157,7 +157,7 @@ def test_publish_subscribe_customize_and_stream_through_the_service(server, tmp_
     h2 = [m for m in server.snapshot()[2] if m["publisher"] == "h2"]
     assert [m["chunk"] for m in h2] == [None, 1] and all(m["signed"] for m in h2)
     # the ledger went up by one release per published model (chunk records are new rows)
-    assert Ledger(tmp_path / "sites" / "h2").spent() == (1.0, pytest.approx(1e-5))
+    assert Ledger(tmp_path / "sites" / "h2" / "ledger").spent() == (1.0, pytest.approx(1e-5))
     # a credential only acts as its site, in one line, exit code 2
     res = publish(server, tmp_path, "h2", creds["h1"], tmp_path / "h1.csv")
     assert res.exit_code == 2 and said(res, "is 'h1''s, not 'h2''s") and "Traceback" not in res.output

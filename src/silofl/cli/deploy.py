@@ -89,20 +89,16 @@ def site_budget(
 ):
     """Change the site's lifetime budget: a ledger entry (old → new, when, why); site.json follows. Editing site.json
     alone changes nothing (the ledger is the budget of record)."""
-    from silofl.deploy.site import SiteConfig, SiteWorker
-    from silofl.privacy.ledger import Ledger, change_lifetime, lifetime_of
+    from silofl.deploy.site import SiteWorker
+    from silofl.site.folder import SiteFolder
 
-    cfg = SiteConfig.load(folder)
+    site = SiteFolder.load(folder)  # a folder of an earlier format is converted first
     SiteWorker.check_folder_ledger(folder)  # a missing, shorter or foreign ledger is refused first
-    led = Ledger(folder / "ledger")
-    old = lifetime_of(led)
-    delta = lifetime_delta if lifetime_delta is not None else (old[1] if old else cfg.lifetime_delta)
-    change_lifetime(led, lifetime_epsilon, delta, why)
-    d = json.loads((folder / "site.json").read_text())
-    d.update(lifetime_epsilon=lifetime_epsilon, lifetime_delta=delta)
-    (folder / "site.json").write_text(json.dumps(d, indent=1) + "\n")
-    typer.echo(f"site {cfg.name}: lifetime budget ε {old[0] if old else '?'} → {lifetime_epsilon:g}, δ "
-               f"{old[1] if old else '?'} → {delta:g}, recorded in its ledger")
+    old = site.lifetime
+    delta = lifetime_delta if lifetime_delta is not None else old[1]
+    site.set_lifetime(lifetime_epsilon, delta, why)  # the ledger entry, then site.json follows
+    typer.echo(f"site {site.name}: lifetime budget ε {old[0]:g} → {lifetime_epsilon:g}, δ {old[1]:g} → {delta:g}, "
+               f"recorded in its ledger (one budget for deployment, PubSub-ML and simulations)")
 
 
 @site_app.command("ledger-restore")

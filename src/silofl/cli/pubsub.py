@@ -111,11 +111,11 @@ def _sender(b):
 
 
 def _seal(folder, table):
-    """Sign a model with the site's key (``sign.key`` in its folder) and its ledger's receipt, plus the schema's
+    """Sign a model with the site's key (``keys/sign.key`` in its folder) and its ledger's receipt, plus the schema's
     public metadata for joining the broker (nothing computed from its rows)."""
-    from silofl.pubsub.signing import load_signing_key, sign_model
+    from silofl.pubsub.signing import sign_model
 
-    key = load_signing_key(folder.path)
+    key = folder.signing_key()  # keys/sign.key: the site's one identity (deployment signs with it too)
     join = {f: list(v) for f, v in table.metadata().items()}
 
     def seal(data: bytes, receipt: dict) -> bytes:
@@ -127,8 +127,9 @@ def _seal(folder, table):
 def _spent_note(folder, ids) -> str:
     eps, dlt = folder.ledger.spent({folder.ledger.record_digest(i) for i in ids})
     life = folder.lifetime
-    return (f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} of {folder.name}'s lifetime budget "
-            f"ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})")
+    trained = " plus the DP-SGD rounds its ledger records (same budget)" if folder.ledger.history() else ""
+    return (f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} in releases{trained} of {folder.name}'s "
+            f"lifetime budget ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})")
 
 
 SCHEMA_HELP = ("The collaboration's schema (YAML/JSON): DATA (.csv or .parquet) is checked against it, and its declared "
@@ -443,11 +444,11 @@ def enroll(
     lifetime_delta: float = typer.Option(1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."),
 ):
     """Make this site's signing key (in its own folder, never sent) and its registration request for a broker."""
-    from silofl.pubsub.signing import load_signing_key, public_key_hex
+    from silofl.pubsub.signing import public_key_hex
 
     folder = _site_folder(site, site_dir, lifetime_epsilon, lifetime_delta)
     life = folder.require_lifetime()
-    pub = public_key_hex(load_signing_key(folder.path))
+    pub = public_key_hex(folder.signing_key())
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps({"site": site, "public_key": pub, "lifetime_epsilon": life[0],
                                      "lifetime_delta": life[1]}, indent=2) + "\n")

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa, x25519
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa, x25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from silofl.site.folder import make_site_keys  # noqa: F401 - a site's keys are made by its folder module
 
 PEM = serialization.Encoding.PEM
 RAW = serialization.Encoding.Raw
@@ -81,24 +83,6 @@ def make_server_cert(folder: Path, hosts: list[str], days: int = 365) -> None:
             .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
     write_private(folder / "server.key", _pkcs8(key))
     (folder / "server.crt").write_bytes(cert.public_bytes(PEM))
-
-
-def make_site_keys(folder: Path, name: str) -> dict:
-    """A site's keys under ``folder``: ``node`` / ``node.pub`` (Flower node authentication, EC P-384 OpenSSH),
-    ``seal.key`` (X25519) and ``sign.key`` (Ed25519); returns its public card (also written to
-    ``public.json``)."""
-    node = ec.generate_private_key(ec.SECP384R1())
-    write_private(folder / "node", node.private_bytes(PEM, serialization.PrivateFormat.OpenSSH,
-                                                      serialization.NoEncryption()))
-    node_pub = node.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    (folder / "node.pub").write_bytes(node_pub + f" {name}\n".encode())
-    seal, sign = x25519.X25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
-    write_private(folder / "seal.key", _pkcs8(seal))
-    write_private(folder / "sign.key", _pkcs8(sign))
-    card = {"name": name, "seal": public_raw(seal.public_key()).hex(), "sign": public_raw(sign.public_key()).hex(),
-            "node": node_pub.decode()}
-    (folder / "public.json").write_text(json.dumps(card, indent=1) + "\n")
-    return card
 
 
 def public_raw(key) -> bytes:

@@ -1,13 +1,15 @@
 """A sovereign site: its folder, and the worker that runs its steps for a coordinator it does not control.
 
-``silofl site init`` writes a site folder::
+``silofl site init`` writes a site folder (:mod:`silofl.site.folder`: one identity, one lifetime budget and one
+ledger for deployment, PubSub-ML and simulations alike)::
 
     site.json         what the site decided: its name, data, private model, lifetime (ε, δ) budget, what it
-                      reports, whether it accepts a research seed; the coordinator's CA it pins
+                      reports, whether it accepts a research seed
     keys/             node (Flower node key, registered with the coordinator), seal.key (X25519), sign.key
                       (Ed25519), public.json (its public card, to hand to the coordinator and the other sites)
     federation.json   the other sites' public cards, pinned (payloads are sealed to and checked against them)
-    ledger/           the site's privacy ledger: every step its DP mechanism ran, in every run
+    ledger/           the site's privacy ledger: every step its DP mechanism ran, in every run, and every model it
+                      published with PubSub-ML — one budget across protocols
     checkpoint/ models/ metrics.jsonl   its state across rounds and runs, its final models, figures it keeps
 
 ``silofl site run`` starts :class:`SiteWorker` (this module: it holds the data, the models and the ledger in
@@ -46,10 +48,13 @@ from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
 from silofl.deploy import seal as sealing
 from silofl.deploy.pki import load_private
+from silofl.site.folder import FORMAT, SiteConfig, SiteFolder
+from silofl.site.folder import SiteState as _FolderState
+
+__all__ = ["FORMAT", "SiteConfig", "SiteFolder", "SiteState", "SiteWorker"]
 
 log = logging.getLogger("silofl")
 
-FORMAT = 1
 HELLO, SETUP, ERROR = "__hello__", "__setup__", "__error__"
 MAX_FRAME = 256 << 20  # one request to one site
 NOT_DEPLOYABLE = {"joint": "Joint pools every site's data in one place: it is a reference, not a deployment"}
@@ -77,61 +82,10 @@ def inside(folder: Path, *parts: str) -> Path:
     return p
 
 
-@dataclass
-class SiteConfig:
-    """What a site decided for itself (``site.json``)."""
-
-    name: str
-    data: str  # a data file in the site folder (silofl's export) or a table/folder read with ``schema``
-    lifetime_epsilon: float
-    lifetime_delta: float
-    private_model: str | None = None
-    schema: str | None = None
-    test_fraction: float = 0.2
-    report_test_figures: bool = False
-    allow_research_seed: bool = False
-    allow_non_formal: bool = False  # runs whose ε is not a formal guarantee (paper mode, no DP)
-
-    def to_dict(self) -> dict:
-        """The JSON of ``site.json``."""
-        return {"format": FORMAT, **self.__dict__}
-
-    @classmethod
-    def load(cls, folder: Path) -> SiteConfig:
-        """Read and check ``folder/site.json``."""
-        path = folder / "site.json"
-        if not path.is_file():
-            raise ConfigError(f"{folder} is not a site folder (no site.json): create it with `silofl site init`")
-        try:
-            d = json.loads(path.read_text())
-        except ValueError as e:
-            raise ConfigError(f"{path}: not JSON ({e})") from None
-        d.pop("format", None)
-        try:
-            c = cls(**d)
-        except TypeError as e:
-            raise ConfigError(f"{path}: {e}") from None
-        from silofl.core.validate import check_field_types
-        check_field_types(c, str(path))  # a wrong type in an edited site.json: one line naming the field
-        if not (c.lifetime_epsilon > 0 and 0 < c.lifetime_delta < 1):
-            raise ConfigError(f"{path}: the lifetime budget needs ε > 0 and 0 < δ < 1")
-        return c
-
-
 def init_site(folder: Path, cfg: SiteConfig, federation: list[dict] | None = None) -> dict:
     """Create a site folder with fresh keys and its ledger (naming the site, with its lifetime budget); returns the
     site's public card. Refuses an existing site folder."""
-    from silofl.deploy.pki import make_site_keys
-    from silofl.privacy.ledger import Ledger, check_site_name, start_site_ledger
-
-    check_site_name(cfg.name)
-    if (folder / "site.json").exists():
-        raise ConfigError(f"{folder} already holds a site (site.json): a site's keys and ledger are never overwritten")
-    folder.mkdir(parents=True, exist_ok=True)
-    card = make_site_keys(folder / "keys", cfg.name)
-    (folder / "site.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
-    start_site_ledger(Ledger(folder / "ledger"), cfg.name, card["sign"], (cfg.lifetime_epsilon, cfg.lifetime_delta),
-                      "site init")
+    card = SiteFolder.create(folder, cfg).card
     if federation is not None:
         pin_federation(folder, federation)
     return card
@@ -190,6 +144,8 @@ class LocalData:
 
 def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalData:
     """The site's data: silofl's safetensors export, or a table (with the site's schema) or image folder."""
+    if cfg.data is None:
+        raise ConfigError(f"site {cfg.name} has no data: set 'data' in its site.json")
     path = Path(cfg.data) if Path(cfg.data).is_absolute() else folder / cfg.data
     if path.suffix == ".safetensors":
         from safetensors import safe_open
@@ -223,52 +179,14 @@ class _Shape:
         self.features: dict | None = None  # the feature stage's record, when the run has one
 
 
-class SiteState:
-    """What a site remembers of its runs, in ``state/`` of its folder (so a re-setup or a restarted worker cannot
-    reset it): every run id it joined, with the furthest round it reached and the sealed payloads it opened (its
-    replay guard), and the last ledger head it announced."""
-
-    def __init__(self, folder: Path):
-        self.dir = folder / "state"
-        self.runs_path, self.head_path = self.dir / "runs.json", self.dir / "head.json"
-        self.runs: dict[str, dict] = self._read(self.runs_path, {})
-        self.head: dict | None = self._read(self.head_path, None)
-
-    @staticmethod
-    def _read(path: Path, default: Any) -> Any:
-        if not path.is_file():
-            return default
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            raise ConfigError(f"{path} is damaged (not JSON): the site's replay state cannot be trusted; restore it "
-                              "from a backup") from None
-
-    @staticmethod
-    def _write(path: Path, obj: Any) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(obj))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-
-    def save_run(self, run_id: str, rnd: int | None, guard: sealing.ReplayGuard) -> None:
-        """Keep run ``run_id``'s furthest round and replay guard."""
-        self.runs[run_id] = {"round": rnd, "seen": sorted([list(k) for k in guard.seen], key=str)}
-        self._write(self.runs_path, self.runs)
+class SiteState(_FolderState):
+    """The site's replay state (:class:`silofl.site.folder.SiteState`) with deployment's replay guards."""
 
     def guard_of(self, run_id: str) -> sealing.ReplayGuard:
         """Run ``run_id``'s replay guard as it was last kept."""
         g = sealing.ReplayGuard()
-        g.seen = {tuple(k) for k in self.runs.get(run_id, {}).get("seen", [])}
+        g.seen = self.seen_of(run_id)
         return g
-
-    def save_head(self, head: dict) -> None:
-        """Keep the last ledger head the site announced."""
-        self.head = head
-        self._write(self.head_path, head)
 
 
 class SiteWorker:
@@ -301,6 +219,9 @@ class SiteWorker:
         self.key_id = next(c["sign"] for c in self.cards if c["name"] == self.cfg.name)
         self.state = SiteState(self.folder)
         self.lifetime, self.budget_note = self.check_ledger()
+        if self.cfg.data is None:
+            raise ConfigError(f"site {self.cfg.name} has no data to train on: set 'data' in {self.folder / 'site.json'} "
+                              "(a folder made by PubSub-ML publishing has none)")
         self.data = load_local(self.folder, self.cfg)
         self.site: Any = None
         self.run_id: str | None = None
@@ -376,8 +297,17 @@ class SiteWorker:
                     f"ledger's budget is ε {life[0]:g}, δ {life[1]:g}: the ledger's wins (change it with `silofl site "
                     "budget`)")
             log.warning("site %s: %s", self.cfg.name, note)
-        spent = restored_spend(led)
-        return (life[0] - spent[0], life[1] - spent[1]), note
+        self.outside = {"restored": restored_spend(led), "released": led.spent()}  # one budget across protocols
+        taken = [sum(v[i] for v in self.outside.values()) for i in (0, 1)]
+        return (life[0] - taken[0], life[1] - taken[1]), note
+
+    def _outside_text(self) -> str:
+        """What restores and PubSub-ML releases took from the lifetime budget, for a refusal ('' if nothing)."""
+        what = {"restored": "declared by a ledger restore", "released": "released (PubSub-ML models)"}
+        parts = [f"ε {v[0]:.4g} {what[k]}" for k, v in getattr(self, "outside", {}).items() if v[0] > 0]
+        if not parts:
+            return ""
+        return f" (its lifetime ε less {' and '.join(parts)})"
 
     def _head(self) -> dict:
         from silofl.privacy.ledger import Ledger, announced_head
@@ -534,7 +464,8 @@ class SiteWorker:
         spent = acc.epsilon(s.delta) if acc.steps else 0.0
         if planned > self.lifetime[0] and cfg.target_epsilon_of(site.cid) is None:
             raise BudgetExhausted(f"this run would bring site {self.cfg.name} to ε {planned:.3f} (δ {s.delta:g}; spent "
-                                  f"{spent:.3f} before it), over what its lifetime budget leaves, ε {self.lifetime[0]:g}: "
+                                  f"{spent:.3f} before it), over what its lifetime budget leaves, ε {self.lifetime[0]:g}"
+                                  f"{self._outside_text()}: "
                                   "refused (the ledger's budget: `silofl site budget --lifetime-epsilon`; the site.json "
                                   "field lifetime_epsilon records it)")
         target = budget.target_epsilon

@@ -157,20 +157,29 @@ class Ledger:
         eps: dict[str, float] = defaultdict(float)
         dlt: dict[str, float] = defaultdict(float)
         cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
+        # releases carried over from a ledger keyed otherwise ("*:<old digest>", silofl.site.folder.migrate): their
+        # records cannot be matched to this key's digests, so the most any of them spent counts for every record
+        e_any: dict[str, float] = defaultdict(float)
+        d_any: dict[str, float] = defaultdict(float)
         for e in self.entries:
             if e["kind"] != "release" or e["seq"] in cancelled:
                 continue
             for d in e["records"]:
-                if digests is None or d in digests:
+                if d.startswith("*"):
+                    e_any[d] += e["epsilon"]
+                    d_any[d] += e["delta"]
+                elif digests is None or d in digests:
                     eps[d] += e["epsilon"]
                     dlt[d] += e["delta"]
-        return (max(eps.values(), default=0.0), max(dlt.values(), default=0.0))
+        return (max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
+                max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0))
 
     def require_release(self, digests: set[str], epsilon: float, delta: float,
-                        lifetime: tuple[float, float]) -> tuple[float, float]:
+                        lifetime: tuple[float, float], base: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
         """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget; else what
-        they have spent so far."""
+        they have spent so far (``base``, what every record spent elsewhere — restores, DP-SGD training —, included)."""
         eps, dlt = self.spent(digests)
+        eps, dlt = eps + base[0], dlt + base[1]
         if eps + epsilon > lifetime[0] * (1 + 1e-12) or dlt + delta > lifetime[1] * (1 + 1e-12):
             raise BudgetExhausted(
                 f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's lifetime "

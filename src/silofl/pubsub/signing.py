@@ -9,7 +9,7 @@ that recorded it and, optionally, the public feature metadata a new site joins t
 exactly as published, the receipt's canonical JSON and every tensor (name, dtype, shape, raw bytes), so
 neither the broker nor anyone on the way can change a model, its (ε, δ) or its declared spend unnoticed.
 
-The signing key lives in the site's own folder (``sign.key``, mode 0600, next to its ledger's ``site.key``)
+The signing key lives in the site's own folder (``keys/sign.key``, :mod:`silofl.site.folder`, mode 0600)
 and never leaves it; only the public key (32 bytes, hex) is given to the broker's operator.
 """
 
