@@ -4,8 +4,10 @@
 and test sets) and the coordinator, and drives the rounds through an engine — the in-process simulator
 by default, or one given by ``engine_factory`` (torch.distributed). It evaluates every ``eval_every``
 rounds (and at the last, and whenever a site leaves), checkpoints every ``checkpoint_every`` rounds,
-and writes the run folder (shared/CONVENTIONS.md): config.yaml, metrics.jsonl/.csv, summary.json,
-plots, models/. The engine and the method never meet: the coordinator talks to sites only through
+and writes the run folder (shared/CONVENTIONS.md): config.yaml (what was asked), plan.json (what the run
+derived from it and the data, :class:`~silofl.run.plan.RunPlan`), metrics.jsonl/.csv, summary.json, plots,
+models/. The round loop's state is one :class:`~silofl.run.checkpoint.RunState`, which is also what a checkpoint's
+``run.json`` saves. The engine and the method never meet: the coordinator talks to sites only through
 ``engine.call``.
 """
 
