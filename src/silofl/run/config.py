@@ -9,9 +9,10 @@ a finished run's file or a comparison's shared options, ignored).
 
 :meth:`RunConfig.resolve` validates and fills what depends on other values — the effective privacy mode
 (:func:`silofl.privacy.guarantee.effective_mode`, the one place that decides it), the method's derived
-options — and is idempotent. :meth:`RunConfig.with_data` fills what depends on the data (examples per
-client and batch size when left to ``auto``) and :func:`check_against_data` checks δ and the batch size
-against the clients' sizes.
+options — and is idempotent. A RunConfig is what the user asked: what a run derives from it and the data (the
+split seed, examples per client and batch size left to ``auto``, σ calibrated from a budget, each site's q and
+steps) is its :class:`silofl.run.plan.RunPlan`, saved as plan.json. :func:`check_against_data` checks δ and the
+batch size against the clients' sizes.
 """
 
 from __future__ import annotations
