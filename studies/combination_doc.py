@@ -23,11 +23,11 @@ COMMAND = ("bash bench/combination_study.sh` (runs into reports/combination), th
 def single_parts(run: Path) -> dict[str, float]:
     """Mean over sites of the class-balanced stacker over one part, fitted on the site's held-out rows."""
     from silofl.models import load_model
-    from silofl.run.config import RunConfig
     from silofl.run.data import prepare_data
+    from silofl.run.folder import read_run_config
     from silofl.site.combine import fit_combiner, holdout_rows, log_probs
 
-    cfg = RunConfig.from_yaml(run / "config.yaml", strict=False).resolve()
+    cfg = read_run_config(run).resolve()  # as it ran: config.yaml with plan.json's split seed and sizes
     cfg, split = prepare_data(cfg, torch.device("cpu"))
     xt, yt = split.test
     out: dict[str, list[float]] = {"private": [], "proxy": []}

@@ -228,9 +228,9 @@ def run_study(out: Path, seeds: list[int], rounds: int, noise: float, delta: flo
         tr, te = holdout(len(y), test_fraction, seeds[0], k, str(p))
         sizes.append({"site": p.stem, "file": p.name, "rows": len(y) + dropped, "dropped": dropped, "train": len(tr),
                       "test": len(te), "classes": {c: int((y == i).sum()) for i, c in enumerate(sch.classes)}})
-    import yaml
+    from silofl.run.folder import read_config
 
-    first = yaml.safe_load(Path(rows[0]["run"], "config.yaml").read_text())
+    first = read_config(rows[0]["run"])  # as it ran (the batch size the run planned: plan.json)
     result = {"setting": {"batch_size": first["batch_size"], "seeds": seeds, "rounds": rounds, "noise_multiplier": noise, "delta": delta,
                           "test_fraction": test_fraction, "pubsub_epsilon": pubsub_epsilon, "pubsub_epochs": pubsub_epochs,
                           "lr": lr, "threads": 1},

@@ -46,7 +46,8 @@ def test_a_seeded_run_reproduces_and_says_its_guarantee_holds_only_while_the_see
     assert u["randomness"] == {"seeded": False, "source": u["randomness"]["source"]} and "AES" in u["randomness"]["source"]
     assert u["privacy"]["formal_guarantee"]
     cfg = yaml.safe_load((tmp_path / "u/config.yaml").read_text())
-    assert cfg["seed"] is None and isinstance(cfg["split_seed"], int)  # the split is public; no secret is written
+    plan = json.loads((tmp_path / "u/plan.json").read_text())
+    assert cfg["seed"] is None and isinstance(plan["split_seed"], int)  # the split is public; no secret is written
     assert "seed" not in json.dumps(u["accounting"])
 
 

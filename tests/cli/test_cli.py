@@ -142,8 +142,10 @@ def test_digits_runs_with_the_default_split_and_batch(tmp_path):
     r = runner.invoke(app, ["run", "--dataset", "digits", "--rounds", "1", "--delta", "1e-3", "--test-limit", "100",
                             "--quiet", "--out", str(tmp_path / "d")])
     assert r.exit_code == 0, r.output
-    cfg = yaml.safe_load((tmp_path / "d/config.yaml").read_text())
-    assert (cfg["samples_per_client"], cfg["batch_size"], cfg["clients"]) == (112, 28, 8)
+    cfg = yaml.safe_load((tmp_path / "d/config.yaml").read_text())  # as asked: sizes left to auto
+    plan = json.loads((tmp_path / "d/plan.json").read_text())  # as planned from the data
+    assert (cfg["samples_per_client"], cfg["batch_size"], cfg["clients"]) == (None, None, 8)
+    assert (plan["samples_per_client"], plan["batch_size"]) == (112, 28)
     r = runner.invoke(app, ["compare", "--dataset", "digits", "--methods", "regular,fedavg", "--seeds", "0",
                             "--rounds", "1", "--set", "delta=0.001", "--test-limit", "100", "--quiet",
                             "--out", str(tmp_path / "c")])

@@ -62,8 +62,11 @@ def test_a_budget_first_run_ends_at_its_target(tmp_path, method, extra):
         assert target - CALIBRATION_TOLERANCE <= eps <= target
         assert google_rdp(history, acc["delta"]) == pytest.approx(target, rel=INDEPENDENT_REL)
         assert {h[0] for h in history} == {cal["noise_multiplier"]}
-    saved = (tmp_path / "run" / "config.yaml").read_text()
-    assert f"noise_multiplier: {cal['noise_multiplier']}" in saved and "calibrate_noise: true" in saved
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())  # what the run derived: σ from the budget
+    assert plan["noise_multiplier"] == cal["noise_multiplier"] and plan["noise_calibrated"]
+    assert plan["calibration"] == cal
+    asked = (tmp_path / "run" / "config.yaml").read_text()  # what was asked: the budget, σ left to calibration
+    assert "noise_multiplier: 1.0" in asked and "calibrate_noise: null" in asked and "target_epsilon: 3.0" in asked
 
 
 def test_cli_prints_sigma_and_refuses_an_unreachable_budget(tmp_path):

@@ -27,6 +27,7 @@ import yaml
 from silofl.core.errors import ConfigError
 from silofl.fl.registry import methods as registered_methods
 from silofl.run.config import RunConfig, load_yaml_mapping
+from silofl.run.folder import read_run_config
 
 log = logging.getLogger("silofl")
 
@@ -186,7 +187,7 @@ class PlannedRun:
         if not (d / "summary.json").is_file() or not (d / "config.yaml").is_file():
             return False
         try:  # options added since the run was written take their defaults
-            have = RunConfig.from_dict(yaml.safe_load((d / "config.yaml").read_text()), strict=False).resolve().to_flat()
+            have = read_run_config(d).resolve().to_flat()  # as it ran: config.yaml with plan.json's values
         except Exception:  # noqa: BLE001 - an unreadable or outdated config is simply not "done"
             return False
         want = self.cfg.to_flat()

@@ -9,8 +9,8 @@ import torch
 
 from silofl.core.errors import ConfigError
 from silofl.models import load_model
-from silofl.run.config import RunConfig
 from silofl.run.data import prepare_data
+from silofl.run.folder import read_run_config
 from silofl.training.evaluation import scores
 
 
@@ -22,7 +22,7 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, eval_split: s
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
-    cfg = RunConfig.from_yaml(run_dir / "config.yaml", strict=False)
+    cfg = read_run_config(run_dir)  # config.yaml with plan.json's split seed and sizes: the run's own split
     if data_dir:
         cfg = cfg.replace(data_dir=data_dir)
     if eval_split:

@@ -9,9 +9,10 @@ a finished run's file or a comparison's shared options, ignored).
 
 :meth:`RunConfig.resolve` validates and fills what depends on other values — the effective privacy mode
 (:func:`silofl.privacy.guarantee.effective_mode`, the one place that decides it), the method's derived
-options — and is idempotent. :meth:`RunConfig.with_data` fills what depends on the data (examples per
-client and batch size when left to ``auto``) and :func:`check_against_data` checks δ and the batch size
-against the clients' sizes.
+options — and is idempotent. A RunConfig is what the user asked: what a run derives from it and the data (the
+split seed, examples per client and batch size left to ``auto``, σ calibrated from a budget, each site's q and
+steps) is its :class:`silofl.run.plan.RunPlan`, saved as plan.json. :func:`check_against_data` checks δ and the
+batch size against the clients' sizes.
 """
 
 from __future__ import annotations
@@ -360,20 +361,12 @@ class RunConfig:
             make_stage(self.features, self)  # a plug-in checks its own parameters
 
     def with_data(self, n_train: int, smallest: int | None = None, cap: int | None = None) -> RunConfig:
-        """Fill the settings left to ``auto`` from the data: examples per client (at most 1000, no more than an
-        equal share of the ``n_train`` training examples, nor than ``cap``, what the partition can serve) and
-        the batch size (a quarter of a client's examples — the papers' q = 0.25 — at most 250). ``smallest``:
-        the smallest client's size where sizes are given by the data (partition ``site``)."""
-        changes: dict[str, Any] = {}
-        spc = self.samples_per_client
-        if spc is None:
-            spc = min(DEFAULT_SAMPLES_PER_CLIENT, max(1, n_train // self.clients), cap or n_train)
-            changes["samples_per_client"] = spc
-        if self.batch_size is None:
-            n = smallest if smallest is not None else spc
-            if self.combine != "none":  # the rows that train (the combiner's held-out share trains nothing)
-                n -= int(round(self.combine_holdout * n))
-            changes["batch_size"] = max(1, min(DEFAULT_BATCH_SIZE, n // 4))
+        """The config with the settings left to ``auto`` filled from the data (:func:`silofl.run.plan.auto_sizes`;
+        a run keeps them in its plan, not in its config)."""
+        from silofl.run.plan import auto_sizes
+
+        spc, batch = auto_sizes(self, n_train, smallest, cap)
+        changes = {k: v for k, v in (("samples_per_client", spc), ("batch_size", batch)) if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 
     # ------------------------------------------------------------------ derived
@@ -399,47 +392,30 @@ class RunConfig:
 
     @property
     def calibrates(self) -> bool:
-        """Whether σ is set from the budget (budget-first) rather than given."""
-        if not self.is_private or self.info.traits.nonprivate:
-            return False
-        has_target = self.target_epsilon is not None or self.target_epsilons is not None
-        return has_target and self.calibrate_noise is not False
+        """Whether σ is set from the budget (budget-first) rather than given (:func:`silofl.run.plan.calibrates`)."""
+        from silofl.run.plan import calibrates
+
+        return calibrates(self)
 
     def calibration_plan(self, site_sizes: list[int]) -> list[dict[str, Any]]:
-        """What each party's accountant will see over the planned rounds: per party its target ε, sampling rate
-        q and steps (example level: a site of n examples takes n // B steps a round at q = B/n; client level: the
-        server's one mechanism a round at the client rate)."""
-        if self.is_client_level:
-            assert self.target_epsilon is not None
-            return [{"party": "server", "target_epsilon": self.target_epsilon,
-                     "sample_rate": float(self.options.client_rate), "steps": self.rounds}]
-        assert self.batch_size is not None
-        from silofl.site.dpsgd import round_schedule  # the sites' own (q, steps per round)
+        """What each party's accountant will see over the planned rounds (:func:`silofl.run.plan.calibration_plan`)."""
+        from silofl.run.plan import calibration_plan
 
-        plan = []
-        for k, n in enumerate(site_sizes):
-            q, steps = round_schedule(n, self.batch_size, getattr(self.options, "sample_rate", None),
-                                      getattr(self.options, "local_steps", None))
-            plan.append({"party": f"client{k}", "target_epsilon": self.target_epsilon_of(k), "sample_rate": q,
-                         "steps": self.rounds * steps})
-        return plan
+        return calibration_plan(self, site_sizes)
 
     def calibrated(self, site_sizes: list[int]) -> RunConfig:
-        """With a budget-first config: the config with σ set so that every party's planned rounds end at
-        ε ≤ its target (the largest σ any party needs — the run has one σ — so every party ends at or below its
-        target and the party that needs most ends at it, within the calibration's tolerance). Otherwise self."""
-        from silofl.privacy.analysis import calibrate_sigma
+        """The config with σ calibrated from its budget when it is budget-first, else self
+        (:func:`silofl.run.plan.calibrated_sigma`; a run keeps σ in its plan, not in its config)."""
+        from silofl.run.plan import calibrated_sigma
 
-        if not self.calibrates:
-            return self
-        plan = self.calibration_plan(site_sizes)
-        sigmas = {(p["target_epsilon"], p["sample_rate"], p["steps"]) for p in plan}
-        sigma = max(calibrate_sigma(e, self.delta, q, n, self.accountant) for e, q, n in sigmas)
-        return dataclasses.replace(self, noise_multiplier=sigma, calibrate_noise=True)
+        sigma = calibrated_sigma(self, site_sizes)
+        return self if sigma is None else dataclasses.replace(self, noise_multiplier=sigma, calibrate_noise=True)
 
     def target_epsilon_of(self, client: int) -> float | None:
-        """Client ``client``'s budget."""
-        return self.target_epsilons[client] if self.target_epsilons else self.target_epsilon
+        """Client ``client``'s budget (:func:`silofl.run.plan.target_epsilon_of`)."""
+        from silofl.run.plan import target_epsilon_of
+
+        return target_epsilon_of(self, client)
 
 
 def _site_defaults(flat: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
-"""The data a run trains on: load the data set, fill the settings left to ``auto`` from its size,
-partition it among the clients (or by site), and check the privacy settings against the clients' sizes."""
+"""The data a run trains on: load the data set, choose the settings left to ``auto`` from its size,
+partition it among the clients (or by site), check the privacy settings against the clients' sizes, and plan the run
+(:mod:`silofl.run.plan`: σ, each site's q and steps) — :func:`prepare_run`."""
 
 from __future__ import annotations
 
@@ -13,20 +14,32 @@ import torch
 from silofl.data import Dataset, SplitData, load_dataset, partition
 from silofl.data.formats import site_split
 from silofl.run.config import RunConfig, check_against_data
+from silofl.run.plan import RunPlan, auto_sizes, plan, sizes_of_sites
 
 
-def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = None,
-                 features: bool = True) -> tuple[RunConfig, SplitData]:
-    """(the config with its data-dependent settings filled, the split, after the config's feature stage: every site's
-    training data and test sets as features — unless ``features`` is False: the raw inputs, for sites that compute
-    their own). ``data``: the data set, if already loaded for this config."""
+def prepare_run(cfg: RunConfig, device: torch.device, data: Dataset | None = None,
+                features: bool = True) -> tuple[RunPlan, SplitData]:
+    """(the run's plan — what was derived from ``cfg``, resolved, and the data —, the split after the config's feature
+    stage: every site's training data and test sets as features — unless ``features`` is False: the raw inputs, for
+    sites that compute their own). ``data``: the data set, if already loaded for this config."""
     if cfg.data_at_sites:
         from silofl.core.errors import ConfigError
 
         raise ConfigError("data_at_sites: the sites hold this run's data (`silofl deploy start`); a run that reads its "
                           "data here takes a data set or --site-data")
-    cfg, split = _prepare_inputs(cfg, device, data)
-    return cfg, with_features(cfg, split) if features else split
+    chosen, split = _prepare_inputs(cfg, device, data)
+    if features:
+        split = with_features(chosen, split)
+    return plan(cfg, split, chosen.split_seed, chosen.samples_per_client, chosen.batch_size,
+                sizes_of_sites(chosen, split.parts)), split
+
+
+def prepare_data(cfg: RunConfig, device: torch.device, data: Dataset | None = None,
+                 features: bool = True) -> tuple[RunConfig, SplitData]:
+    """:func:`prepare_run` with the plan's values filled into the config (:meth:`RunPlan.config_as_run`): (the config
+    as it runs, the split)."""
+    p, split = prepare_run(cfg, device, data, features)
+    return p.config_as_run(), split
 
 
 def with_features(cfg: RunConfig, split: SplitData) -> SplitData:
@@ -63,6 +76,8 @@ def with_features(cfg: RunConfig, split: SplitData) -> SplitData:
 
 
 def _prepare_inputs(cfg: RunConfig, device: torch.device, data: Dataset | None = None) -> tuple[RunConfig, SplitData]:
+    """(a working copy of ``cfg`` with the split seed, examples per client and batch size it was drawn with, the
+    split)."""
     if cfg.data_seed is None:  # a fresh split (not a secret: recorded so the run can be repeated on it)
         cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
     if cfg.site_data:
@@ -74,7 +89,7 @@ def _prepare_inputs(cfg: RunConfig, device: torch.device, data: Dataset | None =
     test_set = "the data set's test split"
     if cfg.partition == "site":
         shards, internal_idx, external, sites = site_split(data, cfg.clients)
-        cfg = cfg.with_data(len(data.y_train), smallest=min(len(s) for s in shards))
+        cfg = _with_sizes(cfg, len(data.y_train), smallest=min(len(s) for s in shards))
         internal = [(data.x_test[i].to(device), data.y_test[i].to(device)) for i in internal_idx]
         ext_sites = sorted(set(data.test_groups[external]) - set(sites))
         test_set = (f"external: held-out bags of sites {', '.join(ext_sites)} (no client trains on them)"
@@ -83,7 +98,7 @@ def _prepare_inputs(cfg: RunConfig, device: torch.device, data: Dataset | None =
         if cfg.test_limit is not None:
             x_test, y_test = x_test[: cfg.test_limit], y_test[: cfg.test_limit]
     else:
-        cfg = cfg.with_data(len(data.y_train), cap=_p_major_cap(cfg, data.y_train.numpy()))
+        cfg = _with_sizes(cfg, len(data.y_train), cap=_p_major_cap(cfg, data.y_train.numpy()))
         rng = np.random.default_rng(cfg.data_seed)
         shards = partition(cfg.partition, data.y_train.numpy(), cfg.clients, cfg.samples_per_client, rng,
                            p=cfg.p_major, alpha=cfg.dirichlet_alpha)
@@ -93,7 +108,6 @@ def _prepare_inputs(cfg: RunConfig, device: torch.device, data: Dataset | None =
             x_test, y_test = data.test_split(cfg.test_limit)
     check_against_data(cfg, [len(s) for s in shards])
     parts = [(data.x_train[s].to(device), data.y_train[s].to(device)) for s in shards]
-    cfg = calibrated(cfg, parts)
     prep = [data.preprocessing] * len(parts) if data.preprocessing else None
     return cfg, SplitData(data, parts, (x_test.to(device), y_test.to(device)), internal, sites, test_set,
                           preprocessing=prep, indices=[np.asarray(s) for s in shards])
@@ -120,16 +134,18 @@ def validation_split(cfg: RunConfig, data: Dataset, shards: list) -> tuple[torch
 
 
 def site_sizes(cfg: RunConfig, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
-    """The number of training examples of each site the method builds from the clients' partitions."""
-    sizes = [len(y) for _, y in cfg.info.cls(cfg).site_data(parts)]
-    if getattr(cfg, "combine", "none") != "none":  # the rows each site holds out for its combiner train nothing
-        sizes = [n - int(round(cfg.combine_holdout * n)) for n in sizes]
-    return sizes
+    """The number of training examples of each site the method builds from the clients' partitions
+    (:func:`silofl.run.plan.sizes_of_sites`)."""
+    return sizes_of_sites(cfg, parts)
 
 
-def calibrated(cfg: RunConfig, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> RunConfig:
-    """The config with σ set from its budget when it is budget-first (:meth:`RunConfig.calibrated`)."""
-    return cfg.calibrated(site_sizes(cfg, parts)) if cfg.calibrates else cfg
+def _with_sizes(cfg: RunConfig, n_train: int, smallest: int | None = None, cap: int | None = None) -> RunConfig:
+    """The working copy of ``cfg`` with the examples per client and batch size the split is drawn with
+    (:func:`silofl.run.plan.auto_sizes`)."""
+    spc, batch = auto_sizes(cfg, n_train, smallest, cap)
+    if (spc, batch) == (cfg.samples_per_client, cfg.batch_size):
+        return cfg
+    return dataclasses.replace(cfg, samples_per_client=spc, batch_size=batch)
 
 
 def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, SplitData]:
@@ -143,9 +159,8 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
     else:
         src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)
     sizes = [len(y) for _, y in src.parts]
-    cfg = cfg.with_data(sum(sizes), smallest=min(sizes))
+    cfg = _with_sizes(cfg, sum(sizes), smallest=min(sizes))
     check_against_data(cfg, sizes)
-    cfg = calibrated(cfg, src.parts)
 
     def dev(pair, limit=None):
         x, y = pair

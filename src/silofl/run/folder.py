@@ -1,5 +1,7 @@
-"""The run folder contract (shared/CONVENTIONS.md): config.yaml, metrics.jsonl (+ .csv),
-summary.json, PNG plots and models/*.safetensors with a JSON spec each."""
+"""The run folder contract (shared/CONVENTIONS.md): config.yaml (what the user asked, resolved), plan.json (what the
+run derived from it and the data: :mod:`silofl.run.plan`), metrics.jsonl (+ .csv), summary.json, PNG plots and
+models/*.safetensors with a JSON spec each. :func:`read_run_config` reads a finished run's config as it ran (config.yaml
+with plan.json's values; a folder written before plans were has them in its config.yaml)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from silofl.core.errors import ConfigError
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json")
+RUN_FILES = ("config.yaml", "plan.json", "metrics.jsonl", "metrics.csv", "summary.json")
 RUN_DIRS = ("models", "checkpoint", "sites")
 
 
@@ -119,9 +121,11 @@ class RunFolder:
             self.records = [r for r in read_metrics(self.path) if r["round"] <= keep_until]
         self.metrics_path.write_text("".join(json.dumps(clean_json(r)) + "\n" for r in self.records))
 
-    def write_config(self, cfg) -> None:
-        """Write the resolved config (``cfg.to_yaml()``)."""
+    def write_config(self, cfg, plan=None) -> None:
+        """Write the resolved config as asked (``cfg.to_yaml()``) and, when given, the run's plan (plan.json)."""
         (self.path / "config.yaml").write_text(cfg.to_yaml())
+        if plan is not None:
+            plan.write(self.path)
 
     def add_metrics(self, records: list[dict]) -> None:
         """Append evaluation records to metrics.jsonl."""
@@ -164,11 +168,19 @@ def values_by_round(run_dir: str | Path, key: str) -> dict[int, list[float]]:
 
 
 def read_config(run_dir: str | Path) -> dict:
-    """A run folder's settings as one flat mapping (common settings and the method's options), whether its
-    config.yaml nests the method's section or is flat."""
-    from silofl.run.config import RunConfig
+    """A run folder's settings as it ran, as one flat mapping (common settings and the method's options), whether its
+    config.yaml nests the method's section or is flat (:func:`read_run_config`)."""
+    return read_run_config(run_dir).to_flat()
 
-    return RunConfig.from_yaml(Path(run_dir) / "config.yaml", strict=False).to_flat()
+
+def read_run_config(run_dir: str | Path):
+    """A finished run's config as it ran: config.yaml (what was asked) with the derived values of plan.json (split
+    seed, examples per client, batch size, σ) filled in; a folder written before plans has them in config.yaml."""
+    from silofl.run.config import RunConfig, load_yaml_mapping
+    from silofl.run.plan import as_run, read_plan
+
+    return RunConfig.from_dict(as_run(load_yaml_mapping(Path(run_dir) / "config.yaml"), read_plan(run_dir)),
+                               strict=False)
 
 
 LOCK_FILE = ".lock"

@@ -4,8 +4,10 @@
 and test sets) and the coordinator, and drives the rounds through an engine — the in-process simulator
 by default, or one given by ``engine_factory`` (torch.distributed). It evaluates every ``eval_every``
 rounds (and at the last, and whenever a site leaves), checkpoints every ``checkpoint_every`` rounds,
-and writes the run folder (shared/CONVENTIONS.md): config.yaml, metrics.jsonl/.csv, summary.json,
-plots, models/. The engine and the method never meet: the coordinator talks to sites only through
+and writes the run folder (shared/CONVENTIONS.md): config.yaml (what was asked), plan.json (what the run
+derived from it and the data, :class:`~silofl.run.plan.RunPlan`), metrics.jsonl/.csv, summary.json, plots,
+models/. The round loop's state is one :class:`~silofl.run.checkpoint.RunState`, which is also what a checkpoint's
+``run.json`` saves. The engine and the method never meet: the coordinator talks to sites only through
 ``engine.call``.
 """
 
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,10 +35,12 @@ from silofl.fl.coordinator import Coordinator, Method
 from silofl.fl.registry import ACC_FIELDS
 from silofl.privacy.analysis import ACCOUNTANT_NAMES
 from silofl.report.plots import plot_run, plot_server_rounds
-from silofl.run.checkpoint import load_run, save_run, saved_rounds
+from silofl.run.checkpoint import RunState, load_run, save_run, saved_rounds
 from silofl.run.config import RunConfig
-from silofl.run.data import prepare_data
+from silofl.run.data import prepare_run
 from silofl.run.folder import RunFolder, Stash, check_out, mean_std
+from silofl.run.plan import RunPlan
+from silofl.run.plan import given as given_plan
 from silofl.run.tracking import open_tracker
 from silofl.site.base import Site
 from silofl.training.metrics import ECE_BINS, METRICS, metric_field
@@ -128,12 +133,24 @@ def site_factory(method: Method, split: SplitData, ledgers: Path | None = None,
     return make, len(inputs)
 
 
-def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
-          data=None, ledgers: bool = False, hooks: RunHooks | None = None, remote=None,
-          ) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
-    """Resolve ``cfg``, prepare its data and connect its coordinator to its sites over an engine (in-process
-    unless ``engine_factory`` makes another). With ``ledgers`` every party keeps its privacy ledger under
-    ``OUT/sites/``. ``remote``: the sites hold their own data elsewhere (a deployment,
+@dataclass
+class Built:
+    """A run ready for its rounds: the plan (what was derived from the config and the data), the config as it runs
+    (:meth:`RunPlan.config_as_run`), the split, the coordinator connected to its sites over an engine, the device."""
+
+    plan: RunPlan
+    cfg: RunConfig
+    split: Any
+    coordinator: Coordinator
+    engine: Engine
+    device: torch.device
+
+
+def build_run(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
+              data=None, ledgers: bool = False, hooks: RunHooks | None = None, remote=None) -> Built:
+    """Resolve ``cfg``, prepare its data, plan the run (:mod:`silofl.run.plan`) and connect its coordinator to its
+    sites over an engine (in-process unless ``engine_factory`` makes another). With ``ledgers`` every party keeps its
+    privacy ledger under ``OUT/sites/``. ``remote``: the sites hold their own data elsewhere (a deployment,
     :class:`silofl.deploy.coordinator.RemoteSplit`: shapes and public facts only); nothing is loaded here and
     ``engine_factory`` gets no site factory. Raises ConfigError / BudgetExhausted before a run folder is written."""
     cfg = cfg.resolve()
@@ -141,13 +158,16 @@ def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: En
     root = ledger_root(cfg) if ledgers else None
     release = releases_nonprivate(cfg, engine_factory is None)
     if remote is not None:
+        the_plan = given_plan(cfg)  # the deployment filled the sizes from the sites' hellos
+        cfg = the_plan.config_as_run()
         method = cfg.info.cls(cfg)
         if engine_factory is None:
             raise ConfigError("a run on remote sites needs their engine")
         split, n_sites = remote, len(remote.sites)
         engine = engine_factory(None, n_sites)
     else:
-        cfg, split = prepare_data(cfg, device, data)
+        the_plan, split = prepare_run(cfg, device, data)
+        cfg = the_plan.config_as_run()
         if hooks is not None and hooks.split is not None:
             split = hooks.split(cfg, split)
         method = cfg.info.cls(cfg)
@@ -161,7 +181,15 @@ def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: En
     if root is not None:
         coordinator.open_ledger(root / "server")
     coordinator.connect(engine)
-    return cfg, split, coordinator, engine
+    return Built(the_plan, cfg, split, coordinator, engine, device)
+
+
+def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
+          data=None, ledgers: bool = False, hooks: RunHooks | None = None, remote=None,
+          ) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
+    """:func:`build_run` as (the config as it runs, the split, the coordinator, the engine)."""
+    b = build_run(cfg, device, engine_factory, data, ledgers, hooks, remote)
+    return b.cfg, b.split, b.coordinator, b.engine
 
 
 def releases_nonprivate(cfg: RunConfig, in_process: bool) -> bool:
@@ -190,6 +218,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     device = resolve_device(cfg.device)
     t_start = time.perf_counter()
     out = Path(cfg.out)
+    asked = cfg
     if resume:
         rounds = saved_rounds(out / CHECKPOINT_DIR)
         if not rounds:
@@ -201,7 +230,7 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     existed = out.exists()
     stash = Stash(out) if overwrite and not resume else None  # the previous run, kept until this one starts
     try:
-        cfg, split, coordinator, engine = build(cfg, device, engine_factory, ledgers=True, hooks=hooks, remote=remote)
+        built = build_run(cfg, device, engine_factory, ledgers=True, hooks=hooks, remote=remote)
     except BaseException:  # bad input: leave nothing behind (a fresh run's site folders), restore what was there
         if not resume:
             shutil.rmtree(ledger_root(cfg), ignore_errors=True)
@@ -212,42 +241,36 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
         raise
     if stash is not None:
         stash.drop()
-    cal = calibration_report(cfg, split)
-    if cal is not None and console is not None:
-        console.print(calibration_line(cal))
+    if built.plan.calibration is not None and console is not None:
+        console.print(calibration_line(built.plan.calibration))
     tracker = open_tracker(cfg.track)  # --track KIND DIR (silofl.run.tracking), else None
     try:
-        return _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal, tracker)
+        return _run(built, asked, RunState(started=t_start), progress, console, resume, tracker)
     finally:
-        engine.close()
+        built.engine.close()
         if tracker is not None:
             tracker.close()
 
 
-def _run(cfg, split, coordinator, engine, device, t_start, progress, console, resume, cal=None,
+def _run(built: Built, asked: RunConfig, state: RunState, progress: bool, console, resume: bool,
          tracker=None) -> dict:
+    """The rounds of a built run, from ``state`` (a fresh one, or the checkpoint's when resuming), and the run folder
+    (``asked``: the config as the user asked, config.yaml; the plan: plan.json); ``tracker``: --track's, or None."""
+    cfg, coordinator, engine = built.cfg, built.coordinator, built.engine
     info = cfg.info
-    last: dict[int, dict] = {}
-    left_log: list[dict] = []
-    rejoined_log: list[dict] = []
-    rejected_log: list[dict] = []
-    train_s = eval_s = 0.0
-    rounds_run = 0
     root = Path(cfg.out) / CHECKPOINT_DIR
     if resume:
-        rounds_run, rs = _resume(cfg, coordinator, engine, root)
-        left_log, rejected_log, train_s, eval_s = rs["left"], rs["rejected"], rs["train_s"], rs["eval_s"]
-        last = {int(k): v for k, v in rs["last"].items()}
-        log.info("resuming %s after round %d", cfg.out, rounds_run)
-        folder = RunFolder(cfg.out, keep_until=rounds_run)
+        state = _resume(built, root, state)
+        log.info("resuming %s after round %d", cfg.out, state.round)
+        folder = RunFolder(cfg.out, keep_until=state.round)
     else:
         folder = RunFolder(cfg.out)
         coordinator.start()
-    folder.write_config(cfg)
+    folder.write_config(asked, built.plan)
     if tracker is not None:
         tracker.start(cfg)
-    first = rounds_run + 1
-    internal = split.internal is not None and len(split.internal) == coordinator.n_sites
+    first = state.round + 1
+    internal = built.split.internal is not None and len(built.split.internal) == coordinator.n_sites
 
     bar = _progress(console) if progress else nullcontext()
     with bar as p:
@@ -255,40 +278,39 @@ def _run(cfg, split, coordinator, engine, device, t_start, progress, console, re
         for rnd in range(first, cfg.rounds + 1):
             t0 = time.perf_counter()
             ev = coordinator.run_round(rnd)
-            train_s += time.perf_counter() - t0
-            rounds_run = rnd
-            left_log += [{"client": c, "round": rnd, "reason": "budget spent"} for c in ev.left]
-            left_log += [{"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()]
-            rejoined_log += [{"client": c, "round": rnd} for c in ev.rejoined]
-            rejected_log += ev.rejected + coordinator.take_late()  # late: refusals of the last round's deliveries
+            state.train_s += time.perf_counter() - t0
+            state.round = rnd
+            state.left += [{"client": c, "round": rnd, "reason": "budget spent"} for c in ev.left]
+            state.left += [{"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()]
+            state.rejoined += [{"client": c, "round": rnd} for c in ev.rejoined]
+            state.rejected += ev.rejected + coordinator.take_late()  # late: refusals of the last round's deliveries
             if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost or ev.rejoined:
                 t0 = time.perf_counter()
                 labels: dict[int, dict] = {}
                 records = _records(cfg, coordinator, engine, rnd, internal, labels)
-                last.update({r["client"]: r for r in records})
+                state.last.update({r["client"]: r for r in records})
                 folder.add_metrics(records)
                 if tracker is not None:
                     tracker.log_round(rnd, records, labels)
-                eval_s += time.perf_counter() - t0
+                state.eval_s += time.perf_counter() - t0
                 if p and records:
                     p.update(task, description=_describe(info, records))
             if cfg.checkpoint_every and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds):
-                _save(cfg, coordinator, engine, root, rnd, last, left_log, rejected_log, train_s, eval_s)
+                _save(built, root, state)
             if p:
                 p.update(task, advance=1)
             if not coordinator.active:
                 log.info("every client has left the protocol after round %d", rnd)
                 break
 
-    wall = time.perf_counter() - t_start
+    wall = time.perf_counter() - state.started
     finals = coordinator.call("finish", {k: Message({"models_dir": str(Path(cfg.out) / "models")})
                                          for k in range(coordinator.n_sites)})
     reports = {k: coordinator.site_report(k, r.meta) for k, r in sorted(finals.items())}
-    rejected_log += coordinator.take_late()
-    summary = _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run,
-                       wall, train_s, eval_s, cal)
-    if rejoined_log:
-        summary["rejoined"] = rejoined_log
+    state.rejected += coordinator.take_late()
+    summary = _summary(built, state, reports, wall)
+    if state.rejoined:
+        summary["rejoined"] = state.rejoined
     folder.write_metrics_csv()
     guarantee = cfg.guarantee()
     if folder.records:
@@ -325,25 +347,26 @@ def _records(cfg: RunConfig, coordinator: Coordinator, engine: Engine, rnd: int,
     return records
 
 
-def _save(cfg, coordinator, engine, root: Path, rnd: int, last, left_log, rejected_log, train_s, eval_s) -> None:
+def _save(built: Built, root: Path, state: RunState) -> None:
+    """Checkpoint round ``state.round``: every site saves its own state, then the coordinator's state and the round
+    loop's (:class:`RunState`, with the torch RNG and the engine's byte counts) complete the round's folder."""
+    coordinator, engine, rnd = built.coordinator, built.engine, state.round
     keep = 2 if engine.processes > 1 else 1
     coordinator.call("save", {k: Message({"root": str(root), "round": rnd, "keep": keep})
                               for k in range(coordinator.n_sites)})
-    state = {**coordinator.state_dict(), "torch_rng": torch.get_rng_state()}
-    run_state = {"config": cfg.to_dict(), "sites": coordinator.n_sites, "left": left_log, "rejected": rejected_log,
-                 "train_s": train_s, "eval_s": eval_s, "last": {str(k): v for k, v in last.items()},
-                 "bytes_sent": {str(k): v for k, v in engine.bytes_sent.items()},
-                 "bytes_received": {str(k): v for k, v in engine.bytes_received.items()}}
-    save_run(root, rnd, state, run_state, keep=keep)
+    state.bytes_sent, state.bytes_received = dict(engine.bytes_sent), dict(engine.bytes_received)
+    parties = {**coordinator.state_dict(), "torch_rng": torch.get_rng_state()}
+    save_run(root, rnd, parties, state.to_record(built.cfg, built.plan, coordinator.n_sites), keep=keep)
 
 
-def _resume(cfg: RunConfig, coordinator: Coordinator, engine: Engine, root: Path) -> tuple[int, dict]:
-    """Load the latest checkpoint every party holds; (its round, the run's record).
+def _resume(built: Built, root: Path, state: RunState) -> RunState:
+    """Load the latest checkpoint every party holds; the round loop's state at its round.
 
     Every site resumes from the same round: the latest one the coordinator and all of them completed
     (each keeps its newest checkpoints, so a crash while writing leaves an earlier common one). A site
     whose own latest checkpoint is newer keeps that checkpoint's accountant: rounds run again are
     counted again, and the privacy spend never goes back."""
+    cfg, coordinator, engine = built.cfg, built.coordinator, built.engine
     rounds = set(saved_rounds(root))
     if not rounds:
         raise ConfigError(f"no checkpoint to resume from in {root} (run with --checkpoint-every N first)")
@@ -353,8 +376,8 @@ def _resume(cfg: RunConfig, coordinator: Coordinator, engine: Engine, root: Path
     if not rounds:
         raise ConfigError(f"no round of {root} has a checkpoint of every site to resume from")
     rnd = max(rounds)
-    state, run_state = load_run(root, rnd)
-    saved = RunConfig.from_dict(run_state["config"], strict=False).to_flat()
+    parties, record = load_run(root, rnd)
+    saved = RunConfig.from_dict(record["config"], strict=False).to_flat()
     want = cfg.to_flat()
     diff = sorted(k for k in want if k not in (*RESUMABLE_CHANGES, "out") and saved.get(k) != want[k])
     if diff:
@@ -363,18 +386,20 @@ def _resume(cfg: RunConfig, coordinator: Coordinator, engine: Engine, root: Path
     if rnd >= cfg.rounds:
         raise ConfigError(f"the checkpoint of {cfg.out} is at round {rnd}; ask for more rounds than that to resume")
     coordinator.call("load", {k: Message({"root": str(root), "round": rnd}) for k in range(coordinator.n_sites)})
-    torch.set_rng_state(state.pop("torch_rng"))
-    coordinator.load_state_dict(state)
+    torch.set_rng_state(parties.pop("torch_rng"))
+    coordinator.load_state_dict(parties)
     coordinator.call("status", {k: Message() for k in coordinator.active})
-    for k, v in run_state["bytes_sent"].items():
-        engine.bytes_sent[int(k)] = v
-    for k, v in run_state["bytes_received"].items():
-        engine.bytes_received[int(k)] = v
-    return rnd, run_state
+    loaded = RunState.from_record(record, started=state.started)
+    engine.bytes_sent.update(loaded.bytes_sent)
+    engine.bytes_received.update(loaded.bytes_received)
+    return loaded
 
 
-def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, rejected_log, rounds_run, wall, train_s,
-             eval_s, cal=None) -> dict:
+def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: float) -> dict:
+    """summary.json's content (shared/CONVENTIONS.md) from the built run, the round loop's state and the sites'
+    final reports."""
+    cfg, split, coordinator, engine = built.cfg, built.split, built.coordinator, built.engine
+    last, rounds_run = state.last, state.round
     info = cfg.info
     sent, received = dict(engine.bytes_sent), dict(engine.bytes_received)
     acc_keys = [k + sfx for sfx in ("", "_internal") for k in ACC_FIELDS if any(k + sfx in r for r in last.values())]
@@ -416,7 +441,7 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
             "dml_alpha": opts.dml_alpha if info.mutual_learning else None,
             "dml_beta": opts.dml_beta if info.mutual_learning else None,
             **coordinator.privacy_summary(),
-            "noise_calibration": cal,
+            "noise_calibration": built.plan.calibration,
         },
         "final": {
             "per_client": per_client,
@@ -434,16 +459,16 @@ def _summary(cfg, split, coordinator, engine, device, reports, last, left_log, r
         },
         "data_split_seed": cfg.data_seed,
         "wall_time_s": wall,
-        "train_time_s": train_s,
-        "eval_time_s": eval_s,
-        "seconds_per_round": (train_s + eval_s) / max(1, rounds_run),
+        "train_time_s": state.train_s,
+        "eval_time_s": state.eval_s,
+        "seconds_per_round": (state.train_s + state.eval_s) / max(1, rounds_run),
         "threads": torch.get_num_threads(),
-        "device": str(device),
+        "device": str(built.device),
         "processes": engine.processes,
         "engine": engine.describe(),
         "accounting": [f["privacy"] for f in reports.values()],
-        "left": left_log,
-        "rejected_messages": rejected_log,
+        "left": state.left,
+        "rejected_messages": state.rejected,
         "bytes": {
             "sent": {str(n): sent.get(n, 0) for n in nodes},
             "received": {str(n): received.get(n, 0) for n in nodes},
@@ -475,20 +500,14 @@ def metrics_note() -> dict:
 
 
 def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:
-    """How a budget-first run chose σ (None when σ was given): the target, the planned rounds, each party's
-    sampling rate and steps and the ε its accountant will reach at the end of the plan."""
+    """How a budget-first run chose σ (None when σ was given): ``cfg`` as it runs (σ calibrated), the split it runs
+    on (:func:`silofl.run.plan.calibration_report`; a run has it in its plan)."""
     if not cfg.calibrates:
         return None
-    from silofl.privacy.analysis import CALIBRATION_TOLERANCE, epsilon_of
-    from silofl.run.data import site_sizes
+    from silofl.run.plan import calibration_report as report
+    from silofl.run.plan import party_plans, sizes_of_sites
 
-    plan = cfg.calibration_plan(site_sizes(cfg, split.parts))
-    for p in plan:
-        p["planned_epsilon"] = epsilon_of(cfg.accountant, ((cfg.noise_multiplier, p["sample_rate"], p["steps"]),),
-                                          cfg.delta)
-    return {"noise_multiplier": cfg.noise_multiplier, "rounds_planned": cfg.rounds, "delta": cfg.delta,
-            "accountant": ACCOUNTANT_NAMES[cfg.accountant], "method": "opacus.accountants.utils.get_noise_multiplier",
-            "tolerance": CALIBRATION_TOLERANCE, "parties": plan}
+    return report(cfg, cfg.noise_multiplier, party_plans(cfg, sizes_of_sites(cfg, split.parts)))
 
 
 def calibration_line(cal: dict) -> str:

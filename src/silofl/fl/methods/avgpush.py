@@ -25,6 +25,8 @@ class AvgPushOptions(GossipOptions, SharedModelOptions):
 @register("avgpush", options=AvgPushOptions, headline="global_acc", exchange="gossip", metrics=("global_acc",),
           description="one DP model per client, gossiped with PushSum")
 class AvgPush(Method):
+    opts: AvgPushOptions
+
     def make_site(self, k, x, y, data):
         return GossipSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global",
                           self_weight=self.opts.self_weight, max_weight=self.cfg.clients)

@@ -24,6 +24,7 @@ from silofl.site.subclients import SubclientSettings
 class ClientLevelMethod(Method):
     """A client-level DP method: hospitals with sub-clients, a DP server with ``optimizer``."""
 
+    opts: ClientLevelOptions
     optimizer = "fedavg"
     normalise = False  # DP-FedNova: updates scaled by τ̄/τ_j
 

@@ -29,6 +29,8 @@ class CWTOptions(SharedModelOptions):
 @register("cwt", options=CWTOptions, headline="global_acc", exchange="cycle", metrics=("global_acc",),
           description="one DP model passed from client to client in a cycle")
 class CyclicalWeightTransfer(Method):
+    opts: CWTOptions
+
     def make_site(self, k, x, y, data):
         return CycleSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
 

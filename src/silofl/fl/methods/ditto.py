@@ -99,6 +99,8 @@ def _personal_seed(seed: int | None, cid: int) -> int:
           metrics=("private_acc", "global_acc"),
           description="DP global model (FedAvg) + a personal model per client pulled towards it (λ), kept at the client")
 class Ditto(Method):
+    opts: DittoOptions
+
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
         return DittoSite(k, x, y, s, dpsgd_settings(self.cfg, k), private_spec=s, shared_field="global",

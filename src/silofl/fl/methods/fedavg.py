@@ -26,6 +26,8 @@ class FedAvgOptions(AveragingOptions, SharedModelOptions):
 @register("fedavg", options=FedAvgOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
           description="one DP model averaged by a central server")
 class FedAvg(Method):
+    opts: FedAvgOptions
+
     def make_site(self, k, x, y, data):
         return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
 

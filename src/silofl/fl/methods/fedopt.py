@@ -53,6 +53,7 @@ class FedOptOptions(AveragingOptions, SharedModelOptions):
 
 class FedOpt(Method):
     """FedAvg's sites, a server stepping with ``optimizer`` on the average of their DP models."""
+    opts: FedOptOptions
 
     optimizer = "fedadam"
 

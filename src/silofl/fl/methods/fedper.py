@@ -91,6 +91,8 @@ class PersonalHeadSite(CentralSite):
 @register("fedper", options=FedPerOptions, headline="private_acc", exchange="server", metrics=("private_acc",),
           description="one DP model per client; the server averages the bodies, each client keeps its head")
 class FedPer(Method):
+    opts: FedPerOptions
+
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
         return PersonalHeadSite(k, x, y, s, dpsgd_settings(self.cfg, k), shared_field="private",

@@ -82,6 +82,8 @@ class ProxSite(CentralSite):
 @register("fedprox", options=FedProxOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
           description="FedAvg with a proximal term μ/2·‖w − w_global‖² in the local DP-SGD objective")
 class FedProx(Method):
+    opts: FedProxOptions
+
     def make_site(self, k, x, y, data):
         return ProxSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global",
                         mu=self.opts.mu)

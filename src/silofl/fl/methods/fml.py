@@ -25,6 +25,8 @@ class FMLOptions(AveragingOptions, MutualLearningOptions, SharedModelOptions):
 @register("fml", options=FMLOptions, headline="private_acc", exchange="server", mutual_learning=True,
           metrics=("private_acc", "proxy_acc"), description="private + DP meme per client, memes averaged by a central server")
 class FML(Method):
+    opts: FMLOptions
+
     def make_site(self, k, x, y, data):
         o = self.opts
         return CentralSite(k, x, y, spec(o.proxy_model, data), dpsgd_settings(self.cfg, k),

@@ -29,6 +29,8 @@ class RegularOptions(PrivateModelOptions, DPSGDOptions):
 @register("regular", options=RegularOptions, headline="private_acc", exchange="none", metrics=("private_acc",),
           description="each client trains its private architecture alone")
 class Regular(Method):
+    opts: RegularOptions
+
     def make_site(self, k, x, y, data):
         return LocalSite(k, x, y, spec(self.opts.private_model_of(k), data), dpsgd_settings(self.cfg, k),
                          shared_field="private")
@@ -51,6 +53,8 @@ class JointOptions(DPSGDOptions):
 @register("joint", options=JointOptions, headline="global_acc", exchange="none", pooled=True, metrics=("global_acc",),
           description="one model on the pooled data (non-federated upper bound)")
 class Joint(Method):
+    opts: JointOptions
+
     def site_data(self, parts):
         return [(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))]
 

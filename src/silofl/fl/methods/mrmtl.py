@@ -78,6 +78,8 @@ class MeanRegularisedSite(CentralSite):
 @register("mr-mtl", options=MRMTLOptions, headline="private_acc", exchange="server", metrics=("private_acc",),
           description="one DP model per client, kept, pulled (λ) towards the server's mean of the clients' models")
 class MRMTL(Method):
+    opts: MRMTLOptions
+
     def make_site(self, k, x, y, data):
         return MeanRegularisedSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k),
                                    shared_field="private", mrmtl_lambda=self.opts.mrmtl_lambda)

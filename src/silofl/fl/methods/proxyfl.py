@@ -40,6 +40,8 @@ class ProxyFLOptions(GossipOptions, MutualLearningOptions, SharedModelOptions):
 @register("proxyfl", options=ProxyFLOptions, headline="private_acc", exchange="gossip", mutual_learning=True,
           metrics=("private_acc", "proxy_acc"), description="private + DP proxy per client, proxies gossiped with PushSum")
 class ProxyFL(Method):
+    opts: ProxyFLOptions
+
     def make_site(self, k, x, y, data):
         o = self.opts
         return GossipSite(k, x, y, spec(o.proxy_model, data), dpsgd_settings(self.cfg, k),

@@ -150,6 +150,8 @@ class ScaffoldCoordinator(Centralized):
 @register("scaffold", options=ScaffoldOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
           description="FedAvg with SCAFFOLD's control variates, computed from the DP gradients only")
 class Scaffold(Method):
+    opts: ScaffoldOptions
+
     def make_site(self, k, x, y, data):
         return ScaffoldSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k),
                             shared_field="global")
