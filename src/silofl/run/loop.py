@@ -268,7 +268,7 @@ def _run(built: Built, asked: RunConfig, state: RunState, progress: bool, consol
         coordinator.start()
     folder.write_config(asked, built.plan)
     if tracker is not None:
-        tracker.start(cfg)
+        tracker.start(asked)  # what config.yaml holds (plan.json: what was derived)
     first = state.round + 1
     internal = built.split.internal is not None and len(built.split.internal) == coordinator.n_sites
 
