@@ -27,7 +27,8 @@ __version__ = "0.1.0"
 _API = ("run", "tune", "audit", "compare", "RunConfig", "RunResult", "TuneResult", "AuditResult", "CompareResult")
 
 __all__ = ["SiloflError", "ConfigError", "DataError", "BudgetExhausted", "PeerModelRejected", "ModelRejected",
-           "__version__", *_API]
+           "__version__", "run", "tune", "audit", "compare", "RunConfig", "RunResult", "TuneResult", "AuditResult",
+           "CompareResult"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time, module __getattr__ below
     from silofl.api import AuditResult, CompareResult, RunConfig, RunResult, TuneResult, compare, tune

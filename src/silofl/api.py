@@ -226,13 +226,14 @@ def as_config(config: RunConfig | Mapping[str, Any] | str | Path) -> RunConfig:
 
 def run(config: RunConfig | Mapping[str, Any] | str | Path, *, resume: bool = False, overwrite: bool = False,
         quiet: bool = True, vs_alone: bool = False, engine: str = "simulator", console: Any = None,
-        engine_options: EngineOptions | None = None) -> RunResult:
+        engine_options: EngineOptions | None = None, on_summary: Callable[[dict], Any] | None = None) -> RunResult:
     """Run ``config`` and write its run folder (config.yaml, metrics.jsonl, summary.json, plots, models/).
 
     ``resume``: continue the folder's latest checkpoint (the privacy spend carries on); ``overwrite``: replace the run
     already in ``out`` (refused otherwise); ``quiet``: no progress bar; ``vs_alone``: afterwards train each site alone
     without DP into ``OUT/alone`` (simulator only); ``engine``: one of :data:`ENGINES`, with ``engine_options``;
-    ``console``: a rich Console for progress lines (None: silent)."""
+    ``console``: a rich Console for progress lines (None: silent); ``on_summary``: called with the summary as soon as
+    the run ends (before the ``vs_alone`` baseline trains)."""
     from silofl.run.folder import OutLock
 
     cfg = as_config(config)
@@ -246,6 +247,8 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, resume: bool = Fa
     with OutLock(resolved.out):  # one run at a time into OUT (the OS drops the lock on a crash)
         summary = ENGINES[engine](resolved, resume=resume, overwrite=overwrite, progress=not quiet, console=console,
                                   opts=engine_options or EngineOptions())
+        if on_summary is not None:
+            on_summary(summary)
         alone = None
         if vs_alone and engine == "simulator":
             from silofl.run.alone import compare_with_alone

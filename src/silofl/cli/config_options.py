@@ -145,6 +145,19 @@ OPTION_HELP = {
     "adaptive_clip": "Client-level DP: the clip follows a privately estimated quantile of update norms (or --clip "
                      "adaptive[:C0]).",
     "cwt_visits": "CWT: sites that train per round (default all: one full cycle).",
+    "dp_backend": "DP-SGD methods: how per-example gradients are computed.",
+    "graph": "Gossip methods: the time-varying directed graph.",
+    "max_intermediaries": "Client-level DP, --intermediaries adaptive: the cap on v (default ⌊min_i n_i / batch size⌋).",
+    "clip_quantile": "Client-level DP, adaptive clip: the update-norm quantile the clip follows.",
+    "clip_lr": "Client-level DP, adaptive clip: the clip's geometric learning rate.",
+    "clip_count_noise": "Client-level DP, adaptive clip: σ_b of the unclipped count (default 2.5·z).",
+    "norm_noise": "Client-level DP, --intermediaries adaptive: noise multiplier of the norm sum (default 5·z).",
+    "adam_beta1": "Adaptive server optimizers: β1.",
+    "adam_beta2": "Adaptive server optimizers: β2 (DP²-RMSProp: the preconditioner's decay).",
+    "server_tau": "Adaptive server optimizers: the adaptivity τ.",
+    "bias_correction": "FedAdam: Adam's bias correction.",
+    "dp2_delay": "DP²-RMSProp: rounds per SGD / adaptive phase.",
+    "dp2_lr_sgd": "DP²-RMSProp: the server learning rate of the SGD phases.",
 }
 
 

@@ -72,9 +72,8 @@ def run_command(cfg, *, engine: str = "simulator", resume: bool = False, overwri
     if requested != resolved.privacy and not resolved.info.traits.nonprivate:
         console.print(f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
                       f"{resolved.privacy!r} mode")
-    result = api.run(cfg, engine=engine, resume=resume, overwrite=overwrite, quiet=quiet, vs_alone=vs_alone,
-                     console=console, engine_options=engine_options)
-    print_summary(result.summary)
+    api.run(cfg, engine=engine, resume=resume, overwrite=overwrite, quiet=quiet, vs_alone=vs_alone, console=console,
+            engine_options=engine_options, on_summary=print_summary)
 
 
 @config_command(app)
