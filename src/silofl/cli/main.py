@@ -1,8 +1,11 @@
 """``silofl`` command line: ``run``, ``launch``, ``tune``, ``compare``, ``evaluate``, ``predict``, ``export``, ``audit``
 and the ``pubsub``, ``site`` and ``deploy`` groups.
 
-Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
-fix are printed as one line (exit code 2), never as a traceback.
+The run options of ``run``, ``compare``, ``audit``, ``tune`` and ``deploy local/start`` are generated from
+:class:`~silofl.run.config.RunConfig` and every registered method's options (:mod:`silofl.cli.config_options`), and
+each command calls the Python API (:mod:`silofl.api`). Flags override ``--set KEY=VALUE``, which overrides
+``--config FILE.yaml``, which overrides the defaults. Errors a user can fix are printed as one line (exit code 2),
+never as a traceback.
 """
 
 from __future__ import annotations
