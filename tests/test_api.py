@@ -35,7 +35,7 @@ def test_bad_input_is_a_one_line_error_before_anything_is_written(tmp_path):
     assert not out.exists() and not (tmp_path / "t").exists()
 
 
-@pytest.mark.slow  # two tiny runs and a one-trial search (about 6 s)
+@pytest.mark.slow  # a tiny run and a one-trial search (about 5 s of CPU)
 def test_run_and_tune_return_objects_matching_their_folders(tmp_path):
     cfg = silofl.RunConfig.from_dict({**TINY, "method": "fedavg", "out": str(tmp_path / "r")})
     res = silofl.run(cfg)
@@ -52,7 +52,7 @@ def test_run_and_tune_return_objects_matching_their_folders(tmp_path):
     assert yaml.safe_load((tmp_path / "t" / "best.yaml").read_text())["fedavg"]["lr"] == 0.003
 
 
-@pytest.mark.slow  # one tiny comparison (about 3 s)
+@pytest.mark.slow  # one tiny comparison (about 3 s of CPU)
 def test_compare_returns_its_rows(tmp_path):
     res = silofl.compare(methods=["regular"], seeds=[0], run={**TINY, "private_model": "mlp"}, out=tmp_path / "c")
     assert res.folder == tmp_path / "c" and res.markdown.is_file() and not res.failed

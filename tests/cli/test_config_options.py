@@ -110,7 +110,7 @@ def test_a_plug_in_methods_options_become_flags(knob_method):
     assert r.exit_code == 2 and "option knob does not apply to method 'fedavg'" in " ".join(r.output.split())
 
 
-@pytest.mark.slow  # one tiny run (about 2 s)
+@pytest.mark.slow  # one tiny run (about 1 s of CPU)
 def test_a_plug_in_methods_flag_takes_effect(knob_method, tmp_path):
     out = tmp_path / "k"
     r = runner.invoke(app, ["run", "--method", "knobavg", "--knob", "2.5", "--pair", "a", "b", "--dataset", "digits",
