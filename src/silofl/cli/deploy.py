@@ -18,7 +18,8 @@ from pathlib import Path
 
 import typer
 
-from silofl.cli.common import check_seconds, err_console, friendly_errors
+from silofl.cli.common import check_seconds, friendly_errors
+from silofl.cli.config_options import config_command, run_options
 from silofl.core.errors import ConfigError
 
 site_app = typer.Typer(no_args_is_help=True, help="A site's own commands: its folder, keys, budget, and joining runs.")
@@ -153,40 +154,36 @@ def site_run(
     run_site(site_dir, superlink, ca, insecure=insecure, poll_s=poll_s)
 
 
-@deploy_app.command("local", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@friendly_errors
+@config_command(deploy_app, "local", exclude=("clients",))
 def deploy_local_cmd(
-    ctx: typer.Context,
     sites: int = typer.Option(..., "--sites", help="Sites (K), each its own SuperNode process with its own folder."),
-    timeout_s: float = typer.Option(900.0, "--timeout", help="Seconds the run may take."),
-    insecure: bool = typer.Option(False, "--insecure", help="No TLS, no node authentication (recorded in the "
-                                  "summary; payloads stay sealed)."),
-    restart_sites: bool = typer.Option(False, "--restart-sites", help="Restart a site process that dies (as its "
-                                       "operator would): it rejoins from its own checkpoint (with --checkpoint-every)."),
+    timeout_s: float = typer.Option(900.0, "--timeout", rich_help_panel="Engine", help="Seconds the run may take."),
+    insecure: bool = typer.Option(False, "--insecure", rich_help_panel="Engine", help="No TLS, no node authentication "
+                                  "(recorded in the summary; payloads stay sealed)."),
+    restart_sites: bool = typer.Option(False, "--restart-sites", rich_help_panel="Engine", help="Restart a site "
+                                       "process that dies (as its operator would): it rejoins from its own checkpoint "
+                                       "(with --checkpoint-every)."),
+    peer_timeout: float = typer.Option(300.0, "--peer-timeout", rich_help_panel="Engine",
+                                       help="Seconds to wait for a site's answer."),
+    config: Path | None = typer.Option(None, "--config", help="YAML file with any run options."),
+    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
+    quiet: bool = typer.Option(False, "--quiet", rich_help_panel="Output", help="No progress bar."),
 ):
     """A real deployment on this machine: CA, certificates and keys, a site folder per site with its own
-    partition, a SuperLink and K SuperNodes as separate processes; writes the same run folder as `silofl run`.
-    Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 3 --out runs/d)."""
+    partition, a SuperLink and K SuperNodes as separate processes; writes the same run folder as `silofl run`
+    (every run option below, e.g. --method proxyfl --rounds 3 --out runs/d)."""
+    from silofl.api import EngineOptions
+    from silofl.cli.main import run_command
+    from silofl.run.config import RunConfig
+
     if sites < 1:
         raise ConfigError("--sites must be at least 1")
     check_seconds("--timeout", timeout_s)
-    _as_run(["--engine", "flower-local", "--clients", str(sites), "--deploy-timeout", str(timeout_s),
-             *(["--insecure"] if insecure else []), *(["--restart-sites"] if restart_sites else []), *ctx.args])
-
-
-def _as_run(args: list[str]) -> None:
-    """`silofl run ARGS` in this process (the deploy commands take every run option); its exit code."""
-    from silofl.cli.main import app
-
-    try:
-        code = app(["run", *args], standalone_mode=False)
-    except typer.Exit as e:
-        raise typer.Exit(e.exit_code) from None
-    except Exception as e:  # click's usage errors: one line
-        err_console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2) from None
-    if isinstance(code, int) and code:
-        raise typer.Exit(code)
+    check_seconds("--peer-timeout", peer_timeout)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    cfg = RunConfig.from_dict(run_options(config, set_, clients=sites))
+    run_command(cfg, engine="flower-local", quiet=quiet, engine_options=EngineOptions(
+        timeout_s=timeout_s, peer_timeout_s=peer_timeout, insecure=insecure, restart_sites=restart_sites))
 
 
 # ---------------------------------------------------------------------------------------------- the coordinator
@@ -280,16 +277,27 @@ def deploy_register(
     typer.echo(f"registered {len(sites)} sites; federation in {folder / 'federation.json'}")
 
 
-@deploy_app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@friendly_errors
+@config_command(deploy_app, "start")
 def deploy_start(
-    ctx: typer.Context,
     folder: Path = typer.Argument(..., help="The coordinator's deployment folder (registered sites)."),
-    superlink: str = typer.Option(..., "--superlink", help="The SuperLink, HOST:PORT."),
-    timeout_s: float = typer.Option(3600.0, "--timeout", help="Seconds the run may take."),
+    superlink: str = typer.Option(..., "--superlink", rich_help_panel="Engine", help="The SuperLink, HOST:PORT."),
+    timeout_s: float = typer.Option(3600.0, "--timeout", rich_help_panel="Engine", help="Seconds the run may take."),
+    peer_timeout: float = typer.Option(300.0, "--peer-timeout", rich_help_panel="Engine",
+                                       help="Seconds to wait for a site's answer."),
+    config: Path | None = typer.Option(None, "--config", help="YAML file with any run options."),
+    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
+    quiet: bool = typer.Option(False, "--quiet", rich_help_panel="Output", help="No progress bar."),
 ):
-    """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine.
-    Every other option is passed to `silofl run` (e.g. --method proxyfl --rounds 100 --out runs/x)."""
+    """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine. Each site
+    reads its own data (its site.json); every run option below applies (e.g. --method proxyfl --rounds 100 --out
+    runs/x)."""
+    from silofl.api import EngineOptions
+    from silofl.cli.main import run_command
+    from silofl.run.config import RunConfig
+
     check_seconds("--timeout", timeout_s)
-    _as_run(["--engine", "flower", "--deployment", str(folder.resolve()), "--superlink", superlink, "--deploy-timeout",
-             str(timeout_s), *ctx.args])
+    check_seconds("--peer-timeout", peer_timeout)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    cfg = RunConfig.from_dict(run_options(config, set_, data_at_sites=True))
+    run_command(cfg, engine="flower", quiet=quiet, engine_options=EngineOptions(
+        timeout_s=timeout_s, peer_timeout_s=peer_timeout, deployment=folder.resolve(), superlink=superlink))

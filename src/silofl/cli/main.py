@@ -1,8 +1,11 @@
 """``silofl`` command line: ``run``, ``launch``, ``tune``, ``compare``, ``evaluate``, ``predict``, ``export``, ``audit``
 and the ``pubsub``, ``site`` and ``deploy`` groups.
 
-Flags override values from ``--config FILE.yaml``, which override the defaults. Errors a user can
-fix are printed as one line (exit code 2), never as a traceback.
+The run options of ``run``, ``compare``, ``audit``, ``tune`` and ``deploy local/start`` are generated from
+:class:`~silofl.run.config.RunConfig` and every registered method's options (:mod:`silofl.cli.config_options`), and
+each command calls the Python API (:mod:`silofl.api`). Flags override ``--set KEY=VALUE``, which overrides
+``--config FILE.yaml``, which overrides the defaults. Errors a user can fix are printed as one line (exit code 2),
+never as a traceback.
 """
 
 from __future__ import annotations
@@ -17,166 +20,33 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from silofl.cli.common import check_seconds, err_console, friendly_errors, hold
+from silofl.cli.common import check_seconds, err_console, friendly_errors
+from silofl.cli.config_options import config_command, parse_list, run_options
 from silofl.core.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
 console = Console()
 
 
-def _method_help() -> str:
-    from silofl.fl.registry import methods
-
-    return " | ".join(methods())
+OUTPUT, ENGINE = "Output", "Engine"  # help panels of the commands' own options (the generated ones: config_options)
 
 
-@app.command()
-@friendly_errors
-def run(
-    config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
-    method: str | None = typer.Option(None, help=f"{_method_help()}"),
-    dataset: str | None = typer.Option(None, help="fashion-mnist | mnist | cifar10 | digits | npz | folder | bags | table"),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="Folder (or .npz file) with the data set files."),
-    site_data: str | None = typer.Option(None, "--site-data", help="One source per site, comma-separated: table files "
-                                         "(.csv/.parquet, --dataset table) or image folders (--dataset folder)."),
-    schema: str | None = typer.Option(None, "--schema", help="--dataset table: the collaboration's schema (YAML/JSON)."),
-    test_data: str | None = typer.Option(None, "--test-data", help="With --site-data: a shared external test file or "
-                                         "folder (default: the union of the sites' held-out rows)."),
-    test_fraction: float | None = typer.Option(None, "--test-fraction", help="With --site-data: each site's internal "
-                                               "test share of its own rows (default 0.2)."),
-    clients: int | None = typer.Option(None, help="Number of clients K."),
-    rounds: int | None = typer.Option(None, help="Number of rounds R."),
-    seed: int | None = typer.Option(None, help="A reproducible research run: every party's randomness derives from this seed "
-                                    "(the guarantee then holds only while it stays secret). Default: secret randomness."),
-    out: str | None = typer.Option(None, help="Run folder to write."),
-    privacy: str | None = typer.Option(None, help="strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off"),
-    device: str | None = typer.Option(None, help="auto | cpu | cuda"),
-    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
-    private_model: str | None = typer.Option(None, "--private-model", help="mlp | tabmlp | logreg | linear | scattercnn | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
-    proxy_model: str | None = typer.Option(None, "--proxy-model", help="mlp | tabmlp | logreg | linear | scattercnn | lenet5 | cnn1 | cnn2 | vgg | resnet18 | deepset"),
-    partition: str | None = typer.Option(None, help="p_major | iid | dirichlet | site"),
-    p_major: float | None = typer.Option(None, "--p-major", help="Fraction of a client's data from its major class."),
-    dirichlet_alpha: float | None = typer.Option(None, "--dirichlet-alpha"),
-    samples_per_client: int | None = typer.Option(None, "--samples-per-client", help="Default: min(1000, training examples / clients)."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Expected Poisson batch size B (q = B/n); default n/4, at most 250."),
-    lr: float | None = typer.Option(None),
-    noise_multiplier: float | None = typer.Option(None, "--noise-multiplier", help="σ"),
-    clip: str | None = typer.Option(None, help="Clipping norm C (per example; per client update for client-level "
-                                    "methods), or 'adaptive' / 'adaptive:C0' (client-level: private quantile estimate, start C0)."),
-    delta: float | None = typer.Option(None, help="δ (must be < 1/n)."),
-    accountant: str | None = typer.Option(None, help="rdp | prv"),
-    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Budget ε per site (per unit for client-level methods): σ is set so that --rounds end at it (budget-first); with "
-                                          "--noise-multiplier also given, σ stays as given and a client leaves before exceeding it."),
-    target_epsilons: str | None = typer.Option(None, "--target-epsilons", help="One budget per client, comma-separated (e.g. 20,50,80)."),
-    dml_alpha: float | None = typer.Option(None, "--dml-alpha", help="α, private model's KL weight."),
-    dml_beta: float | None = typer.Option(None, "--dml-beta", help="β, proxy's KL weight (0 in strict mode)."),
-    graph: str | None = typer.Option(None, help="exponential | ring"),
-    self_weight: float | None = typer.Option(None, "--self-weight", help="PushSum self weight (0: replace)."),
-    aggregation: str | None = typer.Option(None, help="FedAvg/FML server weights: size | uniform"),
-    optimizer_state: str | None = typer.Option(None, "--optimizer-state", help="keep | reset Adam moments on proxy replacement"),
-    dp_backend: str | None = typer.Option(None, "--dp-backend", help="auto | ghost | vmap"),
-    privacy_unit: str | None = typer.Option(None, "--privacy-unit", help="Client-level DP: hospital | subclient."),
-    intermediaries: str | None = typer.Option(None, help="Client-level DP: sub-clients per client: none | V | adaptive."),
-    client_rate: float | None = typer.Option(None, "--client-rate", help="Client-level DP: Poisson rate of clients per round."),
-    server_lr: float | None = typer.Option(None, "--server-lr", help="Client-level DP: server learning rate; "
-                                           "FedAvg/FML: step on the average of the sites' DP models (default 1)."),
-    local_epochs: int | None = typer.Option(None, "--local-epochs", help="Client-level DP: local SGD epochs."),
-    local_lr: float | None = typer.Option(None, "--local-lr", help="Client-level DP: local SGD learning rate."),
-    optimizer: str | None = typer.Option(None, "--optimizer", help="DP-SGD methods: the DP model's optimizer, "
-                                         "adam (default) | sgd."),
-    momentum: float | None = typer.Option(None, "--momentum", help="--optimizer sgd: momentum (default 0)."),
-    nesterov: bool | None = typer.Option(None, "--nesterov/--no-nesterov", help="--optimizer sgd: Nesterov momentum."),
-    ema_decay: float | None = typer.Option(None, "--ema-decay", help="DP-SGD methods: evaluate and save an EMA of the "
-                                           "DP model's round-end weights with this decay (default 0: off)."),
-    augmult: int | None = typer.Option(None, "--augmult", help="DP-SGD methods, images: K augmented views per sampled "
-                                       "example, averaged before clipping (default 0: off)."),
-    aug_pad: int | None = typer.Option(None, "--aug-pad", help="--augmult: random-crop padding in pixels (default 4)."),
-    aug_flip: bool | None = typer.Option(None, "--aug-flip/--no-aug-flip", help="--augmult: random horizontal flips."),
-    sample_rate: float | None = typer.Option(None, "--sample-rate", help="DP-SGD methods: Poisson rate q per step, "
-                                             "up to 1 (default: batch size / n)."),
-    local_steps: int | None = typer.Option(None, "--local-steps", help="DP-SGD methods: DP steps per round "
-                                           "(default: one epoch)."),
-    server_momentum: float | None = typer.Option(None, "--server-momentum", help="FedAvg/FML: server momentum on the "
-                                                 "average of the sites' DP models (default 0)."),
-    mu: float | None = typer.Option(None, "--mu", help="FedProx: the proximal weight μ of μ/2·‖w − w_global‖² "
-                                    "(default 0.01; 0: FedAvg)."),
-    ditto_lambda: float | None = typer.Option(None, "--ditto-lambda", help="Ditto: the personal model's pull λ "
-                                              "towards the received global model (default 0.1)."),
-    mrmtl_lambda: float | None = typer.Option(None, "--mrmtl-lambda", help="MR-MTL: each site's pull λ towards the "
-                                              "mean of the sites' DP models (default 0.1)."),
-    private_lr: float | None = typer.Option(None, "--private-lr", help="DP-SGD methods: the non-DP models' Adam "
-                                            "learning rate (a private model, --combine's own model, --vs-alone; "
-                                            "default: --lr)."),
-    report_nonprivate: bool | None = typer.Option(None, "--report-nonprivate/--keep-nonprivate", help="Whether sites "
-                                                  "report figures of non-private data (the private model's accuracy, "
-                                                  "gradient norms). Default: yes in one process, no across processes."),
-    combine: str | None = typer.Option(None, "--combine", help="Combination at inference (no budget): each site fuses "
-                                       "its own non-DP model with the DP model(s) it holds on rows held out from its own "
-                                       "training rows: none (default) | weights | stack. Reported as combined_acc "
-                                       "(non-private); saved for predict/export --model combined."),
-    combine_holdout: float | None = typer.Option(None, "--combine-holdout", help="With --combine: the share of each "
-                                                 "site's training rows held out for its combiner (default 0.2; no "
-                                                 "model trains on them)."),
-    eval_every: int | None = typer.Option(None, "--eval-every", help="Evaluate every N rounds (and at the last)."),
-    test_limit: int | None = typer.Option(None, "--test-limit", help="Evaluate on the first N test examples only."),
-    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every",
-                                                help="Save every party's state to OUT/checkpoint every N rounds."),
-    resume: bool = typer.Option(False, "--resume", help="Continue OUT from its latest checkpoint (same options; "
-                                "--rounds may grow). The privacy spend carries on."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in OUT (refused otherwise)."),
-    distributed: bool = typer.Option(False, "--distributed", hidden=True,
-                                     help="Run as one process of a `silofl launch` (torchrun) group."),
-    peer_timeout: float = typer.Option(300.0, "--peer-timeout", help="Seconds to wait for a peer's message "
-                                       "(multi-process runs)."),
-    set_: list[str] = typer.Option([], "--set", help="Any other option, KEY=VALUE (YAML value); repeatable."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    engine: str = typer.Option("simulator", "--engine", hidden=True, help="simulator | flower-local (silofl deploy local)"),
-    deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
-    insecure: bool = typer.Option(False, "--insecure", hidden=True),
-    restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
-    deployment: Path | None = typer.Option(None, "--deployment", hidden=True),
-    superlink: str | None = typer.Option(None, "--superlink", hidden=True),
-    vs_alone: bool = typer.Option(False, "--vs-alone", help="Afterwards train each site alone without DP (Regular, "
-                                  "same split and rounds) into OUT/alone and print how this run compares."),
-    features: str | None = typer.Option(None, "--features", help="Site-side feature stage before the models: none | "
-                                        "scatter (kymatio ScatterNet + GroupNorm; --set scatter_j=J) | backbone:DIR (a "
-                                        "frozen network trained on declared-public data). No budget: see docs/threat_model.md."),
-    metric: str | None = typer.Option(None, "--metric", help="The headline figure of the summary and --vs-alone: "
-                                      "accuracy (default) | auroc | balanced_accuracy | f1 | ece. All are computed and "
-                                      "written to metrics.jsonl and summary.json."),
-):
-    """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
-    from silofl.run.config import RunConfig, load_yaml_mapping
-    from silofl.run.loop import run as run_loop
+def _version(value: bool) -> None:
+    if value:
+        from silofl import __version__
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    flags = {k: v for k, v in locals().items() if v is not None and k not in (
-        "config", "quiet", "run_loop", "RunConfig", "load_yaml_mapping", "set_", "resume", "overwrite", "distributed",
-        "peer_timeout", "engine", "deploy_timeout", "insecure", "deployment", "superlink", "restart_sites", "vs_alone")}
-    if target_epsilons is not None:
-        flags["target_epsilons"] = _number_list(target_epsilons, "--target-epsilons")
-    if clip is not None:
-        flags.update(_parse_clip(clip))
-    flags = {k: v for k, v in flags.items() if v is not None}
-    if engine == "flower":  # silofl deploy start: each site reads its own data (its site.json), the coordinator none
-        flags["data_at_sites"] = True
-    check_seconds("--peer-timeout", peer_timeout)
-    check_seconds("--deploy-timeout", deploy_timeout)
-    base = load_yaml_mapping(config) if config else {}
-    cfg = RunConfig.from_dict(_over_config(base, {**_parse_sets(set_), **flags}))
-    resolved = cfg.resolve()
-    if distributed:
-        from silofl.comm.torchdist import init_from_env
+        typer.echo(f"silofl {__version__}")
+        raise typer.Exit()
 
-        init_from_env(timeout_s=peer_timeout)
-        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and resolved.checkpoint_every:
-            resume = True  # torchrun restarted the group after a failure: every process resumes together
-        if _serve_if_worker(resolved, peer_timeout):
-            return
-    from silofl.run.folder import OutLock
 
-    hold(OutLock(resolved.out))  # one run at a time into OUT, until this command ends (the OS drops it on a crash)
-    requested = cfg.privacy
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print silofl's version and exit.")) -> None:
+    """silofl: cross-silo learning with measured privacy."""
+
+
+def describe(resolved) -> None:
+    """Print what a run will do (its method, data, models, privacy) before it starts."""
     head = f"[bold]silofl run[/] {resolved.method} on {resolved.dataset}: {resolved.clients} clients, {resolved.rounds} rounds, "
     o = resolved.options
     if resolved.is_client_level:
@@ -192,47 +62,78 @@ def run(
     if resolved.seed is not None and resolved.is_private:
         console.print(f"[bold yellow]seed {resolved.seed}:[/] a seeded research run — noise and sampling come from the "
                       "seed, so the privacy guarantee holds only while the seed stays secret")
+
+
+def run_command(cfg, *, engine: str = "simulator", resume: bool = False, overwrite: bool = False, quiet: bool = False,
+                vs_alone: bool = False, engine_options=None) -> None:
+    """What `silofl run` and the deploy commands share: say what runs, run it through the API, print the summary."""
+    from silofl import api
+
+    requested = cfg.privacy
+    resolved = cfg.resolve()
+    describe(resolved)
     if requested != resolved.privacy and not resolved.info.traits.nonprivate:
         console.print(f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
                       f"{resolved.privacy!r} mode")
-    if engine == "flower-local":
-        from silofl.deploy.local import deploy_local
+    api.run(cfg, engine=engine, resume=resume, overwrite=overwrite, quiet=quiet, vs_alone=vs_alone, console=console,
+            engine_options=engine_options, on_summary=print_summary)
 
-        if resume or overwrite:
-            raise ConfigError("silofl deploy local starts a fresh deployment: --resume and --overwrite do not apply")
-        console.print(f"deploying on this machine: a SuperLink and {resolved.clients} sites as separate processes, "
-                      + ("[bold red]INSECURE: no TLS, no node authentication[/]" if insecure else
-                         "TLS, SuperNode authentication, payloads between sites sealed end to end"))
-        print_summary(deploy_local(resolved, Path(resolved.out), timeout_s=deploy_timeout, insecure=insecure,
-                                   progress=not quiet, call_timeout_s=peer_timeout, restart_sites=restart_sites))
+
+@config_command(app)
+def run(
+    config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
+    set_: list[str] = typer.Option([], "--set", help="Any other option, KEY=VALUE (YAML value); repeatable."),
+    engine: str = typer.Option("simulator", "--engine", rich_help_panel=ENGINE, help="The engine: simulator (every "
+                               "site in this process) | flower-local (silofl deploy local) | flower (silofl deploy "
+                               "start); torch.distributed: silofl launch."),
+    peer_timeout: float = typer.Option(300.0, "--peer-timeout", rich_help_panel=ENGINE,
+                                       help="Seconds to wait for a peer's message (multi-process runs)."),
+    resume: bool = typer.Option(False, "--resume", rich_help_panel=OUTPUT, help="Continue OUT from its latest "
+                                "checkpoint (same options; --rounds may grow). The privacy spend carries on."),
+    overwrite: bool = typer.Option(False, "--overwrite", rich_help_panel=OUTPUT,
+                                   help="Replace the run already in OUT (refused otherwise)."),
+    quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
+    vs_alone: bool = typer.Option(False, "--vs-alone", rich_help_panel=OUTPUT, help="Afterwards train each site alone "
+                                  "without DP (Regular, same split and rounds) into OUT/alone and print how this run "
+                                  "compares."),
+    distributed: bool = typer.Option(False, "--distributed", hidden=True,
+                                     help="Run as one process of a `silofl launch` (torchrun) group."),
+    deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
+    insecure: bool = typer.Option(False, "--insecure", hidden=True),
+    restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
+    deployment: Path | None = typer.Option(None, "--deployment", hidden=True),
+    superlink: str | None = typer.Option(None, "--superlink", hidden=True),
+):
+    """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
+    from silofl.api import EngineOptions, engine_names
+    from silofl.run.config import RunConfig
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    if engine not in engine_names():
+        raise ConfigError(f"unknown engine {engine!r}; choose one of: {', '.join(engine_names())}")
+    check_seconds("--peer-timeout", peer_timeout)
+    check_seconds("--deploy-timeout", deploy_timeout)
+    fixed = {"data_at_sites": True} if engine == "flower" else {}  # each site reads its own data (its site.json)
+    cfg = RunConfig.from_dict(run_options(config, set_, **fixed))
+    opts = EngineOptions(timeout_s=deploy_timeout, peer_timeout_s=peer_timeout, insecure=insecure,
+                         restart_sites=restart_sites, deployment=deployment, superlink=superlink)
+    if not distributed:
+        run_command(cfg, engine=engine, resume=resume, overwrite=overwrite, quiet=quiet, vs_alone=vs_alone,
+                    engine_options=opts)
         return
-    if engine == "flower":
-        from silofl.deploy.local import run_deployment
+    from silofl.comm.torchdist import init_from_env, shutdown
 
-        print_summary(run_deployment(resolved, deployment, superlink, timeout_s=deploy_timeout, progress=not quiet,
-                                     call_timeout_s=peer_timeout))
+    resolved = cfg.resolve()
+    init_from_env(timeout_s=peer_timeout)
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and resolved.checkpoint_every:
+        resume = True  # torchrun restarted the group after a failure: every process resumes together
+    if _serve_if_worker(resolved, peer_timeout):
         return
-    if engine != "simulator":
-        raise ConfigError(f"unknown engine {engine!r}")
-    engine_factory = None
-    if distributed:
-        from silofl.comm.torchdist import TorchDistEngine
-
-        def engine_factory(make_site, n_sites):
-            return TorchDistEngine(make_site, n_sites, timeout_s=peer_timeout)
-    try:
-        summary = run_loop(resolved, progress=not quiet, console=console, resume=resume,
-                           engine_factory=engine_factory, overwrite=overwrite)
+    try:  # rank 0: the coordinator and its sites; the other ranks serve theirs
+        run_command(cfg, engine="torch.distributed", resume=resume, overwrite=overwrite, quiet=quiet,
+                    engine_options=opts)
     finally:
-        if distributed:
-            from silofl.comm.torchdist import shutdown
-
-            shutdown()
-    print_summary(summary)
-    if vs_alone and not distributed:
-        from silofl.run.alone import compare_with_alone
-
-        compare_with_alone(resolved, summary, console)
+        shutdown()
 
 
 def _serve_if_worker(cfg, peer_timeout: float) -> bool:
@@ -316,53 +217,8 @@ def launch(
         raise typer.Exit(1) from None
 
 
-def _over_config(base: dict, overrides: dict) -> dict:
-    """``overrides`` (flags, --set) over a --config file's mapping: the file's section of the run's method is lifted
-    to flat options first, so a flag overrides a method option the file nests under the method's name (a tuned
-    best.yaml) instead of being shadowed by it."""
-    from silofl.run.config import RunConfig
-
-    method = overrides.get("method", base.get("method", RunConfig.method))
-    section = base.get(method) if isinstance(method, str) else None
-    if isinstance(section, dict):
-        base = {**{k: v for k, v in base.items() if k != method}, **section}
-    return {**base, **overrides}
-
-
-def _parse_sets(items: list[str]) -> dict:
-    import yaml
-
-    out = {}
-    for item in items:
-        key, eq, val = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip().replace("-", "_")] = yaml.safe_load(val)
-        except yaml.YAMLError:
-            raise ConfigError(f"--set {key}: {val!r} is not a valid value") from None
-    return out
-
-
-def _parse_clip(text: str) -> dict:
-    """``--clip 0.5`` | ``--clip adaptive`` | ``--clip adaptive:0.1`` → run options (the clip as a number; the
-    adaptive form turns on client-level adaptive clipping, starting from C0 or the default clip)."""
-    kind, _, start = text.strip().partition(":")
-    try:
-        if kind == "adaptive":
-            return {"adaptive_clip": True, "clip": float(start) if start else None}
-        if start:
-            raise ValueError
-        return {"clip": float(kind)}
-    except ValueError:
-        raise ConfigError(f"--clip takes a number, 'adaptive' or 'adaptive:C0', got {text!r}") from None
-
-
 def _number_list(text: str, flag: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    return parse_list(text, flag, "float")
 
 
 def print_summary(summary: dict) -> None:
@@ -419,20 +275,17 @@ def _ms(d: dict, nd: int = 4) -> str:
     return "—" if d["mean"] is None else f"{d['mean']:.{nd}f}±{d['std']:.{nd}f}"
 
 
-@app.command()
-@friendly_errors
+@config_command(app, exclude=("out",))
 def tune(
-    method: str = typer.Option("proxyfl", help=f"{_method_help()}"),
-    target_epsilon: float = typer.Option(..., "--target-epsilon", help="Budget ε per site: every trial's σ is set "
-                                         "from it (budget-first)."),
     grid: list[str] = typer.Option([], "--grid", help="KEY=V1,V2,… (e.g. lr=0.001,0.003, rounds=10,30, batch_size="
                                    "100,250, clip=0.5,1, dml_alpha=0,0.5, sample_rate=0.25,0.5, momentum=0,0.9, "
                                    "local_steps=1,4, features=none,scatter); repeatable; every combination is a "
                                    "trial."),
     config: Path | None = typer.Option(None, "--config", help="YAML with the base run options."),
-    out: str = typer.Option("runs/tune", help="Folder for the trials, tune.json/tune.md and best.yaml."),
+    out: str = typer.Option("runs/tune", rich_help_panel=OUTPUT,
+                            help="Folder for the trials, tune.json/tune.md and best.yaml."),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE; repeatable."),
-    quiet: bool = typer.Option(True, "--quiet/--progress", help="Progress bar per trial."),
+    quiet: bool = typer.Option(True, "--quiet/--progress", rich_help_panel=OUTPUT, help="Progress bar per trial."),
     random_trials: str | None = typer.Option(None, "--random-trials", help="Instead of every grid combination, "
                                              "K random trials, K ~ poisson:MU | negbin:ETA,GAMMA | geometric:GAMMA | "
                                              "logarithmic:GAMMA, each with settings drawn from the grid; only the best "
@@ -440,30 +293,18 @@ def tune(
     max_trials: int | None = typer.Option(None, "--max-trials", help="With --random-trials: run at most this many "
                                           "(the cut-off chance is paid in δ). Default: the smallest cap that costs "
                                           "at most 0.1% of δ."),
-    features: str | None = typer.Option(None, "--features", help="none | scatter | backbone:DIR for every trial (see "
-                                        "silofl run; search it with --grid features=none,scatter)."),
-    metric: str | None = typer.Option(None, "--metric", help="Select on this validation figure: accuracy (default) | "
-                                      "auroc | balanced_accuracy | f1 | ece (lowest wins)."),
 ):
-    """Search settings for a budget on the validation split (training data no client holds, as public data) —
-    never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""
-    from silofl.experiments.tune import parse_grid
-    from silofl.experiments.tune import tune as run_tune
-    from silofl.privacy.tuning import parse_trial_count
-    from silofl.run.config import RunConfig, load_yaml_mapping
+    """Search settings for a budget (--target-epsilon, required) on the validation split (training data no client
+    holds, as public data) — never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to
+    tune.json."""
+    from silofl import api
+    from silofl.run.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    count = parse_trial_count(random_trials) if random_trials is not None else None
-    if max_trials is not None and (count is None or max_trials < 1):
-        raise ConfigError("--max-trials needs --random-trials and a value of at least 1"
-                          if count is None else f"--max-trials must be at least 1, got {max_trials}")
-    base = load_yaml_mapping(config) if config else {}
-    cfg = RunConfig.from_dict(_over_config(base, {**_parse_sets(set_), "method": method,
-                                                  "target_epsilon": target_epsilon, "eval_split": "validation",
-                                                  **({"features": features} if features is not None else {}),
-                                                  **({"metric": metric} if metric is not None else {})}))
-    result = run_tune(cfg, parse_grid(grid), out, progress=not quiet, console=console, random_trials=count,
-                      max_trials=max_trials)
+    cfg = RunConfig.from_dict(run_options(config, set_, eval_split="validation"))
+    res = api.tune(cfg, grid, out=out, random_trials=random_trials, max_trials=max_trials, quiet=quiet,
+                   console=console)
+    result = res.result
     b = result["best"]
     c = result["tuning_cost"]
     rt = result.get("random_trials")
@@ -478,65 +319,48 @@ def tune(
                       f"{rt['max_trials']}): best trial only, Papernot–Steinke ε ≤ {rt['max']:.3f} (one trial "
                       f"ε ≤ {rt['one_trial_max']:.3f}) at δ = {rt['delta']:g}")
     if c["max"] is not None:
-        console.print(f"each run: ε ≤ {target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
+        console.print(f"each run: ε ≤ {cfg.target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
                       f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}")
 
 
-@app.command()
-@friendly_errors
+@config_command(app, exclude=("method", "seed", "out"))
 def compare(
     config: Path | None = typer.Option(None, "--config", help="YAML with compare options (methods, seeds, preset, variants, jobs, comm_clients, out) and run options under 'run:'."),
     methods: str | None = typer.Option(None, help="Comma-separated, e.g. proxyfl,fedavg,fml,avgpush,cwt,regular,joint; 'regular:nodp' runs a method without DP."),
     seeds: str | None = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
     preset: str | None = typer.Option(None, help="Ablation: none | noniid | hetero | dp | batch | alpha | privacy-mode"),
-    out: str | None = typer.Option(None, help="Report folder (runs go under OUT/runs/)."),
-    jobs: int | None = typer.Option(None, help="Runs in parallel processes (one torch thread each unless --threads)."),
-    resume: bool = typer.Option(False, "--resume", help="Skip runs whose folder already holds a finished run of the same config."),
-    report_only: bool = typer.Option(False, "--report-only", help="Write the report from the runs already finished; run nothing."),
+    out: str | None = typer.Option(None, rich_help_panel=OUTPUT, help="Report folder (runs go under OUT/runs/)."),
+    jobs: int | None = typer.Option(None, rich_help_panel=ENGINE, help="Runs in parallel processes (one torch thread "
+                                    "each unless --threads)."),
+    resume: bool = typer.Option(False, "--resume", rich_help_panel=OUTPUT, help="Skip runs whose folder already holds "
+                                "a finished run of the same config."),
+    report_only: bool = typer.Option(False, "--report-only", rich_help_panel=OUTPUT, help="Write the report from the "
+                                     "runs already finished; run nothing."),
     comm_clients: str | None = typer.Option(None, "--comm-clients", help="Also measure bytes per round at these K, e.g. 2,4,8,16,32,64."),
-    dataset: str | None = typer.Option(None), data_dir: str | None = typer.Option(None, "--data-dir"),
-    rounds: int | None = typer.Option(None), clients: int | None = typer.Option(None),
-    samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
-    batch_size: int | None = typer.Option(None, "--batch-size"), privacy: str | None = typer.Option(None),
-    private_model: str | None = typer.Option(None, "--private-model"), proxy_model: str | None = typer.Option(None, "--proxy-model"),
-    eval_every: int | None = typer.Option(None, "--eval-every"), test_limit: int | None = typer.Option(None, "--test-limit"),
-    threads: int | None = typer.Option(None),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    features: str | None = typer.Option(None, "--features", help="none | scatter | backbone:DIR (see silofl run)."),
-    metric: str | None = typer.Option(None, "--metric", help="The table's figure: accuracy (default) | auroc | "
-                                      "balanced_accuracy | f1 | ece."),
+    quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
 ):
-    """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots)."""
-    from silofl.experiments.compare import CompareConfig, run_compare
+    """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots); every run option
+    below applies to every run (where its method has it)."""
+    from silofl import api
+    from silofl.cli.config_options import config_flags, parse_sets
+    from silofl.experiments.compare import CompareConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cc = CompareConfig.from_yaml(config) if config else CompareConfig()
-    if methods is not None:
-        cc.methods = [m.strip() for m in methods.split(",") if m.strip()]
-    if seeds is not None:
-        cc.seeds = [int(x) for x in _number_list(seeds, "--seeds")]
-    if comm_clients is not None:
-        cc.comm_clients = [int(x) for x in _number_list(comm_clients, "--comm-clients")]
-    for name, v in (("preset", preset), ("out", out), ("jobs", jobs)):
-        if v is not None:
-            setattr(cc, name, v)
-    cc.resume = cc.resume or resume
-    cc.report_only = cc.report_only or report_only
-    run_opts = {"dataset": dataset, "data_dir": data_dir, "rounds": rounds, "clients": clients,
-                "samples_per_client": samples_per_client, "batch_size": batch_size, "privacy": privacy,
-                "private_model": private_model, "proxy_model": proxy_model, "eval_every": eval_every,
-                "test_limit": test_limit, "threads": threads, "features": features, "metric": metric}
-    run_opts.update(_parse_sets(set_))
-    cc.run = {**cc.run, **{k: v for k, v in run_opts.items() if v is not None}}
-    report = run_compare(cc, console=console, progress=not quiet)
+    res = api.compare(
+        cc, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None,
+        seeds=[int(x) for x in _number_list(seeds, "--seeds")] if seeds is not None else None,
+        comm_clients=[int(x) for x in _number_list(comm_clients, "--comm-clients")] if comm_clients is not None else None,
+        preset=preset, out=out, jobs=jobs, resume=resume, report_only=report_only,
+        run={**parse_sets(set_), **config_flags()}, quiet=quiet, console=console)
     from silofl.report.comparison import markdown_table
 
-    if report["rows"]:
-        console.print(markdown_table(report["rows"]), markup=False, highlight=False)
-    console.print(f"report: {Path(cc.out) / 'report.md'}")
-    if report["failed"]:
-        err_console.print(f"[red]{len(report['failed'])} run(s) failed[/]: " + ", ".join(f["run"] for f in report["failed"]))
+    if res.rows:
+        console.print(markdown_table(res.rows), markup=False, highlight=False)
+    console.print(f"report: {res.markdown}")
+    if res.failed:
+        err_console.print(f"[red]{len(res.failed)} run(s) failed[/]: " + ", ".join(f["run"] for f in res.failed))
         raise typer.Exit(1)
 
 
@@ -603,11 +427,10 @@ def export(
     console.print(f"privacy: {card['privacy']['statement']}", markup=False, highlight=False)
 
 
-@app.command()
-@friendly_errors
+@config_command(app, exclude=("out", "seed"))
 def audit(
-    out: str = typer.Option(..., "--out", help="Audit folder to write (audit.json, audit.md, attacks.csv, "
-                            "canary_scores.csv, split.json, audit.png; the audited run in OUT/run)."),
+    out: str = typer.Option(..., "--out", rich_help_panel=OUTPUT, help="Audit folder to write (audit.json, audit.md, "
+                            "attacks.csv, canary_scores.csv, split.json, audit.png; the audited run in OUT/run)."),
     canaries: int = typer.Option(1000, "--canaries", help="m: canaries, each included with probability ½ (examples at "
                                  "the audited site; clients for client-level methods; rows of a published model)."),
     canary_kind: str = typer.Option("mislabelled", "--canary-kind", help="Example canaries: mislabelled (pool "
@@ -623,54 +446,31 @@ def audit(
                                             "instead of a run: dp-nn | dp-logreg | dp-nb | dp-forest."),
     epsilon: float | None = typer.Option(None, "--epsilon", help="The published model's ε (--pubsub-model)."),
     epochs: int = typer.Option(20, "--epochs", help="dp-nn training epochs (--pubsub-model)."),
+    seed: int | None = typer.Option(None, rich_help_panel="Privacy", help="A reproducible research audit: the "
+                                    "canaries, their coins, the reference models and the run's noise and sampling "
+                                    "derive from this seed (the run's ε then holds only while it stays secret). "
+                                    "Default: secret randomness, as in any run."),
     config: Path | None = typer.Option(None, "--config", help="YAML file with the audited run's options."),
-    method: str | None = typer.Option(None, help=f"{_method_help()}"),
-    dataset: str | None = typer.Option(None), data_dir: str | None = typer.Option(None, "--data-dir"),
-    clients: int | None = typer.Option(None), rounds: int | None = typer.Option(None),
-    seed: int | None = typer.Option(None, help="A reproducible research audit: the canaries, their coins, the reference "
-                                    "models and the run's noise and sampling derive from this seed (the run's ε then "
-                                    "holds only while it stays secret). Default: secret randomness, as in any run."),
-    privacy: str | None = typer.Option(None, help="strict | paper | off"),
-    private_model: str | None = typer.Option(None, "--private-model"), proxy_model: str | None = typer.Option(None, "--proxy-model"),
-    partition: str | None = typer.Option(None), samples_per_client: int | None = typer.Option(None, "--samples-per-client"),
-    batch_size: int | None = typer.Option(None, "--batch-size"), lr: float | None = typer.Option(None),
-    noise_multiplier: float | None = typer.Option(None, "--noise-multiplier"), clip: str | None = typer.Option(None),
-    delta: float | None = typer.Option(None), accountant: str | None = typer.Option(None),
-    intermediaries: str | None = typer.Option(None), privacy_unit: str | None = typer.Option(None, "--privacy-unit"),
-    client_rate: float | None = typer.Option(None, "--client-rate"), server_lr: float | None = typer.Option(None, "--server-lr"),
-    local_epochs: int | None = typer.Option(None, "--local-epochs"), local_lr: float | None = typer.Option(None, "--local-lr"),
-    eval_every: int | None = typer.Option(None, "--eval-every", help="Default for an audit: only the last round."),
-    test_limit: int | None = typer.Option(None, "--test-limit"), threads: int | None = typer.Option(None),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the audit already in OUT."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    overwrite: bool = typer.Option(False, "--overwrite", rich_help_panel=OUTPUT, help="Replace the audit already in OUT."),
+    quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
-    membership inference on real examples (silofl.audit)."""
-    from silofl.audit import AuditSettings, run_audit
-    from silofl.run.config import RunConfig, load_yaml_mapping
+    membership inference on real examples (silofl.audit). The run options below set the audited run (--eval-every
+    defaults to the last round only)."""
+    import shlex
+
+    from silofl import api
+    from silofl.audit import AuditSettings
+    from silofl.run.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    run_opts = {"method": method, "dataset": dataset, "data_dir": data_dir, "clients": clients, "rounds": rounds,
-                "privacy": privacy, "private_model": private_model, "proxy_model": proxy_model, "partition": partition,
-                "samples_per_client": samples_per_client, "batch_size": batch_size, "lr": lr,
-                "noise_multiplier": noise_multiplier, "delta": delta, "accountant": accountant,
-                "intermediaries": intermediaries, "privacy_unit": privacy_unit, "client_rate": client_rate,
-                "server_lr": server_lr, "local_epochs": local_epochs, "local_lr": local_lr, "eval_every": eval_every,
-                "test_limit": test_limit, "threads": threads}
-    if clip is not None:
-        run_opts.update(_parse_clip(clip))
-    base = load_yaml_mapping(config) if config else {}
-    merged = {**base, **_parse_sets(set_), **{k: v for k, v in run_opts.items() if v is not None}}
+    merged = run_options(config, set_)
     if "eval_every" not in merged:
-        merged["eval_every"] = int(merged.get("rounds", 300))
+        merged["eval_every"] = int(merged.get("rounds", RunConfig.rounds))
     if str(merged.get("features") or "none") != "none":
         raise ConfigError("silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs")
     cfg = RunConfig.from_dict(merged)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
     settings = AuditSettings(canaries=canaries, canary_kind=canary_kind, site=audited_site, reference_models=reference_models,
                              nonmembers=nonmembers, confidence=confidence,
                              seed=seed if seed is not None else cfg.seed,  # --seed, else a seed in --config / --set
@@ -679,10 +479,9 @@ def audit(
     how = (f"seed {settings.seed} (seeded research run: the run's ε holds only while the seed stays secret)"
            if settings.seeded else "secret randomness (not reproducible; --seed for a research audit)")
     console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
-    import shlex
-
     command = "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
-    a = run_audit(cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command)
+    a = api.audit(cfg, out=out, settings=settings, overwrite=overwrite, quiet=quiet, console=console,
+                  command=command).audit
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
     label = ("" if a["epsilon_accountant"] is None else " (NOT a formal guarantee in this mode)"

@@ -48,71 +48,136 @@ REMOVED = {"secure_noise": "secure_noise was removed: noise and sampling are sec
 @dataclass
 class RunConfig:
     # what to run
-    method: str = "proxyfl"
-    dataset: str = "fashion-mnist"
-    data_dir: str | None = None
-    image_size: int = 32  # dataset "folder": images resized to this many pixels per side
-    max_bag_size: int = 64  # dataset "bags": instances per bag (padded or subsampled)
+    method: str = field(default="proxyfl", metadata={"panel": "method", "help":
+        "The method to run (a registered one)."})
+    dataset: str = field(default="fashion-mnist", metadata={"panel": "data", "help": "The data set."})
+    data_dir: str | None = field(default=None, metadata={"panel": "data", "help":
+        "Folder (or .npz file) with the data set files."})
+    # dataset "folder": images resized to this many pixels per side
+    image_size: int = field(default=32, metadata={"panel": "data", "help":
+        "--dataset folder: images resized to this many pixels per side."})
+    # dataset "bags": instances per bag (padded or subsampled)
+    max_bag_size: int = field(default=64, metadata={"panel": "data", "help":
+        "--dataset bags: instances per bag (padded or subsampled)."})
     # per-site sources (silofl.data.sites): one file (dataset "table") or image folder ("folder") per site
-    site_data: list[str] | None = None
-    schema: str | None = None  # dataset "table": the collaboration's schema (YAML/JSON)
-    test_data: str | None = None  # a shared external test file / folder (default: the sites' held-out rows)
-    test_fraction: float = 0.2  # each site's internal test share of its own rows
-    clients: int = 8
-    rounds: int = 300
-    seed: int | None = None  # a reproducible research run's seed; None: secret randomness (see core.randomness)
-    split_seed: int | None = None  # the simulated data split's seed (not a secret); None: the run seed, else fresh
-    out: str = "runs/latest"
-    device: str = "auto"
-    threads: int | None = None
+    site_data: list[str] | None = field(default=None, metadata={"panel": "data", "help":
+        "One source per site, comma-separated: table files (.csv/.parquet, --dataset table) or image "
+        "folders (--dataset folder)."})
+    # dataset "table": the collaboration's schema (YAML/JSON)
+    schema: str | None = field(default=None, metadata={"panel": "data", "help":
+        "--dataset table: the collaboration's schema (YAML/JSON)."})
+    # a shared external test file / folder (default: the sites' held-out rows)
+    test_data: str | None = field(default=None, metadata={"panel": "data", "help":
+        "With --site-data: a shared external test file or folder (default: the union of the sites' "
+        "held-out rows)."})
+    # each site's internal test share of its own rows
+    test_fraction: float = field(default=0.2, metadata={"panel": "data", "help":
+        "With --site-data: each site's internal test share of its own rows."})
+    clients: int = field(default=8, metadata={"panel": "data", "help": "Number of clients K."})
+    rounds: int = field(default=300, metadata={"panel": "method", "help": "Number of rounds R."})
+    # a reproducible research run's seed; None: secret randomness (see core.randomness)
+    seed: int | None = field(default=None, metadata={"panel": "privacy", "help":
+        "A reproducible research run: every party's randomness derives from this seed (the guarantee then"
+        " holds only while it stays secret). Default: secret randomness."})
+    # the simulated data split's seed (not a secret); None: the run seed, else fresh
+    split_seed: int | None = field(default=None, metadata={"panel": "data", "help":
+        "The simulated data split's seed (not a secret). Default: the run seed, else fresh."})
+    out: str = field(default="runs/latest", metadata={"panel": "output", "help": "Run folder to write."})
+    device: str = field(default="auto", metadata={"panel": "engine", "help": "Where models train."})
+    threads: int | None = field(default=None, metadata={"panel": "engine", "help":
+        "torch threads (default: torch's choice)."})
     # privacy
-    privacy: str = "strict"
-    noise_multiplier: float = 1.0
-    clip: float = 1.0  # per example (DP-SGD), or per client update (client-level methods)
-    delta: float = 1e-5
-    accountant: str = "rdp"
-    target_epsilon: float | None = None
-    target_epsilons: list[float] | None = None  # one budget per client; overrides target_epsilon
+    privacy: str = field(default="strict", metadata={"panel": "privacy", "help":
+        "strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off."})
+    noise_multiplier: float = field(default=1.0, metadata={"panel": "privacy", "help": "σ, the noise multiplier."})
+    # per example (DP-SGD), or per client update (client-level methods)
+    clip: float = field(default=1.0, metadata={"panel": "privacy", "help":
+        "Clipping norm C (per example; per client update for client-level methods), or 'adaptive' / "
+        "'adaptive:C0' (client-level: private quantile estimate, start C0)."})
+    delta: float = field(default=1e-5, metadata={"panel": "privacy", "help": "δ (must be < 1/n)."})
+    accountant: str = field(default="rdp", metadata={"panel": "privacy", "help": "The privacy accountant."})
+    target_epsilon: float | None = field(default=None, metadata={"panel": "privacy", "help":
+        "Budget ε per site (per unit for client-level methods): σ is set so that --rounds end at it "
+        "(budget-first); with --noise-multiplier also given, σ stays as given and a client leaves before "
+        "exceeding it."})
+    # one budget per client; overrides target_epsilon
+    target_epsilons: list[float] | None = field(default=None, metadata={"panel": "privacy", "help":
+        "One budget per client, comma-separated (e.g. 20,50,80)."})
     # budget-first: σ is set so that the planned rounds end at the target ε (None: yes when a target is given;
     # False — the default when noise_multiplier is given explicitly — σ as given, the target only stops a client early)
-    calibrate_noise: bool | None = None
+    calibrate_noise: bool | None = field(default=None, metadata={"panel": "privacy", "help":
+        "Budget-first: set σ so that the planned rounds end at the target ε (default: yes with a target, "
+        "no when --noise-multiplier is given)."})
     # data split
-    partition: str = "p_major"
-    p_major: float = 0.8
-    dirichlet_alpha: float = 0.5
-    samples_per_client: int | None = None  # None: min(1000, training examples // clients)
-    batch_size: int | None = None  # expected Poisson batch (local SGD batch for client-level); None: n // 4, ≤ 250
+    partition: str = field(default="p_major", metadata={"panel": "data", "help":
+        "How the pooled data is split among clients."})
+    p_major: float = field(default=0.8, metadata={"panel": "data", "help":
+        "Fraction of a client's data from its major class."})
+    dirichlet_alpha: float = field(default=0.5, metadata={"panel": "data", "help":
+        "--partition dirichlet: the concentration α."})
+    # None: min(1000, training examples // clients)
+    samples_per_client: int | None = field(default=None, metadata={"panel": "data", "help":
+        "Default: min(1000, training examples / clients)."})
+    # expected Poisson batch (local SGD batch for client-level); None: n // 4, ≤ 250
+    batch_size: int | None = field(default=None, metadata={"panel": "method", "help":
+        "Expected Poisson batch size B (q = B/n); default n/4, at most 250."})
     # checkpoints: every N rounds every party's state goes to OUT/checkpoint (resume: `silofl run --resume`)
-    checkpoint_every: int | None = None
+    checkpoint_every: int | None = field(default=None, metadata={"panel": "engine", "help":
+        "Save every party's state to OUT/checkpoint every N rounds."})
     # evaluation
-    eval_every: int = 1
-    test_limit: int | None = None
+    eval_every: int = field(default=1, metadata={"panel": "output", "help":
+        "Evaluate every N rounds (and at the last)."})
+    test_limit: int | None = field(default=None, metadata={"panel": "output", "help":
+        "Evaluate on the first N test examples only."})
     # what the models are scored on: "test" (the data set's test split) or "validation" (validation_size training
     # examples that no client holds, treated as public data: what `silofl tune` selects on — never the test split)
-    eval_split: str = "test"
-    validation_size: int = 2000
+    eval_split: str = field(default="test", metadata={"panel": "output", "help":
+        "What models are scored on: test, or validation (training examples no client holds; what tune "
+        "selects on)."})
+    validation_size: int = field(default=2000, metadata={"panel": "output", "help":
+        "--eval-split validation: examples held out as the validation split."})
     # the headline figure of a run's summary, --vs-alone, compare tables and tune's selection (silofl.training.metrics):
     # accuracy | auroc | balanced_accuracy | f1 | ece; every one of them is computed and written whatever this is
-    metric: str = "accuracy"
+    metric: str = field(default="accuracy", metadata={"panel": "output", "help":
+        "The headline figure of the summary, --vs-alone, compare tables and tune's selection (all are "
+        "computed and written to metrics.jsonl and summary.json)."})
     # whether sites report figures computed from non-private data (the private model's accuracy, un-noised gradient
     # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across processes
-    report_nonprivate: bool | None = None
+    report_nonprivate: bool | None = field(default=None, metadata={"panel": "privacy", "help":
+        "Whether sites report figures of non-private data (the private model's accuracy, gradient norms)."
+        " Default: yes in one process, no across processes."})
     # a site-side feature stage before the models (silofl.features): none | scatter | backbone:DIR — a fixed function of
     # each example (no budget); scatter_j/scatter_l: the scattering's scales and angles; features_cache: where features
     # are kept by content (None: $SILOFL_CACHE/features or ~/.cache/silofl/features; "off": not kept)
-    features: str = "none"
-    scatter_j: int = 2
-    scatter_l: int = 8
-    features_cache: str | None = None
+    features: str = field(default="none", metadata={"panel": "data", "help":
+        "Site-side feature stage before the models: none | scatter (kymatio ScatterNet + GroupNorm; "
+        "--scatter-j J) | backbone:DIR (a frozen network trained on declared-public data). No budget: see"
+        " docs/threat_model.md."})
+    scatter_j: int = field(default=2, metadata={"panel": "data", "help":
+        "--features scatter: the scattering's scales J."})
+    scatter_l: int = field(default=8, metadata={"panel": "data", "help":
+        "--features scatter: the scattering's angles L."})
+    features_cache: str | None = field(default=None, metadata={"panel": "data", "help":
+        "Where features are kept by content (default $SILOFL_CACHE/features or ~/.cache/silofl/features; "
+        "off: not kept)."})
     # combination at inference (silofl.site.combine): each site fuses its own non-DP model with the DP model(s) it holds
     # on combine_holdout of its own training rows (set aside before training; no model trains on them); none | weights |
     # stack. Reported as combined_acc (non-private); combine_epochs: the own model's epochs where the method has none
     # (None: rounds); combine_l2: the stacker's L2 weight
-    combine: str = "none"
-    combine_holdout: float = 0.2
-    combine_epochs: int | None = None
-    combine_l2: float = 1e-2
-    combine_balance: bool = True  # fit the combiner class-balanced (every class of the held-out rows counts equally)
+    combine: str = field(default="none", metadata={"panel": "method", "help":
+        "Combination at inference (no budget): each site fuses its own non-DP model with the DP model(s) "
+        "it holds on rows held out from its own training rows. Reported as combined_acc (non-private); "
+        "saved for predict/export --model combined."})
+    combine_holdout: float = field(default=0.2, metadata={"panel": "method", "help":
+        "With --combine: the share of each site's training rows held out for its combiner (no model "
+        "trains on them)."})
+    combine_epochs: int | None = field(default=None, metadata={"panel": "method", "help":
+        "With --combine: the own model's epochs where the method has none (default: --rounds)."})
+    combine_l2: float = field(default=1e-2, metadata={"panel": "method", "help":
+        "With --combine stack: the stacker's L2 weight."})
+    # fit the combiner class-balanced (every class of the held-out rows counts equally)
+    combine_balance: bool = field(default=True, metadata={"panel": "method", "help":
+        "With --combine: fit the combiner class-balanced."})
     # a deployed run (`silofl deploy start`): each site reads its own data and schema, named in its site.json, and
     # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data here)
     data_at_sites: bool = False

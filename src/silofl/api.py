@@ -1,0 +1,361 @@
+"""The Python API: run, tune, audit and compare, with results returned as objects.
+
+::
+
+    import silofl
+
+    cfg = silofl.RunConfig(method="fedavg", dataset="digits", clients=3, rounds=2, delta=1e-3, out="runs/x")
+    result = silofl.run(cfg)
+    result.headline, result.epsilon, result.folder        # the judged figure (mean), the worst site's ε, runs/x
+
+Each function takes a :class:`~silofl.run.config.RunConfig` (or a plain mapping of its options, as in a YAML file)
+and writes the same folder as the ``silofl`` command of the same name — the CLI calls these functions. Errors a
+user can fix are :class:`~silofl.core.errors.SiloflError` s (one line each).
+
+The engine a run uses is chosen by name from :data:`ENGINES`: ``simulator`` (every site in this process),
+``flower-local`` (a real Flower deployment on this machine: ``silofl deploy local``) and ``flower`` (the registered
+sites of a deployment folder: ``silofl deploy start``). torch.distributed runs are started by ``silofl launch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from silofl.core.errors import ConfigError
+from silofl.run.config import RunConfig
+
+__all__ = ["run", "tune", "audit", "compare", "RunConfig", "RunResult", "TuneResult", "AuditResult", "CompareResult",
+           "ENGINES", "engine_names"]
+
+
+# ---------------------------------------------------------------------------------------------- results
+@dataclass
+class RunResult:
+    """A finished run: its resolved config, ``summary.json``'s content and its folder."""
+
+    config: RunConfig
+    summary: dict[str, Any]
+    folder: Path
+    vs_alone: dict[str, Any] | None = None  # with ``vs_alone=True``: the comparison with training alone
+
+    @property
+    def per_client(self) -> list[dict[str, Any]]:
+        """The final figures of every client (accuracies, ε, architectures)."""
+        return list(self.summary["final"]["per_client"])
+
+    @property
+    def epsilons(self) -> list[float | None]:
+        """Every client's final ε (None without DP)."""
+        return [r.get("epsilon") for r in self.per_client]
+
+    @property
+    def epsilon(self) -> float | None:
+        """The largest ε any client spent (the run's guarantee per site; None without DP). What it protects:
+        :attr:`privacy`."""
+        known = [e for e in self.epsilons if e is not None]
+        return max(known) if known else None
+
+    @property
+    def privacy(self) -> dict[str, Any]:
+        """The privacy mode, unit, δ, accountant and whether the ε is a formal guarantee."""
+        return dict(self.summary["privacy"])
+
+    @property
+    def headline(self) -> float | None:
+        """The mean over clients of the method's judged figure (``summary["headline"]``, by ``metric``)."""
+        fig = self.summary["final"].get(self.summary.get("headline", ""))
+        return fig.get("mean") if isinstance(fig, dict) else None
+
+
+@dataclass
+class TuneResult:
+    """A finished search: ``tune.json``'s content, the chosen settings and config, and the tuning-inclusive ε."""
+
+    result: dict[str, Any]
+    folder: Path
+    best_config: RunConfig | None  # the base config with the chosen settings, scored on the test split (best.yaml)
+
+    @property
+    def settings(self) -> dict[str, Any] | None:
+        """The chosen settings (None when no trial ran)."""
+        best = self.result.get("best")
+        return dict(best["settings"]) if best else None
+
+    @property
+    def validation(self) -> float | None:
+        """The chosen trial's validation figure."""
+        best = self.result.get("best")
+        return best["validation"] if best else None
+
+    @property
+    def trials(self) -> list[dict[str, Any]]:
+        return list(self.result["trials"])
+
+    @property
+    def epsilon(self) -> float | None:
+        """The ε of the whole search: every trial composed, or the random-trials bound (Papernot & Steinke)."""
+        rt = self.result.get("random_trials")
+        return rt["max"] if rt is not None else self.result["tuning_cost"]["max"]
+
+
+@dataclass
+class AuditResult:
+    """A finished audit: ``audit.json``'s content and its folder."""
+
+    audit: dict[str, Any]
+    folder: Path
+
+    @property
+    def epsilon_lower_bound(self) -> float:
+        """The empirical ε lower bound (at :attr:`audit` ``["confidence"]``)."""
+        return float(self.audit["epsilon_lower_bound"])
+
+    @property
+    def epsilon_accountant(self) -> float | None:
+        """The accountant's ε of the audited run (its upper bound)."""
+        return self.audit["epsilon_accountant"]
+
+    @property
+    def membership_inference(self) -> dict[str, Any]:
+        return dict(self.audit["membership_inference"])
+
+
+@dataclass
+class CompareResult:
+    """A finished comparison: its rows (one per method and variant, mean ± std over seeds), failures, folder."""
+
+    report: dict[str, Any]
+    folder: Path
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self.report["rows"])
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return list(self.report["failed"])
+
+    @property
+    def markdown(self) -> Path:
+        return self.folder / "report.md"
+
+
+# ---------------------------------------------------------------------------------------------- engines
+@dataclass(frozen=True)
+class EngineOptions:
+    """What an engine besides the simulator needs (the deploy commands' options)."""
+
+    timeout_s: float = 900.0  # seconds the deployed run may take
+    peer_timeout_s: float = 300.0  # seconds to wait for a site's answer
+    insecure: bool = False  # flower-local: no TLS, no node authentication (recorded in the summary)
+    restart_sites: bool = False  # flower-local: restart a site process that dies
+    deployment: Path | None = None  # flower: the coordinator's deployment folder (registered sites)
+    superlink: str | None = None  # flower: the SuperLink, HOST:PORT
+
+
+def _simulator(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+               opts: EngineOptions) -> dict:
+    from silofl.run.loop import run as run_loop
+
+    return run_loop(cfg, progress=progress, console=console, resume=resume, overwrite=overwrite)
+
+
+def _torch_distributed(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+                       opts: EngineOptions) -> dict:
+    """Rank 0 of a `silofl launch` group (the process group is up; the other ranks serve their sites)."""
+    from silofl.comm.torchdist import TorchDistEngine
+    from silofl.run.loop import run as run_loop
+
+    def factory(make_site, n_sites):
+        return TorchDistEngine(make_site, n_sites, timeout_s=opts.peer_timeout_s)
+
+    return run_loop(cfg, progress=progress, console=console, resume=resume, overwrite=overwrite,
+                    engine_factory=factory)
+
+
+def _flower_local(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+                  opts: EngineOptions) -> dict:
+    from silofl.deploy.local import deploy_local
+
+    if resume or overwrite:
+        raise ConfigError("silofl deploy local starts a fresh deployment: --resume and --overwrite do not apply")
+    if console is not None:
+        console.print(f"deploying on this machine: a SuperLink and {cfg.clients} sites as separate processes, "
+                      + ("[bold red]INSECURE: no TLS, no node authentication[/]" if opts.insecure else
+                         "TLS, SuperNode authentication, payloads between sites sealed end to end"))
+    return deploy_local(cfg, Path(cfg.out), timeout_s=opts.timeout_s, insecure=opts.insecure, progress=progress,
+                        call_timeout_s=opts.peer_timeout_s, restart_sites=opts.restart_sites)
+
+
+def _flower(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+            opts: EngineOptions) -> dict:
+    from silofl.deploy.local import run_deployment
+
+    if resume or overwrite:
+        raise ConfigError("silofl deploy start starts a fresh run: --resume and --overwrite do not apply")
+    return run_deployment(cfg, opts.deployment, opts.superlink, timeout_s=opts.timeout_s, progress=progress,
+                          call_timeout_s=opts.peer_timeout_s)
+
+
+Engine = Callable[..., dict]
+# name → runner; "torch.distributed" is what `silofl launch` starts (every rank runs `silofl run --distributed`)
+ENGINES: dict[str, Engine] = {"simulator": _simulator, "flower-local": _flower_local, "flower": _flower,
+                              "torch.distributed": _torch_distributed}
+
+
+def engine_names() -> tuple[str, ...]:
+    """The engines a run can be given by name (``silofl launch`` starts torch.distributed runs)."""
+    return tuple(n for n in ENGINES if n != "torch.distributed")
+
+
+# ---------------------------------------------------------------------------------------------- run
+def as_config(config: RunConfig | Mapping[str, Any] | str | Path) -> RunConfig:
+    """A RunConfig from a RunConfig, a mapping of options (as in a YAML file) or a YAML file's path."""
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, Mapping):
+        return RunConfig.from_dict(dict(config))
+    if isinstance(config, (str, Path)):
+        return RunConfig.from_yaml(config)
+    raise ConfigError(f"a run config must be a RunConfig, a mapping or a YAML file, got {type(config).__name__}")
+
+
+def run(config: RunConfig | Mapping[str, Any] | str | Path, *, resume: bool = False, overwrite: bool = False,
+        quiet: bool = True, vs_alone: bool = False, engine: str = "simulator", console: Any = None,
+        engine_options: EngineOptions | None = None, on_summary: Callable[[dict], Any] | None = None) -> RunResult:
+    """Run ``config`` and write its run folder (config.yaml, metrics.jsonl, summary.json, plots, models/).
+
+    ``resume``: continue the folder's latest checkpoint (the privacy spend carries on); ``overwrite``: replace the run
+    already in ``out`` (refused otherwise); ``quiet``: no progress bar; ``vs_alone``: afterwards train each site alone
+    without DP into ``OUT/alone`` (simulator only); ``engine``: one of :data:`ENGINES`, with ``engine_options``;
+    ``console``: a rich Console for progress lines (None: silent); ``on_summary``: called with the summary as soon as
+    the run ends (before the ``vs_alone`` baseline trains)."""
+    from silofl.run.folder import OutLock
+
+    cfg = as_config(config)
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; choose one of: {', '.join(engine_names())}")
+    if engine == "flower" and not cfg.data_at_sites:  # each site reads its own data (its site.json), the coordinator none
+        cfg = dataclasses.replace(cfg, data_at_sites=True)
+    if vs_alone and engine not in ("simulator", "torch.distributed"):
+        raise ConfigError(f"--vs-alone trains the baseline with the simulator; engine {engine!r} does not take it")
+    resolved = cfg.resolve()
+    with OutLock(resolved.out):  # one run at a time into OUT (the OS drops the lock on a crash)
+        summary = ENGINES[engine](resolved, resume=resume, overwrite=overwrite, progress=not quiet, console=console,
+                                  opts=engine_options or EngineOptions())
+        if on_summary is not None:
+            on_summary(summary)
+        alone = None
+        if vs_alone and engine == "simulator":
+            from silofl.run.alone import compare_with_alone
+
+            alone = compare_with_alone(resolved, summary, console)
+    if alone is not None:
+        import json
+
+        summary = json.loads((Path(resolved.out) / "summary.json").read_text())
+    return RunResult(resolved, summary, Path(resolved.out), alone)
+
+
+# ---------------------------------------------------------------------------------------------- tune
+def tune(config: RunConfig | Mapping[str, Any] | str | Path, grid: Mapping[str, list[Any]] | list[str], *,
+         out: str | Path = "runs/tune", random_trials: str | None = None, max_trials: int | None = None,
+         quiet: bool = True, console: Any = None) -> TuneResult:
+    """Search ``grid`` (``{"lr": [1e-3, 3e-3]}`` or ``["lr=0.001,0.003"]``) around ``config`` for its budget
+    (``target_epsilon``: every trial's σ is set from it) on the validation split — never the test split — and write
+    ``out`` (trials/, tune.json, tune.md, tune.csv, best.yaml). ``random_trials``: K ~ ``poisson:MU`` |
+    ``negbin:ETA,GAMMA`` | ``geometric:GAMMA`` | ``logarithmic:GAMMA`` random trials instead of every combination,
+    at most ``max_trials``."""
+    from silofl.experiments.tune import parse_grid
+    from silofl.experiments.tune import tune as run_tune
+    from silofl.privacy.tuning import parse_trial_count
+
+    cfg = as_config(config)
+    if cfg.target_epsilon is None:
+        raise ConfigError("tuning needs a budget: give --target-epsilon E (every trial's σ is set from it)")
+    count = parse_trial_count(random_trials) if random_trials is not None else None
+    if max_trials is not None and (count is None or max_trials < 1):
+        raise ConfigError("--max-trials needs --random-trials and a value of at least 1"
+                          if count is None else f"--max-trials must be at least 1, got {max_trials}")
+    if cfg.eval_split != "validation":
+        cfg = cfg.replace(eval_split="validation")
+    parsed = parse_grid(list(grid)) if not isinstance(grid, Mapping) else {k: list(v) for k, v in grid.items()}
+    result = run_tune(cfg, parsed, out, progress=not quiet, console=console, random_trials=count,
+                      max_trials=max_trials)
+    best = result.get("best")
+    best_cfg = None
+    if best is not None and (Path(out) / "best.yaml").is_file():
+        best_cfg = RunConfig.from_yaml(Path(out) / "best.yaml")
+    return TuneResult(result, Path(out), best_cfg)
+
+
+# ---------------------------------------------------------------------------------------------- audit
+def audit(config: RunConfig | Mapping[str, Any] | str | Path, *, out: str | Path, overwrite: bool = False,
+          quiet: bool = True, console: Any = None, command: str | None = None, settings: Any = None,
+          **settings_kw: Any) -> AuditResult:
+    """Measure what a run of ``config`` leaks and write ``out`` (audit.json, audit.md, attacks.csv, …; the audited
+    run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and membership inference.
+    ``settings``: a :class:`silofl.audit.AuditSettings`, or its fields as keywords (``canaries=1000``,
+    ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``). Given as a mapping, the config
+    evaluates only at the last round unless it says ``eval_every``."""
+    from silofl.audit import AuditSettings, run_audit
+
+    if isinstance(config, Mapping):
+        config = dict(config)
+        config.setdefault("eval_every", int(config.get("rounds", RunConfig.rounds)))
+        if str(config.get("features") or "none") != "none":
+            raise ConfigError("silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs")
+    cfg = as_config(config)
+    if str(cfg.features or "none") != "none":
+        raise ConfigError("silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs")
+    if settings is None:
+        if settings_kw.get("seed") is None:  # the audit's seed, else the run's (a seed in the config)
+            settings_kw["seed"] = cfg.seed
+        settings = AuditSettings(**settings_kw)
+    elif settings_kw:
+        raise TypeError("give either settings or its fields as keywords, not both")
+    if cfg.threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    a = run_audit(cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command)
+    return AuditResult(a, Path(out))
+
+
+# ---------------------------------------------------------------------------------------------- compare
+def compare(config: Any = None, *, methods: list[str] | None = None, seeds: list[int] | None = None,
+            run: RunConfig | Mapping[str, Any] | None = None, preset: str | None = None,
+            variants: list[dict] | None = None, out: str | Path | None = None, jobs: int | None = None,
+            resume: bool = False, report_only: bool = False, comm_clients: list[int] | None = None,
+            quiet: bool = True, console: Any = None) -> CompareResult:
+    """Run methods × variants × seeds with shared run options and write a report (report.md, results.csv/json,
+    plots). ``config``: a :class:`silofl.experiments.compare.CompareConfig` or its YAML file; the keywords override
+    it. ``run``: the shared run options (a mapping, or a RunConfig whose method, seed and out are ignored)."""
+    from silofl.experiments.compare import CompareConfig, run_compare
+
+    if config is None:
+        cc = CompareConfig()
+    elif isinstance(config, CompareConfig):
+        cc = dataclasses.replace(config)
+    else:
+        cc = CompareConfig.from_yaml(config)
+    for name, v in (("methods", methods), ("seeds", seeds), ("preset", preset), ("variants", variants),
+                    ("jobs", jobs), ("comm_clients", comm_clients)):
+        if v is not None:
+            setattr(cc, name, list(v) if isinstance(v, (list, tuple)) else v)
+    if out is not None:
+        cc.out = str(out)
+    cc.resume = cc.resume or resume
+    cc.report_only = cc.report_only or report_only
+    if isinstance(run, RunConfig):
+        shared = {k: v for k, v in run.to_flat().items() if k not in ("method", "seed", "out")}
+        run = {k: list(v) if isinstance(v, tuple) else v for k, v in shared.items()}
+    if run is not None:
+        cc.run = {**cc.run, **dict(run)}
+    report = run_compare(cc, console=console, progress=not quiet)
+    return CompareResult(report, Path(cc.out))
+

@@ -1,0 +1,410 @@
+"""Command-line options generated from the configuration dataclasses.
+
+:class:`ConfigCommand` (through the :func:`config_command` decorator) gives a command one flag per field of
+:class:`~silofl.run.config.RunConfig` and per field of every registered method's options dataclass
+(:mod:`silofl.fl.options`, each method's ``options=`` class), so a plug-in method's options become flags without
+editing silofl:
+
+* the flag name comes from the field name (``noise_multiplier`` → ``--noise-multiplier``; a ``bool`` gives
+  ``--name/--no-name``), its type from the annotation (``int``, ``float``, ``str``, ``bool``, comma-separated
+  ``list[float]`` / ``list[int]`` / ``list[str]``, ``tuple[str, str]`` → two values);
+* the help text and help panel (data / privacy / method / engine / output) from the field's
+  ``metadata={"help": …, "panel": …}`` (method options without metadata: :data:`OPTION_HELP`, else the methods that
+  have them), the choices from the registries (one function per kind of choice: :data:`CHOICES`), and the default
+  the configuration would use;
+* a method option several methods share (``lr``, ``dml_alpha``) is one flag.
+
+Every generated flag defaults to "not given": :func:`config_flags` returns only the flags the user gave, so the
+precedence stays flags > ``--set`` > ``--config FILE.yaml`` > the defaults, and an option the chosen method does
+not have is the configuration's one-line error. The flags are generated when the command is used (not when silofl
+is imported), so a method registered later — from a test module or an entry point — has its flags too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import typer
+from typer.core import TyperCommand, TyperOption
+
+from silofl.core.errors import ConfigError
+
+FLAGS_KEY = "silofl.config_flags"
+PANELS = {"data": "Data", "privacy": "Privacy", "method": "Method", "engine": "Engine", "output": "Output"}
+NOT_FLAGS = ("options", "data_at_sites")  # set by silofl itself (data_at_sites: `silofl deploy start`)
+
+
+# ---------------------------------------------------------------------------------------------- choices
+# One function per kind of choice, each reading the one list silofl keeps of it (point them at the registries).
+def method_names() -> tuple[str, ...]:
+    from silofl.fl.registry import methods
+
+    return tuple(methods())
+
+
+def dataset_names() -> tuple[str, ...]:
+    from silofl.run.config import DATASETS
+
+    return tuple(DATASETS)
+
+
+def model_names() -> tuple[str, ...]:
+    from silofl.models import MODEL_NAMES
+
+    return tuple(MODEL_NAMES)
+
+
+def accountant_names() -> tuple[str, ...]:
+    from silofl.run.config import ACCOUNTANTS
+
+    return tuple(ACCOUNTANTS)
+
+
+def feature_names() -> tuple[str, ...]:
+    from silofl.features.registry import stages
+
+    return tuple(f"{n}:DIR" if n == "backbone" else n for n in stages())
+
+
+def metric_names() -> tuple[str, ...]:
+    from silofl.training.metrics import METRICS
+
+    return tuple(METRICS)
+
+
+def engine_names() -> tuple[str, ...]:
+    from silofl.api import engine_names as names
+
+    return names()
+
+
+def _const(*names: str) -> Callable[[], tuple[str, ...]]:
+    return lambda: names
+
+
+def _from(module: str, name: str) -> Callable[[], tuple[str, ...]]:
+    def get() -> tuple[str, ...]:
+        import importlib
+
+        return tuple(getattr(importlib.import_module(module), name))
+
+    return get
+
+
+CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
+    "method": method_names, "dataset": dataset_names, "private_model": model_names, "proxy_model": model_names,
+    "accountant": accountant_names, "features": feature_names, "metric": metric_names,
+    "privacy": _from("silofl.privacy.guarantee", "PRIVACY_MODES"), "partition": _from("silofl.run.config", "PARTITIONS"),
+    "device": _from("silofl.run.config", "DEVICES"), "eval_split": _from("silofl.run.config", "EVAL_SPLITS"),
+    "combine": _from("silofl.site.combine", "COMBINE_MODES"), "graph": _from("silofl.fl.options", "GRAPHS"),
+    "dp_backend": _from("silofl.fl.options", "DP_BACKENDS"), "optimizer_state": _from("silofl.fl.options", "OPTIMIZER_STATE"),
+    "aggregation": _from("silofl.fl.options", "AGGREGATIONS"), "optimizer": _from("silofl.fl.options", "DP_OPTIMIZERS"),
+    "privacy_unit": _from("silofl.fl.options", "PRIVACY_UNITS"), "intermediaries": _const("none", "V", "adaptive"),
+}
+
+# help of the built-in methods' options (a plug-in's options say theirs in their field's metadata["help"])
+OPTION_HELP = {
+    "lr": "DP-SGD methods: the DP model's learning rate.",
+    "weight_decay": "DP-SGD methods: weight decay.",
+    "private_model": "The private model's architecture (never leaves the site).",
+    "private_models": "One private architecture per client, comma-separated.",
+    "proxy_model": "The shared model's architecture (ProxyFL's proxy, FedAvg's global model).",
+    "dml_alpha": "α, private model's KL weight.",
+    "dml_beta": "β, proxy's KL weight (0 in strict mode).",
+    "self_weight": "PushSum self weight (0: replace).",
+    "aggregation": "FedAvg/FML server weights.",
+    "optimizer_state": "Keep or reset Adam moments on proxy replacement.",
+    "privacy_unit": "Client-level DP: whose contribution --clip bounds.",
+    "intermediaries": "Client-level DP: sub-clients per client: none | V | adaptive.",
+    "client_rate": "Client-level DP: Poisson rate of clients per round.",
+    "server_lr": "Client-level DP: server learning rate; FedAvg/FML: step on the average of the sites' DP models "
+                 "(default 1).",
+    "local_epochs": "Client-level DP: local SGD epochs.",
+    "local_lr": "Client-level DP: local SGD learning rate.",
+    "optimizer": "DP-SGD methods: the DP model's optimizer.",
+    "momentum": "--optimizer sgd: momentum.",
+    "nesterov": "--optimizer sgd: Nesterov momentum.",
+    "ema_decay": "DP-SGD methods: evaluate and save an EMA of the DP model's round-end weights with this decay (0: off).",
+    "augmult": "DP-SGD methods, images: K augmented views per sampled example, averaged before clipping (0: off).",
+    "aug_pad": "--augmult: random-crop padding in pixels.",
+    "aug_flip": "--augmult: random horizontal flips.",
+    "sample_rate": "DP-SGD methods: Poisson rate q per step, up to 1 (default: batch size / n).",
+    "local_steps": "DP-SGD methods: DP steps per round (default: one epoch).",
+    "server_momentum": "FedAvg/FML: server momentum on the average of the sites' DP models.",
+    "mu": "FedProx: the proximal weight μ of μ/2·‖w − w_global‖² (0: FedAvg).",
+    "ditto_lambda": "Ditto: the personal model's pull λ towards the received global model.",
+    "mrmtl_lambda": "MR-MTL: each site's pull λ towards the mean of the sites' DP models.",
+    "private_lr": "DP-SGD methods: the non-DP models' Adam learning rate (a private model, --combine's own model, "
+                  "--vs-alone; default: --lr).",
+    "adaptive_clip": "Client-level DP: the clip follows a privately estimated quantile of update norms (or --clip "
+                     "adaptive[:C0]).",
+    "cwt_visits": "CWT: sites that train per round (default all: one full cycle).",
+    "dp_backend": "DP-SGD methods: how per-example gradients are computed.",
+    "graph": "Gossip methods: the time-varying directed graph.",
+    "max_intermediaries": "Client-level DP, --intermediaries adaptive: the cap on v (default ⌊min_i n_i / batch size⌋).",
+    "clip_quantile": "Client-level DP, adaptive clip: the update-norm quantile the clip follows.",
+    "clip_lr": "Client-level DP, adaptive clip: the clip's geometric learning rate.",
+    "clip_count_noise": "Client-level DP, adaptive clip: σ_b of the unclipped count (default 2.5·z).",
+    "norm_noise": "Client-level DP, --intermediaries adaptive: noise multiplier of the norm sum (default 5·z).",
+    "adam_beta1": "Adaptive server optimizers: β1.",
+    "adam_beta2": "Adaptive server optimizers: β2 (DP²-RMSProp: the preconditioner's decay).",
+    "server_tau": "Adaptive server optimizers: the adaptivity τ.",
+    "bias_correction": "FedAdam: Adam's bias correction.",
+    "dp2_delay": "DP²-RMSProp: rounds per SGD / adaptive phase.",
+    "dp2_lr_sgd": "DP²-RMSProp: the server learning rate of the SGD phases.",
+}
+
+
+# ---------------------------------------------------------------------------------------------- the flags
+@dataclass(frozen=True)
+class Flag:
+    """One generated flag: the field it sets, how it is read from the command line, where its help goes."""
+
+    name: str
+    kind: str  # int | float | str | bool | list[float] | list[int] | list[str] | pair | clip
+    help: str
+    panel: str
+    default: Any = None
+    methods: tuple[str, ...] = ()  # method options: the methods that have it ("" for RunConfig fields)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def option(self) -> TyperOption:
+        """The click option (default "not given"; the configuration's default is shown)."""
+        kw: dict[str, Any] = {}
+        if self.name == "report_nonprivate":
+            decls = ["--report-nonprivate/--keep-nonprivate", self.name]
+            kw["is_flag"] = True
+        elif self.kind == "bool":
+            decls = [f"{self.flag}/--no-{self.flag[2:]}", self.name]
+            kw["is_flag"] = True
+        else:
+            decls = [self.flag, self.name]
+            kw["type"] = {"int": click.INT, "float": click.FLOAT}.get(self.kind, click.STRING)
+            if self.kind == "pair":
+                kw["nargs"] = 2
+                kw["metavar"] = "KIND DIR" if self.name == "track" else "A B"
+            elif self.kind.startswith("list["):
+                kw["metavar"] = "A,B,…"
+            elif self.kind == "clip":
+                kw["metavar"] = "C|adaptive[:C0]"
+            choices = CHOICES.get(self.name)
+            if choices is not None:
+                kw["metavar"] = "[" + "|".join(choices()) + "]"
+        shown = self.default if self.default is not None and not isinstance(self.default, (list, tuple)) else None
+        help_text = self.help
+        if self.methods:
+            help_text += f" [methods: {', '.join(self.methods)}]"
+        return TyperOption(param_decls=decls, default=None, required=False, help=help_text,
+                           show_default=_show(shown) if shown is not None else False,
+                           rich_help_panel=PANELS.get(self.panel, self.panel), **kw)
+
+    def parse(self, value: Any) -> dict[str, Any]:
+        """The configuration options a given value sets."""
+        if self.kind == "clip":
+            return parse_clip(value)
+        if self.kind.startswith("list["):
+            return {self.name: parse_list(value, self.flag, self.kind[5:-1])}
+        if self.kind == "pair":
+            return {self.name: tuple(value)}
+        return {self.name: value}
+
+
+def _show(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _kind(annotation: Any) -> str | None:
+    """The command-line kind of a dataclass field's annotation (a string under ``from __future__ import
+    annotations``), or None for a type the command line cannot give (use --set)."""
+    t = annotation if isinstance(annotation, str) else _type_name(annotation)
+    parts = [p.strip() for p in t.split("|") if p.strip() not in ("None", "NoneType")]
+    if len(parts) != 1:
+        return None
+    t = parts[0].replace("typing.", "").replace(" ", "")
+    if t in ("int", "float", "str", "bool", "list[float]", "list[int]", "list[str]"):
+        return t
+    if t in ("tuple[str,str]", "Tuple[str,str]"):
+        return "pair"
+    return None
+
+
+def _type_name(t: Any) -> str:
+    if isinstance(t, type):
+        return t.__name__
+    if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
+        return " | ".join(_type_name(a) for a in typing.get_args(t))
+    return str(t).replace("typing.", "")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def generated_flags() -> dict[str, Flag]:
+    """Every generated flag by field name: RunConfig's fields, then every registered method's options (the first
+    definition's type and help; the methods that have it)."""
+    from silofl.fl.registry import methods
+    from silofl.run.config import RunConfig
+
+    out: dict[str, Flag] = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.name in NOT_FLAGS:
+            continue
+        kind = "clip" if f.name == "clip" else _kind(f.type)
+        if kind is None:
+            continue
+        out[f.name] = Flag(f.name, kind, f.metadata.get("help", ""), f.metadata.get("panel", "method"), _default(f))
+    owners: dict[str, list[str]] = {}
+    first: dict[str, dataclasses.Field] = {}
+    defaults: dict[str, set] = {}
+    registered = methods()
+    for name, info in registered.items():
+        for f in dataclasses.fields(info.options):
+            if f.name in out:
+                continue
+            owners.setdefault(f.name, []).append(name)
+            first.setdefault(f.name, f)
+            defaults.setdefault(f.name, set()).add(repr(_default(f)))
+    for name, f in first.items():
+        kind = _kind(f.type)
+        if kind is None:
+            continue
+        help_text = f.metadata.get("help") or OPTION_HELP.get(name) or f"The {name.replace('_', ' ')} option."
+        few = tuple(owners[name]) if len(owners[name]) <= max(3, len(registered) // 3) else ()
+        default = _default(f) if len(defaults[name]) == 1 else None
+        out[name] = Flag(name, kind, help_text, f.metadata.get("panel", "method"), default, few)
+    return out
+
+
+def parse_clip(text: str) -> dict[str, Any]:
+    """``--clip 0.5`` | ``--clip adaptive`` | ``--clip adaptive:0.1`` → run options (the clip as a number; the
+    adaptive form turns on client-level adaptive clipping, starting from C0 or the default clip)."""
+    kind, _, start = str(text).strip().partition(":")
+    try:
+        if kind == "adaptive":
+            return {"adaptive_clip": True, **({"clip": float(start)} if start else {})}
+        if start:
+            raise ValueError
+        return {"clip": float(kind)}
+    except ValueError:
+        raise ConfigError(f"--clip takes a number, 'adaptive' or 'adaptive:C0', got {text!r}") from None
+
+
+def parse_list(text: Any, flag: str, item: str = "float") -> list[Any]:
+    """A comma-separated list (``--target-epsilons 20,50,80``) of ``item`` s."""
+    parts = [x.strip() for x in str(text).split(",") if x.strip()]
+    if item == "str":
+        return parts
+    try:
+        return [int(x) if item == "int" else float(x) for x in parts]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated {'integers' if item == 'int' else 'numbers'}, "
+                          f"got {text!r}") from None
+
+
+# ---------------------------------------------------------------------------------------------- the command class
+class ConfigCommand(TyperCommand):
+    """A typer command with the generated flags after its own options (those it declares itself, and the names in
+    ``exclude``, are not generated). The given flags reach the command through :func:`config_flags`."""
+
+    exclude: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._generated: dict[str, Flag] | None = None
+
+    def generated(self) -> dict[str, Flag]:
+        if self._generated is None:
+            own = {p.name for p in self.params} | {o.lstrip("-").replace("-", "_") for p in self.params
+                                                     for o in getattr(p, "opts", [])}
+            self._generated = {k: f for k, f in generated_flags().items() if k not in own and k not in self.exclude}
+            self.params.extend(f.option() for f in self._generated.values())
+        return self._generated
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        self.generated()
+        return super().get_params(ctx)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        flags = self.generated()
+        given = {k: ctx.params.pop(k) for k in list(ctx.params) if k in flags}
+        ctx.meta[FLAGS_KEY] = (flags, {k: v for k, v in given.items() if v is not None})
+        return super().invoke(ctx)
+
+
+def config_command(app: typer.Typer, name: str | None = None, *, exclude: tuple[str, ...] = (),
+                   **kwargs: Any) -> Callable[[Callable], Callable]:
+    """``@config_command(app)`` in place of ``@app.command()``: the command gets every generated flag (minus its
+    own and ``exclude``) and one-line errors (:func:`silofl.cli.common.friendly_errors`)."""
+    from silofl.cli.common import friendly_errors
+
+    cls = type("ConfigCommand", (ConfigCommand,), {"exclude": tuple(exclude)})
+
+    def deco(fn: Callable) -> Callable:
+        return app.command(name, cls=cls, **kwargs)(friendly_errors(fn))
+
+    return deco
+
+
+def config_flags() -> dict[str, Any]:
+    """The generated flags the user gave to the running command, as configuration options (``--clip adaptive:0.5``
+    → ``adaptive_clip`` and ``clip``; comma lists as lists); one-line ConfigErrors for values that cannot work."""
+    from silofl.cli.common import check_options
+
+    flags, given = click.get_current_context().meta.get(FLAGS_KEY, ({}, {}))
+    check_options(given)
+    out: dict[str, Any] = {}
+    for k, v in given.items():
+        out.update(flags[k].parse(v))
+    return out
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` (a YAML value; repeatable) → options."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(val)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {key}: {val!r} is not a valid value") from None
+    return out
+
+
+def over_config(base: dict, overrides: dict) -> dict:
+    """``overrides`` (flags, --set) over a --config file's mapping: the file's section of the run's method is lifted
+    to flat options first, so a flag overrides a method option the file nests under the method's name (a tuned
+    best.yaml) instead of being shadowed by it."""
+    from silofl.run.config import RunConfig
+
+    method = overrides.get("method", base.get("method", RunConfig.method))
+    section = base.get(method) if isinstance(method, str) else None
+    if isinstance(section, dict):
+        base = {**{k: v for k, v in base.items() if k != method}, **section}
+    return {**base, **overrides}
+
+
+def run_options(config: Any, sets: list[str], **fixed: Any) -> dict[str, Any]:
+    """The run options of a command: the generated flags (and ``fixed``) over ``--set`` over the ``--config`` file —
+    a mapping for :meth:`RunConfig.from_dict`."""
+    from silofl.run.config import load_yaml_mapping
+
+    base = load_yaml_mapping(config) if config else {}
+    return over_config(base, {**parse_sets(sets), **config_flags(), **fixed})
