@@ -12,7 +12,7 @@ Each function takes a :class:`~silofl.run.config.RunConfig` (or a plain mapping 
 and writes the same folder as the ``silofl`` command of the same name — the CLI calls these functions. Errors a
 user can fix are :class:`~silofl.core.errors.SiloflError` s (one line each).
 
-The engine a run uses is chosen by name from :data:`ENGINES`: ``simulator`` (every site in this process),
+The engine a run uses is chosen by name from the engines' registry (:data:`silofl.comm.engines.ENGINES`): ``simulator`` (every site in this process),
 ``flower-local`` (a real Flower deployment on this machine: ``silofl deploy local``) and ``flower`` (the registered
 sites of a deployment folder: ``silofl deploy start``). torch.distributed runs are started by ``silofl launch``.
 """
@@ -29,7 +29,7 @@ from silofl.core.errors import ConfigError
 from silofl.run.config import RunConfig
 
 __all__ = ["run", "tune", "audit", "compare", "RunConfig", "RunResult", "TuneResult", "AuditResult", "CompareResult",
-           "ENGINES", "engine_names"]
+           "engine_names"]
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -93,6 +93,7 @@ class TuneResult:
 
     @property
     def trials(self) -> list[dict[str, Any]]:
+        """Every trial's settings and validation figure, in the order they ran."""
         return list(self.result["trials"])
 
     @property
@@ -121,6 +122,7 @@ class AuditResult:
 
     @property
     def membership_inference(self) -> dict[str, Any]:
+        """The membership-inference attack's figures (AUC, TPR at low FPR, …) against the audited release."""
         return dict(self.audit["membership_inference"])
 
 
@@ -133,14 +135,17 @@ class CompareResult:
 
     @property
     def rows(self) -> list[dict[str, Any]]:
+        """One row per method and variant: its figures, mean ± std over seeds."""
         return list(self.report["rows"])
 
     @property
     def failed(self) -> list[dict[str, Any]]:
+        """The runs that failed, with their errors."""
         return list(self.report["failed"])
 
     @property
     def markdown(self) -> Path:
+        """The comparison's Markdown report."""
         return self.folder / "report.md"
 
 
@@ -157,14 +162,15 @@ class EngineOptions:
     superlink: str | None = None  # flower: the SuperLink, HOST:PORT
 
 
-def _simulator(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+def start_simulator(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
                opts: EngineOptions) -> dict:
+    """Run ``cfg`` with every site in this process (the simulator engine)."""
     from silofl.run.loop import run as run_loop
 
     return run_loop(cfg, progress=progress, console=console, resume=resume, overwrite=overwrite)
 
 
-def _torch_distributed(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+def start_torch_distributed(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
                        opts: EngineOptions) -> dict:
     """Rank 0 of a `silofl launch` group (the process group is up; the other ranks serve their sites)."""
     from silofl.comm.torchdist import TorchDistEngine
@@ -177,8 +183,9 @@ def _torch_distributed(cfg: RunConfig, *, resume: bool, overwrite: bool, progres
                     engine_factory=factory)
 
 
-def _flower_local(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+def start_flower_local(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
                   opts: EngineOptions) -> dict:
+    """Run ``cfg`` as a Flower deployment on this machine (``silofl deploy local``)."""
     from silofl.deploy.local import deploy_local
 
     if resume or overwrite:
@@ -191,8 +198,9 @@ def _flower_local(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bo
                         call_timeout_s=opts.peer_timeout_s, restart_sites=opts.restart_sites)
 
 
-def _flower(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
+def start_flower(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
             opts: EngineOptions) -> dict:
+    """Run ``cfg`` on a deployment's registered sites (``silofl deploy start``)."""
     from silofl.deploy.local import run_deployment
 
     if resume or overwrite:
@@ -201,15 +209,12 @@ def _flower(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, co
                           call_timeout_s=opts.peer_timeout_s)
 
 
-Engine = Callable[..., dict]
-# name → runner; "torch.distributed" is what `silofl launch` starts (every rank runs `silofl run --distributed`)
-ENGINES: dict[str, Engine] = {"simulator": _simulator, "flower-local": _flower_local, "flower": _flower,
-                              "torch.distributed": _torch_distributed}
-
-
 def engine_names() -> tuple[str, ...]:
-    """The engines a run can be given by name (``silofl launch`` starts torch.distributed runs)."""
-    return tuple(n for n in ENGINES if n != "torch.distributed")
+    """The engines a run can be given by name (the registry :data:`silofl.comm.engines.ENGINES`; ``silofl launch``
+    starts torch.distributed runs)."""
+    from silofl.comm.engines import selectable_engines
+
+    return selectable_engines()
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -231,21 +236,23 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, resume: bool = Fa
 
     ``resume``: continue the folder's latest checkpoint (the privacy spend carries on); ``overwrite``: replace the run
     already in ``out`` (refused otherwise); ``quiet``: no progress bar; ``vs_alone``: afterwards train each site alone
-    without DP into ``OUT/alone`` (simulator only); ``engine``: one of :data:`ENGINES`, with ``engine_options``;
+    without DP into ``OUT/alone`` (simulator only); ``engine``: a registered engine's name, with ``engine_options``;
     ``console``: a rich Console for progress lines (None: silent); ``on_summary``: called with the summary as soon as
     the run ends (before the ``vs_alone`` baseline trains)."""
+    from silofl.comm.engines import ENGINES
     from silofl.run.folder import OutLock
 
     cfg = as_config(config)
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of: {', '.join(engine_names())}")
-    if engine == "flower" and not cfg.data_at_sites:  # each site reads its own data (its site.json), the coordinator none
+    entry = ENGINES.get(engine)
+    if entry.data_at_sites and not cfg.data_at_sites:  # each site reads its own data (its site.json), the coordinator none
         cfg = dataclasses.replace(cfg, data_at_sites=True)
-    if vs_alone and engine not in ("simulator", "torch.distributed"):
+    if vs_alone and not entry.vs_alone:
         raise ConfigError(f"--vs-alone trains the baseline with the simulator; engine {engine!r} does not take it")
     resolved = cfg.resolve()
     with OutLock(resolved.out):  # one run at a time into OUT (the OS drops the lock on a crash)
-        summary = ENGINES[engine](resolved, resume=resume, overwrite=overwrite, progress=not quiet, console=console,
+        summary = entry.starter()(resolved, resume=resume, overwrite=overwrite, progress=not quiet, console=console,
                                   opts=engine_options or EngineOptions())
         if on_summary is not None:
             on_summary(summary)

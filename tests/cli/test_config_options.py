@@ -98,7 +98,7 @@ def knob_method():
                       metrics=("global_acc",), description="FedAvg with a knob (test plug-in)")(KnobMethod)
     SEEN.clear()
     yield
-    registry._REGISTRY.pop("knobavg", None)
+    registry.METHODS.unregister("knobavg")
 
 
 def test_a_plug_in_methods_options_become_flags(knob_method):

@@ -43,45 +43,52 @@ NOT_FLAGS = ("options", "data_at_sites")  # set by silofl itself (data_at_sites:
 # ---------------------------------------------------------------------------------------------- choices
 # One function per kind of choice, each reading the one list silofl keeps of it (point them at the registries).
 def method_names() -> tuple[str, ...]:
-    from silofl.fl.registry import methods
+    """The registered methods (silofl.fl.registry), built-ins first."""
+    from silofl.fl.registry import METHODS
 
-    return tuple(methods())
+    return METHODS.names()
 
 
 def dataset_names() -> tuple[str, ...]:
-    from silofl.run.config import DATASETS
+    """The registered data sets (silofl.data.datasets)."""
+    from silofl.data.datasets import dataset_names as names
 
-    return tuple(DATASETS)
+    return tuple(names())
 
 
 def model_names() -> tuple[str, ...]:
-    from silofl.models import MODEL_NAMES
+    """The registered model architectures (silofl.models)."""
+    from silofl.models import model_names as names
 
-    return tuple(MODEL_NAMES)
+    return tuple(names())
 
 
 def accountant_names() -> tuple[str, ...]:
-    from silofl.run.config import ACCOUNTANTS
+    """The registered accountants (silofl.privacy.analysis)."""
+    from silofl.privacy.analysis import ACCOUNTANTS
 
-    return tuple(ACCOUNTANTS)
+    return ACCOUNTANTS.names()
 
 
 def feature_names() -> tuple[str, ...]:
-    from silofl.features.registry import stages
+    """The registered feature stages (silofl.features.registry), ``backbone:DIR`` with its argument."""
+    from silofl.features.registry import choices
 
-    return tuple(f"{n}:DIR" if n == "backbone" else n for n in stages())
+    return tuple(choices())
 
 
 def metric_names() -> tuple[str, ...]:
+    """The headline metrics (silofl.training.metrics)."""
     from silofl.training.metrics import METRICS
 
     return tuple(METRICS)
 
 
 def engine_names() -> tuple[str, ...]:
-    from silofl.api import engine_names as names
+    """The engines a run can be given by name (silofl.comm.engines)."""
+    from silofl.comm.engines import selectable_engines
 
-    return names()
+    return selectable_engines()
 
 
 def _const(*names: str) -> Callable[[], tuple[str, ...]]:
@@ -175,6 +182,7 @@ class Flag:
 
     @property
     def flag(self) -> str:
+        """The option's name on the command line (``noise_multiplier`` → ``--noise-multiplier``)."""
         return "--" + self.name.replace("_", "-")
 
     def option(self) -> TyperOption:
@@ -327,6 +335,7 @@ class ConfigCommand(TyperCommand):
         self._generated: dict[str, Flag] | None = None
 
     def generated(self) -> dict[str, Flag]:
+        """The flags generated for this command (once, on first use: methods registered by then are covered)."""
         if self._generated is None:
             own = {p.name for p in self.params} | {o.lstrip("-").replace("-", "_") for p in self.params
                                                      for o in getattr(p, "opts", [])}
@@ -335,6 +344,7 @@ class ConfigCommand(TyperCommand):
         return self._generated
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        """Click's parameters, the generated flags included."""
         self.generated()
         return super().get_params(ctx)
 

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from silofl.cli.common import check_seconds, err_console, friendly_errors
 from silofl.cli.config_options import config_command, parse_list, run_options
+from silofl.comm.engines import selectable_engines
 from silofl.core.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
@@ -83,9 +84,9 @@ def run_command(cfg, *, engine: str = "simulator", resume: bool = False, overwri
 def run(
     config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
     set_: list[str] = typer.Option([], "--set", help="Any other option, KEY=VALUE (YAML value); repeatable."),
-    engine: str = typer.Option("simulator", "--engine", rich_help_panel=ENGINE, help="The engine: simulator (every "
-                               "site in this process) | flower-local (silofl deploy local) | flower (silofl deploy "
-                               "start); torch.distributed: silofl launch."),
+    engine: str = typer.Option("simulator", "--engine", rich_help_panel=ENGINE, help="The engine, from the engines' "
+                               f"registry: {' | '.join(selectable_engines())} (silofl deploy local / start use the "
+                               "Flower ones; torch.distributed: silofl launch)."),
     peer_timeout: float = typer.Option(300.0, "--peer-timeout", rich_help_panel=ENGINE,
                                        help="Seconds to wait for a peer's message (multi-process runs)."),
     resume: bool = typer.Option(False, "--resume", rich_help_panel=OUTPUT, help="Continue OUT from its latest "
@@ -106,6 +107,7 @@ def run(
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.api import EngineOptions, engine_names
+    from silofl.comm.engines import engine_entry
     from silofl.run.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -113,7 +115,8 @@ def run(
         raise ConfigError(f"unknown engine {engine!r}; choose one of: {', '.join(engine_names())}")
     check_seconds("--peer-timeout", peer_timeout)
     check_seconds("--deploy-timeout", deploy_timeout)
-    fixed = {"data_at_sites": True} if engine == "flower" else {}  # each site reads its own data (its site.json)
+    # an engine whose sites read their own data (their site.json): the coordinator reads none
+    fixed = {"data_at_sites": True} if engine_entry(engine).data_at_sites else {}
     cfg = RunConfig.from_dict(run_options(config, set_, **fixed))
     opts = EngineOptions(timeout_s=deploy_timeout, peer_timeout_s=peer_timeout, insecure=insecure,
                          restart_sites=restart_sites, deployment=deployment, superlink=superlink)

@@ -24,9 +24,13 @@ class PlannedRun(Protocol):
     options: Any
 
     @property
-    def is_private(self) -> bool: ...
+    def is_private(self) -> bool:
+        """Whether DP is on."""
+        ...
 
-    def target_epsilon_of(self, client: int) -> float | None: ...
+    def target_epsilon_of(self, client: int) -> float | None:
+        """Client ``client``'s budget."""
+        ...
 
 
 def dpsgd_settings(cfg: PlannedRun, k: int) -> DPSGDSettings:
