@@ -25,9 +25,19 @@ from silofl.training.local_sgd import local_updates
 
 
 def setup(v: int, private: bool, data):
-    cfg = RunConfig.from_dict(dict(method="dp-fedavg", dataset="fashion-mnist", partition="iid", clients=6,
-                                   samples_per_client=2000, batch_size=64, proxy_model="mlp256", intermediaries=str(v),
-                                   privacy="strict" if private else "off"))
+    cfg = RunConfig.from_dict(
+        dict(
+            method="dp-fedavg",
+            dataset="fashion-mnist",
+            partition="iid",
+            clients=6,
+            samples_per_client=2000,
+            batch_size=64,
+            proxy_model="mlp256",
+            intermediaries=str(v),
+            privacy="strict" if private else "off",
+        )
+    )
     _, _, proto, _ = build(cfg, data=data)
     proto.start()
     return proto
@@ -66,7 +76,10 @@ def main() -> None:
                 times[k].append(t)
     subclients.local_updates = original
     med = {k: statistics.median(ts) for k, ts in times.items()}
-    print(f"s/round (median of {a.rounds}, {a.threads} threads), DP-FedAvg, 6 clients × 2000 Fashion-MNIST, mlp256")
+    print(
+        f"s/round (median of {a.rounds}, {a.threads} threads), DP-FedAvg, 6 clients × 2000 Fashion-MNIST, "
+        f"mlp256"
+    )
     rows = []
     for v in (1, 8, 31):
         dp, nodp = med[f"v={v} DP vmap"], med[f"v={v} noDP vmap"]
@@ -79,9 +92,18 @@ def main() -> None:
         rows.append(row)
         print(line)
     if a.out:
-        Path(a.out).write_text(json.dumps({"threads": a.threads, "rounds": a.rounds, "rows": rows,
-                                           "command": "python bench/client_dp_round.py --rounds "
-                                                      f"{a.rounds} --threads {a.threads}"}, indent=1) + "\n")
+        Path(a.out).write_text(
+            json.dumps(
+                {
+                    "threads": a.threads,
+                    "rounds": a.rounds,
+                    "rows": rows,
+                    "command": f"python bench/client_dp_round.py --rounds {a.rounds} --threads {a.threads}",
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

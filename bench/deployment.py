@@ -3,7 +3,8 @@ the in-process simulator (`silofl run`), torch.distributed (`silofl launch --sur
 site, gloo on loopback) and Flower (`silofl deploy local`: a SuperLink and K SuperNodes as processes, TLS,
 node authentication, payloads sealed end to end) — as silofl runs it (each site's warm executor, a paced
 SuperNode, one message per site per round), as Flower ships it (`flower-stock`: a ClientApp process per
-message, the SuperNode's 3 s idle sleep; the same fused protocol), and with 10 ms each way between the sites and
+message, the SuperNode's 3 s idle sleep; the same fused protocol), and with 10 ms each way between the sites
+and
 the SuperLink (`flower+20ms`: a delaying TCP relay, as this kernel has no netem).
 
     python bench/deployment.py [--ks 2,4,8] [--rounds 3] [--out docs/data/deployment.json]
@@ -35,16 +36,46 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def args_for(k: int, rounds: int) -> list[str]:
     per = max(30, min(120, 1340 // k))
-    return ["--method", "proxyfl", "--dataset", "digits", "--rounds", str(rounds), "--samples-per-client", str(per),
-            "--batch-size", str(min(30, per)), "--delta", "0.001", "--proxy-model", "mlp", "--private-model", "mlp",
-            "--partition", "iid", "--test-limit", "100", "--eval-every", str(rounds), "--threads", "1", "--seed", "0",
-            "--quiet"]
+    return [
+        "--method",
+        "proxyfl",
+        "--dataset",
+        "digits",
+        "--rounds",
+        str(rounds),
+        "--samples-per-client",
+        str(per),
+        "--batch-size",
+        str(min(30, per)),
+        "--delta",
+        "0.001",
+        "--proxy-model",
+        "mlp",
+        "--private-model",
+        "mlp",
+        "--partition",
+        "iid",
+        "--test-limit",
+        "100",
+        "--eval-every",
+        str(rounds),
+        "--threads",
+        "1",
+        "--seed",
+        "0",
+        "--quiet",
+    ]
 
 
 def silofl(*args: str, timeout: float = 3600, env: dict | None = None) -> None:
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", **(env or {})}
-    r = subprocess.run([sys.executable, "-m", "silofl.cli.main", *args], capture_output=True, text=True,
-                       timeout=timeout, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "silofl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     if r.returncode != 0:
         raise SystemExit(f"silofl {' '.join(args[:3])} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
 
@@ -59,18 +90,38 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
     if engine == "simulator":
         silofl("run", "--clients", str(k), *a, "--out", str(out))
     elif engine == "torch.distributed":
-        silofl("launch", "--nproc-per-node", str(k), "--survive-faults", "--clients", str(k), *a, "--peer-timeout",
-               "900", "--out", str(out))
+        silofl(
+            "launch",
+            "--nproc-per-node",
+            str(k),
+            "--survive-faults",
+            "--clients",
+            str(k),
+            *a,
+            "--peer-timeout",
+            "900",
+            "--out",
+            str(out),
+        )
     else:
-        env = {"flower-stock": {"SILOFL_FLOWER_STOCK": "1"}, "flower+20ms": {"SILOFL_BENCH_LATENCY_MS": "10"}}.get(engine, {})
+        env = {
+            "flower-stock": {"SILOFL_FLOWER_STOCK": "1"},
+            "flower+20ms": {"SILOFL_BENCH_LATENCY_MS": "10"},
+        }.get(engine, {})
         silofl("deploy", "local", "--sites", str(k), "--timeout", "3000", *a, "--out", str(out), env=env)
     wall = time.perf_counter() - t0
     s = json.loads((out / "summary.json").read_text())
     per_site = [(r["bytes_sent"] + r["bytes_received"]) / s["rounds_run"] for r in s["final"]["per_client"]]
-    row = {"engine": engine, "k": k, "rounds": s["rounds_run"], "seconds_per_round": s["seconds_per_round"],
-           "payload_bytes_per_site_round": statistics.fmean(per_site), "command_wall_s": wall,
-           "proxy_acc": statistics.fmean(r["proxy_acc"] for r in s["final"]["per_client"]),
-           "epsilon": max(r["epsilon"] for r in s["final"]["per_client"])}
+    row = {
+        "engine": engine,
+        "k": k,
+        "rounds": s["rounds_run"],
+        "seconds_per_round": s["seconds_per_round"],
+        "payload_bytes_per_site_round": statistics.fmean(per_site),
+        "command_wall_s": wall,
+        "proxy_acc": statistics.fmean(r["proxy_acc"] for r in s["final"]["per_client"]),
+        "epsilon": max(r["epsilon"] for r in s["final"]["per_client"]),
+    }
     e = s["engine"]
     if engine.startswith("flower"):
         frames = [e["frame_bytes_to_sites"][str(i)] + e["frame_bytes_from_sites"][str(i)] for i in range(k)]
@@ -82,14 +133,19 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
     return row
 
 
-TRACE = re.compile(r"task (\d+) \(round (\d+)\) at [\d.]+: queued ([\d.]+) s, input ([\d.]+) s, work ([\d.]+) s, "
-                   r"reply ([\d.]+) s")
+TRACE = re.compile(
+    r"task (\d+) \(round (\d+)\) at [\d.]+: queued ([\d.]+) s, input ([\d.]+) s, work ([\d.]+) s, "
+    r"reply ([\d.]+) s"
+)
 
 
 def task_trace(logs: Path) -> dict | None:
-    """Where a task's seconds go at the sites (their executors' trace lines), over the tasks of rounds ≥ 1 but the
-    last (the set-up and the final evaluation aside): mean seconds queued (from the coordinator creating the message
-    to the site's executor taking it), pulling its input, working, pushing the reply; tasks per site and round."""
+    """Where a task's seconds go at the sites (their executors' trace lines), over the tasks of rounds ≥ 1 but
+    the
+    last (the set-up and the final evaluation aside): mean seconds queued (from the coordinator creating the
+    message
+    to the site's executor taking it), pulling its input, working, pushing the reply; tasks per site and
+    round."""
     rows = []
     for f in sorted(logs.glob("site*.log")):
         rows += [tuple(float(x) for x in m.groups()) for m in TRACE.finditer(f.read_text(errors="replace"))]
@@ -99,9 +155,13 @@ def task_trace(logs: Path) -> dict | None:
     mid = [r for r in rows if 1 <= r[1] < last] or rows
     sites = len(list(logs.glob("site*.log")))
     rounds = max(1, len({r[1] for r in mid}))
-    return {"queued_s": statistics.fmean(r[2] for r in mid), "input_s": statistics.fmean(r[3] for r in mid),
-            "work_s": statistics.fmean(r[4] for r in mid), "reply_s": statistics.fmean(r[5] for r in mid),
-            "tasks_per_site_round": len(mid) / sites / rounds}
+    return {
+        "queued_s": statistics.fmean(r[2] for r in mid),
+        "input_s": statistics.fmean(r[3] for r in mid),
+        "work_s": statistics.fmean(r[4] for r in mid),
+        "reply_s": statistics.fmean(r[5] for r in mid),
+        "tasks_per_site_round": len(mid) / sites / rounds,
+    }
 
 
 def write_doc(result: dict, path: Path) -> None:
@@ -112,10 +172,12 @@ def write_doc(result: dict, path: Path) -> None:
         f"--ks {','.join(str(k) for k in result['ks'])} --rounds {result['rounds']} -->",
         "# Deployment: seconds and bytes per round on three engines",
         "",
-        f"ProxyFL on scikit-learn's digits, K sites, {result['rounds']} rounds, MLP private and proxy models, one "
+        f"ProxyFL on scikit-learn's digits, K sites, {result['rounds']} rounds, MLP private and proxy "
+        f"models, one "
         "torch thread per process, evaluation at the last round only; measured on "
         f"{result['machine']} ({result['cpus']} cores) on {result['date']} in one run of the command above. "
-        "Every engine ran the same seeded configuration and gave the same per-site accuracy and ε (last columns).",
+        "Every engine ran the same seeded configuration and gave the same per-site accuracy and ε (last "
+        "columns).",
         "",
         "| K | engine | s / round | × torch.distributed | set-up s | payload kB / site / round | "
         "frame kB / site / round | proxy acc | ε |",
@@ -125,47 +187,77 @@ def write_doc(result: dict, path: Path) -> None:
         frame = f"{r['frame_bytes_per_site_round'] / 1e3:.1f}" if "frame_bytes_per_site_round" in r else "—"
         ratio = f"{r['seconds_per_round'] / td[r['k']]:.2f}" if td.get(r["k"]) else "—"
         setup = f"{r['setup_s']:.1f}" if "setup_s" in r else "—"
-        lines.append(f"| {r['k']} | {r['engine']} | {r['seconds_per_round']:.2f} | {ratio} | {setup} | "
-                     f"{r['payload_bytes_per_site_round'] / 1e3:.1f} | {frame} | {r['proxy_acc']:.4f} | "
-                     f"{r['epsilon']:.3f} |")
+        lines.append(
+            f"| {r['k']} | {r['engine']} | {r['seconds_per_round']:.2f} | {ratio} | {setup} | "
+            f"{r['payload_bytes_per_site_round'] / 1e3:.1f} | {frame} | {r['proxy_acc']:.4f} | "
+            f"{r['epsilon']:.3f} |"
+        )
     traced = [r for r in rows if r.get("trace")]
     if traced:
-        lines += ["", "Where a deployed task's seconds go (means over the sites' tasks of the middle rounds, from the "
-                  "executors' trace lines in each site's log):", "",
-                  "| K | engine | tasks / site / round | queued s | input s | work s | reply s |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Where a deployed task's seconds go (means over the sites' tasks of the middle rounds, from the "
+            "executors' trace lines in each site's log):",
+            "",
+            "| K | engine | tasks / site / round | queued s | input s | work s | reply s |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in traced:
             t = r["trace"]
-            lines.append(f"| {r['k']} | {r['engine']} | {t['tasks_per_site_round']:.1f} | {t['queued_s']:.3f} | "
-                         f"{t['input_s']:.3f} | {t['work_s']:.3f} | {t['reply_s']:.3f} |")
+            lines.append(
+                f"| {r['k']} | {r['engine']} | {t['tasks_per_site_round']:.1f} | {t['queued_s']:.3f} | "
+                f"{t['input_s']:.3f} | {t['work_s']:.3f} | {t['reply_s']:.3f} |"
+            )
     phased = [r for r in rows if r.get("setup_phases_s")]
     if phased:
         names = list(phased[0]["setup_phases_s"])
-        lines += ["", "Where a local deployment's set-up goes (seconds; the sites start while the SuperLink does):", "",
-                  "| K | engine | " + " | ".join(n.replace("_", " ") for n in names) + " | total |",
-                  "|---|---|" + "---|" * (len(names) + 1)]
+        lines += [
+            "",
+            "Where a local deployment's set-up goes (seconds; the sites start while the SuperLink does):",
+            "",
+            "| K | engine | " + " | ".join(n.replace("_", " ") for n in names) + " | total |",
+            "|---|---|" + "---|" * (len(names) + 1),
+        ]
         for r in phased:
             ph = r["setup_phases_s"]
-            lines.append(f"| {r['k']} | {r['engine']} | " + " | ".join(f"{ph.get(n, 0):.1f}" for n in names)
-                         + f" | {r['setup_s']:.1f} |")
+            lines.append(
+                f"| {r['k']} | {r['engine']} | "
+                + " | ".join(f"{ph.get(n, 0):.1f}" for n in names)
+                + f" | {r['setup_s']:.1f} |"
+            )
     lines += [
         "",
         "How to read it:",
-        "- *payload*: the model bytes a site sends and receives per round, counted by the engine on the messages "
-        "(the same protocol on every engine; Flower's payloads are sealed — X25519 + ChaCha20-Poly1305 + Ed25519 "
-        "and their context, about 170 bytes per payload). *frame*: Flower only — everything the coordinator sends "
-        "to and receives from the site per round: the sealed payloads, the requests' JSON and the figures the site "
+        "- *payload*: the model bytes a site sends and receives per round, counted by the engine on the "
+        "messages "
+        "(the same protocol on every engine; Flower's payloads are sealed — X25519 + ChaCha20-Poly1305 + "
+        "Ed25519 "
+        "and their context, about 170 bytes per payload). *frame*: Flower only — everything the coordinator "
+        "sends "
+        "to and receives from the site per round: the sealed payloads, the requests' JSON and the figures "
+        "the site "
         "reports; TLS records come on top.",
-        "- Seconds per round are measured on the coordinator (training and evaluation over the rounds). *flower* is "
-        "`silofl deploy local` as shipped: each site's SuperNode runs with Flower's process isolation and silofl's "
-        "pacing (`silofl.deploy.flower_shim`: no 3 s sleep while a run is on), its tasks taken by the warm executor "
-        "inside the site's worker (`silofl.deploy.executor`: no process per message, the models in memory), and a "
-        "round asks each site one message (`silofl.comm.batch`: the last round's deliveries ride with this round's "
-        "step). *flower-stock* runs the same protocol with Flower as it ships: a `flwr-clientapp` process per "
-        "message and the SuperNode's 3 s sleep after an empty pull. *flower+20ms*: *flower* with a relay holding "
+        "- Seconds per round are measured on the coordinator (training and evaluation over the rounds). "
+        "*flower* is "
+        "`silofl deploy local` as shipped: each site's SuperNode runs with Flower's process isolation and "
+        "silofl's "
+        "pacing (`silofl.deploy.flower_shim`: no 3 s sleep while a run is on), its tasks taken by the warm "
+        "executor "
+        "inside the site's worker (`silofl.deploy.executor`: no process per message, the models in memory), "
+        "and a "
+        "round asks each site one message (`silofl.comm.batch`: the last round's deliveries ride with this "
+        "round's "
+        "step). *flower-stock* runs the same protocol with Flower as it ships: a `flwr-clientapp` process "
+        "per "
+        "message and the SuperNode's 3 s sleep after an empty pull. *flower+20ms*: *flower* with a relay "
+        "holding "
         "every chunk 10 ms each way between the sites and the SuperLink (the kernel here has no `netem`).",
-        "- *queued*: from the coordinator creating a message to the site's executor taking it (the coordinator's "
-        "push to the SuperLink, the SuperNode's pull, its doorbell); *input*: pulling the task's message from the "
-        "SuperNode; *work*: the site's own step (training, sealing); *reply*: pushing the reply and the task's "
+        "- *queued*: from the coordinator creating a message to the site's executor taking it (the "
+        "coordinator's "
+        "push to the SuperLink, the SuperNode's pull, its doorbell); *input*: pulling the task's message "
+        "from the "
+        "SuperNode; *work*: the site's own step (training, sealing); *reply*: pushing the reply and the "
+        "task's "
         "status. On this machine all K sites, the SuperLink and the coordinator share its cores.",
     ]
     if result.get("note"):
@@ -198,8 +290,15 @@ def main() -> None:
                 row = measure(engine, k, a.rounds, Path(tmp) / f"{engine}-{k}")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    result = {"ks": ks, "rounds": a.rounds, "rows": rows, "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "note": a.note}
+    result = {
+        "ks": ks,
+        "rounds": a.rounds,
+        "rows": rows,
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+        "note": a.note,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     write_doc(result, Path(a.doc))

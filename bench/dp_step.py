@@ -38,17 +38,26 @@ def nondp_step(model, opt):
         opt.zero_grad(set_to_none=True)
         ce(model(x), y).mean().backward()
         opt.step()
+
     return step
 
 
 def silofl_step(model, opt, backend, batch):
-    dp = DPGradient(model, clip=1.0, noise_multiplier=1.0, expected_batch_size=batch, noise=NoiseSource(0), backend=backend,
-                    sample_rate=batch / 1000)
+    dp = DPGradient(
+        model,
+        clip=1.0,
+        noise_multiplier=1.0,
+        expected_batch_size=batch,
+        noise=NoiseSource(0),
+        backend=backend,
+        sample_rate=batch / 1000,
+    )
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
         dp.compute(x, ce, y)
         opt.step()
+
     return step
 
 
@@ -57,13 +66,18 @@ def opacus_step(model, batch):
     from opacus.optimizers import DPOptimizer
 
     gs = GradSampleModule(model)
-    opt = DPOptimizer(torch.optim.Adam(gs.parameters(), lr=1e-3), noise_multiplier=1.0, max_grad_norm=1.0,
-                      expected_batch_size=batch)
+    opt = DPOptimizer(
+        torch.optim.Adam(gs.parameters(), lr=1e-3),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=batch,
+    )
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
         ce(gs(x), y).mean().backward()
         opt.step()
+
     return step
 
 
@@ -89,6 +103,7 @@ def proxyfl_step(private, proxy, dp: bool, batch):
         popt.zero_grad(set_to_none=True)
         dml_loss(pl, y, F.log_softmax(xl, 1), 0.5).mean().backward()
         popt.step()
+
     return step
 
 
@@ -100,6 +115,7 @@ def noise_only(model):
     def step(x, y):
         for s in shapes:
             src.normal(s, 1.0)
+
     return step
 
 
@@ -134,14 +150,21 @@ def main():
     torch.manual_seed(0)
     x, y = torch.rand(a.batch, 1, 28, 28), torch.randint(0, 10, (a.batch,))
     results: dict[str, dict[str, float]] = {}
-    print(f"batch {a.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, {a.reps} interleaved reps, medians")
+    print(
+        f"batch {a.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, {a.reps} "
+        f"interleaved reps, medians"
+    )
 
     for name in ("mlp", "lenet5"):
         models = {k: build_model(name, (1, 28, 28), 10) for k in ("nondp", "ghost", "vmap", "opacus")}
         variants = {
             "non-DP": nondp_step(models["nondp"], torch.optim.Adam(models["nondp"].parameters(), lr=1e-3)),
-            "silofl DP (ghost norms)": silofl_step(models["ghost"], torch.optim.Adam(models["ghost"].parameters(), lr=1e-3), "ghost", a.batch),
-            "silofl DP (vmap)": silofl_step(models["vmap"], torch.optim.Adam(models["vmap"].parameters(), lr=1e-3), "vmap", a.batch),
+            "silofl DP (ghost norms)": silofl_step(
+                models["ghost"], torch.optim.Adam(models["ghost"].parameters(), lr=1e-3), "ghost", a.batch
+            ),
+            "silofl DP (vmap)": silofl_step(
+                models["vmap"], torch.optim.Adam(models["vmap"].parameters(), lr=1e-3), "vmap", a.batch
+            ),
             "Opacus hooks": opacus_step(models["opacus"], a.batch),
             "(noise draw alone)": noise_only(models["nondp"]),
         }
@@ -149,14 +172,23 @@ def main():
         report(f"{name} step", results[f"{name} step"], "non-DP")
 
     variants = {
-        "non-DP": proxyfl_step(build_model("lenet5", (1, 28, 28), 10), build_model("mlp", (1, 28, 28), 10), False, a.batch),
-        "silofl DP proxy": proxyfl_step(build_model("lenet5", (1, 28, 28), 10), build_model("mlp", (1, 28, 28), 10), True, a.batch),
+        "non-DP": proxyfl_step(
+            build_model("lenet5", (1, 28, 28), 10), build_model("mlp", (1, 28, 28), 10), False, a.batch
+        ),
+        "silofl DP proxy": proxyfl_step(
+            build_model("lenet5", (1, 28, 28), 10), build_model("mlp", (1, 28, 28), 10), True, a.batch
+        ),
     }
     key = "ProxyFL step (LeNet5 private non-DP + MLP proxy, KL both ways)"
     results[key] = measure(variants, x, y, a.reps)
     report(key, results[key], "non-DP")
     if a.json:
-        meta = {"batch": a.batch, "reps": a.reps, "threads": torch.get_num_threads(), "torch": torch.__version__}
+        meta = {
+            "batch": a.batch,
+            "reps": a.reps,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        }
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"meta": meta, "ms": results}, indent=2) + "\n")
 

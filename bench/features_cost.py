@@ -2,14 +2,18 @@
 
     .venv/bin/python bench/features_cost.py [--train 1000] [--test 10000] [--j 2] [--threads 1] [--reps 3]
 
-One site of the papers' benchmark holds ``--train`` Fashion-MNIST training images and scores the 10k test set. For
+One site of the papers' benchmark holds ``--train`` Fashion-MNIST training images and scores the 10k test set.
+For
 each rep, in one process, with a fresh empty cache folder each time:
-  * uncached: kymatio's Scattering2D + GroupNorm computed, batched, and written to the cache (what a site's first run
+  * uncached: kymatio's Scattering2D + GroupNorm computed, batched, and written to the cache (what a site's
+  first run
     pays);
-  * cached: the same tensors again, read back by content (what every later run on the same data pays: row hashes +
+  * cached: the same tensors again, read back by content (what every later run on the same data pays: row
+  hashes +
     reads);
   * compute only: the transform with no cache at all (for reference).
-Prints seconds and images per second per variant (medians over reps) and the uncached/cached ratio. The machine is
+Prints seconds and images per second per variant (medians over reps) and the uncached/cached ratio. The
+machine is
 shared, so compare the ratios, not the absolute figures, across runs.
 """
 
@@ -55,18 +59,29 @@ def main() -> None:
             first = [apply(stage, x_train, Path(d)), apply(stage, x_test, Path(d))]
             times["uncached"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            again = [apply(ScatterFeatures(j=args.j), x_train, Path(d)), apply(ScatterFeatures(j=args.j), x_test, Path(d))]
+            again = [
+                apply(ScatterFeatures(j=args.j), x_train, Path(d)),
+                apply(ScatterFeatures(j=args.j), x_test, Path(d)),
+            ]
             times["cached"].append(time.perf_counter() - t)
         assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
         assert all(torch.equal(a, b) for a, b in zip(first, ref, strict=True))
     shape = tuple(ref[0].shape[1:])
-    print(f"scatter J={args.j} L=8 on Fashion-MNIST, one site: {len(x_train)} training + {len(x_test)} test images "
-          f"({n} in all) → {shape}, {args.threads} thread(s), median of {args.reps} reps")
+    print(
+        f"scatter J={args.j} L=8 on Fashion-MNIST, one site: {len(x_train)} training + {len(x_test)} test "
+        f"images "
+        f"({n} in all) → {shape}, {args.threads} thread(s), median of {args.reps} reps"
+    )
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in med.items():
-        print(f"  {k:13s} {v:8.2f} s  {n / v:10.0f} images/s   (all reps: {', '.join(f'{x:.2f}' for x in times[k])})")
-    print(f"  uncached / cached: {med['uncached'] / med['cached']:.1f}×; cache overhead on a first run: "
-          f"{med['uncached'] / med['compute only']:.2f}× compute only")
+        print(
+            f"  {k:13s} {v:8.2f} s  {n / v:10.0f} images/s   (all reps: "
+            f"{', '.join(f'{x:.2f}' for x in times[k])})"
+        )
+    print(
+        f"  uncached / cached: {med['uncached'] / med['cached']:.1f}×; cache overhead on a first run: "
+        f"{med['uncached'] / med['compute only']:.2f}× compute only"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,18 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMON = {"dataset": "digits", "clients": 4, "rounds": 4, "samples_per_client": 120, "batch_size": 30, "delta": 1e-3,
-          "test_limit": 300, "eval_every": 2, "threads": 1, "seed": 3}
+COMMON = {
+    "dataset": "digits",
+    "clients": 4,
+    "rounds": 4,
+    "samples_per_client": 120,
+    "batch_size": 30,
+    "delta": 1e-3,
+    "test_limit": 300,
+    "eval_every": 2,
+    "threads": 1,
+    "seed": 3,
+}
 BASE = {**COMMON, "private_model": "cnn1", "proxy_model": "mlp"}  # methods with a private and a shared model
 SHARED = {**COMMON, "proxy_model": "mlp"}  # one shared model
 PRIVATE = {**COMMON, "private_model": "cnn1"}  # one private model
@@ -35,30 +45,84 @@ CASES: dict[str, dict] = {
     **{m: {**BASE, "method": m} for m in ("proxyfl", "fml")},
     **{m: {**SHARED, "method": m} for m in ("fedavg", "avgpush", "cwt")},
     **{m: {**PRIVATE, "method": m} for m in ("regular", "joint")},
-    **{m: {**CLIENT_LEVEL, "method": m} for m in ("dp-fedavg", "dp-fedadam", "dp-fednova", "dp2-rmsprop", "fedadam",
-                                                   "fednova", "rmsprop")},
+    **{
+        m: {**CLIENT_LEVEL, "method": m}
+        for m in ("dp-fedavg", "dp-fedadam", "dp-fednova", "dp2-rmsprop", "fedadam", "fednova", "rmsprop")
+    },
     "proxyfl-paper": {**BASE, "method": "proxyfl", "privacy": "paper"},
     "proxyfl-off": {**BASE, "method": "proxyfl", "privacy": "off"},
-    "proxyfl-options": {**BASE, "method": "proxyfl", "self_weight": 0.5, "graph": "ring", "optimizer_state": "keep",
-                        "accountant": "prv", "private_models": ["mlp", "cnn1", "lenet5", "cnn2"], "dml_alpha": 0.3},
-    "proxyfl-budgets": {**BASE, "method": "proxyfl", "target_epsilons": [2.0, 3.0, 50.0, 50.0], "rounds": 6,
-                        "noise_multiplier": 1.0},  # σ given: the budgets only stop clients (no calibration)
+    "proxyfl-options": {
+        **BASE,
+        "method": "proxyfl",
+        "self_weight": 0.5,
+        "graph": "ring",
+        "optimizer_state": "keep",
+        "accountant": "prv",
+        "private_models": ["mlp", "cnn1", "lenet5", "cnn2"],
+        "dml_alpha": 0.3,
+    },
+    "proxyfl-budgets": {
+        **BASE,
+        "method": "proxyfl",
+        "target_epsilons": [2.0, 3.0, 50.0, 50.0],
+        "rounds": 6,
+        "noise_multiplier": 1.0,
+    },  # σ given: the budgets only stop clients (no calibration)
     "proxyfl-iid-dirichlet": {**BASE, "method": "proxyfl", "partition": "dirichlet", "dirichlet_alpha": 0.3},
-    "fedavg-uniform": {**SHARED, "method": "fedavg", "aggregation": "uniform", "partition": "iid", "noise_multiplier": 0.7},
+    "fedavg-uniform": {
+        **SHARED,
+        "method": "fedavg",
+        "aggregation": "uniform",
+        "partition": "iid",
+        "noise_multiplier": 0.7,
+    },
     "fml-paper": {**BASE, "method": "fml", "privacy": "paper", "dml_beta": 0.3},
     "cwt-one": {**SHARED, "method": "cwt", "cwt_visits": 1, "target_epsilon": 4.0, "noise_multiplier": 1.0},
     "regular-off": {**PRIVATE, "method": "regular", "privacy": "off", "lr": 0.003, "weight_decay": 0.0},
-    "dp-fedavg-adaptive": {**CLIENT_LEVEL, "method": "dp-fedavg", "intermediaries": "adaptive", "adaptive_clip": True,
-                           "client_rate": 0.8, "rounds": 6},
-    "dp-fedavg-subclient": {**CLIENT_LEVEL, "method": "dp-fedavg", "intermediaries": 2, "privacy_unit": "subclient",
-                            "clip": 0.5},
-    "dp-fedadam-budget": {**CLIENT_LEVEL, "method": "dp-fedadam", "target_epsilon": 30.0, "rounds": 8,
-                          "noise_multiplier": 0.6, "bias_correction": True},
-    "dp2-rmsprop-delay": {**CLIENT_LEVEL, "method": "dp2-rmsprop", "dp2_delay": 2, "intermediaries": 3,
-                          "local_epochs": 2},
-    "proxyfl-bags-site": {"method": "proxyfl", "dataset": "bags", "partition": "site", "clients": 3, "rounds": 3,
-                          "batch_size": 8, "delta": 1e-3, "private_model": "deepset", "proxy_model": "deepset",
-                          "max_bag_size": 8, "threads": 1, "seed": 1},
+    "dp-fedavg-adaptive": {
+        **CLIENT_LEVEL,
+        "method": "dp-fedavg",
+        "intermediaries": "adaptive",
+        "adaptive_clip": True,
+        "client_rate": 0.8,
+        "rounds": 6,
+    },
+    "dp-fedavg-subclient": {
+        **CLIENT_LEVEL,
+        "method": "dp-fedavg",
+        "intermediaries": 2,
+        "privacy_unit": "subclient",
+        "clip": 0.5,
+    },
+    "dp-fedadam-budget": {
+        **CLIENT_LEVEL,
+        "method": "dp-fedadam",
+        "target_epsilon": 30.0,
+        "rounds": 8,
+        "noise_multiplier": 0.6,
+        "bias_correction": True,
+    },
+    "dp2-rmsprop-delay": {
+        **CLIENT_LEVEL,
+        "method": "dp2-rmsprop",
+        "dp2_delay": 2,
+        "intermediaries": 3,
+        "local_epochs": 2,
+    },
+    "proxyfl-bags-site": {
+        "method": "proxyfl",
+        "dataset": "bags",
+        "partition": "site",
+        "clients": 3,
+        "rounds": 3,
+        "batch_size": 8,
+        "delta": 1e-3,
+        "private_model": "deepset",
+        "proxy_model": "deepset",
+        "max_bag_size": 8,
+        "threads": 1,
+        "seed": 1,
+    },
 }
 SCENARIOS = ("iid", "non-iid", "distributed-features", "regression", "stream", "noisy-sites")
 
@@ -78,7 +142,9 @@ def write_bags(path: Path) -> None:
             labels.append(y)
             site.append(s)
             b += 1
-    np.savez(path, features=np.concatenate(feats), bag=np.array(bag), labels=np.array(labels), sites=np.array(site))
+    np.savez(
+        path, features=np.concatenate(feats), bag=np.array(bag), labels=np.array(labels), sites=np.array(site)
+    )
 
 
 def run_tree(src: Path, out: Path, bags: Path) -> dict[str, str]:
@@ -89,8 +155,9 @@ def run_tree(src: Path, out: Path, bags: Path) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
 
     def one(name: str, cmd: list[str]) -> tuple[str, str | None]:
-        res = subprocess.run([sys.executable, "-m", "silofl.cli.main", *cmd], env=env, capture_output=True, text=True,
-                             cwd=out)
+        res = subprocess.run(
+            [sys.executable, "-m", "silofl.cli.main", *cmd], env=env, capture_output=True, text=True, cwd=out
+        )
         return name, None if res.returncode == 0 else (res.stdout + res.stderr)[-1500:]
 
     jobs = []
@@ -125,15 +192,20 @@ def compare(a: Path, b: Path) -> list[str]:
             keys = [k for k in x if k in KEYS or k.endswith("_internal") or k.startswith("epsilon_")]
             bad = [k for k in keys if x.get(k) != y.get(k)]
             if bad or (x["round"], x["client"]) != (y["round"], y["client"]):
-                diffs.append(f"{name} round {x['round']} client {x['client']}: " +
-                             ", ".join(f"{k} {x.get(k)} vs {y.get(k)}" for k in bad))
+                diffs.append(
+                    f"{name} round {x['round']} client {x['client']}: "
+                    + ", ".join(f"{k} {x.get(k)} vs {y.get(k)}" for k in bad)
+                )
                 break
         fa = json.loads((ra / "summary.json").read_text())["final"]
         fb = json.loads((rb / "summary.json").read_text())["final"]
         for ca, cb in zip(fa["per_client"], fb["per_client"], strict=True):
             bad = [k for k in ca if (k in KEYS or k in ("left_at", "round")) and ca[k] != cb.get(k)]
             if bad:
-                diffs.append(f"{name} final client {ca['client']}: " + ", ".join(f"{k} {ca[k]} vs {cb.get(k)}" for k in bad))
+                diffs.append(
+                    f"{name} final client {ca['client']}: "
+                    + ", ".join(f"{k} {ca[k]} vs {cb.get(k)}" for k in bad)
+                )
     for s in SCENARIOS:
         pa, pb = a / "scenarios" / s / "table.csv", b / "scenarios" / s / "table.csv"
         if not pa.is_file() or not pb.is_file():
@@ -161,8 +233,11 @@ def main() -> int:
         wt = work / f"tree-{label}"
         if not wt.exists():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=True, capture_output=True)
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), rev], check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), rev],
+                check=True,
+                capture_output=True,
+            )
         trees[label] = wt / "src"
     failed = {}
     for label, src in trees.items():
@@ -176,11 +251,18 @@ def main() -> int:
     for label in ("base", "head"):
         wt = work / f"tree-{label}"
         if wt.exists() and args.keep is None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], capture_output=True
+            )
     same = not diffs and not failed
-    print(f"{len(CASES)} runs and {len(SCENARIOS)} PubSub-ML scenarios: "
-          + ("identical (metrics.jsonl accuracies, ε, bytes; final figures; scenario tables)" if same else
-             f"{len(diffs)} differences, {len(failed)} failures"))
+    print(
+        f"{len(CASES)} runs and {len(SCENARIOS)} PubSub-ML scenarios: "
+        + (
+            "identical (metrics.jsonl accuracies, ε, bytes; final figures; scenario tables)"
+            if same
+            else f"{len(diffs)} differences, {len(failed)} failures"
+        )
+    )
     return 0 if same else 1
 
 

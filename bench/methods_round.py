@@ -45,14 +45,19 @@ def main() -> None:
             times.append(time.perf_counter() - t)
     med = {k: statistics.median(t) for k, (_, t) in variants.items()}
     ref = med.get(("proxyfl", "strict"))
-    print(f"seconds per round (train + exchange), medians of {args.rounds} interleaved rounds, {torch.get_num_threads()} threads")
+    print(
+        f"seconds per round (train + exchange), medians of {args.rounds} interleaved rounds, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"{'method':10s} {'DP':>8s} {'no DP':>8s} {'DP/noDP':>8s} {'vs ProxyFL DP':>14s}")
     rows = []
     for m in args.methods.split(","):
         dp, nodp = med[(m, "strict")], med[(m, "off")]
         rel = dp / ref if ref else float("nan")
         print(f"{m:10s} {dp:8.3f} {nodp:8.3f} {dp / nodp:8.2f}× {rel:13.2f}×")
-        rows.append({"method": m, "dp_s": dp, "nodp_s": nodp, "dp_over_nodp": dp / nodp, "vs_proxyfl_dp": rel})
+        rows.append(
+            {"method": m, "dp_s": dp, "nodp_s": nodp, "dp_over_nodp": dp / nodp, "vs_proxyfl_dp": rel}
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows}, f, indent=2)

@@ -48,10 +48,16 @@ class OpacusProxyFL:
             engine = PrivacyEngine(accountant="rdp")
             loader = DataLoader(TensorDataset(x, y), batch_size=cfg.batch_size)
             proxy, xopt, loader = engine.make_private(
-                module=proxy, optimizer=xopt, data_loader=loader, noise_multiplier=cfg.noise_multiplier,
-                max_grad_norm=cfg.clip, poisson_sampling=True,
+                module=proxy,
+                optimizer=xopt,
+                data_loader=loader,
+                noise_multiplier=cfg.noise_multiplier,
+                max_grad_norm=cfg.clip,
+                poisson_sampling=True,
             )
-            self.clients.append(dict(private=private, proxy=proxy, popt=popt, xopt=xopt, engine=engine, loader=loader))
+            self.clients.append(
+                dict(private=private, proxy=proxy, popt=popt, xopt=xopt, engine=engine, loader=loader)
+            )
         self.graph = ExponentialGraph()
 
     def run_round(self, rnd: int) -> None:
@@ -102,19 +108,43 @@ def main():
         theirs.run_round(r)
         t_theirs.append(time.perf_counter() - t)
     mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
-    print(f"ProxyFL round, 8 clients, privacy {args.privacy}, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds, medians:")
-    print(f"  silofl                      {mo:7.3f} s/round   (per-round {', '.join(f'{x:.2f}' for x in t_ours)})")
-    print(f"  Opacus make_private (hooks) {mt:7.3f} s/round   (per-round {', '.join(f'{x:.2f}' for x in t_theirs)})")
+    print(
+        f"ProxyFL round, 8 clients, privacy {args.privacy}, {torch.get_num_threads()} threads, {args.rounds} "
+        f"interleaved rounds, medians:"
+    )
+    print(
+        f"  silofl                      {mo:7.3f} s/round   (per-round "
+        f"{', '.join(f'{x:.2f}' for x in t_ours)})"
+    )
+    print(
+        f"  Opacus make_private (hooks) {mt:7.3f} s/round   (per-round "
+        f"{', '.join(f'{x:.2f}' for x in t_theirs)})"
+    )
     print(f"  speed-up: {mt / mo:.2f}×")
-    print(f"  ε after {args.rounds + 1} rounds: silofl {sites[0].epsilon():.3f}, Opacus {theirs.clients[0]['eps']:.3f}")
+    print(
+        f"  ε after {args.rounds + 1} rounds: silofl {sites[0].epsilon():.3f}, Opacus "
+        f"{theirs.clients[0]['eps']:.3f}"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({
-            "privacy": args.privacy, "threads": torch.get_num_threads(), "rounds": args.rounds,
-            "silofl_s_per_round": t_ours, "opacus_s_per_round": t_theirs,
-            "silofl_median_s": mo, "opacus_median_s": mt, "speedup": mt / mo,
-            "epsilon_silofl": sites[0].epsilon(), "epsilon_opacus": theirs.clients[0]["eps"],
-        }, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "privacy": args.privacy,
+                    "threads": torch.get_num_threads(),
+                    "rounds": args.rounds,
+                    "silofl_s_per_round": t_ours,
+                    "opacus_s_per_round": t_theirs,
+                    "silofl_median_s": mo,
+                    "opacus_median_s": mt,
+                    "speedup": mt / mo,
+                    "epsilon_silofl": sites[0].epsilon(),
+                    "epsilon_opacus": theirs.clients[0]["eps"],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ each publisher with its own credential and its own TLS connection. Then one subs
 loads every model (fetch + signature check + validation), selects and fuses them (All and top-10), from each
 broker. Prints and writes table.md, table.csv, results.json and plot.png.
 
-    .venv/bin/python bench/pubsub_service_scale.py [--publishers 1000] [--rows 500] [--out reports/pubsub_service]
+    .venv/bin/python bench/pubsub_service_scale.py [--publishers 1000] [--rows 500] [--out
+    reports/pubsub_service]
 
 Models are trained with seeds (a benchmark, not a release); the rate limit of the service is raised for the
 run (--rate/--burst; limits are per credential, and this measures the service, not its throttle).
@@ -59,8 +60,14 @@ def subscriber_times(b, site: str, local: LocalData, defaults: dict, top_m) -> d
     models = [b.fetch(i) for i in b.stream(ch.id)]
     t_load = time.perf_counter() - t0
     rep = customize(models, local, defaults, top_m=top_m, seed=0, own=None, epochs=100).report
-    return {"models": len(models), "load": t_load, "select": rep["seconds"]["select"], "fuse": rep["seconds"]["fuse"],
-            "total": t_load + rep["seconds"]["select"] + rep["seconds"]["fuse"], "test": rep["test"]}
+    return {
+        "models": len(models),
+        "load": t_load,
+        "select": rep["seconds"]["select"],
+        "fuse": rep["seconds"]["fuse"],
+        "total": t_load + rep["seconds"]["select"] + rep["seconds"]["fuse"],
+        "test": rep["test"],
+    }
 
 
 def main() -> None:
@@ -78,7 +85,8 @@ def main() -> None:
     x, y = _hyperplane(n_pub * n + 2000, 0, drift=0.0)
     bounds = Bounds(np.zeros(10), np.ones(10))
 
-    # every publisher: train, record in its own ledger, sign with its own key (the same blobs go to both brokers)
+    # every publisher: train, record in its own ledger, sign with its own key (the same blobs go to both
+    # brokers)
     t0 = time.perf_counter()
     blobs, keys = [], []
     for p in range(n_pub):
@@ -88,12 +96,29 @@ def main() -> None:
         sl = slice(p * n, (p + 1) * n)
 
         def make(sl=sl, site=site, p=p):
-            return train("dp-logreg", x[sl], y[sl], publisher=site, features=FEATS, task="classification",
-                         bounds=bounds, epsilon=1.0, delta=1e-5, classes=CLASSES, seed=p)
+            return train(
+                "dp-logreg",
+                x[sl],
+                y[sl],
+                publisher=site,
+                features=FEATS,
+                task="classification",
+                bounds=bounds,
+                epsilon=1.0,
+                delta=1e-5,
+                classes=CLASSES,
+                seed=p,
+            )
 
-        _, blob = folder.release([f"{site}-{i}" for i in range(n)], 1.0, 1e-5, make, lambda data: data,
-                                 seal=lambda data, r, key=key: sign_model(data, key, {**r, "join": JOIN}),
-                                 what="bench")
+        _, blob = folder.release(
+            [f"{site}-{i}" for i in range(n)],
+            1.0,
+            1e-5,
+            make,
+            lambda data: data,
+            seal=lambda data, r, key=key: sign_model(data, key, {**r, "join": JOIN}),
+            what="bench",
+        )
         blobs.append(blob)
         keys.append(public_key_hex(key))
     t_make = time.perf_counter() - t0
@@ -110,18 +135,42 @@ def main() -> None:
     t_post_folder = time.perf_counter() - t0
     fb.join("subscriber")
     fb.subscribe("subscriber", [FEATS[:3]])
-    results["folder"] = {"post_seconds": t_post_folder,
-                         **{k: subscriber_times(fb, "subscriber", local, defaults, m) for k, m in
-                            (("All", None), ("top-10", 10))}}
+    results["folder"] = {
+        "post_seconds": t_post_folder,
+        **{
+            k: subscriber_times(fb, "subscriber", local, defaults, m)
+            for k, m in (("All", None), ("top-10", 10))
+        },
+    }
 
     # (b) the HTTPS service on loopback
     tls = make_test_certificates(work / "tls", ["127.0.0.1"])
     port = free_port()
     url = f"https://127.0.0.1:{port}"
     log = open(work / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "silofl.cli.main", "pubsub", "serve", "--state", str(work / "svc"),
-                             "--port", str(port), "--cert", str(tls["cert"]), "--key", str(tls["key"]),
-                             "--rate", str(a.rate), "--burst", str(a.burst)], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "pubsub",
+            "serve",
+            "--state",
+            str(work / "svc"),
+            "--port",
+            str(port),
+            "--cert",
+            str(tls["cert"]),
+            "--key",
+            str(tls["key"]),
+            "--rate",
+            str(a.rate),
+            "--burst",
+            str(a.burst),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         for _ in range(600):
             try:
@@ -137,16 +186,23 @@ def main() -> None:
         t0 = time.perf_counter()
         for p, blob in enumerate(blobs):  # each publisher: its own credential, its own TLS connection
             rb = RemoteBroker(url, {"site": f"site{p}", "token": tokens[p]}, ca=str(tls["ca"]))
-            rb._max_bytes = 64 * 1024 * 1024  # known from the operator's announcement; saves a /health round trip
+            rb._max_bytes = (
+                64 * 1024 * 1024
+            )  # known from the operator's announcement; saves a /health round trip
             rb.publish(blob)
             rb.close()
         t_post_service = time.perf_counter() - t0
         sb = RemoteBroker(url, {"site": "subscriber", "token": tokens[-1]}, ca=str(tls["ca"]))
         sb.join("subscriber")
         sb.subscribe("subscriber", [FEATS[:3]])
-        results["service"] = {"post_seconds": t_post_service, "register_seconds": t_register,
-                              **{k: subscriber_times(sb, "subscriber", local, defaults, m) for k, m in
-                                 (("All", None), ("top-10", 10))}}
+        results["service"] = {
+            "post_seconds": t_post_service,
+            "register_seconds": t_register,
+            **{
+                k: subscriber_times(sb, "subscriber", local, defaults, m)
+                for k, m in (("All", None), ("top-10", 10))
+            },
+        }
         sb.close()
         admin.close()
     finally:
@@ -162,27 +218,56 @@ def main() -> None:
     for broker in ("folder", "service"):
         for case in ("All", "top-10"):
             r = results[broker][case]
-            rows.append({"broker": broker, "subscriber keeps": case, "models": r["models"],
-                         "post s (all publishers)": results[broker]["post_seconds"], "load s": r["load"],
-                         "select s": r["select"], "fuse s": r["fuse"], "total s": r["total"], "test accuracy": r["test"]})
+            rows.append(
+                {
+                    "broker": broker,
+                    "subscriber keeps": case,
+                    "models": r["models"],
+                    "post s (all publishers)": results[broker]["post_seconds"],
+                    "load s": r["load"],
+                    "select s": r["select"],
+                    "fuse s": r["fuse"],
+                    "total s": r["total"],
+                    "test accuracy": r["test"],
+                }
+            )
     ratio = results["service"]["All"]["total"] / results["folder"]["All"]["total"]
-    setting = {"publishers": n_pub, "rows_per_publisher": n, "model": "dp-logreg", "epsilon": 1.0,
-               "make_seconds_train_ledger_sign": t_make, "service_register_seconds": results["service"]["register_seconds"],
-               "service_rate_limit": [a.rate, a.burst], "subscriber_total_ratio_service_over_folder_All": ratio,
-               "command": "bench/pubsub_service_scale.py " + " ".join(sys.argv[1:])}
+    setting = {
+        "publishers": n_pub,
+        "rows_per_publisher": n,
+        "model": "dp-logreg",
+        "epsilon": 1.0,
+        "make_seconds_train_ledger_sign": t_make,
+        "service_register_seconds": results["service"]["register_seconds"],
+        "service_rate_limit": [a.rate, a.burst],
+        "subscriber_total_ratio_service_over_folder_All": ratio,
+        "command": "bench/pubsub_service_scale.py " + " ".join(sys.argv[1:]),
+    }
     (out / "results.json").write_text(json.dumps({"setting": setting, "results": results}, indent=2))
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     head = "| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n"
-    body = "".join("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) and k != "test accuracy" else
-                                     (f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in r.items()) + " |\n"
-                   for r in rows)
-    md = (f"# PubSub-ML scale through the broker service vs the folder broker\n\n"
-          f"{n_pub} publishers × {n} rows, dp-logreg ε=1; train + ledger + sign once: {t_make:.1f} s; "
-          f"registering {n_pub + 1} sites: {results['service']['register_seconds']:.1f} s.\n\n" + head + body +
-          f"\nsubscriber total (All), service / folder: {ratio:.2f}×\n")
+    body = "".join(
+        "| "
+        + " | ".join(
+            f"{v:.2f}"
+            if isinstance(v, float) and k != "test accuracy"
+            else (f"{v:.4f}" if isinstance(v, float) else str(v))
+            for k, v in r.items()
+        )
+        + " |\n"
+        for r in rows
+    )
+    md = (
+        f"# PubSub-ML scale through the broker service vs the folder broker\n\n"
+        f"{n_pub} publishers × {n} rows, dp-logreg ε=1; train + ledger + sign once: {t_make:.1f} s; "
+        f"registering {n_pub + 1} sites: {results['service']['register_seconds']:.1f} s.\n\n"
+        + head
+        + body
+        + f"\nsubscriber total (All), service / folder: {ratio:.2f}×\n"
+    )
     (out / "table.md").write_text(md)
     try:
         import matplotlib

@@ -52,15 +52,24 @@ def group(a: dict) -> str:
 def auc_se(auc: float, n1: int, n2: int) -> float:
     """Hanley & McNeil's standard error of an AUC from n1 positives and n2 negatives."""
     q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
-    return math.sqrt(max(0.0, auc * (1 - auc) + (n1 - 1) * (q1 - auc * auc) + (n2 - 1) * (q2 - auc * auc)) / (n1 * n2))
+    return math.sqrt(
+        max(0.0, auc * (1 - auc) + (n1 - 1) * (q1 - auc * auc) + (n2 - 1) * (q2 - auc * auc)) / (n1 * n2)
+    )
 
 
 def blind_controls(rows: list[dict], method: str | None = None) -> list[dict]:
-    """No-DP rows whose released model the audit could not tell from chance (bound 0): at those settings the audit
+    """No-DP rows whose released model the audit could not tell from chance (bound 0): at those settings the
+    audit
     has no power on that method's releases, so a zero bound on its DP rows measures nothing."""
-    return [a for a in rows if a["epsilon_accountant"] is None and a["epsilon_lower_bound"] == 0.0
-            and a["kind"] == "example-level" and a["canaries"].get("releases_scored")
-            and (method is None or a["method"] == method)]
+    return [
+        a
+        for a in rows
+        if a["epsilon_accountant"] is None
+        and a["epsilon_lower_bound"] == 0.0
+        and a["kind"] == "example-level"
+        and a["canaries"].get("releases_scored")
+        and (method is None or a["method"] == method)
+    ]
 
 
 def f(v, nd: int = 3) -> str:
@@ -94,10 +103,21 @@ def sort_key(a: dict) -> tuple:
 
 def table(rows: list[dict]) -> tuple[str, list[dict]]:
     """The results table and its rows as data (docs/data/audit.json)."""
-    head = ["audit", "what is audited", "σ", "rounds", "ε accountant", "formal (mechanism)", "**ε lower bound** (95%)",
-            "score: correct / guesses", "largest measurable ε", "canary AUC (final / rounds)",
-            "MIA on the shared / published / global model: AUC loss / LiRA / RMIA (best TPR @ 1% FPR)",
-            "MIA on the private model", "accuracy"]
+    head = [
+        "audit",
+        "what is audited",
+        "σ",
+        "rounds",
+        "ε accountant",
+        "formal (mechanism)",
+        "**ε lower bound** (95%)",
+        "score: correct / guesses",
+        "largest measurable ε",
+        "canary AUC (final / rounds)",
+        "MIA on the shared / published / global model: AUC loss / LiRA / RMIA (best TPR @ 1% FPR)",
+        "MIA on the private model",
+        "accuracy",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     data = []
     for a in sorted(rows, key=sort_key):
@@ -105,14 +125,24 @@ def table(rows: list[dict]) -> tuple[str, list[dict]]:
         shared = shared_target(a)
         private = a["membership_inference"]["targets"].get("private")
         cauc = b["canary_auc"]
-        acc = "; ".join(f"{k.removesuffix('_acc')} {v['mean']:.3f}" for k, v in a.get("accuracy", {}).items()
-                        if v.get("mean") is not None) or "—"
+        acc = (
+            "; ".join(
+                f"{k.removesuffix('_acc')} {v['mean']:.3f}"
+                for k, v in a.get("accuracy", {}).items()
+                if v.get("mean") is not None
+            )
+            or "—"
+        )
         if a["kind"] == "example-level" and not a["canaries"].get("releases_scored"):
-            what = (f"{a['method']} ({a['privacy_mode']}), site {a['canaries']['audited_site']}'s own model "
-                    "(nothing is released: audited as if it were; a control)")
+            what = (
+                f"{a['method']} ({a['privacy_mode']}), site {a['canaries']['audited_site']}'s own model "
+                "(nothing is released: audited as if it were; a control)"
+            )
         elif a["kind"] == "example-level":
-            what = (f"{a['method']} ({a['privacy_mode']}), site {a['canaries']['audited_site']}'s released "
-                    f"{shared[0] if shared else 'model'}")
+            what = (
+                f"{a['method']} ({a['privacy_mode']}), site {a['canaries']['audited_site']}'s released "
+                f"{shared[0] if shared else 'model'}"
+            )
         elif a["kind"] == "client-level":
             what = f"{a['method']}, global model, canary hospitals"
         else:
@@ -120,17 +150,45 @@ def table(rows: list[dict]) -> tuple[str, list[dict]]:
         sigma = a.get("noise_multiplier") or a.get("mechanism", {}).get("noise_multiplier")
         eps = a["epsilon_accountant"]
         eps_txt = "— (no DP)" if eps is None else f"{eps:.3f} (δ={a['delta']:g})"
-        lines.append("| " + " | ".join([
-            a["_name"], what, f(sigma, 2) if sigma else "—", str(a.get("rounds", "—")), eps_txt,
-            "yes" if a["formal_guarantee"] else "**no**", f"**{a['epsilon_lower_bound']:.3f}**",
-            f"{b['score']}: {b['correct']} / {b['guesses']}", f(b["max_auditable_epsilon"], 2),
-            " / ".join(f(cauc.get(k)) for k in ("final", "rounds") if k in cauc),
-            mia_cell(shared[1] if shared else None), mia_cell(private), acc]) + " |")
-        data.append({"audit": a["_name"], "group": group(a), "epsilon_accountant": eps, "delta": a["delta"],
-                     "epsilon_lower_bound": a["epsilon_lower_bound"], "bound": {k: b[k] for k in b if k != "candidates"},
-                     "formal_guarantee": a["formal_guarantee"], "noise_multiplier": sigma,
-                     "membership_inference": {n: t["attacks"] for n, t in a["membership_inference"]["targets"].items()},
-                     "canaries": a["canaries"], "command": a.get("command"), "seconds": a.get("seconds")})
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    a["_name"],
+                    what,
+                    f(sigma, 2) if sigma else "—",
+                    str(a.get("rounds", "—")),
+                    eps_txt,
+                    "yes" if a["formal_guarantee"] else "**no**",
+                    f"**{a['epsilon_lower_bound']:.3f}**",
+                    f"{b['score']}: {b['correct']} / {b['guesses']}",
+                    f(b["max_auditable_epsilon"], 2),
+                    " / ".join(f(cauc.get(k)) for k in ("final", "rounds") if k in cauc),
+                    mia_cell(shared[1] if shared else None),
+                    mia_cell(private),
+                    acc,
+                ]
+            )
+            + " |"
+        )
+        data.append(
+            {
+                "audit": a["_name"],
+                "group": group(a),
+                "epsilon_accountant": eps,
+                "delta": a["delta"],
+                "epsilon_lower_bound": a["epsilon_lower_bound"],
+                "bound": {k: b[k] for k in b if k != "candidates"},
+                "formal_guarantee": a["formal_guarantee"],
+                "noise_multiplier": sigma,
+                "membership_inference": {
+                    n: t["attacks"] for n, t in a["membership_inference"]["targets"].items()
+                },
+                "canaries": a["canaries"],
+                "command": a.get("command"),
+                "seconds": a.get("seconds"),
+            }
+        )
     return "\n".join(lines), data
 
 
@@ -138,57 +196,91 @@ def paper_vs_strict(rows: list[dict]) -> tuple[str, list[dict]]:
     """Pairs strict / paper runs at the same σ: bounds, canary AUCs and MIA AUCs with 2·SE intervals."""
     by = {}
     for a in rows:
-        if a["kind"] == "example-level" and a["method"] == "proxyfl" and a["privacy_mode"] in ("strict", "paper"):
+        if (
+            a["kind"] == "example-level"
+            and a["method"] == "proxyfl"
+            and a["privacy_mode"] in ("strict", "paper")
+        ):
             by[(a["privacy_mode"], round(a["noise_multiplier"], 4))] = a
     sigmas = sorted({s for m, s in by if (("strict", s) in by and ("paper", s) in by)})
     lines, out, any_more, labels = [], [], False, []
     for s in sigmas:
         st, pa = by[("strict", s)], by[("paper", s)]
         comp = []
-        for label, get in (("canary AUC, final", lambda a: ("final", a["bound"]["canary_auc"]["final"], a["canaries"])),
-                           ("canary AUC, rounds", lambda a: ("rounds", a["bound"]["canary_auc"]["rounds"], a["canaries"]))):
+        for label, get in (
+            ("canary AUC, final", lambda a: ("final", a["bound"]["canary_auc"]["final"], a["canaries"])),
+            ("canary AUC, rounds", lambda a: ("rounds", a["bound"]["canary_auc"]["rounds"], a["canaries"])),
+        ):
             _, x, c = get(st)
             _, y, c2 = get(pa)
-            se = math.hypot(auc_se(x, c["included"], c["excluded"]), auc_se(y, c2["included"], c2["excluded"]))
+            se = math.hypot(
+                auc_se(x, c["included"], c["excluded"]), auc_se(y, c2["included"], c2["excluded"])
+            )
             comp.append((label, x, y, se))
         for attack in ATTACKS:
             for target in ("proxy", "private"):
                 t1 = st["membership_inference"]["targets"].get(target, {}).get("attacks", {}).get(attack)
                 t2 = pa["membership_inference"]["targets"].get(target, {}).get("attacks", {}).get(attack)
                 if t1 and t2:
-                    se = math.hypot(auc_se(t1["auc"], t1["members"], t1["nonmembers"]),
-                                    auc_se(t2["auc"], t2["members"], t2["nonmembers"]))
+                    se = math.hypot(
+                        auc_se(t1["auc"], t1["members"], t1["nonmembers"]),
+                        auc_se(t2["auc"], t2["members"], t2["nonmembers"]),
+                    )
                     comp.append((f"MIA on the {target}, {attack}", t1["auc"], t2["auc"], se))
         more = [c for c in comp if c[2] - c[1] > 2 * c[3] and "private" not in c[0]]
         any_more = any_more or bool(more) or pa["epsilon_lower_bound"] > st["epsilon_lower_bound"] + 0.5
-        cells = [f"{s:g}", f"{st['epsilon_accountant']:.2f}",
-                 f"{st['epsilon_lower_bound']:.3f} / {pa['epsilon_lower_bound']:.3f}"]
+        cells = [
+            f"{s:g}",
+            f"{st['epsilon_accountant']:.2f}",
+            f"{st['epsilon_lower_bound']:.3f} / {pa['epsilon_lower_bound']:.3f}",
+        ]
         cells += [f"{x:.3f} / {y:.3f} ({y - x:+.3f} ± {2 * se:.3f})" for _, x, y, se in comp]
         lines.append("| " + " | ".join(cells) + " |")
-        out.append({"sigma": s, "strict": st["_name"], "paper": pa["_name"],
-                    "comparisons": [{"what": lab, "strict": x, "paper": y, "se_difference": se} for lab, x, y, se in comp]})
+        out.append(
+            {
+                "sigma": s,
+                "strict": st["_name"],
+                "paper": pa["_name"],
+                "comparisons": [
+                    {"what": lab, "strict": x, "paper": y, "se_difference": se} for lab, x, y, se in comp
+                ],
+            }
+        )
         labels = [lab for lab, *_ in comp]
     if not sigmas:
         return "These audits hold no strict/paper pair of ProxyFL runs at the same σ.", out
-    verdict = ("**paper mode leaked measurably more than strict mode** on the released proxy at the power of this "
-               "audit (a difference above 2 standard errors, or a bound more than 0.5 higher, in the paper run's favour)"
-               if any_more else
-               "**paper mode did not leak measurably more than strict mode at the power of this audit**: no "
-               "difference in the released proxy's canary or membership-inference AUC exceeds two standard errors, "
-               "and the empirical bounds are alike")
-    head = ["σ", "accountant ε (both)", "ε lower bound strict / paper", *(f"{lab}: strict / paper (paper − strict ± 2·SE)"
-                                                                          for lab in labels)]
+    verdict = (
+        "**paper mode leaked measurably more than strict mode** on the released proxy at the power of this "
+        "audit (a difference above 2 standard errors, or a bound more than 0.5 higher, in the paper run's "
+        "favour)"
+        if any_more
+        else "**paper mode did not leak measurably more than strict mode at the power of this audit**: no "
+        "difference in the released proxy's canary or membership-inference AUC exceeds two standard errors, "
+        "and the empirical bounds are alike"
+    )
+    head = [
+        "σ",
+        "accountant ε (both)",
+        "ε lower bound strict / paper",
+        *(f"{lab}: strict / paper (paper − strict ± 2·SE)" for lab in labels),
+    ]
     tab = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines])
-    note = ("2·SE is two Hanley–McNeil standard errors of the difference of two independent AUCs; the paired runs "
-            "share their seed (canaries, coins, sampling and noise draws), so the difference's real spread is smaller "
-            "and this test is conservative.")
+    note = (
+        "2·SE is two Hanley–McNeil standard errors of the difference of two independent AUCs; the paired "
+        "runs "
+        "share their seed (canaries, coins, sampling and noise draws), so the difference's real spread is "
+        "smaller "
+        "and this test is conservative."
+    )
     blind = blind_controls(rows, "proxyfl")
     if blind and not any_more:
         c = blind[0]["bound"]["canary_auc"]
-        verdict += (f". **This audit has no power on the released proxy at these settings**: the no-DP control "
-                    f"({blind[0]['_name']}) also gives a bound of 0 (canary AUC "
-                    + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
-                    + "), so the absence of a difference is not evidence that paper mode leaks no more")
+        verdict += (
+            f". **This audit has no power on the released proxy at these settings**: the no-DP control "
+            f"({blind[0]['_name']}) also gives a bound of 0 (canary AUC "
+            + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
+            + "), so the absence of a difference is not evidence that paper mode leaks no more"
+        )
     return verdict + ".\n\n" + tab + "\n\n" + note, out
 
 
@@ -197,37 +289,67 @@ def findings(rows: list[dict]) -> str:
     out = []
     formal = [a for a in rows if a["formal_guarantee"] and a["epsilon_accountant"] is not None]
     over = [a["_name"] for a in formal if a["epsilon_lower_bound"] > a["epsilon_accountant"]]
-    out.append(f"On the {len(formal)} rows with a formal guarantee, " + (
-        "no empirical bound exceeds its accountant's ε." if not over else
-        f"the bound EXCEEDS the accountant's ε on {', '.join(over)}: a bug on one side."))
+    out.append(
+        f"On the {len(formal)} rows with a formal guarantee, "
+        + (
+            "no empirical bound exceeds its accountant's ε."
+            if not over
+            else f"the bound EXCEEDS the accountant's ε on {', '.join(over)}: a bug on one side."
+        )
+    )
     paper = [a for a in rows if not a["formal_guarantee"] and a["epsilon_accountant"] is not None]
     if paper:
         over_p = [a["_name"] for a in paper if a["epsilon_lower_bound"] > a["epsilon_accountant"]]
-        out.append(f"On the {len(paper)} `paper` rows (not a formal guarantee) " + (
-            "no bound exceeds the accountant's ε either: no violation was measured." if not over_p else
-            f"the bound exceeds the printed ε on {', '.join(over_p)}: a measured violation of the printed ε."))
+        out.append(
+            f"On the {len(paper)} `paper` rows (not a formal guarantee) "
+            + (
+                "no bound exceeds the accountant's ε either: no violation was measured."
+                if not over_p
+                else f"the bound exceeds the printed ε on {', '.join(over_p)}: a measured violation of the "
+                f"printed ε."
+            )
+        )
     for g in GROUPS:
-        grp = sorted((a for a in rows if group(a) == g and a["epsilon_accountant"] is not None),
-                     key=lambda a: a["epsilon_accountant"])
+        grp = sorted(
+            (a for a in rows if group(a) == g and a["epsilon_accountant"] is not None),
+            key=lambda a: a["epsilon_accountant"],
+        )
         if grp:
-            pairs = ", ".join(f"ε {a['epsilon_accountant']:.2f} → {a['epsilon_lower_bound']:.3f}" for a in grp)
+            pairs = ", ".join(
+                f"ε {a['epsilon_accountant']:.2f} → {a['epsilon_lower_bound']:.3f}" for a in grp
+            )
             ratio = max(a["epsilon_lower_bound"] / a["epsilon_accountant"] for a in grp)
-            out.append(f"{g}: accountant ε → empirical lower bound: {pairs} (at most {ratio:.0%} of the accountant's "
-                       "ε is demonstrated).")
+            out.append(
+                f"{g}: accountant ε → empirical lower bound: {pairs} (at most {ratio:.0%} of the "
+                f"accountant's "
+                "ε is demonstrated)."
+            )
     for a in rows:
         if a["epsilon_accountant"] is None:
             sh = shared_target(a)
-            best = max((f["auc"] for t in a["membership_inference"]["targets"].values() for f in t["attacks"].values()),
-                       default=None)
+            best = max(
+                (
+                    f["auc"]
+                    for t in a["membership_inference"]["targets"].values()
+                    for f in t["attacks"].values()
+                ),
+                default=None,
+            )
             c = a["bound"]["canary_auc"]
-            out.append(f"Without DP ({a['_name']}): empirical bound {a['epsilon_lower_bound']:.3f}, canary AUC "
-                       + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
-                       + (f", best membership-inference AUC {best:.3f}" if best is not None else "")
-                       + (f" (target: {sh[0]})" if sh else "") + ".")
+            out.append(
+                f"Without DP ({a['_name']}): empirical bound {a['epsilon_lower_bound']:.3f}, canary AUC "
+                + " / ".join(f"{k} {v:.3f}" for k, v in c.items() if v is not None)
+                + (f", best membership-inference AUC {best:.3f}" if best is not None else "")
+                + (f" (target: {sh[0]})" if sh else "")
+                + "."
+            )
     for a in blind_controls(rows):
-        out.append(f"No power on {a['method']}'s releases at these settings: without DP ({a['_name']}) its released "
-                   "model gives a bound of 0 too, so the zero bounds of its DP rows say only that nothing was detected, "
-                   "not how loose the accountant is.")
+        out.append(
+            f"No power on {a['method']}'s releases at these settings: without DP ({a['_name']}) its released "
+            "model gives a bound of 0 too, so the zero bounds of its DP rows say only that nothing was "
+            "detected, "
+            "not how loose the accountant is."
+        )
     return "\n".join(f"- {x}" for x in out)
 
 
@@ -241,8 +363,14 @@ def plot(rows: list[dict], path: Path) -> None:
         grp = [a for a in rows if group(a) == g and a["epsilon_accountant"] is not None]
         if grp:
             jitter = 1 + 0.04 * (gi - len(GROUPS) / 2)  # side by side at the same ε
-            ax.scatter([a["epsilon_accountant"] * jitter for a in grp], [a["epsilon_lower_bound"] for a in grp],
-                       marker=markers[g], color=colors(gi), label=g, s=50)
+            ax.scatter(
+                [a["epsilon_accountant"] * jitter for a in grp],
+                [a["epsilon_lower_bound"] for a in grp],
+                marker=markers[g],
+                color=colors(gi),
+                label=g,
+                s=50,
+            )
     ceiling = max(a["bound"]["max_auditable_epsilon"] for a in rows)
     lo, hi = min(xs) * 0.7, max(xs) * 1.4
     grid = [lo * (hi / lo) ** (i / 50) for i in range(51)]
@@ -268,34 +396,56 @@ def setup(rows: list[dict]) -> str:
         c, k, mi = ex["_run"], ex["canaries"], ex["membership_inference"]
         n_non = next(iter(mi["targets"].values()))["attacks"]["loss"]["nonmembers"]
         parts.append(
-            f"**Example-level** (ProxyFL, FedAvg): {c['dataset']}, {c['clients']} clients × {c['samples_per_client']} "
-            f"examples (partition {c['partition']}" + (f", p = {c['p_major']}" if c["partition"] == "p_major" else "") +
-            f"), expected batch {c['batch_size']} (Poisson), {c['rounds']} rounds, Adam lr {c['lr']}, clip {c['clip']}, "
-            + (f"private {c['private_model']} / " if "private_model" in c else "") + f"shared {c['proxy_model']}. "
-            f"{k['m']} mislabelled canaries at site {k['audited_site']}; with seed {ex['seed']} the coins put "
+            f"**Example-level** (ProxyFL, FedAvg): {c['dataset']}, {c['clients']} clients × "
+            f"{c['samples_per_client']} "
+            f"examples (partition {c['partition']}"
+            + (f", p = {c['p_major']}" if c["partition"] == "p_major" else "")
+            + f"), expected batch {c['batch_size']} (Poisson), {c['rounds']} rounds, Adam lr {c['lr']}, clip "
+            f"{c['clip']}, "
+            + (f"private {c['private_model']} / " if "private_model" in c else "")
+            + f"shared {c['proxy_model']}. "
+            f"{k['m']} mislabelled canaries at site {k['audited_site']}; with seed {ex['seed']} the coins "
+            f"put "
             f"{k['included']} in, so that site holds {k['site_examples_with_canaries']} examples "
-            f"({k['site_examples_real']} real) and its accountant sees q = {ex['sample_rate']:.4f} and {ex['steps']} "
-            f"steps (the other sites: their own). Canaries are scored from each of the {k['releases_scored']} models "
-            f"the site released. Attacks: {mi['members']} against {n_non} non-members; {mi['reference_models']}. "
-            "The papers run 300 rounds (ε ≈ 100 at σ = 1 in docs/proxyfl.md); these audits run the rounds stated here.")
+            f"({k['site_examples_real']} real) and its accountant sees q = {ex['sample_rate']:.4f} and "
+            f"{ex['steps']} "
+            f"steps (the other sites: their own). Canaries are scored from each of the "
+            f"{k['releases_scored']} models "
+            f"the site released. Attacks: {mi['members']} against {n_non} non-members; "
+            f"{mi['reference_models']}. "
+            "The papers run 300 rounds (ε ≈ 100 at σ = 1 in docs/proxyfl.md); these audits run the rounds "
+            "stated here."
+        )
     cl = next((a for a in rows if a["kind"] == "client-level" and "_run" in a), None)
     if cl is not None:
         c, k = cl["_run"], cl["canaries"]
         parts.append(
-            f"**Client-level** (DP-FedAvg, Jiang et al.'s protocol): {c['dataset']}, {k['real_clients']} hospitals × "
-            f"{c['samples_per_client']} examples ({c['partition']}), {c['proxy_model']}, {c['rounds']} rounds, local SGD "
-            f"batch {c['batch_size']} lr {c['local_lr']}, server lr {c['server_lr']}, clip {c['clip']}, intermediaries "
-            f"{c['intermediaries']}, privacy unit {c['privacy_unit']}. {k['m']} canary hospitals ({k['kind']}); "
+            f"**Client-level** (DP-FedAvg, Jiang et al.'s protocol): {c['dataset']}, {k['real_clients']} "
+            f"hospitals × "
+            f"{c['samples_per_client']} examples ({c['partition']}), {c['proxy_model']}, {c['rounds']} "
+            f"rounds, local SGD "
+            f"batch {c['batch_size']} lr {c['local_lr']}, server lr {c['server_lr']}, clip {c['clip']}, "
+            f"intermediaries "
+            f"{c['intermediaries']}, privacy unit {c['privacy_unit']}. {k['m']} canary hospitals "
+            f"({k['kind']}); "
             f"{k['included']} joined. Attacks: {cl['membership_inference']['members']}; "
-            f"{cl['membership_inference']['reference_models']}.")
+            f"{cl['membership_inference']['reference_models']}."
+        )
     ps = next((a for a in rows if a["kind"] == "pubsub"), None)
     if ps is not None:
         k, mech = ps["canaries"], ps.get("mechanism", {})
         parts.append(
-            f"**PubSub-ML**: a publisher with {k['publisher_rows_real']} rows publishes one {ps['method'].split(':')[-1]} "
-            f"({mech.get('name', '')}" + (f", σ from Opacus for the target ε, q = {mech['sample_rate']:.4f}, "
-                                          f"{mech['steps']} steps" if "steps" in mech else "") +
-            f"); {k['m']} mislabelled canaries, {k['included']} in; the published model is the only release.")
+            f"**PubSub-ML**: a publisher with {k['publisher_rows_real']} rows publishes one "
+            f"{ps['method'].split(':')[-1]} "
+            f"({mech.get('name', '')}"
+            + (
+                f", σ from Opacus for the target ε, q = {mech['sample_rate']:.4f}, {mech['steps']} steps"
+                if "steps" in mech
+                else ""
+            )
+            + f"); {k['m']} mislabelled canaries, {k['included']} in; the published model is the only "
+            f"release."
+        )
     return "\n".join(f"- {p}" for p in parts)
 
 
@@ -306,8 +456,17 @@ def is_gradient(a: dict) -> bool:
 
 def control_for(a: dict, rows: list[dict]) -> dict | None:
     """The no-DP gradient-canary audit of the same method and canary kind (ProxyFL's modes share ``off``)."""
-    return next((c for c in rows if is_gradient(c) and c["epsilon_accountant"] is None and c["method"] == a["method"]
-                 and c["canaries"].get("canary_kind") == a["canaries"].get("canary_kind")), None)
+    return next(
+        (
+            c
+            for c in rows
+            if is_gradient(c)
+            and c["epsilon_accountant"] is None
+            and c["method"] == a["method"]
+            and c["canaries"].get("canary_kind") == a["canaries"].get("canary_kind")
+        ),
+        None,
+    )
 
 
 PER_STEP, PER_RELEASE = "white-box per step", "white-box per release"
@@ -324,12 +483,24 @@ def release_name(a: dict) -> str:
 
 
 def grad_table(rows: list[dict]) -> tuple[str, list[dict]]:
-    """Gradient-canary rows: SNJ bound and Gaussian-sum estimate per threat model, the no-DP control beside each."""
-    head = ["audit", "method (mode)", "σ", "steps (q)", "ε accountant", "formal (mechanism)",
-            "**SNJ ε lower bound, per step** (95%)", "Gaussian-sum ε, per step (μ̂ / expected μ)",
-            "SNJ ε lower bound, per release (published dp-nn: final model)", "Gaussian-sum ε, per release (final)", "largest certifiable ε (m, δ)",
-            "no-DP control: SNJ / Gaussian-sum, per step", "per-step bound / accountant ε (SNJ; Gaussian-sum)",
-            "accuracy"]
+    """Gradient-canary rows: SNJ bound and Gaussian-sum estimate per threat model, the no-DP control beside
+    each."""
+    head = [
+        "audit",
+        "method (mode)",
+        "σ",
+        "steps (q)",
+        "ε accountant",
+        "formal (mechanism)",
+        "**SNJ ε lower bound, per step** (95%)",
+        "Gaussian-sum ε, per step (μ̂ / expected μ)",
+        "SNJ ε lower bound, per release (published dp-nn: final model)",
+        "Gaussian-sum ε, per release (final)",
+        "largest certifiable ε (m, δ)",
+        "no-DP control: SNJ / Gaussian-sum, per step",
+        "per-step bound / accountant ε (SNJ; Gaussian-sum)",
+        "accuracy",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     data = []
     for a in sorted(rows, key=sort_key):
@@ -338,27 +509,67 @@ def grad_table(rows: list[dict]) -> tuple[str, list[dict]]:
         ctl = control_for(a, rows) if eps is not None else None
         cs = ctl["bounds"][PER_STEP] if ctl else None
         mu_exp = a.get("mu_sum_statistic_expected")
-        acc = "; ".join(f"{k.removesuffix('_acc')} {v['mean']:.3f}" for k, v in a.get("accuracy", {}).items()
-                        if v.get("mean") is not None) or "—"
-        ratio = ("—" if eps is None else f"{st['snj']['epsilon_lower_bound'] / eps:.0%}; "
-                 f"{st['gauss']['epsilon_estimate'] / eps:.0%}")
-        lines.append("| " + " | ".join([
-            a["_name"], f"{a['method']} ({a['privacy_mode']})", f(a.get("noise_multiplier"), 2) if eps else "0 (no DP)",
-            f"{a['steps']} ({a['sample_rate']:.3f})", "— (no DP)" if eps is None else f"{eps:.3f} (δ={a['delta']:g})",
-            "yes" if a["formal_guarantee"] else "**no**", f"**{st['snj']['epsilon_lower_bound']:.3f}**",
-            f"{f(st['gauss']['epsilon_estimate'])} ({f(st['gauss']['mu_hat'], 2)} / {f(mu_exp, 2)})",
-            f(rel["snj"]["epsilon_lower_bound"]), f(rel["gauss"]["epsilon_estimate"]),
-            f(a["certifiable_epsilon_max"], 2),
-            "—" if cs is None else f"{cs['snj']['epsilon_lower_bound']:.3f} / {f(cs['gauss']['epsilon_estimate'])}"
-            + f" ({ctl['_name']})", ratio, acc]) + " |")
-        data.append({"audit": a["_name"], "method": a["method"], "privacy_mode": a["privacy_mode"],
-                     "epsilon_accountant": eps, "delta": a["delta"], "noise_multiplier": a.get("noise_multiplier"),
-                     "steps": a["steps"], "sample_rate": a["sample_rate"], "formal_guarantee": a["formal_guarantee"],
-                     "certifiable_epsilon_max": a["certifiable_epsilon_max"], "mu_expected": mu_exp,
-                     "bounds": {tm: {"snj": {k: v for k, v in b["snj"].items() if k != "candidates"}, "gauss": b["gauss"]}
-                                for tm, b in a["bounds"].items()},
-                     "control": ctl["_name"] if ctl else None, "canaries": a["canaries"], "command": a.get("command"),
-                     "seconds": a.get("seconds")})
+        acc = (
+            "; ".join(
+                f"{k.removesuffix('_acc')} {v['mean']:.3f}"
+                for k, v in a.get("accuracy", {}).items()
+                if v.get("mean") is not None
+            )
+            or "—"
+        )
+        ratio = (
+            "—"
+            if eps is None
+            else f"{st['snj']['epsilon_lower_bound'] / eps:.0%}; {st['gauss']['epsilon_estimate'] / eps:.0%}"
+        )
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    a["_name"],
+                    f"{a['method']} ({a['privacy_mode']})",
+                    f(a.get("noise_multiplier"), 2) if eps else "0 (no DP)",
+                    f"{a['steps']} ({a['sample_rate']:.3f})",
+                    "— (no DP)" if eps is None else f"{eps:.3f} (δ={a['delta']:g})",
+                    "yes" if a["formal_guarantee"] else "**no**",
+                    f"**{st['snj']['epsilon_lower_bound']:.3f}**",
+                    f"{f(st['gauss']['epsilon_estimate'])} ({f(st['gauss']['mu_hat'], 2)} / {f(mu_exp, 2)})",
+                    f(rel["snj"]["epsilon_lower_bound"]),
+                    f(rel["gauss"]["epsilon_estimate"]),
+                    f(a["certifiable_epsilon_max"], 2),
+                    "—"
+                    if cs is None
+                    else f"{cs['snj']['epsilon_lower_bound']:.3f} / {f(cs['gauss']['epsilon_estimate'])}"
+                    + f" ({ctl['_name']})",
+                    ratio,
+                    acc,
+                ]
+            )
+            + " |"
+        )
+        data.append(
+            {
+                "audit": a["_name"],
+                "method": a["method"],
+                "privacy_mode": a["privacy_mode"],
+                "epsilon_accountant": eps,
+                "delta": a["delta"],
+                "noise_multiplier": a.get("noise_multiplier"),
+                "steps": a["steps"],
+                "sample_rate": a["sample_rate"],
+                "formal_guarantee": a["formal_guarantee"],
+                "certifiable_epsilon_max": a["certifiable_epsilon_max"],
+                "mu_expected": mu_exp,
+                "bounds": {
+                    tm: {"snj": {k: v for k, v in b["snj"].items() if k != "candidates"}, "gauss": b["gauss"]}
+                    for tm, b in a["bounds"].items()
+                },
+                "control": ctl["_name"] if ctl else None,
+                "canaries": a["canaries"],
+                "command": a.get("command"),
+                "seconds": a.get("seconds"),
+            }
+        )
     return "\n".join(lines), data
 
 
@@ -366,72 +577,123 @@ def grad_findings(rows: list[dict]) -> str:
     """What the gradient-canary table says, each statement computed from the rows."""
     out = []
     dp = [a for a in rows if a["epsilon_accountant"] is not None]
-    over = [f"{a['_name']} ({tm}, {kind})" for a in dp for tm, b in a["bounds"].items()
-            for kind, v in (("SNJ", b["snj"]["epsilon_lower_bound"]), ("Gaussian-sum", b["gauss"]["epsilon_estimate"]))
-            if v is not None and v > a["epsilon_accountant"]]
-    out.append(f"On the {len(dp)} DP rows, " + ("no SNJ bound and no Gaussian-sum estimate, under either threat model, "
-                                                 "exceeds its accountant's ε." if not over else
-                                                 f"a figure EXCEEDS the accountant's ε: {', '.join(over)}."))
+    over = [
+        f"{a['_name']} ({tm}, {kind})"
+        for a in dp
+        for tm, b in a["bounds"].items()
+        for kind, v in (
+            ("SNJ", b["snj"]["epsilon_lower_bound"]),
+            ("Gaussian-sum", b["gauss"]["epsilon_estimate"]),
+        )
+        if v is not None and v > a["epsilon_accountant"]
+    ]
+    out.append(
+        f"On the {len(dp)} DP rows, "
+        + (
+            "no SNJ bound and no Gaussian-sum estimate, under either threat model, "
+            "exceeds its accountant's ε."
+            if not over
+            else f"a figure EXCEEDS the accountant's ε: {', '.join(over)}."
+        )
+    )
     for a in rows:
         if a["epsilon_accountant"] is None:
             st = a["bounds"][PER_STEP]
-            out.append(f"No-DP control {a['_name']}: per-step SNJ bound {st['snj']['epsilon_lower_bound']:.3f} "
-                       f"(at most {a['certifiable_epsilon_max']:.2f} certifiable with these m and δ), Gaussian-sum "
-                       f"{f(st['gauss']['epsilon_estimate'])}, canary AUC {f(next(iter(st['snj']['canary_auc'].values())))}; "
-                       f"{release_name(a)} {release_bound(a)['snj']['epsilon_lower_bound']:.3f}.")
+            out.append(
+                f"No-DP control {a['_name']}: per-step SNJ bound {st['snj']['epsilon_lower_bound']:.3f} "
+                f"(at most {a['certifiable_epsilon_max']:.2f} certifiable with these m and δ), Gaussian-sum "
+                f"{f(st['gauss']['epsilon_estimate'])}, canary AUC "
+                f"{f(next(iter(st['snj']['canary_auc'].values())))}; "
+                f"{release_name(a)} {release_bound(a)['snj']['epsilon_lower_bound']:.3f}."
+            )
     groups: dict[str, list[dict]] = {}
     for a in dp:
         groups.setdefault(f"{a['method']} {a['privacy_mode']}", []).append(a)
     for g, grp in groups.items():
         grp.sort(key=lambda a: a["epsilon_accountant"])
-        pairs = ", ".join(f"ε {a['epsilon_accountant']:.2f} → SNJ {a['bounds'][PER_STEP]['snj']['epsilon_lower_bound']:.2f}"
-                          f" / Gaussian-sum {f(a['bounds'][PER_STEP]['gauss']['epsilon_estimate'], 2)}" for a in grp)
+        pairs = ", ".join(
+            f"ε {a['epsilon_accountant']:.2f} → SNJ {a['bounds'][PER_STEP]['snj']['epsilon_lower_bound']:.2f}"
+            f" / Gaussian-sum {f(a['bounds'][PER_STEP]['gauss']['epsilon_estimate'], 2)}"
+            for a in grp
+        )
         out.append(f"{g}, white-box per step: {pairs}.")
     for a in dp:
         if a.get("noise_multiplier") is not None and a["noise_multiplier"] <= 0.2:
             st = a["bounds"][PER_STEP]
-            out.append(f"{a['_name']} (σ = {a['noise_multiplier']:g}: clipped like DP-SGD, almost no noise; accountant ε "
-                       f"{a['epsilon_accountant']:.0f}) is the mechanism's own power control: per-step SNJ bound "
-                       f"{st['snj']['epsilon_lower_bound']:.3f} of the {a['certifiable_epsilon_max']:.2f} these m can "
-                       f"certify, Gaussian-sum {f(st['gauss']['epsilon_estimate'])}.")
-    above = [a["_name"] for a in dp if (c := control_for(a, rows)) is not None
-             and a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] > c["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"]]
+            out.append(
+                f"{a['_name']} (σ = {a['noise_multiplier']:g}: clipped like DP-SGD, almost no noise; "
+                f"accountant ε "
+                f"{a['epsilon_accountant']:.0f}) is the mechanism's own power control: per-step SNJ bound "
+                f"{st['snj']['epsilon_lower_bound']:.3f} of the {a['certifiable_epsilon_max']:.2f} these m "
+                f"can "
+                f"certify, Gaussian-sum {f(st['gauss']['epsilon_estimate'])}."
+            )
+    above = [
+        a["_name"]
+        for a in dp
+        if (c := control_for(a, rows)) is not None
+        and a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"]
+        > c["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"]
+    ]
     if above:
-        out.append(f"The no-DP control is not the ceiling of the per-step score: {', '.join(above)} reach a higher "
-                   "per-step bound than their no-DP control. Without DP the real examples' gradients are not clipped, "
-                   "so on the canary coordinates they are as large as DP's noise and the canary (weighted like one "
-                   "clipped example) stands out less; the σ = 0.1 rows (clipped, almost no noise), where present, are "
-                   "the mechanism's own power control.")
+        out.append(
+            f"The no-DP control is not the ceiling of the per-step score: {', '.join(above)} reach a higher "
+            "per-step bound than their no-DP control. Without DP the real examples' gradients are not "
+            "clipped, "
+            "so on the canary coordinates they are as large as DP's noise and the canary (weighted like one "
+            "clipped example) stands out less; the σ = 0.1 rows (clipped, almost no noise), where present, "
+            "are "
+            "the mechanism's own power control."
+        )
     near8 = [a for a in dp if 6 <= a["epsilon_accountant"] <= 10 and a["formal_guarantee"]]
     if near8:
-        best = max(near8, key=lambda a: a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] / a["epsilon_accountant"])
+        best = max(
+            near8, key=lambda a: a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] / a["epsilon_accountant"]
+        )
         r = best["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] / best["epsilon_accountant"]
-        out.append(f"At ε ≈ 8 the best per-step SNJ bound is {r:.0%} of the accountant's ε ({best['_name']}); the "
-                   "issue's target was 27 % (what the client-level audit reached) — "
-                   + ("reached." if r >= 0.27 else "not reached at this scale."))
+        out.append(
+            f"At ε ≈ 8 the best per-step SNJ bound is {r:.0%} of the accountant's ε ({best['_name']}); the "
+            "issue's target was 27 % (what the client-level audit reached) — "
+            + ("reached." if r >= 0.27 else "not reached at this scale.")
+        )
     return "\n".join(f"- {x}" for x in out)
 
 
 def grad_paper_vs_strict(rows: list[dict]) -> str:
     """ProxyFL strict vs paper with gradient canaries, at the same σ."""
-    by = {(a["privacy_mode"], round(a["noise_multiplier"], 4)): a for a in rows
-          if a["method"] == "proxyfl" and a["epsilon_accountant"] is not None}
+    by = {
+        (a["privacy_mode"], round(a["noise_multiplier"], 4)): a
+        for a in rows
+        if a["method"] == "proxyfl" and a["epsilon_accountant"] is not None
+    }
     sig = sorted({s for m, s in by if ("strict", s) in by and ("paper", s) in by})
     if not sig:
         return "These audits hold no strict/paper pair of ProxyFL gradient-canary runs at the same σ."
     differ = []
     for s_ in sig:
-        ga, gb = by[("strict", s_)]["bounds"][PER_RELEASE]["gauss"], by[("paper", s_)]["bounds"][PER_RELEASE]["gauss"]
-        if abs(gb["mu_hat"] - ga["mu_hat"]) > 2 * math.hypot(ga["mu_standard_error"], gb["mu_standard_error"]):
+        ga, gb = (
+            by[("strict", s_)]["bounds"][PER_RELEASE]["gauss"],
+            by[("paper", s_)]["bounds"][PER_RELEASE]["gauss"],
+        )
+        if abs(gb["mu_hat"] - ga["mu_hat"]) > 2 * math.hypot(
+            ga["mu_standard_error"], gb["mu_standard_error"]
+        ):
             differ.append(f"σ = {s_:g}")
-    verdict = ("**With gradient canaries, `paper` mode's released proxy carried the canaries measurably differently "
-               f"from `strict` mode's** at {', '.join(differ)} (per-release μ̂ apart by more than 2·SE)." if differ else
-               "**With gradient canaries, `paper` and `strict` mode did not differ measurably**: at every σ the "
-               "per-release μ̂ of the two modes lie within two standard errors of each other, and the per-step "
-               "bounds are alike (the same mechanism; they differ only through the training dynamics).")
-    lines = ["| σ | accountant ε | SNJ per step: strict / paper | Gaussian-sum per step: strict / paper | SNJ per "
-             "release: strict / paper | Gaussian-sum per release: strict / paper | μ̂ per release: strict / paper "
-             "(± 2·SE) |", "|---|---|---|---|---|---|---|"]
+    verdict = (
+        "**With gradient canaries, `paper` mode's released proxy carried the canaries measurably differently "
+        f"from `strict` mode's** at {', '.join(differ)} (per-release μ̂ apart by more than 2·SE)."
+        if differ
+        else "**With gradient canaries, `paper` and `strict` mode did not differ measurably**: at every σ "
+        "the "
+        "per-release μ̂ of the two modes lie within two standard errors of each other, and the per-step "
+        "bounds are alike (the same mechanism; they differ only through the training dynamics)."
+    )
+    lines = [
+        "| σ | accountant ε | SNJ per step: strict / paper | Gaussian-sum per step: strict / paper | SNJ per "
+        "release: strict / paper | Gaussian-sum per release: strict / paper | μ̂ per release: strict / paper "
+        "(± 2·SE) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in sig:
         st, pa = by[("strict", s)], by[("paper", s)]
         cells = [f"{s:g}", f"{st['epsilon_accountant']:.2f}"]
@@ -441,39 +703,64 @@ def grad_paper_vs_strict(rows: list[dict]) -> str:
             cells.append(f"{f(a['gauss']['epsilon_estimate'])} / {f(b['gauss']['epsilon_estimate'])}")
         ga, gb = st["bounds"][PER_RELEASE]["gauss"], pa["bounds"][PER_RELEASE]["gauss"]
         se2 = 2 * math.hypot(ga["mu_standard_error"], gb["mu_standard_error"])
-        cells.append(f"{ga['mu_hat']:.3f} / {gb['mu_hat']:.3f} ({gb['mu_hat'] - ga['mu_hat']:+.3f} ± {se2:.3f})")
+        cells.append(
+            f"{ga['mu_hat']:.3f} / {gb['mu_hat']:.3f} ({gb['mu_hat'] - ga['mu_hat']:+.3f} ± {se2:.3f})"
+        )
         lines.append("| " + " | ".join(cells) + " |")
-    return (verdict + " Gradient canaries enter the proxy's DP-SGD step, which is the same mechanism in both modes; `paper` mode "
-            "adds a distillation term from the site's non-private model to the proxy's *loss*, so it changes the real "
-            "examples' clipped gradients, never the canaries'. What these rows can show is whether the released proxy "
-            "carries a canary differently (the per-release scores go through the training dynamics); what `paper` mode "
-            "leaks about real examples through the distillation term is what input-space canaries and membership "
-            "inference measure (the black-box rows, where present). The paired runs share their seed.\n\n"
-            + "\n".join(lines))
+    return (
+        verdict
+        + " Gradient canaries enter the proxy's DP-SGD step, which is the same mechanism in both modes; "
+        "`paper` mode "
+        "adds a distillation term from the site's non-private model to the proxy's *loss*, so it changes the "
+        "real "
+        "examples' clipped gradients, never the canaries'. What these rows can show is whether the released "
+        "proxy "
+        "carries a canary differently (the per-release scores go through the training dynamics); what "
+        "`paper` mode "
+        "leaks about real examples through the distillation term is what input-space canaries and membership "
+        "inference measure (the black-box rows, where present). The paired runs share their seed.\n\n"
+        + "\n".join(lines)
+    )
 
 
 def grad_setup(rows: list[dict]) -> str:
-    """The gradient-canary audits' settings, read from the first such audit (and the first published dp-nn)."""
+    """The gradient-canary audits' settings, read from the first such audit (and the first published
+    dp-nn)."""
     a = next((r for r in rows if "_run" in r), None)
     ps = next((r for r in rows if r["kind"] == "pubsub" and r.get("mechanism", {}).get("steps")), None)
-    extra = "" if ps is None else (
-        f"\n- **PubSub-ML dp-nn, gradient canaries**: a publisher with {ps['canaries']['publisher_rows_real']} rows "
-        f"publishes one dp-nn (DP-SGD, q = {ps['sample_rate']:.4f}, {ps['steps']} steps, σ from Opacus for the target "
-        f"ε); {ps['canaries']['m']} canaries, {ps['canaries']['included']} in, in its DP-SGD step; scored per step and "
-        "from the published weights' movement from their initialisation (white-box final model).")
+    extra = (
+        ""
+        if ps is None
+        else (
+            f"\n- **PubSub-ML dp-nn, gradient canaries**: a publisher with "
+            f"{ps['canaries']['publisher_rows_real']} rows "
+            f"publishes one dp-nn (DP-SGD, q = {ps['sample_rate']:.4f}, {ps['steps']} steps, σ from Opacus "
+            f"for the target "
+            f"ε); {ps['canaries']['m']} canaries, {ps['canaries']['included']} in, in its DP-SGD step; "
+            f"scored per step and "
+            "from the published weights' movement from their initialisation (white-box final model)."
+        )
+    )
     if a is None:
         return extra
     c, k = a["_run"], a["canaries"]
-    return (f"- **Example-level, gradient canaries** (white-box): {c['dataset']}, {c['clients']} clients × "
-            f"{c['samples_per_client']} examples (partition {c['partition']}), expected batch {c['batch_size']} "
-            f"(Poisson, q = {a['sample_rate']:.3f}), {c['rounds']} rounds = {a['steps']} DP steps at the audited site, "
-            f"Adam lr {c['lr']}, clip {c['clip']}, shared {c['proxy_model']}"
-            + (f", private {c['private_model']}" if c.get("private_model") else "") + f". {k['m']} canaries: {k['kind']}; "
-            f"with seed {a['seed']} the coins put {k['included']} in, each sampled with the site's q at every step "
-            f"(an included canary joined {k['mean_times_sampled_when_included']:.1f} steps on average). Scores: "
-            "per step, the noisy gradient along each canary summed over the steps; per release, the released model's "
-            "movement along each canary summed over the rounds. The bound is SNJ's (95 %, 7 guess counts, Bonferroni) "
-            "beside the Gaussian-sum estimate.") + extra
+    return (
+        f"- **Example-level, gradient canaries** (white-box): {c['dataset']}, {c['clients']} clients × "
+        f"{c['samples_per_client']} examples (partition {c['partition']}), expected batch {c['batch_size']} "
+        f"(Poisson, q = {a['sample_rate']:.3f}), {c['rounds']} rounds = {a['steps']} DP steps at the audited "
+        f"site, "
+        f"Adam lr {c['lr']}, clip {c['clip']}, shared {c['proxy_model']}"
+        + (f", private {c['private_model']}" if c.get("private_model") else "")
+        + f". {k['m']} canaries: {k['kind']}; "
+        f"with seed {a['seed']} the coins put {k['included']} in, each sampled with the site's q at every "
+        f"step "
+        f"(an included canary joined {k['mean_times_sampled_when_included']:.1f} steps on average). Scores: "
+        "per step, the noisy gradient along each canary summed over the steps; per release, the released "
+        "model's "
+        "movement along each canary summed over the rounds. The bound is SNJ's (95 %, 7 guess counts, "
+        "Bonferroni) "
+        "beside the Gaussian-sum estimate."
+    ) + extra
 
 
 def grad_plot(grows: list[dict], others: list[dict], path: Path) -> None:
@@ -487,21 +774,41 @@ def grad_plot(grows: list[dict], others: list[dict], path: Path) -> None:
         grp = [a for a in dp if f"{a['method']} {a['privacy_mode']}" == k]
         jit = 1 + 0.04 * (i - len(keys) / 2)
         xs = [a["epsilon_accountant"] * jit for a in grp]
-        ax.scatter(xs, [a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] for a in grp], color=colors(i), marker="o",
-                   s=50, label=f"{k}: SNJ bound, per step")
-        ax.scatter(xs, [a["bounds"][PER_STEP]["gauss"]["epsilon_estimate"] for a in grp], facecolors="none",
-                   edgecolors=colors(i), marker="s", s=50, label=f"{k}: Gaussian-sum estimate, per step")
+        ax.scatter(
+            xs,
+            [a["bounds"][PER_STEP]["snj"]["epsilon_lower_bound"] for a in grp],
+            color=colors(i),
+            marker="o",
+            s=50,
+            label=f"{k}: SNJ bound, per step",
+        )
+        ax.scatter(
+            xs,
+            [a["bounds"][PER_STEP]["gauss"]["epsilon_estimate"] for a in grp],
+            facecolors="none",
+            edgecolors=colors(i),
+            marker="s",
+            s=50,
+            label=f"{k}: Gaussian-sum estimate, per step",
+        )
     cl = [a for a in others if a["kind"] == "client-level" and a["epsilon_accountant"] is not None]
     if cl:
-        ax.scatter([a["epsilon_accountant"] for a in cl], [a["epsilon_lower_bound"] for a in cl], marker="x",
-                   color="black", label="client-level canary clients: SNJ bound")
+        ax.scatter(
+            [a["epsilon_accountant"] for a in cl],
+            [a["epsilon_lower_bound"] for a in cl],
+            marker="x",
+            color="black",
+            label="client-level canary clients: SNJ bound",
+        )
     xs_all = [a["epsilon_accountant"] for a in dp + cl] or [1.0, 8.0]
     lo, hi = min(xs_all) * 0.7, max(xs_all) * 1.4
     grid = [lo * (hi / lo) ** (j / 50) for j in range(51)]
     ax.plot(grid, grid, "k:", lw=0.8, label="= accountant ε")
     if grows:
         ceil = max(a["certifiable_epsilon_max"] for a in grows)
-        ax.axhline(ceil, color="grey", ls="--", lw=0.8, label=f"most SNJ can certify with these m ({ceil:.2f})")
+        ax.axhline(
+            ceil, color="grey", ls="--", lw=0.8, label=f"most SNJ can certify with these m ({ceil:.2f})"
+        )
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.set_xlabel("accountant ε (upper bound), log scale")
@@ -514,7 +821,8 @@ def grad_plot(grows: list[dict], others: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Read every ``REPORTS_DIR/*/audit.json``, write docs/audit.png and docs/data/audit.json, print docs/audit.md."""
+    """Read every ``REPORTS_DIR/*/audit.json``, write docs/audit.png and docs/data/audit.json, print
+    docs/audit.md."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         sys.exit("usage: python -m studies.audit_doc REPORTS_DIR > docs/audit.md")
@@ -531,18 +839,31 @@ def main(argv: list[str] | None = None) -> None:
     DOCS.mkdir(exist_ok=True)
     (DOCS / "data").mkdir(exist_ok=True)
     grad_plot(grows, others, DOCS / "audit.png")
-    (DOCS / "data" / "audit.json").write_text(json.dumps({"scale": scale, "gradient_rows": gdata, "rows": data,
-                                                          "paper_vs_strict": pairs}, indent=1) + "\n")
-    side = "\n".join(f"| {d['audit']} | {f(d['epsilon_accountant'])} | {d['epsilon_lower_bound']:.3f} |" for d in data)
+    (DOCS / "data" / "audit.json").write_text(
+        json.dumps({"scale": scale, "gradient_rows": gdata, "rows": data, "paper_vs_strict": pairs}, indent=1)
+        + "\n"
+    )
+    side = "\n".join(
+        f"| {d['audit']} | {f(d['epsilon_accountant'])} | {d['epsilon_lower_bound']:.3f} |" for d in data
+    )
     every = gdata + data
     commands = "\n".join(f"    {d['command']}" for d in every if d.get("command"))
     secs = sum((d.get("seconds") or {}).get("total", 0.0) for d in every)
-    label = ("" if scale == "full" else
-             f"\n> **Reduced scale ({scale})**: this document was generated by `bash bench/audit_study.sh {scale}` "
-             "(fewer clients and rounds, stated in the set-up) because the full study did not fit the session's time "
-             "on the shared 2-core machine. The full study is `bash bench/audit_study.sh` (8 clients, 100 rounds, one "
-             "black-box row); its figures are not these.\n")
-    others_part = "" if not others else f"""
+    label = (
+        ""
+        if scale == "full"
+        else f"\n> **Reduced scale ({scale})**: this document was generated by `bash bench/audit_study.sh "
+        f"{scale}` "
+        "(fewer clients and rounds, stated in the set-up) because the full study did not fit the session's "
+        "time "
+        "on the shared 2-core machine. The full study is `bash bench/audit_study.sh` (8 clients, 100 rounds, "
+        "one "
+        "black-box row); its figures are not these.\n"
+    )
+    others_part = (
+        ""
+        if not others
+        else f"""
 ## Client-level and input-space (black-box) audits
 
 {setup(others)}
@@ -557,9 +878,10 @@ def main(argv: list[str] | None = None) -> None:
 
 Input-space rows (where present), ProxyFL `paper` vs `strict`: {verdict}
 """
+    )
     print(f"""# What the shared artifacts leak: `silofl audit`, measured
 
-Generated by `bash bench/audit_study.sh{'' if scale == 'full' else ' ' + scale}`, which ends with
+Generated by `bash bench/audit_study.sh{"" if scale == "full" else " " + scale}`, which ends with
 `python -m studies.audit_doc {folder} > docs/audit.md`. Every figure is read from the audits' `audit.json`; nothing
 here is typed by hand. The audits are **seeded research runs** (`--seed 0`): reproducible, and for that reason not
 deployments — whoever knows a seed can reproduce its run's noise, so no ε printed here is a guarantee for these runs.

@@ -1,15 +1,22 @@
-"""Generate docs/privacy_utility.md: what each method reaches at ε = 1, 3, 8 per site, each tuned for the budget on
+"""Generate docs/privacy_utility.md: what each method reaches at ε = 1, 3, 8 per site, each tuned for the
+budget on
 the validation split (never the test set), then run once on the test set.
 
     python -m studies.privacy_utility --out runs/privacy_utility [--jobs 2] [--seeds 0]
     python -m studies.privacy_utility --out runs/privacy_utility --report-only
 
-For every (method, budget): ``silofl tune`` over the grid below on seed 0 (budget-first σ for each trial's rounds),
-the best trial's released models scored on the test split; every other seed runs those settings once on its own
-split and scores them on the test split. PubSub-ML (every site publishes a DP-SGD model at the budget and fuses all
-published models on its own data) runs at the pipeline's defaults, untuned. Everything is resumable: a finished tuning or final run is
-not run again. Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5, the papers' models (private LeNet5,
-shared MLP). Regular without DP is the "go it alone" line (no tuning: the papers' lr, the longest rounds of the grid).
+For every (method, budget): ``silofl tune`` over the grid below on seed 0 (budget-first σ for each trial's
+rounds),
+the best trial's released models scored on the test split; every other seed runs those settings once on its
+own
+split and scores them on the test split. PubSub-ML (every site publishes a DP-SGD model at the budget and
+fuses all
+published models on its own data) runs at the pipeline's defaults, untuned. Everything is resumable: a
+finished tuning or final run is
+not run again. Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5, the papers' models (private
+LeNet5,
+shared MLP). Regular without DP is the "go it alone" line (no tuning: the papers' lr, the longest rounds of
+the grid).
 """
 
 from __future__ import annotations
@@ -25,12 +32,22 @@ from pathlib import Path
 from typing import Any
 
 BUDGETS = (1.0, 3.0, 8.0)
-BASE: dict[str, Any] = {"dataset": "fashion-mnist", "clients": 8, "samples_per_client": 1000, "partition": "p_major",
-                        "p_major": 0.8, "delta": 1e-5, "threads": 1, "validation_size": 2000}
+BASE: dict[str, Any] = {
+    "dataset": "fashion-mnist",
+    "clients": 8,
+    "samples_per_client": 1000,
+    "partition": "p_major",
+    "p_major": 0.8,
+    "delta": 1e-5,
+    "threads": 1,
+    "validation_size": 2000,
+}
 ROUNDS = [30, 100]
 TUNE_SEED = 0  # settings are tuned on this seed's split; the other seeds re-run the settings it chose
-# (label, method, fixed options, grid) per feature stage. The grids are deliberately small: 2 cores shared by several
-# jobs. features none: the papers' models (private LeNet5, shared MLP) and recipe (Adam, lr 1e-3, clip 1, q = 0.25).
+# (label, method, fixed options, grid) per feature stage. The grids are deliberately small: 2 cores shared by
+# several
+# jobs. features none: the papers' models (private LeNet5, shared MLP) and recipe (Adam, lr 1e-3, clip 1, q =
+# 0.25).
 METHODS_NONE: list[tuple[str, str, dict, dict]] = [
     ("ProxyFL (strict)", "proxyfl", {}, {"rounds": ROUNDS, "dml_alpha": [0.0, 0.5]}),
     ("FML", "fml", {}, {"rounds": ROUNDS}),
@@ -42,22 +59,37 @@ METHODS_NONE: list[tuple[str, str, dict, dict]] = [
     ("DP-FedAvg (no intermediaries)", "dp-fedavg", {"intermediaries": "none"}, {"rounds": ROUNDS}),
     ("DP-FedAvg (adaptive intermediaries)", "dp-fedavg", {"intermediaries": "adaptive"}, {"rounds": ROUNDS}),
 ]
-# features scatter (Tramèr & Boneh): ScatterNet J = 2 + GroupNorm, linear heads, the DP-SGD recipe — SGD with momentum,
-# clip 0.1, q = 0.5; the server methods take one local DP step per round (the sites' noise averaged every step) and
-# server momentum; every site also fits the combination of its own non-DP model with the DP model(s) it holds on 20 %
+# features scatter (Tramèr & Boneh): ScatterNet J = 2 + GroupNorm, linear heads, the DP-SGD recipe — SGD with
+# momentum,
+# clip 0.1, q = 0.5; the server methods take one local DP step per round (the sites' noise averaged every
+# step) and
+# server momentum; every site also fits the combination of its own non-DP model with the DP model(s) it holds
+# on 20 %
 # of its rows (combined_acc: post-processing, non-private, stays at the site).
 SCATTER_HEADS = {"features": "scatter", "private_model": "linear", "proxy_model": "linear"}
-PRIVATE_LR = 0.003  # the non-DP models' Adam lr on features (a private model, the combination's own model, alone)
+PRIVATE_LR = (
+    0.003  # the non-DP models' Adam lr on features (a private model, the combination's own model, alone)
+)
 SGD = {"optimizer": "sgd", "momentum": 0.9, "clip": 0.1, "sample_rate": 0.5, "private_lr": PRIVATE_LR}
-SERVER = {"optimizer": "sgd", "clip": 0.1, "sample_rate": 0.5, "local_steps": 1, "server_momentum": 0.9,
-          "private_lr": PRIVATE_LR}
+SERVER = {
+    "optimizer": "sgd",
+    "clip": 0.1,
+    "sample_rate": 0.5,
+    "local_steps": 1,
+    "server_momentum": 0.9,
+    "private_lr": PRIVATE_LR,
+}
 GOSSIP = {**SGD, "local_steps": 1}  # ProxyFL, AvgPush, CWT: one local DP step a round
 SCATTER_ROUNDS = [50, 100]
 SCATTER_LR = [3.0, 10.0]  # the server methods' and Joint's (the sites' noise is averaged every step)
 GOSSIP_LR = [1.0, 3.0]  # one site's noise per step: smaller steps
 METHODS_SCATTER: list[tuple[str, str, dict, dict]] = [
-    ("ProxyFL (strict)", "proxyfl", {**GOSSIP, "self_weight": 0.5, "combine": "weights"},
-     {"rounds": [100], "lr": GOSSIP_LR, "dml_alpha": [0.0, 0.5]}),
+    (
+        "ProxyFL (strict)",
+        "proxyfl",
+        {**GOSSIP, "self_weight": 0.5, "combine": "weights"},
+        {"rounds": [100], "lr": GOSSIP_LR, "dml_alpha": [0.0, 0.5]},
+    ),
     ("FML", "fml", {**SERVER, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
     ("FedAvg", "fedavg", {**SERVER, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
     ("AvgPush", "avgpush", {**GOSSIP, "combine": "weights"}, {"rounds": SCATTER_ROUNDS, "lr": GOSSIP_LR}),
@@ -72,24 +104,44 @@ FEATURE_SETS: dict[str, tuple[dict, list[tuple[str, str, dict, dict]]]] = {
     "scatter": (SCATTER_HEADS, METHODS_SCATTER),
 }
 METHODS = METHODS_NONE  # the labels, in table order
-# going alone without DP on the same features: Regular (the method's own training, the longest rounds of the grid)
+# going alone without DP on the same features: Regular (the method's own training, the longest rounds of the
+# grid)
 ALONE = ("Regular, no DP (go it alone)", "regular", {"privacy": "off", "rounds": max(ROUNDS)})
-ALONE_SCATTER = ("Regular, no DP (go it alone)", "regular", {"privacy": "off", "rounds": max(SCATTER_ROUNDS),
-                                                              "sample_rate": 0.5, "lr": PRIVATE_LR})
+ALONE_SCATTER = (
+    "Regular, no DP (go it alone)",
+    "regular",
+    {"privacy": "off", "rounds": max(SCATTER_ROUNDS), "sample_rate": 0.5, "lr": PRIVATE_LR},
+)
 OWN = "own logistic regression (go it alone)"
-OWN_C = (0.1, 1.0, 10.0)  # its L2 strength, chosen on the validation split (the same public split the methods tune on)
+OWN_C = (
+    0.1,
+    1.0,
+    10.0,
+)  # its L2 strength, chosen on the validation split (the same public split the methods tune on)
 # The papers' setting for reference, from docs/results.md (σ = 1, q = 0.25, 300 rounds: ε ≈ 99.6 per site)
-PAPER_NOTE = ("The papers' setting (σ = C = 1, q = 0.25, 300 rounds) ends at ε ≈ 99.6 per site (δ = 1e-5); its "
-              "accuracies are in [results.md](results.md) and are not re-run here.")
+PAPER_NOTE = (
+    "The papers' setting (σ = C = 1, q = 0.25, 300 rounds) ends at ε ≈ 99.6 per site (δ = 1e-5); its "
+    "accuracies are in [results.md](results.md) and are not re-run here."
+)
 
 
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
 
 
-def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float | None, seed: int, feats: str,
-         root: str) -> dict:
-    """One tuning + final run (or one untuned run) on feature stage ``feats``: returns its row. Runs in a worker
+def _job(
+    kind: str,
+    label: str,
+    method: str,
+    fixed: dict,
+    grid: dict,
+    eps: float | None,
+    seed: int,
+    feats: str,
+    root: str,
+) -> dict:
+    """One tuning + final run (or one untuned run) on feature stage ``feats``: returns its row. Runs in a
+    worker
     process."""
     import torch
 
@@ -103,31 +155,53 @@ def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float
     t0 = time.perf_counter()
     row: dict[str, Any] = {"label": label, "method": method, "budget": eps, "seed": seed, "features": feats}
     if kind == "pubsub":
-        row.update(_pubsub(eps, seed, folder, feats), settings=fixed,
-                   tuning={"trials": 0, "seconds": 0.0, "max": None})
+        row.update(
+            _pubsub(eps, seed, folder, feats),
+            settings=fixed,
+            tuning={"trials": 0, "seconds": 0.0, "max": None},
+        )
         row["seconds"] = time.perf_counter() - t0
         return row
     if kind == "own":
-        row.update(_own_alone(seed, folder, feats), settings={"C": "chosen on the validation split"},
-                   tuning={"trials": 0, "seconds": 0.0, "max": None})
+        row.update(
+            _own_alone(seed, folder, feats),
+            settings={"C": "chosen on the validation split"},
+            tuning={"trials": 0, "seconds": 0.0, "max": None},
+        )
         row["seconds"] = time.perf_counter() - t0
         return row
-    if kind == "final":  # the settings tuned on TUNE_SEED, run once on this seed's split and scored on the test split
+    if (
+        kind == "final"
+    ):  # the settings tuned on TUNE_SEED, run once on this seed's split and scored on the test split
         final = folder / "final"
         if not (final / "summary.json").exists():
             tuned = folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json"
             settings = json.loads(tuned.read_text())["best"]["settings"]
-            cfg = RunConfig.from_dict({**BASE, **fixed, **settings, "method": method, "seed": seed,
-                                       "target_epsilon": eps, "eval_split": "test", "out": str(final)}, strict=False)
+            cfg = RunConfig.from_dict(
+                {
+                    **BASE,
+                    **fixed,
+                    **settings,
+                    "method": method,
+                    "seed": seed,
+                    "target_epsilon": eps,
+                    "eval_split": "test",
+                    "out": str(final),
+                },
+                strict=False,
+            )
             run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
         s = json.loads((final / "summary.json").read_text())
-        settings = json.loads((folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json").read_text())["best"]["settings"]
+        settings = json.loads((folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json").read_text())[
+            "best"
+        ]["settings"]
         row.update(settings=settings, tuning={"trials": 0, "seconds": 0.0, "max": None}, tuned_on=TUNE_SEED)
     elif kind == "alone":
         final = folder / "final"
         if not (final / "summary.json").exists():
-            cfg = RunConfig.from_dict({**BASE, **fixed, "method": method, "seed": seed, "out": str(final)},
-                                      strict=False)
+            cfg = RunConfig.from_dict(
+                {**BASE, **fixed, "method": method, "seed": seed, "out": str(final)}, strict=False
+            )
             run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
         s = json.loads((final / "summary.json").read_text())
         row.update(settings=fixed, tuning={"trials": 0, "seconds": 0.0, "max": None})
@@ -138,8 +212,18 @@ def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float
                 import shutil
 
                 shutil.rmtree(tdir)
-            base = RunConfig.from_dict({**BASE, **fixed, "method": method, "seed": seed, "target_epsilon": eps,
-                                        "eval_split": "validation", "out": str(tdir / "unused")}, strict=False)
+            base = RunConfig.from_dict(
+                {
+                    **BASE,
+                    **fixed,
+                    "method": method,
+                    "seed": seed,
+                    "target_epsilon": eps,
+                    "eval_split": "validation",
+                    "out": str(tdir / "unused"),
+                },
+                strict=False,
+            )
             tune(base, grid, tdir)
         t = json.loads((tdir / "tune.json").read_text())
         final = folder / "final"
@@ -147,22 +231,35 @@ def _job(kind: str, label: str, method: str, fixed: dict, grid: dict, eps: float
             s = json.loads((final / "summary.json").read_text())
         else:
             if not (folder / "final.json").exists():
-                (folder / "final.json").write_text(json.dumps(score_on_test(tdir / "trials" / f"trial{t['best']['trial']}")))
+                (folder / "final.json").write_text(
+                    json.dumps(score_on_test(tdir / "trials" / f"trial{t['best']['trial']}"))
+                )
             s = json.loads((folder / "final.json").read_text())
-        row.update(settings=t["best"]["settings"], validation=t["best"]["validation"],
-                   tuning={"trials": len(t["trials"]), "seconds": t["seconds"], "max": t["tuning_cost"]["max"]},
-                   trials=[{"settings": r["settings"], "validation": r["validation"]} for r in t["trials"]])
+        row.update(
+            settings=t["best"]["settings"],
+            validation=t["best"]["validation"],
+            tuning={"trials": len(t["trials"]), "seconds": t["seconds"], "max": t["tuning_cost"]["max"]},
+            trials=[{"settings": r["settings"], "validation": r["validation"]} for r in t["trials"]],
+        )
     head = s["headline"]
-    row.update(headline=head, test=s["final"][head]["mean"], test_std=s["final"][head]["std"],
-               accs={k: s["final"][k]["mean"] for k in s["final"] if k.endswith("_acc")},
-               epsilon=s["final"]["epsilon"]["mean"], sigma=(s["privacy"].get("noise_calibration") or {}).get(
-                   "noise_multiplier"), rounds=s["rounds_run"], seconds=time.perf_counter() - t0,
-               final_seconds=s["wall_time_s"], test_set=s["test_set"])
+    row.update(
+        headline=head,
+        test=s["final"][head]["mean"],
+        test_std=s["final"][head]["std"],
+        accs={k: s["final"][k]["mean"] for k in s["final"] if k.endswith("_acc")},
+        epsilon=s["final"]["epsilon"]["mean"],
+        sigma=(s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
+        rounds=s["rounds_run"],
+        seconds=time.perf_counter() - t0,
+        final_seconds=s["wall_time_s"],
+        test_set=s["test_set"],
+    )
     return row
 
 
 def score_on_test(trial: Path) -> dict:
-    """The chosen trial's released models, scored once on the test split (the seeded trial is deterministic, so
+    """The chosen trial's released models, scored once on the test split (the seeded trial is deterministic,
+    so
     this equals re-running its settings with eval_split test, without training again): a summary-like dict."""
     from silofl.experiments.evaluate import evaluate_run
     from silofl.run.folder import mean_std
@@ -173,17 +270,27 @@ def score_on_test(trial: Path) -> dict:
         accs.setdefault(f"{r['model'].split('_', 1)[1]}_acc", []).append(r["accuracy"])
     final = {k: mean_std(v) for k, v in accs.items()}
     final["epsilon"] = s["final"]["epsilon"]
-    return {"headline": s["headline"], "final": final, "privacy": s["privacy"], "rounds_run": s["rounds_run"],
-            "wall_time_s": s["wall_time_s"], "test_set": "the data set's test split", "scored_from": str(trial)}
+    return {
+        "headline": s["headline"],
+        "final": final,
+        "privacy": s["privacy"],
+        "rounds_run": s["rounds_run"],
+        "wall_time_s": s["wall_time_s"],
+        "test_set": "the data set's test split",
+        "scored_from": str(trial),
+    }
 
 
 PUBSUB = ("PubSub-ML (untuned)", "pubsub", {"epochs": 10, "hidden": 64})
 
 
-def jobs(seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS), budgets: tuple[float, ...] = BUDGETS
-         ) -> list[tuple]:
-    """Every (kind, label, method, fixed, grid, ε, seed, features), the cheap budgets first: the go-it-alone runs, the
-    tuning on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait for their tuning)."""
+def jobs(
+    seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS), budgets: tuple[float, ...] = BUDGETS
+) -> list[tuple]:
+    """Every (kind, label, method, fixed, grid, ε, seed, features), the cheap budgets first: the go-it-alone
+    runs, the
+    tuning on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait for their
+    tuning)."""
     out: list[tuple] = []
     for f in features:
         alone = ALONE_SCATTER if f != "none" else ALONE
@@ -193,7 +300,9 @@ def jobs(seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS), budg
     for f in features:
         for eps in order:
             for label, method, fixed, grid in FEATURE_SETS[f][1]:
-                out += [("tuned", label, method, fixed, grid, eps, TUNE_SEED, f)] if TUNE_SEED in seeds else []
+                out += (
+                    [("tuned", label, method, fixed, grid, eps, TUNE_SEED, f)] if TUNE_SEED in seeds else []
+                )
             out += [("pubsub", PUBSUB[0], PUBSUB[1], PUBSUB[2], {}, eps, s, f) for s in seeds]
     for f in features:
         for eps in order:
@@ -207,18 +316,28 @@ def _folder(root: Path, j: tuple) -> Path:
     return base / _slug(j[1]) / (f"eps{j[5]:g}" if j[5] is not None else "nodp") / f"seed{j[6]}"
 
 
-def run_all(root: Path, seeds: list[int], workers: int, features: tuple[str, ...],
-            budgets: tuple[float, ...] = BUDGETS) -> list[dict]:
-    """Run (or pick up) every job; rows as they finish, also appended to ROOT/rows.jsonl. A seed's run of tuned
+def run_all(
+    root: Path,
+    seeds: list[int],
+    workers: int,
+    features: tuple[str, ...],
+    budgets: tuple[float, ...] = BUDGETS,
+) -> list[dict]:
+    """Run (or pick up) every job; rows as they finish, also appended to ROOT/rows.jsonl. A seed's run of
+    tuned
     settings starts once the tuning it reads has finished."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     rows = []
     todo = jobs(seeds, features, budgets)
-    tuned_done = {(j[1], j[5], j[7]) for j in todo if j[0] == "tuned"
-                  and (_folder(root, j) / "tune" / "tune.json").exists()}
-    waiting = [j for j in todo if j[0] == "final" and (j[1], j[5], j[7]) not in tuned_done
-               and TUNE_SEED in seeds]
+    tuned_done = {
+        (j[1], j[5], j[7])
+        for j in todo
+        if j[0] == "tuned" and (_folder(root, j) / "tune" / "tune.json").exists()
+    }
+    waiting = [
+        j for j in todo if j[0] == "final" and (j[1], j[5], j[7]) not in tuned_done and TUNE_SEED in seeds
+    ]
     ready = [j for j in todo if j not in waiting]
     with ProcessPoolExecutor(max_workers=workers) as ex:
         futs = {ex.submit(_job, *j, str(root)): j for j in ready}
@@ -229,8 +348,14 @@ def run_all(root: Path, seeds: list[int], workers: int, features: tuple[str, ...
                 try:
                     row = f.result()
                 except Exception as e:  # one failure does not stop the study
-                    row = {"label": j[1], "method": j[2], "budget": j[5], "seed": j[6], "features": j[7],
-                           "error": repr(e)}
+                    row = {
+                        "label": j[1],
+                        "method": j[2],
+                        "budget": j[5],
+                        "seed": j[6],
+                        "features": j[7],
+                        "error": repr(e),
+                    }
                 if j[0] == "tuned":
                     for w in [w for w in waiting if (w[1], w[5], w[7]) == (j[1], j[5], j[7])]:
                         waiting.remove(w)
@@ -238,9 +363,15 @@ def run_all(root: Path, seeds: list[int], workers: int, features: tuple[str, ...
                 rows.append(row)
                 with open(root / "rows.jsonl", "a") as fh:
                     fh.write(json.dumps(row, default=str) + "\n")
-                print(json.dumps({k: row.get(k) for k in ("features", "label", "budget", "seed", "test", "epsilon",
-                                                          "error")}),
-                      flush=True)
+                print(
+                    json.dumps(
+                        {
+                            k: row.get(k)
+                            for k in ("features", "label", "budget", "seed", "test", "epsilon", "error")
+                        }
+                    ),
+                    flush=True,
+                )
     return rows
 
 
@@ -249,21 +380,36 @@ def collect(root: Path, seeds: list[int], features: tuple[str, ...]) -> list[dic
     rows = []
     for j in jobs(seeds, features):
         folder = _folder(root, j)
-        if any((folder / f).exists() for f in ("final/summary.json", "final.json", "pubsub.json", "own.json")):
+        if any(
+            (folder / f).exists() for f in ("final/summary.json", "final.json", "pubsub.json", "own.json")
+        ):
             rows.append(_job(*j, str(root)))
     return rows
 
 
 def _own_model(path: Path, x, y, feats: list[str], classes: list[str], seed: int):
-    """A site's own non-private logistic regression, as ``customize(own="auto")`` trains it; cached in PATH."""
+    """A site's own non-private logistic regression, as ``customize(own="auto")`` trains it; cached in
+    PATH."""
     import pickle
 
     from silofl.pubsub.dp_models import Bounds, train
 
     if path.exists():
         return pickle.loads(path.read_bytes())
-    m = train("dp-logreg", x, y, publisher="own", features=feats, task="classification",
-              bounds=Bounds(x.min(0), x.max(0)), epsilon=1.0, delta=1e-5, classes=classes, seed=seed, nonprivate=True)
+    m = train(
+        "dp-logreg",
+        x,
+        y,
+        publisher="own",
+        features=feats,
+        task="classification",
+        bounds=Bounds(x.min(0), x.max(0)),
+        epsilon=1.0,
+        delta=1e-5,
+        classes=classes,
+        seed=seed,
+        nonprivate=True,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_bytes(pickle.dumps(m))
@@ -272,27 +418,42 @@ def _own_model(path: Path, x, y, feats: list[str], classes: list[str], seed: int
 
 
 def _split(seed: int, feats: str, eval_split: str = "test"):
-    """The study's split of seed ``seed`` (the sites' rows and the test or validation split) after feature stage
+    """The study's split of seed ``seed`` (the sites' rows and the test or validation split) after feature
+    stage
     ``feats``, as every run of the study sees it."""
     import torch
 
     from silofl.run.config import RunConfig
     from silofl.run.data import prepare_data
 
-    cfg = RunConfig.from_dict({**BASE, **FEATURE_SETS[feats][0], "method": "regular", "privacy": "off", "seed": seed,
-                               "eval_split": eval_split, "out": "unused"}, strict=False)
+    cfg = RunConfig.from_dict(
+        {
+            **BASE,
+            **FEATURE_SETS[feats][0],
+            "method": "regular",
+            "privacy": "off",
+            "seed": seed,
+            "eval_split": eval_split,
+            "out": "unused",
+        },
+        strict=False,
+    )
     return prepare_data(cfg.resolve(), torch.device("cpu"))[1]
 
 
-# Public input bounds of features for PubSub-ML's models (they scale inputs to [0, 1] by bounds a site declares, never
-# by its data): GroupNorm-ed scattering coefficients have zero mean and unit variance per group of every example, so a
+# Public input bounds of features for PubSub-ML's models (they scale inputs to [0, 1] by bounds a site
+# declares, never
+# by its data): GroupNorm-ed scattering coefficients have zero mean and unit variance per group of every
+# example, so a
 # fixed ±4 keeps nearly all of them; a constant of the study, not computed from any site's rows.
 FEATURE_BOUND = 4.0
 
 
 def _own_alone(seed: int, folder: Path, feats: str) -> dict:
-    """Each site going it alone without DP on the same features: scikit-learn's logistic regression on all its own
-    rows, its L2 strength chosen from OWN_C on the validation split (the public split the methods tune on); the mean
+    """Each site going it alone without DP on the same features: scikit-learn's logistic regression on all its
+    own
+    rows, its L2 strength chosen from OWN_C on the validation split (the public split the methods tune on);
+    the mean
     over sites on the test split. Cached in FOLDER/own.json."""
     cache = folder / "own.json"
     if cache.exists():
@@ -310,19 +471,32 @@ def _own_alone(seed: int, folder: Path, feats: str) -> dict:
         best = max(range(len(fits)), key=lambda i: fits[i].score(x_val, y_val))
         chosen.append(OWN_C[best])
         accs.append(float(fits[best].score(x_test, y_test)))
-    out = {"headline": "own_acc", "test": statistics.fmean(accs), "test_std": statistics.pstdev(accs),
-           "accs": {"own_acc": statistics.fmean(accs)}, "epsilon": None, "sigma": None, "rounds": None,
-           "final_seconds": time.perf_counter() - t0, "test_set": test.test_set, "per_site": accs, "C": chosen}
+    out = {
+        "headline": "own_acc",
+        "test": statistics.fmean(accs),
+        "test_std": statistics.pstdev(accs),
+        "accs": {"own_acc": statistics.fmean(accs)},
+        "epsilon": None,
+        "sigma": None,
+        "rounds": None,
+        "final_seconds": time.perf_counter() - t0,
+        "test_set": test.test_set,
+        "per_site": accs,
+        "C": chosen,
+    }
     folder.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(out))
     return out
 
 
 def _pubsub(eps: float, seed: int, folder: Path, feats: str = "none") -> dict:
-    """PubSub-ML on the study's split: each of the 8 sites publishes a DP-SGD model (dp-nn) trained on its own rows
+    """PubSub-ML on the study's split: each of the 8 sites publishes a DP-SGD model (dp-nn) trained on its own
+    rows
     at (eps, δ), then each site customizes — selects and fuses every published model, its own included, plus a
-    non-private model of its own that never leaves it — on its own rows (60 % for its own model, 40 % to fuse), and
-    the fused model is scored on the test split. The headline: the mean over sites. Cached in FOLDER/pubsub.json."""
+    non-private model of its own that never leaves it — on its own rows (60 % for its own model, 40 % to
+    fuse), and
+    the fused model is scored on the test split. The headline: the mean over sites. Cached in
+    FOLDER/pubsub.json."""
     cache = folder / "pubsub.json"
     if cache.exists():
         return json.loads(cache.read_text())
@@ -336,47 +510,86 @@ def _pubsub(eps: float, seed: int, folder: Path, feats: str = "none") -> dict:
     y_test = split.test[1].numpy()
     sites = [(x.flatten(1).numpy().astype(np.float64), y.numpy()) for x, y in split.parts]
     if feats == "none":
-        lo = float(min(x.min() for x, _ in sites + [(x_test, y_test)]))  # the pixel domain (public): its fixed range
+        lo = float(
+            min(x.min() for x, _ in sites + [(x_test, y_test)])
+        )  # the pixel domain (public): its fixed range
         hi = float(max(x.max() for x, _ in sites + [(x_test, y_test)]))
     else:  # the feature stage's public value bounds (whatever the data), else a fixed ±FEATURE_BOUND
         from silofl.features import value_bounds
 
-        lo, hi = (value_bounds(split.features) if split.features is not None else None) or (-FEATURE_BOUND,
-                                                                                          FEATURE_BOUND)
+        lo, hi = (value_bounds(split.features) if split.features is not None else None) or (
+            -FEATURE_BOUND,
+            FEATURE_BOUND,
+        )
     feats_names = [f"px{i}" for i in range(x_test.shape[1])]
     classes = [str(c) for c in range(split.dataset.num_classes)]
     bounds = Bounds(np.full(len(feats_names), lo), np.full(len(feats_names), hi))
     t0 = time.perf_counter()
-    published = [train("dp-nn", x, y, publisher=f"site{i}", features=feats_names, task="classification", bounds=bounds,
-                       epsilon=eps, delta=BASE["delta"], classes=classes, seed=seed * 100 + i, **PUBSUB[2])
-                 for i, (x, y) in enumerate(sites)]
+    published = [
+        train(
+            "dp-nn",
+            x,
+            y,
+            publisher=f"site{i}",
+            features=feats_names,
+            task="classification",
+            bounds=bounds,
+            epsilon=eps,
+            delta=BASE["delta"],
+            classes=classes,
+            seed=seed * 100 + i,
+            **PUBSUB[2],
+        )
+        for i, (x, y) in enumerate(sites)
+    ]
     t_publish = time.perf_counter() - t0
     accs, own_accs = [], []
     defaults = {f: (lo + hi) / 2 for f in feats_names}
     for i, (x, y) in enumerate(sites):
         perm = np.random.default_rng([seed, i]).permutation(len(y))
-        tr, cu = perm[: int(0.6 * len(y))], perm[int(0.6 * len(y)):]
-        own = _own_model(folder.parent.parent / f"own-seed{seed}-site{i}.pkl", x[tr], y[tr], feats_names, classes, seed)
-        # the own model is what customize(own="auto") trains (non-private logistic regression on the training part,
+        tr, cu = perm[: int(0.6 * len(y))], perm[int(0.6 * len(y)) :]
+        own = _own_model(
+            folder.parent.parent / f"own-seed{seed}-site{i}.pkl", x[tr], y[tr], feats_names, classes, seed
+        )
+        # the own model is what customize(own="auto") trains (non-private logistic regression on the training
+        # part,
         # never published); trained once per site and seed, as it does not depend on the budget
-        fused = customize([*published, own], LocalData(x, y, feats_names, "classification", classes), defaults, seed=seed,
-                          idx=(tr, cu, cu), own=None)
+        fused = customize(
+            [*published, own],
+            LocalData(x, y, feats_names, "classification", classes),
+            defaults,
+            seed=seed,
+            idx=(tr, cu, cu),
+            own=None,
+        )
         accs.append(float((fused.predict(x_test) == y_test).mean()))
         cols, fill = align(own, feats_names, defaults)
         own_accs.append(float((model_outputs(own, x_test, cols, fill).argmax(1).numpy() == y_test).mean()))
-    out = {"headline": "fused_acc", "test": statistics.fmean(accs), "test_std": statistics.pstdev(accs),
-           "accs": {"fused_acc": statistics.fmean(accs), "own_acc": statistics.fmean(own_accs)}, "epsilon": max(m.epsilon for m in published),
-           "sigma": None, "rounds": None, "final_seconds": time.perf_counter() - t0, "publish_seconds": t_publish,
-           "test_set": split.test_set, "per_site": accs}
+    out = {
+        "headline": "fused_acc",
+        "test": statistics.fmean(accs),
+        "test_std": statistics.pstdev(accs),
+        "accs": {"fused_acc": statistics.fmean(accs), "own_acc": statistics.fmean(own_accs)},
+        "epsilon": max(m.epsilon for m in published),
+        "sigma": None,
+        "rounds": None,
+        "final_seconds": time.perf_counter() - t0,
+        "publish_seconds": t_publish,
+        "test_set": split.test_set,
+        "per_site": accs,
+    }
     folder.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(out))
     return out
 
 
 def _random_trials_epsilon(tdir: Path) -> float | None:
-    """The ε per site (largest over parties) that ``silofl tune --random-trials poisson:μ`` with μ = the grid's size
-    would report for this tuning: Papernot & Steinke's Theorem 6 on the largest RDP curve of any grid setting (each
-    random trial draws its settings from the grid), from the (σ, q, steps) every trial of the grid actually ran."""
+    """The ε per site (largest over parties) that ``silofl tune --random-trials poisson:μ`` with μ = the
+    grid's size
+    would report for this tuning: Papernot & Steinke's Theorem 6 on the largest RDP curve of any grid setting
+    (each
+    random trial draws its settings from the grid), from the (σ, q, steps) every trial of the grid actually
+    ran."""
     import numpy as np
 
     from silofl.privacy.analysis import DEFAULT_ORDERS, rdp_curve
@@ -417,17 +630,23 @@ def _pm(m, sd, signed=False):
     return f + (f" ± {sd:.3f}" if sd is not None else "")
 
 
-SHARED_KEYS = ("proxy_acc", "global_acc")  # the DP models the sites share (ProxyFL's proxy, the rest's global model)
+SHARED_KEYS = (
+    "proxy_acc",
+    "global_acc",
+)  # the DP models the sites share (ProxyFL's proxy, the rest's global model)
 FEATURE_TEXT = {
     "none": "raw pixels; private LeNet5 and shared MLP (the papers'), Adam, lr 1e-3, clip 1, q = 0.25",
-    "scatter": ("ScatterNet features (kymatio `Scattering2D`, J = 2, L = 8: 81 × 7 × 7, then GroupNorm without affine "
-                "parameters: a fixed function of each image, no budget); linear heads; SGD with momentum 0.9, clip "
-                "0.1, q = 0.5 (the non-DP models: Adam, lr 0.003); FedAvg and FML one local DP step per round with "
-                "server momentum 0.9; ProxyFL, AvgPush and CWT one local DP step a round (ProxyFL with push-sum "
-                "self-weight 0.5); each site also "
-                "combines its own non-DP model with the DP model(s) it holds on 20 % of its rows, set aside before "
-                "training — every model of those methods trains on the other 80 % (`combined`, non-private: stays at "
-                "the site)"),
+    "scatter": (
+        "ScatterNet features (kymatio `Scattering2D`, J = 2, L = 8: 81 × 7 × 7, then GroupNorm without "
+        "affine "
+        "parameters: a fixed function of each image, no budget); linear heads; SGD with momentum 0.9, clip "
+        "0.1, q = 0.5 (the non-DP models: Adam, lr 0.003); FedAvg and FML one local DP step per round with "
+        "server momentum 0.9; ProxyFL, AvgPush and CWT one local DP step a round (ProxyFL with push-sum "
+        "self-weight 0.5); each site also "
+        "combines its own non-DP model with the DP model(s) it holds on 20 % of its rows, set aside before "
+        "training — every model of those methods trains on the other 80 % (`combined`, non-private: stays at "
+        "the site)"
+    ),
 }
 
 
@@ -435,7 +654,9 @@ class _Rows:
     """The finished rows, indexed by (features, label, budget)."""
 
     def __init__(self, rows: list[dict]):
-        self.ok = sorted((r for r in rows if "error" not in r), key=lambda r: r["seed"])  # the tuned seed first
+        self.ok = sorted(
+            (r for r in rows if "error" not in r), key=lambda r: r["seed"]
+        )  # the tuned seed first
         self.by: dict[tuple, list[dict]] = {}
         for r in self.ok:
             self.by.setdefault((r.get("features", "none"), r["label"], r["budget"]), []).append(r)
@@ -444,7 +665,8 @@ class _Rows:
         return self.by.get((feats, label, eps), [])
 
     def alone(self, feats) -> tuple[str | None, dict[int, float]]:
-        """The strongest going-alone reference on these features (higher mean): its label and per-seed figure."""
+        """The strongest going-alone reference on these features (higher mean): its label and per-seed
+        figure."""
         best, best_mean = None, None
         for label in (ALONE[0], OWN):
             rs = self.get(feats, label, None)
@@ -454,7 +676,8 @@ class _Rows:
         return best, {r["seed"]: r["test"] for r in self.get(feats, best, None)} if best else {}
 
     def shared(self, rs: list[dict]) -> tuple[str | None, list[float]]:
-        """The method's best shared DP model (by mean): its field and its per-seed figures (aligned with ``rs``)."""
+        """The method's best shared DP model (by mean): its field and its per-seed figures (aligned with
+        ``rs``)."""
         keys = [k for k in SHARED_KEYS if any(k in r["accs"] for r in rs)]
         if not keys:
             return None, []
@@ -468,8 +691,14 @@ def _gain(rs: list[dict], vals: list, ref: dict[int, float]) -> tuple[float | No
     return _mean(d), _sd(d)
 
 
-def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command: str,
-             features: tuple[str, ...] = tuple(FEATURE_SETS)) -> str:
+def document(
+    rows: list[dict],
+    root: Path,
+    doc: Path,
+    seeds: list[int],
+    command: str,
+    features: tuple[str, ...] = tuple(FEATURE_SETS),
+) -> str:
     """docs/privacy_utility.md from the rows, with its plot next to it."""
     import matplotlib
 
@@ -487,12 +716,18 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
         command,
         "```",
         "",
-        "Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5, the balanced 10 000-image test split; seeds "
-        f"{', '.join(map(str, seeds))} (seeded research runs: † the guarantee holds only while the seed stays secret). "
-        "For every method, budget and feature stage, `silofl tune` tried the grid below, each trial budget-first (σ set "
-        "so that its planned rounds end at the budget), scored on a **validation split of 2000 Fashion-MNIST training "
-        "images that no client holds, treated as public data**; the best trial's settings then ran on the test split. "
-        f"Tuning ran on seed {TUNE_SEED}'s split; the other seeds re-ran the settings seed {TUNE_SEED} chose on their "
+        "Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5, the balanced 10 000-image test "
+        "split; seeds "
+        f"{', '.join(map(str, seeds))} (seeded research runs: † the guarantee holds only while the seed "
+        f"stays secret). "
+        "For every method, budget and feature stage, `silofl tune` tried the grid below, each trial "
+        "budget-first (σ set "
+        "so that its planned rounds end at the budget), scored on a **validation split of 2000 Fashion-MNIST "
+        "training "
+        "images that no client holds, treated as public data**; the best trial's settings then ran on the "
+        "test split. "
+        f"Tuning ran on seed {TUNE_SEED}'s split; the other seeds re-ran the settings seed {TUNE_SEED} chose "
+        f"on their "
         "own splits. The test split was read only by those final runs.",
         "",
         "Feature stages:",
@@ -501,30 +736,51 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
     lines += [f"- **{f}**: {FEATURE_TEXT[f]}." for f in features]
     old = sorted({r.get("features", "none") for r in rows if r.get("carried")})
     if old:
-        lines += ["", f"**Not re-run in this generation: features {', '.join(old)}.** Those rows are carried over "
-                  "unchanged from the previous generation of this document (its CSV; same study, same split, grid "
-                  f"rounds ∈ {ROUNDS} and ProxyFL's α, the papers' recipe), with their headline figure only: that "
-                  "generation did not search the DP-SGD recipe. Re-running them: the command above with "
-                  "`--features none,scatter`."]
+        lines += [
+            "",
+            f"**Not re-run in this generation: features {', '.join(old)}.** Those rows are carried over "
+            "unchanged from the previous generation of this document (its CSV; same study, same split, grid "
+            f"rounds ∈ {ROUNDS} and ProxyFL's α, the papers' recipe), with their headline figure only: that "
+            "generation did not search the DP-SGD recipe. Re-running them: the command above with "
+            "`--features none,scatter`.",
+        ]
     missing = []  # cells of this generation's feature stages with fewer seeds than asked
     for f in (f for f in features if f not in old):
         for eps in BUDGETS:
             short = [lab for lab in labels if len(R.get(f, lab, eps)) < len(seeds)]
             if short:
-                missing.append(f"{f}, ε = {eps:g}: " + ", ".join(
-                    f"{lab} ({len(R.get(f, lab, eps))} of {len(seeds)} seeds)" for lab in short))
+                missing.append(
+                    f"{f}, ε = {eps:g}: "
+                    + ", ".join(f"{lab} ({len(R.get(f, lab, eps))} of {len(seeds)} seeds)" for lab in short)
+                )
     if missing:
-        lines += ["", "**This generation is incomplete** (the study resumes where it stopped: the command above "
-                  "again). Cells with fewer seeds than asked:", ""] + [f"- {m}" for m in missing]
-    lines += ["", "Going alone (no DP, the same features, the same seeds' splits): Regular without DP (the method's own "
-              "training: the head, optimizer and longest rounds of the grid) and each site's own scikit-learn logistic "
-              f"regression on all its rows (L2 strength from {OWN_C} chosen on the validation split). Every gain below "
-              "is against the **stronger** of the two on the same features, seed by seed (mean ± spread over seeds).",
-              ""]
+        lines += [
+            "",
+            "**This generation is incomplete** (the study resumes where it stopped: the command above "
+            "again). Cells with fewer seeds than asked:",
+            "",
+        ] + [f"- {m}" for m in missing]
+    lines += [
+        "",
+        "Going alone (no DP, the same features, the same seeds' splits): Regular without DP (the method's "
+        "own "
+        "training: the head, optimizer and longest rounds of the grid) and each site's own scikit-learn "
+        "logistic "
+        f"regression on all its rows (L2 strength from {OWN_C} chosen on the validation split). Every gain "
+        f"below "
+        "is against the **stronger** of the two on the same features, seed by seed (mean ± spread over "
+        "seeds).",
+        "",
+    ]
     # headline summary
-    lines += ["## Does collaborating pay?", "",
-              "| features | going alone (best) | ε | best shared DP model | gain | best site model (combined / private) "
-              "| gain |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Does collaborating pay?",
+        "",
+        "| features | going alone (best) | ε | best shared DP model | gain | best site model (combined / "
+        "private) "
+        "| gain |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for f in features:
         ref_label, ref = R.alone(f)
         ref_mean = _mean(list(ref.values()))
@@ -549,25 +805,47 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
                         site = (m, label, key, *_gain(rs, vals, ref))
             lines.append(
                 f"| {f} | {ref_mean:.3f} ({ref_label}) | {eps:g} | "
-                + (f"{best[0]:.3f} ({best[1]}, {best[2].removesuffix('_acc')}) | {_pm(best[3], best[4], True)} | "
-                   if best else "— | — | ")
-                + (f"{site[0]:.3f} ({site[1]}, {site[2].removesuffix('_acc')}) | {_pm(site[3], site[4], True)} |"
-                   if site else "— | — |") if ref_mean is not None else f"| {f} | — | {eps:g} | — | — | — | — |")
-    lines += ["", "*Shared DP model*: a model that leaves the site under the per-site (ε, δ) (ProxyFL's proxy, FML's, "
-              "FedAvg's, AvgPush's, CWT's and DP-FedAvg's global model). *Combined / private*: what a site keeps "
-              "— its own non-DP model fused with the DP model(s) it holds on its own held-out rows, or ProxyFL's "
-              "private model — non-private, it never leaves the site. Joint (pooled data) is the upper reference and "
-              "not counted.", ""]
+                + (
+                    f"{best[0]:.3f} ({best[1]}, {best[2].removesuffix('_acc')}) | "
+                    f"{_pm(best[3], best[4], True)} | "
+                    if best
+                    else "— | — | "
+                )
+                + (
+                    f"{site[0]:.3f} ({site[1]}, {site[2].removesuffix('_acc')}) | "
+                    f"{_pm(site[3], site[4], True)} |"
+                    if site
+                    else "— | — |"
+                )
+                if ref_mean is not None
+                else f"| {f} | — | {eps:g} | — | — | — | — |"
+            )
+    lines += [
+        "",
+        "*Shared DP model*: a model that leaves the site under the per-site (ε, δ) (ProxyFL's proxy, FML's, "
+        "FedAvg's, AvgPush's, CWT's and DP-FedAvg's global model). *Combined / private*: what a site keeps "
+        "— its own non-DP model fused with the DP model(s) it holds on its own held-out rows, or ProxyFL's "
+        "private model — non-private, it never leaves the site. Joint (pooled data) is the upper reference "
+        "and "
+        "not counted.",
+        "",
+    ]
     # per feature stage: the tables
     for f in features:
         ref_label, ref = R.alone(f)
-        lines += [f"## Features: {f}", "",
-                  "| method | ε = 1 | ε = 3 | ε = 8 | tuned settings (1 / 3 / 8) |", "|---|---|---|---|---|"]
+        lines += [
+            f"## Features: {f}",
+            "",
+            "| method | ε = 1 | ε = 3 | ε = 8 | tuned settings (1 / 3 / 8) |",
+            "|---|---|---|---|---|",
+        ]
         for label in [ALONE[0], OWN]:
             rs = R.get(f, label, None)
             if rs:
-                lines.append(f"| {label} | {_pm(_mean([r['test'] for r in rs]), _sd([r['test'] for r in rs]))} "
-                             "(no DP) | | | |")
+                lines.append(
+                    f"| {label} | {_pm(_mean([r['test'] for r in rs]), _sd([r['test'] for r in rs]))} "
+                    "(no DP) | | | |"
+                )
         for label in labels:
             cells, sets = [], []
             for eps in BUDGETS:
@@ -578,24 +856,38 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
                     continue
                 acc, sd = _mean([r["test"] for r in rs]), _sd([r["test"] for r in rs])
                 e = max(r["epsilon"] for r in rs)
-                other = [f"{k.removesuffix('_acc')} {_mean([r['accs'].get(k) for r in rs]):.3f}"
-                         for k in rs[0]["accs"] if k != rs[0]["headline"] and _mean([r['accs'].get(k) for r in rs])
-                         is not None]
+                other = [
+                    f"{k.removesuffix('_acc')} {_mean([r['accs'].get(k) for r in rs]):.3f}"
+                    for k in rs[0]["accs"]
+                    if k != rs[0]["headline"] and _mean([r["accs"].get(k) for r in rs]) is not None
+                ]
                 extra = f"; {', '.join(other)}" if other else ""
                 sig = f", σ {rs[0]['sigma']:.2f}" if rs[0].get("sigma") else ""
                 n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(seeds) else ""
                 cells.append(f"{_pm(acc, sd)} (ε {e:.2f}{sig}{extra}{n})")
-                sets.append(",".join(f"{k}={v}" for k, v in rs[0]["settings"].items()
-                                     if k not in FEATURE_SETS[f][0]) if isinstance(rs[0]["settings"], dict) else "—")
+                sets.append(
+                    ",".join(f"{k}={v}" for k, v in rs[0]["settings"].items() if k not in FEATURE_SETS[f][0])
+                    if isinstance(rs[0]["settings"], dict)
+                    else "—"
+                )
             lines.append(f"| {label} | " + " | ".join(cells) + " | " + " / ".join(sets) + " |")
-        lines += ["", "Each cell: the method's headline accuracy (ProxyFL, FML: the private models; the rest: the "
-                  "shared/global or local model), mean ± spread over seeds (and clients), the ε the run ended at, the "
-                  "σ the budget set, and the method's other models (proxy/global: the DP models the sites share; "
-                  "combined: the site's fusion, non-private).", ""]
+        lines += [
+            "",
+            "Each cell: the method's headline accuracy (ProxyFL, FML: the private models; the rest: the "
+            "shared/global or local model), mean ± spread over seeds (and clients), the ε the run ended at, "
+            "the "
+            "σ the budget set, and the method's other models (proxy/global: the DP models the sites share; "
+            "combined: the site's fusion, non-private).",
+            "",
+        ]
         if ref:
-            lines += [f"Gain over going alone ({ref_label}, the stronger reference on these features), per method: "
-                      "its best shared DP model / the site's combined model, mean ± spread over seeds.", "",
-                      "| method | ε = 1 | ε = 3 | ε = 8 |", "|---|---|---|---|"]
+            lines += [
+                f"Gain over going alone ({ref_label}, the stronger reference on these features), per method: "
+                "its best shared DP model / the site's combined model, mean ± spread over seeds.",
+                "",
+                "| method | ε = 1 | ε = 3 | ε = 8 |",
+                "|---|---|---|---|",
+            ]
             for label in labels:
                 cells = []
                 for eps in BUDGETS:
@@ -608,9 +900,16 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
                     comb = [r["accs"].get("combined_acc") for r in rs]
                     gc = _gain(rs, comb, ref) if any(v is not None for v in comb) else (None, None)
                     head = _gain(rs, [r["test"] for r in rs], ref) if not k else (None, None)
-                    cells.append(" / ".join(x for x in (
-                        _pm(*g, signed=True) if k else f"{_pm(*head, signed=True)} (headline)",
-                        _pm(*gc, signed=True) if gc[0] is not None else None) if x))
+                    cells.append(
+                        " / ".join(
+                            x
+                            for x in (
+                                _pm(*g, signed=True) if k else f"{_pm(*head, signed=True)} (headline)",
+                                _pm(*gc, signed=True) if gc[0] is not None else None,
+                            )
+                            if x
+                        )
+                    )
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
             lines.append("")
     # targets
@@ -634,56 +933,118 @@ def document(rows: list[dict], root: Path, doc: Path, seeds: list[int], command:
 
         b3, b8 = best_shared(3.0), best_shared(8.0)
         p8 = R.get(f, "ProxyFL (strict)", 8.0)
-        pm = max([v for v in (_mean([r["accs"].get("private_acc") for r in p8]),
-                              _mean([r["accs"].get("combined_acc") for r in p8])) if v is not None], default=None)
-        fed1 = [lab for lab in labels if lab not in ("Joint", "Regular") and R.get(f, lab, 1.0)
-                and max(v for v in [_mean([r["test"] for r in R.get(f, lab, 1.0)]),
-                                    *(_mean([r["accs"].get(k) for r in R.get(f, lab, 1.0)])
-                                      for k in (*SHARED_KEYS, "combined_acc"))] if v is not None) >= ref_mean]
+        pm = max(
+            [
+                v
+                for v in (
+                    _mean([r["accs"].get("private_acc") for r in p8]),
+                    _mean([r["accs"].get("combined_acc") for r in p8]),
+                )
+                if v is not None
+            ],
+            default=None,
+        )
+        fed1 = [
+            lab
+            for lab in labels
+            if lab not in ("Joint", "Regular")
+            and R.get(f, lab, 1.0)
+            and max(
+                v
+                for v in [
+                    _mean([r["test"] for r in R.get(f, lab, 1.0)]),
+                    *(
+                        _mean([r["accs"].get(k) for r in R.get(f, lab, 1.0)])
+                        for k in (*SHARED_KEYS, "combined_acc")
+                    ),
+                ]
+                if v is not None
+            )
+            >= ref_mean
+        ]
 
         def ok(c):
             return "**met**" if c else "not met"
 
         lines += [f"Features {f} (going alone {ref_mean:.3f}):", ""]
         if b3:
-            lines.append(f"- ε = 3: best shared DP model {b3[0]:.3f} ({b3[1]}): ≥ 0.80 {ok(b3[0] >= 0.80)}; ≥ going "
-                         f"alone + 0.05 = {ref_mean + 0.05:.3f} {ok(b3[0] >= ref_mean + 0.05)}.")
+            lines.append(
+                f"- ε = 3: best shared DP model {b3[0]:.3f} ({b3[1]}): ≥ 0.80 {ok(b3[0] >= 0.80)}; ≥ going "
+                f"alone + 0.05 = {ref_mean + 0.05:.3f} {ok(b3[0] >= ref_mean + 0.05)}."
+            )
         if b8:
-            lines.append(f"- ε = 8: best shared DP model {b8[0]:.3f} ({b8[1]}): ≥ 0.85 {ok(b8[0] >= 0.85)}"
-                         + (f"; ProxyFL's private or combined model {pm:.3f} ≥ going alone + 0.08 = "
-                            f"{ref_mean + 0.08:.3f} {ok(pm >= ref_mean + 0.08)}." if pm is not None else "."))
-        lines.append(f"- ε = 1: federated methods at or above going alone: {', '.join(fed1) if fed1 else 'none'}.")
+            lines.append(
+                f"- ε = 8: best shared DP model {b8[0]:.3f} ({b8[1]}): ≥ 0.85 {ok(b8[0] >= 0.85)}"
+                + (
+                    f"; ProxyFL's private or combined model {pm:.3f} ≥ going alone + 0.08 = "
+                    f"{ref_mean + 0.08:.3f} {ok(pm >= ref_mean + 0.08)}."
+                    if pm is not None
+                    else "."
+                )
+            )
+        lines.append(
+            f"- ε = 1: federated methods at or above going alone: {', '.join(fed1) if fed1 else 'none'}."
+        )
         lines.append("")
     # tuning cost
     tc = [r for r in R.ok if r.get("tuning", {}).get("trials")]
     if tc:
         secs = sum(r["tuning"]["seconds"] for r in tc)
-        lines += ["## Tuning cost", "",
-                  f"{sum(r['tuning']['trials'] for r in tc)} trials, {secs / 60:.1f} CPU-minutes of wall time on the "
-                  "shared machine. Validation data being public does not make tuning free: each trial trained on the "
-                  "sites' private data and the choice depends on all of them. Composing every trial of a (method, "
-                  "budget) — what each site's accountant would record had all trials been one run — gives the "
-                  "tuning-inclusive ε per site (*random*: what `silofl tune --random-trials poisson:μ`, μ = the grid's "
-                  "size, would report by Papernot & Steinke's Theorem 6 for the same mechanisms):", "",
-                  "| features | method | ε = 1 | ε = 3 | ε = 8 |", "|---|---|---|---|---|"]
+        lines += [
+            "## Tuning cost",
+            "",
+            f"{sum(r['tuning']['trials'] for r in tc)} trials, {secs / 60:.1f} CPU-minutes of wall time on "
+            f"the "
+            "shared machine. Validation data being public does not make tuning free: each trial trained on "
+            "the "
+            "sites' private data and the choice depends on all of them. Composing every trial of a (method, "
+            "budget) — what each site's accountant would record had all trials been one run — gives the "
+            "tuning-inclusive ε per site (*random*: what `silofl tune --random-trials poisson:μ`, μ = the "
+            "grid's "
+            "size, would report by Papernot & Steinke's Theorem 6 for the same mechanisms):",
+            "",
+            "| features | method | ε = 1 | ε = 3 | ε = 8 |",
+            "|---|---|---|---|---|",
+        ]
         for f in features:
             base = root if f == "none" else root / f"features-{f}"
             for label in labels:
                 cells = []
                 for eps in BUDGETS:
                     rs = [r for r in R.get(f, label, eps) if r.get("tuning", {}).get("max") is not None]
-                    ps = _random_trials_epsilon(base / _slug(label) / f"eps{eps:g}" / f"seed{TUNE_SEED}" / "tune") \
-                        if rs else None
-                    cells.append(f"{max(r['tuning']['max'] for r in rs):.2f} ({rs[0]['tuning']['trials']} trials"
-                                 + (f"; random: {ps:.2f}" if ps is not None else "") + ")" if rs else "—")
+                    ps = (
+                        _random_trials_epsilon(
+                            base / _slug(label) / f"eps{eps:g}" / f"seed{TUNE_SEED}" / "tune"
+                        )
+                        if rs
+                        else None
+                    )
+                    cells.append(
+                        f"{max(r['tuning']['max'] for r in rs):.2f} ({rs[0]['tuning']['trials']} trials"
+                        + (f"; random: {ps:.2f}" if ps is not None else "")
+                        + ")"
+                        if rs
+                        else "—"
+                    )
                 if any(c != "—" for c in cells):
                     lines.append(f"| {f} | {label} | " + " | ".join(cells) + " |")
-        lines += ["", "Selection: ProxyFL and FML were selected on their private models' validation accuracy (their "
-                  "headline), which is not a DP output: which of the grid's settings won is not covered by either "
-                  "figure; `--random-trials` selects them on the DP proxy instead. A site that wants the table's ε to "
-                  "include tuning should tune at a fraction of its budget, or on another collaboration's public data."]
-    lines += ["", "At ε = 1 Opacus may warn that the best Rényi order is the largest of its grid: the ε printed is a "
-              "valid bound but not the tightest one.", "", PAPER_NOTE, ""]
+        lines += [
+            "",
+            "Selection: ProxyFL and FML were selected on their private models' validation accuracy (their "
+            "headline), which is not a DP output: which of the grid's settings won is not covered by either "
+            "figure; `--random-trials` selects them on the DP proxy instead. A site that wants the table's ε "
+            "to "
+            "include tuning should tune at a fraction of its budget, or on another collaboration's public "
+            "data.",
+        ]
+    lines += [
+        "",
+        "At ε = 1 Opacus may warn that the best Rényi order is the largest of its grid: the ε printed is a "
+        "valid bound but not the tightest one.",
+        "",
+        PAPER_NOTE,
+        "",
+    ]
     # the plot: one panel per feature stage
     fig, axes = plt.subplots(1, len(features), figsize=(6 * len(features), 4.5), sharey=True, squeeze=False)
     for ax, f in zip(axes[0], features, strict=True):
@@ -722,25 +1083,59 @@ def _write_csv(rows: list[dict], path: Path) -> None:
     import csv
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    cols = ["label", "method", "budget", "seed", "headline", "test", "epsilon", "sigma", "rounds", "settings",
-            "validation", "tuning_trials", "tuning_epsilon", "features", "carried_from"]
+    cols = [
+        "label",
+        "method",
+        "budget",
+        "seed",
+        "headline",
+        "test",
+        "epsilon",
+        "sigma",
+        "rounds",
+        "settings",
+        "validation",
+        "tuning_trials",
+        "tuning_epsilon",
+        "features",
+        "carried_from",
+    ]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
         for r in rows:
             t = r.get("tuning", {})
-            w.writerow([r.get("label"), r.get("method"), r.get("budget"), r.get("seed"), r.get("headline"), r.get("test"),
-                        r.get("epsilon"), r.get("sigma"), r.get("rounds"), json.dumps(r.get("settings")),
-                        r.get("validation"), t.get("trials"), t.get("max"), r.get("features", "none"),
-                        r.get("carried")])
+            w.writerow(
+                [
+                    r.get("label"),
+                    r.get("method"),
+                    r.get("budget"),
+                    r.get("seed"),
+                    r.get("headline"),
+                    r.get("test"),
+                    r.get("epsilon"),
+                    r.get("sigma"),
+                    r.get("rounds"),
+                    json.dumps(r.get("settings")),
+                    r.get("validation"),
+                    t.get("trials"),
+                    t.get("max"),
+                    r.get("features", "none"),
+                    r.get("carried"),
+                ]
+            )
 
 
-CARRIED = "carried over"  # rows of feature stages not re-run: taken from the CSV the previous generation wrote
+CARRIED = (
+    "carried over"  # rows of feature stages not re-run: taken from the CSV the previous generation wrote
+)
 
 
 def carried_rows(csv_path: Path, features: tuple[str, ...]) -> list[dict]:
-    """The rows of ``csv_path`` (an earlier generation's CSV) whose feature stage is not among ``features``: kept as
-    they were (headline figure, ε, σ, settings), marked ``carried``; a CSV without a ``features`` column is of the
+    """The rows of ``csv_path`` (an earlier generation's CSV) whose feature stage is not among ``features``:
+    kept as
+    they were (headline figure, ε, σ, settings), marked ``carried``; a CSV without a ``features`` column is of
+    the
     pixel stage (``none``)."""
     import csv
 
@@ -756,14 +1151,29 @@ def carried_rows(csv_path: Path, features: tuple[str, ...]) -> list[dict]:
             def num(k, r=r):
                 return float(r[k]) if r.get(k) not in (None, "") else None
 
-            out.append({"label": r["label"], "method": r["method"], "budget": num("budget"), "seed": int(r["seed"]),
-                        "features": feats, "headline": r["headline"], "test": num("test"), "epsilon": num("epsilon"),
-                        "sigma": num("sigma"), "rounds": int(float(r["rounds"])) if r.get("rounds") else None,
-                        "settings": json.loads(r["settings"]) if r.get("settings") else {},
-                        "validation": num("validation"), "accs": {r["headline"]: num("test")},
-                        "tuning": {"trials": int(float(r["tuning_trials"])) if r.get("tuning_trials") else 0,
-                                   "max": num("tuning_epsilon"), "seconds": 0.0},
-                        "carried": r.get("carried_from") or "the previous generation of this document"})
+            out.append(
+                {
+                    "label": r["label"],
+                    "method": r["method"],
+                    "budget": num("budget"),
+                    "seed": int(r["seed"]),
+                    "features": feats,
+                    "headline": r["headline"],
+                    "test": num("test"),
+                    "epsilon": num("epsilon"),
+                    "sigma": num("sigma"),
+                    "rounds": int(float(r["rounds"])) if r.get("rounds") else None,
+                    "settings": json.loads(r["settings"]) if r.get("settings") else {},
+                    "validation": num("validation"),
+                    "accs": {r["headline"]: num("test")},
+                    "tuning": {
+                        "trials": int(float(r["tuning_trials"])) if r.get("tuning_trials") else 0,
+                        "max": num("tuning_epsilon"),
+                        "seconds": 0.0,
+                    },
+                    "carried": r.get("carried_from") or "the previous generation of this document",
+                }
+            )
     return out
 
 
@@ -774,10 +1184,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--doc", default=str(Path(__file__).resolve().parents[1] / "docs" / "privacy_utility.md"))
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--features", default=",".join(FEATURE_SETS),
-                    help="feature stages to run, comma-separated (default: all)")
-    ap.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS),
-                    help="the budgets to run, comma-separated (default: all); the document shows every finished one")
+    ap.add_argument(
+        "--features",
+        default=",".join(FEATURE_SETS),
+        help="feature stages to run, comma-separated (default: all)",
+    )
+    ap.add_argument(
+        "--budgets",
+        default=",".join(f"{b:g}" for b in BUDGETS),
+        help="the budgets to run, comma-separated (default: all); the document shows every finished one",
+    )
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
     features = tuple(f.strip() for f in a.features.split(","))
@@ -790,10 +1206,14 @@ def main(argv: list[str] | None = None) -> None:
     budgets = tuple(float(b) for b in a.budgets.split(","))
     if not set(budgets) <= set(BUDGETS):
         ap.error(f"budgets must be among {BUDGETS}")
-    rows = collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features, budgets)
+    rows = (
+        collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features, budgets)
+    )
     carried = carried_rows(Path(a.doc).parent / "data" / "privacy_utility.csv", features)
-    cmd = (f"python -m studies.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
-           f"--features {','.join(features)}")
+    cmd = (
+        f"python -m studies.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
+        f"--features {','.join(features)}"
+    )
     document(rows + carried, root, Path(a.doc), seeds, cmd, tuple(FEATURE_SETS) if carried else features)
     print(f"wrote {a.doc}", file=sys.stderr)
 

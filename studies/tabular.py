@@ -89,20 +89,49 @@ def fl_methods(rounds: int, noise: float) -> dict[str, dict]:
         "ProxyFL": {"method": "proxyfl", "private_model": "tabmlp", "proxy_model": "logreg", **dp},
         "FedAvg": {"method": "fedavg", "proxy_model": "tabmlp", **dp},
         "FedAvg (no DP)": {"method": "fedavg", "proxy_model": "tabmlp", "privacy": "off"},
-        "DP-FedAvg": {"method": "dp-fedavg", "proxy_model": "tabmlp", "local_epochs": 1, "local_lr": 0.1,
-                      "server_lr": 1.0, **dp},
+        "DP-FedAvg": {
+            "method": "dp-fedavg",
+            "proxy_model": "tabmlp",
+            "local_epochs": 1,
+            "local_lr": 0.1,
+            "server_lr": 1.0,
+            **dp,
+        },
     }
 
 
-def run_fl(label: str, opts: dict, schema: Path, paths: list[Path], seed: int, rounds: int, delta: float,
-           test_fraction: float, out: Path, lr: float) -> list[dict]:
-    """One federated method on the island tables for one seed; per-method rows of per-site accuracies and ε."""
+def run_fl(
+    label: str,
+    opts: dict,
+    schema: Path,
+    paths: list[Path],
+    seed: int,
+    rounds: int,
+    delta: float,
+    test_fraction: float,
+    out: Path,
+    lr: float,
+) -> list[dict]:
+    """One federated method on the island tables for one seed; per-method rows of per-site accuracies and
+    ε."""
     from silofl.run.config import RunConfig
     from silofl.run.loop import run as simulate
 
-    cfg = RunConfig.from_dict({"dataset": "table", "schema": str(schema), "site_data": [str(p) for p in paths],
-                               "seed": seed, "rounds": rounds, "delta": delta, "test_fraction": test_fraction,
-                               "threads": 1, "eval_every": rounds, "out": str(out), **opts})
+    cfg = RunConfig.from_dict(
+        {
+            "dataset": "table",
+            "schema": str(schema),
+            "site_data": [str(p) for p in paths],
+            "seed": seed,
+            "rounds": rounds,
+            "delta": delta,
+            "test_fraction": test_fraction,
+            "threads": 1,
+            "eval_every": rounds,
+            "out": str(out),
+            **opts,
+        }
+    )
     if "lr" not in opts and cfg.info.client_level is False:
         cfg = cfg.replace(lr=lr)
     t0 = time.perf_counter()
@@ -120,18 +149,40 @@ def run_fl(label: str, opts: dict, schema: Path, paths: list[Path], seed: int, r
     fields = [cfg.info.headline] + (["proxy_acc"] if cfg.method == "proxyfl" else [])
     for field in fields:
         role = field.removesuffix("_acc")
-        dp_model = eps is not None and (cfg.is_client_level or any(a.get("dp_model") == role for a in s["accounting"]))
-        out_rows.append({"method": label if field == cfg.info.headline else f"{label} ({role})", "seed": seed,
-                         "internal": [r[f"{field}_internal"] for r in rows], "all": [r[field] for r in rows],
-                         "epsilon": eps, "delta": priv["delta"], "unit": priv["unit"], "formal": priv["formal_guarantee"],
-                         "model_is_dp": dp_model, "seconds": seconds, "model": role, "run": str(out)})
+        dp_model = eps is not None and (
+            cfg.is_client_level or any(a.get("dp_model") == role for a in s["accounting"])
+        )
+        out_rows.append(
+            {
+                "method": label if field == cfg.info.headline else f"{label} ({role})",
+                "seed": seed,
+                "internal": [r[f"{field}_internal"] for r in rows],
+                "all": [r[field] for r in rows],
+                "epsilon": eps,
+                "delta": priv["delta"],
+                "unit": priv["unit"],
+                "formal": priv["formal_guarantee"],
+                "model_is_dp": dp_model,
+                "seconds": seconds,
+                "model": role,
+                "run": str(out),
+            }
+        )
     return out_rows
 
 
 # ---------------------------------------------------------------------------------------------- PubSub-ML
-def run_pubsub(schema_path: Path, paths: list[Path], seed: int, epsilon: float, delta: float, test_fraction: float,
-               epochs: int) -> dict:
-    """PubSub-ML on the island tables for one seed: each site publishes a DP model and customizes the others'."""
+def run_pubsub(
+    schema_path: Path,
+    paths: list[Path],
+    seed: int,
+    epsilon: float,
+    delta: float,
+    test_fraction: float,
+    epochs: int,
+) -> dict:
+    """PubSub-ML on the island tables for one seed: each site publishes a DP model and customizes the
+    others'."""
     from silofl.data.schema import Schema, read_table
     from silofl.data.sites import holdout
     from silofl.pubsub.customize import LocalData, customize
@@ -148,10 +199,26 @@ def run_pubsub(schema_path: Path, paths: list[Path], seed: int, epsilon: float, 
         tr, te = holdout(len(y), test_fraction, seed, k, str(p))  # the FL runs' split
         sites.append((t, tr, te))
     names = [Path(p).stem for p in paths]
-    published = [train("dp-nn", t.x[tr], t.y[tr], publisher=names[k], features=t.features, task="classification",
-                       bounds=Bounds(t.lo, t.hi), epsilon=epsilon, delta=delta, classes=t.classes, seed=seed * 10 + k,
-                       epochs=epochs, hidden=32, batch_size=16, lr=0.05)
-                 for k, (t, tr, _) in enumerate(sites)]
+    published = [
+        train(
+            "dp-nn",
+            t.x[tr],
+            t.y[tr],
+            publisher=names[k],
+            features=t.features,
+            task="classification",
+            bounds=Bounds(t.lo, t.hi),
+            epsilon=epsilon,
+            delta=delta,
+            classes=t.classes,
+            seed=seed * 10 + k,
+            epochs=epochs,
+            hidden=32,
+            batch_size=16,
+            lr=0.05,
+        )
+        for k, (t, tr, _) in enumerate(sites)
+    ]
     x_all = np.concatenate([t.x[te] for t, _, te in sites])
     y_all = np.concatenate([t.y[te] for t, _, te in sites])
     internal, union, own = [], [], []
@@ -159,18 +226,31 @@ def run_pubsub(schema_path: Path, paths: list[Path], seed: int, epsilon: float, 
         perm = np.random.default_rng([seed, k, 7]).permutation(tr)
         cut = int(round(0.75 * len(perm)))
         others = [m for j, m in enumerate(published) if j != k]
-        res = customize(others, LocalData(t.x, t.y, t.features, "classification", t.classes),
-                        dict(zip(t.features, t.defaults.tolist(), strict=True)), seed=seed,
-                        idx=(np.sort(perm[:cut]), np.sort(perm[cut:]), te))
+        res = customize(
+            others,
+            LocalData(t.x, t.y, t.features, "classification", t.classes),
+            dict(zip(t.features, t.defaults.tolist(), strict=True)),
+            seed=seed,
+            idx=(np.sort(perm[:cut]), np.sort(perm[cut:]), te),
+        )
         internal.append(res.report["test"])
         union.append(float((res.predict(x_all) == y_all).mean()))
         own.append(res.report["own_test"])
-    return {"method": "PubSub-ML", "seed": seed, "internal": internal, "all": union,
-            "epsilon": [m.epsilon for m in published], "delta": delta,
-            "unit": "one training row of the publishing site (example-level DP-SGD, per publisher)", "formal": True,
-            "model_is_dp": False,
-            "seconds": time.perf_counter() - t0, "model": "customized (others' DP models + own)",
-            "noise_multipliers": [m.mechanism["noise_multiplier"] for m in published], "own_internal": own}
+    return {
+        "method": "PubSub-ML",
+        "seed": seed,
+        "internal": internal,
+        "all": union,
+        "epsilon": [m.epsilon for m in published],
+        "delta": delta,
+        "unit": "one training row of the publishing site (example-level DP-SGD, per publisher)",
+        "formal": True,
+        "model_is_dp": False,
+        "seconds": time.perf_counter() - t0,
+        "model": "customized (others' DP models + own)",
+        "noise_multipliers": [m.mechanism["noise_multiplier"] for m in published],
+        "own_internal": own,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- the study
@@ -182,7 +262,10 @@ def summarise(rows: list[dict]) -> dict:
         n_sites = len(rs[0]["internal"])
 
         def ms(values):
-            return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
+            return {
+                "mean": statistics.fmean(values),
+                "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+            }
 
         eps = [e for r in rs for e in (r["epsilon"] or [])]
         out[label] = {
@@ -190,33 +273,64 @@ def summarise(rows: list[dict]) -> dict:
             "all": ms([statistics.fmean(r["all"]) for r in rs]),
             "internal_per_site": [statistics.fmean(r["internal"][k] for r in rs) for k in range(n_sites)],
             "all_per_site": [statistics.fmean(r["all"][k] for r in rs) for k in range(n_sites)],
-            "epsilon_min": min(eps) if eps else None, "epsilon_max": max(eps) if eps else None,
-            "delta": rs[0]["delta"], "unit": rs[0]["unit"], "formal": rs[0]["formal"], "model": rs[0]["model"],
+            "epsilon_min": min(eps) if eps else None,
+            "epsilon_max": max(eps) if eps else None,
+            "delta": rs[0]["delta"],
+            "unit": rs[0]["unit"],
+            "formal": rs[0]["formal"],
+            "model": rs[0]["model"],
             "model_is_dp": rs[0]["model_is_dp"],
-            "seconds": ms([r["seconds"] for r in rs]), "seeds": len(rs),
+            "seconds": ms([r["seconds"] for r in rs]),
+            "seeds": len(rs),
         }
     return out
 
 
-def run_study(out: Path, seeds: list[int], rounds: int, noise: float, delta: float, test_fraction: float,
-              pubsub_epsilon: float, pubsub_epochs: int, lr: float) -> dict:
-    """Every protocol over the seeds; writes and returns results.json (settings, site sizes, rows, summary)."""
+def run_study(
+    out: Path,
+    seeds: list[int],
+    rounds: int,
+    noise: float,
+    delta: float,
+    test_fraction: float,
+    pubsub_epsilon: float,
+    pubsub_epochs: int,
+    lr: float,
+) -> dict:
+    """Every protocol over the seeds; writes and returns results.json (settings, site sizes, rows,
+    summary)."""
     t0 = time.perf_counter()
     schema, paths = write_sites(out / "data")
     rows = []
     for seed in seeds:
         for label, opts in fl_methods(rounds, noise).items():
             slug = label.lower().replace(" ", "-").replace("(", "").replace(")", "")
-            new = run_fl(label, opts, schema, paths, seed, rounds, delta, test_fraction, out / "runs" / slug / f"seed{seed}",
-                         lr)
+            new = run_fl(
+                label,
+                opts,
+                schema,
+                paths,
+                seed,
+                rounds,
+                delta,
+                test_fraction,
+                out / "runs" / slug / f"seed{seed}",
+                lr,
+            )
             rows += new
             for r in new:
-                print(f"seed {seed} {r['method']}: internal {statistics.fmean(r['internal']):.3f}, all islands "
-                      f"{statistics.fmean(r['all']):.3f}, ε ≤ {max(r['epsilon']) if r['epsilon'] else '—'}, "
-                      f"{r['seconds']:.1f} s", flush=True)
+                print(
+                    f"seed {seed} {r['method']}: internal {statistics.fmean(r['internal']):.3f}, all islands "
+                    f"{statistics.fmean(r['all']):.3f}, ε ≤ {max(r['epsilon']) if r['epsilon'] else '—'}, "
+                    f"{r['seconds']:.1f} s",
+                    flush=True,
+                )
         rows.append(run_pubsub(schema, paths, seed, pubsub_epsilon, delta, test_fraction, pubsub_epochs))
-        print(f"seed {seed} PubSub-ML: internal {statistics.fmean(rows[-1]['internal']):.3f}, {rows[-1]['seconds']:.1f} s",
-              flush=True)
+        print(
+            f"seed {seed} PubSub-ML: internal {statistics.fmean(rows[-1]['internal']):.3f}, "
+            f"{rows[-1]['seconds']:.1f} s",
+            flush=True,
+        )
     from silofl.data.schema import Schema, read_table
     from silofl.data.sites import holdout
 
@@ -226,23 +340,48 @@ def run_study(out: Path, seeds: list[int], rounds: int, noise: float, delta: flo
         raw, y, dropped = sch.check(read_table(p), str(p))
         assert y is not None
         tr, te = holdout(len(y), test_fraction, seeds[0], k, str(p))
-        sizes.append({"site": p.stem, "file": p.name, "rows": len(y) + dropped, "dropped": dropped, "train": len(tr),
-                      "test": len(te), "classes": {c: int((y == i).sum()) for i, c in enumerate(sch.classes)}})
+        sizes.append(
+            {
+                "site": p.stem,
+                "file": p.name,
+                "rows": len(y) + dropped,
+                "dropped": dropped,
+                "train": len(tr),
+                "test": len(te),
+                "classes": {c: int((y == i).sum()) for i, c in enumerate(sch.classes)},
+            }
+        )
     from silofl.run.folder import read_config
 
     first = read_config(rows[0]["run"])  # as it ran (the batch size the run planned: plan.json)
-    result = {"setting": {"batch_size": first["batch_size"], "seeds": seeds, "rounds": rounds, "noise_multiplier": noise, "delta": delta,
-                          "test_fraction": test_fraction, "pubsub_epsilon": pubsub_epsilon, "pubsub_epochs": pubsub_epochs,
-                          "lr": lr, "threads": 1},
-              "sites": sizes, "schema": SCHEMA, "rows": rows, "summary": summarise(rows),
-              "wall_seconds": time.perf_counter() - t0}
+    result = {
+        "setting": {
+            "batch_size": first["batch_size"],
+            "seeds": seeds,
+            "rounds": rounds,
+            "noise_multiplier": noise,
+            "delta": delta,
+            "test_fraction": test_fraction,
+            "pubsub_epsilon": pubsub_epsilon,
+            "pubsub_epochs": pubsub_epochs,
+            "lr": lr,
+            "threads": 1,
+        },
+        "sites": sizes,
+        "schema": SCHEMA,
+        "rows": rows,
+        "summary": summarise(rows),
+        "wall_seconds": time.perf_counter() - t0,
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line of the tabular study (bench/tabular_study.sh)."""
-    ap = argparse.ArgumentParser(description="The tabular example (Palmer penguins by island), every protocol.")
+    ap = argparse.ArgumentParser(
+        description="The tabular example (Palmer penguins by island), every protocol."
+    )
     ap.add_argument("--out", default="reports/tabular")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=60)
@@ -260,8 +399,17 @@ def main(argv: list[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.quick:
         seeds, args.rounds, args.pubsub_epochs = seeds[:1], 2, 2
-    res = run_study(out, seeds, args.rounds, args.noise, args.delta, args.test_fraction, args.pubsub_epsilon,
-                    args.pubsub_epochs, args.lr)
+    res = run_study(
+        out,
+        seeds,
+        args.rounds,
+        args.noise,
+        args.delta,
+        args.test_fraction,
+        args.pubsub_epsilon,
+        args.pubsub_epochs,
+        args.lr,
+    )
     print(f"wrote {out / 'results.json'} ({res['wall_seconds']:.0f} s)")
 
 

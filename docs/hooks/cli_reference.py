@@ -67,9 +67,7 @@ def _command(cmd: Any, path: list[str], out: list[str]) -> None:
     name = " ".join(path)
     out.append(f"{'#' * min(len(path) + 1, 4)} `{name}`\n")
     ctx = click.Context(cmd, info_name=name)
-    out.append(
-        f"```text\n{' '.join([name, *cmd.collect_usage_pieces(ctx)])}\n```\n"
-    )
+    out.append(f"```text\n{' '.join([name, *cmd.collect_usage_pieces(ctx)])}\n```\n")
     if cmd.help:
         out.append(_plain(cmd.help) + "\n")
     args = [p for p in cmd.params if isinstance(p, click.Argument)]
@@ -151,8 +149,10 @@ def _fields_markdown(cls: type, own_only: bool = False) -> list[str]:
             out += [_plain(above[f.name]).replace("<", "&lt;") + "\n"]
         help_ = f.metadata.get("help") if f.metadata else None
         typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        table.append(f"| `{f.name}` | `{_cell(str(typ))}` | {_cell(default(f))} | "
-                     f"{_cell(help_ or trailing.get(f.name, ''))} |")
+        table.append(
+            f"| `{f.name}` | `{_cell(str(typ))}` | {_cell(default(f))} | "
+            f"{_cell(help_ or trailing.get(f.name, ''))} |"
+        )
     if table:
         out += [*header, *table, ""]
     return out
@@ -165,10 +165,16 @@ def config_markdown() -> str:
 
     out = ["### `RunConfig`: the settings every method shares\n", *_fields_markdown(RunConfig)]
     infos = methods()
-    out += ["### Each method's options\n", "| method | options | judged by | exchange | what it is |",
-            "|---|---|---|---|---|"]
-    out += [f"| `{n}` | [`{i.options.__name__}`](#{i.options.__name__.lower()}) | `{i.headline}` | "
-            f"{i.exchange} | {_cell(i.description)} |" for n, i in infos.items()]
+    out += [
+        "### Each method's options\n",
+        "| method | options | judged by | exchange | what it is |",
+        "|---|---|---|---|---|",
+    ]
+    out += [
+        f"| `{n}` | [`{i.options.__name__}`](#{i.options.__name__.lower()}) | `{i.headline}` | "
+        f"{i.exchange} | {_cell(i.description)} |"
+        for n, i in infos.items()
+    ]
     out.append("")
     seen: set[type] = set()
     for info in infos.values():

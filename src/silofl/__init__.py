@@ -24,18 +24,44 @@ from silofl.core.errors import (
 
 __version__ = "0.1.0"
 
-_API = ("run", "tune", "audit", "compare", "RunConfig", "RunResult", "TuneResult", "AuditResult", "CompareResult")
+_API = (
+    "run",
+    "tune",
+    "audit",
+    "compare",
+    "RunConfig",
+    "RunResult",
+    "TuneResult",
+    "AuditResult",
+    "CompareResult",
+)
 
-__all__ = ["SiloflError", "ConfigError", "DataError", "BudgetExhausted", "PeerModelRejected", "ModelRejected",
-           "__version__", "run", "tune", "audit", "compare", "RunConfig", "RunResult", "TuneResult", "AuditResult",
-           "CompareResult"]
+__all__ = [
+    "SiloflError",
+    "ConfigError",
+    "DataError",
+    "BudgetExhausted",
+    "PeerModelRejected",
+    "ModelRejected",
+    "__version__",
+    "run",
+    "tune",
+    "audit",
+    "compare",
+    "RunConfig",
+    "RunResult",
+    "TuneResult",
+    "AuditResult",
+    "CompareResult",
+]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time, module __getattr__ below
     from silofl.api import AuditResult, CompareResult, RunConfig, RunResult, TuneResult, compare, tune
 
 
 class _CallableModule(_types.ModuleType):
-    """A subpackage that is also the API function of its name: ``silofl.run(cfg)`` calls :func:`silofl.api.run`,
+    """A subpackage that is also the API function of its name: ``silofl.run(cfg)`` calls
+    :func:`silofl.api.run`,
     ``silofl.run.loop`` is still the module."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

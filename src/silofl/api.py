@@ -6,15 +6,21 @@
 
     cfg = silofl.RunConfig(method="fedavg", dataset="digits", clients=3, rounds=2, delta=1e-3, out="runs/x")
     result = silofl.run(cfg)
-    result.headline, result.epsilon, result.folder        # the judged figure (mean), the worst site's ε, runs/x
+    result.headline, result.epsilon, result.folder        # the judged figure (mean), the worst site's ε,
+    runs/x
 
-Each function takes a :class:`~silofl.run.config.RunConfig` (or a plain mapping of its options, as in a YAML file)
-and writes the same folder as the ``silofl`` command of the same name — the CLI calls these functions. Errors a
+Each function takes a :class:`~silofl.run.config.RunConfig` (or a plain mapping of its options, as in a YAML
+file)
+and writes the same folder as the ``silofl`` command of the same name — the CLI calls these functions. Errors
+a
 user can fix are :class:`~silofl.core.errors.SiloflError` s (one line each).
 
-The engine a run uses is chosen by name from the engines' registry (:data:`silofl.comm.engines.ENGINES`): ``simulator`` (every site in this process),
-``flower-local`` (a real Flower deployment on this machine: ``silofl deploy local``) and ``flower`` (the registered
-sites of a deployment folder: ``silofl deploy start``). torch.distributed runs are started by ``silofl launch``.
+The engine a run uses is chosen by name from the engines' registry (:data:`silofl.comm.engines.ENGINES`):
+``simulator`` (every site in this process),
+``flower-local`` (a real Flower deployment on this machine: ``silofl deploy local``) and ``flower`` (the
+registered
+sites of a deployment folder: ``silofl deploy start``). torch.distributed runs are started by ``silofl
+launch``.
 """
 
 from __future__ import annotations
@@ -28,8 +34,18 @@ from typing import Any
 from silofl.core.errors import ConfigError
 from silofl.run.config import RunConfig
 
-__all__ = ["run", "tune", "audit", "compare", "RunConfig", "RunResult", "TuneResult", "AuditResult", "CompareResult",
-           "engine_names"]
+__all__ = [
+    "run",
+    "tune",
+    "audit",
+    "compare",
+    "RunConfig",
+    "RunResult",
+    "TuneResult",
+    "AuditResult",
+    "CompareResult",
+    "engine_names",
+]
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -73,11 +89,14 @@ class RunResult:
 
 @dataclass
 class TuneResult:
-    """A finished search: ``tune.json``'s content, the chosen settings and config, and the tuning-inclusive ε."""
+    """A finished search: ``tune.json``'s content, the chosen settings and config, and the tuning-inclusive
+    ε."""
 
     result: dict[str, Any]
     folder: Path
-    best_config: RunConfig | None  # the base config with the chosen settings, scored on the test split (best.yaml)
+    best_config: (
+        RunConfig | None
+    )  # the base config with the chosen settings, scored on the test split (best.yaml)
 
     @property
     def settings(self) -> dict[str, Any] | None:
@@ -98,7 +117,8 @@ class TuneResult:
 
     @property
     def epsilon(self) -> float | None:
-        """The ε of the whole search: every trial composed, or the random-trials bound (Papernot & Steinke)."""
+        """The ε of the whole search: every trial composed, or the random-trials bound (Papernot &
+        Steinke)."""
         rt = self.result.get("random_trials")
         return rt["max"] if rt is not None else self.result["tuning_cost"]["max"]
 
@@ -128,7 +148,8 @@ class AuditResult:
 
 @dataclass
 class CompareResult:
-    """A finished comparison: its rows (one per method and variant, mean ± std over seeds), failures, folder."""
+    """A finished comparison: its rows (one per method and variant, mean ± std over seeds), failures,
+    folder."""
 
     report: dict[str, Any]
     folder: Path
@@ -162,16 +183,18 @@ class EngineOptions:
     superlink: str | None = None  # flower: the SuperLink, HOST:PORT
 
 
-def start_simulator(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
-               opts: EngineOptions) -> dict:
+def start_simulator(
+    cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any, opts: EngineOptions
+) -> dict:
     """Run ``cfg`` with every site in this process (the simulator engine)."""
     from silofl.run.loop import run as run_loop
 
     return run_loop(cfg, progress=progress, console=console, resume=resume, overwrite=overwrite)
 
 
-def start_torch_distributed(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
-                       opts: EngineOptions) -> dict:
+def start_torch_distributed(
+    cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any, opts: EngineOptions
+) -> dict:
     """Rank 0 of a `silofl launch` group (the process group is up; the other ranks serve their sites)."""
     from silofl.comm.torchdist import TorchDistEngine
     from silofl.run.loop import run as run_loop
@@ -179,38 +202,62 @@ def start_torch_distributed(cfg: RunConfig, *, resume: bool, overwrite: bool, pr
     def factory(make_site, n_sites):
         return TorchDistEngine(make_site, n_sites, timeout_s=opts.peer_timeout_s)
 
-    return run_loop(cfg, progress=progress, console=console, resume=resume, overwrite=overwrite,
-                    engine_factory=factory)
+    return run_loop(
+        cfg, progress=progress, console=console, resume=resume, overwrite=overwrite, engine_factory=factory
+    )
 
 
-def start_flower_local(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
-                  opts: EngineOptions) -> dict:
+def start_flower_local(
+    cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any, opts: EngineOptions
+) -> dict:
     """Run ``cfg`` as a Flower deployment on this machine (``silofl deploy local``)."""
     from silofl.deploy.local import deploy_local
 
     if resume or overwrite:
-        raise ConfigError("silofl deploy local starts a fresh deployment: --resume and --overwrite do not apply")
+        raise ConfigError(
+            "silofl deploy local starts a fresh deployment: --resume and --overwrite do not apply"
+        )
     if console is not None:
-        console.print(f"deploying on this machine: a SuperLink and {cfg.clients} sites as separate processes, "
-                      + ("[bold red]INSECURE: no TLS, no node authentication[/]" if opts.insecure else
-                         "TLS, SuperNode authentication, payloads between sites sealed end to end"))
-    return deploy_local(cfg, Path(cfg.out), timeout_s=opts.timeout_s, insecure=opts.insecure, progress=progress,
-                        call_timeout_s=opts.peer_timeout_s, restart_sites=opts.restart_sites)
+        console.print(
+            f"deploying on this machine: a SuperLink and {cfg.clients} sites as separate processes, "
+            + (
+                "[bold red]INSECURE: no TLS, no node authentication[/]"
+                if opts.insecure
+                else "TLS, SuperNode authentication, payloads between sites sealed end to end"
+            )
+        )
+    return deploy_local(
+        cfg,
+        Path(cfg.out),
+        timeout_s=opts.timeout_s,
+        insecure=opts.insecure,
+        progress=progress,
+        call_timeout_s=opts.peer_timeout_s,
+        restart_sites=opts.restart_sites,
+    )
 
 
-def start_flower(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any,
-            opts: EngineOptions) -> dict:
+def start_flower(
+    cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any, opts: EngineOptions
+) -> dict:
     """Run ``cfg`` on a deployment's registered sites (``silofl deploy start``)."""
     from silofl.deploy.local import run_deployment
 
     if resume or overwrite:
         raise ConfigError("silofl deploy start starts a fresh run: --resume and --overwrite do not apply")
-    return run_deployment(cfg, opts.deployment, opts.superlink, timeout_s=opts.timeout_s, progress=progress,
-                          call_timeout_s=opts.peer_timeout_s)
+    return run_deployment(
+        cfg,
+        opts.deployment,
+        opts.superlink,
+        timeout_s=opts.timeout_s,
+        progress=progress,
+        call_timeout_s=opts.peer_timeout_s,
+    )
 
 
 def engine_names() -> tuple[str, ...]:
-    """The engines a run can be given by name (the registry :data:`silofl.comm.engines.ENGINES`; ``silofl launch``
+    """The engines a run can be given by name (the registry :data:`silofl.comm.engines.ENGINES`; ``silofl
+    launch``
     starts torch.distributed runs)."""
     from silofl.comm.engines import selectable_engines
 
@@ -226,18 +273,33 @@ def as_config(config: RunConfig | Mapping[str, Any] | str | Path) -> RunConfig:
         return RunConfig.from_dict(dict(config))
     if isinstance(config, (str, Path)):
         return RunConfig.from_yaml(config)
-    raise ConfigError(f"a run config must be a RunConfig, a mapping or a YAML file, got {type(config).__name__}")
+    raise ConfigError(
+        f"a run config must be a RunConfig, a mapping or a YAML file, got {type(config).__name__}"
+    )
 
 
-def run(config: RunConfig | Mapping[str, Any] | str | Path, *, resume: bool = False, overwrite: bool = False,
-        quiet: bool = True, vs_alone: bool = False, engine: str = "simulator", console: Any = None,
-        engine_options: EngineOptions | None = None, on_summary: Callable[[dict], Any] | None = None) -> RunResult:
+def run(
+    config: RunConfig | Mapping[str, Any] | str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = True,
+    vs_alone: bool = False,
+    engine: str = "simulator",
+    console: Any = None,
+    engine_options: EngineOptions | None = None,
+    on_summary: Callable[[dict], Any] | None = None,
+) -> RunResult:
     """Run ``config`` and write its run folder (config.yaml, metrics.jsonl, summary.json, plots, models/).
 
-    ``resume``: continue the folder's latest checkpoint (the privacy spend carries on); ``overwrite``: replace the run
-    already in ``out`` (refused otherwise); ``quiet``: no progress bar; ``vs_alone``: afterwards train each site alone
-    without DP into ``OUT/alone`` (simulator only); ``engine``: a registered engine's name, with ``engine_options``;
-    ``console``: a rich Console for progress lines (None: silent); ``on_summary``: called with the summary as soon as
+    ``resume``: continue the folder's latest checkpoint (the privacy spend carries on); ``overwrite``: replace
+    the run
+    already in ``out`` (refused otherwise); ``quiet``: no progress bar; ``vs_alone``: afterwards train each
+    site alone
+    without DP into ``OUT/alone`` (simulator only); ``engine``: a registered engine's name, with
+    ``engine_options``;
+    ``console``: a rich Console for progress lines (None: silent); ``on_summary``: called with the summary as
+    soon as
     the run ends (before the ``vs_alone`` baseline trains)."""
     from silofl.comm.engines import ENGINES
     from silofl.run.folder import OutLock
@@ -246,14 +308,24 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, resume: bool = Fa
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of: {', '.join(engine_names())}")
     entry = ENGINES.get(engine)
-    if entry.data_at_sites and not cfg.data_at_sites:  # each site reads its own data (its site.json), the coordinator none
+    if (
+        entry.data_at_sites and not cfg.data_at_sites
+    ):  # each site reads its own data (its site.json), the coordinator none
         cfg = dataclasses.replace(cfg, data_at_sites=True)
     if vs_alone and not entry.vs_alone:
-        raise ConfigError(f"--vs-alone trains the baseline with the simulator; engine {engine!r} does not take it")
+        raise ConfigError(
+            f"--vs-alone trains the baseline with the simulator; engine {engine!r} does not take it"
+        )
     resolved = cfg.resolve()
     with OutLock(resolved.out):  # one run at a time into OUT (the OS drops the lock on a crash)
-        summary = entry.starter()(resolved, resume=resume, overwrite=overwrite, progress=not quiet, console=console,
-                                  opts=engine_options or EngineOptions())
+        summary = entry.starter()(
+            resolved,
+            resume=resume,
+            overwrite=overwrite,
+            progress=not quiet,
+            console=console,
+            opts=engine_options or EngineOptions(),
+        )
         if on_summary is not None:
             on_summary(summary)
         alone = None
@@ -269,13 +341,22 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, resume: bool = Fa
 
 
 # ---------------------------------------------------------------------------------------------- tune
-def tune(config: RunConfig | Mapping[str, Any] | str | Path, grid: Mapping[str, list[Any]] | list[str], *,
-         out: str | Path = "runs/tune", random_trials: str | None = None, max_trials: int | None = None,
-         quiet: bool = True, console: Any = None) -> TuneResult:
+def tune(
+    config: RunConfig | Mapping[str, Any] | str | Path,
+    grid: Mapping[str, list[Any]] | list[str],
+    *,
+    out: str | Path = "runs/tune",
+    random_trials: str | None = None,
+    max_trials: int | None = None,
+    quiet: bool = True,
+    console: Any = None,
+) -> TuneResult:
     """Search ``grid`` (``{"lr": [1e-3, 3e-3]}`` or ``["lr=0.001,0.003"]``) around ``config`` for its budget
-    (``target_epsilon``: every trial's σ is set from it) on the validation split — never the test split — and write
+    (``target_epsilon``: every trial's σ is set from it) on the validation split — never the test split — and
+    write
     ``out`` (trials/, tune.json, tune.md, tune.csv, best.yaml). ``random_trials``: K ~ ``poisson:MU`` |
-    ``negbin:ETA,GAMMA`` | ``geometric:GAMMA`` | ``logarithmic:GAMMA`` random trials instead of every combination,
+    ``negbin:ETA,GAMMA`` | ``geometric:GAMMA`` | ``logarithmic:GAMMA`` random trials instead of every
+    combination,
     at most ``max_trials``."""
     from silofl.experiments.tune import parse_grid
     from silofl.experiments.tune import tune as run_tune
@@ -286,13 +367,19 @@ def tune(config: RunConfig | Mapping[str, Any] | str | Path, grid: Mapping[str, 
         raise ConfigError("tuning needs a budget: give --target-epsilon E (every trial's σ is set from it)")
     count = parse_trial_count(random_trials) if random_trials is not None else None
     if max_trials is not None and (count is None or max_trials < 1):
-        raise ConfigError("--max-trials needs --random-trials and a value of at least 1"
-                          if count is None else f"--max-trials must be at least 1, got {max_trials}")
+        raise ConfigError(
+            "--max-trials needs --random-trials and a value of at least 1"
+            if count is None
+            else f"--max-trials must be at least 1, got {max_trials}"
+        )
     if cfg.eval_split != "validation":
         cfg = cfg.replace(eval_split="validation")
-    parsed = parse_grid(list(grid)) if not isinstance(grid, Mapping) else {k: list(v) for k, v in grid.items()}
-    result = run_tune(cfg, parsed, out, progress=not quiet, console=console, random_trials=count,
-                      max_trials=max_trials)
+    parsed = (
+        parse_grid(list(grid)) if not isinstance(grid, Mapping) else {k: list(v) for k, v in grid.items()}
+    )
+    result = run_tune(
+        cfg, parsed, out, progress=not quiet, console=console, random_trials=count, max_trials=max_trials
+    )
     best = result.get("best")
     best_cfg = None
     if best is not None and (Path(out) / "best.yaml").is_file():
@@ -301,11 +388,21 @@ def tune(config: RunConfig | Mapping[str, Any] | str | Path, grid: Mapping[str, 
 
 
 # ---------------------------------------------------------------------------------------------- audit
-def audit(config: RunConfig | Mapping[str, Any] | str | Path, *, out: str | Path, overwrite: bool = False,
-          quiet: bool = True, console: Any = None, command: str | None = None, settings: Any = None,
-          **settings_kw: Any) -> AuditResult:
-    """Measure what a run of ``config`` leaks and write ``out`` (audit.json, audit.md, attacks.csv, …; the audited
-    run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and membership inference.
+def audit(
+    config: RunConfig | Mapping[str, Any] | str | Path,
+    *,
+    out: str | Path,
+    overwrite: bool = False,
+    quiet: bool = True,
+    console: Any = None,
+    command: str | None = None,
+    settings: Any = None,
+    **settings_kw: Any,
+) -> AuditResult:
+    """Measure what a run of ``config`` leaks and write ``out`` (audit.json, audit.md, attacks.csv, …; the
+    audited
+    run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and membership
+    inference.
     ``settings``: a :class:`silofl.audit.AuditSettings`, or its fields as keywords (``canaries=1000``,
     ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``). Given as a mapping, the config
     evaluates only at the last round unless it says ``eval_every``."""
@@ -315,10 +412,14 @@ def audit(config: RunConfig | Mapping[str, Any] | str | Path, *, out: str | Path
         config = dict(config)
         config.setdefault("eval_every", int(config.get("rounds", RunConfig.rounds)))
         if str(config.get("features") or "none") != "none":
-            raise ConfigError("silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs")
+            raise ConfigError(
+                "silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs"
+            )
     cfg = as_config(config)
     if str(cfg.features or "none") != "none":
-        raise ConfigError("silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs")
+        raise ConfigError(
+            "silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs"
+        )
     if settings is None:
         if settings_kw.get("seed") is None:  # the audit's seed, else the run's (a seed in the config)
             settings_kw["seed"] = cfg.seed
@@ -329,18 +430,32 @@ def audit(config: RunConfig | Mapping[str, Any] | str | Path, *, out: str | Path
         import torch
 
         torch.set_num_threads(cfg.threads)
-    a = run_audit(cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command)
+    a = run_audit(
+        cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command
+    )
     return AuditResult(a, Path(out))
 
 
 # ---------------------------------------------------------------------------------------------- compare
-def compare(config: Any = None, *, methods: list[str] | None = None, seeds: list[int] | None = None,
-            run: RunConfig | Mapping[str, Any] | None = None, preset: str | None = None,
-            variants: list[dict] | None = None, out: str | Path | None = None, jobs: int | None = None,
-            resume: bool = False, report_only: bool = False, comm_clients: list[int] | None = None,
-            quiet: bool = True, console: Any = None) -> CompareResult:
+def compare(
+    config: Any = None,
+    *,
+    methods: list[str] | None = None,
+    seeds: list[int] | None = None,
+    run: RunConfig | Mapping[str, Any] | None = None,
+    preset: str | None = None,
+    variants: list[dict] | None = None,
+    out: str | Path | None = None,
+    jobs: int | None = None,
+    resume: bool = False,
+    report_only: bool = False,
+    comm_clients: list[int] | None = None,
+    quiet: bool = True,
+    console: Any = None,
+) -> CompareResult:
     """Run methods × variants × seeds with shared run options and write a report (report.md, results.csv/json,
-    plots). ``config``: a :class:`silofl.experiments.compare.CompareConfig` or its YAML file; the keywords override
+    plots). ``config``: a :class:`silofl.experiments.compare.CompareConfig` or its YAML file; the keywords
+    override
     it. ``run``: the shared run options (a mapping, or a RunConfig whose method, seed and out are ignored)."""
     from silofl.experiments.compare import CompareConfig, run_compare
 
@@ -350,8 +465,14 @@ def compare(config: Any = None, *, methods: list[str] | None = None, seeds: list
         cc = dataclasses.replace(config)
     else:
         cc = CompareConfig.from_yaml(config)
-    for name, v in (("methods", methods), ("seeds", seeds), ("preset", preset), ("variants", variants),
-                    ("jobs", jobs), ("comm_clients", comm_clients)):
+    for name, v in (
+        ("methods", methods),
+        ("seeds", seeds),
+        ("preset", preset),
+        ("variants", variants),
+        ("jobs", jobs),
+        ("comm_clients", comm_clients),
+    ):
         if v is not None:
             setattr(cc, name, list(v) if isinstance(v, (list, tuple)) else v)
     if out is not None:
@@ -365,4 +486,3 @@ def compare(config: Any = None, *, methods: list[str] | None = None, seeds: list
         cc.run = {**cc.run, **dict(run)}
     report = run_compare(cc, console=console, progress=not quiet)
     return CompareResult(report, Path(cc.out))
-

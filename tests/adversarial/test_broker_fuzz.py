@@ -1,11 +1,16 @@
-"""The broker service answers every malformed request with a 4xx and a reason, and a refused request changes nothing
-(issue 25, item 8). Every route of its OpenAPI schema is fuzzed by schemathesis (valid and invalid path parameters,
+"""The broker service answers every malformed request with a 4xx and a reason, and a refused request changes
+nothing
+(issue 25, item 8). Every route of its OpenAPI schema is fuzzed by schemathesis (valid and invalid path
+parameters,
 queries and bodies), each case sent as the operator, as a registered site and with no credential; the listed
 requests are those seen to crash it (500) before.
 
-What "no state change" means here: after every refused request (4xx), the broker's database (every table, credentials
-included) and the file names under its state folder are exactly what they were before it; the access log grows by
-design (one line per request), SQLite's WAL files are physical, not state. A 2xx request of the operator or a site is a
+What "no state change" means here: after every refused request (4xx), the broker's database (every table,
+credentials
+included) and the file names under its state folder are exactly what they were before it; the access log grows
+by
+design (one line per request), SQLite's WAL files are physical, not state. A 2xx request of the operator or a
+site is a
 legitimate write (a registration, a join, a channel) and is the only thing that may change them."""
 
 from __future__ import annotations
@@ -41,22 +46,37 @@ class Broker:
         self.client = TestClient(self.app, raise_server_exceptions=False)
         admin = json.loads(admin_credential_path(state).read_text())["token"]
         self.admin = {"Authorization": f"Bearer {admin}"}
-        r = self.client.post("/v1/sites", json={"site": "a", "public_key": _key(), "lifetime_epsilon": 4,
-                                                "lifetime_delta": 1e-4}, headers=self.admin)
+        r = self.client.post(
+            "/v1/sites",
+            json={"site": "a", "public_key": _key(), "lifetime_epsilon": 4, "lifetime_delta": 1e-4},
+            headers=self.admin,
+        )
         self.site = {"Authorization": f"Bearer {r.json()['token']}"}
-        assert self.client.post("/v1/join", json={"features": {"x": ["continuous", 0.5, 0, 1]}},
-                                headers=self.site).status_code == 200
-        assert self.client.post("/v1/channels", json={"clauses": [["x"]]}, headers=self.site).status_code == 200
+        assert (
+            self.client.post(
+                "/v1/join", json={"features": {"x": ["continuous", 0.5, 0, 1]}}, headers=self.site
+            ).status_code
+            == 200
+        )
+        assert (
+            self.client.post("/v1/channels", json={"clauses": [["x"]]}, headers=self.site).status_code == 200
+        )
 
     def snapshot(self) -> tuple:
         with closing(sqlite3.connect(self.state / "broker" / "broker.sqlite")) as db:
             dump = tuple(db.iterdump())
-        files = tuple(sorted(str(p.relative_to(self.state)) for p in self.state.rglob("*")
-                             if p.name != "access.log" and not p.name.endswith(("-wal", "-shm"))))
+        files = tuple(
+            sorted(
+                str(p.relative_to(self.state))
+                for p in self.state.rglob("*")
+                if p.name != "access.log" and not p.name.endswith(("-wal", "-shm"))
+            )
+        )
         return dump, files
 
     def check(self, send) -> int:
-        """Send one request (``send(headers)``) as operator, site and anonymous; each answer is < 500, a refusal
+        """Send one request (``send(headers)``) as operator, site and anonymous; each answer is < 500, a
+        refusal
         carries {"error": reason} and changes nothing. The statuses seen."""
         seen = []
         for headers in (self.admin, self.site, {}):
@@ -90,8 +110,9 @@ HUGE = 10**23
 
 @pytest.mark.slow
 @SCHEMA.parametrize()
-@settings(max_examples=10, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=10, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 def test_every_route_fuzzed_answers_4xx_with_a_reason_and_a_refusal_changes_nothing(case, broker):
     broker.check(lambda headers: case.call(app=broker.app, headers=headers))
 

@@ -1,5 +1,7 @@
-"""The broker keeps each publishing site's last signed ledger head and refuses a publish that presents an older one
-(issue 25, item 6, the broker's part): a site folder put back to an earlier copy (its ledger rolled back) cannot
+"""The broker keeps each publishing site's last signed ledger head and refuses a publish that presents an
+older one
+(issue 25, item 6, the broker's part): a site folder put back to an earlier copy (its ledger rolled back)
+cannot
 publish again as if its later releases had not happened."""
 
 from __future__ import annotations
@@ -21,15 +23,36 @@ def test_the_broker_keeps_the_signed_ledger_head_and_refuses_a_rolled_back_site(
     site, broker = tmp_path / "site-a", tmp_path / "broker"
 
     def publish(data="a.csv"):
-        return CliRunner().invoke(app, ["pubsub", "publish", "--broker", str(broker), "--site", "a", "--data",
-                                        str(tmp_path / data), "--schema", str(tmp_path / "a.yaml"), "--epsilon", "0.5",
-                                        "--lifetime-epsilon", "10", "--site-dir", str(site)])
+        return CliRunner().invoke(
+            app,
+            [
+                "pubsub",
+                "publish",
+                "--broker",
+                str(broker),
+                "--site",
+                "a",
+                "--data",
+                str(tmp_path / data),
+                "--schema",
+                str(tmp_path / "a.yaml"),
+                "--epsilon",
+                "0.5",
+                "--lifetime-epsilon",
+                "10",
+                "--site-dir",
+                str(site),
+            ],
+        )
 
     assert publish().exit_code == 0
     entries = Ledger(site / "ledger").entries
     kept = Broker(broker).publisher("a")["ledger_head"]
     release = next(e for e in reversed(entries) if e["kind"] == "release")
-    assert kept == {"entries": release["seq"], "mac": entries[release["seq"] - 1]["mac"] if release["seq"] else GENESIS}
+    assert kept == {
+        "entries": release["seq"],
+        "mac": entries[release["seq"] - 1]["mac"] if release["seq"] else GENESIS,
+    }
     shutil.copytree(site, tmp_path / "site-a-copy")  # the site's folder as it was after its first release
     assert publish("a_stream.csv").exit_code == 0
     later = Broker(broker).publisher("a")["ledger_head"]

@@ -1,4 +1,5 @@
-"""Client-level DP with the sub-client unit: one absent sub-client moves the centred unclipped count by 1, not ½
+"""Client-level DP with the sub-client unit: one absent sub-client moves the centred unclipped count by 1, not
+½
 (finding 4: z = 1.0 was recorded and ε 8.416 reported where the mechanism that ran had z 0.945 and ε 9.059).
 Each unit's multiplier is now composed block by block, checked here against an independent computation and
 Google's dp-accounting."""
@@ -21,7 +22,8 @@ from tests.helpers import build_run
 
 
 def test_the_count_moves_by_one_when_a_subclient_is_absent(tmp_path):
-    """What the server centres: a hospital's unclipped count u with its v fixed and public; removing one sub-client
+    """What the server centres: a hospital's unclipped count u with its v fixed and public; removing one
+    sub-client
     (its update absent, so it no longer counts) moves u − v/2 by 1."""
     v = 4
     present = [1, 0, 1, 1]  # which sub-clients' updates needed no clipping
@@ -34,10 +36,10 @@ def test_the_count_moves_by_one_when_a_subclient_is_absent(tmp_path):
 def test_the_subclient_calibrated_mechanism_is_the_one_recorded(count_std):
     z_update = update_noise_multiplier(1.0, count_std, None, count_sensitivity=1.0)
     # independently: the update block (sensitivity C, noise z_Δ·C) and the count (sensitivity 1, noise σ_b)
-    effective = (z_update ** -2 + (1.0 / count_std) ** 2) ** -0.5
+    effective = (z_update**-2 + (1.0 / count_std) ** 2) ** -0.5
     assert effective == pytest.approx(1.0, abs=1e-12)
-    old = (1.0 ** -2 - (2 * count_std) ** -2) ** -0.5  # the sensitivity-½ calibration
-    was = (old ** -2 + (1.0 / count_std) ** 2) ** -0.5
+    old = (1.0**-2 - (2 * count_std) ** -2) ** -0.5  # the sensitivity-½ calibration
+    was = (old**-2 + (1.0 / count_std) ** 2) ** -0.5
     if count_std == 2.5:
         assert was == pytest.approx(0.9449, abs=1e-4)  # what had run while z = 1.0 was recorded
 
@@ -53,8 +55,9 @@ def test_each_units_multiplier_block_by_block():
         else:  # hospital: v·C of the update and norm sums, v/2 of the count
             other = ((v / zd) ** 2 + (v / (2 * sb)) ** 2 + (v / zn) ** 2) ** -0.5
             assert zs == {"subclient": z, "hospital": pytest.approx(other)}
-        assert unit_noise_multipliers(z, v, unit) == ({"hospital": z, "subclient": z * v} if unit == "hospital"
-                                                      else {"hospital": z / v, "subclient": z})
+        assert unit_noise_multipliers(z, v, unit) == (
+            {"hospital": z, "subclient": z * v} if unit == "hospital" else {"hospital": z / v, "subclient": z}
+        )
 
 
 @pytest.mark.slow
@@ -62,16 +65,30 @@ def test_a_subclient_run_with_adaptive_clipping_records_what_ran_and_dp_accounti
     from silofl.run.config import RunConfig
     from silofl.run.loop import run
 
-    cfg = RunConfig.from_dict(dict(method="dp-fedavg", dataset="digits", partition="iid", clients=4,
-                                   samples_per_client=160, batch_size=16, rounds=3, delta=1e-3, proxy_model="mlp256",
-                                   test_limit=100, intermediaries="2", privacy_unit="subclient", adaptive_clip=True,
-                                   out=str(tmp_path / "r")))
+    cfg = RunConfig.from_dict(
+        dict(
+            method="dp-fedavg",
+            dataset="digits",
+            partition="iid",
+            clients=4,
+            samples_per_client=160,
+            batch_size=16,
+            rounds=3,
+            delta=1e-3,
+            proxy_model="mlp256",
+            test_limit=100,
+            intermediaries="2",
+            privacy_unit="subclient",
+            adaptive_clip=True,
+            out=str(tmp_path / "r"),
+        )
+    )
     s = run(cfg, progress=False)
     srv = s["privacy"]
     z_update = srv["noise_multiplier_update"]
     assert z_update == pytest.approx(update_noise_multiplier(1.0, 2.5, None, 1.0))
     acc = RdpAccountant(list(DEFAULT_ORDERS))
-    effective = (z_update ** -2 + (1 / 2.5) ** 2) ** -0.5
+    effective = (z_update**-2 + (1 / 2.5) ** 2) ** -0.5
     acc.compose(dp_event.GaussianDpEvent(effective), 3)
     assert s["accounting"][0]["epsilon"] == pytest.approx(acc.get_epsilon(1e-3), rel=1e-6)
     hospital = unit_noise_multipliers(1.0, 2, "subclient", 2.5)["hospital"]
@@ -82,10 +99,26 @@ def test_a_subclient_run_with_adaptive_clipping_records_what_ran_and_dp_accounti
 def test_the_server_recomputes_the_count_bounds_for_the_unit(tmp_path):
     from silofl.run.config import RunConfig
 
-    b = build_run(RunConfig.from_dict(dict(method="dp-fedavg", dataset="digits", partition="iid", clients=4,
-                                           samples_per_client=160, batch_size=16, rounds=2, delta=1e-3,
-                                           proxy_model="mlp256", test_limit=100, intermediaries="2",
-                                           privacy_unit="subclient", adaptive_clip=True, out=str(tmp_path / "r"))))
+    b = build_run(
+        RunConfig.from_dict(
+            dict(
+                method="dp-fedavg",
+                dataset="digits",
+                partition="iid",
+                clients=4,
+                samples_per_client=160,
+                batch_size=16,
+                rounds=2,
+                delta=1e-3,
+                proxy_model="mlp256",
+                test_limit=100,
+                intermediaries="2",
+                privacy_unit="subclient",
+                adaptive_clip=True,
+                out=str(tmp_path / "r"),
+            )
+        )
+    )
     srv = b.coordinator.server
     assert srv.z_update == pytest.approx(1 / math.sqrt(1 - 0.16))
     b.coordinator.start()

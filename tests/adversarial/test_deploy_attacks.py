@@ -1,12 +1,17 @@
-"""A deployment holds against the coordinator and relay that carry its messages (issue 25): every attack below was
-carried out against today's code before it was fixed, on real site folders and real site workers (the socket ones
+"""A deployment holds against the coordinator and relay that carry its messages (issue 25): every attack below
+was
+carried out against today's code before it was fixed, on real site folders and real site workers (the socket
+ones
 against a real ``silofl site run`` process).
 
 1. sealed means sealed: an unsealed model claiming any node id is never taken; nothing leaves in the clear;
-2. replay-proof: rounds only move forward, a run id is used once, the replay state survives re-setups and restarts;
+2. replay-proof: rounds only move forward, a run id is used once, the replay state survives re-setups and
+restarts;
 3. no path from a request: a run id is a plain name, nothing is written outside the site folder;
-5. decisions stay separate: a seed never unlocks a mode the site refuses; each refusal names its site.json field;
-6. the ledger is the budget of record: a missing, shorter or foreign ledger is refused, the coordinator keeps each
+5. decisions stay separate: a seed never unlocks a mode the site refuses; each refusal names its site.json
+field;
+6. the ledger is the budget of record: a missing, shorter or foreign ledger is refused, the coordinator keeps
+each
    site's last head, the budget changes only by a ledger entry, a lost ledger is restored explicitly.
 
 (4, the worker nothing can wedge, is ``test_site_worker_fuzz.py``.)"""
@@ -59,11 +64,15 @@ def spy(worker):
 
 def sending_step(method, k, dst):
     ex = method_info(method).exchange
-    return {"gossip": ("train_send", {"round": 1, "to": [dst]}), "cycle": ("send", {"round": 1, "to": dst}),
-            "server": ("train_upload", {"round": 1, "server": dst, "uniform": False})}.get(ex)
+    return {
+        "gossip": ("train_send", {"round": 1, "to": [dst]}),
+        "cycle": ("send", {"round": 1, "to": dst}),
+        "server": ("train_upload", {"round": 1, "server": dst, "uniform": False}),
+    }.get(ex)
 
 
-# ---------------------------------------------------------------------------------------------- 1. sealed means sealed
+# ---------------------------------------------------------------------------------------------- 1. sealed
+# means sealed
 @pytest.mark.slow
 @pytest.mark.parametrize("method", DEPLOYABLE)
 @pytest.mark.deploy
@@ -74,14 +83,30 @@ def test_an_unsealed_model_claiming_any_node_is_never_taken(method, tiny_cfg, tm
     ask(w, "status", 0, {"round": 1})
     seen = spy(w)
     blob = encode({"w": torch.zeros(3)}, meta={"round": 1, "src": 2, "model": "mlp"})
-    forged = sealing.seal(blob, run_id=engine.setup_meta["run_id"], src="coordinator", dst="site0", rnd=1,
-                          step="receive_global", index=0, sign_key=Ed25519PrivateKey.generate(),  # not the pinned key
-                          recipient=w.seal_key.public_key())
+    forged = sealing.seal(
+        blob,
+        run_id=engine.setup_meta["run_id"],
+        src="coordinator",
+        dst="site0",
+        rnd=1,
+        step="receive_global",
+        index=0,
+        sign_key=Ed25519PrivateKey.generate(),  # not the pinned key
+        recipient=w.seal_key.public_key(),
+    )
     for step in ("receive", "receive_global"):
-        for src, data in ((2, blob), (3, blob), (1, blob), (0, blob), (2, forged)):  # K = 2: the server-role id
+        for src, data in (
+            (2, blob),
+            (3, blob),
+            (1, blob),
+            (0, blob),
+            (2, forged),
+        ):  # K = 2: the server-role id
             got, reply = ask(w, step, 0, {"round": 1}, [Packet(src, 0, data)])
             assert got == ERROR or reply.meta.get("refused_payloads"), (step, src)
-    assert seen == []  # nothing unsealed (or sealed by an unpinned key) reached the site, whatever id it claimed
+    assert (
+        seen == []
+    )  # nothing unsealed (or sealed by an unpinned key) reached the site, whatever id it claimed
 
 
 @pytest.mark.slow
@@ -93,7 +118,9 @@ def test_an_unsealed_model_from_the_server_id_is_not_mixed_into_a_proxyfl_site(t
     ask(w, "status", 0, {"round": 1})
     state = w.site.shared_state()
     blob = w.site.payload(1, {PUSHSUM_KEY: torch.tensor(0.5, dtype=torch.float64)})  # a well-formed model …
-    got, reply = ask(w, "receive", 0, {"round": 1}, [Packet(2, 0, blob)])  # … claiming node K (no server in ProxyFL)
+    got, reply = ask(
+        w, "receive", 0, {"round": 1}, [Packet(2, 0, blob)]
+    )  # … claiming node K (no server in ProxyFL)
     assert w.site.pushsum_weight == 1.0 and reply.meta["refused_payloads"]
     assert all(torch.equal(v, w.site.shared_state()[k]) for k, v in state.items())
 
@@ -105,7 +132,9 @@ def test_a_site_never_sends_in_the_clear_nor_to_an_unpinned_destination(method, 
     cfg = tiny_cfg.replace(method=method, clients=2, rounds=2, seed=0, **EXTRA.get(method, {}))
     _, workers, _, _ = joined(cfg, tmp_path)
     w = workers[0]
-    bad = [0, 7] + ([2] if method_info(method).exchange != "server" else [])  # itself, no node, a server it lacks
+    bad = [0, 7] + (
+        [2] if method_info(method).exchange != "server" else []
+    )  # itself, no node, a server it lacks
     for dst in bad:
         step, meta = sending_step(method, 0, dst)
         got, reply = ask(w, step, 0, meta)
@@ -115,7 +144,8 @@ def test_a_site_never_sends_in_the_clear_nor_to_an_unpinned_destination(method, 
     assert got == step and all(p.data[:4] == b"SFS1" for p in reply.packets)  # what leaves is sealed
 
 
-# ---------------------------------------------------------------------------------------------- 2. replay-proof
+# ---------------------------------------------------------------------------------------------- 2.
+# replay-proof
 def _one_payload(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="proxyfl", clients=3, rounds=3, seed=0)
     engine, workers, spec, folders = joined(cfg, tmp_path)
@@ -146,21 +176,28 @@ def test_rounds_only_move_forward(tiny_cfg, tmp_path):
 @pytest.mark.slow
 @pytest.mark.deploy
 def test_a_batch_cannot_smuggle_a_setup_nor_move_rounds_back(tiny_cfg, tmp_path):
-    """Several steps in one message (silofl.comm.batch) are checked as the steps they are: a hello or setup inside
+    """Several steps in one message (silofl.comm.batch) are checked as the steps they are: a hello or setup
+    inside
     a batch, a batch inside a batch, a part whose round goes back, are refused and change nothing."""
     from silofl.comm import batch
 
     engine, workers, spec, _ = joined(tiny_cfg.replace(clients=2), tmp_path)
     w = workers[0]
-    for parts in ([("status", Message({"round": 1})), (SETUP, Message(dict(spec)))],
-                  [("status", Message({"round": 1})), ("__hello__", Message({"nonce": "x"}))]):
+    for parts in (
+        [("status", Message({"round": 1})), (SETUP, Message(dict(spec)))],
+        [("status", Message({"round": 1})), ("__hello__", Message({"nonce": "x"}))],
+    ):
         got, reply = ask(w, batch.BATCH, 0, batch.make(parts).meta, batch.make(parts).packets)
         assert got == ERROR and "never part of a batch" in reply.meta["error"]
     nested = Message({"parts": [{"step": batch.BATCH, "meta": {}, "packets": 0}]})
     got, reply = ask(w, batch.BATCH, 0, nested.meta)
     assert got == ERROR
-    got, reply = ask(w, batch.BATCH, 0, batch.make([("status", Message({"round": 3})),
-                                                     ("status", Message({"round": 2}))]).meta)
+    got, reply = ask(
+        w,
+        batch.BATCH,
+        0,
+        batch.make([("status", Message({"round": 3})), ("status", Message({"round": 2}))]).meta,
+    )
     assert got == ERROR and "forward" in reply.meta["error"]
     got, reply = ask(w, batch.BATCH, 0, batch.make([("status", Message({"round": 3}))]).meta)
     assert got == batch.BATCH and len(batch.split_reply(reply, 1)) == 1  # a well-formed batch still runs
@@ -187,7 +224,8 @@ def test_a_restarted_worker_remembers_its_run_ids_and_replay_state(tiny_cfg, tmp
     assert kept["round"] == 1 and kept["seen"]  # the replay state is in the site's own folder
 
 
-# ---------------------------------------------------------------------------------------------- 3. no path from a request
+# ---------------------------------------------------------------------------------------------- 3. no path
+# from a request
 def test_a_run_id_is_a_plain_name_and_nothing_is_written_outside_the_site(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="fedavg", clients=2, rounds=1, seed=0)
     cfg, workers, spec, folders = deployment(cfg, tmp_path)
@@ -196,12 +234,15 @@ def test_a_run_id_is_a_plain_name_and_nothing_is_written_outside_the_site(tiny_c
     for run_id in ("../../escaped", str(tmp_path / "abs"), "a/b", "..", ".hidden", "x\x00y", "", 7):
         meta = {"run_id": run_id, "sites": [c["name"] for c in spec["sites"]], "config": spec["config"]}
         got, reply = ask(w, SETUP, 0, meta)
-        assert got == ERROR and ("plain name" in reply.meta["error"] or "run id" in reply.meta["error"]), run_id
+        assert got == ERROR and ("plain name" in reply.meta["error"] or "run id" in reply.meta["error"]), (
+            run_id
+        )
         ask(w, "save", 0, {"root": str(tmp_path / "x"), "round": 1})
         assert sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(folders[0])) == before, run_id
 
 
-# ---------------------------------------------------------------------------------------------- 5. decisions stay separate
+# ---------------------------------------------------------------------------------------------- 5. decisions
+# stay separate
 def test_a_seed_never_unlocks_a_mode_the_site_refuses(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="proxyfl", clients=2, rounds=1, seed=0, privacy="off")
     _, workers, spec, _ = deployment(cfg, tmp_path, allow_research_seed=True, allow_non_formal=False)
@@ -221,7 +262,8 @@ def test_every_refusal_names_the_site_json_field(tiny_cfg, tmp_path):
         join(Loopback(workers), unseeded)
 
 
-# ---------------------------------------------------------------------------------------------- 6. the ledger of record
+# ---------------------------------------------------------------------------------------------- 6. the ledger
+# of record
 def _after_a_round(tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method="proxyfl", clients=2, rounds=3, seed=0)
     cfg, workers, spec, folders = deployment(cfg, tmp_path)
@@ -254,20 +296,28 @@ def test_a_site_with_history_refuses_a_missing_shorter_or_foreign_ledger(loss, t
 
 @pytest.mark.slow
 @pytest.mark.deploy
-def test_the_coordinator_refuses_an_older_ledger_head_even_when_the_site_forgot_everything(tiny_cfg, tmp_path):
+def test_the_coordinator_refuses_an_older_ledger_head_even_when_the_site_forgot_everything(
+    tiny_cfg, tmp_path
+):
     spec, folders = _after_a_round(tiny_cfg, tmp_path)
     for sub in ("ledger", "state", "checkpoint", "models"):  # nothing left at the site to tell it has run
         shutil.rmtree(folders[0] / sub, ignore_errors=True)
     workers = [SiteWorker(f) for f in folders]
     with pytest.raises(SiloflError, match="site0.*ledger-restore"):
         join(Loopback(workers), spec)
-    assert json.loads((tmp_path / "coordinator-state" / "ledger_heads.json").read_text())["heads"]["site0"]["entries"] > 2
+    assert (
+        json.loads((tmp_path / "coordinator-state" / "ledger_heads.json").read_text())["heads"]["site0"][
+            "entries"
+        ]
+        > 2
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.deploy
-def test_the_lifetime_budget_changes_only_by_a_ledger_entry_and_a_lost_ledger_is_restored_explicitly(tiny_cfg,
-                                                                                                    tmp_path):
+def test_the_lifetime_budget_changes_only_by_a_ledger_entry_and_a_lost_ledger_is_restored_explicitly(
+    tiny_cfg, tmp_path
+):
     from typer.testing import CliRunner
 
     from silofl.cli.main import app
@@ -279,15 +329,26 @@ def test_the_lifetime_budget_changes_only_by_a_ledger_entry_and_a_lost_ledger_is
     (f / "site.json").write_text(json.dumps({**d, "lifetime_epsilon": 1e9}))  # edited: changes nothing
     w = SiteWorker(f)
     assert w.lifetime[0] == d["lifetime_epsilon"] and "the ledger's wins" in w.budget_note
-    r = CliRunner().invoke(app, ["site", "budget", str(f), "--lifetime-epsilon", "40", "--why", "board decision"])
+    r = CliRunner().invoke(
+        app, ["site", "budget", str(f), "--lifetime-epsilon", "40", "--why", "board decision"]
+    )
     assert r.exit_code == 0, r.output
     e = Ledger(f / "ledger").entries[-1]
-    assert e["kind"] == "budget" and e["previous"][0] == d["lifetime_epsilon"] and e["epsilon"] == 40 and e["why"]
-    assert lifetime_of(Ledger(f / "ledger")) == (40.0, d["lifetime_delta"]) and SiteWorker(f).budget_note is None
+    assert (
+        e["kind"] == "budget"
+        and e["previous"][0] == d["lifetime_epsilon"]
+        and e["epsilon"] == 40
+        and e["why"]
+    )
+    assert (
+        lifetime_of(Ledger(f / "ledger")) == (40.0, d["lifetime_delta"]) and SiteWorker(f).budget_note is None
+    )
     shutil.rmtree(f / "ledger")
     r = CliRunner().invoke(app, ["site", "ledger-restore", str(f), "--why", "disk lost"])
     assert r.exit_code == 2  # the prior spend must be declared
-    r = CliRunner().invoke(app, ["site", "ledger-restore", str(f), "--spent-epsilon", "30", "--why", "disk lost"])
+    r = CliRunner().invoke(
+        app, ["site", "ledger-restore", str(f), "--spent-epsilon", "30", "--why", "disk lost"]
+    )
     assert r.exit_code == 0, r.output
     w = SiteWorker(f)
     assert w.lifetime[0] == pytest.approx(10.0)  # 40 − the declared 30
@@ -297,12 +358,18 @@ def test_the_lifetime_budget_changes_only_by_a_ledger_entry_and_a_lost_ledger_is
     assert heads["site0"]["epoch"] == 1
 
 
-# ---------------------------------------------------------------------------------------------- 4. (fast part)
+# ---------------------------------------------------------------------------------------------- 4. (fast
+# part)
 def test_a_header_nesting_200000_lists_is_refused_without_recursion():
     from silofl.core.errors import PeerModelRejected
 
-    deep = b'{"step": "s", "messages": {"0": {"meta": {"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}, \"packets\": []}}}"
+    deep = (
+        b'{"step": "s", "messages": {"0": {"meta": {"x": '
+        + b"[" * 200_000
+        + b"]" * 200_000
+        + b'}, "packets": []}}}'
+    )
     with pytest.raises(PeerModelRejected, match="nests deeper"):
         unpack(len(deep).to_bytes(8, "little") + deep)
-    ok = pack("s", {0: Message({"x": [[["[[[[[[" * 100]]], "y": {"z": "]]]]\\\"{{{{"}})})
+    ok = pack("s", {0: Message({"x": [[["[[[[[[" * 100]]], "y": {"z": ']]]]\\"{{{{'}})})
     assert unpack(ok)[1][0].meta["x"] == [[["[[[[[[" * 100]]]  # brackets inside strings do not count

@@ -14,9 +14,29 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-ARGS = ["--method", "proxyfl", "--dataset", "digits", "--clients", "3", "--rounds", "2", "--samples-per-client", "100",
-        "--batch-size", "25", "--delta", "1e-3", "--test-limit", "100", "--threads", "1", "--peer-timeout", "30",
-        "--quiet"]
+ARGS = [
+    "--method",
+    "proxyfl",
+    "--dataset",
+    "digits",
+    "--clients",
+    "3",
+    "--rounds",
+    "2",
+    "--samples-per-client",
+    "100",
+    "--batch-size",
+    "25",
+    "--delta",
+    "1e-3",
+    "--test-limit",
+    "100",
+    "--threads",
+    "1",
+    "--peer-timeout",
+    "30",
+    "--quiet",
+]
 
 
 def free_port() -> int:
@@ -25,20 +45,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("mode, reason", [("forge", "fails its MAC"), ("huge", "declared size 4611686018427387904"),
-                                          ("negative", "declared size -7")])
+@pytest.mark.parametrize(
+    "mode, reason",
+    [
+        ("forge", "fails its MAC"),
+        ("huge", "declared size 4611686018427387904"),
+        ("negative", "declared size -7"),
+    ],
+)
 def test_an_impostor_without_the_run_key_is_refused_and_the_others_finish(tmp_path, mode, reason):
     port, out = str(free_port()), tmp_path / "run"
-    base = {**os.environ, "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-            "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+    base = {
+        **os.environ,
+        "WORLD_SIZE": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "SILOFL_NO_PROGRESS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     key = os.urandom(32).hex()
     genuine = [sys.executable, "-m", "silofl.cli.main", "run", "--distributed", *ARGS, "--out", str(out)]
-    procs = [subprocess.Popen(genuine, env={**base, "RANK": "0", "SILOFL_RUN_KEY": key}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True),
-             subprocess.Popen([sys.executable, str(Path(__file__).with_name("impostor.py")), mode],
-                              env={**base, "RANK": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-             subprocess.Popen(genuine, env={**base, "RANK": "2", "SILOFL_RUN_KEY": key}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)]
+    procs = [
+        subprocess.Popen(
+            genuine,
+            env={**base, "RANK": "0", "SILOFL_RUN_KEY": key},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("impostor.py")), mode],
+            env={**base, "RANK": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+        subprocess.Popen(
+            genuine,
+            env={**base, "RANK": "2", "SILOFL_RUN_KEY": key},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+    ]
     try:
         outs = [p.communicate(timeout=240) for p in procs]
     finally:
@@ -49,5 +98,7 @@ def test_an_impostor_without_the_run_key_is_refused_and_the_others_finish(tmp_pa
     s = json.loads((out / "summary.json").read_text())
     assert s["rounds_run"] == 2 and [r["client"] for r in s["final"]["per_client"]] == [0, 2]
     assert reason in s["lost_processes"]["1"]
-    assert all(r["pushsum_weight"] <= 3 for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()))
+    assert all(
+        r["pushsum_weight"] <= 3 for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    )
     assert "Traceback" not in outs[0][1]

@@ -19,7 +19,9 @@ def proxy_message(site, rnd, src, weight=1.0, scale=None, fill=None, meta_src=No
             state[k] = torch.full_like(v, fill)
     state.update(overrides)
     state[PUSHSUM_KEY] = torch.tensor(weight, dtype=torch.float64)
-    return Packet(src, site.cid, encode(state, meta={"round": rnd, "src": src if meta_src is None else meta_src}))
+    return Packet(
+        src, site.cid, encode(state, meta={"round": rnd, "src": src if meta_src is None else meta_src})
+    )
 
 
 def snapshot(site):
@@ -64,10 +66,12 @@ def test_nan_replayed_and_forged_messages_are_refused(tiny_cfg):
     b = build_run(tiny_cfg)
     site, peer = b.sites[0], b.sites[2]
     before = snapshot(site)
-    msgs = [proxy_message(peer, 1, 2, fill=float("nan")),  # NaN weights
-            proxy_message(peer, 0, 2),  # an earlier round's message, replayed
-            proxy_message(peer, 1, 2, meta_src=3),  # claims to come from site 3
-            Packet(2, 0, b"\xff" * 64)]  # not a model at all
+    msgs = [
+        proxy_message(peer, 1, 2, fill=float("nan")),  # NaN weights
+        proxy_message(peer, 0, 2),  # an earlier round's message, replayed
+        proxy_message(peer, 1, 2, meta_src=3),  # claims to come from site 3
+        Packet(2, 0, b"\xff" * 64),
+    ]  # not a model at all
     reasons = [r["reason"] for r in site.incoming(1, msgs)]
     assert "non-finite" in reasons[0] and "round is 0" in reasons[1] and "src is 3" in reasons[2]
     assert "not valid safetensors" in reasons[3]
@@ -85,7 +89,10 @@ def test_the_coordinator_routes_only_what_a_site_may_send(tiny_cfg):
         replies = real(step, requests)
         if step == "train_send":
             evil = replies[1].packets[0]
-            replies[1].packets += [Packet(3, 0, evil.data), Packet(1, 2, evil.data)]  # forged sender; not its neighbour
+            replies[1].packets += [
+                Packet(3, 0, evil.data),
+                Packet(1, 2, evil.data),
+            ]  # forged sender; not its neighbour
         if step == "receive":
             delivered.extend((p.src, k) for k, m in requests.items() for p in m.packets)
         return replies
@@ -94,16 +101,24 @@ def test_the_coordinator_routes_only_what_a_site_may_send(tiny_cfg):
     ev = b.coordinator.run_round(1)  # round 1: hop 2 on 4 sites, so 1 → 3 only
     b.coordinator.flush()  # the deliveries go with each site's next request: now
     assert sorted(delivered) == [(0, 2), (1, 3), (2, 0), (3, 1)]
-    assert sorted(r["reason"] for r in ev.rejected) == ["site 1 may not send to node 2 in round 1",
-                                                       "site 1 sent a packet as node 3"]
+    assert sorted(r["reason"] for r in ev.rejected) == [
+        "site 1 may not send to node 2 in round 1",
+        "site 1 sent a packet as node 3",
+    ]
 
 
 def test_the_server_refuses_an_upload_claiming_another_weight(tiny_cfg):
     b = build_run(tiny_cfg.replace(method="fedavg"))
     srv = b.coordinator.server
     good = {k: v.clone() for k, v in b.sites[0].shared_state().items()}
-    ups = [Packet(k, 4, encode({**good, WEIGHT_KEY: torch.tensor(w, dtype=torch.float64)}, meta={"round": 1, "src": k}))
-           for k, w in ((0, 120.0), (1, 1e9))]
+    ups = [
+        Packet(
+            k,
+            4,
+            encode({**good, WEIGHT_KEY: torch.tensor(w, dtype=torch.float64)}, meta={"round": 1, "src": k}),
+        )
+        for k, w in ((0, 120.0), (1, 1e9))
+    ]
     rejected = srv.aggregate(1, ups, {0: 120.0, 1: 120.0})
     assert [r["src"] for r in rejected] == [1] and "aggregation weight" in rejected[0]["reason"]
 
@@ -113,6 +128,8 @@ def test_a_hostile_broadcast_is_refused_and_the_site_keeps_its_model(tiny_cfg):
     site = b.sites[1]
     before = {k: v.clone() for k, v in site.shared_state().items()}
     bad = {k: torch.full_like(v, 3e38) for k, v in before.items()}
-    reply = site.handle("receive_global", Message({"round": 1}, [Packet(4, 1, encode(bad, meta={"round": 1, "src": 4}))]))
+    reply = site.handle(
+        "receive_global", Message({"round": 1}, [Packet(4, 1, encode(bad, meta={"round": 1, "src": 4}))])
+    )
     assert "exceed the bound" in reply.meta["rejected"][0]["reason"]
     assert all(torch.equal(site.shared_state()[k], v) for k, v in before.items())

@@ -47,7 +47,9 @@ def test_an_edited_ledger_refuses_to_open(tmp_path, attack):
     elif attack == "reorder":
         rows[1], rows[2] = rows[2], rows[1]
     else:
-        (tmp_path / "site/site.key").write_text(os.urandom(32).hex())  # re-keyed to forge the MACs: still refused
+        (tmp_path / "site/site.key").write_text(
+            os.urandom(32).hex()
+        )  # re-keyed to forge the MACs: still refused
     led.path.write_text("\n".join(rows) + "\n")
     with pytest.raises(LedgerTampered):
         Ledger(tmp_path / "site")
@@ -64,12 +66,15 @@ def test_a_truncated_ledger_is_refused_against_a_head_it_once_had(tmp_path):
 
 @pytest.mark.slow
 def test_editing_a_checkpoints_step_count_does_not_roll_the_spend_back(tiny_cfg, tmp_path):
-    """The attack: run 2 rounds with checkpoints, edit client 0's recorded steps from 8 to 1, resume with a budget
-    of exactly 4 rounds. Before: the site trained past its budget and reported fewer steps. Now: the ledger says 8
+    """The attack: run 2 rounds with checkpoints, edit client 0's recorded steps from 8 to 1, resume with a
+    budget
+    of exactly 4 rounds. Before: the site trained past its budget and reported fewer steps. Now: the ledger
+    says 8
     steps ran, the site trains 2 more rounds, leaves, and reports 16 steps, within its budget."""
     target = 1.0001 * epsilon_of("rdp", ((1.0, 0.25, 16),), 1e-3)
-    cfg = tiny_cfg.replace(rounds=2, checkpoint_every=1, target_epsilon=target, calibrate_noise=False,
-                           out=str(tmp_path / "r"))
+    cfg = tiny_cfg.replace(
+        rounds=2, checkpoint_every=1, target_epsilon=target, calibrate_noise=False, out=str(tmp_path / "r")
+    )
     simulate(cfg, progress=False)
     node = tmp_path / "r/checkpoint/round2/node0.json"
     state = json.loads(node.read_text())
@@ -96,5 +101,7 @@ def test_a_tampered_ledger_stops_the_resume_with_a_clear_error(tiny_cfg, tmp_pat
     with pytest.raises(SiloflError, match="fails its MAC"):
         simulate(cfg.replace(rounds=3), progress=False, resume=True)
     (tmp_path / "c.yaml").write_text(cfg.to_yaml())
-    res = CliRunner().invoke(app, ["run", "--config", str(tmp_path / "c.yaml"), "--rounds", "3", "--resume", "--quiet"])
+    res = CliRunner().invoke(
+        app, ["run", "--config", str(tmp_path / "c.yaml"), "--rounds", "3", "--resume", "--quiet"]
+    )
     assert res.exit_code == 2 and "ledger" in res.output and "Traceback" not in res.output

@@ -20,12 +20,38 @@ def test_a_site_folder_refuses_a_name_that_is_not_a_plain_name(name, tmp_path):
 def test_the_cli_refuses_traversing_site_names_in_one_line(tmp_path):
     data = tmp_path / "d.csv"
     data.write_text("a,y\n1,0\n2,1\n")
-    r = CliRunner().invoke(app, ["site", "init", str(tmp_path / "s"), "--name", "../evil", "--data", str(data),
-                                 "--lifetime-epsilon", "1"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "site",
+            "init",
+            str(tmp_path / "s"),
+            "--name",
+            "../evil",
+            "--data",
+            str(data),
+            "--lifetime-epsilon",
+            "1",
+        ],
+    )
     assert r.exit_code == 2 and "site name" in r.output and not (tmp_path / "evil").exists()
-    r = CliRunner().invoke(app, ["pubsub", "publish", "--broker", str(tmp_path / "b"), "--site", "../evil", "--data",
-                                 str(data), "--schema", str(tmp_path / "none.json"), "--site-dir",
-                                 str(tmp_path / "sd")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "pubsub",
+            "publish",
+            "--broker",
+            str(tmp_path / "b"),
+            "--site",
+            "../evil",
+            "--data",
+            str(data),
+            "--schema",
+            str(tmp_path / "none.json"),
+            "--site-dir",
+            str(tmp_path / "sd"),
+        ],
+    )
     assert r.exit_code == 2 and not (tmp_path / "evil").exists() and not (tmp_path / "sd").exists()
 
 

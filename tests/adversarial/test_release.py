@@ -11,7 +11,16 @@ import pytest
 from silofl.run.config import RunConfig
 from silofl.run.loop import run
 
-NONPRIVATE = {"private_acc", "mean_grad_norm", "clipped_fraction", "update_norm_mean", "xi", "phi", "lambda", "cos_std"}
+NONPRIVATE = {
+    "private_acc",
+    "mean_grad_norm",
+    "clipped_fraction",
+    "update_norm_mean",
+    "xi",
+    "phi",
+    "lambda",
+    "cos_std",
+}
 
 
 def keys(path):
@@ -26,10 +35,23 @@ def test_a_site_that_keeps_its_nonprivate_figures_reports_only_dp_and_public_one
     kept = keys(tmp_path / "p/sites/client0/metrics.jsonl")
     assert {"private_acc", "mean_grad_norm", "clipped_fraction"} <= kept
     assert s["reporting"]["nonprivate_released"] is False and "private_acc" not in s["final"]
-    cl = RunConfig.from_dict(dict(method="dp-fedavg", dataset="digits", partition="iid", clients=4, rounds=1,
-                                  samples_per_client=160, batch_size=16, delta=1e-3, proxy_model="mlp256",
-                                  test_limit=100, intermediaries="adaptive", report_nonprivate=False,
-                                  out=str(tmp_path / "c")))
+    cl = RunConfig.from_dict(
+        dict(
+            method="dp-fedavg",
+            dataset="digits",
+            partition="iid",
+            clients=4,
+            rounds=1,
+            samples_per_client=160,
+            batch_size=16,
+            delta=1e-3,
+            proxy_model="mlp256",
+            test_limit=100,
+            intermediaries="adaptive",
+            report_nonprivate=False,
+            out=str(tmp_path / "c"),
+        )
+    )
     s = run(cl, progress=False)
     sent = keys(tmp_path / "c/metrics.jsonl")
     assert "global_acc" in sent and "v" in sent and not sent & NONPRIVATE
@@ -46,11 +68,43 @@ def test_a_simulation_reports_everything_and_says_so(tiny_cfg, tmp_path):
 @pytest.mark.multiprocess
 def test_across_processes_sites_keep_nonprivate_figures_by_default(tmp_path):
     out = tmp_path / "d"
-    res = subprocess.run([sys.executable, "-m", "silofl.cli.main", "launch", "--nproc-per-node", "2", "--method",
-                          "proxyfl", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--samples-per-client",
-                          "100", "--batch-size", "25", "--delta", "1e-3", "--test-limit", "100", "--threads", "1",
-                          "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--method",
+            "proxyfl",
+            "--dataset",
+            "digits",
+            "--clients",
+            "2",
+            "--rounds",
+            "1",
+            "--samples-per-client",
+            "100",
+            "--batch-size",
+            "25",
+            "--delta",
+            "1e-3",
+            "--test-limit",
+            "100",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     sent = keys(out / "metrics.jsonl")
     assert "proxy_acc" in sent and not sent & NONPRIVATE
-    assert "private_acc" in keys(out / "sites/client1/metrics.jsonl")  # written by process 1, for site 1 alone
+    assert "private_acc" in keys(
+        out / "sites/client1/metrics.jsonl"
+    )  # written by process 1, for site 1 alone

@@ -1,6 +1,8 @@
 """A worker nothing can wedge (issue 25, item 4): against a real ``silofl site run`` process, a header nesting
-200,000 lists, requesters that hang up before the reply or mid-frame, a writer that stalls holding its connection
-open, and a few hundred malformed and truncated frames each cost their own request — then the same worker answers a
+200,000 lists, requesters that hang up before the reply or mid-frame, a writer that stalls holding its
+connection
+open, and a few hundred malformed and truncated frames each cost their own request — then the same worker
+answers a
 normal hello, joins a run and trains a round."""
 
 import os
@@ -67,10 +69,24 @@ def test_no_frame_hang_up_or_stall_wedges_a_real_site_worker(tiny_cfg, tmp_path)
     cards, folders = make_site_folders(cfg, split, tmp_path / "sites")
     log = open(tmp_path / "site.log", "wb")  # noqa: SIM115
     # the SuperLink it names does not exist: the worker serves its socket while its SuperNode keeps trying
-    proc = subprocess.Popen([sys.executable, "-m", "silofl.cli.main", "site", "run", "--site-dir", str(folders[0]),
-                             "--superlink", f"127.0.0.1:{free_port()}", "--insecure"], stdout=log,
-                            stderr=subprocess.STDOUT, env={**os.environ, "SILOFL_NO_PROGRESS": "1"},
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "site",
+            "run",
+            "--site-dir",
+            str(folders[0]),
+            "--superlink",
+            f"127.0.0.1:{free_port()}",
+            "--insecure",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "SILOFL_NO_PROGRESS": "1"},
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         path = None
@@ -83,7 +99,12 @@ def test_no_frame_hang_up_or_stall_wedges_a_real_site_worker(tiny_cfg, tmp_path)
         hello = frame_of(HELLO, {"nonce": "n0"})
         assert request(path, hello)[0] == HELLO
 
-        deep = b'{"step": "__hello__", "messages": {"0": {"meta": {"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}}}}"
+        deep = (
+            b'{"step": "__hello__", "messages": {"0": {"meta": {"x": '
+            + b"[" * 200_000
+            + b"]" * 200_000
+            + b"}}}}"
+        )
         attacks = [len(deep).to_bytes(8, "little") + deep]
         rng = random.Random(0)
         setup = frame_of(SETUP, {"run_id": "r1", "sites": ["site0", "site1"], "config": cfg.to_dict()})
@@ -95,8 +116,15 @@ def test_no_frame_hang_up_or_stall_wedges_a_real_site_worker(tiny_cfg, tmp_path)
                     if bad:
                         bad[rng.randrange(len(bad))] = rng.randrange(256)
                 attacks.append(bytes(bad))
-        attacks += [b"", b"\x00" * 8, b"\xff" * 8 + b"{}", (7).to_bytes(8, "little") + b"[[[[[[[",
-                    b"not a frame at all", frame_of("../../etc", {}), frame_of(HELLO, {"nonce": "x" * 10_000})]
+        attacks += [
+            b"",
+            b"\x00" * 8,
+            b"\xff" * 8 + b"{}",
+            (7).to_bytes(8, "little") + b"[[[[[[[",
+            b"not a frame at all",
+            frame_of("../../etc", {}),
+            frame_of(HELLO, {"nonce": "x" * 10_000}),
+        ]
         for i, a in enumerate(attacks):
             if i % 3 == 0:  # hang up right after sending, before the reply
                 raw(path, struct.pack("<Q", len(a)) + a)
@@ -117,8 +145,18 @@ def test_no_frame_hang_up_or_stall_wedges_a_real_site_worker(tiny_cfg, tmp_path)
         got, msgs = request(path, hello, timeout=20)
         assert got == HELLO and msgs[0].meta["name"] == "site0" and time.monotonic() - t0 < 15
         # and the same worker still joins a run and trains a round
-        got, msgs = request(path, frame_of(SETUP, {"run_id": "fuzz-run", "sites": ["site0", "site1"],
-                                                  "config": cfg.with_data(200, smallest=100).to_dict()}), timeout=60)
+        got, msgs = request(
+            path,
+            frame_of(
+                SETUP,
+                {
+                    "run_id": "fuzz-run",
+                    "sites": ["site0", "site1"],
+                    "config": cfg.with_data(200, smallest=100).to_dict(),
+                },
+            ),
+            timeout=60,
+        )
         assert got == SETUP and msgs[0].meta["joined"], msgs
         got, msgs = request(path, frame_of("train_send", {"round": 1, "to": [1]}), timeout=120)
         assert got == "train_send" and [p.data[:4] for p in msgs[0].packets] == [b"SFS1"]

@@ -12,16 +12,27 @@ from silofl.audit.report import FILES
 from silofl.cli.main import app
 from silofl.run.config import RunConfig
 
-DIGITS = dict(dataset="digits", clients=3, samples_per_client=150, batch_size=30, delta=1e-5, partition="iid",
-              test_limit=200)
-EXAMPLE = dict(DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp", rounds=40, lr=0.01, eval_every=40)
+DIGITS = dict(
+    dataset="digits",
+    clients=3,
+    samples_per_client=150,
+    batch_size=30,
+    delta=1e-5,
+    partition="iid",
+    test_limit=200,
+)
+EXAMPLE = dict(
+    DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp", rounds=40, lr=0.01, eval_every=40
+)
 CLIENT = dict(DIGITS, method="dp-fedavg", proxy_model="mlp", rounds=10, eval_every=10, samples_per_client=120)
 
 
 def audit(tmp_path, name, canaries=200, refs=2, seed=3, **kw):
     settings = {k: kw.pop(k) for k in ("pubsub_model", "epsilon") if k in kw}
     cfg = RunConfig.from_dict(kw)
-    return run_audit(cfg, AuditSettings(canaries=canaries, seed=seed, reference_models=refs, **settings), tmp_path / name)
+    return run_audit(
+        cfg, AuditSettings(canaries=canaries, seed=seed, reference_models=refs, **settings), tmp_path / name
+    )
 
 
 @pytest.mark.slow
@@ -59,7 +70,8 @@ def test_example_level_dp(tmp_path, method):
 
 @pytest.mark.slow
 def test_unseeded_audit_draws_secret_randomness(tmp_path):
-    """Without a seed an audit runs the mechanism a deployment runs: noise and sampling from the secure source,
+    """Without a seed an audit runs the mechanism a deployment runs: noise and sampling from the secure
+    source,
     canaries and coins from fresh secret seeds (two audits draw different coins), no seed written anywhere; a
     seeded audit is labelled as a research run while its mechanism's guarantee stays formal."""
     kw = dict(EXAMPLE, rounds=3, eval_every=3, noise_multiplier=1.0)
@@ -73,7 +85,10 @@ def test_unseeded_audit_draws_secret_randomness(tmp_path):
         assert summary["randomness"]["seeded"] is False and "seed" not in summary["randomness"]
         config = yaml.safe_load((tmp_path / name / "run" / "config.yaml").read_text())
         assert config["seed"] is None
-    assert set(a["accuracy"]) == {"private_acc", "proxy_acc"}  # in-process: the private figure, labelled, as in a run
+    assert set(a["accuracy"]) == {
+        "private_acc",
+        "proxy_acc",
+    }  # in-process: the private figure, labelled, as in a run
     coins = [json.loads((tmp_path / n / "split.json").read_text())["included"] for n in ("a", "b")]
     assert coins[0] != coins[1]  # 200 fresh coins each: equal with probability 2^-200
     s = audit(tmp_path, "s", refs=1, seed=5, **kw)
@@ -107,8 +122,26 @@ def test_published_models(tmp_path):
 @pytest.mark.slow
 def test_cli_audit(tmp_path):
     runner = CliRunner()
-    args = ["audit", "--pubsub-model", "dp-logreg", "--epsilon", "1", "--dataset", "digits", "--samples-per-client",
-            "300", "--canaries", "100", "--reference-models", "1", "--seed", "2", "--quiet", "--out", str(tmp_path / "a")]
+    args = [
+        "audit",
+        "--pubsub-model",
+        "dp-logreg",
+        "--epsilon",
+        "1",
+        "--dataset",
+        "digits",
+        "--samples-per-client",
+        "300",
+        "--canaries",
+        "100",
+        "--reference-models",
+        "1",
+        "--seed",
+        "2",
+        "--quiet",
+        "--out",
+        str(tmp_path / "a"),
+    ]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "empirical ε lower bound" in r.output and "accountant ε 1.000" in r.output
@@ -120,17 +153,59 @@ def test_cli_audit(tmp_path):
 
 def test_cli_audit_errors_are_one_line(tmp_path):
     runner = CliRunner()
-    r = runner.invoke(app, ["audit", "--pubsub-model", "dp-linreg", "--epsilon", "1", "--dataset", "digits",
-                            "--out", str(tmp_path / "x")])
+    r = runner.invoke(
+        app,
+        [
+            "audit",
+            "--pubsub-model",
+            "dp-linreg",
+            "--epsilon",
+            "1",
+            "--dataset",
+            "digits",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert r.exit_code == 2 and "must be a classifier" in r.output
     r = runner.invoke(app, ["audit", "--canaries", "1", "--dataset", "digits", "--out", str(tmp_path / "y")])
     assert r.exit_code == 2 and "--canaries must be at least 2" in r.output
-    r = runner.invoke(app, ["audit", "--method", "proxyfl", "--dataset", "digits", "--clients", "3",
-                            "--audited-site", "5", "--out", str(tmp_path / "z")])
+    r = runner.invoke(
+        app,
+        [
+            "audit",
+            "--method",
+            "proxyfl",
+            "--dataset",
+            "digits",
+            "--clients",
+            "3",
+            "--audited-site",
+            "5",
+            "--out",
+            str(tmp_path / "z"),
+        ],
+    )
     assert r.exit_code == 2 and "not one of the 3 clients" in r.output
-    r = runner.invoke(app, ["audit", "--canary-kind", "dirac", "--pubsub-model", "dp-nb", "--epsilon", "1",
-                            "--dataset", "digits", "--out", str(tmp_path / "w")])
+    r = runner.invoke(
+        app,
+        [
+            "audit",
+            "--canary-kind",
+            "dirac",
+            "--pubsub-model",
+            "dp-nb",
+            "--epsilon",
+            "1",
+            "--dataset",
+            "digits",
+            "--out",
+            str(tmp_path / "w"),
+        ],
+    )
     assert r.exit_code == 2 and "not a published dp-nb" in r.output and "Traceback" not in r.output
-    r = runner.invoke(app, ["audit", "--canary-kind", "diract", "--dataset", "digits", "--out", str(tmp_path / "v")])
+    r = runner.invoke(
+        app, ["audit", "--canary-kind", "diract", "--dataset", "digits", "--out", str(tmp_path / "v")]
+    )
     assert r.exit_code == 2 and "dirac, random" in r.output
     assert not (tmp_path / "w").exists() and not (tmp_path / "v").exists()

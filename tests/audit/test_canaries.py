@@ -18,8 +18,12 @@ def _pool(n_train=600, n_test=200, classes=4, used=200):
 
 def test_sets_are_disjoint_and_avoid_what_sites_train_on():
     pool, member_y = _pool()
-    d = draw(pool, member_y[member_y < 2], 4, canaries=100, nonmembers=80, references=3, reference_size=50, seed=1)
-    ids = {name: set(r.ids()) for name, r in (("can", d.canaries), ("non", d.nonmembers), ("pop", d.population))}
+    d = draw(
+        pool, member_y[member_y < 2], 4, canaries=100, nonmembers=80, references=3, reference_size=50, seed=1
+    )
+    ids = {
+        name: set(r.ids()) for name, r in (("can", d.canaries), ("non", d.nonmembers), ("pop", d.population))
+    }
     assert not ids["can"] & ids["non"] and not ids["can"] & ids["pop"] and not ids["non"] & ids["pop"]
     everything = ids["can"] | ids["non"] | ids["pop"] | {i for r in d.references for i in r.ids()}
     assert not {f"train:{i}" for i in range(200)} & everything  # rows the sites train on are never used
@@ -49,7 +53,9 @@ def test_bound_separates_perfect_from_random_scores():
     rng = np.random.default_rng(0)
     inc = rng.random(1000) < 0.5
     perfect = one_run_bound({"s": inc + 0.01 * rng.standard_normal(1000)}, inc, 1e-5)
-    assert perfect["correct"] == perfect["guesses"] == 400  # k = 500 would need 500 included: the coins gave fewer
+    assert (
+        perfect["correct"] == perfect["guesses"] == 400
+    )  # k = 500 would need 500 included: the coins gave fewer
     assert 4.0 < perfect["epsilon_lower_bound"] <= perfect["max_auditable_epsilon"] < 5.8
     noise = one_run_bound({"a": rng.standard_normal(1000), "b": rng.standard_normal(1000)}, inc, 1e-5)
     assert noise["epsilon_lower_bound"] < 0.3

@@ -1,9 +1,12 @@
 """White-box gradient canaries (silofl.audit.gradient) and the Gaussian-sum estimate (silofl.audit.gauss).
 
 Fast: the DPGradient hook off is the unhooked mechanism bit for bit; canaries are clipped and noised like
-examples and leave the accountant's inputs alone; the GDP conversion against numerical integration. Slow (digits,
-few rounds): the no-DP control has power, no bound exceeds its accountant ε, an audited run whose canaries are all
-out is bit-identical to a plain run, and a torch.distributed audit's observer sees what the simulator's does."""
+examples and leave the accountant's inputs alone; the GDP conversion against numerical integration. Slow
+(digits,
+few rounds): the no-DP control has power, no bound exceeds its accountant ε, an audited run whose canaries are
+all
+out is bit-identical to a plain run, and a torch.distributed audit's observer sees what the simulator's
+does."""
 
 import json
 import math
@@ -31,7 +34,9 @@ def loss_fn(out, y, _logp=None):
 def mechanism(seed=7, sigma=1.3, clip=0.5, n=40):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
-    return model, DPGradient(model, clip, sigma, 0.25 * n, NoiseSource(seed), backend="vmap", sample_rate=0.25)
+    return model, DPGradient(
+        model, clip, sigma, 0.25 * n, NoiseSource(seed), backend="vmap", sample_rate=0.25
+    )
 
 
 def batch():
@@ -44,7 +49,8 @@ def canaries_for(dp, included, q=1.0, kind="dirac", m=8):
 
 
 def test_hook_off_is_the_unhooked_mechanism():
-    """canaries None: p.grad is the pre-hook formula (clipped sum + N(0, σ²C²), over q·n) bit for bit, and a hook
+    """canaries None: p.grad is the pre-hook formula (clipped sum + N(0, σ²C²), over q·n) bit for bit, and a
+    hook
     whose canaries are all out changes no bit either."""
     x, y = batch()
     model, dp = mechanism()
@@ -65,7 +71,8 @@ def test_hook_off_is_the_unhooked_mechanism():
 
 @pytest.mark.parametrize("kind", ["dirac", "random"])
 def test_canaries_are_clipped_and_noised_like_examples(kind):
-    """Each canary has norm C; the sampled ones join the sum before the same noise draw, divided by the same q·n;
+    """Each canary has norm C; the sampled ones join the sum before the same noise draw, divided by the same
+    q·n;
     σ, q and the step count the accountant reads are unchanged, empty batches included."""
     x, y = batch()
     model, dp = mechanism()
@@ -109,7 +116,9 @@ def _delta_by_integration(mu, eps):
 def test_gdp_conversion_matches_integration():
     for mu in (0.5, 1.0, 2.0):
         for eps in (0.0, 1.0, 3.0):
-            assert gauss.gdp_delta(mu, eps) == pytest.approx(_delta_by_integration(mu, eps), rel=1e-6, abs=1e-12)
+            assert gauss.gdp_delta(mu, eps) == pytest.approx(
+                _delta_by_integration(mu, eps), rel=1e-6, abs=1e-12
+            )
         e = gauss.gdp_epsilon(mu, 1e-5)
         assert gauss.gdp_delta(mu, e) == pytest.approx(1e-5, rel=1e-6)
     assert gauss.gdp_delta(1.0, 0.0) == pytest.approx(2 * stats.norm.cdf(0.5) - 1)
@@ -136,22 +145,37 @@ def test_gradient_kinds_are_refused_for_published_models_but_dp_nn():
 
 
 # ---------------------------------------------------------------------------------------------- runs (slow)
-DIGITS = dict(dataset="digits", clients=3, samples_per_client=150, batch_size=30, delta=1e-5, partition="iid",
-              test_limit=100, eval_every=100, lr=0.01)
+DIGITS = dict(
+    dataset="digits",
+    clients=3,
+    samples_per_client=150,
+    batch_size=30,
+    delta=1e-5,
+    partition="iid",
+    test_limit=100,
+    eval_every=100,
+    lr=0.01,
+)
 
 
 def grad_audit(tmp_path, name, canaries=200, kind="dirac", **kw):
     from silofl.audit import run_audit
     from silofl.run.config import RunConfig
 
-    return run_audit(RunConfig.from_dict(kw), AuditSettings(canaries=canaries, canary_kind=kind, seed=3,
-                                                            reference_models=0), tmp_path / name)
+    return run_audit(
+        RunConfig.from_dict(kw),
+        AuditSettings(canaries=canaries, canary_kind=kind, seed=3, reference_models=0),
+        tmp_path / name,
+    )
 
 
 @pytest.mark.slow
 def test_no_dp_control_has_power(tmp_path):
-    a = grad_audit(tmp_path, "off", **dict(DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp",
-                                           rounds=3, privacy="off"))
+    a = grad_audit(
+        tmp_path,
+        "off",
+        **dict(DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp", rounds=3, privacy="off"),
+    )
     assert a["epsilon_accountant"] is None and a["threat_model"] == "white-box per step"
     assert a["epsilon_lower_bound"] > 1.0 and a["epsilon_gauss"] > 1.0, a["bounds"]
     assert a["epsilon_lower_bound"] <= a["certifiable_epsilon_max"]
@@ -185,16 +209,27 @@ def test_audited_run_with_no_canary_in_is_bit_identical(tmp_path):
     from silofl.run.config import RunConfig
     from silofl.run.loop import run as run_loop
 
-    cfg = RunConfig.from_dict(dict(DIGITS, method="fedavg", proxy_model="mlp", rounds=2, noise_multiplier=1.0,
-                                   seed=4, eval_every=1, report_nonprivate=True))
+    cfg = RunConfig.from_dict(
+        dict(
+            DIGITS,
+            method="fedavg",
+            proxy_model="mlp",
+            rounds=2,
+            noise_multiplier=1.0,
+            seed=4,
+            eval_every=1,
+            report_nonprivate=True,
+        )
+    )
     plain = run_loop(cfg.replace(out=str(tmp_path / "plain")), progress=False)
     seen = {}
 
     def factory(make, n):
         engine = InProcessEngine({k: make(k) for k in range(n)})
         site = engine.sites[0]
-        can = GradientCanaries([p for p in site.shared.parameters()], 50, "dirac", np.zeros(50, bool),
-                               site.sample_rate, 1)
+        can = GradientCanaries(
+            [p for p in site.shared.parameters()], 50, "dirac", np.zeros(50, bool), site.sample_rate, 1
+        )
         gradient.attach(site, can)
         obs = gradient.ReleaseObserver(0)
         obs.canaries, obs.names = can, [n for n, _ in site.shared.named_parameters()]
@@ -215,13 +250,22 @@ def test_torchdist_audit_sees_what_the_simulator_sees(tmp_path):
     from silofl.comm.launcher import launch_processes
     from silofl.run.config import RunConfig
 
-    run = dict(DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp", rounds=2, noise_multiplier=1.0,
-               threads=1)
+    run = dict(
+        DIGITS,
+        method="proxyfl",
+        private_model="cnn1",
+        proxy_model="mlp",
+        rounds=2,
+        noise_multiplier=1.0,
+        threads=1,
+    )
     settings = dict(canaries=100, canary_kind="dirac", seed=5, reference_models=0)
     (tmp_path / "dist").mkdir()
     case = tmp_path / "case.json"
     case.write_text(json.dumps({"run": run, "settings": settings, "out": str(tmp_path / "dist")}))
-    code = launch_processes([str(Path(__file__).with_name("torchdist_audit.py")), str(case)], nproc=2, grace_s=60)
+    code = launch_processes(
+        [str(Path(__file__).with_name("torchdist_audit.py")), str(case)], nproc=2, grace_s=60
+    )
     assert code == 0
     sim, extra = gradient.audit(RunConfig.from_dict(run), AuditSettings(**settings), tmp_path / "sim")
     dist = json.loads((tmp_path / "dist" / "audit.json").read_text())
@@ -234,18 +278,38 @@ def test_torchdist_audit_sees_what_the_simulator_sees(tmp_path):
 
 @pytest.mark.slow
 def test_published_dp_nn_with_gradient_canaries(tmp_path):
-    """PubSub-ML's dp-nn with the canaries in its DP-SGD step: the no-DP publisher leaks, the DP one stays below its ε."""
+    """PubSub-ML's dp-nn with the canaries in its DP-SGD step: the no-DP publisher leaks, the DP one stays
+    below its ε."""
     from silofl.audit import run_audit
     from silofl.run.config import RunConfig
 
     cfg = dict(dataset="digits", samples_per_client=300, delta=1e-5)
-    off = run_audit(RunConfig.from_dict(dict(cfg, privacy="off")), AuditSettings(
-        canaries=200, canary_kind="dirac", seed=2, pubsub_model="dp-nn", pubsub_epochs=10, reference_models=0),
-        tmp_path / "off")
+    off = run_audit(
+        RunConfig.from_dict(dict(cfg, privacy="off")),
+        AuditSettings(
+            canaries=200,
+            canary_kind="dirac",
+            seed=2,
+            pubsub_model="dp-nn",
+            pubsub_epochs=10,
+            reference_models=0,
+        ),
+        tmp_path / "off",
+    )
     assert off["epsilon_lower_bound"] > 1.0, off["bounds"]
-    dp = run_audit(RunConfig.from_dict(cfg), AuditSettings(canaries=200, canary_kind="dirac", seed=2, epsilon=2.0,
-                                                           pubsub_model="dp-nn", pubsub_epochs=10, reference_models=0),
-                   tmp_path / "dp")
+    dp = run_audit(
+        RunConfig.from_dict(cfg),
+        AuditSettings(
+            canaries=200,
+            canary_kind="dirac",
+            seed=2,
+            epsilon=2.0,
+            pubsub_model="dp-nn",
+            pubsub_epochs=10,
+            reference_models=0,
+        ),
+        tmp_path / "dp",
+    )
     assert dp["epsilon_accountant"] <= 2.0 * (1 + 1e-6) and dp["steps"] == dp["mechanism"]["steps"]
     assert set(dp["bounds"]) == {"white-box per step", "white-box final model"}
     for b in dp["bounds"].values():

@@ -29,7 +29,9 @@ def test_logit_confidence_is_stable():
     rng = np.random.default_rng(2)
     z = rng.standard_normal((200, 10)) * 3
     y = rng.integers(0, 10, 200)
-    np.testing.assert_allclose(mia.logit_confidence(z, y), special.logit(mia.true_label_prob(z, y)), atol=1e-9)
+    np.testing.assert_allclose(
+        mia.logit_confidence(z, y), special.logit(mia.true_label_prob(z, y)), atol=1e-9
+    )
     big = np.zeros((1, 10))
     big[0, 3] = 60.0
     assert mia.logit_confidence(big, np.array([3]))[0] == pytest.approx(60 - np.log(9), rel=1e-9)

@@ -44,15 +44,29 @@ def test_p_value_equals_appendix_d():
             for eps in (0.0, 0.3, 1.0, 2.5, 5.0):
                 for delta in (0.0, 1e-5, 1e-3):
                     ref = appendix_d_p_value(m, r, v, eps, delta)
-                    assert one_run.p_value(m, r, v, eps, delta) == pytest.approx(ref, abs=1e-12), (m, r, v, eps, delta)
+                    assert one_run.p_value(m, r, v, eps, delta) == pytest.approx(ref, abs=1e-12), (
+                        m,
+                        r,
+                        v,
+                        eps,
+                        delta,
+                    )
 
 
 # (m, r, v, δ) -> ε at 95%: the values the research behind issue 17 checked against Appendix D and jax_privacy
 REFERENCE = [
-    (1000, 100, 75, 1e-4, 0.67298), (1000, 100, 75, 1e-5, 0.69947), (1000, 100, 100, 1e-5, 3.46538),
-    (1000, 200, 200, 1e-5, 4.16649), (1000, 1000, 1000, 1e-5, 5.78228), (1000, 1000, 600, 1e-5, 0.29723),
-    (1000, 100, 60, 1e-5, 0.04955), (5000, 500, 480, 1e-5, 2.78302), (100000, 1510, 1439, 1e-5, 2.67585),
-    (10000, 10000, 6000, 1e-6, 0.37168), (50, 50, 50, 1e-5, 2.78331), (1000, 100, 90, 0.0, 1.63082),
+    (1000, 100, 75, 1e-4, 0.67298),
+    (1000, 100, 75, 1e-5, 0.69947),
+    (1000, 100, 100, 1e-5, 3.46538),
+    (1000, 200, 200, 1e-5, 4.16649),
+    (1000, 1000, 1000, 1e-5, 5.78228),
+    (1000, 1000, 600, 1e-5, 0.29723),
+    (1000, 100, 60, 1e-5, 0.04955),
+    (5000, 500, 480, 1e-5, 2.78302),
+    (100000, 1510, 1439, 1e-5, 2.67585),
+    (10000, 10000, 6000, 1e-6, 0.37168),
+    (50, 50, 50, 1e-5, 2.78331),
+    (1000, 100, 90, 0.0, 1.63082),
 ]
 
 
@@ -65,7 +79,9 @@ def test_bound_matches_reference_values(m, r, v, delta, expected):
 
 
 def test_numbers_printed_in_the_paper():
-    assert one_run.eps_lower_bound(1000, 100, 75, 1e-4) == pytest.approx(0.673, abs=5e-4)  # Appendix D example
+    assert one_run.eps_lower_bound(1000, 100, 75, 1e-4) == pytest.approx(
+        0.673, abs=5e-4
+    )  # Appendix D example
     assert one_run.eps_lower_bound(100000, 1510, 1439, 1e-5) == pytest.approx(2.675, abs=1e-3)  # Section 7
 
 

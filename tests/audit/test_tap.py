@@ -11,8 +11,18 @@ from silofl.comm.engine import InProcessEngine
 from silofl.run.config import RunConfig
 from silofl.run.loop import RunHooks, build
 
-TINY = dict(dataset="digits", clients=3, rounds=2, samples_per_client=60, batch_size=30, delta=1e-3,
-            private_model="mlp", proxy_model="mlp", test_limit=100, seed=4)
+TINY = dict(
+    dataset="digits",
+    clients=3,
+    rounds=2,
+    samples_per_client=60,
+    batch_size=30,
+    delta=1e-3,
+    private_model="mlp",
+    proxy_model="mlp",
+    test_limit=100,
+    seed=4,
+)
 
 
 class Recorder:
@@ -37,7 +47,9 @@ def test_tap_sees_what_leaves_the_site_and_changes_nothing():
     cfg = RunConfig.from_dict(TINY)
     rec = Recorder(1)
     _, _, plain, eng0 = build(cfg)
-    _, _, tapped, eng1 = build(cfg, engine_factory=lambda make, n: TappedEngine({k: make(k) for k in range(n)}, [rec]))
+    _, _, tapped, eng1 = build(
+        cfg, engine_factory=lambda make, n: TappedEngine({k: make(k) for k in range(n)}, [rec])
+    )
     assert isinstance(eng1, TappedEngine) and isinstance(eng1, InProcessEngine)
     torch.manual_seed(0)
     _rounds(plain, 2)

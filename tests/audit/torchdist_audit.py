@@ -1,9 +1,11 @@
 """A gradient-canary audit over torch.distributed (used by test_gradient.py).
 
-    python tests/audit/torchdist_audit.py CASE.json      # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by the launcher
+    python tests/audit/torchdist_audit.py CASE.json      # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by
+    the launcher
 
 Rank 0 runs the audit (the coordinator, and the audited site 0 with its canaries and observer) on the
-torch.distributed engine and writes OUT/audit.json and OUT/scores.json; every other rank serves its sites, built
+torch.distributed engine and writes OUT/audit.json and OUT/scores.json; every other rank serves its sites,
+built
 from the same audited configuration.
 """
 
@@ -31,9 +33,13 @@ def main(path: str) -> None:
     s = AuditSettings(**case["settings"])
     out = Path(case["out"])
     if dist.get_rank() == 0:
-        a, extra = gradient.audit(cfg, s, out, engine_factory=lambda make, n: TorchDistEngine(make, n, timeout_s=120))
+        a, extra = gradient.audit(
+            cfg, s, out, engine_factory=lambda make, n: TorchDistEngine(make, n, timeout_s=120)
+        )
         (out / "audit.json").write_text(json.dumps(clean_json(a)))
-        (out / "scores.json").write_text(json.dumps({k: v.tolist() for k, v in extra["canary_scores"].items()}))
+        (out / "scores.json").write_text(
+            json.dumps({k: v.tolist() for k, v in extra["canary_scores"].items()})
+        )
     else:
         rc, split = prepare_data(gradient.run_config(cfg, s, out).resolve(), torch.device("cpu"))
         make, n_sites = site_factory(rc.info.cls(rc), split, ledger_root(rc), releases_nonprivate(rc, False))

@@ -9,14 +9,32 @@ from typer.testing import CliRunner
 from silofl.cli.main import app
 
 runner = CliRunner()
-TINY = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--samples-per-client", "100",
-        "--batch-size", "25", "--delta", "1e-3", "--test-limit", "150", "--quiet"]
+TINY = [
+    "--dataset",
+    "digits",
+    "--clients",
+    "3",
+    "--rounds",
+    "2",
+    "--samples-per-client",
+    "100",
+    "--batch-size",
+    "25",
+    "--delta",
+    "1e-3",
+    "--test-limit",
+    "150",
+    "--quiet",
+]
 
 
 @pytest.mark.slow
 def test_run_then_evaluate(tmp_path):
     out = tmp_path / "run"
-    r = runner.invoke(app, ["run", "--method", "proxyfl", *TINY, "--private-model", "cnn1", "--seed", "3", "--out", str(out)])
+    r = runner.invoke(
+        app,
+        ["run", "--method", "proxyfl", *TINY, "--private-model", "cnn1", "--seed", "3", "--out", str(out)],
+    )
     assert r.exit_code == 0, r.output
     assert "mean±std" in r.output and "strict" in r.output
     s = json.loads((out / "summary.json").read_text())
@@ -31,9 +49,13 @@ def test_run_then_evaluate(tmp_path):
 
 def test_config_file_and_flag_override(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("dataset: digits\nclients: 2\nrounds: 5\nsamples_per_client: 100\nbatch_size: 25\ndelta: 0.001\n"
-                   "test_limit: 100\nprivate_model: mlp\n")
-    r = runner.invoke(app, ["run", "--config", str(cfg), "--rounds", "1", "--quiet", "--out", str(tmp_path / "o")])
+    cfg.write_text(
+        "dataset: digits\nclients: 2\nrounds: 5\nsamples_per_client: 100\nbatch_size: 25\ndelta: 0.001\n"
+        "test_limit: 100\nprivate_model: mlp\n"
+    )
+    r = runner.invoke(
+        app, ["run", "--config", str(cfg), "--rounds", "1", "--quiet", "--out", str(tmp_path / "o")]
+    )
     assert r.exit_code == 0, r.output
     assert "rounds: 1" in (tmp_path / "o" / "config.yaml").read_text()
 
@@ -78,8 +100,19 @@ def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
     tight = 1.0001 * epsilon_of("rdp", ((1.0, 0.25, 8),), 1e-3)  # room for exactly two rounds of 4 steps
     out = tmp_path / "b"
     args = [a if a != "2" else "5" for a in TINY]  # 5 rounds
-    r = runner.invoke(app, ["run", *args, "--target-epsilons", f"1000,{tight},1000", "--set",
-                            "calibrate_noise=false", "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            *args,
+            "--target-epsilons",
+            f"1000,{tight},1000",
+            "--set",
+            "calibrate_noise=false",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     s = json.loads((out / "summary.json").read_text())
     assert s["rounds_run"] == 5 and s["left"] == [{"client": 1, "round": 3, "reason": "budget spent"}]
@@ -93,14 +126,17 @@ def test_per_client_budgets_one_client_leaves_the_others_finish(tmp_path):
     assert r.exit_code == 2 and "2 budgets for 3 clients" in r.output
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--noise-multiplier", "inf"], "noise_multiplier must be positive and finite"),
-    (["--noise-multiplier", "nan"], "must be a number, got nan"),
-    (["--target-epsilon", "nan"], "must be a number, got nan"),
-    (["--lr", "inf"], "lr must be a finite positive number"),
-    (["--clip", "adaptive"], "option adaptive_clip does not apply to method 'proxyfl'"),
-    (["--method", "fedavg", "--dml-alpha", "0.3"], "option dml_alpha does not apply to method 'fedavg'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--noise-multiplier", "inf"], "noise_multiplier must be positive and finite"),
+        (["--noise-multiplier", "nan"], "must be a number, got nan"),
+        (["--target-epsilon", "nan"], "must be a number, got nan"),
+        (["--lr", "inf"], "lr must be a finite positive number"),
+        (["--clip", "adaptive"], "option adaptive_clip does not apply to method 'proxyfl'"),
+        (["--method", "fedavg", "--dml-alpha", "0.3"], "option dml_alpha does not apply to method 'fedavg'"),
+    ],
+)
 def test_numbers_and_options_that_cannot_work_are_refused_before_anything_is_written(tmp_path, args, message):
     r = runner.invoke(app, ["run", *TINY, "--out", str(tmp_path / "x"), *args])
     assert r.exit_code == 2, r.output
@@ -111,8 +147,21 @@ def test_numbers_and_options_that_cannot_work_are_refused_before_anything_is_wri
 @pytest.mark.slow
 def test_client_level_adaptive_clip_in_the_readme_form(tmp_path):
     out = tmp_path / "a"
-    r = runner.invoke(app, ["run", *TINY, "--method", "dp-fedavg", "--partition", "iid", "--clip", "adaptive:0.5",
-                            "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            *TINY,
+            "--method",
+            "dp-fedavg",
+            "--partition",
+            "iid",
+            "--clip",
+            "adaptive:0.5",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "clip adaptive from 0.5" in " ".join(r.output.split())
     s = json.loads((out / "summary.json").read_text())
@@ -137,16 +186,50 @@ def test_an_existing_run_folder_or_a_file_is_never_overwritten_silently(tmp_path
 
 @pytest.mark.slow
 def test_digits_runs_with_the_default_split_and_batch(tmp_path):
-    """No --samples-per-client or --batch-size: the defaults fit the bundled data set (as many examples per client
+    """No --samples-per-client or --batch-size: the defaults fit the bundled data set (as many examples per
+    client
     as the p_major split can serve from the smallest class's 122 training images: 112; batch 28)."""
-    r = runner.invoke(app, ["run", "--dataset", "digits", "--rounds", "1", "--delta", "1e-3", "--test-limit", "100",
-                            "--quiet", "--out", str(tmp_path / "d")])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            "--dataset",
+            "digits",
+            "--rounds",
+            "1",
+            "--delta",
+            "1e-3",
+            "--test-limit",
+            "100",
+            "--quiet",
+            "--out",
+            str(tmp_path / "d"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     cfg = yaml.safe_load((tmp_path / "d/config.yaml").read_text())  # as asked: sizes left to auto
     plan = json.loads((tmp_path / "d/plan.json").read_text())  # as planned from the data
     assert (cfg["samples_per_client"], cfg["batch_size"], cfg["clients"]) == (None, None, 8)
     assert (plan["samples_per_client"], plan["batch_size"]) == (112, 28)
-    r = runner.invoke(app, ["compare", "--dataset", "digits", "--methods", "regular,fedavg", "--seeds", "0",
-                            "--rounds", "1", "--set", "delta=0.001", "--test-limit", "100", "--quiet",
-                            "--out", str(tmp_path / "c")])
+    r = runner.invoke(
+        app,
+        [
+            "compare",
+            "--dataset",
+            "digits",
+            "--methods",
+            "regular,fedavg",
+            "--seeds",
+            "0",
+            "--rounds",
+            "1",
+            "--set",
+            "delta=0.001",
+            "--test-limit",
+            "100",
+            "--quiet",
+            "--out",
+            str(tmp_path / "c"),
+        ],
+    )
     assert r.exit_code == 0, r.output

@@ -1,5 +1,7 @@
-"""The CLI generated from the config: every flag of the hand-written CLI is still there, the commands share the
-generated flags, a plug-in method's options become flags without editing silofl, and the value forms (comma lists,
+"""The CLI generated from the config: every flag of the hand-written CLI is still there, the commands share
+the
+generated flags, a plug-in method's options become flags without editing silofl, and the value forms (comma
+lists,
 two-value options, --clip adaptive:C0, --report-nonprivate/--keep-nonprivate) and precedence (flags > --set >
 --config > defaults) hold."""
 
@@ -20,25 +22,30 @@ from silofl.fl.methods.fedavg import FedAvg, FedAvgOptions
 runner = CliRunner()
 
 # every flag `silofl run` had before it was generated (6ae87b4), hidden ones included
-OLD_RUN_FLAGS = """--config --method --dataset --data-dir --site-data --schema --test-data --test-fraction --clients
---rounds --seed --out --privacy --device --threads --private-model --proxy-model --partition --p-major
---dirichlet-alpha --samples-per-client --batch-size --lr --noise-multiplier --clip --delta --accountant
---target-epsilon --target-epsilons --dml-alpha --dml-beta --graph --self-weight --aggregation --optimizer-state
---dp-backend --privacy-unit --intermediaries --client-rate --server-lr --local-epochs --local-lr --optimizer
---momentum --nesterov --no-nesterov --ema-decay --augmult --aug-pad --aug-flip --no-aug-flip --sample-rate
---local-steps --server-momentum --mu --ditto-lambda --mrmtl-lambda --private-lr --report-nonprivate
---keep-nonprivate --combine --combine-holdout --eval-every --test-limit --checkpoint-every --resume --overwrite
---distributed --peer-timeout --set --quiet --engine --deploy-timeout --insecure --restart-sites --deployment
+OLD_RUN_FLAGS = """
+--config --method --dataset --data-dir --site-data --schema --test-data --test-fraction --clients
+--rounds --seed --out --privacy --device --threads --private-model --proxy-model --partition
+--p-major --dirichlet-alpha --samples-per-client --batch-size --lr --noise-multiplier --clip --delta
+--accountant --target-epsilon --target-epsilons --dml-alpha --dml-beta --graph --self-weight
+--aggregation --optimizer-state --dp-backend --privacy-unit --intermediaries --client-rate
+--server-lr --local-epochs --local-lr --optimizer --momentum --nesterov --no-nesterov --ema-decay
+--augmult --aug-pad --aug-flip --no-aug-flip --sample-rate --local-steps --server-momentum --mu
+--ditto-lambda --mrmtl-lambda --private-lr --report-nonprivate --keep-nonprivate --combine
+--combine-holdout --eval-every --test-limit --checkpoint-every --resume --overwrite --distributed
+--peer-timeout --set --quiet --engine --deploy-timeout --insecure --restart-sites --deployment
 --superlink --vs-alone --features --metric""".split()
-OLD_AUDIT_FLAGS = """--out --canaries --canary-kind --audited-site --reference-models --nonmembers --confidence
---pubsub-model --epsilon --epochs --config --method --dataset --data-dir --clients --rounds --seed --privacy
---private-model --proxy-model --partition --samples-per-client --batch-size --lr --noise-multiplier --clip --delta
---accountant --intermediaries --privacy-unit --client-rate --server-lr --local-epochs --local-lr --eval-every
---test-limit --threads --set --overwrite --quiet""".split()
-OLD_COMPARE_FLAGS = """--config --methods --seeds --preset --out --jobs --resume --report-only --comm-clients --dataset
---data-dir --rounds --clients --samples-per-client --batch-size --privacy --private-model --proxy-model --eval-every
---test-limit --threads --set --quiet --features --metric""".split()
-OLD_TUNE_FLAGS = """--method --target-epsilon --grid --config --out --set --quiet --progress --random-trials
+OLD_AUDIT_FLAGS = """
+--out --canaries --canary-kind --audited-site --reference-models --nonmembers --confidence
+--pubsub-model --epsilon --epochs --config --method --dataset --data-dir --clients --rounds --seed
+--privacy --private-model --proxy-model --partition --samples-per-client --batch-size --lr
+--noise-multiplier --clip --delta --accountant --intermediaries --privacy-unit --client-rate
+--server-lr --local-epochs --local-lr --eval-every --test-limit --threads --set --overwrite --quiet""".split()
+OLD_COMPARE_FLAGS = """
+--config --methods --seeds --preset --out --jobs --resume --report-only --comm-clients --dataset
+--data-dir --rounds --clients --samples-per-client --batch-size --privacy --private-model
+--proxy-model --eval-every --test-limit --threads --set --quiet --features --metric""".split()
+OLD_TUNE_FLAGS = """
+--method --target-epsilon --grid --config --out --set --quiet --progress --random-trials
 --max-trials --features --metric""".split()
 
 
@@ -50,8 +57,15 @@ def flags_of(*path: str) -> set[str]:
     return {o for p in cmd.get_params(ctx) for o in (*p.opts, *p.secondary_opts)}
 
 
-@pytest.mark.parametrize("path,old", [(("run",), OLD_RUN_FLAGS), (("audit",), OLD_AUDIT_FLAGS),
-                                      (("compare",), OLD_COMPARE_FLAGS), (("tune",), OLD_TUNE_FLAGS)])
+@pytest.mark.parametrize(
+    "path,old",
+    [
+        (("run",), OLD_RUN_FLAGS),
+        (("audit",), OLD_AUDIT_FLAGS),
+        (("compare",), OLD_COMPARE_FLAGS),
+        (("tune",), OLD_TUNE_FLAGS),
+    ],
+)
 def test_every_old_flag_is_still_there(path, old):
     assert set(old) <= flags_of(*path), sorted(set(old) - flags_of(*path))
 
@@ -76,7 +90,8 @@ def test_help_has_panels_choices_and_defaults_and_version():
     assert r.exit_code == 0 and r.output.startswith("silofl ")
 
 
-# ---------------------------------------------------------------------------------------------- a plug-in method
+# ---------------------------------------------------------------------------------------------- a plug-in
+# method
 SEEN: list = []
 
 
@@ -94,8 +109,14 @@ class KnobMethod(FedAvg):
 
 @pytest.fixture
 def knob_method():
-    registry.register("knobavg", options=KnobOptions, headline="global_acc", exchange="server",
-                      metrics=("global_acc",), description="FedAvg with a knob (test plug-in)")(KnobMethod)
+    registry.register(
+        "knobavg",
+        options=KnobOptions,
+        headline="global_acc",
+        exchange="server",
+        metrics=("global_acc",),
+        description="FedAvg with a knob (test plug-in)",
+    )(KnobMethod)
     SEEN.clear()
     yield
     registry.METHODS.unregister("knobavg")
@@ -103,7 +124,12 @@ def knob_method():
 
 def test_a_plug_in_methods_options_become_flags(knob_method):
     r = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0 and "--knob" in r.output and "A plug-in's own option." in r.output and "--pair" in r.output
+    assert (
+        r.exit_code == 0
+        and "--knob" in r.output
+        and "A plug-in's own option." in r.output
+        and "--pair" in r.output
+    )
     flags = generated_flags()
     assert flags["knob"].methods == ("knobavg",) and flags["pair"].kind == "pair"
     r = runner.invoke(app, ["run", "--method", "fedavg", "--knob", "2", "--out", "x"])  # not fedavg's option
@@ -113,10 +139,38 @@ def test_a_plug_in_methods_options_become_flags(knob_method):
 @pytest.mark.slow  # one tiny run (about 1 s of CPU)
 def test_a_plug_in_methods_flag_takes_effect(knob_method, tmp_path):
     out = tmp_path / "k"
-    r = runner.invoke(app, ["run", "--method", "knobavg", "--knob", "2.5", "--pair", "a", "b", "--dataset", "digits",
-                            "--clients", "2", "--rounds", "1", "--samples-per-client", "60", "--batch-size", "20",
-                            "--delta", "1e-3", "--test-limit", "60", "--proxy-model", "mlp", "--quiet",
-                            "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            "--method",
+            "knobavg",
+            "--knob",
+            "2.5",
+            "--pair",
+            "a",
+            "b",
+            "--dataset",
+            "digits",
+            "--clients",
+            "2",
+            "--rounds",
+            "1",
+            "--samples-per-client",
+            "60",
+            "--batch-size",
+            "20",
+            "--delta",
+            "1e-3",
+            "--test-limit",
+            "60",
+            "--proxy-model",
+            "mlp",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert SEEN == [(2.5, ("a", "b"))] * 2  # every site of the method got the flag's value
     assert "knob: 2.5" in (out / "config.yaml").read_text()
@@ -138,9 +192,31 @@ def test_value_forms_and_precedence(tmp_path):
     a = echo_app()
     cfg = tmp_path / "c.yaml"
     cfg.write_text("rounds: 9\nclients: 4\nlr: 0.5\nfedavg:\n  server_lr: 3\n")
-    r = runner.invoke(a, ["--config", str(cfg), "--set", "clients=5", "--set", "lr=0.25", "--lr", "0.125",
-                          "--target-epsilons", "1,2.5", "--site-data", "a.csv, b.csv", "--clip", "adaptive:0.5",
-                          "--keep-nonprivate", "--no-nesterov", "--method", "fedavg", "--server-lr", "2"])
+    r = runner.invoke(
+        a,
+        [
+            "--config",
+            str(cfg),
+            "--set",
+            "clients=5",
+            "--set",
+            "lr=0.25",
+            "--lr",
+            "0.125",
+            "--target-epsilons",
+            "1,2.5",
+            "--site-data",
+            "a.csv, b.csv",
+            "--clip",
+            "adaptive:0.5",
+            "--keep-nonprivate",
+            "--no-nesterov",
+            "--method",
+            "fedavg",
+            "--server-lr",
+            "2",
+        ],
+    )
     assert r.exit_code == 0, r.output
     got = json.loads(r.output)
     assert got["rounds"] == 9 and got["clients"] == 5 and got["lr"] == 0.125 and got["server_lr"] == 2

@@ -1,6 +1,7 @@
 """Run several configs one after another in one torch.distributed group (used by test_torchdist.py).
 
-    python tests/comm/multi_run.py CASES.json      # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by the launcher
+    python tests/comm/multi_run.py CASES.json      # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by the
+    launcher
 
 Rank 0 runs each config's coordinator on the torch.distributed engine and writes its run folder; every other
 rank serves its sites. CASES.json is a list of run options (each with its own ``out``).
@@ -27,7 +28,9 @@ def main(path: str) -> None:
             run(cfg, progress=False, engine_factory=lambda make, n: TorchDistEngine(make, n, timeout_s=120))
         else:
             cfg, split = prepare_data(cfg, torch.device("cpu"))
-            make, n_sites = site_factory(cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, False))
+            make, n_sites = site_factory(
+                cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, False)
+            )
             serve(make, n_sites)
     shutdown()
 

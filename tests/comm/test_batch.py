@@ -11,8 +11,10 @@ from silofl.site.base import Site
 
 
 def parts():
-    return [("receive", Message({"round": 1}, [Packet(1, 0, b"a"), Packet(2, 0, b"b")])),
-            ("train_send", Message({"round": 2, "to": [3]}))]
+    return [
+        ("receive", Message({"round": 1}, [Packet(1, 0, b"a"), Packet(2, 0, b"b")])),
+        ("train_send", Message({"round": 2, "to": [3]})),
+    ]
 
 
 def test_a_batch_keeps_its_parts_and_their_packets_in_order_through_the_wire():
@@ -29,18 +31,21 @@ def test_a_batch_keeps_its_parts_and_their_packets_in_order_through_the_wire():
         batch.split_reply(r, 3)
 
 
-@pytest.mark.parametrize("meta,packets", [
-    ({"parts": []}, 0),
-    ({"parts": [{"step": "receive", "meta": {}, "packets": 0}] * 9}, 0),  # more than MAX_PARTS
-    ({"parts": [{"step": "batch", "meta": {}, "packets": 0}]}, 0),  # a batch inside a batch
-    ({"parts": [{"step": "../x", "meta": {}, "packets": 0}]}, 0),
-    ({"parts": [{"step": "receive", "meta": {}, "packets": 1}]}, 2),  # packets that do not add up
-    ({"parts": [{"step": "receive", "meta": {}, "packets": 3}]}, 2),
-    ({"parts": [{"step": "receive", "meta": {}, "packets": True}]}, 1),
-    ({"parts": [{"step": "receive", "meta": [], "packets": 0}]}, 0),
-    ({"parts": [{"step": "receive", "meta": {}, "packets": 0, "extra": 1}]}, 0),
-    ({"parts": "receive"}, 0),
-])
+@pytest.mark.parametrize(
+    "meta,packets",
+    [
+        ({"parts": []}, 0),
+        ({"parts": [{"step": "receive", "meta": {}, "packets": 0}] * 9}, 0),  # more than MAX_PARTS
+        ({"parts": [{"step": "batch", "meta": {}, "packets": 0}]}, 0),  # a batch inside a batch
+        ({"parts": [{"step": "../x", "meta": {}, "packets": 0}]}, 0),
+        ({"parts": [{"step": "receive", "meta": {}, "packets": 1}]}, 2),  # packets that do not add up
+        ({"parts": [{"step": "receive", "meta": {}, "packets": 3}]}, 2),
+        ({"parts": [{"step": "receive", "meta": {}, "packets": True}]}, 1),
+        ({"parts": [{"step": "receive", "meta": [], "packets": 0}]}, 0),
+        ({"parts": [{"step": "receive", "meta": {}, "packets": 0, "extra": 1}]}, 0),
+        ({"parts": "receive"}, 0),
+    ],
+)
 def test_a_malformed_batch_is_refused(meta, packets):
     with pytest.raises(PeerModelRejected):
         batch.split(Message(meta, [Packet(1, 0, b"x")] * packets))
@@ -72,7 +77,9 @@ def test_a_gossip_site_takes_back_the_mass_of_every_round_a_lost_node_did_not_an
     c = build_run(tiny_cfg.replace(method="proxyfl", clients=3)).sites[0]
     c.outgoing(1, [2])  # all of its weight (self weight 0) goes to node 2 in round 1 ...
     c.pushsum_weight = 0.5  # ... it received half a site's weight back
-    c.outgoing(2, [2])  # and again in round 2: node 2 is then lost, having answered neither round's deliveries
+    c.outgoing(
+        2, [2]
+    )  # and again in round 2: node 2 is then lost, having answered neither round's deliveries
     c.pushsum_weight = 0.25
     c.reclaim({2}, 3, since={2: 1})
     assert c.pushsum_weight == pytest.approx(0.25 + 1.0 + 0.5)

@@ -1,4 +1,5 @@
-"""The in-process engine: steps reach the addressed sites in order, and every packet's bytes are counted once for
+"""The in-process engine: steps reach the addressed sites in order, and every packet's bytes are counted once
+for
 its source when it leaves and once for its destination when it arrives."""
 
 from silofl.comm.engine import InProcessEngine
@@ -13,7 +14,9 @@ class Echo:
 
     def handle(self, step, msg):
         self.steps.append((step, self.eval_cache is not None))
-        return Message({"seen": len(msg.packets)}, [Packet(self.cid, d, b"x" * n) for d, n in msg.meta.get("send", [])])
+        return Message(
+            {"seen": len(msg.packets)}, [Packet(self.cid, d, b"x" * n) for d, n in msg.meta.get("send", [])]
+        )
 
 
 def test_calls_reach_sites_and_bytes_are_counted_where_packets_cross():
@@ -29,4 +32,6 @@ def test_calls_reach_sites_and_bytes_are_counted_where_packets_cross():
     assert replies[1].meta["seen"] == 1
     assert eng.bytes_received[1] == 5 and eng.bytes_received[2] == 4 and eng.bytes_sent[3] == 4
     eng.call("evaluate", {0: Message()})
-    assert sites[0].steps[-1] == ("evaluate", True) and sites[0].eval_cache is None  # a cache for that call only
+    assert (
+        sites[0].steps[-1] == ("evaluate", True) and sites[0].eval_cache is None
+    )  # a cache for that call only

@@ -21,8 +21,13 @@ def test_builtins_and_their_shape():
 
 
 def test_an_entry_whose_start_lacks_a_keyword_is_caught():
-    bad = EngineEntry(engine="silofl.comm.engine:InProcessEngine", start="silofl.core.registry:load_ref",
-                      call=("progress",), launched_by="this process", processes="one")
+    bad = EngineEntry(
+        engine="silofl.comm.engine:InProcessEngine",
+        start="silofl.core.registry:load_ref",
+        call=("progress",),
+        launched_by="this process",
+        processes="one",
+    )
     with pytest.raises(ValueError, match="takes no progress"):
         bad.check()
 

@@ -1,5 +1,6 @@
 """Equivalence of the simulator and the torch.distributed engine: the same config and seed give identical
-per-client metrics (AUROC and ECE to floating point: see LOOSE), bytes and privacy accounting for every method, with
+per-client metrics (AUROC and ECE to floating point: see LOOSE), bytes and privacy accounting for every
+method, with
 sites spread unevenly over 3 gloo processes on loopback (and through `silofl launch`, with 2)."""
 
 import json
@@ -16,35 +17,56 @@ from silofl.run.loop import run as simulate
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-COMMON = {"dataset": "digits", "clients": 4, "rounds": 3, "samples_per_client": 120, "batch_size": 30, "delta": 1e-3,
-          "test_limit": 200, "eval_every": 1, "threads": 1, "seed": 5, "report_nonprivate": True}
+COMMON = {
+    "dataset": "digits",
+    "clients": 4,
+    "rounds": 3,
+    "samples_per_client": 120,
+    "batch_size": 30,
+    "delta": 1e-3,
+    "test_limit": 200,
+    "eval_every": 1,
+    "threads": 1,
+    "seed": 5,
+    "report_nonprivate": True,
+}
 OPTIONS = {"private_model": "cnn1", "proxy_model": "mlp"}  # where a method has them
 CLIENT_LEVEL = {"proxy_model": "mlp256", "partition": "iid", "batch_size": 15}
-EXTRA = {"dp-fedavg": {"intermediaries": "adaptive", "adaptive_clip": True, "client_rate": 0.7},
-         "cwt": {"checkpoint_every": 2}, "proxyfl": {"self_weight": 0.5}}
+EXTRA = {
+    "dp-fedavg": {"intermediaries": "adaptive", "adaptive_clip": True, "client_rate": 0.7},
+    "cwt": {"checkpoint_every": 2},
+    "proxyfl": {"self_weight": 0.5},
+}
 
 
 def case(method: str, out: Path) -> dict:
     info = methods()[method]
     opts = CLIENT_LEVEL if info.client_level else OPTIONS
     own = set(info.options.field_names()) | set(RunConfig.common_fields())
-    return {k: v for k, v in {**COMMON, **opts, **EXTRA.get(method, {}), "method": method, "out": str(out)}.items()
-            if k in own}
+    return {
+        k: v
+        for k, v in {**COMMON, **opts, **EXTRA.get(method, {}), "method": method, "out": str(out)}.items()
+        if k in own
+    }
 
 
 def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-# The simulator scores models of one architecture in one vectorised pass, a process one model at a time: logits agree
-# to about 1e-6 relative (silofl.training.evaluation), so predictions — accuracy, balanced accuracy, F1 — are equal,
-# while figures of the probabilities may move: AUROC by a near-tied pair swapping ranks (1 / (n1·n0) each), ECE by
+# The simulator scores models of one architecture in one vectorised pass, a process one model at a time:
+# logits agree
+# to about 1e-6 relative (silofl.training.evaluation), so predictions — accuracy, balanced accuracy, F1 — are
+# equal,
+# while figures of the probabilities may move: AUROC by a near-tied pair swapping ranks (1 / (n1·n0) each),
+# ECE by
 # an example crossing a bin edge (at most 2 / n; 200 test examples here)
 LOOSE = {"auroc": 1e-3, "ece": 2 / 200 + 1e-9}
 
 
 def same(a, b, tol: float = 0.0) -> bool:
-    """``a == b`` — but within ``LOOSE`` for the AUROC and ECE figures (keys ``<role>_auroc``, ``<role>_ece``…)."""
+    """``a == b`` — but within ``LOOSE`` for the AUROC and ECE figures (keys ``<role>_auroc``,
+    ``<role>_ece``…)."""
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k], _tol(k, tol)) for k in a)
     if isinstance(a, list) and isinstance(b, list):
@@ -70,7 +92,9 @@ def test_every_method_gives_the_simulators_numbers_on_three_processes(tmp_path):
         sim = simulate(RunConfig.from_dict({**c, "out": str(tmp_path / "sim" / m)}), progress=False)
         dist = json.loads((tmp_path / "dist" / m / "summary.json").read_text())
         assert dist["processes"] == 3 and dist["engine"]["name"] == "torch.distributed", m
-        assert same(records(tmp_path / "dist" / m), records(tmp_path / "sim" / m)), m  # accuracy, ε, bytes per round
+        assert same(records(tmp_path / "dist" / m), records(tmp_path / "sim" / m)), (
+            m
+        )  # accuracy, ε, bytes per round
         for key in ("final", "bytes", "accounting", "left", "rejected_messages"):
             assert same(dist[key], sim[key]), (m, key)
         assert dist.get("server_rounds") == sim.get("server_rounds"), m
@@ -79,11 +103,33 @@ def test_every_method_gives_the_simulators_numbers_on_three_processes(tmp_path):
 
 def test_silofl_launch_runs_a_method_across_processes(tmp_path):
     c = case("fedavg", tmp_path / "dist")
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in c.items() if k not in ("method", "out", "report_nonprivate")]
+    flags = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in c.items()
+        if k not in ("method", "out", "report_nonprivate")
+    ]
     flags.append("--report-nonprivate")
-    res = subprocess.run([sys.executable, "-m", "silofl.cli.main", "launch", "--nproc-per-node", "2", "--method",
-                          "fedavg", *flags, "--peer-timeout", "60", "--out", c["out"], "--quiet"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--method",
+            "fedavg",
+            *flags,
+            "--peer-timeout",
+            "60",
+            "--out",
+            c["out"],
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     sim = simulate(RunConfig.from_dict({**c, "out": str(tmp_path / "sim")}), progress=False)
     assert records(tmp_path / "dist") == records(tmp_path / "sim")

@@ -9,10 +9,12 @@ import textwrap
 from pathlib import Path
 
 
-def install(root: Path, monkeypatch, dist: str, modules: dict[str, str],
-            entry_points: dict[str, dict[str, str]]) -> Path:
+def install(
+    root: Path, monkeypatch, dist: str, modules: dict[str, str], entry_points: dict[str, dict[str, str]]
+) -> Path:
     """Write ``modules`` (name → source) and ``dist``'s dist-info with ``entry_points``
-    (group → {name: module}) under ``root``, put ``root`` first on ``sys.path`` (undone by ``monkeypatch``) and
+    (group → {name: module}) under ``root``, put ``root`` first on ``sys.path`` (undone by ``monkeypatch``)
+    and
     return it. The caller forgets the modules and its registrations afterwards (:func:`forget`)."""
     root.mkdir(parents=True, exist_ok=True)
     for name, source in modules.items():
@@ -20,9 +22,12 @@ def install(root: Path, monkeypatch, dist: str, modules: dict[str, str],
     info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("".join(
-        f"[{group}]\n" + "".join(f"{n} = {m}\n" for n, m in eps.items()) + "\n"
-        for group, eps in entry_points.items()))
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{n} = {m}\n" for n, m in eps.items()) + "\n"
+            for group, eps in entry_points.items()
+        )
+    )
     monkeypatch.syspath_prepend(str(root))
     return root
 

@@ -1,5 +1,7 @@
-"""silofl.core.extras: a command whose extra is not installed stops with one line naming the extra, before it writes
-anything. A missing package is simulated by ``sys.modules[name] = None`` (Python then refuses to import it)."""
+"""silofl.core.extras: a command whose extra is not installed stops with one line naming the extra, before it
+writes
+anything. A missing package is simulated by ``sys.modules[name] = None`` (Python then refuses to import
+it)."""
 
 import sys
 import tomllib
@@ -31,7 +33,9 @@ def test_require_returns_the_module_and_names_the_extra_when_it_is_missing(monke
     with pytest.raises(MissingExtra) as err:
         require("flwr.app", "deploy", "silofl deploy local")
     says_install(err, "deploy")
-    assert str(err.value).startswith("silofl deploy local needs") and "flwr is not installed" in str(err.value)
+    assert str(err.value).startswith("silofl deploy local needs") and "flwr is not installed" in str(
+        err.value
+    )
     with pytest.raises(ValueError, match="unknown extra"):
         require("flwr", "deployment")
 
@@ -50,8 +54,11 @@ IMPORT_NAME = {"mlflow_skinny": "mlflow"}  # a distribution whose import name di
 def test_the_table_of_extras_is_pyproject_s():
     extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
     for extra, (_, modules) in EXTRAS.items():
-        packages = {r.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().replace("-", "_")
-                    for r in extras[extra] if not r.startswith("silofl[")}
+        packages = {
+            r.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().replace("-", "_")
+            for r in extras[extra]
+            if not r.startswith("silofl[")
+        }
         packages = {IMPORT_NAME.get(p, p) for p in packages}
         assert set(modules) == packages, extra
     wanted = set(extras["all"][0].removeprefix("silofl[").removesuffix("]").split(","))
@@ -66,8 +73,11 @@ def test_deploy_without_flower(monkeypatch, tiny_cfg, tmp_path):
         local.deploy_local(tiny_cfg, tmp_path / "out")
     says_install(err, "deploy")
     assert not (tmp_path / "out").exists()
-    for call in (lambda: local.flower_bin("flower-superlink"), flower_shim.supported,
-                 lambda: local.run_deployment(tiny_cfg, tmp_path, "127.0.0.1:1")):
+    for call in (
+        lambda: local.flower_bin("flower-superlink"),
+        flower_shim.supported,
+        lambda: local.run_deployment(tiny_cfg, tmp_path, "127.0.0.1:1"),
+    ):
         with pytest.raises(MissingExtra):
             call()
 
@@ -97,8 +107,15 @@ def test_diffprivlib_models_without_diffprivlib(monkeypatch):
 
     missing(monkeypatch, "diffprivlib")
     x, y = np.random.default_rng(0).random((40, 3)), np.arange(40) % 2
-    kw = dict(publisher="a", features=["f0", "f1", "f2"], task="classification", bounds=Bounds(np.zeros(3), np.ones(3)),
-              epsilon=1.0, delta=1e-5, classes=[0, 1])
+    kw = dict(
+        publisher="a",
+        features=["f0", "f1", "f2"],
+        task="classification",
+        bounds=Bounds(np.zeros(3), np.ones(3)),
+        epsilon=1.0,
+        delta=1e-5,
+        classes=[0, 1],
+    )
     with pytest.raises(MissingExtra) as err:
         train("dp-logreg", x, y, **kw)
     says_install(err, "pubsub")
@@ -118,9 +135,13 @@ def test_export_without_onnx_from_the_cli(monkeypatch, tmp_path, name):
     from silofl.cli.main import app
 
     missing(monkeypatch, name)
-    r = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--client", "0", "--out", str(tmp_path / "onnx")])
+    r = CliRunner().invoke(
+        app, ["export", str(tmp_path / "run"), "--client", "0", "--out", str(tmp_path / "onnx")]
+    )
     assert r.exit_code == 2, r.output
-    assert r.output.strip().endswith("pip install 'silofl[export]'") and len(r.output.strip().splitlines()) == 1
+    assert (
+        r.output.strip().endswith("pip install 'silofl[export]'") and len(r.output.strip().splitlines()) == 1
+    )
     assert not (tmp_path / "onnx").exists()
 
 

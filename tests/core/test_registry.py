@@ -68,8 +68,14 @@ def _registries():
     from silofl.models import MODELS
     from silofl.privacy.analysis import ACCOUNTANTS
 
-    return {"silofl.methods": METHODS, "silofl.features": FEATURES, "silofl.datasets": DATASETS,
-            "silofl.models": MODELS, "silofl.accountants": ACCOUNTANTS, "silofl.engines": ENGINES}
+    return {
+        "silofl.methods": METHODS,
+        "silofl.features": FEATURES,
+        "silofl.datasets": DATASETS,
+        "silofl.models": MODELS,
+        "silofl.accountants": ACCOUNTANTS,
+        "silofl.engines": ENGINES,
+    }
 
 
 def test_every_extension_point_is_a_registry_with_its_group_and_one_line_errors():
@@ -82,10 +88,13 @@ def test_every_extension_point_is_a_registry_with_its_group_and_one_line_errors(
         assert msg == f"unknown {reg.kind} 'no-such-thing'; choose one of: {', '.join(reg.names())}"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--accountant", "pld"], "unknown accountant 'pld'; choose one of: rdp, prv"),
-    (["--method", "fedsgd"], "unknown method 'fedsgd'; choose one of: proxyfl, fedavg"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--accountant", "pld"], "unknown accountant 'pld'; choose one of: rdp, prv"),
+        (["--method", "fedsgd"], "unknown method 'fedsgd'; choose one of: proxyfl, fedavg"),
+    ],
+)
 def test_an_unknown_name_on_the_command_line_exits_2_in_one_line(flags, message, tmp_path):
     """(Data sets and models: tests/cli/test_cli.py.)"""
     from typer.testing import CliRunner

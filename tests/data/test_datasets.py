@@ -20,8 +20,10 @@ def make_idx_set(root, n_train=30, n_test=10, gz=True):
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     arrays = {
-        "train_x": rng.integers(0, 256, (n_train, 28, 28)), "train_y": rng.integers(0, 10, n_train),
-        "test_x": rng.integers(0, 256, (n_test, 28, 28)), "test_y": rng.integers(0, 10, n_test),
+        "train_x": rng.integers(0, 256, (n_train, 28, 28)),
+        "train_y": rng.integers(0, 10, n_train),
+        "test_x": rng.integers(0, 256, (n_test, 28, 28)),
+        "test_y": rng.integers(0, 10, n_test),
     }
     for k, stem in IDX_FILES.items():
         write_idx(root / (stem + (".gz" if gz else "")), arrays[k], gz=gz)
@@ -58,8 +60,13 @@ def test_missing_dataset_says_how_to_get_it(tmp_path, monkeypatch):
 
 def test_npz_and_digits(tmp_path):
     rng = np.random.default_rng(1)
-    np.savez(tmp_path / "data.npz", x_train=rng.integers(0, 256, (20, 8, 8), dtype=np.uint8), y_train=rng.integers(0, 3, 20),
-             x_test=rng.integers(0, 256, (5, 8, 8), dtype=np.uint8), y_test=rng.integers(0, 3, 5))
+    np.savez(
+        tmp_path / "data.npz",
+        x_train=rng.integers(0, 256, (20, 8, 8), dtype=np.uint8),
+        y_train=rng.integers(0, 3, 20),
+        x_test=rng.integers(0, 256, (5, 8, 8), dtype=np.uint8),
+        y_test=rng.integers(0, 3, 5),
+    )
     d = load_dataset("npz", tmp_path)
     assert d.input_shape == (1, 8, 8) and d.num_classes <= 3
     with pytest.raises(DataError):
@@ -85,7 +92,13 @@ def test_cifar10_python_batches(tmp_path):
     d.mkdir()
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         with open(d / name, "wb") as f:
-            pickle.dump({b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), b"labels": list(rng.integers(0, 10, 4))}, f)
+            pickle.dump(
+                {
+                    b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8),
+                    b"labels": list(rng.integers(0, 10, 4)),
+                },
+                f,
+            )
     ds = load_dataset("cifar10", tmp_path)
     assert ds.x_train.shape == (20, 3, 32, 32) and ds.x_test.shape == (4, 3, 32, 32)
     assert abs(float(ds.x_train.mean())) < 1.0  # normalised with the CIFAR-10 mean/std

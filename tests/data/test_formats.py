@@ -27,11 +27,16 @@ def test_image_folder_with_and_without_train_test_split(tmp_path):
     d = load_dataset("folder", tmp_path / "flat", image_size=16)
     assert d.class_names == ["benign", "malignant", "normal"]
     assert d.input_shape == (1, 16, 16) and len(d.y_train) == 24 and len(d.y_test) == 6
-    # finding 8 of the hardening issue: scaled by public constants, not the pooled mean/std of every client's images
+    # finding 8 of the hardening issue: scaled by public constants, not the pooled mean/std of every client's
+    # images
     # (which would make each site's inputs depend on the others' images)
     assert abs(float(d.x_train.mean())) > 0.05 and d.preprocessing["site_statistics"] == []
-    raw = torch.from_numpy(np.asarray(Image.open(tmp_path / "flat/benign/img0.png").resize((16, 16), Image.BILINEAR),
-                                      dtype=np.float64) / 255.0)
+    raw = torch.from_numpy(
+        np.asarray(
+            Image.open(tmp_path / "flat/benign/img0.png").resize((16, 16), Image.BILINEAR), dtype=np.float64
+        )
+        / 255.0
+    )
     x = torch.cat([d.x_train, d.x_test])
     assert any(torch.allclose(xi[0].double(), (raw - 0.5) / 0.5, atol=1e-5) for xi in x)
     _write_images(tmp_path / "split/train", mode="RGB", n=4)
@@ -69,8 +74,13 @@ def write_bags(path, sites=("A", "B", "C", "D", "E"), per_site=24, d=4, seed=0):
             labels.append(y)
             site.append(s)
             b += 1
-    np.savez(path, features=np.concatenate(feats).astype(np.float32), bag=np.array(bag), labels=np.array(labels),
-             sites=np.array(site))
+    np.savez(
+        path,
+        features=np.concatenate(feats).astype(np.float32),
+        bag=np.array(bag),
+        labels=np.array(labels),
+        sites=np.array(site),
+    )
 
 
 def test_bags_are_padded_with_a_mask_and_split_by_site(tmp_path):
@@ -93,7 +103,9 @@ def test_bags_bad_files_are_clear_errors(tmp_path):
     np.savez(tmp_path / "x.npz", features=np.zeros((3, 2)), labels=np.zeros(1))
     with pytest.raises(DataError, match="lacks array"):
         load_dataset("bags", tmp_path / "x.npz")
-    np.savez(tmp_path / "y.npz", features=np.full((3, 2), np.nan), bag=np.zeros(3, int), labels=np.zeros(1, int))
+    np.savez(
+        tmp_path / "y.npz", features=np.full((3, 2), np.nan), bag=np.zeros(3, int), labels=np.zeros(1, int)
+    )
     with pytest.raises(DataError, match="NaN"):
         load_dataset("bags", tmp_path / "y.npz")
 
@@ -101,9 +113,22 @@ def test_bags_bad_files_are_clear_errors(tmp_path):
 @pytest.mark.slow
 def test_proxyfl_with_deepsets_on_bags_by_site_reports_internal_and_external_accuracy(tmp_path):
     write_bags(tmp_path / "bags.npz")
-    cfg = RunConfig.from_dict(dict(dataset="bags", data_dir=str(tmp_path / "bags.npz"), partition="site", clients=3, rounds=4,
-                    batch_size=5, delta=1e-3, private_model="deepset", proxy_model="deepset", max_bag_size=10,
-                    lr=1e-2, out=str(tmp_path / "run")))
+    cfg = RunConfig.from_dict(
+        dict(
+            dataset="bags",
+            data_dir=str(tmp_path / "bags.npz"),
+            partition="site",
+            clients=3,
+            rounds=4,
+            batch_size=5,
+            delta=1e-3,
+            private_model="deepset",
+            proxy_model="deepset",
+            max_bag_size=10,
+            lr=1e-2,
+            out=str(tmp_path / "run"),
+        )
+    )
     s = simulate(cfg, progress=False)
     assert s["test_set"].startswith("external") and len(s["sites"]) == 3
     fin = s["final"]

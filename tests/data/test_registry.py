@@ -59,8 +59,10 @@ class PlugNet(nn.Module):
 '''
 
 MODULES = {"silofl_digitrows": DATASET, "silofl_plugnet": MODEL}
-GROUPS = {"silofl.datasets": {"digit-rows": "silofl_digitrows"},
-          "silofl.models": {"plugnet": "silofl_plugnet"}}
+GROUPS = {
+    "silofl.datasets": {"digit-rows": "silofl_digitrows"},
+    "silofl.models": {"plugnet": "silofl_plugnet"},
+}
 
 
 @pytest.fixture
@@ -97,13 +99,43 @@ def test_a_real_run_trains_on_a_plugin_dataset_and_model(plugin, tmp_path):
     with pytest.raises(ConfigError, match="apply to images; dataset 'digit-rows'"):  # its metadata is asked
         RunConfig.from_dict({"method": "fedavg", "dataset": "digit-rows", "features": "scatter"}).resolve()
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "SILOFL_NO_PROGRESS": "1"}
-    cmd = [sys.executable, "-m", "silofl.cli.main", "run", "--method", "fedavg", "--dataset", "digit-rows",
-           "--proxy-model", "plugnet", "--clients", "3", "--rounds", "3", "--partition", "iid",
-           "--privacy", "off",
-           "--samples-per-client", "200", "--batch-size", "50", "--set", "lr=0.01", "--seed", "7", "--quiet",
-           "--out", str(out)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "SILOFL_NO_PROGRESS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "silofl.cli.main",
+        "run",
+        "--method",
+        "fedavg",
+        "--dataset",
+        "digit-rows",
+        "--proxy-model",
+        "plugnet",
+        "--clients",
+        "3",
+        "--rounds",
+        "3",
+        "--partition",
+        "iid",
+        "--privacy",
+        "off",
+        "--samples-per-client",
+        "200",
+        "--batch-size",
+        "50",
+        "--set",
+        "lr=0.01",
+        "--seed",
+        "7",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -132,4 +164,3 @@ def test_registry_loaders_build_what_the_loaders_build():
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
     assert [n for n in DATASETS.names() if dataset_meta(n)["site_data"]] == ["folder", "table"]
     assert [n for n in DATASETS.names() if not dataset_meta(n)["images"]] == ["bags", "table"]
-

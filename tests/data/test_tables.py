@@ -1,4 +1,5 @@
-"""Schema-checked tables: every error a site's file can raise, preprocessing fitted per site, per-site sources."""
+"""Schema-checked tables: every error a site's file can raise, preprocessing fitted per site, per-site
+sources."""
 
 import json
 
@@ -37,7 +38,9 @@ def site_frame(n=40, seed=0, shift=0.0):
     dose = np.clip(rng.normal(4 + shift / 10, 2, n), 0, 10).round(2)
     ward = rng.choice(["a", "b", "c"], n)
     outcome = np.where(age + 5 * dose + rng.normal(0, 5, n) > 70, "yes", "no")
-    return pd.DataFrame({"patient_id": np.arange(n), "age": age, "dose": dose, "ward": ward, "outcome": outcome})
+    return pd.DataFrame(
+        {"patient_id": np.arange(n), "age": age, "dose": dose, "ward": ward, "outcome": outcome}
+    )
 
 
 def write_csv(tmp_path, df, name="site.csv"):
@@ -61,18 +64,39 @@ def test_a_valid_file_gives_the_raw_matrix(tmp_path):
     assert list(y) == [["no", "yes"].index(v) for v in df.outcome]
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.drop(columns="age"), "column 'age' of the schema is missing"),
-    (lambda d: d.drop(columns="outcome"), "column 'outcome' of the schema is missing"),
-    (lambda d: d.assign(height=1.0), "column 'height' is not in the schema"),
-    (lambda d: d.assign(age=d.age.astype(str).where(d.index != 3, "old")), "column 'age' is numeric in the schema but row 4 holds 'old'"),
-    (lambda d: d.assign(ward=d.ward.where(d.index != 2, "icu")), "column 'ward' has value 'icu' in row 3, not one of its levels"),
-    (lambda d: d.assign(outcome=d.outcome.where(d.index != 1, "maybe")), "column 'outcome' has value 'maybe' in row 2"),
-    (lambda d: d.assign(age=d.age.where(d.index != 0, 130.0)), r"column 'age' has 130 in row 1, outside its declared bounds \[0, 120\]"),
-    (lambda d: d.assign(age=d.age.where(d.index != 4, np.nan)), "column 'age' is empty in row 5 .*policy for it is 'error'"),
-    (lambda d: d.assign(outcome=d.outcome.where(d.index != 2, "")), "the target 'outcome' is empty in row 3"),
-    (lambda d: d.iloc[:0], "header but no data rows"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.drop(columns="age"), "column 'age' of the schema is missing"),
+        (lambda d: d.drop(columns="outcome"), "column 'outcome' of the schema is missing"),
+        (lambda d: d.assign(height=1.0), "column 'height' is not in the schema"),
+        (
+            lambda d: d.assign(age=d.age.astype(str).where(d.index != 3, "old")),
+            "column 'age' is numeric in the schema but row 4 holds 'old'",
+        ),
+        (
+            lambda d: d.assign(ward=d.ward.where(d.index != 2, "icu")),
+            "column 'ward' has value 'icu' in row 3, not one of its levels",
+        ),
+        (
+            lambda d: d.assign(outcome=d.outcome.where(d.index != 1, "maybe")),
+            "column 'outcome' has value 'maybe' in row 2",
+        ),
+        (
+            lambda d: d.assign(age=d.age.where(d.index != 0, 130.0)),
+            r"column 'age' has 130 in row 1, outside its declared bounds \[0, 120\]",
+        ),
+        (
+            lambda d: d.assign(age=d.age.where(d.index != 4, np.nan)),
+            "column 'age' is empty in row 5 .*policy for it is 'error'",
+        ),
+        (
+            lambda d: d.assign(outcome=d.outcome.where(d.index != 2, "")),
+            "the target 'outcome' is empty in row 3",
+        ),
+        (lambda d: d.iloc[:0], "header but no data rows"),
+    ],
+)
 def test_every_schema_error_is_one_clear_line(tmp_path, change, message):
     with pytest.raises(DataError, match=message) as e:
         check(tmp_path, change(site_frame(6)))
@@ -96,17 +120,29 @@ def test_file_level_errors(tmp_path):
         read_table(tmp_path / "bad.parquet")
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda s: s.pop("target"), "target must be a mapping"),
-    (lambda s: s.update(target={"name": "outcome", "levels": ["yes"]}), "at least two levels"),
-    (lambda s: s["features"].update(ward={"type": "categorical"}), "'ward' needs its levels"),
-    (lambda s: s["features"].update(age={"type": "integer"}), "'age' has type 'integer'"),
-    (lambda s: s["features"].update(age={"type": "numeric", "bounds": [5, 1]}), "bounds need finite low < high"),
-    (lambda s: s.update(missing="guess"), "missing must be one of"),
-    (lambda s: s.update(scaling="bounds", features={"age": {"type": "numeric"}}), "scaling 'bounds' needs bounds"),
-    (lambda s: s.update(colour="red"), "unknown key"),
-    (lambda s: s["features"].update(outcome={"type": "numeric", "bounds": [0, 1]}), "also declared as a feature"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.pop("target"), "target must be a mapping"),
+        (lambda s: s.update(target={"name": "outcome", "levels": ["yes"]}), "at least two levels"),
+        (lambda s: s["features"].update(ward={"type": "categorical"}), "'ward' needs its levels"),
+        (lambda s: s["features"].update(age={"type": "integer"}), "'age' has type 'integer'"),
+        (
+            lambda s: s["features"].update(age={"type": "numeric", "bounds": [5, 1]}),
+            "bounds need finite low < high",
+        ),
+        (lambda s: s.update(missing="guess"), "missing must be one of"),
+        (
+            lambda s: s.update(scaling="bounds", features={"age": {"type": "numeric"}}),
+            "scaling 'bounds' needs bounds",
+        ),
+        (lambda s: s.update(colour="red"), "unknown key"),
+        (
+            lambda s: s["features"].update(outcome={"type": "numeric", "bounds": [0, 1]}),
+            "also declared as a feature",
+        ),
+    ],
+)
 def test_schema_file_errors(tmp_path, edit, message):
     bad = json.loads(json.dumps(SCHEMA))
     edit(bad)
@@ -153,7 +189,8 @@ def test_parquet_equals_csv(tmp_path):
     assert np.array_equal(a[0], b[0], equal_nan=True) and np.array_equal(a[1], b[1])
 
 
-# ---------------------------------------------------------------------------------------------- per site, never pooled
+# ---------------------------------------------------------------------------------------------- per site,
+# never pooled
 def test_public_scaling_is_the_same_at_every_site_and_site_scaling_is_each_sites_own(tmp_path):
     paths = [write_csv(tmp_path, site_frame(40, seed=k, shift=20 * k), f"h{k}.csv") for k in range(2)]
     pub = load_site_tables(str(write_schema(tmp_path)), [str(p) for p in paths], test_fraction=0.25)
@@ -161,7 +198,9 @@ def test_public_scaling_is_the_same_at_every_site_and_site_scaling_is_each_sites
     assert [len(y) for _, y in pub.internal] == [10, 10]
     assert pub.preprocessing[0].center[:1] == pub.preprocessing[1].center[:1] == [60.0]  # bounds [0, 120]
     own = dict(SCHEMA, scaling="site")
-    site = load_site_tables(str(write_schema(tmp_path, own, "own.yaml")), [str(p) for p in paths], test_fraction=0.25)
+    site = load_site_tables(
+        str(write_schema(tmp_path, own, "own.yaml")), [str(p) for p in paths], test_fraction=0.25
+    )
     for k, (x, _) in enumerate(site.parts):
         assert abs(float(x[:, 0].mean())) < 1e-5  # standardised with its own training rows' mean
         raw, _, _ = Schema.from_dict(own).check(read_table(paths[k]), "")
@@ -182,7 +221,9 @@ def test_an_external_test_file_and_a_bad_site_name_the_file(tmp_path):
     with pytest.raises(DataError, match=r"bad\.csv: column 'ward' has value 'z'"):
         load_site_tables(str(write_schema(tmp_path)), [paths[0], str(write_csv(tmp_path, bad, "bad.csv"))])
     with pytest.raises(DataError, match="too few"):
-        load_site_tables(str(write_schema(tmp_path)), [paths[0], str(write_csv(tmp_path, site_frame(1), "one.csv"))])
+        load_site_tables(
+            str(write_schema(tmp_path)), [paths[0], str(write_csv(tmp_path, site_frame(1), "one.csv"))]
+        )
 
 
 def test_preprocessing_round_trips_through_json_and_new_files_are_checked(tmp_path):

@@ -1,7 +1,8 @@
 """``silofl deploy local``: a real Flower deployment on loopback (a SuperLink and one SuperNode per site as
 separate processes, TLS, SuperNode authentication, sealed payloads) gives the simulator's numbers.
 
-The slow tests' deployments run side by side (the ``started`` fixture starts them all when the first is needed;
+The slow tests' deployments run side by side (the ``started`` fixture starts them all when the first is
+needed;
 each test waits for its own): a Flower deployment spends most of its time waiting on its own processes."""
 
 import json
@@ -14,8 +15,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-BASE = ["--dataset", "digits", "--rounds", "2", "--samples-per-client", "120", "--batch-size", "30", "--delta", "1e-3",
-        "--test-limit", "200", "--threads", "1", "--seed", "0", "--eval-every", "2"]
+BASE = [
+    "--dataset",
+    "digits",
+    "--rounds",
+    "2",
+    "--samples-per-client",
+    "120",
+    "--batch-size",
+    "30",
+    "--delta",
+    "1e-3",
+    "--test-limit",
+    "200",
+    "--threads",
+    "1",
+    "--seed",
+    "0",
+    "--eval-every",
+    "2",
+]
 CASES = {
     "proxyfl": ["--private-model", "cnn1", "--proxy-model", "mlp"],
     "fedavg": ["--proxy-model", "mlp"],
@@ -29,21 +48,37 @@ PARALLEL = 2  # deployments run at once beside the rejoin test's (each ~10 proce
 
 
 def silofl(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "silofl.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "silofl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 def deploy_and_simulate(method, root):
-    """``silofl deploy local`` and ``silofl run`` of ``method`` with the same arguments, side by side (the simulator
+    """``silofl deploy local`` and ``silofl run`` of ``method`` with the same arguments, side by side (the
+    simulator
     works while the deployment's processes wait on each other); (the deployment's, the simulator's) completed
     processes."""
     args = ["--method", method, *BASE, *CASES[method]]
     cmd = [sys.executable, "-m", "silofl.cli.main"]
-    dep = subprocess.Popen([*cmd, "deploy", "local", "--sites", "3", *args, "--out", str(root / "d"), "--timeout", "600"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    dep = subprocess.Popen(
+        [*cmd, "deploy", "local", "--sites", "3", *args, "--out", str(root / "d"), "--timeout", "600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
-        sim = subprocess.run([*cmd, "run", "--clients", "3", *args, "--out", str(root / "s")], capture_output=True,
-                             text=True, timeout=600, env=ENV)
+        sim = subprocess.run(
+            [*cmd, "run", "--clients", "3", *args, "--out", str(root / "s")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=ENV,
+        )
         out, err = dep.communicate(timeout=900)
     finally:
         if dep.poll() is None:  # a failed wait: on SIGINT deploy local stops its SuperLink and sites
@@ -57,24 +92,54 @@ def deploy_and_simulate(method, root):
 
 def finals(path):
     s = json.loads((path / "summary.json").read_text())
-    keys = [k for k in ("proxy_acc", "private_acc", "model_acc", "global_acc") if k in s["final"]["per_client"][0]]
+    keys = [
+        k for k in ("proxy_acc", "private_acc", "model_acc", "global_acc") if k in s["final"]["per_client"][0]
+    ]
     return s, [(r["client"], *(r[k] for k in keys), r["epsilon"]) for r in s["final"]["per_client"]]
 
 
 def site_dies_and_rejoins(tmp_path):
     """The job of test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend (its checks
     included)."""
-    # The killed worker's SuperNode gets SIGTERM (it dies with its worker) and usually leaves the SuperLink, so the
-    # restarted one connects at once. When its goodbye does not get through, the SuperLink holds the dead node (up to
-    # two 30 s heartbeats) and the restarted one retries: --peer-timeout 60 then retires the site by the time its
+    # The killed worker's SuperNode gets SIGTERM (it dies with its worker) and usually leaves the SuperLink,
+    # so the
+    # restarted one connects at once. When its goodbye does not get through, the SuperLink holds the dead node
+    # (up to
+    # two 30 s heartbeats) and the restarted one retries: --peer-timeout 60 then retires the site by the time
+    # its
     # node is free. Either way it is retired before round 4 and back once its restarted process has loaded and
     # connected (seconds); a round takes about half a second here, so 40 rounds leave it 15-20 s to come back.
     rounds = 40
-    r = subprocess.run([sys.executable, "-m", "silofl.cli.main", "deploy", "local", "--sites", "3", "--method", "fedavg",
-                        *BASE, "--rounds", str(rounds), "--eval-every", str(rounds), *CASES["fedavg"],
-                        "--checkpoint-every", "2", "--peer-timeout", "60", "--restart-sites", "--out", str(tmp_path / "r")],
-                       capture_output=True, text=True, timeout=1500,
-                       env={**ENV, "SILOFL_INJECT_FAULT": "2:3:crash"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "deploy",
+            "local",
+            "--sites",
+            "3",
+            "--method",
+            "fedavg",
+            *BASE,
+            "--rounds",
+            str(rounds),
+            "--eval-every",
+            str(rounds),
+            *CASES["fedavg"],
+            "--checkpoint-every",
+            "2",
+            "--peer-timeout",
+            "60",
+            "--restart-sites",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**ENV, "SILOFL_INJECT_FAULT": "2:3:crash"},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert [x["client"] for x in s["left"]] == [2] and "lost" in s["left"][0]["reason"]  # the others went on
@@ -82,7 +147,9 @@ def site_dies_and_rejoins(tmp_path):
     recs = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     site2 = {x["round"]: x["epsilon"] for x in recs if x["client"] == 2}
     lost_at, back_at = s["left"][0]["round"], s["rejoined"][0]["round"]
-    assert lost_at not in site2 and rounds in site2 and site2[rounds] > site2[min(site2)]  # back to the end, spending on
+    assert (
+        lost_at not in site2 and rounds in site2 and site2[rounds] > site2[min(site2)]
+    )  # back to the end, spending on
     # it trained rounds 1–2 and back_at–10 (checkpoint of round 2): its accountant counts exactly those rounds
     acc = next(a for a in s["accounting"] if a["client"] == 2)
     assert acc["steps"] == 4 * (2 + rounds - back_at + 1)  # 120 examples, batch 30: 4 steps a round
@@ -93,13 +160,20 @@ def site_dies_and_rejoins(tmp_path):
 @pytest.fixture(scope="module")
 def started(request, tmp_path_factory):
     """The deployments of this module's selected slow tests, started together when the first is needed (each
-    test then waits for its own and checks it): test name -> future. The rejoin test's long run goes first on its
+    test then waits for its own and checks it): test name -> future. The rejoin test's long run goes first on
+    its
     own, the others PARALLEL at a time in the order of the tests (a deployment's processes wait on each other
     between steps, so two share the machine's cores well). Each is its own: its SuperLink, fresh site
     folders (their ledgers start empty, so their ε is the simulator's)."""
-    jobs = {f"test_deploy_local_gives_the_simulators_numbers[{m}]": (lambda t, m=m: (*deploy_and_simulate(m, t), t))
-            for m in CASES}
-    names = [item.name for item in request.session.items if item.name in jobs and item.module is request.module]
+    jobs = {
+        f"test_deploy_local_gives_the_simulators_numbers[{m}]": (
+            lambda t, m=m: (*deploy_and_simulate(m, t), t)
+        )
+        for m in CASES
+    }
+    names = [
+        item.name for item in request.session.items if item.name in jobs and item.module is request.module
+    ]
     futures = {}
     with ThreadPoolExecutor(1) as long_run, ThreadPoolExecutor(PARALLEL) as pool:
         rejoin = "test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend"
@@ -133,8 +207,18 @@ def test_deploy_local_gives_the_simulators_numbers(method, request, started):
 @pytest.mark.deploy
 @pytest.mark.multiprocess
 def test_deploy_local_refuses_a_method_that_pools_data_in_one_line(tmp_path):
-    r = silofl("deploy", "local", "--sites", "2", "--method", "joint", "--dataset", "digits", "--out",
-               str(tmp_path / "j"))
+    r = silofl(
+        "deploy",
+        "local",
+        "--sites",
+        "2",
+        "--method",
+        "joint",
+        "--dataset",
+        "digits",
+        "--out",
+        str(tmp_path / "j"),
+    )
     assert r.returncode == 2 and "Joint pools" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "j").exists()
 

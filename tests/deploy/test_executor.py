@@ -45,7 +45,8 @@ def test_a_fab_other_than_the_sites_own_is_refused(tmp_path):
 @pytest.mark.deploy
 def test_a_site_refuses_a_run_whose_fab_is_not_its_own(tmp_path, monkeypatch):
     """A real deployment (SuperLink and two `silofl site run` processes): the coordinator submits a FAB whose
-    ClientApp differs from the sites' silofl; every site answers the first message with an error and the run ends
+    ClientApp differs from the sites' silofl; every site answers the first message with an error and the run
+    ends
     with that reason — the coordinator's code never runs at a site."""
     from silofl.core.errors import SiloflError
     from silofl.deploy import local
@@ -56,12 +57,26 @@ def test_a_site_refuses_a_run_whose_fab_is_not_its_own(tmp_path, monkeypatch):
     shutil.copytree(FAB_DIR, other, ignore=shutil.ignore_patterns("__pycache__"))
     app = other / "silofl_fab" / "client_app.py"
     app.write_text(app.read_text() + "\nimport os  # the coordinator's own code\n")
-    cfg = RunConfig.from_dict(dict(method="fedavg", dataset="digits", clients=2, rounds=1, samples_per_client=60,
-                                   batch_size=30, delta=1e-3, proxy_model="mlp", test_limit=50, threads=1)).resolve()
+    cfg = RunConfig.from_dict(
+        dict(
+            method="fedavg",
+            dataset="digits",
+            clients=2,
+            rounds=1,
+            samples_per_client=60,
+            batch_size=30,
+            delta=1e-3,
+            proxy_model="mlp",
+            test_limit=50,
+            threads=1,
+        )
+    ).resolve()
     cfg, split = prepare_data(cfg, torch.device("cpu"), features=False)
     dep = local.LocalDeployment(cfg, split, tmp_path / "dep", insecure=True)
     try:
-        monkeypatch.setattr(local, "FAB_DIR", other)  # only the coordinator's submission: the sites run already
+        monkeypatch.setattr(
+            local, "FAB_DIR", other
+        )  # only the coordinator's submission: the sites run already
         with pytest.raises(SiloflError, match="refuses the run's FAB"):
             dep.run(cfg, tmp_path / "run", timeout_s=120, progress=False, call_timeout_s=60)
     finally:

@@ -1,4 +1,5 @@
-"""The paced SuperNode (silofl.deploy.flower_shim): its pacing, its doorbell and its object-pull backoff. The real
+"""The paced SuperNode (silofl.deploy.flower_shim): its pacing, its doorbell and its object-pull backoff. The
+real
 SuperNode it runs is exercised by every deployment test (tests/deploy/test_deploy_local.py)."""
 
 import socket
@@ -41,7 +42,9 @@ def test_the_patched_loop_rings_the_doorbell_only_when_a_message_was_stored(tmp_
     bell.bind(str(tmp_path / "bell"))
     bell.settimeout(0.2)
     results = iter([None, 42])
-    mod = types.SimpleNamespace(time=__import__("time"), _pull_and_store_message=lambda *a, **k: next(results))
+    mod = types.SimpleNamespace(
+        time=__import__("time"), _pull_and_store_message=lambda *a, **k: next(results)
+    )
     c = Clock()
     pacer = shim.Pacer(clock=c, sleep=c.sleep)
     shim.patch(mod, pacer, str(tmp_path / "bell"))
@@ -51,7 +54,9 @@ def test_the_patched_loop_rings_the_doorbell_only_when_a_message_was_stored(tmp_
     assert mod._pull_and_store_message() == 42
     assert bell.recv(8) == b"1" and pacer.last_message == c.t
     mod.time.sleep(3)
-    assert c.slept == [shim.ACTIVE_S] and mod.time.monotonic is __import__("time").monotonic  # the rest is time's
+    assert (
+        c.slept == [shim.ACTIVE_S] and mod.time.monotonic is __import__("time").monotonic
+    )  # the rest is time's
     shim.ring(str(tmp_path / "nobody"))  # nobody listening: nothing happens
     bell.close()
 
@@ -66,7 +71,10 @@ def test_fast_pulls_lowers_flowers_object_pull_backoff_in_this_process():
     try:
         assert shim.fast_pulls() is True
         for f in fns:
-            assert (f.__kwdefaults__["initial_backoff"], f.__kwdefaults__["backoff_cap"]) == shim.PULL_BACKOFF_S
+            assert (
+                f.__kwdefaults__["initial_backoff"],
+                f.__kwdefaults__["backoff_cap"],
+            ) == shim.PULL_BACKOFF_S
     finally:
         for f, kw in zip(fns, before, strict=True):
             f.__kwdefaults__.update(kw)

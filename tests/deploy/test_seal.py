@@ -1,4 +1,5 @@
-"""Sealed payloads: only the recipient opens them, only the pinned sender makes them, each once, in its round."""
+"""Sealed payloads: only the recipient opens them, only the pinned sender makes them, each once, in its
+round."""
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
@@ -6,14 +7,26 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 from silofl.core.errors import PeerModelRejected
 from silofl.deploy.seal import ReplayGuard, header_of, open_sealed, seal
 
-A_SIGN, B_SEAL, C_SIGN, C_SEAL = (ed25519.Ed25519PrivateKey.generate(), x25519.X25519PrivateKey.generate(),
-                                  ed25519.Ed25519PrivateKey.generate(), x25519.X25519PrivateKey.generate())
+A_SIGN, B_SEAL, C_SIGN, C_SEAL = (
+    ed25519.Ed25519PrivateKey.generate(),
+    x25519.X25519PrivateKey.generate(),
+    ed25519.Ed25519PrivateKey.generate(),
+    x25519.X25519PrivateKey.generate(),
+)
 DATA = bytes(range(256)) * 8
 
 
 def sealed(**kw):
-    args = dict(run_id="run1", src="a", dst="b", rnd=3, step="train_send", index=0, sign_key=A_SIGN,
-                recipient=B_SEAL.public_key())
+    args = dict(
+        run_id="run1",
+        src="a",
+        dst="b",
+        rnd=3,
+        step="train_send",
+        index=0,
+        sign_key=A_SIGN,
+        recipient=B_SEAL.public_key(),
+    )
     return seal(DATA, **{**args, **kw})
 
 
@@ -62,7 +75,9 @@ def test_the_replay_guard_admits_each_context_once_and_only_in_its_rounds():
     g = ReplayGuard(window=1)
     h = {"round": 3, "step": "s", "i": 0}
     g.check("a", h, 3)
-    g.check("a", h, 3)  # checking alone uses nothing up: a forged payload that fails to open must not block the real one
+    g.check(
+        "a", h, 3
+    )  # checking alone uses nothing up: a forged payload that fails to open must not block the real one
     g.mark("a", h, 3)  # opened: delivered
     with pytest.raises(PeerModelRejected, match="replay"):
         g.check("a", h, 3)

@@ -1,4 +1,5 @@
-"""One budget per institution across protocols: what a site published with PubSub-ML is what its deployed runs and
+"""One budget per institution across protocols: what a site published with PubSub-ML is what its deployed runs
+and
 simulations have less to train with (the same ledger, the same lifetime budget), and the other way round."""
 
 from __future__ import annotations
@@ -19,9 +20,25 @@ from tests.deploy.test_worker import Loopback, deployment
 
 def publish(tmp_path, folder, epsilon: str):
     """`silofl pubsub publish` into the deployed site's own folder (no second folder, no second budget)."""
-    return CliRunner().invoke(app, ["pubsub", "publish", "--broker", str(tmp_path / "broker"), "--site",
-                                    SiteFolder.load(folder).name, "--data", str(tmp_path / "a.csv"), "--schema",
-                                    str(tmp_path / "a.yaml"), "--epsilon", epsilon, "--site-dir", str(folder)])
+    return CliRunner().invoke(
+        app,
+        [
+            "pubsub",
+            "publish",
+            "--broker",
+            str(tmp_path / "broker"),
+            "--site",
+            SiteFolder.load(folder).name,
+            "--data",
+            str(tmp_path / "a.csv"),
+            "--schema",
+            str(tmp_path / "a.yaml"),
+            "--epsilon",
+            epsilon,
+            "--site-dir",
+            str(folder),
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -46,7 +63,9 @@ def test_a_site_that_published_with_pubsub_has_that_much_less_for_a_deployed_run
     with pytest.raises(SiloflError) as e:
         join(Loopback([worker, SiteWorker(folders[1])]), spec)
     said = str(e.value)
-    assert f"lifetime budget leaves, ε {lifetime - 3.0:g}" in said and "ε 3 released (PubSub-ML models)" in said, said
+    assert (
+        f"lifetime budget leaves, ε {lifetime - 3.0:g}" in said and "ε 3 released (PubSub-ML models)" in said
+    ), said
     assert "\n" not in said
 
 
@@ -59,7 +78,11 @@ def test_a_simulated_run_given_site_folders_charges_the_same_ledger_pubsub_does(
     cfg = tiny_cfg.replace(method="fedavg", clients=2, rounds=3, noise_multiplier=1.0)
     folders = {k: SiteFolder.open(tmp_path / f"site{k}", f"site{k}", (7.0, 2e-3)) for k in range(2)}
     assert publish(tmp_path, folders[0].path, "3").exit_code == 0
-    s = run(cfg.replace(out=str(tmp_path / "sim")), progress=False, hooks=RunHooks(sites=with_site_folders(folders)))
+    s = run(
+        cfg.replace(out=str(tmp_path / "sim")),
+        progress=False,
+        hooks=RunHooks(sites=with_site_folders(folders)),
+    )
     eps = {r["client"]: r["epsilon"] for r in s["final"]["per_client"]}
     assert 0 < eps[0] <= 4.0 < eps[1] <= 7.0, eps  # site 0 had ε 4 left after publishing; site 1 had 7
     for f in folders.values():  # the rounds it ran are in its one ledger

@@ -18,7 +18,8 @@ from silofl.run.loop import run as simulate
 
 
 class Loopback(FlowerEngine):
-    """FlowerEngine's checks, with each site's worker called directly; ``tap`` sees (and may change) every frame."""
+    """FlowerEngine's checks, with each site's worker called directly; ``tap`` sees (and may change) every
+    frame."""
 
     def __init__(self, workers, tap=None):
         super().__init__(None, {k: k for k in range(len(workers))}, 60.0, {"tls": False, "sealed": True})
@@ -45,8 +46,12 @@ def deployment(cfg, tmp_path, **site_changes):
             d = json.loads((f / "site.json").read_text())
             (f / "site.json").write_text(json.dumps({**d, **site_changes}))
     workers = [SiteWorker(f) for f in folders]
-    spec = {"config": cfg.to_dict(), "sites": [{**c, "node_id": k} for k, c in enumerate(cards)],
-            "coordinator_keys": str(tmp_path / "coordinator-keys"), "state_dir": str(tmp_path / "coordinator-state")}
+    spec = {
+        "config": cfg.to_dict(),
+        "sites": [{**c, "node_id": k} for k, c in enumerate(cards)],
+        "coordinator_keys": str(tmp_path / "coordinator-keys"),
+        "state_dir": str(tmp_path / "coordinator-state"),
+    }
     return cfg, workers, spec, folders
 
 
@@ -54,8 +59,12 @@ def deployed_run(cfg, tmp_path, tap=None):
     cfg, workers, spec, folders = deployment(cfg, tmp_path)
     engine = Loopback(workers, tap)
     cfg2, remote = join(engine, spec)
-    s = simulate(cfg2.replace(out=str(tmp_path / "deployed")), progress=False,
-                 engine_factory=lambda make, n: engine, remote=remote)
+    s = simulate(
+        cfg2.replace(out=str(tmp_path / "deployed")),
+        progress=False,
+        engine_factory=lambda make, n: engine,
+        remote=remote,
+    )
     return s, engine, workers, folders
 
 
@@ -68,20 +77,27 @@ def per_client(s, key):
 
 
 CLIENT_LEVEL = {"intermediaries": "adaptive", "noise_multiplier": 1.0, "clip": 1.0, "proxy_model": "mlp"}
-EXTRA = {"dp-fedavg": CLIENT_LEVEL, "dp-fedadam": CLIENT_LEVEL, "dp-fednova": CLIENT_LEVEL, "dp2-rmsprop": CLIENT_LEVEL}
+EXTRA = {
+    "dp-fedavg": CLIENT_LEVEL,
+    "dp-fedadam": CLIENT_LEVEL,
+    "dp-fednova": CLIENT_LEVEL,
+    "dp2-rmsprop": CLIENT_LEVEL,
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [m for m in __import__("silofl.fl.registry", fromlist=["methods"]).methods()
-                                    if m != "joint"])
+@pytest.mark.parametrize(
+    "method", [m for m in __import__("silofl.fl.registry", fromlist=["methods"]).methods() if m != "joint"]
+)
 @pytest.mark.deploy
 def test_every_method_runs_on_deployed_sites_with_the_simulators_numbers(method, tiny_cfg, tmp_path):
     cfg = tiny_cfg.replace(method=method, clients=3, rounds=2, seed=0, **EXTRA.get(method, {}))
     s, engine, workers, _ = deployed_run(cfg, tmp_path)
     sim = simulate(cfg.replace(out=str(tmp_path / "sim")), progress=False)
     keys = sorted(k for k in s["final"]["per_client"][0] if k.endswith("_acc"))
-    assert keys and [[r[k] for k in (*keys, "epsilon")] for r in s["final"]["per_client"]] == \
-        [[r[k] for k in (*keys, "epsilon")] for r in sim["final"]["per_client"]]
+    assert keys and [[r[k] for k in (*keys, "epsilon")] for r in s["final"]["per_client"]] == [
+        [r[k] for k in (*keys, "epsilon")] for r in sim["final"]["per_client"]
+    ]
     # the same accountant inputs and ε; a deployed site caps its target at its own lifetime budget
     assert [_acc(a) for a in s["accounting"]] == [_acc(a) for a in sim["accounting"]]
     assert s["engine"]["name"] == "flower" and s["engine"]["sealed"] is True
@@ -95,7 +111,7 @@ def test_the_relay_sees_no_payload_and_its_tampering_is_refused(tiny_cfg, tmp_pa
 
     def tap(step, k, frame, way):
         _, msgs = unpack(frame)
-        (kk, m), = msgs.items()
+        ((kk, m),) = msgs.items()
         seen.extend(p.data for p in m.packets)
         if way != "to":
             return frame
@@ -105,16 +121,22 @@ def test_the_relay_sees_no_payload_and_its_tampering_is_refused(tiny_cfg, tmp_pa
             if s == "receive":
                 sent.setdefault(k, []).extend(p.data for p in part.packets if p.src != p.dst)
                 if k == 1:  # corrupt every payload to site 1 in transit
-                    part.packets = [Packet(p.src, p.dst, p.data[:-1] + bytes([p.data[-1] ^ 1])) for p in part.packets]
+                    part.packets = [
+                        Packet(p.src, p.dst, p.data[:-1] + bytes([p.data[-1] ^ 1])) for p in part.packets
+                    ]
         return pack(step, {kk: batch.make(parts) if step == batch.BATCH else parts[0][1]})
 
     cfg = tiny_cfg.replace(method="proxyfl", clients=3, rounds=2, seed=0)
     s, engine, workers, folders = deployed_run(cfg, tmp_path, tap)
-    assert sent and all(d[:4] == b"SFS1" for d in (p for ps in sent.values() for p in ps))  # only sealed ones travel
+    assert sent and all(
+        d[:4] == b"SFS1" for d in (p for ps in sent.values() for p in ps)
+    )  # only sealed ones travel
     proxy = workers[0].site.shared.state_dict()
     raw = proxy[next(iter(proxy))].numpy().tobytes()[:32]
     assert not any(raw in d for d in seen)  # the relay never holds a proxy's weights in the clear
-    assert {r["client"] for r in engine.refused} == {1} and all("signature" in r["reason"] for r in engine.refused)
+    assert {r["client"] for r in engine.refused} == {1} and all(
+        "signature" in r["reason"] for r in engine.refused
+    )
     assert s["rounds_run"] == 2  # site 1 refused the tampered payloads and went on
 
 
@@ -165,9 +187,15 @@ def test_a_site_answers_garbage_with_a_refusal_and_keeps_its_state(tiny_cfg, tmp
     cfg = tiny_cfg.replace(method="fedavg", clients=2, rounds=2, seed=0)
     _, workers, spec, folders = deployment(cfg, tmp_path)
     w = workers[0]
-    for frame in (b"", b"\xff" * 64, (10**12).to_bytes(8, "little") + b"{}", pack("train_upload", {0: Message()}),
-                  pack(HELLO, {0: Message({"nonce": 5})}), pack(SETUP, {0: Message({"run_id": "x"})}),
-                  pack(HELLO, {0: Message(), 1: Message()})):
+    for frame in (
+        b"",
+        b"\xff" * 64,
+        (10**12).to_bytes(8, "little") + b"{}",
+        pack("train_upload", {0: Message()}),
+        pack(HELLO, {0: Message({"nonce": 5})}),
+        pack(SETUP, {0: Message({"run_id": "x"})}),
+        pack(HELLO, {0: Message(), 1: Message()}),
+    ):
         step, msgs = unpack(w.handle_frame(frame))
         assert step == ERROR and msgs[0].meta["error"]
     assert w.site is None  # nothing half-joined
@@ -177,14 +205,17 @@ def test_a_site_answers_garbage_with_a_refusal_and_keeps_its_state(tiny_cfg, tmp
     engine.exchange("save", {0: Message({"root": str(tmp_path / "elsewhere"), "round": 1})})
     assert not (tmp_path / "elsewhere").exists() and list((folders[0] / "checkpoint").rglob("node0.*"))
     # a packet claiming to come from another site must be sealed by it
-    step, msgs = unpack(w.handle_frame(pack("receive_global", {0: Message({"round": 1}, [Packet(1, 0, b"x" * 100)])})))
+    step, msgs = unpack(
+        w.handle_frame(pack("receive_global", {0: Message({"round": 1}, [Packet(1, 0, b"x" * 100)])}))
+    )
     assert msgs[0].meta["refused_payloads"]
 
 
 def test_site_config_is_checked(tmp_path):
     with pytest.raises(SiloflError, match="not a site folder"):
         SiteConfig.load(tmp_path)
-    (tmp_path / "site.json").write_text(json.dumps({"name": "a", "data": "d", "lifetime_epsilon": -1,
-                                                    "lifetime_delta": 1e-5}))
+    (tmp_path / "site.json").write_text(
+        json.dumps({"name": "a", "data": "d", "lifetime_epsilon": -1, "lifetime_delta": 1e-5})
+    )
     with pytest.raises(SiloflError, match="lifetime"):
         SiteConfig.load(tmp_path)

@@ -9,21 +9,63 @@ from silofl.core.errors import ConfigError
 from silofl.experiments.compare import CompareConfig, communication_sweep, run_compare
 from silofl.run.config import RunConfig
 
-TINY = {"dataset": "digits", "clients": 4, "rounds": 2, "samples_per_client": 120, "batch_size": 30, "delta": 1e-3,
-        "private_model": "cnn1", "proxy_model": "mlp", "test_limit": 200}
+TINY = {
+    "dataset": "digits",
+    "clients": 4,
+    "rounds": 2,
+    "samples_per_client": 120,
+    "batch_size": 30,
+    "delta": 1e-3,
+    "private_model": "cnn1",
+    "proxy_model": "mlp",
+    "test_limit": 200,
+}
 
 
 @pytest.mark.slow
 def test_tiny_compare_end_to_end_through_the_cli(tmp_path):
     out = tmp_path / "rep"
-    res = CliRunner().invoke(app, [
-        "compare", "--methods", "proxyfl,fedavg,fml,avgpush,cwt,regular,regular:nodp,joint", "--dataset", "digits",
-        "--seeds", "0,1", "--rounds", "2", "--clients", "4", "--samples-per-client", "120", "--batch-size", "30",
-        "--set", "delta=0.001", "--private-model", "cnn1", "--test-limit", "200", "--comm-clients", "2,4",
-        "--out", str(out), "--quiet"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--methods",
+            "proxyfl,fedavg,fml,avgpush,cwt,regular,regular:nodp,joint",
+            "--dataset",
+            "digits",
+            "--seeds",
+            "0,1",
+            "--rounds",
+            "2",
+            "--clients",
+            "4",
+            "--samples-per-client",
+            "120",
+            "--batch-size",
+            "30",
+            "--set",
+            "delta=0.001",
+            "--private-model",
+            "cnn1",
+            "--test-limit",
+            "200",
+            "--comm-clients",
+            "2,4",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
-    for f in ("report.md", "results.csv", "results.json", "accuracy_vs_round.png", "accuracy_vs_epsilon.png",
-              "communication_vs_clients.png", "compare.yaml"):
+    for f in (
+        "report.md",
+        "results.csv",
+        "results.json",
+        "accuracy_vs_round.png",
+        "accuracy_vs_epsilon.png",
+        "communication_vs_clients.png",
+        "compare.yaml",
+    ):
         assert (out / f).is_file(), f
     rep = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in rep["rows"]}
@@ -31,7 +73,9 @@ def test_tiny_compare_end_to_end_through_the_cli(tmp_path):
     assert rows["regular:nodp"]["epsilon"]["mean"] is None and rows["regular"]["epsilon"]["mean"] > 0
     assert rows["proxyfl"]["private_acc"]["n"] == 8  # 4 clients x 2 seeds pooled
     assert rows["joint"]["global_acc"]["n"] == 2  # one model per seed
-    assert rows["regular"]["bytes_total"] == 0 and rows["fedavg"]["bytes_total"] > rows["proxyfl"]["bytes_total"]
+    assert (
+        rows["regular"]["bytes_total"] == 0 and rows["fedavg"]["bytes_total"] > rows["proxyfl"]["bytes_total"]
+    )
     # the table's figures are the runs' own summaries
     s = json.loads((out / "runs/base/proxyfl/seed0/summary.json").read_text())
     s1 = json.loads((out / "runs/base/proxyfl/seed1/summary.json").read_text())
@@ -55,14 +99,35 @@ def test_communication_sweep_counts_exact_message_sizes():
 
 
 def test_a_config_the_data_cannot_serve_is_one_clear_error_before_anything_runs(tmp_path):
-    cc = CompareConfig(methods=["regular", "avgpush"], seeds=[0], out=str(tmp_path / "c"), run=dict(TINY),
-                       variants=[{"name": "ok"}, {"name": "broken", "set": {"batch_size": 500}}])
+    cc = CompareConfig(
+        methods=["regular", "avgpush"],
+        seeds=[0],
+        out=str(tmp_path / "c"),
+        run=dict(TINY),
+        variants=[{"name": "ok"}, {"name": "broken", "set": {"batch_size": 500}}],
+    )
     with pytest.raises(ConfigError, match="run broken/regular/seed0: batch_size 500 exceeds"):
         run_compare(cc, progress=False)
     assert not (tmp_path / "c").exists()
-    res = CliRunner().invoke(app, ["compare", "--dataset", "digits", "--methods", "proxyfl,fedavg", "--seeds", "0",
-                                   "--rounds", "1", "--out", str(tmp_path / "d"), "--quiet", "--set",
-                                   "samples_per_client=2000"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--dataset",
+            "digits",
+            "--methods",
+            "proxyfl,fedavg",
+            "--seeds",
+            "0",
+            "--rounds",
+            "1",
+            "--out",
+            str(tmp_path / "d"),
+            "--quiet",
+            "--set",
+            "samples_per_client=2000",
+        ],
+    )
     assert res.exit_code == 2 and res.output.count("error") == 1 and "Traceback" not in res.output
 
 
@@ -78,8 +143,13 @@ def test_a_crashed_run_is_reported_and_the_others_finish_then_resume_skips_done_
         return real(cfg, *a, **k)
 
     monkeypatch.setattr(loop, "run", crash_in_broken)
-    cc = CompareConfig(methods=["regular", "avgpush"], seeds=[0], out=str(tmp_path / "c"), run=dict(TINY),
-                       variants=[{"name": "ok"}, {"name": "broken", "set": {"batch_size": 20}}])
+    cc = CompareConfig(
+        methods=["regular", "avgpush"],
+        seeds=[0],
+        out=str(tmp_path / "c"),
+        run=dict(TINY),
+        variants=[{"name": "ok"}, {"name": "broken", "set": {"batch_size": 20}}],
+    )
     rep = run_compare(cc, progress=False)
     assert [f["run"] for f in rep["failed"]] == ["broken/regular/seed0", "broken/avgpush/seed0"]
     assert "disk on fire" in rep["failed"][0]["error"]
@@ -100,10 +170,14 @@ def test_a_crashed_run_is_reported_and_the_others_finish_then_resume_skips_done_
     cc.run = {**TINY, "threads": 1}  # another thread count is the same experiment
     assert len(run_compare(cc, progress=False)["resumed"]) == 2
     import os  # the same folder spelled another way (relative vs absolute) holds the same runs
+
     rel = CompareConfig(**{**cc.__dict__, "out": os.path.relpath(tmp_path / "c")})
     assert all(r.done() for r in rel.plan() if r.variant == "ok")
     only = run_compare(CompareConfig(**{**cc.__dict__, "report_only": True, "seeds": [0, 1]}), progress=False)
-    assert "ok/regular/seed1" in {f["run"] for f in only["failed"]} and not (tmp_path / "c/runs/ok/regular/seed1").exists()
+    assert (
+        "ok/regular/seed1" in {f["run"] for f in only["failed"]}
+        and not (tmp_path / "c/runs/ok/regular/seed1").exists()
+    )
     # a changed config is not "done": it runs again
     cc.run = {**TINY, "rounds": 3}
     rep3 = run_compare(cc, progress=False)
@@ -111,13 +185,27 @@ def test_a_crashed_run_is_reported_and_the_others_finish_then_resume_skips_done_
 
 
 def test_presets_expand_into_variants_and_bad_input_is_a_clear_error(tmp_path):
-    cc = CompareConfig(methods=["proxyfl", "fedavg"], seeds=[0, 1], preset="hetero", run={**TINY, "clients": 8})
+    cc = CompareConfig(
+        methods=["proxyfl", "fedavg"], seeds=[0, 1], preset="hetero", run={**TINY, "clients": 8}
+    )
     runs = cc.plan()
     assert len(runs) == 2 * 2 * 2
     mixed = [r for r in runs if r.variant == "mixed" and r.label == "proxyfl"][0]
-    assert mixed.cfg.options.private_models == ["mlp", "mlp", "lenet5", "lenet5", "cnn1", "cnn1", "cnn2", "cnn2"]
+    assert mixed.cfg.options.private_models == [
+        "mlp",
+        "mlp",
+        "lenet5",
+        "lenet5",
+        "cnn1",
+        "cnn1",
+        "cnn2",
+        "cnn2",
+    ]
     pm = CompareConfig(methods=["proxyfl", "fedavg"], seeds=[0], preset="privacy-mode", run=dict(TINY)).plan()
-    assert {(r.label, r.variant, r.cfg.privacy) for r in pm} >= {("proxyfl", "paper", "paper"), ("fedavg", "paper", "strict")}
+    assert {(r.label, r.variant, r.cfg.privacy) for r in pm} >= {
+        ("proxyfl", "paper", "paper"),
+        ("fedavg", "paper", "strict"),
+    }
     with pytest.raises(ConfigError, match="unknown preset"):
         CompareConfig(preset="nope", run=dict(TINY)).plan()
     with pytest.raises(ConfigError, match="unknown method 'fedsgd'"):
@@ -150,17 +238,26 @@ def test_client_dp_preset_plans_the_study_grid():
     assert len(runs) == 2 * (1 + 3 * 3) * 4 * 3  # N × (no DP + z × conditions) × optimizers × seeds
     by = {(r.variant, r.label, r.seed): r.cfg for r in runs}
     c = by[("N=20 z=1.5 adaptive hospital", "dp2-rmsprop", 2)]
-    assert (c.clients, c.samples_per_client, c.noise_multiplier, c.options.intermediaries, c.options.privacy_unit) == \
-        (20, 600, 1.5, "adaptive", "hospital")
+    assert (
+        c.clients,
+        c.samples_per_client,
+        c.noise_multiplier,
+        c.options.intermediaries,
+        c.options.privacy_unit,
+    ) == (20, 600, 1.5, "adaptive", "hospital")
     assert by[("N=6 no DP", "dp-fedavg", 0)].privacy == "off"
     assert by[("N=6 z=0.5 none", "dp-fedadam", 1)].options.intermediaries == "none"
 
 
 @pytest.mark.slow
 def test_compare_report_shows_both_units_for_client_level_methods(tmp_path):
-    cc = CompareConfig(methods=["dp-fedavg"], seeds=[0], out=str(tmp_path / "rep"),
-                       variants=[{"name": "sub", "set": {"intermediaries": "2", "privacy_unit": "subclient"}}],
-                       run={**TINY, "partition": "iid", "proxy_model": "mlp256", "batch_size": 16})
+    cc = CompareConfig(
+        methods=["dp-fedavg"],
+        seeds=[0],
+        out=str(tmp_path / "rep"),
+        variants=[{"name": "sub", "set": {"intermediaries": "2", "privacy_unit": "subclient"}}],
+        run={**TINY, "partition": "iid", "proxy_model": "mlp256", "batch_size": 16},
+    )
     rep = run_compare(cc, progress=False)
     row = rep["rows"][0]
     assert row["epsilon_subclient"]["mean"] < row["epsilon_hospital"]["mean"]

@@ -9,7 +9,17 @@ from silofl.cli.main import app
 from silofl.core.errors import ConfigError
 from silofl.experiments.pubsub_scenarios import run_scenario
 
-ROWS = ["PubSub-ML", "Own", "PubSub-ML*", "FedAvg-V", "FedAvg-F", "FedProx-V", "FedProx-F", "FedAdam-V", "FedAdam-F"]
+ROWS = [
+    "PubSub-ML",
+    "Own",
+    "PubSub-ML*",
+    "FedAvg-V",
+    "FedAvg-F",
+    "FedProx-V",
+    "FedProx-F",
+    "FedAdam-V",
+    "FedAdam-F",
+]
 
 
 @pytest.mark.slow
@@ -19,8 +29,9 @@ def test_distributed_features_quick(tmp_path):
         summary = r["populations"][population]["summary"]
         assert list(summary) == ROWS and all(0 <= v["mean"] <= 1 for v in summary.values())
         details = r["populations"][population]["per_seed"][0]["details"]
-        assert details["fl_epsilon_target"] == 1.0 and all(details[f"{m}_epsilon"] <= 1.0
-                                                           for m in ("FedAvg", "FedProx", "FedAdam"))
+        assert details["fl_epsilon_target"] == 1.0 and all(
+            details[f"{m}_epsilon"] <= 1.0 for m in ("FedAvg", "FedProx", "FedAdam")
+        )
     table = (tmp_path / "table.md").read_text()
     assert all(f"| {m} |" in table for m in ROWS)
     assert (tmp_path / "plot.png").stat().st_size > 1000 and (tmp_path / "table.csv").is_file()

@@ -13,8 +13,23 @@ from silofl.models import ModelSpec, build_model, save_model
 from silofl.run.config import RunConfig
 
 runner = CliRunner()
-TINY = ["--dataset", "digits", "--clients", "3", "--rounds", "1", "--samples-per-client", "100", "--batch-size", "25",
-        "--delta", "1e-3", "--test-limit", "100", "--quiet"]
+TINY = [
+    "--dataset",
+    "digits",
+    "--clients",
+    "3",
+    "--rounds",
+    "1",
+    "--samples-per-client",
+    "100",
+    "--batch-size",
+    "25",
+    "--delta",
+    "1e-3",
+    "--test-limit",
+    "100",
+    "--quiet",
+]
 
 
 def _cfg(**kw):
@@ -25,13 +40,26 @@ def make_backbone(folder, shape=(1, 16, 16), card=True):
     spec = ModelSpec("mlp", shape, 10)
     save_model(build_model("mlp", shape, 10), spec, folder / "backbone")
     if card:
-        (folder / "card.json").write_text(json.dumps({"format": "silofl.backbone/1", "public_data": {
-            "declared_public": True, "kind": "dataset", "dataset": "mnist", "description": "test rows"}}))
+        (folder / "card.json").write_text(
+            json.dumps(
+                {
+                    "format": "silofl.backbone/1",
+                    "public_data": {
+                        "declared_public": True,
+                        "kind": "dataset",
+                        "dataset": "mnist",
+                        "description": "test rows",
+                    },
+                }
+            )
+        )
     return folder
 
 
 def test_unknown_features():
-    with pytest.raises(ConfigError, match="unknown features 'bogus'; choose one of: none, scatter, backbone:DIR"):
+    with pytest.raises(
+        ConfigError, match="unknown features 'bogus'; choose one of: none, scatter, backbone:DIR"
+    ):
         _cfg(features="bogus")
     with pytest.raises(ConfigError, match="needs an argument"):
         _cfg(features="backbone")
@@ -76,13 +104,18 @@ def test_cli_unknown_features_writes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,msg", [
-    (["--set", "scatter_j=5"], "scattering J = 5 needs images of at least 32×32 pixels, got 16×16"),
-    (["--dataset", "bags"], "apply to images; dataset 'bags'"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--set", "scatter_j=5"], "scattering J = 5 needs images of at least 32×32 pixels, got 16×16"),
+        (["--dataset", "bags"], "apply to images; dataset 'bags'"),
+    ],
+)
 def test_cli_bad_scatter_writes_nothing(tmp_path, args, msg):
     out = tmp_path / "run"
-    r = runner.invoke(app, ["run", "--method", "fedavg", *TINY, "--features", "scatter", *args, "--out", str(out)])
+    r = runner.invoke(
+        app, ["run", "--method", "fedavg", *TINY, "--features", "scatter", *args, "--out", str(out)]
+    )
     assert r.exit_code == 2, r.output
     assert msg in " ".join(r.output.split()) and "Traceback" not in r.output
     assert not out.exists()

@@ -24,7 +24,8 @@ def test_cache_returns_identical_tensors_and_is_keyed_by_content(tmp_path):
     assert stage.rows == 10
     again = apply(Counting(j=2), x, tmp_path)
     assert torch.equal(first, again)
-    # other tensors holding the same rows (a subset, another order, duplicated) read them back: nothing computed
+    # other tensors holding the same rows (a subset, another order, duplicated) read them back: nothing
+    # computed
     s2 = Counting(j=2)
     perm = torch.tensor([7, 3, 3, 0])
     assert torch.equal(apply(s2, x[perm], tmp_path), first[perm]) and s2.rows == 0

@@ -1,4 +1,5 @@
-"""The heads for features take DP-SGD's fast per-example-norm (ghost) path and match Opacus' per-sample gradients."""
+"""The heads for features take DP-SGD's fast per-example-norm (ghost) path and match Opacus' per-sample
+gradients."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""ScatterNet features: kymatio's scattering, then GroupNorm without affine parameters, one example at a time."""
+"""ScatterNet features: kymatio's scattering, then GroupNorm without affine parameters, one example at a
+time."""
 
 import math
 from types import SimpleNamespace
@@ -31,7 +32,8 @@ def test_equals_kymatio_then_group_norm(c):
     x = _images(n=3, c=c)
     ours = ScatterFeatures(j=2, l=8).transform(x)
     k = ScatteringTorch2D(J=2, shape=(16, 16), L=8)
-    # kymatio on each channel of each image separately: the scattering of a colour image is its channels' scatterings
+    # kymatio on each channel of each image separately: the scattering of a colour image is its channels'
+    # scatterings
     ref = torch.stack([torch.cat([k(x[i, ch]) for ch in range(c)]) for i in range(len(x))]).numpy()
     assert ref.shape == (3, c * 81, 4, 4) == tuple(ours.shape)
     groups = math.gcd(27, c * 81)

@@ -70,9 +70,15 @@ def test_server_rejects_a_corrupt_upload_and_averages_the_rest(tiny_cfg, caplog)
     proto = b.coordinator
     good = b.sites[0].shared_state()
     bad = {k: torch.full_like(v, float("inf")) for k, v in good.items()}
-    packets = [Packet(0, 4, encode({**good, WEIGHT_KEY: torch.tensor(2.0, dtype=torch.float64)}, {"round": 1, "src": 0})),
-               Packet(1, 4, encode({**bad, WEIGHT_KEY: torch.tensor(1.0, dtype=torch.float64)}, {"round": 1, "src": 1})),
-               Packet(2, 4, encode(good, {"round": 1, "src": 2}))]  # no aggregation weight
+    packets = [
+        Packet(
+            0, 4, encode({**good, WEIGHT_KEY: torch.tensor(2.0, dtype=torch.float64)}, {"round": 1, "src": 0})
+        ),
+        Packet(
+            1, 4, encode({**bad, WEIGHT_KEY: torch.tensor(1.0, dtype=torch.float64)}, {"round": 1, "src": 1})
+        ),
+        Packet(2, 4, encode(good, {"round": 1, "src": 2})),
+    ]  # no aggregation weight
     rejected = proto.server.aggregate(1, packets)
     assert [r["src"] for r in rejected] == [1, 2]
     for k, v in proto.server.state().items():
@@ -137,7 +143,9 @@ def test_cwt_holder_hands_the_model_on_when_it_leaves(tiny_cfg):
 
 def test_regular_with_and_without_dp_and_joint_trains_once_on_pooled_data(tiny_cfg, tmp_path):
     dp = simulate(tiny_cfg.replace(method="regular", rounds=2, out=str(tmp_path / "r")), progress=False)
-    nodp = simulate(tiny_cfg.replace(method="regular", rounds=2, privacy="off", out=str(tmp_path / "n")), progress=False)
+    nodp = simulate(
+        tiny_cfg.replace(method="regular", rounds=2, privacy="off", out=str(tmp_path / "n")), progress=False
+    )
     assert dp["final"]["epsilon"]["mean"] > 0 and nodp["final"]["epsilon"]["mean"] is None
     assert [r["private_model"] for r in dp["final"]["per_client"]] == ["cnn1"] * 4
     assert dp["bytes"]["total_sent"] == nodp["bytes"]["total_sent"] == 0

@@ -21,9 +21,21 @@ from tests.helpers import build_run, spy_packets
 @pytest.fixture
 def cl_cfg(tmp_path):
     """A seconds-long client-level DP config on digits: 4 hospitals × 160 examples, MLP 64-256-10."""
-    return RunConfig.from_dict(dict(method="dp-fedavg", dataset="digits", partition="iid", clients=4,
-                                    samples_per_client=160, batch_size=16, rounds=3, delta=1e-3, proxy_model="mlp256",
-                                    test_limit=200, out=str(tmp_path / "run")))
+    return RunConfig.from_dict(
+        dict(
+            method="dp-fedavg",
+            dataset="digits",
+            partition="iid",
+            clients=4,
+            samples_per_client=160,
+            batch_size=16,
+            rounds=3,
+            delta=1e-3,
+            proxy_model="mlp256",
+            test_limit=200,
+            out=str(tmp_path / "run"),
+        )
+    )
 
 
 def test_subclient_split_is_disjoint_and_covers_the_client():
@@ -122,8 +134,9 @@ def test_server_rejects_an_update_above_its_bound_or_from_an_unselected_client(c
     t["update"] = t["update"] * 10  # 10× the clip
     bad = encode(t, {"round": 1, "src": 0})
     srv.selected = {0, 1, 2}
-    rejected = srv.aggregate(1, [Packet(0, 4, bad), Packet(1, 4, good[1][1]), Packet(2, 4, good[2][1]),
-                                 Packet(3, 4, good[3][1])])
+    rejected = srv.aggregate(
+        1, [Packet(0, 4, bad), Packet(1, 4, good[1][1]), Packet(2, 4, good[2][1]), Packet(3, 4, good[3][1])]
+    )
     reasons = {r["src"]: r["reason"] for r in rejected}
     assert set(reasons) == {0, 3}
     assert "exceeds the announced bound" in reasons[0] and "not selected" in reasons[3]
@@ -131,7 +144,9 @@ def test_server_rejects_an_update_above_its_bound_or_from_an_unselected_client(c
     assert all(torch.isfinite(p).all() for p in srv.model.parameters())
     t2, _ = decode(good[1][1])
     t2[UNCLIPPED] = torch.tensor(float("nan"), dtype=torch.float64)
-    assert srv.aggregate(2, [Packet(1, 4, encode(t2, {"round": 2, "src": 1}))])[0]["reason"].startswith("invalid")
+    assert srv.aggregate(2, [Packet(1, 4, encode(t2, {"round": 2, "src": 1}))])[0]["reason"].startswith(
+        "invalid"
+    )
 
 
 def test_fedadam_matches_torch_adam_on_the_pseudo_gradient():
@@ -153,20 +168,31 @@ def test_dp2_rmsprop_alternates_phases_with_a_delayed_preconditioner():
     d1, d2, d3 = torch.full((3,), 1.0), torch.full((3,), 3.0), torch.full((3,), 4.0)
     assert [opt.phase(r) for r in range(1, 7)] == ["sgd", "sgd", "adaptive", "adaptive", "sgd", "sgd"]
     assert torch.equal(opt.step(d1), d1) and torch.equal(opt.step(d2), d2)  # SGD phase, accumulating
-    u = 0.5 * 2.0 ** 2 / (1 - 0.5)  # (1−β)·(mean of the phase's updates)², bias-corrected (one refresh)
-    torch.testing.assert_close(opt.step(d3), 0.1 * d3 / (u ** 0.5 + 1e-3))
-    torch.testing.assert_close(opt.step(d3), 0.1 * d3 / (u ** 0.5 + 1e-3))  # same delayed u
+    u = 0.5 * 2.0**2 / (1 - 0.5)  # (1−β)·(mean of the phase's updates)², bias-corrected (one refresh)
+    torch.testing.assert_close(opt.step(d3), 0.1 * d3 / (u**0.5 + 1e-3))
+    torch.testing.assert_close(opt.step(d3), 0.1 * d3 / (u**0.5 + 1e-3))  # same delayed u
     assert torch.equal(opt.step(d1), d1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["dp-fedavg", "dp-fedadam", "dp-fednova", "dp2-rmsprop", "fedadam"])
 def test_client_level_methods_run_end_to_end_and_report_both_units(cl_cfg, method, tmp_path):
-    cfg = cl_cfg.replace(method=method, intermediaries="adaptive" if method != "fedadam" else "2",
-                         adaptive_clip=True, out=str(tmp_path / method))
+    cfg = cl_cfg.replace(
+        method=method,
+        intermediaries="adaptive" if method != "fedadam" else "2",
+        adaptive_clip=True,
+        out=str(tmp_path / method),
+    )
     s = simulate(cfg, progress=False)
     out = tmp_path / method
-    for f in ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "accuracy_epsilon.png", "server_rounds.png"):
+    for f in (
+        "config.yaml",
+        "metrics.jsonl",
+        "metrics.csv",
+        "summary.json",
+        "accuracy_epsilon.png",
+        "server_rounds.png",
+    ):
         assert (out / f).is_file(), f
     assert s["headline"] == "global_acc" and 0.0 <= s["final"]["global_acc"]["mean"] <= 1.0
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -181,14 +207,17 @@ def test_client_level_methods_run_end_to_end_and_report_both_units(cl_cfg, metho
     priv = s["privacy"]
     assert priv["privacy_unit"] == "hospital" and priv["formal_guarantee"]
     assert last["epsilon"] == pytest.approx(priv["epsilon_hospital"])
-    # hospital-calibrated: the accountant saw z every round; the sub-client unit its own multiplier of round t's
+    # hospital-calibrated: the accountant saw z every round; the sub-client unit its own multiplier of round
+    # t's
     # mechanism (update sum with clip C/v_t, the unclipped count and the norm sum, block by block)
     hist = s["accounting"][0]["history"]
     assert hist == [[1.0, 1.0, 3]]
     vs = [h["v"] for h in s["server_rounds"]]
     count_std, norm_z = priv["clip_count_noise_std"], priv["norm_sum_noise_multiplier"]
     assert count_std is not None and norm_z is not None  # adaptive clip and adaptive v release both
-    sub = tuple((unit_noise_multipliers(1.0, v, "hospital", count_std, norm_z)["subclient"], 1.0, 1) for v in vs)
+    sub = tuple(
+        (unit_noise_multipliers(1.0, v, "hospital", count_std, norm_z)["subclient"], 1.0, 1) for v in vs
+    )
     assert priv["epsilon_subclient"] == pytest.approx(epsilon_of("rdp", sub, 1e-3))
     assert priv["epsilon_hospital"] == pytest.approx(epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3))
 
@@ -219,23 +248,34 @@ def build_and_run(cfg, tmp_path):
 def test_budget_stops_the_server_and_a_too_small_budget_is_an_error(cl_cfg, tmp_path):
     one = epsilon_of("rdp", ((1.0, 1.0, 1),), 1e-3)
     two = epsilon_of("rdp", ((1.0, 1.0, 2),), 1e-3)
-    s = simulate(cl_cfg.replace(rounds=5, target_epsilon=(two + epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3)) / 2,
-                                 calibrate_noise=False),
-                 progress=False)
+    s = simulate(
+        cl_cfg.replace(
+            rounds=5,
+            target_epsilon=(two + epsilon_of("rdp", ((1.0, 1.0, 3),), 1e-3)) / 2,
+            calibrate_noise=False,
+        ),
+        progress=False,
+    )
     assert s["rounds_run"] == 3 and {x["round"] for x in s["left"]} == {3}
     assert s["privacy"]["epsilon_hospital"] == pytest.approx(two)
     with pytest.raises(BudgetExhausted, match="single round"):
-        simulate(cl_cfg.replace(target_epsilon=one / 2, calibrate_noise=False, out=str(tmp_path / "x")), progress=False)
+        simulate(
+            cl_cfg.replace(target_epsilon=one / 2, calibrate_noise=False, out=str(tmp_path / "x")),
+            progress=False,
+        )
 
 
-@pytest.mark.parametrize("changes, match", [
-    ({"intermediaries": "lots"}, "intermediaries"),
-    ({"intermediaries": "0"}, "at least 1"),
-    ({"privacy_unit": "patient"}, "privacy_unit"),
-    ({"intermediaries": "adaptive", "privacy": "off"}, "without DP"),
-    ({"client_rate": 0.0}, "client_rate"),
-    ({"clip_quantile": 1.5}, "clip_quantile"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"intermediaries": "lots"}, "intermediaries"),
+        ({"intermediaries": "0"}, "at least 1"),
+        ({"privacy_unit": "patient"}, "privacy_unit"),
+        ({"intermediaries": "adaptive", "privacy": "off"}, "without DP"),
+        ({"client_rate": 0.0}, "client_rate"),
+        ({"clip_quantile": 1.5}, "clip_quantile"),
+    ],
+)
 def test_bad_client_level_options_are_clear_errors(cl_cfg, changes, match):
     with pytest.raises(ConfigError, match=match):
         cl_cfg.replace(**changes).resolve()

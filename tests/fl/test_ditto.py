@@ -1,5 +1,7 @@
-"""Ditto: the personal model's update is the mean cross-entropy gradient plus λ·(v − w^t), w^t the global model the
-site received (not the one its DP round moved), by the personal model's own (non-DP) optimizer; the accountant counts
+"""Ditto: the personal model's update is the mean cross-entropy gradient plus λ·(v − w^t), w^t the global
+model the
+site received (not the one its DP round moved), by the personal model's own (non-DP) optimizer; the accountant
+counts
 only the global model's DP steps."""
 
 import torch
@@ -21,8 +23,16 @@ def broadcast(site, rnd, state):
 def test_the_personal_model_steps_on_its_loss_plus_lambda_times_the_distance_to_the_received_global_model():
     x, y = data()
     lam, lr = 0.7, 0.01
-    site = DittoSite(0, x, y, SPEC, settings(True, private_lr=lr), private_spec=SPEC, shared_field="global",
-                     ditto_lambda=lam)
+    site = DittoSite(
+        0,
+        x,
+        y,
+        SPEC,
+        settings(True, private_lr=lr),
+        private_spec=SPEC,
+        shared_field="global",
+        ditto_lambda=lam,
+    )
     w0 = {k: v + 0.01 for k, v in site.shared_state().items()}
     broadcast(site, 0, w0)  # before round 1: both models start from the server's initial model
     for k, v in site.private.state_dict().items():
@@ -48,6 +58,8 @@ def test_the_personal_model_steps_on_its_loss_plus_lambda_times_the_distance_to_
     reference_round(w1)
     for k, v in site.private.state_dict().items():
         torch.testing.assert_close(v, ref.state_dict()[k], rtol=1e-5, atol=1e-6)
-    assert site.accountant.steps == 6  # the global model's 3 DP steps a round; the personal model's are no release
+    assert (
+        site.accountant.steps == 6
+    )  # the global model's 3 DP steps a round; the personal model's are no release
     assert site.metric_label("private_acc") == "non-private" and site.metric_label("global_acc") == "dp"
     assert set(site.final_models()) == {"global", "private"}

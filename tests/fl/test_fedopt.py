@@ -1,4 +1,5 @@
-"""FedAdam / FedYogi on the average of example-level uploads, against a hand-written Adam / Yogi step (numpy)."""
+"""FedAdam / FedYogi on the average of example-level uploads, against a hand-written Adam / Yogi step
+(numpy)."""
 
 from types import SimpleNamespace
 
@@ -15,7 +16,8 @@ DATA = SimpleNamespace(input_shape=(1, 8, 8), num_classes=10)
 
 
 def hand_steps(w0, deltas, lr, b1, b2, tau, yogi):
-    """w after one server step per round's mean update Δ̄ (pseudo-gradient −Δ̄), moments from 0, no bias correction."""
+    """w after one server step per round's mean update Δ̄ (pseudo-gradient −Δ̄), moments from 0, no bias
+    correction."""
     w, m, u = w0.copy(), np.zeros_like(w0), np.zeros_like(w0)
     for d in deltas:
         m = b1 * m + (1 - b1) * d
@@ -30,8 +32,16 @@ def flat(state):
 
 @pytest.mark.parametrize("method,yogi", [("fedavg-adam", False), ("fedavg-yogi", True)])
 def test_the_server_steps_with_adam_or_yogi_on_the_weighted_average_of_the_uploads(method, yogi):
-    cfg = RunConfig.from_dict({"method": method, "clients": 3, "proxy_model": "logreg", "adam_beta2": 0.9,
-                               "server_lr": 0.05, "seed": 0}).resolve()
+    cfg = RunConfig.from_dict(
+        {
+            "method": method,
+            "clients": 3,
+            "proxy_model": "logreg",
+            "adam_beta2": 0.9,
+            "server_lr": 0.05,
+            "seed": 0,
+        }
+    ).resolve()
     proto = cfg.info.cls(cfg).make_coordinator(3, DATA, torch.device("cpu"))
     server = proto.server
     w0 = flat(server.state())
@@ -39,16 +49,29 @@ def test_the_server_steps_with_adam_or_yogi_on_the_weighted_average_of_the_uploa
     sizes = {0: 10.0, 1: 30.0, 2: 60.0}
     deltas, w = [], w0
     for rnd in (1, 2, 3):
-        uploads = {k: {n: v + 0.01 * torch.randn(v.shape, generator=g) * (k + rnd) for n, v in server.state().items()}
-                   for k in sizes}
-        packets = [Packet(k, 3, encode({**s, WEIGHT_KEY: torch.tensor(sizes[k], dtype=torch.float64)},
-                                       {"round": rnd, "src": k})) for k, s in uploads.items()]
+        uploads = {
+            k: {
+                n: v + 0.01 * torch.randn(v.shape, generator=g) * (k + rnd) for n, v in server.state().items()
+            }
+            for k in sizes
+        }
+        packets = [
+            Packet(
+                k,
+                3,
+                encode(
+                    {**s, WEIGHT_KEY: torch.tensor(sizes[k], dtype=torch.float64)}, {"round": rnd, "src": k}
+                ),
+            )
+            for k, s in uploads.items()
+        ]
         assert server.aggregate(rnd, packets, sizes) == []
         avg = sum(flat(s) * sizes[k] for k, s in uploads.items()) / sum(sizes.values())
         deltas.append(avg - w)
         w = flat(server.state())
-        np.testing.assert_allclose(w, hand_steps(w0, deltas, 0.05, 0.9, 0.9, 1e-3, yogi).astype(np.float32),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            w, hand_steps(w0, deltas, 0.05, 0.9, 0.9, 1e-3, yogi).astype(np.float32), rtol=1e-5, atol=1e-6
+        )
     other = hand_steps(w0, deltas, 0.05, 0.9, 0.9, 1e-3, not yogi)
     assert np.abs(other - w).max() > 1e-4  # Adam and Yogi part ways after the first round
 

@@ -1,4 +1,5 @@
-"""MR-MTL: a site keeps its own DP model; the server's mean is only the target of the pull λ·(w − w̄) added to the DP
+"""MR-MTL: a site keeps its own DP model; the server's mean is only the target of the pull λ·(w − w̄) added to
+the DP
 gradient."""
 
 import torch
@@ -35,7 +36,9 @@ def test_a_site_keeps_its_model_and_is_pulled_towards_the_mean_it_received():
     broadcast(site, 1, mean)
     assert all(torch.equal(site.shared_state()[k], w1[k]) for k in w1)  # the mean is not loaded
     site.train(2)
-    torch.testing.assert_close(site.shared_state(), hand_sgd(w1, mean, x, y, 2.0, 0.1, 3), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        site.shared_state(), hand_sgd(w1, mean, x, y, 2.0, 0.1, 3), rtol=1e-5, atol=1e-6
+    )
     assert site.accountant.steps == 6 and site.metric_label("private_acc") == "dp"
     # a corrupt mean is refused and the target stays
     from silofl.comm.messages import Message, Packet

@@ -35,8 +35,11 @@ def test_corrupt_or_wrong_shape_proxy_is_rejected_and_client_keeps_its_own(tiny_
     bad_shape = {k: v for k, v in own.items() if k != "out.weight"}
     bad_shape["out.weight"] = torch.zeros(3, 3)
     bad_shape[PUSHSUM_KEY] = torch.tensor(1.0, dtype=torch.float64)
-    packets = [Packet(2, 0, encode(bad_nan, {"round": 1, "src": 2})), Packet(3, 0, encode(bad_shape, {"round": 1, "src": 3})),
-               Packet(1, 0, b"not a model")]
+    packets = [
+        Packet(2, 0, encode(bad_nan, {"round": 1, "src": 2})),
+        Packet(3, 0, encode(bad_shape, {"round": 1, "src": 3})),
+        Packet(1, 0, b"not a model"),
+    ]
     rejected = c.incoming(1, packets)
     assert [r["src"] for r in rejected] == [2, 3, 1]
     assert "non-finite" in rejected[0]["reason"] and "shape" in rejected[1]["reason"]
@@ -50,7 +53,9 @@ def test_budget_exhaustion_drops_a_client_and_the_rest_continue(tiny_cfg):
     b = build_run(tiny_cfg.replace(rounds=4))
     low = b.sites[1]
     s = low.settings
-    low.budget.target_epsilon = low.accountant.epsilon_after(s.noise_multiplier, low.sample_rate, 8, s.delta) * 1.0001
+    low.budget.target_epsilon = (
+        low.accountant.epsilon_after(s.noise_multiplier, low.sample_rate, 8, s.delta) * 1.0001
+    )
     for rnd in range(1, 5):
         ev = b.coordinator.run_round(rnd)
         if rnd == 3:
@@ -90,7 +95,16 @@ def test_run_folder_contract_and_privacy_modes(tiny_cfg, tmp_path):
     for f in ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "accuracy_epsilon.png"):
         assert (out / f).is_file(), f
     rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    for k in ("round", "client", "private_acc", "proxy_acc", "epsilon", "delta", "bytes_sent", "bytes_received"):
+    for k in (
+        "round",
+        "client",
+        "private_acc",
+        "proxy_acc",
+        "epsilon",
+        "delta",
+        "bytes_sent",
+        "bytes_received",
+    ):
         assert k in rec
     assert s["privacy"]["mode"] == "paper" and s["privacy"]["formal_guarantee"] is False
     assert "NOT a formal guarantee" in s["privacy"]["note"] and s["privacy"]["dml_beta"] == 0.5
@@ -117,8 +131,10 @@ def test_run_stops_when_every_client_spent_its_budget(tiny_cfg, tmp_path):
 
     target = 1.0001 * epsilon_of("rdp", ((1.0, 0.25, 8),), 1e-3)
     assert max_steps_within("rdp", 1.0, 0.25, 1e-3, target, step_block=4) == 8  # two rounds fit
-    s = simulate(tiny_cfg.replace(rounds=6, target_epsilon=target, calibrate_noise=False,
-                                   out=str(tmp_path / "b")), progress=False)
+    s = simulate(
+        tiny_cfg.replace(rounds=6, target_epsilon=target, calibrate_noise=False, out=str(tmp_path / "b")),
+        progress=False,
+    )
     assert s["rounds_run"] == 3
     assert sorted(x["client"] for x in s["left"]) == [0, 1, 2, 3] and {x["round"] for x in s["left"]} == {3}
     assert all(a["steps"] == 8 and a["epsilon"] <= target for a in s["accounting"])
@@ -129,8 +145,9 @@ def test_run_stops_when_every_client_spent_its_budget(tiny_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_heterogeneous_private_models_and_prv_accountant(tiny_cfg, tmp_path):
-    cfg = tiny_cfg.replace(rounds=2, accountant="prv", private_models=["mlp", "cnn1", "lenet5", "cnn2"],
-                           out=str(tmp_path / "h"))
+    cfg = tiny_cfg.replace(
+        rounds=2, accountant="prv", private_models=["mlp", "cnn1", "lenet5", "cnn2"], out=str(tmp_path / "h")
+    )
     s = simulate(cfg, progress=False)
     assert [r["private_model"] for r in s["final"]["per_client"]] == ["mlp", "cnn1", "lenet5", "cnn2"]
     acc = s["accounting"][0]

@@ -1,5 +1,7 @@
-"""The DP-SGD recipe as method options: validated with one-line errors, today's defaults, budget-first σ from the
-steps that will run; whole FedAvg runs with one local DP step per round, server momentum, SGD momentum, EMA and
+"""The DP-SGD recipe as method options: validated with one-line errors, today's defaults, budget-first σ from
+the
+steps that will run; whole FedAvg runs with one local DP step per round, server momentum, SGD momentum, EMA
+and
 augmentation multiplicity whose accountant counts exactly what ran (dp-accounting agrees)."""
 
 import pytest
@@ -14,15 +16,33 @@ from silofl.privacy.analysis import DEFAULT_ORDERS
 from silofl.run.config import RunConfig
 
 runner = CliRunner()
-TINY = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--samples-per-client", "100",
-        "--batch-size", "25", "--delta", "1e-3", "--test-limit", "150", "--quiet"]
+TINY = [
+    "--dataset",
+    "digits",
+    "--clients",
+    "3",
+    "--rounds",
+    "2",
+    "--samples-per-client",
+    "100",
+    "--batch-size",
+    "25",
+    "--delta",
+    "1e-3",
+    "--test-limit",
+    "150",
+    "--quiet",
+]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'; choose one of: adam, sgd"),
-    (["--momentum", "0.9"], "momentum and nesterov apply to optimizer 'sgd'"),
-    (["--server-momentum", "0.9"], "option server_momentum does not apply to method 'proxyfl'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'; choose one of: adam, sgd"),
+        (["--momentum", "0.9"], "momentum and nesterov apply to optimizer 'sgd'"),
+        (["--server-momentum", "0.9"], "option server_momentum does not apply to method 'proxyfl'"),
+    ],
+)
 def test_recipe_flags_are_refused_with_one_line_before_anything_is_written(tmp_path, args, message):
     r = runner.invoke(app, ["run", *TINY, "--out", str(tmp_path / "x"), *args])
     assert r.exit_code == 2, r.output
@@ -52,8 +72,9 @@ def test_recipe_options_are_validated():
 
 
 def test_augmult_on_a_table_is_refused():
-    cfg = RunConfig.from_dict(dict(method="fedavg", dataset="table", site_data=["a.csv", "b.csv"], schema="s.yaml",
-                                   augmult=2))
+    cfg = RunConfig.from_dict(
+        dict(method="fedavg", dataset="table", site_data=["a.csv", "b.csv"], schema="s.yaml", augmult=2)
+    )
     with pytest.raises(Exception, match="augmult augments images; dataset 'table' has none"):
         cfg.resolve()
 
@@ -66,13 +87,23 @@ def test_augmult_on_a_table_is_refused():
 
 def test_defaults_keep_todays_recipe_and_clip_0_1_is_accepted():
     d = DPSGDOptions.defaults()
-    assert {k: d[k] for k in ("optimizer", "momentum", "nesterov", "ema_decay", "augmult", "sample_rate",
-                              "local_steps")} == {"optimizer": "adam", "momentum": 0.0, "nesterov": False,
-                                                  "ema_decay": 0.0, "augmult": 0, "sample_rate": None,
-                                                  "local_steps": None}
+    assert {
+        k: d[k]
+        for k in ("optimizer", "momentum", "nesterov", "ema_decay", "augmult", "sample_rate", "local_steps")
+    } == {
+        "optimizer": "adam",
+        "momentum": 0.0,
+        "nesterov": False,
+        "ema_decay": 0.0,
+        "augmult": 0,
+        "sample_rate": None,
+        "local_steps": None,
+    }
     cfg = RunConfig.from_dict(dict(method="fedavg", clip=0.1)).resolve()
     assert cfg.clip == 0.1 and cfg.options.server_lr == 1.0 and cfg.options.server_momentum == 0.0
-    fml = RunConfig.from_dict(dict(method="fml", server_momentum=0.9, optimizer="sgd", momentum=0.5)).resolve()
+    fml = RunConfig.from_dict(
+        dict(method="fml", server_momentum=0.9, optimizer="sgd", momentum=0.5)
+    ).resolve()
     assert fml.to_dict()["fml"]["server_momentum"] == 0.9 and fml.to_dict()["fml"]["optimizer"] == "sgd"
 
 
@@ -80,7 +111,11 @@ def test_budget_first_sigma_is_calibrated_for_the_steps_that_will_run():
     base = dict(method="fedavg", rounds=50, batch_size=250, target_epsilon=3.0)
     today = RunConfig.from_dict(base).resolve().calibration_plan([1000, 1000])
     assert today[0]["sample_rate"] == 0.25 and today[0]["steps"] == 200
-    one = RunConfig.from_dict({**base, "local_steps": 1, "sample_rate": 0.5}).resolve().calibration_plan([1000, 800])
+    one = (
+        RunConfig.from_dict({**base, "local_steps": 1, "sample_rate": 0.5})
+        .resolve()
+        .calibration_plan([1000, 800])
+    )
     assert [(p["sample_rate"], p["steps"]) for p in one] == [(0.5, 50), (0.5, 50)]
 
 
@@ -95,10 +130,31 @@ def dp_accounting_epsilon(sigma, q, steps, delta):
 def test_fedavg_one_local_step_server_momentum_sgd_ema_augmult_counts_one_step_per_round(tmp_path):
     from silofl.run.loop import run
 
-    cfg = RunConfig.from_dict(dict(
-        method="fedavg", dataset="digits", clients=3, rounds=4, samples_per_client=100, delta=1e-3, test_limit=150,
-        seed=5, target_epsilon=3.0, clip=0.1, lr=0.5, optimizer="sgd", momentum=0.9, nesterov=True, ema_decay=0.5,
-        sample_rate=0.5, local_steps=1, server_momentum=0.9, augmult=2, aug_flip=False, out=str(tmp_path / "r")))
+    cfg = RunConfig.from_dict(
+        dict(
+            method="fedavg",
+            dataset="digits",
+            clients=3,
+            rounds=4,
+            samples_per_client=100,
+            delta=1e-3,
+            test_limit=150,
+            seed=5,
+            target_epsilon=3.0,
+            clip=0.1,
+            lr=0.5,
+            optimizer="sgd",
+            momentum=0.9,
+            nesterov=True,
+            ema_decay=0.5,
+            sample_rate=0.5,
+            local_steps=1,
+            server_momentum=0.9,
+            augmult=2,
+            aug_flip=False,
+            out=str(tmp_path / "r"),
+        )
+    )
     s = run(cfg, progress=False)
     plan = s["privacy"]["noise_calibration"]
     assert {(p["sample_rate"], p["steps"]) for p in plan["parties"]} == {(0.5, 4)}
@@ -146,8 +202,11 @@ def test_a_flag_overrides_a_method_option_nested_in_the_config_file(tmp_path):
     import yaml
 
     best = tmp_path / "best.yaml"  # as `silofl tune` writes it: the method's options under its name
-    best.write_text(yaml.safe_dump({"method": "fedavg", "dataset": "digits", "fedavg": {"optimizer": "adam",
-                                                                                        "momentum": 0.0}}))
+    best.write_text(
+        yaml.safe_dump(
+            {"method": "fedavg", "dataset": "digits", "fedavg": {"optimizer": "adam", "momentum": 0.0}}
+        )
+    )
     r = runner.invoke(app, ["run", "--config", str(best), "--momentum", "0.9", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "momentum and nesterov apply to optimizer 'sgd'" in " ".join(r.output.split())
     assert not (tmp_path / "x").exists()

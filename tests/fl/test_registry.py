@@ -38,11 +38,12 @@ class MedianServer(AveragingServer):
         return []
 
 
-@register("fedmedian", options=MedianOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
-          description="FedAvg's sites with a coordinate-wise median at the server")
+@register("fedmedian", options=MedianOptions, headline="global_acc", exchange="server",
+          metrics=("global_acc",), description="FedAvg's sites with a coordinate-wise median at the server")
 class FedMedian(Method):
     def make_site(self, k, x, y, data):
-        return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
+        return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k),
+                           shared_field="global")
 
     def make_coordinator(self, n_sites, data, device):
         c = Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device)
@@ -77,13 +78,39 @@ def test_a_method_from_another_package_registers_and_runs(plugin, tiny_cfg, tmp_
     info = registry.methods()["fedmedian"]
     assert info.exchange == "server" and info.options.__name__ == "MedianOptions"
     s = run(tiny_cfg.replace(method="fedmedian", rounds=2, trim=1, out=str(tmp_path / "m")), progress=False)
-    assert s["method"] == "fedmedian" and s["privacy"]["formal_guarantee"] and s["final"]["global_acc"]["mean"] > 0
+    assert (
+        s["method"] == "fedmedian"
+        and s["privacy"]["formal_guarantee"]
+        and s["final"]["global_acc"]["mean"] > 0
+    )
     cfg = (tmp_path / "m" / "config.yaml").read_text()
     assert "fedmedian:\n" in cfg and "trim: 1" in cfg and "dml_alpha" not in cfg  # its own section only
     out = tmp_path / "cli"
-    res = CliRunner().invoke(app, ["run", "--method", "fedmedian", "--dataset", "digits", "--clients", "3", "--rounds", "1",
-                                   "--samples-per-client", "100", "--batch-size", "25", "--delta", "1e-3",
-                                   "--test-limit", "100", "--quiet", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--method",
+            "fedmedian",
+            "--dataset",
+            "digits",
+            "--clients",
+            "3",
+            "--rounds",
+            "1",
+            "--samples-per-client",
+            "100",
+            "--batch-size",
+            "25",
+            "--delta",
+            "1e-3",
+            "--test-limit",
+            "100",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads((out / "summary.json").read_text())["method"] == "fedmedian"
 
@@ -95,5 +122,11 @@ def test_built_in_methods_come_in_their_documented_order_with_their_traits():
     assert {k for k, i in m.items() if i.traits.nonprivate} == {"fedadam", "fednova", "rmsprop"}
     assert m["joint"].traits.pooled and all(i.headline in i.metrics for i in m.values())
     with pytest.raises(ValueError, match="already registered"):
-        registry.register("proxyfl", options=m["fedavg"].options, headline="global_acc", exchange="server",
-                          description="", metrics=("global_acc",))(type("Other", (), {}))
+        registry.register(
+            "proxyfl",
+            options=m["fedavg"].options,
+            headline="global_acc",
+            exchange="server",
+            description="",
+            metrics=("global_acc",),
+        )(type("Other", (), {}))

@@ -1,4 +1,5 @@
-"""SCAFFOLD with DP gradients: corrected steps g̃ − c_i + c, c_i⁺ = the mean of the round's DP gradients, and the
+"""SCAFFOLD with DP gradients: corrected steps g̃ − c_i + c, c_i⁺ = the mean of the round's DP gradients, and
+the
 server's c ← c + (|S|/N)·mean(Δc_i) — against a hand computation."""
 
 from types import SimpleNamespace
@@ -45,15 +46,25 @@ def test_local_steps_are_corrected_and_the_new_control_variate_is_the_mean_dp_gr
 
 
 def test_the_server_moves_c_by_the_share_of_sites_times_the_mean_delta():
-    cfg = RunConfig.from_dict({"method": "scaffold", "clients": 3, "proxy_model": "logreg", "seed": 0}).resolve()
-    server = cfg.info.cls(cfg).make_coordinator(3, SimpleNamespace(input_shape=(1, 8, 8), num_classes=10),
-                                                torch.device("cpu")).server
+    cfg = RunConfig.from_dict(
+        {"method": "scaffold", "clients": 3, "proxy_model": "logreg", "seed": 0}
+    ).resolve()
+    server = (
+        cfg.info.cls(cfg)
+        .make_coordinator(3, SimpleNamespace(input_shape=(1, 8, 8), num_classes=10), torch.device("cpu"))
+        .server
+    )
     model = {k: v.clone() for k, v in server.model.state_dict().items()}
     c0 = {n: torch.full_like(v, 0.5) for n, v in server.c.items()}
     server.c = {n: v.clone() for n, v in c0.items()}
-    ups = [({**model, **{CV + n: torch.full_like(v, d) for n, v in c0.items()}}, w) for d, w in ((1.0, 1.0), (4.0, 3.0))]
-    packets = [Packet(k, 3, encode({**u, WEIGHT_KEY: torch.tensor(w, dtype=torch.float64)}, {"round": 1, "src": k}))
-               for k, (u, w) in enumerate(ups)]
+    ups = [
+        ({**model, **{CV + n: torch.full_like(v, d) for n, v in c0.items()}}, w)
+        for d, w in ((1.0, 1.0), (4.0, 3.0))
+    ]
+    packets = [
+        Packet(k, 3, encode({**u, WEIGHT_KEY: torch.tensor(w, dtype=torch.float64)}, {"round": 1, "src": k}))
+        for k, (u, w) in enumerate(ups)
+    ]
     assert server.aggregate(1, packets, {0: 1.0, 1: 3.0}) == []
     for n, v in server.c.items():  # 2 of 3 sites; weighted mean Δc = (1·1 + 3·4) / 4 = 3.25
         torch.testing.assert_close(v, c0[n] + (2 / 3) * 3.25)

@@ -19,7 +19,9 @@ def public_objects():
             elif inspect.isclass(obj):
                 yield f"{module.__name__}.{name}", obj
                 for attr, member in vars(obj).items():
-                    if attr.startswith("_") or not (inspect.isfunction(member) or isinstance(member, property)):
+                    if attr.startswith("_") or not (
+                        inspect.isfunction(member) or isinstance(member, property)
+                    ):
                         continue
                     yield f"{module.__name__}.{name}.{attr}", getattr(obj, attr)
 

@@ -44,7 +44,9 @@ def test_resnet18_has_the_resnet18_layout_with_groupnorm():
     convs = [x for x in m.modules() if isinstance(x, torch.nn.Conv2d)]
     assert len(convs) == 1 + 16 + 3  # stem, 8 blocks x 2 convs, 3 projection shortcuts
     assert sum(isinstance(x, torch.nn.GroupNorm) for x in m.modules()) == 1 + 16 + 3
-    assert 11.0e6 < sum(p.numel() for p in m.parameters()) < 11.3e6  # torchvision's resnet18 has 11.2 M (2 classes)
+    assert (
+        11.0e6 < sum(p.numel() for p in m.parameters()) < 11.3e6
+    )  # torchvision's resnet18 has 11.2 M (2 classes)
     assert m(torch.zeros(2, 3, 64, 64)).shape == (2, 2)
 
 

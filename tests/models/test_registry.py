@@ -21,7 +21,7 @@ from silofl.models import (
 )
 from tests.core import plugins
 
-WIDE = '''
+WIDE = """
 from torch import nn
 
 from silofl.models import register_model
@@ -32,13 +32,18 @@ def build(input_shape, num_classes):
     import math
 
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, bias=False))
-'''
+"""
 
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    plugins.install(tmp_path / "sp", monkeypatch, "silofl-widelogreg", {"silofl_widelogreg": WIDE},
-                    {"silofl.models": {"widelogreg": "silofl_widelogreg"}})
+    plugins.install(
+        tmp_path / "sp",
+        monkeypatch,
+        "silofl-widelogreg",
+        {"silofl_widelogreg": WIDE},
+        {"silofl.models": {"widelogreg": "silofl_widelogreg"}},
+    )
     MODELS.rescan()
     yield
     plugins.forget(["silofl_widelogreg"], [(MODELS, "widelogreg")])

@@ -37,7 +37,7 @@ def test_units_calibration_and_group_privacy_multipliers():
 def test_auxiliary_releases_leave_the_total_noise_multiplier_the_accountant_sees():
     z = 1.0
     z_upd = update_noise_multiplier(z, count_std=2.5, norm_z=5.0)
-    assert z_upd ** -2 + (2 * 2.5) ** -2 + 5.0 ** -2 == pytest.approx(z ** -2)
+    assert z_upd**-2 + (2 * 2.5) ** -2 + 5.0**-2 == pytest.approx(z**-2)
     assert update_noise_multiplier(z) == z
     with pytest.raises(ConfigError, match="whole noise budget"):
         update_noise_multiplier(1.0, count_std=0.3)  # (2·0.3)^-2 > 1: nothing left for the update
@@ -51,7 +51,9 @@ def test_joint_release_equals_one_gaussian_of_the_total_multiplier_in_dp_account
 
     z, rounds, delta = 1.3, 40, 1e-5
     z_upd = update_noise_multiplier(z, count_std=2.0, norm_z=6.0)
-    parts = dpa.ComposedDpEvent([dpa.GaussianDpEvent(z_upd), dpa.GaussianDpEvent(2 * 2.0), dpa.GaussianDpEvent(6.0)])
+    parts = dpa.ComposedDpEvent(
+        [dpa.GaussianDpEvent(z_upd), dpa.GaussianDpEvent(2 * 2.0), dpa.GaussianDpEvent(6.0)]
+    )
     acc = RdpAccountant()
     acc.compose(parts, rounds)
     ref = RdpAccountant()

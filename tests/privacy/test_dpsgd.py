@@ -21,7 +21,14 @@ def big_linear():
 @pytest.mark.parametrize("sigma,clip,expected_b", [(1.0, 1.0, 250.0), (0.7, 2.5, 40.0)])
 def test_empty_batch_gives_noise_only_with_std_sigma_c_over_expected_batch(sigma, clip, expected_b):
     model = big_linear()
-    dp = DPGradient(model, clip=clip, noise_multiplier=sigma, expected_batch_size=expected_b, noise=NoiseSource(7), sample_rate=0.25)
+    dp = DPGradient(
+        model,
+        clip=clip,
+        noise_multiplier=sigma,
+        expected_batch_size=expected_b,
+        noise=NoiseSource(7),
+        sample_rate=0.25,
+    )
     dp.compute(torch.zeros(0, 400), ce, torch.zeros(0, dtype=torch.long))
     g = torch.cat([p.grad.flatten() for p in model.parameters()])
     target = sigma * clip / expected_b
@@ -33,13 +40,27 @@ def test_gradient_is_clipped_sum_plus_noise_over_expected_batch():
     model = big_linear()
     x, y = torch.randn(32, 400) * 3, torch.randint(0, 100, (32,))
     _, ref, _ = VmapClipper(model).clipped_sum(x, ce, (y,), 0.5)
-    dp = DPGradient(model, clip=0.5, noise_multiplier=1.3, expected_batch_size=50.0, noise=NoiseSource(11), sample_rate=0.5)
+    dp = DPGradient(
+        model,
+        clip=0.5,
+        noise_multiplier=1.3,
+        expected_batch_size=50.0,
+        noise=NoiseSource(11),
+        sample_rate=0.5,
+    )
     dp.compute(x, ce, y)
     resid = torch.cat([(p.grad - ref[p] / 50.0).flatten() for p in model.parameters()])
     assert resid.std().item() == pytest.approx(1.3 * 0.5 / 50.0, rel=0.03)
     # the same seed reproduces the same noise exactly
     grads = [p.grad.clone() for p in model.parameters()]
-    dp2 = DPGradient(model, clip=0.5, noise_multiplier=1.3, expected_batch_size=50.0, noise=NoiseSource(11), sample_rate=0.5)
+    dp2 = DPGradient(
+        model,
+        clip=0.5,
+        noise_multiplier=1.3,
+        expected_batch_size=50.0,
+        noise=NoiseSource(11),
+        sample_rate=0.5,
+    )
     dp2.compute(x, ce, y)
     for g, p in zip(grads, model.parameters(), strict=True):
         assert torch.equal(g, p.grad)

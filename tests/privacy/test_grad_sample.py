@@ -25,7 +25,10 @@ def opacus_reference(model, x, y, clip):
     return sq, {p: torch.einsum("b,bk->k", c, g) for p, g in per.items()}
 
 
-@pytest.mark.parametrize("name,shape", [("mlp", (1, 28, 28)), ("lenet5", (1, 28, 28)), ("cnn1", (3, 32, 32)), ("cnn2", (1, 16, 16))])
+@pytest.mark.parametrize(
+    "name,shape",
+    [("mlp", (1, 28, 28)), ("lenet5", (1, 28, 28)), ("cnn1", (3, 32, 32)), ("cnn2", (1, 16, 16))],
+)
 @pytest.mark.parametrize("cls", [GhostClipper, VmapClipper])
 def test_norms_and_clipped_sum_match_opacus(name, shape, cls):
     torch.manual_seed(0)
@@ -76,7 +79,9 @@ def test_every_clipped_example_gradient_is_at_most_C(backend):
     C = 0.05
     for i in range(6):
         x, y = torch.randn(1, 1, 28, 28) * (i + 1), torch.randint(0, 10, (1,))
-        _, grads, sq = clipper.clipped_sum(x, ce, (y,), C)  # a batch of one: the clipped sum is that example's clipped gradient
+        _, grads, sq = clipper.clipped_sum(
+            x, ce, (y,), C
+        )  # a batch of one: the clipped sum is that example's clipped gradient
         norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
         assert sq.sqrt().item() > C  # it really was clipped
         assert norm.item() <= C * (1 + 1e-5)
@@ -106,7 +111,9 @@ def test_reused_layer_is_detected_and_dp_gradient_falls_back():
 
     torch.manual_seed(3)
     model = Reused()
-    dp = DPGradient(model, clip=1.0, noise_multiplier=0.0, expected_batch_size=4, noise=NoiseSource(0), sample_rate=0.5)
+    dp = DPGradient(
+        model, clip=1.0, noise_multiplier=0.0, expected_batch_size=4, noise=NoiseSource(0), sample_rate=0.5
+    )
     assert dp.backend_name == "ghost"
     x, y = torch.randn(4, 5), torch.randint(0, 5, (4,))
     dp.compute(x, ce, y)

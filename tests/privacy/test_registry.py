@@ -45,8 +45,13 @@ ACCOUNTANTS.register("dpa-rdp", AccountantSpec("dp_accounting.rdp", DpaRdp, desc
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    plugins.install(tmp_path / "sp", monkeypatch, "silofl-dpa", {"silofl_dpa": DPA},
-                    {"silofl.accountants": {"dpa-rdp": "silofl_dpa"}})
+    plugins.install(
+        tmp_path / "sp",
+        monkeypatch,
+        "silofl-dpa",
+        {"silofl_dpa": DPA},
+        {"silofl.accountants": {"dpa-rdp": "silofl_dpa"}},
+    )
     ACCOUNTANTS.rescan()
     yield
     plugins.forget(["silofl_dpa"], [(ACCOUNTANTS, "dpa-rdp")])

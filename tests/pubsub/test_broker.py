@@ -7,19 +7,30 @@ from silofl.core.errors import ConfigError, ModelRejected
 from silofl.pubsub import Broker, PublishedModel
 from silofl.pubsub.model import checksum
 
-FEATURES = {"age": ("continuous", 54.2), "bmi": ("continuous", 27.1), "smoker": ("categorical", "no"),
-            "bp": ("continuous", 128.0)}
+FEATURES = {
+    "age": ("continuous", 54.2),
+    "bmi": ("continuous", 27.1),
+    "smoker": ("categorical", "no"),
+    "bp": ("continuous", 128.0),
+}
 
 
 def linear(publisher="A", features=("age", "bmi"), classes=(0, 1), outputs=None, **kw) -> PublishedModel:
     f = list(features)
     k = outputs if outputs is not None else (1 if classes and len(classes) == 2 else len(classes or [0]))
     g = torch.Generator().manual_seed(len(f) + k)
-    return PublishedModel(publisher=publisher, kind="linear", features=f, task=kw.pop("task", "classification"),
-                          classes=list(classes) if classes is not None else None,
-                          tensors={"coef": torch.randn(k, len(f), generator=g), "intercept": torch.zeros(k)},
-                          epsilon=kw.pop("epsilon", 1.0), delta=kw.pop("delta", 1e-5),
-                          mechanism={"name": "objective perturbation"}, **kw)
+    return PublishedModel(
+        publisher=publisher,
+        kind="linear",
+        features=f,
+        task=kw.pop("task", "classification"),
+        classes=list(classes) if classes is not None else None,
+        tensors={"coef": torch.randn(k, len(f), generator=g), "intercept": torch.zeros(k)},
+        epsilon=kw.pop("epsilon", 1.0),
+        delta=kw.pop("delta", 1e-5),
+        mechanism={"name": "objective perturbation"},
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -33,7 +44,10 @@ def broker(tmp_path):
 
 def _state(b: Broker):
     with sqlite3.connect(b.db_path) as db:
-        rows = {t: db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("sites", "features", "channels", "models")}
+        rows = {
+            t: db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
+            for t in ("sites", "features", "channels", "models")
+        }
     return rows, sorted(p.name for p in b.models_dir.iterdir())
 
 
@@ -51,17 +65,20 @@ def test_a_model_round_trips_through_the_safe_format_and_the_broker(broker):
     assert (broker.models_dir / f"{checksum(data)}.safetensors").read_bytes() == data
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda: _wrong_width(), "takes 3 inputs but declares 2"),
-    (lambda: _nan(), "non-finite"),
-    (lambda: linear(classes=(0, 1, 2), outputs=2), "2 outputs for 3 classes"),
-    (lambda: linear(epsilon=0.0), "need ε > 0"),
-    (lambda: linear(epsilon=float("inf")), "must be a non-negative finite number"),
-    (lambda: linear(delta=1.5), "δ < 1"),
-    (lambda: linear(features=("age", "age")), "distinct"),
-    (lambda: linear(task="regression", classes=None, outputs=2), "1 output"),
-    (lambda: linear(classes=(1,)), "two distinct class labels"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: _wrong_width(), "takes 3 inputs but declares 2"),
+        (lambda: _nan(), "non-finite"),
+        (lambda: linear(classes=(0, 1, 2), outputs=2), "2 outputs for 3 classes"),
+        (lambda: linear(epsilon=0.0), "need ε > 0"),
+        (lambda: linear(epsilon=float("inf")), "must be a non-negative finite number"),
+        (lambda: linear(delta=1.5), "δ < 1"),
+        (lambda: linear(features=("age", "age")), "distinct"),
+        (lambda: linear(task="regression", classes=None, outputs=2), "1 output"),
+        (lambda: linear(classes=(1,)), "two distinct class labels"),
+    ],
+)
 def test_invalid_models_are_rejected_with_a_reason(make, reason):
     with pytest.raises(ModelRejected, match=reason):
         make().to_bytes()
@@ -154,9 +171,17 @@ def test_a_dp_sgd_network_is_published_as_its_state_dict(broker):
     from silofl.models import MLP
 
     net = MLP((3,), 3, hidden=(8,))
-    m = PublishedModel(publisher="A", kind="mlp", features=["age", "bmi", "smoker"], task="classification",
-                       classes=["low", "mid", "high"], tensors=dict(net.state_dict()), epsilon=2.0, delta=1e-5,
-                       mechanism={"name": "dp-sgd", "noise_multiplier": 1.1, "sample_rate": 0.01, "steps": 300})
+    m = PublishedModel(
+        publisher="A",
+        kind="mlp",
+        features=["age", "bmi", "smoker"],
+        task="classification",
+        classes=["low", "mid", "high"],
+        tensors=dict(net.state_dict()),
+        epsilon=2.0,
+        delta=1e-5,
+        mechanism={"name": "dp-sgd", "noise_multiplier": 1.1, "sample_rate": 0.01, "steps": 300},
+    )
     got = broker.fetch(broker.publish(m.to_bytes()))
     net2 = MLP((3,), 3, hidden=(8,))
     net2.load_state_dict(got.tensors)

@@ -25,12 +25,34 @@ def world():
     for k, cols in enumerate([range(0, 12), range(10, 22), range(18, 30)]):
         cols = list(cols)
         i = parts[k]
-        models.append(train("dp-logreg", x[i][:, cols], y[i], publisher=f"site{k}", features=[feats[c] for c in cols],
-                            task="classification", bounds=Bounds(b.lo[cols], b.hi[cols]), epsilon=3.0, delta=1e-5,
-                            classes=CLASSES, seed=k))
-    noise = train("dp-logreg", x[parts[0]][:, :12], np.random.default_rng(1).integers(0, 2, len(parts[0])),
-                  publisher="noisy", features=feats[:12], task="classification", bounds=Bounds(b.lo[:12], b.hi[:12]),
-                  epsilon=3.0, delta=1e-5, classes=CLASSES, nonprivate=True)
+        models.append(
+            train(
+                "dp-logreg",
+                x[i][:, cols],
+                y[i],
+                publisher=f"site{k}",
+                features=[feats[c] for c in cols],
+                task="classification",
+                bounds=Bounds(b.lo[cols], b.hi[cols]),
+                epsilon=3.0,
+                delta=1e-5,
+                classes=CLASSES,
+                seed=k,
+            )
+        )
+    noise = train(
+        "dp-logreg",
+        x[parts[0]][:, :12],
+        np.random.default_rng(1).integers(0, 2, len(parts[0])),
+        publisher="noisy",
+        features=feats[:12],
+        task="classification",
+        bounds=Bounds(b.lo[:12], b.hi[:12]),
+        epsilon=3.0,
+        delta=1e-5,
+        classes=CLASSES,
+        nonprivate=True,
+    )
     with torch.no_grad():
         noise.tensors["coef"].normal_(0, 50)  # a publisher of pure noise
     defaults = {f: float(x[:, i].mean()) for i, f in enumerate(feats)}

@@ -30,7 +30,9 @@ def test_methods_differ_and_fine_tuning_uses_only_local_data():
     sites = _sites()
     a, _ = run_fl("fedavg", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1)
     p, _ = run_fl("fedprox", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1, mu=1.0)
-    m, info = run_fl("fedadam", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1, nonprivate=True)
+    m, info = run_fl(
+        "fedadam", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1, nonprivate=True
+    )
     assert any((x - y).abs().max() > 0 for x, y in zip(a.parameters(), p.parameters(), strict=True))
     assert info["private"] is False and "epsilon" not in info
     x, y = sites[0]

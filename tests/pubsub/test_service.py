@@ -50,10 +50,31 @@ class Server:
         self.url = f"https://127.0.0.1:{self.port}"
         self.log = open(self.root / f"server-{self.port}.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "silofl.cli.main", "pubsub", "serve", "--state", str(self.state), "--port",
-             str(self.port), "--cert", str(self.root / "tls" / "server.pem"), "--key",
-             str(self.root / "tls" / "server.key"), "--max-upload-mb", str(MAX_UPLOAD / 2**20), "--rate", str(RATE),
-             "--burst", str(BURST)], stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"})
+            [
+                sys.executable,
+                "-m",
+                "silofl.cli.main",
+                "pubsub",
+                "serve",
+                "--state",
+                str(self.state),
+                "--port",
+                str(self.port),
+                "--cert",
+                str(self.root / "tls" / "server.pem"),
+                "--key",
+                str(self.root / "tls" / "server.key"),
+                "--max-upload-mb",
+                str(MAX_UPLOAD / 2**20),
+                "--rate",
+                str(RATE),
+                "--burst",
+                str(BURST),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "200"},
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.root / f"server-{self.port}.log").read_text()
@@ -74,14 +95,21 @@ class Server:
         self.log.close()
 
     def http(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, verify=self.ca, timeout=30,
-                            headers={"Authorization": f"Bearer {token}"} if token else {})
+        return httpx.Client(
+            base_url=self.url,
+            verify=self.ca,
+            timeout=30,
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+        )
 
     def snapshot(self) -> tuple:
         """Everything the operator sees: publishers and their spend, sites, models with their bytes."""
         with self.http(self.admin["token"]) as c:
+
             def get(path):
-                while (r := c.get(path)).status_code == 429:  # the operator's own credential is rate limited too
+                while (
+                    r := c.get(path)
+                ).status_code == 429:  # the operator's own credential is rate limited too
                     time.sleep(float(r.headers["retry-after"]))
                 assert r.status_code == 200, r.text
                 return r
@@ -107,21 +135,67 @@ def server(tmp_path_factory):
 
 def enroll_and_register(server, root: Path, site: str, lifetime="4") -> str:
     """The site makes its key and request; the operator registers it; the site's credential path."""
-    res = runner.invoke(app, ["pubsub", "enroll", "--site", site, "--site-dir", str(root / "sites" / site),
-                              "--lifetime-epsilon", lifetime, "--out", str(root / f"{site}.request.json")])
+    res = runner.invoke(
+        app,
+        [
+            "pubsub",
+            "enroll",
+            "--site",
+            site,
+            "--site-dir",
+            str(root / "sites" / site),
+            "--lifetime-epsilon",
+            lifetime,
+            "--out",
+            str(root / f"{site}.request.json"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     cred = root / "creds" / site / "credential.json"
-    res = runner.invoke(app, ["pubsub", "register", "--broker", server.url, "--credential",
-                              str(server.state / "admin.json"), "--ca", server.ca, "--request",
-                              str(root / f"{site}.request.json"), "--out", str(cred)])
+    res = runner.invoke(
+        app,
+        [
+            "pubsub",
+            "register",
+            "--broker",
+            server.url,
+            "--credential",
+            str(server.state / "admin.json"),
+            "--ca",
+            server.ca,
+            "--request",
+            str(root / f"{site}.request.json"),
+            "--out",
+            str(cred),
+        ],
+    )
     assert res.exit_code == 0, res.output
     return str(cred)
 
 
 def publish(server, root, site, cred, data, *extra, epsilon="1"):
-    return runner.invoke(app, ["pubsub", "publish", "--broker", server.url, "--credential", cred, "--site", site,
-                               "--data", str(data), "--schema", str(write_schema(root)), "--epsilon", epsilon,
-                               "--site-dir", str(root / "sites" / site), *extra])
+    return runner.invoke(
+        app,
+        [
+            "pubsub",
+            "publish",
+            "--broker",
+            server.url,
+            "--credential",
+            cred,
+            "--site",
+            site,
+            "--data",
+            str(data),
+            "--schema",
+            str(write_schema(root)),
+            "--epsilon",
+            epsilon,
+            "--site-dir",
+            str(root / "sites" / site),
+            *extra,
+        ],
+    )
 
 
 def test_publish_subscribe_customize_and_stream_through_the_service(server, tmp_path):
@@ -131,8 +205,21 @@ def test_publish_subscribe_customize_and_stream_through_the_service(server, tmp_
         res = publish(server, tmp_path, s, creds[s], tmp_path / f"{s}.csv")
         assert res.exit_code == 0, res.output
         assert said(res, "spent up to ε=1,")
-    res = runner.invoke(app, ["pubsub", "subscribe", "--broker", server.url, "--credential", creds["sub"], "--site",
-                              "sub", "--channel", "age,dose"])
+    res = runner.invoke(
+        app,
+        [
+            "pubsub",
+            "subscribe",
+            "--broker",
+            server.url,
+            "--credential",
+            creds["sub"],
+            "--site",
+            "sub",
+            "--channel",
+            "age,dose",
+        ],
+    )
     assert res.exit_code == 0 and said(res, "2 models match"), res.output
     res = runner.invoke(app, ["pubsub", "list", "--broker", server.url, "--credential", creds["sub"]])
     assert res.exit_code == 0, res.output
@@ -140,18 +227,56 @@ def test_publish_subscribe_customize_and_stream_through_the_service(server, tmp_
     assert pubs["h1"]["epsilon_spent"] == 1.0 and pubs["h1"]["lifetime"] == [4.0, 1e-4]
     site_frame(200, seed=7).to_csv(tmp_path / "sub.csv", index=False)
     out = tmp_path / "out"
-    res = runner.invoke(app, ["pubsub", "customize", "--broker", server.url, "--credential", creds["sub"], "--site",
-                              "sub", "--data", str(tmp_path / "sub.csv"), "--schema", str(write_schema(tmp_path)),
-                              "--out", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "pubsub",
+            "customize",
+            "--broker",
+            server.url,
+            "--credential",
+            creds["sub"],
+            "--site",
+            "sub",
+            "--data",
+            str(tmp_path / "sub.csv"),
+            "--schema",
+            str(write_schema(tmp_path)),
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rep = json.loads((out / "customization.json").read_text())
     assert len(rep["models_fetched"]) == 2 and rep["models_skipped"] == []
-    # a stream through the service: one model per chunk, the oldest withdrawn (k = 1), each chunk in the ledger
+    # a stream through the service: one model per chunk, the oldest withdrawn (k = 1), each chunk in the
+    # ledger
     site_frame(200, seed=9).to_csv(tmp_path / "h2s.csv", index=False)
-    res = runner.invoke(app, ["pubsub", "stream", "--broker", server.url, "--credential", creds["h2"], "--site", "h2",
-                              "--data", str(tmp_path / "h2s.csv"), "--schema", str(write_schema(tmp_path)),
-                              "--epsilon", "1", "--chunk-size", "100", "--ensemble", "1",
-                              "--site-dir", str(tmp_path / "sites" / "h2")])
+    res = runner.invoke(
+        app,
+        [
+            "pubsub",
+            "stream",
+            "--broker",
+            server.url,
+            "--credential",
+            creds["h2"],
+            "--site",
+            "h2",
+            "--data",
+            str(tmp_path / "h2s.csv"),
+            "--schema",
+            str(write_schema(tmp_path)),
+            "--epsilon",
+            "1",
+            "--chunk-size",
+            "100",
+            "--ensemble",
+            "1",
+            "--site-dir",
+            str(tmp_path / "sites" / "h2"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert said(res, "withdrew chunk 0")
     h2 = [m for m in server.snapshot()[2] if m["publisher"] == "h2"]
@@ -168,11 +293,19 @@ def test_publish_subscribe_customize_and_stream_through_the_service(server, tmp_
 def test_attacks_are_refused_and_nothing_is_lost(server, tmp_path):
     creds = {s: json.loads(Path(enroll_and_register(server, tmp_path, s)).read_text()) for s in ("a1", "b1")}
     site_frame(300, seed=3).to_csv(tmp_path / "a1.csv", index=False)
-    assert publish(server, tmp_path, "a1", str(tmp_path / "creds" / "a1" / "credential.json"),
-                   tmp_path / "a1.csv").exit_code == 0
+    assert (
+        publish(
+            server, tmp_path, "a1", str(tmp_path / "creds" / "a1" / "credential.json"), tmp_path / "a1.csv"
+        ).exit_code
+        == 0
+    )
     site_frame(300, seed=4).to_csv(tmp_path / "b1.csv", index=False)
-    assert publish(server, tmp_path, "b1", str(tmp_path / "creds" / "b1" / "credential.json"),
-                   tmp_path / "b1.csv").exit_code == 0
+    assert (
+        publish(
+            server, tmp_path, "b1", str(tmp_path / "creds" / "b1" / "credential.json"), tmp_path / "b1.csv"
+        ).exit_code
+        == 0
+    )
     before = server.snapshot()
     a_models = [m["id"] for m in before[2] if m["publisher"] == "a1"]
     b_models = [m["id"] for m in before[2] if m["publisher"] == "b1"]
@@ -184,17 +317,28 @@ def test_attacks_are_refused_and_nothing_is_lost(server, tmp_path):
     from safetensors.torch import save as st_save
 
     meta = header_metadata(b_blob)
-    a_as_b = sign_model(st_save(st_load(b_blob), metadata={"silofl.pubsub": meta["silofl.pubsub"]}), key_a,
-                        {**rel, "ledger_seq": 99})
+    a_as_b = sign_model(
+        st_save(st_load(b_blob), metadata={"silofl.pubsub": meta["silofl.pubsub"]}),
+        key_a,
+        {**rel, "ledger_seq": 99},
+    )
     tensors = st_load(b_blob)
     tensors["coef"] = tensors["coef"] * 2
     tampered = st_save(tensors, metadata=meta)
     pm = json.loads(meta["silofl.pubsub"])
     own = st_save(st_load(b_blob), metadata={"silofl.pubsub": json.dumps({**pm, "publisher": "a1"})})
-    over = sign_model(own, key_a, {**rel, "site": "a1", "epsilon_spent": 5.0, "lifetime": [4.0, 1e-4],
-                                   "ledger_seq": 99})
-    missing = sign_model(own, key_a, {k: v for k, v in {**rel, "site": "a1", "ledger_seq": 99}.items()
-                                      if k not in ("epsilon_spent", "delta_spent")})
+    over = sign_model(
+        own, key_a, {**rel, "site": "a1", "epsilon_spent": 5.0, "lifetime": [4.0, 1e-4], "ledger_seq": 99}
+    )
+    missing = sign_model(
+        own,
+        key_a,
+        {
+            k: v
+            for k, v in {**rel, "site": "a1", "ledger_seq": 99}.items()
+            if k not in ("epsilon_spent", "delta_spent")
+        },
+    )
     replayed = a_blob = None
     with server.http(creds["a1"]["token"]) as c:
         a_blob = c.get(f"/v1/models/{a_models[0]}").content
@@ -202,13 +346,25 @@ def test_attacks_are_refused_and_nothing_is_lost(server, tmp_path):
     attempts = {
         "unauthenticated publish": (None, "POST", "/v1/models", a_blob, 401),
         "a forged token": ("slf_forged", "POST", "/v1/models", a_blob, 401),
-        "publish as another site (b1's signed model)": (creds["a1"]["token"], "POST", "/v1/models", b_blob, 403),
+        "publish as another site (b1's signed model)": (
+            creds["a1"]["token"],
+            "POST",
+            "/v1/models",
+            b_blob,
+            403,
+        ),
         "publish as another site (signed by a1)": (creds["a1"]["token"], "POST", "/v1/models", a_as_b, 403),
         "a tampered model": (creds["b1"]["token"], "POST", "/v1/models", tampered, 422),
         "a declared spend over the budget": (creds["a1"]["token"], "POST", "/v1/models", over, 422),
         "a missing declared spend": (creds["a1"]["token"], "POST", "/v1/models", missing, 422),
         "a replayed model": (creds["a1"]["token"], "POST", "/v1/models", replayed, 422),
-        "withdraw another site's model": (creds["a1"]["token"], "DELETE", f"/v1/models/{b_models[0]}", None, 403),
+        "withdraw another site's model": (
+            creds["a1"]["token"],
+            "DELETE",
+            f"/v1/models/{b_models[0]}",
+            None,
+            403,
+        ),
         "remove another site": (creds["a1"]["token"], "DELETE", "/v1/sites/b1", None, 403),
         "register a site as a site": (creds["a1"]["token"], "POST", "/v1/sites", b"{}", 403),
         "an oversized upload": (creds["a1"]["token"], "POST", "/v1/models", b"\0" * (MAX_UPLOAD + 1), 413),
@@ -219,9 +375,11 @@ def test_attacks_are_refused_and_nothing_is_lost(server, tmp_path):
         assert r.status_code == status, (what, r.status_code, r.text)
         assert server.snapshot() == before, what
     with server.http(creds["a1"]["token"]) as c:  # a chunked upload without a length, cut off at the bound
+
         def chunks():
             for _ in range(64):
                 yield b"\0" * 16384
+
         try:
             r = c.post("/v1/models", content=chunks())
             assert r.status_code == 413

@@ -25,14 +25,31 @@ def model_bytes(site="a", seed=0) -> bytes:
     rng = np.random.default_rng(seed)
     x = rng.random((200, 3))
     y = (x.sum(1) > 1.5).astype(int)
-    m = train("dp-logreg", x, y, publisher=site, features=FEATS, task="classification",
-              bounds=Bounds(np.zeros(3), np.ones(3)), epsilon=1.0, delta=1e-5, classes=["0", "1"], seed=seed)
+    m = train(
+        "dp-logreg",
+        x,
+        y,
+        publisher=site,
+        features=FEATS,
+        task="classification",
+        bounds=Bounds(np.zeros(3), np.ones(3)),
+        epsilon=1.0,
+        delta=1e-5,
+        classes=["0", "1"],
+        seed=seed,
+    )
     return m.to_bytes()
 
 
 def receipt(site="a", spent=1.0, seq=0, lifetime=(4.0, 1e-4)):
-    return {"site": site, "epsilon_spent": spent, "delta_spent": 1e-5, "lifetime": list(lifetime), "ledger_seq": seq,
-            "join": JOIN}
+    return {
+        "site": site,
+        "epsilon_spent": spent,
+        "delta_spent": 1e-5,
+        "lifetime": list(lifetime),
+        "ledger_seq": seq,
+        "join": JOIN,
+    }
 
 
 def test_a_signature_covers_metadata_receipt_and_tensors(tmp_path):
@@ -51,7 +68,9 @@ def test_a_signature_covers_metadata_receipt_and_tensors(tmp_path):
         verify_model(st_save(tensors, metadata=meta), public_key_hex(key))
     rel2 = {**json.loads(meta["silofl.release"]), "epsilon_spent": 0.5}  # a lowered declared spend
     with pytest.raises(ModelRejected, match="does not verify"):
-        verify_model(st_save(st_load(data), metadata={**meta, "silofl.release": json.dumps(rel2)}), public_key_hex(key))
+        verify_model(
+            st_save(st_load(data), metadata={**meta, "silofl.release": json.dumps(rel2)}), public_key_hex(key)
+        )
     with pytest.raises(ModelRejected, match="not signed"):
         verify_model(model_bytes(), public_key_hex(key))
 
@@ -67,8 +86,9 @@ def test_a_strict_broker_checks_key_spend_and_ledger_order(tmp_path):
     refused = {
         "not signed": model_bytes(),
         "does not verify": sign_model(model_bytes(), load_signing_key(tmp_path / "evil"), receipt()),
-        "declares no finite spend": sign_model(model_bytes(), key, {k: v for k, v in receipt().items()
-                                                                    if k != "epsilon_spent"}),
+        "declares no finite spend": sign_model(
+            model_bytes(), key, {k: v for k, v in receipt().items() if k != "epsilon_spent"}
+        ),
         "over 'a'": sign_model(model_bytes(), key, receipt(spent=4.5)),
         "below the model's own": sign_model(model_bytes(), key, receipt(spent=0.5)),
         "names site": sign_model(model_bytes(), key, receipt(site="b")),

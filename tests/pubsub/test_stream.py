@@ -14,8 +14,18 @@ FEATS = ["a", "b", "c"]
 def _publisher(tmp_path, k=2):
     broker = Broker(tmp_path / "broker")
     broker.join("p", {f: ("continuous", 0.5, 0.0, 1.0) for f in FEATS})
-    return broker, StreamPublisher("p", FEATS, "classification", "dp-logreg", 1.0, 1e-5, Bounds(np.zeros(3), np.ones(3)),
-                                   k=k, classes=["0", "1"], broker=broker)
+    return broker, StreamPublisher(
+        "p",
+        FEATS,
+        "classification",
+        "dp-logreg",
+        1.0,
+        1e-5,
+        Bounds(np.zeros(3), np.ones(3)),
+        k=k,
+        classes=["0", "1"],
+        broker=broker,
+    )
 
 
 def _chunk(rng, ids):
@@ -45,4 +55,6 @@ def test_overlapping_or_repeated_records_are_refused(tmp_path):
         pub.add_chunk(*_chunk(rng, [100] * 30))
     assert len(broker.models(publisher="p")) == 1 and pub.chunks == 1  # nothing changed
     with pytest.raises(ConfigError, match="k must be"):
-        StreamPublisher("p", FEATS, "classification", "dp-logreg", 1.0, 1e-5, Bounds(np.zeros(3), np.ones(3)), k=0)
+        StreamPublisher(
+            "p", FEATS, "classification", "dp-logreg", 1.0, 1e-5, Bounds(np.zeros(3), np.ones(3)), k=0
+        )

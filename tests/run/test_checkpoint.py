@@ -9,13 +9,21 @@ from silofl.run.loop import run as simulate
 
 
 def test_flatten_round_trips_nested_state_without_pickle(tmp_path):
-    state = {"model": {"w": torch.randn(3, 2), "b": torch.zeros(2)}, "opt": {"state": {0: {"step": torch.tensor(3.0)}},
-             "param_groups": [{"lr": 0.1, "params": [0]}]}, "gen": torch.Generator().manual_seed(1).get_state(),
-             "n": 4, "none": None, "hist": [[1.0, 0.5, 3]], "name": "x"}
+    state = {
+        "model": {"w": torch.randn(3, 2), "b": torch.zeros(2)},
+        "opt": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "gen": torch.Generator().manual_seed(1).get_state(),
+        "n": 4,
+        "none": None,
+        "hist": [[1.0, 0.5, 3]],
+        "name": "x",
+    }
     tensors, skel = flatten(state)
     json.dumps(skel)  # the skeleton is plain JSON
     back = unflatten(tensors, skel)
-    assert back["opt"]["state"][0]["step"] == 3.0 and back["opt"]["param_groups"] == [{"lr": 0.1, "params": [0]}]
+    assert back["opt"]["state"][0]["step"] == 3.0 and back["opt"]["param_groups"] == [
+        {"lr": 0.1, "params": [0]}
+    ]
     assert torch.equal(back["model"]["w"], state["model"]["w"]) and torch.equal(back["gen"], state["gen"])
     assert back["hist"] == [[1.0, 0.5, 3]] and back["none"] is None and back["n"] == 4
     save_node(tmp_path, 3, state, meta={"round": 7})
@@ -39,9 +47,20 @@ CASES = {
     "proxyfl": {},
     "fedavg": {},
     "cwt": {},
-    "dp-fedadam": {"intermediaries": "adaptive", "adaptive_clip": True, "partition": "iid", "batch_size": 15,
-                   "proxy_model": "mlp256"},
-    "dp2-rmsprop": {"intermediaries": "2", "dp2_delay": 1, "partition": "iid", "batch_size": 15, "proxy_model": "mlp256"},
+    "dp-fedadam": {
+        "intermediaries": "adaptive",
+        "adaptive_clip": True,
+        "partition": "iid",
+        "batch_size": 15,
+        "proxy_model": "mlp256",
+    },
+    "dp2-rmsprop": {
+        "intermediaries": "2",
+        "dp2_delay": 1,
+        "partition": "iid",
+        "batch_size": 15,
+        "proxy_model": "mlp256",
+    },
 }
 
 

@@ -41,8 +41,13 @@ def test_flat_options_are_routed_to_the_method_and_foreign_ones_refused():
     assert cfg.options.self_weight == 0.5 and cfg.options.dml_alpha == 0.3
     with pytest.raises(ConfigError, match="self_weight does not apply to method 'fedavg'"):
         RunConfig.from_dict({"method": "fedavg", "self_weight": 0.5})
-    assert RunConfig.from_dict({"method": "fedavg", "self_weight": 0.5}, strict=False).options.aggregation == "size"
-    assert RunConfig.from_dict({"method": "fedavg", "self_weight": 0.0}).method == "fedavg"  # a default is harmless
+    assert (
+        RunConfig.from_dict({"method": "fedavg", "self_weight": 0.5}, strict=False).options.aggregation
+        == "size"
+    )
+    assert (
+        RunConfig.from_dict({"method": "fedavg", "self_weight": 0.0}).method == "fedavg"
+    )  # a default is harmless
     with pytest.raises(ConfigError, match="unknown config option.*bogus"):
         RunConfig.from_dict({"bogus": 1})
     with pytest.raises(ConfigError, match="section for method 'fml'"):
@@ -60,16 +65,19 @@ def test_type_errors():
         RunConfig.from_dict({"clients": 3, "private_models": ["mlp", "mlp"]}).resolve()
 
 
-@pytest.mark.parametrize("changes, match", [
-    ({"noise_multiplier": math.inf}, "noise_multiplier must be positive and finite"),
-    ({"noise_multiplier": math.nan}, "must be a number, got nan"),
-    ({"target_epsilon": math.nan}, "must be a number, got nan"),
-    ({"target_epsilon": math.inf}, "target_epsilon must be positive and finite"),
-    ({"lr": math.inf}, "lr must be a finite positive number"),
-    ({"clip": -1.0}, "clip must be positive"),
-    ({"method": "dp-fedavg", "local_lr": math.inf}, "local_lr must be a finite positive number"),
-    ({"target_epsilons": [1.0, math.inf, 2.0], "clients": 3}, "every target_epsilons entry"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"noise_multiplier": math.inf}, "noise_multiplier must be positive and finite"),
+        ({"noise_multiplier": math.nan}, "must be a number, got nan"),
+        ({"target_epsilon": math.nan}, "must be a number, got nan"),
+        ({"target_epsilon": math.inf}, "target_epsilon must be positive and finite"),
+        ({"lr": math.inf}, "lr must be a finite positive number"),
+        ({"clip": -1.0}, "clip must be positive"),
+        ({"method": "dp-fedavg", "local_lr": math.inf}, "local_lr must be a finite positive number"),
+        ({"target_epsilons": [1.0, math.inf, 2.0], "clients": 3}, "every target_epsilons entry"),
+    ],
+)
 def test_non_finite_and_out_of_range_numbers_are_refused(changes, match):
     with pytest.raises(ConfigError, match=match):
         RunConfig.from_dict(changes).resolve()
@@ -85,8 +93,10 @@ def test_data_dependent_defaults_fit_the_data_set():
 
 
 def test_a_deployed_run_takes_dataset_table_without_the_sites_files():
-    """`silofl deploy start … --dataset table` (the README's): each site reads its own table and schema (site.json);
-    the coordinator names none, and is refused one it could not use. A run that reads data here still needs them."""
+    """`silofl deploy start … --dataset table` (the README's): each site reads its own table and schema
+    (site.json);
+    the coordinator names none, and is refused one it could not use. A run that reads data here still needs
+    them."""
     import torch
 
     from silofl.run.data import prepare_data
@@ -95,7 +105,9 @@ def test_a_deployed_run_takes_dataset_table_without_the_sites_files():
     assert cfg.dataset == "table" and cfg.site_data is None and cfg.data_at_sites
     for given in (dict(site_data=["a.csv"], clients=1), dict(schema="s.yaml"), dict(test_data="t.csv")):
         with pytest.raises(ConfigError, match="site.json"):
-            RunConfig.from_dict(dict(method="proxyfl", dataset="table", data_at_sites=True, **given)).resolve()
+            RunConfig.from_dict(
+                dict(method="proxyfl", dataset="table", data_at_sites=True, **given)
+            ).resolve()
     with pytest.raises(ConfigError, match="needs --site-data"):
         RunConfig.from_dict(dict(method="proxyfl", dataset="table")).resolve()
     with pytest.raises(ConfigError, match="the sites hold this run's data"):

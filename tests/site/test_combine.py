@@ -1,5 +1,7 @@
-"""Combination at inference (silofl.site.combine): held-out rows carved once from the site's own training rows, a
-combiner fitted on them only (never the test split), equal to an independent fit, no worse than its worse part."""
+"""Combination at inference (silofl.site.combine): held-out rows carved once from the site's own training
+rows, a
+combiner fitted on them only (never the test split), equal to an independent fit, no worse than its worse
+part."""
 
 import numpy as np
 import pytest
@@ -30,8 +32,12 @@ def test_holdout_rows_are_a_fixed_disjoint_share_of_the_sites_rows():
 def _logps(n=120, c=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     y = torch.randint(0, c, (n,), generator=g)
-    a = torch.randn(n, c, generator=g) + 2.0 * nn.functional.one_hot(y, c) * (torch.rand(n, 1, generator=g) < 0.7)
-    b = torch.randn(n, c, generator=g) + 1.5 * nn.functional.one_hot(y, c) * (torch.rand(n, 1, generator=g) < 0.6)
+    a = torch.randn(n, c, generator=g) + 2.0 * nn.functional.one_hot(y, c) * (
+        torch.rand(n, 1, generator=g) < 0.7
+    )
+    b = torch.randn(n, c, generator=g) + 1.5 * nn.functional.one_hot(y, c) * (
+        torch.rand(n, 1, generator=g) < 0.6
+    )
     return [torch.log_softmax(a, 1), torch.log_softmax(b, 1)], y
 
 
@@ -60,17 +66,25 @@ def test_a_balanced_stacker_equals_scikit_learn_with_balanced_sample_weights():
     counts = np.bincount(y.numpy(), minlength=3)
     sw = len(y) / (3 * counts[y.numpy()])  # sklearn's class_weight="balanced"
     ref = LogisticRegression(C=1 / (2 * 1e-2 * sw.sum()), fit_intercept=False, tol=1e-10, max_iter=10_000)
-    ref.fit(np.hstack([torch.cat(logps, 1).double().numpy(), np.ones((len(y), 1))]), y.numpy(), sample_weight=sw)
-    assert np.allclose(w.numpy(), ref.coef_[:, :-1], atol=2e-3) and np.allclose(b.numpy(), ref.coef_[:, -1], atol=2e-3)
+    ref.fit(
+        np.hstack([torch.cat(logps, 1).double().numpy(), np.ones((len(y), 1))]), y.numpy(), sample_weight=sw
+    )
+    assert np.allclose(w.numpy(), ref.coef_[:, :-1], atol=2e-3) and np.allclose(
+        b.numpy(), ref.coef_[:, -1], atol=2e-3
+    )
 
 
 def test_weights_are_the_best_grid_point_by_held_out_cross_entropy():
     logps, y = _logps(seed=1)
     w, b, mix = fit_combiner(logps, y, "weights")
-    losses = {m: float(nn.functional.cross_entropy(m[0] * logps[0] + m[1] * logps[1], y)) for m in weight_grid(2)}
+    losses = {
+        m: float(nn.functional.cross_entropy(m[0] * logps[0] + m[1] * logps[1], y)) for m in weight_grid(2)
+    }
     assert len(losses) == 21 and mix == min(losses, key=losses.get)
     assert torch.equal(w, torch.cat([mix[0] * torch.eye(3), mix[1] * torch.eye(3)], 1)) and not b.any()
-    assert fit_weights([logps[0], logps[0] - 5.0 * logps[0].exp()], y)[0] == 1.0  # a useless part gets no weight
+    assert (
+        fit_weights([logps[0], logps[0] - 5.0 * logps[0].exp()], y)[0] == 1.0
+    )  # a useless part gets no weight
 
 
 class Fixed(nn.Module):
@@ -110,10 +124,28 @@ def _site(n=60, mode="stack", seed=0):
     x = torch.randn(n + 20, 5, generator=g)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
     keep, held = holdout_rows(len(y), 0.25, 11, 0)
-    settings = DPSGDSettings(seed=seed, batch_size=15, lr=0.05, weight_decay=0.0, private=False, noise_multiplier=1.0,
-                             clip=1.0, delta=1e-5, accountant="rdp", target_epsilon=None, dp_backend="auto")
-    site = DPSGDSite(0, x[keep], y[keep], ModelSpec("logreg", (5,), 3), settings,
-                     private_spec=ModelSpec("tabmlp", (5,), 3), shared_field="proxy")
+    settings = DPSGDSettings(
+        seed=seed,
+        batch_size=15,
+        lr=0.05,
+        weight_decay=0.0,
+        private=False,
+        noise_multiplier=1.0,
+        clip=1.0,
+        delta=1e-5,
+        accountant="rdp",
+        target_epsilon=None,
+        dp_backend="auto",
+    )
+    site = DPSGDSite(
+        0,
+        x[keep],
+        y[keep],
+        ModelSpec("logreg", (5,), 3),
+        settings,
+        private_spec=ModelSpec("tabmlp", (5,), 3),
+        shared_field="proxy",
+    )
     site.combination = Combination(CombineSettings(mode=mode, epochs=2, seed=seed), x[held], y[held])
     for rnd in (1, 2):
         site.train(rnd)
@@ -132,8 +164,9 @@ def test_combination_never_reads_the_test_split():
         assert "combined_acc" in reply.meta["accs"] and "combined_acc" in reply.meta["internal"]
     assert torch.equal(fitted[0][0], fitted[1][0]) and torch.equal(fitted[0][1], fitted[1][1])
     # and it is exactly the fit on the held-out rows' log-probabilities of the site's own and DP models
-    expect, _, _ = fit_combiner([log_probs(site.private, x[held]), log_probs(site.shared, x[held])], y[held], "stack",
-                             balance=True)  # the default: class-balanced
+    expect, _, _ = fit_combiner(
+        [log_probs(site.private, x[held]), log_probs(site.shared, x[held])], y[held], "stack", balance=True
+    )  # the default: class-balanced
     assert torch.equal(fitted[0][0], expect)
     assert site.combination.roles == ["private", "proxy"]
     assert site.metric_label("combined_acc") == "non-private"
@@ -155,7 +188,11 @@ def test_a_site_without_its_own_model_trains_one_without_dp_and_keeps_the_combin
 
 def test_combine_options_are_checked():
     base = dict(method="fedavg", dataset="digits", clients=2, rounds=1)
-    for bad, msg in ((dict(combine="mean"), "unknown combine"), (dict(combine="stack", combine_holdout=1.0), "(0, 1)"),
-                     (dict(combine_epochs=0), "at least 1"), (dict(combine_l2=-1.0), "positive")):
+    for bad, msg in (
+        (dict(combine="mean"), "unknown combine"),
+        (dict(combine="stack", combine_holdout=1.0), "(0, 1)"),
+        (dict(combine_epochs=0), "at least 1"),
+        (dict(combine_l2=-1.0), "positive"),
+    ):
         with pytest.raises(ConfigError, match=msg):
             RunConfig.from_dict({**base, **bad}).resolve()

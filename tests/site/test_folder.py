@@ -1,4 +1,5 @@
-"""One site folder, one budget: PubSub-ML releases, deployed runs and simulations charge the same ledger, and folders
+"""One site folder, one budget: PubSub-ML releases, deployed runs and simulations charge the same ledger, and
+folders
 of both earlier formats are converted in place (or refused in one line, left as they were)."""
 
 from __future__ import annotations
@@ -15,22 +16,31 @@ from silofl.site.folder import BACKUP, FORMAT, SiteConfig, SiteFolder, migrate
 
 def snapshot(folder):
     """Every file under ``folder`` with its bytes (what a refused conversion must leave untouched)."""
+
     def head(p):
         with open(p, "rb") as f:
             return f.read(1 << 20)
 
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, head(p))
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, head(p))
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def pubsub_v1(folder, name="a", lifetime=(10.0, 1e-4), releases=((1.0, 1e-6, ("r1", "r2")),), sign=True):
-    """A folder as PubSub-ML wrote it before this format: site.json silofl.site/1, site.key + ledger.jsonl and a hex
+    """A folder as PubSub-ML wrote it before this format: site.json silofl.site/1, site.key + ledger.jsonl and
+    a hex
     sign.key at the top; returns the old ledger."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     folder.mkdir(parents=True)
-    (folder / "site.json").write_text(json.dumps({"format": "silofl.site/1", "name": name,
-                                                  "lifetime": list(lifetime) if lifetime else None}) + "\n")
+    (folder / "site.json").write_text(
+        json.dumps(
+            {"format": "silofl.site/1", "name": name, "lifetime": list(lifetime) if lifetime else None}
+        )
+        + "\n"
+    )
     led = Ledger(folder)
     for eps, dlt, ids in releases:
         led.record_release({led.record_digest(i) for i in ids}, eps, dlt, what="pubsub-model")
@@ -43,8 +53,12 @@ def pubsub_v1(folder, name="a", lifetime=(10.0, 1e-4), releases=((1.0, 1e-6, ("r
 
 def deploy_v1(folder, name="a", lifetime=(8.0, 1e-3)):
     """A folder as `silofl site init` wrote it before this format (format 1, keys/, ledger/)."""
-    f = SiteFolder.create(folder, SiteConfig(name=name, data="data.safetensors", lifetime_epsilon=lifetime[0],
-                                             lifetime_delta=lifetime[1]))
+    f = SiteFolder.create(
+        folder,
+        SiteConfig(
+            name=name, data="data.safetensors", lifetime_epsilon=lifetime[0], lifetime_delta=lifetime[1]
+        ),
+    )
     d = json.loads((folder / "site.json").read_text())
     (folder / "site.json").write_text(json.dumps({**d, "format": 1}, indent=1) + "\n")
     return f
@@ -94,11 +108,29 @@ def test_a_folder_holding_both_ledgers_gets_one_budget_that_adds_up(tmp_path):
     assert f.outside_training()["released"] == pytest.approx((2.0, 1e-6))
     assert f.training_budget() == pytest.approx((6.0, 1e-3 - 1e-6))
     assert f.ledger.spent({f.ledger.record_digest("anything")}) == pytest.approx((2.0, 1e-6))
-    assert (folder / "ledger.v1.bak" / "ledger.jsonl").is_file() and (folder / "ledger.jsonl.v1.bak").is_file()
+    assert (folder / "ledger.v1.bak" / "ledger.jsonl").is_file() and (
+        folder / "ledger.jsonl.v1.bak"
+    ).is_file()
 
 
-@pytest.mark.parametrize("case", ["huge", "deep", "not-object", "format", "name", "lifetime", "tampered", "symlink",
-                                  "oversized-ledger", "no-key", "bad-sign-key", "malformed-entry", "keys-beside"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "huge",
+        "deep",
+        "not-object",
+        "format",
+        "name",
+        "lifetime",
+        "tampered",
+        "symlink",
+        "oversized-ledger",
+        "no-key",
+        "bad-sign-key",
+        "malformed-entry",
+        "keys-beside",
+    ],
+)
 def test_a_corrupt_or_hostile_folder_is_refused_in_one_line_and_left_as_it_was(tmp_path, case):
     folder = tmp_path / "a"
     pubsub_v1(folder)
@@ -114,7 +146,9 @@ def test_a_corrupt_or_hostile_folder_is_refused_in_one_line_and_left_as_it_was(t
     elif case == "name":
         site.write_text(json.dumps({"format": "silofl.site/1", "name": "../evil", "lifetime": [1, 1e-5]}))
     elif case == "lifetime":
-        site.write_text(json.dumps({"format": "silofl.site/1", "name": "a", "lifetime": [float("inf"), 1e-5]}))
+        site.write_text(
+            json.dumps({"format": "silofl.site/1", "name": "a", "lifetime": [float("inf"), 1e-5]})
+        )
     elif case == "tampered":
         lines = (folder / "ledger.jsonl").read_text().splitlines()
         (folder / "ledger.jsonl").write_text(json.dumps({**json.loads(lines[0]), "epsilon": 0.0}) + "\n")

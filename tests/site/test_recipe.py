@@ -26,10 +26,28 @@ def test_round_schedule_defaults_to_one_epoch_of_batch_size_and_takes_q_and_loca
 def test_ema_is_what_is_evaluated_and_saved_the_raw_iterate_is_exchanged_and_the_accountant_is_exact():
     torch.manual_seed(0)
     x, y = torch.randn(40, 1, 6, 6), torch.randint(0, 3, (40,))
-    s = DPSGDSettings(seed=3, batch_size=10, lr=0.05, weight_decay=0.0, private=True, noise_multiplier=1.3, clip=0.1,
-                      delta=1e-3, accountant="rdp", target_epsilon=None, dp_backend="auto", optimizer="sgd",
-                      momentum=0.9, nesterov=True, ema_decay=0.6, sample_rate=0.5, local_steps=3, augmult=2, aug_pad=1,
-                      aug_flip=True)
+    s = DPSGDSettings(
+        seed=3,
+        batch_size=10,
+        lr=0.05,
+        weight_decay=0.0,
+        private=True,
+        noise_multiplier=1.3,
+        clip=0.1,
+        delta=1e-3,
+        accountant="rdp",
+        target_epsilon=None,
+        dp_backend="auto",
+        optimizer="sgd",
+        momentum=0.9,
+        nesterov=True,
+        ema_decay=0.6,
+        sample_rate=0.5,
+        local_steps=3,
+        augmult=2,
+        aug_pad=1,
+        aug_flip=True,
+    )
     site = DPSGDSite(0, x, y, ModelSpec("logreg", (1, 6, 6), 3), s, shared_field="global")
     copy = DPSGDSite(0, x, y, ModelSpec("logreg", (1, 6, 6), 3), s, shared_field="global")
     ends = []

@@ -1,4 +1,5 @@
-"""docs/audit.md's generator on made-up audit.json files: the table, the side-by-side ε and the paper/strict verdict."""
+"""docs/audit.md's generator on made-up audit.json files: the table, the side-by-side ε and the
+paper/strict verdict."""
 
 import json
 
@@ -6,17 +7,44 @@ from studies import audit_doc as doc
 
 
 def fake(mode, sigma, eps, bound, canary_auc, mia_auc):
-    attacks = {k: {"auc": mia_auc, "tpr_at_0.1%_fpr": 0.0, "tpr_at_1%_fpr": 0.02, "balanced_accuracy": 0.5,
-                   "members": 1000, "nonmembers": 1000} for k in doc.ATTACKS}
-    return {"kind": "example-level", "method": "proxyfl", "privacy_mode": mode, "noise_multiplier": sigma,
-            "epsilon_accountant": eps, "delta": 1e-5, "formal_guarantee": mode == "strict", "rounds": 100,
-            "epsilon_lower_bound": bound, "seed": 0,
-            "bound": {"score": "final", "k_pos": 5, "k_neg": 5, "guesses": 10, "correct": 7, "max_auditable_epsilon": 5.0,
-                      "canary_auc": {"final": canary_auc, "rounds": 0.5}, "candidates": []},
-            "canaries": {"m": 1000, "included": 500, "excluded": 500, "audited_site": 0, "releases_scored": 100},
-            "membership_inference": {"targets": {"proxy": {"model": "mlp", "attacks": attacks}}},
-            "accuracy": {"proxy_acc": {"mean": 0.5, "std": 0.1}}, "command": f"silofl audit --privacy {mode}",
-            "seconds": {"total": 60.0}}
+    attacks = {
+        k: {
+            "auc": mia_auc,
+            "tpr_at_0.1%_fpr": 0.0,
+            "tpr_at_1%_fpr": 0.02,
+            "balanced_accuracy": 0.5,
+            "members": 1000,
+            "nonmembers": 1000,
+        }
+        for k in doc.ATTACKS
+    }
+    return {
+        "kind": "example-level",
+        "method": "proxyfl",
+        "privacy_mode": mode,
+        "noise_multiplier": sigma,
+        "epsilon_accountant": eps,
+        "delta": 1e-5,
+        "formal_guarantee": mode == "strict",
+        "rounds": 100,
+        "epsilon_lower_bound": bound,
+        "seed": 0,
+        "bound": {
+            "score": "final",
+            "k_pos": 5,
+            "k_neg": 5,
+            "guesses": 10,
+            "correct": 7,
+            "max_auditable_epsilon": 5.0,
+            "canary_auc": {"final": canary_auc, "rounds": 0.5},
+            "candidates": [],
+        },
+        "canaries": {"m": 1000, "included": 500, "excluded": 500, "audited_site": 0, "releases_scored": 100},
+        "membership_inference": {"targets": {"proxy": {"model": "mlp", "attacks": attacks}}},
+        "accuracy": {"proxy_acc": {"mean": 0.5, "std": 0.1}},
+        "command": f"silofl audit --privacy {mode}",
+        "seconds": {"total": 60.0},
+    }
 
 
 def write(tmp_path, name, a):
@@ -70,18 +98,48 @@ def test_a_no_dp_control_that_leaks_is_not_called_blind(tmp_path, monkeypatch, c
 
 def fake_grad(name, mode, sigma, eps, snj_step, gauss_step, snj_rel=0.5):
     def b(snj, gauss):
-        return {"snj": {"epsilon_lower_bound": snj, "correct": 90, "guesses": 100, "canary_auc": {"steps": 0.8},
-                        "candidates": []},
-                "gauss": {"epsilon_estimate": gauss, "mu_hat": 1.2, "mu_standard_error": 0.07, "mu_lower": 1.1}}
-    return {"kind": "example-level", "method": "proxyfl", "privacy_mode": mode, "noise_multiplier": sigma,
-            "epsilon_accountant": eps, "delta": 1e-5, "formal_guarantee": mode == "strict", "seed": 0, "steps": 120,
-            "sample_rate": 0.25, "threat_model": "white-box per step", "epsilon_lower_bound": snj_step,
-            "certifiable_epsilon_max": 5.78, "mu_sum_statistic_expected": 1.4 if sigma else None,
-            "bounds": {"white-box per step": b(snj_step, gauss_step), "white-box per release": b(snj_rel, 1.0)},
-            "canaries": {"m": 1000, "included": 500, "excluded": 500, "space": "gradient", "canary_kind": "dirac",
-                         "kind": "Dirac", "audited_site": 0, "releases_scored": 30},
-            "membership_inference": {"targets": {}}, "accuracy": {}, "command": f"silofl audit {name}",
-            "seconds": {"total": 60.0}}
+        return {
+            "snj": {
+                "epsilon_lower_bound": snj,
+                "correct": 90,
+                "guesses": 100,
+                "canary_auc": {"steps": 0.8},
+                "candidates": [],
+            },
+            "gauss": {"epsilon_estimate": gauss, "mu_hat": 1.2, "mu_standard_error": 0.07, "mu_lower": 1.1},
+        }
+
+    return {
+        "kind": "example-level",
+        "method": "proxyfl",
+        "privacy_mode": mode,
+        "noise_multiplier": sigma,
+        "epsilon_accountant": eps,
+        "delta": 1e-5,
+        "formal_guarantee": mode == "strict",
+        "seed": 0,
+        "steps": 120,
+        "sample_rate": 0.25,
+        "threat_model": "white-box per step",
+        "epsilon_lower_bound": snj_step,
+        "certifiable_epsilon_max": 5.78,
+        "mu_sum_statistic_expected": 1.4 if sigma else None,
+        "bounds": {"white-box per step": b(snj_step, gauss_step), "white-box per release": b(snj_rel, 1.0)},
+        "canaries": {
+            "m": 1000,
+            "included": 500,
+            "excluded": 500,
+            "space": "gradient",
+            "canary_kind": "dirac",
+            "kind": "Dirac",
+            "audited_site": 0,
+            "releases_scored": 30,
+        },
+        "membership_inference": {"targets": {}},
+        "accuracy": {},
+        "command": f"silofl audit {name}",
+        "seconds": {"total": 60.0},
+    }
 
 
 def test_gradient_rows_put_the_control_beside_every_dp_row(tmp_path, monkeypatch, capsys):
@@ -94,7 +152,9 @@ def test_gradient_rows_put_the_control_beside_every_dp_row(tmp_path, monkeypatch
     md = capsys.readouterr().out
     assert "Reduced scale (reduced)" in md and "bash bench/audit_study.sh reduced" in md
     row = next(line for line in md.splitlines() if line.startswith("| st8 |"))
-    assert "**2.300**" in row and "1.400 / 5.500 (off)" in row and "29%; 62%" in row  # SNJ and Gaussian-sum, control
+    assert (
+        "**2.300**" in row and "1.400 / 5.500 (off)" in row and "29%; 62%" in row
+    )  # SNJ and Gaussian-sum, control
     assert "no SNJ bound and no Gaussian-sum estimate" in md and "29% of the accountant's ε (st8)" in md
     assert "did not differ measurably" in md and "not checked against the paper's worked figures" in md
     data = json.loads((tmp_path / "docs" / "data" / "audit.json").read_text())
@@ -104,5 +164,7 @@ def test_gradient_rows_put_the_control_beside_every_dp_row(tmp_path, monkeypatch
 def test_a_gradient_bound_above_the_accountant_is_reported():
     bad = dict(fake_grad("bad", "strict", 1.96, 2.0, 2.3, 5.0), _name="bad")
     text = doc.grad_findings([bad])
-    assert "a figure EXCEEDS the accountant's ε: bad (white-box per step, SNJ), bad (white-box per step, " \
-           "Gaussian-sum)" in text
+    assert (
+        "a figure EXCEEDS the accountant's ε: bad (white-box per step, SNJ), bad (white-box per step, "
+        "Gaussian-sum)" in text
+    )

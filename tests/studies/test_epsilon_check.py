@@ -5,11 +5,14 @@ import pytest
 from studies.epsilon_check import collapse, dp_accounting_epsilon, opacus_epsilon
 
 
-@pytest.mark.parametrize("history,delta", [
-    ([[1.0, 0.25, 30]], 1e-3),
-    ([[1.066, 1.0, 1], [0.1066, 1.0, 1], [0.2132, 1.0, 1]], 1e-3),  # client-level blocks, large ε
-    ([[0.8, 0.01, 5000], [1.2, 0.02, 300]], 1e-5),
-])
+@pytest.mark.parametrize(
+    "history,delta",
+    [
+        ([[1.0, 0.25, 30]], 1e-3),
+        ([[1.066, 1.0, 1], [0.1066, 1.0, 1], [0.2132, 1.0, 1]], 1e-3),  # client-level blocks, large ε
+        ([[0.8, 0.01, 5000], [1.2, 0.02, 300]], 1e-5),
+    ],
+)
 def test_opacus_and_dp_accounting_agree_on_one_grid(history, delta):
     assert opacus_epsilon(history, delta) == pytest.approx(dp_accounting_epsilon(history, delta), rel=1e-6)
 

@@ -23,8 +23,15 @@ def test_penguin_sites_are_written_and_pass_their_schema(tmp_path):
 def test_quick_study_and_its_doc(tmp_path):
     tabular.main(["--out", str(tmp_path / "study"), "--quick"])
     res = json.loads((tmp_path / "study" / "results.json").read_text())
-    assert set(res["summary"]) == {"Local (no DP)", "ProxyFL", "ProxyFL (proxy)", "FedAvg", "FedAvg (no DP)", "DP-FedAvg",
-                                   "PubSub-ML"}
+    assert set(res["summary"]) == {
+        "Local (no DP)",
+        "ProxyFL",
+        "ProxyFL (proxy)",
+        "FedAvg",
+        "FedAvg (no DP)",
+        "DP-FedAvg",
+        "PubSub-ML",
+    }
     for label, s in res["summary"].items():
         assert 0 <= s["internal"]["mean"] <= 1 and 0 <= s["all"]["mean"] <= 1
         assert (s["epsilon_max"] is None) == label.endswith("(no DP)")

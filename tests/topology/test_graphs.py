@@ -5,7 +5,9 @@ import pytest
 from silofl.topology import ExponentialGraph, RingGraph, StaticGraph, exponential_hops, in_neighbors
 
 
-@pytest.mark.parametrize("K,hops", [(2, [1]), (3, [1, 2]), (5, [1, 2, 4]), (8, [1, 2, 4]), (9, [1, 2, 4, 8]), (1, [])])
+@pytest.mark.parametrize(
+    "K,hops", [(2, [1]), (3, [1, 2]), (5, [1, 2, 4]), (8, [1, 2, 4]), (9, [1, 2, 4, 8]), (1, [])]
+)
 def test_exponential_hops(K, hops):
     assert exponential_hops(K) == hops
 

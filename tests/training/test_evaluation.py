@@ -8,8 +8,16 @@ from silofl.models import build_model
 from silofl.training.evaluation import accuracies, accuracy
 
 
-@pytest.mark.parametrize("arch,shape", [("lenet5", (1, 28, 28)), ("cnn1", (1, 28, 28)), ("cnn2", (3, 32, 32)),
-                                        ("mlp", (1, 28, 28)), ("logreg", (1, 8, 8))])
+@pytest.mark.parametrize(
+    "arch,shape",
+    [
+        ("lenet5", (1, 28, 28)),
+        ("cnn1", (1, 28, 28)),
+        ("cnn2", (3, 32, 32)),
+        ("mlp", (1, 28, 28)),
+        ("logreg", (1, 8, 8)),
+    ],
+)
 def test_batched_accuracies_equal_one_by_one(arch, shape):
     torch.manual_seed(0)
     models = [build_model(arch, shape, 10) for _ in range(3)]

@@ -67,7 +67,8 @@ def test_absent_class_auroc_is_macro_over_present_classes():
     present = [0, 1, 3]
     ref = roc_auc_score(onehot[:, present], p[:, present], average="macro")
     assert auroc(p, y) == pytest.approx(ref, abs=1e-12)
-    # with the absent class among its labels scikit-learn has no value (NaN); over present classes there is one
+    # with the absent class among its labels scikit-learn has no value (NaN); over present classes there is
+    # one
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert math.isnan(roc_auc_score(y, p, multi_class="ovr", average="macro", labels=[0, 1, 2, 3]))
@@ -93,7 +94,8 @@ def test_balanced_accuracy_and_f1_equal_sklearn(seed):
 
 
 def test_ece_hand_computed():
-    # 15 bins of width 1/15 ≈ 0.0667. Confidences 0.95, 0.95 (bin 14), 0.6, 0.62 (bin 9: (0.6, 0.667]; 0.6 = 9/15 is
+    # 15 bins of width 1/15 ≈ 0.0667. Confidences 0.95, 0.95 (bin 14), 0.6, 0.62 (bin 9: (0.6, 0.667]; 0.6 =
+    # 9/15 is
     # the upper edge of bin 8), 0.4 (bin 5)
     p = np.array([[0.95, 0.05, 0.0], [0.05, 0.95, 0.0], [0.6, 0.4, 0.0], [0.38, 0.62, 0.0], [0.4, 0.3, 0.3]])
     y = np.array([0, 0, 0, 0, 2])
@@ -119,7 +121,9 @@ def test_classification_metrics_from_logits():
     assert m["f1"] == pytest.approx(f1_score(yn, pred, average="macro"), abs=1e-12)
     assert m["ece"] == pytest.approx(ece(p, yn), abs=1e-12)
     empty = classification_metrics(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
-    assert empty["acc"] == 0.0 and all(math.isnan(empty[k]) for k in ("auroc", "balanced_accuracy", "f1", "ece"))
+    assert empty["acc"] == 0.0 and all(
+        math.isnan(empty[k]) for k in ("auroc", "balanced_accuracy", "f1", "ece")
+    )
 
 
 def test_metric_field_names():

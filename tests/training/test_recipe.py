@@ -9,8 +9,19 @@ from silofl.training.server_opt import ServerMomentum, make_optimizer
 
 
 def settings(**kw):
-    base = dict(seed=0, batch_size=10, lr=0.1, weight_decay=0.01, private=True, noise_multiplier=1.0, clip=1.0,
-                delta=1e-3, accountant="rdp", target_epsilon=None, dp_backend="auto")
+    base = dict(
+        seed=0,
+        batch_size=10,
+        lr=0.1,
+        weight_decay=0.01,
+        private=True,
+        noise_multiplier=1.0,
+        clip=1.0,
+        delta=1e-3,
+        accountant="rdp",
+        target_epsilon=None,
+        dp_backend="auto",
+    )
     return DPSGDSettings(**{**base, **kw})
 
 
@@ -18,7 +29,9 @@ def settings(**kw):
 def test_sgd_momentum_and_nesterov_follow_the_update_rule(nesterov):
     lr, mu, wd = 0.1, 0.9, 0.01
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
-    opt = shared_optimizer([w], settings(optimizer="sgd", momentum=mu, nesterov=nesterov, lr=lr, weight_decay=wd))
+    opt = shared_optimizer(
+        [w], settings(optimizer="sgd", momentum=mu, nesterov=nesterov, lr=lr, weight_decay=wd)
+    )
     ref, buf = w.detach().clone(), None
     gen = torch.Generator().manual_seed(0)
     for _ in range(4):
@@ -34,7 +47,9 @@ def test_sgd_momentum_and_nesterov_follow_the_update_rule(nesterov):
 def test_adam_stays_the_default_optimizer():
     w = torch.nn.Parameter(torch.zeros(2))
     opt = shared_optimizer([w], settings())
-    assert type(opt) is torch.optim.Adam and opt.defaults["lr"] == 0.1 and opt.defaults["weight_decay"] == 0.01
+    assert (
+        type(opt) is torch.optim.Adam and opt.defaults["lr"] == 0.1 and opt.defaults["weight_decay"] == 0.01
+    )
 
 
 def test_server_momentum_steps_on_the_mean_update():

@@ -30,15 +30,24 @@ from silofl.audit.settings import AuditSettings
 __all__ = ["AuditSettings", "run_audit"]
 
 THREAT_MODELS = {  # the threat model of each kind of audit's bound (gradient canaries: silofl.audit.gradient)
-    "example-level": "black-box per release (query access to every model the site released, the last among them)",
+    "example-level": "black-box per release (query access to every model the site released, the last among "
+    "them)",
     "client-level": "white-box per release (the parameters of every global model the server broadcast)",
     "pubsub": "black-box final model (query access to the published model)",
 }
 
 
-def run_audit(cfg, settings: AuditSettings, out: str | Path, overwrite: bool = False, progress: bool = False,
-              console=None, command: str | None = None) -> dict:
-    """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's content.
+def run_audit(
+    cfg,
+    settings: AuditSettings,
+    out: str | Path,
+    overwrite: bool = False,
+    progress: bool = False,
+    console=None,
+    command: str | None = None,
+) -> dict:
+    """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's
+    content.
     ``command``: the command line that asked for it (recorded in audit.json)."""
     import time
 

@@ -57,7 +57,9 @@ def as_target(model: nn.Module) -> Target:
     return lambda x: model_logits(model, x)
 
 
-def with_state(spec: ModelSpec, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> nn.Module:
+def with_state(
+    spec: ModelSpec, state: dict[str, torch.Tensor], device: torch.device | str = "cpu"
+) -> nn.Module:
     """A model of ``spec`` holding ``state``."""
     m = spec.build().to(device)
     m.load_state_dict({k: v.to(device) for k, v in state.items()})
@@ -85,11 +87,16 @@ class Recipe:
 
     def describe(self) -> str:
         """The recipe in words (audit.json's ``reference_recipe``)."""
-        dp = (f"DP-SGD σ={self.noise_multiplier:g}, C={self.clip:g}" if self.private else "no DP")
-        return f"{self.optimizer} lr {self.lr:g}, {self.steps} Poisson steps of expected batch {self.batch_size}, {dp}"
+        dp = f"DP-SGD σ={self.noise_multiplier:g}, C={self.clip:g}" if self.private else "no DP"
+        return (
+            f"{self.optimizer} lr {self.lr:g}, {self.steps} Poisson steps of expected batch "
+            f"{self.batch_size}, {dp}"
+        )
 
 
-def train_reference(spec: ModelSpec, rows: Rows, recipe: Recipe, seed: int, device: torch.device | str = "cpu") -> nn.Module:
+def train_reference(
+    spec: ModelSpec, rows: Rows, recipe: Recipe, seed: int, device: torch.device | str = "cpu"
+) -> nn.Module:
     """One reference model of ``spec`` trained on ``rows`` with ``recipe`` (cross-entropy)."""
     torch.manual_seed(seed)
     model = spec.build().to(device)
@@ -102,25 +109,49 @@ def train_reference(spec: ModelSpec, rows: Rows, recipe: Recipe, seed: int, devi
         opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     dp = None
     if recipe.private:
-        dp = DPGradient(model, clip=recipe.clip, noise_multiplier=recipe.noise_multiplier, expected_batch_size=q * n,
-                        noise=NoiseSource(seed + 1, device=device), backend="auto", sample_rate=q)
+        dp = DPGradient(
+            model,
+            clip=recipe.clip,
+            noise_multiplier=recipe.noise_multiplier,
+            expected_batch_size=q * n,
+            noise=NoiseSource(seed + 1, device=device),
+            backend="auto",
+            sample_rate=q,
+        )
 
     def loss_fn(out, target, _partner=None):
         return F.cross_entropy(out, target, reduction="none")
 
-    poisson_steps(model, opt, x, y, sample_rate=q, steps=recipe.steps, sampler=torch.Generator().manual_seed(seed + 2),
-                  loss_fn=loss_fn, dp=dp)
+    poisson_steps(
+        model,
+        opt,
+        x,
+        y,
+        sample_rate=q,
+        steps=recipe.steps,
+        sampler=torch.Generator().manual_seed(seed + 2),
+        loss_fn=loss_fn,
+        dp=dp,
+    )
     return model.eval()
 
 
 def metrics(scores: np.ndarray, is_member: np.ndarray) -> dict:
     """AUC, TPR at 0.1% and 1% FPR, balanced accuracy, counts, and a note on low-FPR resolution."""
     r = mia.attack_metrics(scores, is_member, FPRS)
-    out = {"auc": r["auc"], "tpr_at_0.1%_fpr": float(r["tpr@0.001fpr"]), "tpr_at_1%_fpr": float(r["tpr@0.01fpr"]),
-           "balanced_accuracy": r["balanced_acc"], "members": r["n_members"], "nonmembers": r["n_nonmembers"]}
+    out = {
+        "auc": r["auc"],
+        "tpr_at_0.1%_fpr": float(r["tpr@0.001fpr"]),
+        "tpr_at_1%_fpr": float(r["tpr@0.01fpr"]),
+        "balanced_accuracy": r["balanced_acc"],
+        "members": r["n_members"],
+        "nonmembers": r["n_nonmembers"],
+    }
     if r["n_nonmembers"] < 1000:
-        out["note"] = (f"TPR at 0.1% FPR rests on fewer than one false positive with {r['n_nonmembers']} non-members "
-                       "(it needs at least 1000 to mean anything)")
+        out["note"] = (
+            f"TPR at 0.1% FPR rests on fewer than one false positive with {r['n_nonmembers']} non-members "
+            "(it needs at least 1000 to mean anything)"
+        )
     return out
 
 
@@ -133,8 +164,9 @@ def roc_points(scores: np.ndarray, is_member: np.ndarray, max_points: int = 400)
     return {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
 
 
-def membership_inference(target: Target, references: list[Target], members: Rows, nonmembers: Rows,
-                         population: Rows) -> tuple[dict, dict]:
+def membership_inference(
+    target: Target, references: list[Target], members: Rows, nonmembers: Rows, population: Rows
+) -> tuple[dict, dict]:
     """(figures per attack, ROC curves per attack) of ``target`` on members vs non-members."""
     x = torch.cat([members.x, nonmembers.x])
     y = torch.cat([members.y, nonmembers.y])

@@ -29,8 +29,9 @@ def _rank(row: dict) -> tuple[float, float, int]:
     return row["epsilon_lower_bound"], row["correct"] / max(1, row["guesses"]), row["guesses"]
 
 
-def one_run_bound(scores: dict[str, np.ndarray], included: np.ndarray, delta: float, confidence: float = 0.95,
-                  seed: int = 0) -> dict:
+def one_run_bound(
+    scores: dict[str, np.ndarray], included: np.ndarray, delta: float, confidence: float = 0.95, seed: int = 0
+) -> dict:
     """The best ε lower bound over score types × k (Bonferroni), with every hypothesis' counts."""
     included = np.asarray(included, bool)
     m = len(included)
@@ -46,21 +47,32 @@ def one_run_bound(scores: dict[str, np.ndarray], included: np.ndarray, delta: fl
             t = one_run.make_guesses(s, k, k, np.random.default_rng(tiebreak))
             r, v = one_run.count_guesses(t, included)
             eps = one_run.eps_lower_bound(m, r, v, delta, beta_h)
-            row = {"score": name, "k_pos": k, "k_neg": k, "guesses": r, "correct": v, "epsilon_lower_bound": eps}
+            row = {
+                "score": name,
+                "k_pos": k,
+                "k_neg": k,
+                "guesses": r,
+                "correct": v,
+                "epsilon_lower_bound": eps,
+            }
             rows.append(row)
             if best is None or _rank(row) > _rank(best):
                 best = row
     assert best is not None
     ceiling = max(one_run.max_auditable_eps(m, 2 * k, delta, beta_h) for k in ks)
-    aucs = {name: mia.auc(np.asarray(s, float), included) if 0 < included.sum() < m else None
-            for name, s in scores.items()}
+    aucs = {
+        name: mia.auc(np.asarray(s, float), included) if 0 < included.sum() < m else None
+        for name, s in scores.items()
+    }
     return {
         "epsilon_lower_bound": best["epsilon_lower_bound"],
         "confidence": confidence,
         "delta": delta,
         "score": best["score"],
-        "k_pos": best["k_pos"], "k_neg": best["k_neg"],
-        "guesses": best["guesses"], "correct": best["correct"],
+        "k_pos": best["k_pos"],
+        "k_neg": best["k_neg"],
+        "guesses": best["guesses"],
+        "correct": best["correct"],
         "hypotheses": hypotheses,
         "beta_per_hypothesis": beta_h,
         "max_auditable_epsilon": ceiling,

@@ -68,19 +68,32 @@ class AuditData:
 class Pool:
     """Examples no site trains on (module doc), taken out as they are drawn."""
 
-    def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor, used_train: np.ndarray,
-                 x_test: torch.Tensor, y_test: torch.Tensor):
+    def __init__(
+        self,
+        x_train: torch.Tensor,
+        y_train: torch.Tensor,
+        used_train: np.ndarray,
+        x_test: torch.Tensor,
+        y_test: torch.Tensor,
+    ):
         free = np.setdiff1d(np.arange(len(y_train)), used_train)
         self.x = [x_train, x_test]
         self.y = [y_train, y_test]
-        self.rows = np.concatenate([np.stack([np.zeros_like(free), free], 1),
-                                    np.stack([np.ones(len(y_test), dtype=np.int64), np.arange(len(y_test))], 1)])
+        self.rows = np.concatenate(
+            [
+                np.stack([np.zeros_like(free), free], 1),
+                np.stack([np.ones(len(y_test), dtype=np.int64), np.arange(len(y_test))], 1),
+            ]
+        )
         self.labels = np.concatenate([y_train.cpu().numpy()[free], y_test.cpu().numpy()]).astype(np.int64)
         self.free = np.ones(len(self.rows), dtype=bool)
 
     def value_range(self) -> tuple[float, float]:
         """The smallest and largest input value in the data set (its encoding's range)."""
-        return (float(min(x.min() for x in self.x if x.numel())), float(max(x.max() for x in self.x if x.numel())))
+        return (
+            float(min(x.min() for x in self.x if x.numel())),
+            float(max(x.max() for x in self.x if x.numel())),
+        )
 
     def available(self) -> int:
         """How many pool rows are still free to draw."""
@@ -100,7 +113,9 @@ class Pool:
             return Rows(self.x[0][:0], self.y[0][:0])
         return Rows(torch.cat(xs), torch.cat(ys), src, np.concatenate(idx))
 
-    def stratified(self, n: int, proportions: np.ndarray, rng: np.random.Generator, take: bool = True) -> Rows:
+    def stratified(
+        self, n: int, proportions: np.ndarray, rng: np.random.Generator, take: bool = True
+    ) -> Rows:
         """``n`` free examples with class proportions ``proportions`` (a class short of examples gives what
         it has; the rest is filled from any class). ``take``: remove them from the pool."""
         want = np.floor(proportions * n).astype(int)
@@ -123,8 +138,10 @@ class Pool:
         """``n`` free examples drawn uniformly, removed from the pool."""
         cand = np.flatnonzero(self.free)
         if len(cand) < n:
-            raise ConfigError(f"the audit needs {n} more examples no site trains on, but only {len(cand)} are left: "
-                              "use fewer canaries, fewer non-members, or fewer examples per client")
+            raise ConfigError(
+                f"the audit needs {n} more examples no site trains on, but only {len(cand)} are left: "
+                "use fewer canaries, fewer non-members, or fewer examples per client"
+            )
         pos = np.sort(rng.choice(cand, size=n, replace=False))
         self.free[pos] = False
         return self._rows(pos)
@@ -139,14 +156,26 @@ def class_proportions(y: torch.Tensor, num_classes: int) -> np.ndarray:
 CANARY_KINDS = ("mislabelled", "noise")
 CANARY_DESCRIPTION = {
     "mislabelled": "mislabelled examples (a pool example with a uniformly drawn wrong label)",
-    "noise": "out-of-distribution examples (inputs uniform within the data's value range, uniformly drawn labels)",
+    "noise": "out-of-distribution examples (inputs uniform within the data's value range, uniformly drawn "
+    "labels)",
 }
 
 
-def draw(pool: Pool, member_y: torch.Tensor, num_classes: int, *, canaries: int, nonmembers: int,
-         references: int, reference_size: int, seed: int, kind: str = "mislabelled") -> AuditData:
+def draw(
+    pool: Pool,
+    member_y: torch.Tensor,
+    num_classes: int,
+    *,
+    canaries: int,
+    nonmembers: int,
+    references: int,
+    reference_size: int,
+    seed: int,
+    kind: str = "mislabelled",
+) -> AuditData:
     """Draw the audit's sets from ``pool`` (module doc); ``member_y``: the audited site's real labels.
-    ``canaries`` may be 0 (a client-level audit's canaries are clients, not examples). ``kind``: mislabelled pool
+    ``canaries`` may be 0 (a client-level audit's canaries are clients, not examples). ``kind``: mislabelled
+    pool
     examples, or ``noise`` — inputs drawn uniformly within the data's value range, with uniformly drawn labels
     (out-of-distribution canaries, which a model can fit without contradicting its real data)."""
     if canaries < 0:
@@ -155,14 +184,18 @@ def draw(pool: Pool, member_y: torch.Tensor, num_classes: int, *, canaries: int,
         raise ConfigError(f"unknown canary kind {kind!r}; choose one of: {', '.join(CANARY_KINDS)}")
     if canaries and num_classes < 2:
         raise ConfigError("canaries with labels need at least two classes")
-    rng_sets, rng_labels, rng_coins = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    rng_sets, rng_labels, rng_coins = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
     props = class_proportions(member_y, num_classes)
     notes = []
     need = (canaries if kind == "mislabelled" else 0) + 2 * nonmembers
     if pool.available() < need:
-        raise ConfigError(f"the audit needs {need} examples no site trains on ({canaries} canaries, {nonmembers} "
-                          f"non-members, {nonmembers} population points), but the data set leaves {pool.available()}: "
-                          "use fewer canaries or fewer examples per client")
+        raise ConfigError(
+            f"the audit needs {need} examples no site trains on ({canaries} canaries, {nonmembers} "
+            f"non-members, {nonmembers} population points), but the data set leaves {pool.available()}: "
+            "use fewer canaries or fewer examples per client"
+        )
     non = pool.stratified(nonmembers, props, rng_sets)
     popn = pool.stratified(nonmembers, props, rng_sets)
     if kind == "noise":
@@ -176,15 +209,21 @@ def draw(pool: Pool, member_y: torch.Tensor, num_classes: int, *, canaries: int,
         can = pool.uniform(canaries, rng_sets) if canaries else Rows(non.x[:0], non.y[:0])
         true = can.y.cpu().numpy().astype(np.int64)
         wrong = (true + rng_labels.integers(1, num_classes, size=len(true))) % num_classes
-        can = Rows(can.x, torch.as_tensor(wrong, dtype=can.y.dtype, device=can.y.device), can.source, can.index)
+        can = Rows(
+            can.x, torch.as_tensor(wrong, dtype=can.y.dtype, device=can.y.device), can.source, can.index
+        )
     included = rng_coins.random(canaries) < 0.5
     refs = []
     if references:
         size = min(reference_size, pool.available())
         if size < reference_size:
-            notes.append(f"reference models train on {size} examples each (the pool left too few for "
-                         f"{reference_size}, the audited site's size)")
+            notes.append(
+                f"reference models train on {size} examples each (the pool left too few for "
+                f"{reference_size}, the audited site's size)"
+            )
         if size < 2:
-            raise ConfigError("no examples left to train reference models on: use --reference-models 0 or fewer canaries")
+            raise ConfigError(
+                "no examples left to train reference models on: use --reference-models 0 or fewer canaries"
+            )
         refs = [pool.stratified(size, props, rng_sets, take=False) for _ in range(references)]
     return AuditData(can, true, included, non, popn, refs, notes)

@@ -84,7 +84,9 @@ class Directions:
 class CanaryClient(ClientLevelSite):
     """A canary hospital (module doc): no data, a public size, a crafted update of one hospital's bound."""
 
-    def __init__(self, cid: int, spec: ModelSpec, settings: SubclientSettings, n_public: int, direction: torch.Tensor):
+    def __init__(
+        self, cid: int, spec: ModelSpec, settings: SubclientSettings, n_public: int, direction: torch.Tensor
+    ):
         self._n = n_public
         empty_x = torch.zeros((0, *spec.input_shape))
         super().__init__(cid, empty_x, torch.zeros(0, dtype=torch.long), spec, settings)
@@ -102,11 +104,16 @@ class CanaryClient(ClientLevelSite):
         update = self.direction * total
         self.rounds_trained += 1
         steps = self.v * s.local_epochs * max(1, self._n // max(1, self.v) // s.batch_size)
-        return encode({"update": update, UNCLIPPED: torch.tensor(0.0, dtype=torch.float64),
-                       NORM_SUM: torch.tensor(float(total), dtype=torch.float64),
-                       UNITS: torch.tensor(float(units), dtype=torch.float64),
-                       STEPS: torch.tensor(float(steps), dtype=torch.float64)},
-                      meta={"round": rnd, "src": self.cid, "v": self.v})
+        return encode(
+            {
+                "update": update,
+                UNCLIPPED: torch.tensor(0.0, dtype=torch.float64),
+                NORM_SUM: torch.tensor(float(total), dtype=torch.float64),
+                UNITS: torch.tensor(float(units), dtype=torch.float64),
+                STEPS: torch.tensor(float(steps), dtype=torch.float64),
+            },
+            meta={"round": rnd, "src": self.cid, "v": self.v},
+        )
 
     def final_models(self):
         return {}
@@ -127,11 +134,15 @@ class GlobalModelObserver:
         """Nothing to see before a call: the broadcast is read after it."""
         return None
 
-    def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine) -> None:
+    def after(
+        self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine
+    ) -> None:
         """After ``receive_global``: project the server's broadcast model's movement on every canary."""
         if step != "receive_global":
             return
-        packet: Packet | None = next((p for m in requests.values() for p in m.packets if p.src == self.server), None)
+        packet: Packet | None = next(
+            (p for m in requests.values() for p in m.packets if p.src == self.server), None
+        )
         if packet is None:
             return
         state = model_tensors(packet)
@@ -152,15 +163,18 @@ class GlobalModelObserver:
         return self.dirs.project(self.prev - self.first)
 
 
-def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None) -> tuple[dict, dict]:
+def audit(
+    cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None
+) -> tuple[dict, dict]:
     """Run ``cfg`` with canary clients; (audit.json content, plot/CSV material)."""
     if s.site >= cfg.clients:
         raise ConfigError(f"--audited-site {s.site} is not one of the {cfg.clients} clients")
     # the tapped engine is in-process (one process runs every site: a simulation), so sites report their
     # non-private figures, labelled, as an in-process `silofl run` does, unless the config says otherwise
     nonprivate = cfg.report_nonprivate if cfg.report_nonprivate is not None else True
-    cfg = dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
-                              report_nonprivate=nonprivate)
+    cfg = dataclasses.replace(
+        cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None, report_nonprivate=nonprivate
+    )
     coins = np.random.default_rng(np.random.SeedSequence(s.derived(2))).random(s.canaries) < 0.5
     held: dict = {}
 
@@ -175,9 +189,16 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         names = [k for k, _ in spec.build().named_parameters()]
         d = sum(p.numel() for p in spec.build().parameters())
         dirs = Directions.draw(s.canaries, d, s.derived(3))
-        settings = SubclientSettings(seed=rc.seed, batch_size=rc.batch_size, local_epochs=o.local_epochs,
-                                     local_lr=o.local_lr, private=rc.is_private, privacy_unit=o.privacy_unit,
-                                     normalise=False, clip=rc.clip)
+        settings = SubclientSettings(
+            seed=rc.seed,
+            batch_size=rc.batch_size,
+            local_epochs=o.local_epochs,
+            local_lr=o.local_lr,
+            private=rc.is_private,
+            privacy_unit=o.privacy_unit,
+            normalise=False,
+            clip=rc.clip,
+        )
         n_public = max(len(p[1]) for p in held["split"].parts)
         members = [i for i in range(s.canaries) if coins[i]]
         held.update(dirs=dirs, names=names, spec=spec, n_real=n_sites, canary_ids=members)
@@ -196,8 +217,13 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         return engine
 
     t0 = time.perf_counter()
-    summary = run_loop(cfg, progress=progress, console=console, engine_factory=engine_factory,
-                       hooks=RunHooks(split=keep_split, sites=add_canary_clients))
+    summary = run_loop(
+        cfg,
+        progress=progress,
+        console=console,
+        engine_factory=engine_factory,
+        hooks=RunHooks(split=keep_split, sites=add_canary_clients),
+    )
     run_s = time.perf_counter() - t0
     obs: GlobalModelObserver = held["observer"]
     if obs.broadcasts < 2 or obs.last_state is None:
@@ -218,20 +244,39 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     ds = split.dataset
     used = np.concatenate(split.indices) if split.indices else np.zeros(0, dtype=np.int64)
     n_real_total = sum(len(p[1]) for p in split.parts)
-    data = draw(Pool(ds.x_train, ds.y_train, used, ds.x_test, ds.y_test), y_a, ds.num_classes, canaries=0,
-                nonmembers=s.nonmembers or len(y_a), references=s.reference_models, reference_size=n_real_total,
-                seed=s.derived(1))
+    data = draw(
+        Pool(ds.x_train, ds.y_train, used, ds.x_test, ds.y_test),
+        y_a,
+        ds.num_classes,
+        canaries=0,
+        nonmembers=s.nonmembers or len(y_a),
+        references=s.reference_models,
+        reference_size=n_real_total,
+        seed=s.derived(1),
+    )
     dev = x_a.device
     move = lambda r: Rows(r.x.to(dev), r.y.to(dev), r.source, r.index)  # noqa: E731
-    members = Rows(x_a, y_a, ["train"] * len(y_a), np.asarray(split.indices[s.site]) if split.indices else np.arange(len(y_a)))
+    members = Rows(
+        x_a,
+        y_a,
+        ["train"] * len(y_a),
+        np.asarray(split.indices[s.site]) if split.indices else np.arange(len(y_a)),
+    )
     spec: ModelSpec = held["spec"]
-    recipe = attacks.Recipe(steps=max(1, rc.rounds * o.local_epochs * (n_real_total // rc.batch_size)),
-                            batch_size=rc.batch_size, lr=o.local_lr, optimizer="sgd")
-    refs = [attacks.as_target(attacks.train_reference(spec, move(r), recipe, s.derived(100 + j), dev))
-            for j, r in enumerate(data.references)]
+    recipe = attacks.Recipe(
+        steps=max(1, rc.rounds * o.local_epochs * (n_real_total // rc.batch_size)),
+        batch_size=rc.batch_size,
+        lr=o.local_lr,
+        optimizer="sgd",
+    )
+    refs = [
+        attacks.as_target(attacks.train_reference(spec, move(r), recipe, s.derived(100 + j), dev))
+        for j, r in enumerate(data.references)
+    ]
     target = attacks.with_state(spec, obs.last_state, dev)
-    figures, curves = attacks.membership_inference(attacks.as_target(target), refs, members, move(data.nonmembers),
-                                                   move(data.population))
+    figures, curves = attacks.membership_inference(
+        attacks.as_target(target), refs, members, move(data.nonmembers), move(data.population)
+    )
     attack_s = time.perf_counter() - t1
 
     priv = summary["privacy"]
@@ -240,16 +285,22 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     eps_h = priv.get("epsilon_hospital") if rc.is_private else None
     notes = list(data.notes)
     if rc.is_private and o.privacy_unit == "subclient":
-        notes.append(f"the run is calibrated per sub-client (its ε {priv.get('epsilon_subclient'):.3f}); a canary is a "
-                     "hospital, so the bound is compared with epsilon_hospital")
+        notes.append(
+            f"the run is calibrated per sub-client (its ε {priv.get('epsilon_subclient'):.3f}); a canary is "
+            f"a "
+            "hospital, so the bound is compared with epsilon_hospital"
+        )
     if not rc.is_private:
         notes.append("no DP: there is no accountant ε; the bound is computed at δ = 1e-5")
-    notes.append(f"{len(held['canary_ids'])} canary clients joined {held['n_real']} real ones: the server averaged over "
-                 "all of them, so the audit run's accuracy is not the method's")
+    notes.append(
+        f"{len(held['canary_ids'])} canary clients joined {held['n_real']} real ones: the server averaged "
+        f"over "
+        "all of them, so the audit run's accuracy is not the method's"
+    )
     audit_json = {
         "kind": "client-level",
         "title": f"{rc.method} ({'no DP' if not rc.is_private else o.privacy_unit + ' unit'}, intermediaries "
-                 f"{o.intermediaries}) on {rc.dataset}",
+        f"{o.intermediaries}) on {rc.dataset}",
         "research_note": s.research_note,
         "seed": s.seed,
         "method": rc.method,
@@ -269,32 +320,55 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "rounds": summary["rounds_run"],
         "bound": bound,
         "canaries": {
-            "m": s.canaries, "included": int(coins.sum()), "excluded": int((~coins).sum()), "inclusion_probability": 0.5,
-            "kind": f"canary clients: a random unit direction on {held['dirs'].support.shape[1]} of the model's "
-                    f"{held['dirs'].d} coordinates, uploaded at one hospital's bound every round they are selected",
-            "real_clients": held["n_real"], "public_size": max(len(p[1]) for p in split.parts),
-            "scores": {"final": "⟨θ_T − θ_0, u_i⟩ on the server's last broadcast",
-                       "rounds": "Σ_t ⟨θ_t − θ_{t−1}, u_i⟩ standardised across canaries within each round"},
+            "m": s.canaries,
+            "included": int(coins.sum()),
+            "excluded": int((~coins).sum()),
+            "inclusion_probability": 0.5,
+            "kind": f"canary clients: a random unit direction on {held['dirs'].support.shape[1]} of the "
+            f"model's "
+            f"{held['dirs'].d} coordinates, uploaded at one hospital's bound every round they are selected",
+            "real_clients": held["n_real"],
+            "public_size": max(len(p[1]) for p in split.parts),
+            "scores": {
+                "final": "⟨θ_T − θ_0, u_i⟩ on the server's last broadcast",
+                "rounds": "Σ_t ⟨θ_t − θ_{t−1}, u_i⟩ standardised across canaries within each round",
+            },
             "broadcasts_scored": obs.broadcasts,
         },
         "membership_inference": {
             "members": f"hospital {s.site}'s {len(members)} real training examples",
-            "nonmembers": f"{len(data.nonmembers)} examples no hospital trains on, with its class proportions",
+            "nonmembers": f"{len(data.nonmembers)} examples no hospital trains on, with its class "
+            f"proportions",
             "population": f"{len(data.population)} further such examples (RMIA's z)",
             "reference_models": f"{len(data.references)}, standalone (no DP, not federated), each on "
-                                f"{len(data.references[0]) if data.references else 0} examples no hospital trains on "
-                                "(as many as all hospitals hold), disjoint from every candidate",
-            "targets": {"global": {"model": spec.name, "what": "the server's final global model",
-                                   "reference_recipe": recipe.describe(), "attacks": figures}},
+            f"{len(data.references[0]) if data.references else 0} examples no hospital trains on "
+            "(as many as all hospitals hold), disjoint from every candidate",
+            "targets": {
+                "global": {
+                    "model": spec.name,
+                    "what": "the server's final global model",
+                    "reference_recipe": recipe.describe(),
+                    "attacks": figures,
+                }
+            },
         },
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
         "run_folder": "run",
         "seconds": {"run": run_s, "attacks": attack_s},
         "notes": notes,
     }
-    split_json = {"members": members.ids(), "nonmembers": data.nonmembers.ids(), "population": data.population.ids(),
-                  "references": [r.ids() for r in data.references],
-                  "canaries": [f"canary-client:{i}" for i in range(s.canaries)],
-                  "included": coins.astype(int).tolist(),
-                  "canary_sites": {str(held["n_real"] + j): i for j, i in enumerate(held["canary_ids"])}}
-    return audit_json, {"canary_scores": scores, "included": coins, "curves": {"global": curves}, "split": split_json}
+    split_json = {
+        "members": members.ids(),
+        "nonmembers": data.nonmembers.ids(),
+        "population": data.population.ids(),
+        "references": [r.ids() for r in data.references],
+        "canaries": [f"canary-client:{i}" for i in range(s.canaries)],
+        "included": coins.astype(int).tolist(),
+        "canary_sites": {str(held["n_real"] + j): i for j, i in enumerate(held["canary_ids"])},
+    }
+    return audit_json, {
+        "canary_scores": scores,
+        "included": coins,
+        "curves": {"global": curves},
+        "split": split_json,
+    }

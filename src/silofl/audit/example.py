@@ -74,8 +74,11 @@ class SharedModelObserver:
             site: Any = engine.sites[self.site]
             self.start = self._phi(site.shared_state(), site)
 
-    def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine) -> None:
-        """After it trained: φ under what it released (or its shared model), and the round's standardised change."""
+    def after(
+        self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine
+    ) -> None:
+        """After it trained: φ under what it released (or its shared model), and the round's standardised
+        change."""
         if step not in TRAIN_STEPS or self.site not in replies or self.start is None:
             return
         site: Any = engine.sites[self.site]
@@ -91,8 +94,9 @@ class SharedModelObserver:
         sd = float(change.std())
         self.rounds += (change - change.mean()) / sd if sd > 0 else 0.0
         self.final, self.last_state, self.start = now, state, None
-        self.history.append({"round": int(requests[self.site].meta.get("round", self.trained)),
-                             "released": bool(packets)})
+        self.history.append(
+            {"round": int(requests[self.site].meta.get("round", self.trained)), "released": bool(packets)}
+        )
 
 
 def _moved(rows: Rows, device: torch.device) -> Rows:
@@ -104,17 +108,22 @@ def run_config(cfg: RunConfig, s: AuditSettings, out: Path) -> RunConfig:
     torch.distributed audit build their sites from it."""
     info = cfg.info
     if info.client_level:
-        raise ConfigError(f"{cfg.method} protects whole clients: it is audited with canary clients (silofl.audit.clients)")
+        raise ConfigError(
+            f"{cfg.method} protects whole clients: it is audited with canary clients (silofl.audit.clients)"
+        )
     if s.site >= cfg.clients:
         raise ConfigError(f"--audited-site {s.site} is not one of the {cfg.clients} clients")
     # the tapped engine is in-process (one process runs every site: a simulation), so sites report their
     # non-private figures, labelled, as an in-process `silofl run` does, unless the config says otherwise
     nonprivate = cfg.report_nonprivate if cfg.report_nonprivate is not None else True
-    return dataclasses.replace(cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None,
-                               report_nonprivate=nonprivate)
+    return dataclasses.replace(
+        cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None, report_nonprivate=nonprivate
+    )
 
 
-def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None) -> tuple[dict, dict]:
+def audit(
+    cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None
+) -> tuple[dict, dict]:
     """Run ``cfg`` with canaries at site ``s.site``; (audit.json content, plot/CSV material)."""
     info = cfg.info
     cfg = run_config(cfg, s, out)
@@ -126,12 +135,27 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         ds = split.dataset
         used = np.concatenate(split.indices) if split.indices else np.zeros(0, dtype=np.int64)
         pool = Pool(ds.x_train, ds.y_train, used, ds.x_test, ds.y_test)
-        data = draw(pool, y_a, ds.num_classes, canaries=s.canaries, nonmembers=s.nonmembers or len(y_a),
-                    references=s.reference_models, reference_size=len(y_a), seed=s.derived(1),
-                    kind=s.canary_kind)
+        data = draw(
+            pool,
+            y_a,
+            ds.num_classes,
+            canaries=s.canaries,
+            nonmembers=s.nonmembers or len(y_a),
+            references=s.reference_models,
+            reference_size=len(y_a),
+            seed=s.derived(1),
+            kind=s.canary_kind,
+        )
         dev = x_a.device
-        data = AuditData(_moved(data.canaries, dev), data.canary_true_labels, data.included, _moved(data.nonmembers, dev),
-                         _moved(data.population, dev), [_moved(r, dev) for r in data.references], data.notes)
+        data = AuditData(
+            _moved(data.canaries, dev),
+            data.canary_true_labels,
+            data.included,
+            _moved(data.nonmembers, dev),
+            _moved(data.population, dev),
+            [_moved(r, dev) for r in data.references],
+            data.notes,
+        )
         cin = data.canaries_in
         parts = list(split.parts)
         parts[a] = (torch.cat([x_a, cin.x]), torch.cat([y_a, cin.y]))
@@ -146,8 +170,13 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         return engine
 
     t0 = time.perf_counter()
-    summary = run_loop(cfg, progress=progress, console=console, engine_factory=engine_factory,
-                       hooks=RunHooks(split=add_canaries))
+    summary = run_loop(
+        cfg,
+        progress=progress,
+        console=console,
+        engine_factory=engine_factory,
+        hooks=RunHooks(split=add_canaries),
+    )
     run_s = time.perf_counter() - t0
     obs: SharedModelObserver = held["observer"]
     data: AuditData = held["data"]
@@ -159,32 +188,65 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     assert resolved.batch_size is not None  # filled from the data by the run
     canary_scores = {"final": obs.final, "rounds": obs.rounds}
     delta = resolved.delta
-    bound = one_run_bound(canary_scores, data.included, delta if resolved.is_private else 1e-5, s.confidence, s.derived(0))
+    bound = one_run_bound(
+        canary_scores, data.included, delta if resolved.is_private else 1e-5, s.confidence, s.derived(0)
+    )
 
     # membership inference on real examples
     t1 = time.perf_counter()
     steps = site.rounds_trained * site.steps_per_round
-    shared_recipe = attacks.Recipe(steps=steps, batch_size=resolved.batch_size, lr=o.lr, weight_decay=o.weight_decay,
-                                   private=resolved.is_private, noise_multiplier=resolved.noise_multiplier,
-                                   clip=resolved.clip)
+    shared_recipe = attacks.Recipe(
+        steps=steps,
+        batch_size=resolved.batch_size,
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        private=resolved.is_private,
+        noise_multiplier=resolved.noise_multiplier,
+        clip=resolved.clip,
+    )
     targets: dict[str, tuple[str, attacks.Target, list[attacks.Target], attacks.Recipe, str]] = {}
     device = data.canaries.x.device
     shared_model = attacks.with_state(site.shared_spec, obs.last_state, device)
-    refs_shared = [attacks.as_target(attacks.train_reference(site.shared_spec, r, shared_recipe, s.derived(100 + j), device))
-                   for j, r in enumerate(data.references)]
-    what = "the last model the site released" if obs.releases else "the site's final DP model (nothing left the site)"
-    targets[site.shared_field] = (site.shared_spec.name, attacks.as_target(shared_model), refs_shared, shared_recipe, what)
+    refs_shared = [
+        attacks.as_target(
+            attacks.train_reference(site.shared_spec, r, shared_recipe, s.derived(100 + j), device)
+        )
+        for j, r in enumerate(data.references)
+    ]
+    what = (
+        "the last model the site released"
+        if obs.releases
+        else "the site's final DP model (nothing left the site)"
+    )
+    targets[site.shared_field] = (
+        site.shared_spec.name,
+        attacks.as_target(shared_model),
+        refs_shared,
+        shared_recipe,
+        what,
+    )
     if getattr(site, "private", None) is not None:
-        private_recipe = attacks.Recipe(steps=steps, batch_size=resolved.batch_size, lr=o.lr,
-                                        weight_decay=o.weight_decay)
-        refs_private = [attacks.as_target(attacks.train_reference(site.private_spec, r, private_recipe, s.derived(200 + j),
-                                                                  device)) for j, r in enumerate(data.references)]
-        targets["private"] = (site.private_spec.name, attacks.as_target(site.private), refs_private, private_recipe,
-                              "the site's private model (never released; audited as if it were)")
+        private_recipe = attacks.Recipe(
+            steps=steps, batch_size=resolved.batch_size, lr=o.lr, weight_decay=o.weight_decay
+        )
+        refs_private = [
+            attacks.as_target(
+                attacks.train_reference(site.private_spec, r, private_recipe, s.derived(200 + j), device)
+            )
+            for j, r in enumerate(data.references)
+        ]
+        targets["private"] = (
+            site.private_spec.name,
+            attacks.as_target(site.private),
+            refs_private,
+            private_recipe,
+            "the site's private model (never released; audited as if it were)",
+        )
     mi, curves = {}, {}
     for name, (arch, target, refs, recipe, desc) in targets.items():
-        figures, curves[name] = attacks.membership_inference(target, refs, held["members"], data.nonmembers,
-                                                             data.population)
+        figures, curves[name] = attacks.membership_inference(
+            target, refs, held["members"], data.nonmembers, data.population
+        )
         mi[name] = {"model": arch, "what": desc, "reference_recipe": recipe.describe(), "attacks": figures}
     attack_s = time.perf_counter() - t1
 
@@ -193,11 +255,15 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     eps_acc = site.epsilon()
     notes = list(data.notes)
     if not obs.releases:
-        notes.append(f"nothing leaves a site in {cfg.method}: the site's DP model after each round was scored as if "
-                     "it were released")
+        notes.append(
+            f"nothing leaves a site in {cfg.method}: the site's DP model after each round was scored as if "
+            "it were released"
+        )
     if resolved.is_private and not mech.formal:
-        notes.append("the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
-                     "would be a measured violation, not a bug")
+        notes.append(
+            "the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
+            "would be a measured violation, not a bug"
+        )
     if not resolved.is_private:
         notes.append("no DP: there is no accountant ε; the bound is computed at δ = 1e-5")
     members = held["members"]
@@ -223,21 +289,30 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "rounds": summary["rounds_run"],
         "bound": bound,
         "canaries": {
-            "m": s.canaries, "included": int(data.included.sum()), "excluded": int((~data.included).sum()),
-            "inclusion_probability": 0.5, "kind": CANARY_DESCRIPTION[s.canary_kind],
-            "audited_site": s.site, "site_examples_real": len(members), "site_examples_with_canaries": site.n,
-            "scores": {"final": "φ of the canary label under the last model the site released",
-                       "rounds": "Σ over rounds of φ(released) − φ(model the round started from), standardised "
-                                 "across canaries within each round"},
-            "releases_scored": obs.releases, "rounds_scored": obs.trained,
+            "m": s.canaries,
+            "included": int(data.included.sum()),
+            "excluded": int((~data.included).sum()),
+            "inclusion_probability": 0.5,
+            "kind": CANARY_DESCRIPTION[s.canary_kind],
+            "audited_site": s.site,
+            "site_examples_real": len(members),
+            "site_examples_with_canaries": site.n,
+            "scores": {
+                "final": "φ of the canary label under the last model the site released",
+                "rounds": "Σ over rounds of φ(released) − φ(model the round started from), standardised "
+                "across canaries within each round",
+            },
+            "releases_scored": obs.releases,
+            "rounds_scored": obs.trained,
         },
         "membership_inference": {
             "members": f"the audited site's {len(members)} real training examples",
-            "nonmembers": f"{len(data.nonmembers)} examples no site trains on, with the site's class proportions",
+            "nonmembers": f"{len(data.nonmembers)} examples no site trains on, with the site's class "
+            f"proportions",
             "population": f"{len(data.population)} further such examples (RMIA's z)",
             "reference_models": f"{len(data.references)} per target, standalone (not federated), each on "
-                                f"{len(data.references[0]) if data.references else 0} examples no site trains on, "
-                                "disjoint from every candidate",
+            f"{len(data.references[0]) if data.references else 0} examples no site trains on, "
+            "disjoint from every candidate",
             "targets": mi,
         },
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
@@ -245,11 +320,22 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "seconds": {"run": run_s, "attacks": attack_s},
         "notes": notes,
     }
-    split = {"members": members.ids(), "nonmembers": data.nonmembers.ids(), "population": data.population.ids(),
-             "references": [r.ids() for r in data.references], "canaries": data.canaries.ids(),
-             "canary_labels": data.canaries.y.cpu().tolist(), "canary_true_labels": data.canary_true_labels.tolist(),
-             "included": data.included.astype(int).tolist()}
-    return audit_json, {"canary_scores": canary_scores, "included": data.included, "curves": curves, "split": split}
+    split = {
+        "members": members.ids(),
+        "nonmembers": data.nonmembers.ids(),
+        "population": data.population.ids(),
+        "references": [r.ids() for r in data.references],
+        "canaries": data.canaries.ids(),
+        "canary_labels": data.canaries.y.cpu().tolist(),
+        "canary_true_labels": data.canary_true_labels.tolist(),
+        "included": data.included.astype(int).tolist(),
+    }
+    return audit_json, {
+        "canary_scores": canary_scores,
+        "included": data.included,
+        "curves": curves,
+        "split": split,
+    }
 
 
 def summary_config(run_dir: Path) -> dict:

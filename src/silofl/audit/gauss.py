@@ -1,9 +1,12 @@
 """A Gaussian-sum estimate of ε from canary scores (beside the Steinke–Nasr–Jagielski bound).
 
-The idea of "Let's Ask Gauss: Improved One-Run Privacy Auditing" (Agrawal et al., arXiv 2606.12733): a white-box
-auditor's canary-aligned score is a *sum* over many steps (Σ_t ⟨g̃_t, u_i⟩ for DP-SGD's noisy gradients), so it is
+The idea of "Let's Ask Gauss: Improved One-Run Privacy Auditing" (Agrawal et al., arXiv 2606.12733): a
+white-box
+auditor's canary-aligned score is a *sum* over many steps (Σ_t ⟨g̃_t, u_i⟩ for DP-SGD's noisy gradients), so
+it is
 asymptotically Gaussian; rather than thresholding scores into guesses (which throws away how far apart the
-included and excluded canaries are), estimate the Gaussian-DP parameter μ from the separation of the two groups
+included and excluded canaries are), estimate the Gaussian-DP parameter μ from the separation of the two
+groups
 and convert it to ε at the run's δ.
 
 **This is silofl's own "natural version", written without the paper's text or code** (neither could be found
@@ -11,12 +14,15 @@ here), and it was *not* checked against the paper's worked figures. What it comp
 
 * μ̂ = (mean of included scores − mean of excluded scores) / pooled standard deviation — the separation of two
   equal-variance Gaussians N(0, 1) and N(μ, 1), the trade-off curve of μ-GDP (Dong, Roth & Su 2019);
-* a one-sided lower confidence limit μ_lo = μ̂ − z_{confidence} · SE(μ̂), with the large-sample standard error of
+* a one-sided lower confidence limit μ_lo = μ̂ − z_{confidence} · SE(μ̂), with the large-sample standard error
+of
   a standardised mean difference, SE² = 1/n_in + 1/n_out + μ̂² / (2 (n_in + n_out − 2));
 * ε = the ε at which μ_lo-GDP meets δ: δ = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong et al., Corollary 2.13).
 
-It is an *estimate* resting on the scores being (close to) Gaussian with equal variance in both groups and on the
-canaries being independent — the CLT regime of many steps with orthogonal (Dirac) canaries. Unlike the SNJ bound
+It is an *estimate* resting on the scores being (close to) Gaussian with equal variance in both groups and on
+the
+canaries being independent — the CLT regime of many steps with orthogonal (Dirac) canaries. Unlike the SNJ
+bound
 it is not a guarantee that holds with the stated confidence whatever the score distributions; silofl therefore
 always reports it next to the SNJ bound, never instead of it.
 """
@@ -51,7 +57,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
 
 def gauss_estimate(scores: np.ndarray, included: np.ndarray, delta: float, confidence: float = 0.95) -> dict:
-    """μ̂ and its lower confidence limit from included vs excluded canaries' scores; ε at ``delta`` (module doc)."""
+    """μ̂ and its lower confidence limit from included vs excluded canaries' scores; ε at ``delta`` (module
+    doc)."""
     s = np.asarray(scores, float)
     inc = np.asarray(included, bool)
     a, b = s[inc], s[~inc]
@@ -64,8 +71,9 @@ def gauss_estimate(scores: np.ndarray, included: np.ndarray, delta: float, confi
     z = float(stats.norm.ppf(confidence))
     mu_lo = max(0.0, mu - z * se) if math.isfinite(mu) else math.inf
     return {
-        "estimator": "Gaussian sum (GDP μ from the included/excluded separation; silofl's version of Agrawal et al., "
-                     "not checked against the paper's figures)",
+        "estimator": "Gaussian sum (GDP μ from the included/excluded separation; silofl's version of Agrawal "
+        "et al., "
+        "not checked against the paper's figures)",
         "mu_hat": mu,
         "mu_standard_error": se,
         "mu_lower": mu_lo,
@@ -73,5 +81,6 @@ def gauss_estimate(scores: np.ndarray, included: np.ndarray, delta: float, confi
         "delta": delta,
         "epsilon_point": gdp_epsilon(mu, delta) if math.isfinite(mu) else math.inf,
         "epsilon_estimate": gdp_epsilon(mu_lo, delta) if math.isfinite(mu_lo) else math.inf,
-        "included": n1, "excluded": n0,
+        "included": n1,
+        "excluded": n0,
     }

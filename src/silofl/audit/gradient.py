@@ -1,27 +1,40 @@
-"""White-box gradient canaries for example-level DP-SGD (Steinke, Nasr & Jagielski 2023, §7's white-box setting).
+"""White-box gradient canaries for example-level DP-SGD (Steinke, Nasr & Jagielski 2023, §7's white-box
+setting).
 
-The canaries are *gradients*, not examples: m vectors of norm C in the shared model's parameter space — ``dirac``
-(one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal) or ``random``
-(a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the model's largest parameter
-tensor (fixed before the run: there each coordinate carries little of the real examples' gradients) — each included with probability ½
-(the audit's secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a real
-example (independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones are
-added to the clipped per-example sum *before* the noise (:attr:`silofl.privacy.DPGradient.canaries`): a canary is
-an example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's inputs —
+The canaries are *gradients*, not examples: m vectors of norm C in the shared model's parameter space —
+``dirac``
+(one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal) or
+``random``
+(a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the model's largest
+parameter
+tensor (fixed before the run: there each coordinate carries little of the real examples' gradients) — each
+included with probability ½
+(the audit's secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a
+real
+example (independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones
+are
+added to the clipped per-example sum *before* the noise (:attr:`silofl.privacy.DPGradient.canaries`): a canary
+is
+an example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's
+inputs —
 are unchanged; the gradient is still divided by the site's expected batch size q·n.
 
 Scores (higher: more likely included), one per threat model:
 
 * **white-box per step** — the auditor sees every step's noisy gradient g̃_t (the optimizer's input):
-  Σ_t ⟨g̃_t, u_i⟩ · q·n / C, with u_i the canary's unit direction. Each step contributes N(0, σ²) noise, +1 when
+  Σ_t ⟨g̃_t, u_i⟩ · q·n / C, with u_i the canary's unit direction. Each step contributes N(0, σ²) noise, +1
+  when
   the canary was sampled, and the (small) projection of the real examples' clipped gradients;
 * **white-box per release** — the auditor sees the shared models the site releases (the observer at the engine
-  seam, :mod:`silofl.audit.tap`): −Σ_rounds ⟨θ_released − θ_start, u_i⟩ / lr (the site descends along a canary it
-  sampled). Methods in which nothing leaves a site (Regular, Joint) are scored on the site's shared model after each
+  seam, :mod:`silofl.audit.tap`): −Σ_rounds ⟨θ_released − θ_start, u_i⟩ / lr (the site descends along a canary
+  it
+  sampled). Methods in which nothing leaves a site (Regular, Joint) are scored on the site's shared model
+  after each
   round, as if it were released.
 
 Without DP (the no-DP control) there is no mechanism to hook: the sampled canaries are added to the plain mean
-gradient, with the same weight 1/(q·n), just before the optimizer steps (an optimizer step pre-hook, which also
+gradient, with the same weight 1/(q·n), just before the optimizer steps (an optimizer step pre-hook, which
+also
 reads the per-step score in both cases). Input-space canaries (:mod:`silofl.audit.example`) stay the black-box
 option.
 """
@@ -58,28 +71,50 @@ WHITE_FINAL = "white-box final model"
 
 
 def describe(kind: str, d: int, pool: int) -> str:
-    """audit.json's ``canaries.kind`` for a gradient canary kind (``pool``: coordinates they are drawn from)."""
-    where = (f"the {pool} coordinates of the shared model's largest parameter tensor (of {d})" if pool < d else
-             f"the shared model's {d} coordinates")
+    """audit.json's ``canaries.kind`` for a gradient canary kind (``pool``: coordinates they are drawn
+    from)."""
+    where = (
+        f"the {pool} coordinates of the shared model's largest parameter tensor (of {d})"
+        if pool < d
+        else f"the shared model's {d} coordinates"
+    )
     if kind == "dirac":
-        return f"Dirac gradient canaries: one coordinate at the clip norm C, m distinct coordinates among {where}"
-    return (f"random-direction gradient canaries: a ±1/√s direction on s = {min(SUPPORT, pool)} of {where}, at the "
-            "clip norm C")
+        return (
+            f"Dirac gradient canaries: one coordinate at the clip norm C, m distinct coordinates among "
+            f"{where}"
+        )
+    return (
+        f"random-direction gradient canaries: a ±1/√s direction on s = {min(SUPPORT, pool)} of {where}, at "
+        f"the "
+        "clip norm C"
+    )
 
 
 class GradientCanaries:
-    """m canary gradients on a model's trainable parameters, their coins, their Poisson sampling and their scores."""
+    """m canary gradients on a model's trainable parameters, their coins, their Poisson sampling and their
+    scores."""
 
-    def __init__(self, params: list[nn.Parameter], m: int, kind: str, included: np.ndarray, sample_rate: float,
-                 seed: int):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        m: int,
+        kind: str,
+        included: np.ndarray,
+        sample_rate: float,
+        seed: int,
+    ):
         if kind not in GRADIENT_KINDS:
-            raise ConfigError(f"unknown gradient canary kind {kind!r}; choose one of: {', '.join(GRADIENT_KINDS)}")
+            raise ConfigError(
+                f"unknown gradient canary kind {kind!r}; choose one of: {', '.join(GRADIENT_KINDS)}"
+            )
         self.params = list(params)
         self.shapes = [p.shape for p in self.params]
         self.d = sum(p.numel() for p in self.params)
         self.m, self.kind, self.q = m, kind, float(sample_rate)
-        # the canaries live on the largest parameter tensor (the first layer of an MLP), fixed before the run: its
-        # coordinates carry the least real-gradient signal each, so the canary stands out of the noise (on small
+        # the canaries live on the largest parameter tensor (the first layer of an MLP), fixed before the run:
+        # its
+        # coordinates carry the least real-gradient signal each, so the canary stands out of the noise (on
+        # small
         # layers and biases the real examples' clipped gradients pile up)
         sizes = [p.numel() for p in self.params]
         big = int(np.argmax(sizes))
@@ -87,14 +122,18 @@ class GradientCanaries:
         self.pool = (lo, lo + sizes[big]) if sizes[big] >= m else (0, self.d)
         n_pool = self.pool[1] - self.pool[0]
         if kind == "dirac" and m > n_pool:
-            raise ConfigError(f"{m} Dirac canaries need {m} distinct coordinates; the shared model has {self.d}")
+            raise ConfigError(
+                f"{m} Dirac canaries need {m} distinct coordinates; the shared model has {self.d}"
+            )
         rng_dirs, rng_sample = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
         if kind == "dirac":
             support = self.pool[0] + rng_dirs.choice(n_pool, size=m, replace=False)[:, None]
             values = np.ones((m, 1))
         else:
             s = min(SUPPORT, n_pool)
-            support = np.stack([self.pool[0] + rng_dirs.choice(n_pool, size=s, replace=False) for _ in range(m)])
+            support = np.stack(
+                [self.pool[0] + rng_dirs.choice(n_pool, size=s, replace=False) for _ in range(m)]
+            )
             values = rng_dirs.choice([-1.0, 1.0], size=(m, s)) / math.sqrt(s)
         device = self.params[0].device
         self.support = torch.as_tensor(support, dtype=torch.long, device=device)
@@ -123,7 +162,7 @@ class GradientCanaries:
         out, at = [], 0
         for shape in self.shapes:
             k = math.prod(shape)
-            out.append(v[at:at + k].view(shape))
+            out.append(v[at : at + k].view(shape))
             at += k
         return out
 
@@ -139,8 +178,11 @@ class GradientCanaries:
 
     # ------------------------------------------------------------------ the hooks
     def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict:
-        """DPGradient's hook: the sampled canaries (each of norm ``clip``) join the clipped sum before the noise."""
-        if len(params) != len(self.params) or any(a is not b for a, b in zip(params, self.params, strict=True)):
+        """DPGradient's hook: the sampled canaries (each of norm ``clip``) join the clipped sum before the
+        noise."""
+        if len(params) != len(self.params) or any(
+            a is not b for a, b in zip(params, self.params, strict=True)
+        ):
             raise RuntimeError("the canaries were drawn for another model's parameters")
         v = self.flat(self.draw(), clip)
         out = dict(grads)
@@ -151,15 +193,20 @@ class GradientCanaries:
         return out
 
     def before_step(self, clip: float) -> None:
-        """The optimizer's step pre-hook: without DP add the sampled canaries to the mean gradient; then read the
+        """The optimizer's step pre-hook: without DP add the sampled canaries to the mean gradient; then read
+        the
         step's (noisy) gradient along every canary."""
         if self.plain_weight is not None:
             v = self.flat(self.draw(), clip * self.plain_weight)
             for p, piece in zip(self.params, self.pieces(v), strict=True):
                 piece = piece.to(device=p.device, dtype=p.dtype)
                 p.grad = piece.clone() if p.grad is None else p.grad.add_(piece)
-        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
-                       for p in self.params])
+        g = torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
+                for p in self.params
+            ]
+        )
         self.step_scores += self.project(g) * self.scale
         self.steps += 1
 
@@ -169,13 +216,17 @@ class GradientCanaries:
 
 
 def attach(site: Any, canaries: GradientCanaries) -> None:
-    """Install ``canaries`` at a DP-SGD site: in its mechanism (DP) or on its plain gradient (no DP), and read every
+    """Install ``canaries`` at a DP-SGD site: in its mechanism (DP) or on its plain gradient (no DP), and read
+    every
     step through the shared optimizer's step pre-hook."""
     attach_to(site.dp, site.shared_opt, canaries, float(site.settings.clip), site.sample_rate * site.n)
 
 
-def attach_to(dp: Any, opt: torch.optim.Optimizer, canaries: GradientCanaries, clip: float, expected: float) -> None:
-    """Install ``canaries`` in the mechanism ``dp`` (None: on the plain gradient, weight 1/``expected``) and read every
+def attach_to(
+    dp: Any, opt: torch.optim.Optimizer, canaries: GradientCanaries, clip: float, expected: float
+) -> None:
+    """Install ``canaries`` in the mechanism ``dp`` (None: on the plain gradient, weight 1/``expected``) and
+    read every
     step of ``opt``; ``expected`` is the mechanism's expected batch size q·n."""
     canaries.scale = expected / clip
     if dp is not None:
@@ -186,7 +237,8 @@ def attach_to(dp: Any, opt: torch.optim.Optimizer, canaries: GradientCanaries, c
 
 
 class ReleaseObserver:
-    """At the engine seam: −⟨θ_released − θ_start, u_i⟩ / lr summed over the audited site's training rounds."""
+    """At the engine seam: −⟨θ_released − θ_start, u_i⟩ / lr summed over the audited site's training
+    rounds."""
 
     def __init__(self, site: int):
         self.site = site
@@ -205,7 +257,9 @@ class ReleaseObserver:
             site: Any = engine.sites[self.site]
             self.start = self.canaries.flat_state(site.shared_state(), self.names)
 
-    def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine) -> None:
+    def after(
+        self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine
+    ) -> None:
         """θ_released: what left the site (or its shared model when nothing does)."""
         if self.canaries is None or step not in TRAIN_STEPS or self.site not in replies or self.start is None:
             return
@@ -217,24 +271,42 @@ class ReleaseObserver:
         delta = self.canaries.flat_state(state, self.names) - self.start
         s = -self.canaries.project(delta) / self.lr
         self.scores = s if self.scores is None else self.scores + s
-        self.records.append({"round": int(requests[self.site].meta.get("round", self.trained)), "released": bool(packets),
-                             "delta_norm": float(delta.norm()), "score_sum": float(s.sum())})
+        self.records.append(
+            {
+                "round": int(requests[self.site].meta.get("round", self.trained)),
+                "released": bool(packets),
+                "delta_norm": float(delta.norm()),
+                "score_sum": float(s.sum()),
+            }
+        )
         self.start = None
 
 
-def bounds_for(scores: np.ndarray, included: np.ndarray, delta: float, confidence: float, seed: int,
-               threat_model: str) -> dict:
+def bounds_for(
+    scores: np.ndarray, included: np.ndarray, delta: float, confidence: float, seed: int, threat_model: str
+) -> dict:
     """SNJ's one-run bound and the Gaussian-sum estimate for one threat model's scores."""
     name = {PER_STEP: "steps", PER_RELEASE: "releases"}.get(threat_model, "final")
     snj = one_run_bound({name: scores}, included, delta, confidence, seed)
-    return {"threat_model": threat_model, "score": name, "snj": snj,
-            "gauss": gauss.gauss_estimate(scores, included, delta, confidence)}
+    return {
+        "threat_model": threat_model,
+        "score": name,
+        "snj": snj,
+        "gauss": gauss.gauss_estimate(scores, included, delta, confidence),
+    }
 
 
-def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, console=None,
-          engine_factory: Callable[[Callable[[int], Any], int], Engine] | None = None) -> tuple[dict, dict]:
+def audit(
+    cfg: RunConfig,
+    s: AuditSettings,
+    out: Path,
+    progress: bool = False,
+    console=None,
+    engine_factory: Callable[[Callable[[int], Any], int], Engine] | None = None,
+) -> tuple[dict, dict]:
     """Run ``cfg`` with gradient canaries at site ``s.site``; (audit.json content, plot/CSV material).
-    ``engine_factory`` (default: the simulator) makes the engine from the site factory — e.g. the torch.distributed
+    ``engine_factory`` (default: the simulator) makes the engine from the site factory — e.g. the
+    torch.distributed
     engine on rank 0, where the audited site must live (site 0 always does)."""
     info = cfg.info
     cfg = run_config(cfg, s, out)
@@ -244,13 +316,20 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     held: dict = {}
 
     def factory(make, n_sites):
-        engine: Any = InProcessEngine({k: make(k) for k in range(n_sites)}) if engine_factory is None else \
-            engine_factory(make, n_sites)
+        engine: Any = (
+            InProcessEngine({k: make(k) for k in range(n_sites)})
+            if engine_factory is None
+            else engine_factory(make, n_sites)
+        )
         if audited not in getattr(engine, "sites", {}):
-            raise ConfigError(f"site {audited} does not run in this process: the audited site must (site 0 does)")
+            raise ConfigError(
+                f"site {audited} does not run in this process: the audited site must (site 0 does)"
+            )
         site: Any = engine.sites[audited]
         if not all(hasattr(site, a) for a in ("shared", "shared_opt", "dp", "sample_rate")):
-            raise ConfigError(f"{cfg.method}'s sites do not train by DP-SGD: gradient canaries need a DP-SGD site")
+            raise ConfigError(
+                f"{cfg.method}'s sites do not train by DP-SGD: gradient canaries need a DP-SGD site"
+            )
         params = [p for p in site.shared.parameters() if p.requires_grad]
         canaries = GradientCanaries(params, s.canaries, s.canary_kind, coins, site.sample_rate, s.derived(2))
         attach(site, canaries)
@@ -273,30 +352,44 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
     delta = resolved.delta if private else 1e-5
     beta = 1.0 - s.confidence
     scores = {"steps": canaries.step_scores.copy(), "releases": observer.scores.copy()}
-    by_threat = {PER_STEP: bounds_for(scores["steps"], coins, delta, s.confidence, s.derived(0), PER_STEP),
-                 PER_RELEASE: bounds_for(scores["releases"], coins, delta, s.confidence, s.derived(0), PER_RELEASE)}
+    by_threat = {
+        PER_STEP: bounds_for(scores["steps"], coins, delta, s.confidence, s.derived(0), PER_STEP),
+        PER_RELEASE: bounds_for(scores["releases"], coins, delta, s.confidence, s.derived(0), PER_RELEASE),
+    }
     head = by_threat[PER_STEP]
     sigma = float(site.settings.noise_multiplier) if private else 0.0
     T, q = canaries.steps, canaries.q
     eps_acc = site.epsilon()
     mech = dataclasses.replace(resolved, seed=None).guarantee()
     g = resolved.guarantee()
-    notes = [f"gradient canaries ({s.canary_kind}) were added inside the audited site's DP step as extra clipped "
-             f"per-example gradients, sampled at the site's q = {q:.4g}; the accountant's inputs (σ, q, steps) are the "
-             "site's own, unchanged by them",
-             "the headline bound is fixed in advance to the white-box per-step threat model; the per-release bound "
-             "is reported beside it (each with its own Bonferroni correction over the guess counts)",
-             "the Gaussian-sum figure is an estimate under a Gaussian-scores assumption (silofl.audit.gauss), not a "
-             "guarantee like the SNJ bound, and was not checked against its paper's worked figures"]
+    notes = [
+        f"gradient canaries ({s.canary_kind}) were added inside the audited site's DP step as extra clipped "
+        f"per-example gradients, sampled at the site's q = {q:.4g}; the accountant's inputs (σ, q, steps) "
+        f"are the "
+        "site's own, unchanged by them",
+        "the headline bound is fixed in advance to the white-box per-step threat model; the per-release "
+        "bound "
+        "is reported beside it (each with its own Bonferroni correction over the guess counts)",
+        "the Gaussian-sum figure is an estimate under a Gaussian-scores assumption (silofl.audit.gauss), not "
+        "a "
+        "guarantee like the SNJ bound, and was not checked against its paper's worked figures",
+    ]
     if not observer.releases:
-        notes.append(f"nothing leaves a site in {cfg.method}: the site's shared model after each round was scored as "
-                     "if it were released")
+        notes.append(
+            f"nothing leaves a site in {cfg.method}: the site's shared model after each round was scored as "
+            "if it were released"
+        )
     if private and not mech.formal:
-        notes.append("the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
-                     "would be a measured violation, not a bug")
+        notes.append(
+            "the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
+            "would be a measured violation, not a bug"
+        )
     if not private:
-        notes.append("no DP: there is no accountant ε; the bounds are computed at δ = 1e-5 and the canaries were added "
-                     "to the plain mean gradient with weight 1/(q·n)")
+        notes.append(
+            "no DP: there is no accountant ε; the bounds are computed at δ = 1e-5 and the canaries were "
+            "added "
+            "to the plain mean gradient with weight 1/(q·n)"
+        )
     mu_expected = q * math.sqrt(T) / sigma if sigma > 0 else None
     audit_json = {
         "kind": "example-level",
@@ -325,31 +418,48 @@ def audit(cfg: RunConfig, s: AuditSettings, out: Path, progress: bool = False, c
         "certifiable_epsilon_max": one_run.max_auditable_eps(s.canaries, s.canaries, delta, beta),
         "mu_sum_statistic_expected": mu_expected,
         "canaries": {
-            "m": s.canaries, "included": int(coins.sum()), "excluded": int((~coins).sum()),
-            "inclusion_probability": 0.5, "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]), "canary_kind": s.canary_kind,
-            "space": "gradient", "audited_site": s.site, "site_examples_real": site.n,
+            "m": s.canaries,
+            "included": int(coins.sum()),
+            "excluded": int((~coins).sum()),
+            "inclusion_probability": 0.5,
+            "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]),
+            "canary_kind": s.canary_kind,
+            "space": "gradient",
+            "audited_site": s.site,
+            "site_examples_real": site.n,
             "mean_times_sampled_when_included": float(canaries.sampled[coins].mean()) if coins.any() else 0.0,
-            "scores": {"steps": "Σ_t ⟨g̃_t, u_i⟩ · q·n / C over every DP step's noisy gradient (white-box per step)",
-                       "releases": "−Σ_rounds ⟨θ_released − θ_start, u_i⟩ / lr (white-box per release)"},
-            "releases_scored": observer.releases, "rounds_scored": observer.trained,
+            "scores": {
+                "steps": "Σ_t ⟨g̃_t, u_i⟩ · q·n / C over every DP step's noisy gradient (white-box per step)",
+                "releases": "−Σ_rounds ⟨θ_released − θ_start, u_i⟩ / lr (white-box per release)",
+            },
+            "releases_scored": observer.releases,
+            "rounds_scored": observer.trained,
         },
         "observer_records": observer.records,
-        "membership_inference": {"note": "gradient canaries audit the mechanism; membership inference on real "
-                                         "examples runs with input-space canaries (--canary-kind mislabelled)",
-                                 "targets": {}},
+        "membership_inference": {
+            "note": "gradient canaries audit the mechanism; membership inference on real "
+            "examples runs with input-space canaries (--canary-kind mislabelled)",
+            "targets": {},
+        },
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
         "run_folder": "run",
         "seconds": {"run": run_s},
         "notes": notes,
     }
-    split = {"canaries": [f"gradient-canary:{i}" for i in range(s.canaries)], "included": coins.astype(int).tolist()}
+    split = {
+        "canaries": [f"gradient-canary:{i}" for i in range(s.canaries)],
+        "included": coins.astype(int).tolist(),
+    }
     return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
 
 
 def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
-    """Gradient canaries in PubSub-ML's published dp-nn (``silofl audit --pubsub-model dp-nn --canary-kind dirac``):
-    the publisher's DP-SGD (:func:`silofl.pubsub.dp_models.train`, the code ``silofl pubsub publish`` runs) with the
-    canaries installed through its ``dp_hook``; scored per step and from the published model's movement from its
+    """Gradient canaries in PubSub-ML's published dp-nn (``silofl audit --pubsub-model dp-nn --canary-kind
+    dirac``):
+    the publisher's DP-SGD (:func:`silofl.pubsub.dp_models.train`, the code ``silofl pubsub publish`` runs)
+    with the
+    canaries installed through its ``dp_hook``; scored per step and from the published model's movement from
+    its
     (data-independent) initialisation along each canary (white-box final model)."""
     import inspect
 
@@ -368,63 +478,113 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         q = dp.sample_rate if dp is not None else min(1.0, batch / n_rows)
         canaries = GradientCanaries(params, s.canaries, s.canary_kind, coins, q, s.derived(2))
         attach_to(dp, opt, canaries, float(dp.clip) if dp is not None else float(clip), q * n_rows)
-        held.update(canaries=canaries, start=torch.cat([p.detach().reshape(-1).float().clone() for p in params]),
-                    params=params, dp=dp)
+        held.update(
+            canaries=canaries,
+            start=torch.cat([p.detach().reshape(-1).float().clone() for p in params]),
+            params=params,
+            dp=dp,
+        )
 
     t0 = time.perf_counter()
-    model = dp_models.train("dp-nn", x_train[torch.as_tensor(rows)].numpy(), ds.y_train[torch.as_tensor(rows)].numpy(),
-                            publisher="audited", features=[f"x{i}" for i in range(x_train.shape[1])],
-                            task="classification", bounds=bounds, epsilon=s.epsilon if s.epsilon is not None else 1.0,
-                            delta=cfg.delta, classes=list(range(ds.num_classes)),
-                            seed=s.seed + 7 if s.seed is not None else None, nonprivate=nonprivate,
-                            epochs=s.pubsub_epochs, dp_hook=hook)
+    model = dp_models.train(
+        "dp-nn",
+        x_train[torch.as_tensor(rows)].numpy(),
+        ds.y_train[torch.as_tensor(rows)].numpy(),
+        publisher="audited",
+        features=[f"x{i}" for i in range(x_train.shape[1])],
+        task="classification",
+        bounds=bounds,
+        epsilon=s.epsilon if s.epsilon is not None else 1.0,
+        delta=cfg.delta,
+        classes=list(range(ds.num_classes)),
+        seed=s.seed + 7 if s.seed is not None else None,
+        nonprivate=nonprivate,
+        epochs=s.pubsub_epochs,
+        dp_hook=hook,
+    )
     train_s = time.perf_counter() - t0
     canaries = held["canaries"]
     end = torch.cat([p.detach().reshape(-1).float() for p in held["params"]])
     scores = {"steps": canaries.step_scores.copy(), "final": -canaries.project(end - held["start"]) / lr}
     delta = 1e-5 if nonprivate else cfg.delta
-    by_threat = {PER_STEP: bounds_for(scores["steps"], coins, delta, s.confidence, s.derived(0), PER_STEP),
-                 WHITE_FINAL: bounds_for(scores["final"], coins, delta, s.confidence, s.derived(0), WHITE_FINAL)}
+    by_threat = {
+        PER_STEP: bounds_for(scores["steps"], coins, delta, s.confidence, s.derived(0), PER_STEP),
+        WHITE_FINAL: bounds_for(scores["final"], coins, delta, s.confidence, s.derived(0), WHITE_FINAL),
+    }
     head = by_threat[PER_STEP]
     mech = model.mechanism
     sigma = float(mech["noise_multiplier"]) if not nonprivate else 0.0
     T, q = canaries.steps, canaries.q
-    notes = [f"gradient canaries ({s.canary_kind}) were added inside the publisher's DP-SGD step (dp-nn) as extra "
-             f"clipped per-example gradients sampled at its q = {q:.4g}; the accountant's inputs are unchanged",
-             "the headline bound is fixed in advance to the white-box per-step threat model; the white-box final-model "
-             "bound (the published weights' movement from their data-independent initialisation) is beside it",
-             "the Gaussian-sum figure is an estimate under a Gaussian-scores assumption (silofl.audit.gauss), not a "
-             "guarantee like the SNJ bound, and was not checked against its paper's worked figures"]
+    notes = [
+        f"gradient canaries ({s.canary_kind}) were added inside the publisher's DP-SGD step (dp-nn) as extra "
+        f"clipped per-example gradients sampled at its q = {q:.4g}; the accountant's inputs are unchanged",
+        "the headline bound is fixed in advance to the white-box per-step threat model; the white-box "
+        "final-model "
+        "bound (the published weights' movement from their data-independent initialisation) is beside it",
+        "the Gaussian-sum figure is an estimate under a Gaussian-scores assumption (silofl.audit.gauss), not "
+        "a "
+        "guarantee like the SNJ bound, and was not checked against its paper's worked figures",
+    ]
     if nonprivate:
         notes.append("no DP (PubSub-ML*): there is no accountant ε; the bounds are computed at δ = 1e-5")
     audit_json = {
         "kind": "pubsub",
-        "title": f"PubSub-ML published dp-nn on {cfg.dataset}" + (" (no DP)" if nonprivate else f", ε = {s.epsilon:g}")
-                 + ", gradient canaries",
-        "research_note": s.research_note, "seed": s.seed, "method": "pubsub:dp-nn",
-        "privacy_mode": "off" if nonprivate else "strict", "formal_guarantee": not nonprivate, "seeded": s.seeded,
-        "split_seed": split_seed, "unit": "one row of the publisher's data",
+        "title": f"PubSub-ML published dp-nn on {cfg.dataset}"
+        + (" (no DP)" if nonprivate else f", ε = {s.epsilon:g}")
+        + ", gradient canaries",
+        "research_note": s.research_note,
+        "seed": s.seed,
+        "method": "pubsub:dp-nn",
+        "privacy_mode": "off" if nonprivate else "strict",
+        "formal_guarantee": not nonprivate,
+        "seeded": s.seeded,
+        "split_seed": split_seed,
+        "unit": "one row of the publisher's data",
         "threat_model": PER_STEP,
         "epsilon_lower_bound": head["snj"]["epsilon_lower_bound"],
         "epsilon_gauss": head["gauss"]["epsilon_estimate"],
         "confidence": s.confidence,
-        "epsilon_accountant": None if nonprivate or not math.isfinite(model.epsilon) else float(model.epsilon),
-        "accountant": mech.get("accountant", mech.get("name")), "delta": delta, "mechanism": mech,
-        "noise_multiplier": sigma if not nonprivate else None, "sample_rate": q, "steps": T, "rounds": None,
-        "bound": head["snj"], "bounds": by_threat,
-        "certifiable_epsilon_max": one_run.max_auditable_eps(s.canaries, s.canaries, delta, 1.0 - s.confidence),
+        "epsilon_accountant": None
+        if nonprivate or not math.isfinite(model.epsilon)
+        else float(model.epsilon),
+        "accountant": mech.get("accountant", mech.get("name")),
+        "delta": delta,
+        "mechanism": mech,
+        "noise_multiplier": sigma if not nonprivate else None,
+        "sample_rate": q,
+        "steps": T,
+        "rounds": None,
+        "bound": head["snj"],
+        "bounds": by_threat,
+        "certifiable_epsilon_max": one_run.max_auditable_eps(
+            s.canaries, s.canaries, delta, 1.0 - s.confidence
+        ),
         "mu_sum_statistic_expected": q * math.sqrt(T) / sigma if sigma > 0 else None,
-        "canaries": {"m": s.canaries, "included": int(coins.sum()), "excluded": int((~coins).sum()),
-                     "inclusion_probability": 0.5,
-                     "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]),
-                     "canary_kind": s.canary_kind, "space": "gradient", "publisher_rows_real": n,
-                     "mean_times_sampled_when_included": float(canaries.sampled[coins].mean()) if coins.any() else 0.0,
-                     "scores": {"steps": "Σ_t ⟨g̃_t, u_i⟩ · q·n / C over every DP step's noisy gradient",
-                                "final": "−⟨θ_published − θ_init, u_i⟩ / lr"}},
-        "membership_inference": {"note": "gradient canaries audit the mechanism; membership inference runs with "
-                                         "input-space canaries (--canary-kind mislabelled)", "targets": {}},
+        "canaries": {
+            "m": s.canaries,
+            "included": int(coins.sum()),
+            "excluded": int((~coins).sum()),
+            "inclusion_probability": 0.5,
+            "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]),
+            "canary_kind": s.canary_kind,
+            "space": "gradient",
+            "publisher_rows_real": n,
+            "mean_times_sampled_when_included": float(canaries.sampled[coins].mean()) if coins.any() else 0.0,
+            "scores": {
+                "steps": "Σ_t ⟨g̃_t, u_i⟩ · q·n / C over every DP step's noisy gradient",
+                "final": "−⟨θ_published − θ_init, u_i⟩ / lr",
+            },
+        },
+        "membership_inference": {
+            "note": "gradient canaries audit the mechanism; membership inference runs with "
+            "input-space canaries (--canary-kind mislabelled)",
+            "targets": {},
+        },
         "seconds": {"publish": train_s},
         "notes": notes,
     }
-    split = {"canaries": [f"gradient-canary:{i}" for i in range(s.canaries)], "included": coins.astype(int).tolist()}
+    split = {
+        "canaries": [f"gradient-canary:{i}" for i in range(s.canaries)],
+        "included": coins.astype(int).tolist(),
+    }
     return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}

@@ -31,15 +31,24 @@ import numpy as np
 from scipy import special, stats
 
 __all__ = [
-    "roc_curve", "auc", "tpr_at_fpr", "attack_metrics",
-    "log_softmax", "logit_confidence", "true_label_prob", "loss_score",
-    "lira_offline", "lira_online", "rmia",
+    "roc_curve",
+    "auc",
+    "tpr_at_fpr",
+    "attack_metrics",
+    "log_softmax",
+    "logit_confidence",
+    "true_label_prob",
+    "loss_score",
+    "lira_offline",
+    "lira_online",
+    "rmia",
 ]
 
 
 # ----------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------
+
 
 def _prep(scores, labels):
     s = np.asarray(scores, dtype=float).ravel()
@@ -99,7 +108,8 @@ def _tpr_at(fpr, tpr, targets):
 
 
 def attack_metrics(scores, labels, fprs=(1e-3, 1e-2)):
-    """AUC, TPR at each FPR in ``fprs`` and the member / non-member counts of ``scores`` (higher: member); the ROC
+    """AUC, TPR at each FPR in ``fprs`` and the member / non-member counts of ``scores`` (higher: member); the
+    ROC
     curve is computed once."""
     s, y = _prep(scores, labels)
     fpr, tpr, _ = roc_curve(s, y)
@@ -114,6 +124,7 @@ def attack_metrics(scores, labels, fprs=(1e-3, 1e-2)):
 # ----------------------------------------------------------------------------
 # Signals from a model's logits
 # ----------------------------------------------------------------------------
+
 
 def log_softmax(logits):
     """Numerically stable log-softmax over the last axis."""
@@ -149,6 +160,7 @@ def loss_score(logits, y):
 # ----------------------------------------------------------------------------
 # LiRA (Carlini, Chien, Nasr, Song, Terzis, Tramer; IEEE S&P 2022)
 # ----------------------------------------------------------------------------
+
 
 def _robust_stats(ref, axis, global_std):
     mu = np.median(ref, axis=axis)  # the reference code uses the median
@@ -211,8 +223,8 @@ def lira_online(phi_target, phi_ref, ref_in, global_std=True):
 # RMIA (Zarifzadeh, Liu, Mittal, Shokri; ICML 2024)
 # ----------------------------------------------------------------------------
 
-def rmia(p_target_x, p_ref_x, p_target_z, p_ref_z, ref_in_x=None,
-         offline_a=0.3, gamma=1.0):
+
+def rmia(p_target_x, p_ref_x, p_target_z, p_ref_z, ref_in_x=None, offline_a=0.3, gamma=1.0):
     """RMIA score: the fraction of population samples z that x "dominates".
 
       Pr(x|theta) = softmax probability of the true label under the target model

@@ -70,6 +70,7 @@ __all__ = [
 # Core statistics
 # ----------------------------------------------------------------------------
 
+
 def _check_counts(m: int, r: int, v: int) -> None:
     for name, x in (("m", m), ("r", r), ("v", v)):
         if int(x) != x:
@@ -106,16 +107,19 @@ def p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
     return min(tail + 2.0 * m * delta * alpha, 1.0)
 
 
-def _p_values_on_grid(m: int, r: int, v: int, eps_grid: np.ndarray,
-                      delta: float) -> np.ndarray:
+def _p_values_on_grid(m: int, r: int, v: int, eps_grid: np.ndarray, delta: float) -> np.ndarray:
     """p_value() at many eps values at once (same formula, vectorised)."""
     q = special.expit(np.asarray(eps_grid, dtype=float))
     tail = stats.binom.sf(v - 1, r, q)
     ks = np.arange(v - 1, -1, -1, dtype=float)[:, None]
     # log pmf written out (much faster than scipy.stats.binom.pmf on a matrix)
-    logpmf = (special.gammaln(r + 1) - special.gammaln(ks + 1)
-              - special.gammaln(r - ks + 1)
-              + special.xlogy(ks, q[None, :]) + special.xlog1py(r - ks, -q[None, :]))
+    logpmf = (
+        special.gammaln(r + 1)
+        - special.gammaln(ks + 1)
+        - special.gammaln(r - ks + 1)
+        + special.xlogy(ks, q[None, :])
+        + special.xlog1py(r - ks, -q[None, :])
+    )
     window = np.cumsum(np.exp(logpmf), axis=0)
     alpha = np.max(window / np.arange(1, v + 1)[:, None], axis=0)
     return np.minimum(tail + 2.0 * m * delta * alpha, 1.0)
@@ -200,6 +204,7 @@ def max_auditable_eps(m: int, r: int, delta: float, beta: float = 0.05) -> float
 # Guessing with abstention
 # ----------------------------------------------------------------------------
 
+
 def make_guesses(
     scores: Sequence[float] | np.ndarray,
     k_pos: int,
@@ -227,11 +232,13 @@ def make_guesses(
     if k_neg:
         t[order[:k_neg]] = -1
     if k_pos:
-        t[order[m - k_pos:]] = +1
+        t[order[m - k_pos :]] = +1
     return t
 
 
-def count_guesses(guesses: Sequence[int] | np.ndarray, included: Sequence[bool] | np.ndarray) -> tuple[int, int]:
+def count_guesses(
+    guesses: Sequence[int] | np.ndarray, included: Sequence[bool] | np.ndarray
+) -> tuple[int, int]:
     """(r, v): guesses made and correct guesses. ``included[i]`` is True if
     canary i was IN (S_i = +1)."""
     t = np.asarray(guesses)
@@ -252,8 +259,8 @@ class AuditResult:
     k_pos: int
     k_neg: int
     delta: float
-    beta: float          # significance used for this bound (after correction)
-    n_hypotheses: int    # number of (k_pos, k_neg) candidates tried (Bonferroni)
+    beta: float  # significance used for this bound (after correction)
+    n_hypotheses: int  # number of (k_pos, k_neg) candidates tried (Bonferroni)
 
 
 def audit(
@@ -269,5 +276,4 @@ def audit(
     t = make_guesses(scores, k_pos, k_neg, rng)
     r, v = count_guesses(t, included)
     m = len(t)
-    return AuditResult(eps_lower_bound(m, r, v, delta, beta), m, r, v,
-                       k_pos, k_neg, delta, beta, 1)
+    return AuditResult(eps_lower_bound(m, r, v, delta, beta), m, r, v, k_pos, k_neg, delta, beta, 1)

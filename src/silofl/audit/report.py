@@ -26,7 +26,9 @@ def check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     if out.is_dir() and any((out / f).exists() for f in (*FILES, "run")) and not overwrite:
-        raise ConfigError(f"{out} already holds an audit; choose another --out or replace it with --overwrite")
+        raise ConfigError(
+            f"{out} already holds an audit; choose another --out or replace it with --overwrite"
+        )
 
 
 def clear(out: Path) -> None:
@@ -53,53 +55,89 @@ def attack_rows(mi: dict) -> list[dict]:
     rows = []
     for target, t in mi.get("targets", {}).items():
         for attack, f in t["attacks"].items():
-            rows.append({"target": target, "model": t["model"], "attack": attack, "auc": f["auc"],
-                         "tpr_at_0.1%_fpr": f["tpr_at_0.1%_fpr"], "tpr_at_1%_fpr": f["tpr_at_1%_fpr"],
-                         "balanced_accuracy": f["balanced_accuracy"], "members": f["members"],
-                         "nonmembers": f["nonmembers"]})
+            rows.append(
+                {
+                    "target": target,
+                    "model": t["model"],
+                    "attack": attack,
+                    "auc": f["auc"],
+                    "tpr_at_0.1%_fpr": f["tpr_at_0.1%_fpr"],
+                    "tpr_at_1%_fpr": f["tpr_at_1%_fpr"],
+                    "balanced_accuracy": f["balanced_accuracy"],
+                    "members": f["members"],
+                    "nonmembers": f["nonmembers"],
+                }
+            )
     return rows
 
 
 def markdown(audit: dict) -> str:
     """audit.md: the bound next to the accountant's ε, the attacks, the notes."""
     b = audit["bound"]
-    lines = [f"# silofl audit: {audit['title']}", "",
-             f"{audit['research_note']}", "",
-             f"The accountant's ε: {audit.get('guarantee_note', '')}", "",
-             "| empirical ε lower bound | confidence | ε accountant | δ | what ε protects | formal guarantee (mechanism) | canaries (in / out) | score, k | correct / guesses | largest ε this audit could show |",
-             "|---|---|---|---|---|---|---|---|---|---|",
-             f"| {fmt(audit['epsilon_lower_bound'])} | {audit['confidence']:.0%} | {fmt(audit['epsilon_accountant'])} | "
-             f"{audit['delta']:g} | {audit['unit']} | {'yes' if audit['formal_guarantee'] else 'no'} | "
-             f"{audit['canaries']['included']} / {audit['canaries']['excluded']} | {b['score']}, {b['k_pos']} | "
-             f"{b['correct']} / {b['guesses']} | {fmt(b['max_auditable_epsilon'])} |", ""]
+    lines = [
+        f"# silofl audit: {audit['title']}",
+        "",
+        f"{audit['research_note']}",
+        "",
+        f"The accountant's ε: {audit.get('guarantee_note', '')}",
+        "",
+        "| empirical ε lower bound | confidence | ε accountant | δ | what ε protects | formal guarantee "
+        "(mechanism) | canaries (in / out) | score, k | correct / guesses | largest ε this audit could show "
+        "|",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {fmt(audit['epsilon_lower_bound'])} | {audit['confidence']:.0%} | "
+        f"{fmt(audit['epsilon_accountant'])} | "
+        f"{audit['delta']:g} | {audit['unit']} | {'yes' if audit['formal_guarantee'] else 'no'} | "
+        f"{audit['canaries']['included']} / {audit['canaries']['excluded']} | {b['score']}, {b['k_pos']} | "
+        f"{b['correct']} / {b['guesses']} | {fmt(b['max_auditable_epsilon'])} |",
+        "",
+    ]
     if audit.get("bounds"):
-        lines += [f"Canaries: {audit['canaries']['kind']}. Each threat model's scores give the Steinke–Nasr–Jagielski "
-                  "bound and, beside it, the Gaussian-sum estimate (an estimate under a Gaussian-scores assumption, not "
-                  f"a guarantee); the headline is the {audit['threat_model']} row, fixed in advance. With "
-                  f"{audit['canaries']['m']} canaries no audit can certify more than "
-                  f"ε = {fmt(audit.get('certifiable_epsilon_max'))} (SNJ, every guess right).", "",
-                  "| threat model | SNJ ε lower bound | correct / guesses | canary AUC | Gaussian-sum ε estimate | μ̂ (lower) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"Canaries: {audit['canaries']['kind']}. Each threat model's scores give the "
+            f"Steinke–Nasr–Jagielski "
+            "bound and, beside it, the Gaussian-sum estimate (an estimate under a Gaussian-scores "
+            "assumption, not "
+            f"a guarantee); the headline is the {audit['threat_model']} row, fixed in advance. With "
+            f"{audit['canaries']['m']} canaries no audit can certify more than "
+            f"ε = {fmt(audit.get('certifiable_epsilon_max'))} (SNJ, every guess right).",
+            "",
+            "| threat model | SNJ ε lower bound | correct / guesses | canary AUC | Gaussian-sum ε estimate | "
+            "μ̂ (lower) |",
+            "|---|---|---|---|---|---|",
+        ]
         for tm, bt in audit["bounds"].items():
             sn, ga = bt["snj"], bt["gauss"]
             auc = next(iter(sn["canary_auc"].values()))
-            lines.append(f"| {tm} | {fmt(sn['epsilon_lower_bound'])} | {sn['correct']} / {sn['guesses']} | {fmt(auc)} | "
-                         f"{fmt(ga['epsilon_estimate'])} | {fmt(ga['mu_hat'])} ({fmt(ga['mu_lower'])}) |")
+            lines.append(
+                f"| {tm} | {fmt(sn['epsilon_lower_bound'])} | {sn['correct']} / {sn['guesses']} | {fmt(auc)} "
+                f"| "
+                f"{fmt(ga['epsilon_estimate'])} | {fmt(ga['mu_hat'])} ({fmt(ga['mu_lower'])}) |"
+            )
         lines.append("")
     rows = attack_rows(audit.get("membership_inference", {}))
     if rows:
-        lines += ["Membership inference on real examples:", "",
-                  "| target | attack | AUC | TPR @ 0.1% FPR | TPR @ 1% FPR | members | non-members |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['target']} ({r['model']}) | {r['attack']} | {fmt(r['auc'])} | {fmt(r['tpr_at_0.1%_fpr'])} | "
-                  f"{fmt(r['tpr_at_1%_fpr'])} | {r['members']} | {r['nonmembers']} |" for r in rows]
+        lines += [
+            "Membership inference on real examples:",
+            "",
+            "| target | attack | AUC | TPR @ 0.1% FPR | TPR @ 1% FPR | members | non-members |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['target']} ({r['model']}) | {r['attack']} | {fmt(r['auc'])} | {fmt(r['tpr_at_0.1%_fpr'])} "
+            f"| "
+            f"{fmt(r['tpr_at_1%_fpr'])} | {r['members']} | {r['nonmembers']} |"
+            for r in rows
+        ]
         lines.append("")
     for note in audit.get("notes", []):
         lines.append(f"- {note}")
     return "\n".join(lines) + "\n"
 
 
-def plot(path: Path, audit: dict, canary_scores: dict[str, np.ndarray], included: np.ndarray, curves: dict) -> None:
+def plot(
+    path: Path, audit: dict, canary_scores: dict[str, np.ndarray], included: np.ndarray, curves: dict
+) -> None:
     """audit.png: score distributions of included vs excluded canaries, and the attacks' ROC curves."""
     import matplotlib
 
@@ -135,23 +173,41 @@ def plot(path: Path, audit: dict, canary_scores: dict[str, np.ndarray], included
     ax.set_ylabel("true positive rate")
     ax.set_title("ROC")
     ax.legend(fontsize=7)
-    fig.suptitle(f"{audit['title']}: ε lower bound {fmt(audit['epsilon_lower_bound'], 2)} "
-                 f"({audit['confidence']:.0%}), accountant ε {fmt(audit['epsilon_accountant'], 2)}", fontsize=10)
+    fig.suptitle(
+        f"{audit['title']}: ε lower bound {fmt(audit['epsilon_lower_bound'], 2)} "
+        f"({audit['confidence']:.0%}), accountant ε {fmt(audit['epsilon_accountant'], 2)}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write(out: Path, audit: dict, canary_scores: dict[str, np.ndarray], included: np.ndarray, curves: dict,
-          split: dict) -> None:
+def write(
+    out: Path,
+    audit: dict,
+    canary_scores: dict[str, np.ndarray],
+    included: np.ndarray,
+    curves: dict,
+    split: dict,
+) -> None:
     """Write the audit's files into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     audit["files"] = list(FILES)
     (out / "audit.json").write_text(json.dumps(clean_json(audit), indent=2, allow_nan=False) + "\n")
     (out / "audit.md").write_text(markdown(audit))
     rows = attack_rows(audit.get("membership_inference", {}))
-    cols = ["target", "model", "attack", "auc", "tpr_at_0.1%_fpr", "tpr_at_1%_fpr", "balanced_accuracy", "members",
-            "nonmembers"]
+    cols = [
+        "target",
+        "model",
+        "attack",
+        "auc",
+        "tpr_at_0.1%_fpr",
+        "tpr_at_1%_fpr",
+        "balanced_accuracy",
+        "members",
+        "nonmembers",
+    ]
     with open(out / "attacks.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -161,6 +217,8 @@ def write(out: Path, audit: dict, canary_scores: dict[str, np.ndarray], included
         w2 = csv.writer(f)
         w2.writerow(["canary", "row", "included", *canary_scores])
         for i in range(len(included)):
-            w2.writerow([i, ids[i], int(included[i]), *(f"{float(s[i]):.6g}" for s in canary_scores.values())])
+            w2.writerow(
+                [i, ids[i], int(included[i]), *(f"{float(s[i]):.6g}" for s in canary_scores.values())]
+            )
     (out / "split.json").write_text(json.dumps(split) + "\n")
     plot(out / "audit.png", audit, canary_scores, included, curves)

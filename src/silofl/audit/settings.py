@@ -7,24 +7,32 @@ from dataclasses import dataclass
 
 from silofl.core.errors import ConfigError
 
-RESEARCH_NOTE = ("seeded research run (seed {seed}): the canaries, their coins, the reference models, the run's noise "
-                 "and sampling are drawn from this seed so the audit can be repeated; the run's ε then holds only while "
-                 "the seed stays secret (a deployment draws them from a secret source)")
-SECRET_NOTE = ("secret randomness: the run's noise and sampling come from a cryptographically secure source, the "
-               "canaries, their coins and the reference models from fresh secret seeds (none recorded); the audit "
-               "measures the mechanism a deployment runs and cannot be repeated draw for draw (--seed for that)")
+RESEARCH_NOTE = (
+    "seeded research run (seed {seed}): the canaries, their coins, the reference models, the run's noise "
+    "and sampling are drawn from this seed so the audit can be repeated; the run's ε then holds only while "
+    "the seed stays secret (a deployment draws them from a secret source)"
+)
+SECRET_NOTE = (
+    "secret randomness: the run's noise and sampling come from a cryptographically secure source, the "
+    "canaries, their coins and the reference models from fresh secret seeds (none recorded); the audit "
+    "measures the mechanism a deployment runs and cannot be repeated draw for draw (--seed for that)"
+)
 
 
 @dataclass
 class AuditSettings:
     canaries: int = 1000  # m: each included in the audited site's data (or as a client) with probability ½
-    canary_kind: str = "mislabelled"  # example canaries: "mislabelled" | "noise" (out-of-distribution inputs);
+    canary_kind: str = (
+        "mislabelled"  # example canaries: "mislabelled" | "noise" (out-of-distribution inputs);
+    )
     # gradient canaries (white-box, silofl.audit.gradient): "dirac" | "random"
     site: int = 0  # the audited site (client index)
     reference_models: int = 4  # per attacked architecture, trained on data disjoint from every candidate
     nonmembers: int | None = None  # default: as many as the audited site's real examples
     confidence: float = 0.95
-    seed: int | None = None  # a seeded research audit; None: secret randomness everywhere (the default of silofl)
+    seed: int | None = (
+        None  # a seeded research audit; None: secret randomness everywhere (the default of silofl)
+    )
     pubsub_model: str | None = None  # audit a PubSub-ML published model of this kind instead of a run
     epsilon: float | None = None  # the published model's ε (PubSub)
     pubsub_epochs: int = 20  # dp-nn epochs (PubSub)
@@ -35,12 +43,16 @@ class AuditSettings:
         from silofl.audit.gradient import GRADIENT_KINDS
 
         if self.canary_kind not in (*CANARY_KINDS, *GRADIENT_KINDS):
-            raise ConfigError(f"unknown --canary-kind {self.canary_kind!r}; choose one of: "
-                              f"{', '.join((*CANARY_KINDS, *GRADIENT_KINDS))}")
+            raise ConfigError(
+                f"unknown --canary-kind {self.canary_kind!r}; choose one of: "
+                f"{', '.join((*CANARY_KINDS, *GRADIENT_KINDS))}"
+            )
         if self.canary_kind in GRADIENT_KINDS and self.pubsub_model not in (None, "dp-nn"):
-            raise ConfigError(f"gradient canaries (--canary-kind dirac | random) audit DP-SGD: a run's sites or a "
-                              f"published dp-nn, not a published {self.pubsub_model}; use --canary-kind mislabelled or "
-                              "noise")
+            raise ConfigError(
+                f"gradient canaries (--canary-kind dirac | random) audit DP-SGD: a run's sites or a "
+                f"published dp-nn, not a published {self.pubsub_model}; use --canary-kind mislabelled or "
+                "noise"
+            )
         if self.canaries < 2:
             raise ConfigError(f"--canaries must be at least 2, got {self.canaries}")
         if self.site < 0:
@@ -65,6 +77,7 @@ class AuditSettings:
         return RESEARCH_NOTE.format(seed=self.seed) if self.seed is not None else SECRET_NOTE
 
     def derived(self, offset: int) -> int:
-        """The seed of one of the audit's own draws: ``seed + offset`` in a seeded audit, else a fresh secret one
+        """The seed of one of the audit's own draws: ``seed + offset`` in a seeded audit, else a fresh secret
+        one
         (from ``secrets``, never written), as for every other non-guarantee draw of an unseeded run."""
         return self.seed + offset if self.seed is not None else secrets.randbits(63)

@@ -25,8 +25,9 @@ class Observer(Protocol):
     def before(self, step: str, requests: dict[int, Message], engine: TappedEngine) -> None:
         """Called with a step's requests before any site runs it."""
 
-    def after(self, step: str, requests: dict[int, Message], replies: dict[int, Message],
-              engine: TappedEngine) -> None:
+    def after(
+        self, step: str, requests: dict[int, Message], replies: dict[int, Message], engine: TappedEngine
+    ) -> None:
         """Called with a step's requests and the sites' replies after they ran it."""
 
 
@@ -66,11 +67,13 @@ def model_tensors(packet: Packet) -> dict[str, torch.Tensor]:
 
 def tap(engine: Engine, observers: list[Observer]) -> Engine:
     """Any engine — the torch.distributed one included — with ``observers`` called around every call, as
-    :class:`TappedEngine` does for the simulator. Observers that read a site's state (``engine.sites[k]``) need that
+    :class:`TappedEngine` does for the simulator. Observers that read a site's state (``engine.sites[k]``)
+    need that
     site in this process: over torch.distributed, a site on rank 0 (site 0 always is)."""
     inner = engine.call
     if not isinstance(engine, InProcessEngine):
-        # an engine that runs a batch elsewhere would show the observers its parts only all at once: each step is
+        # an engine that runs a batch elsewhere would show the observers its parts only all at once: each step
+        # is
         # sent on its own instead (the simulator runs a batch's parts through engine.call, seen one by one)
         engine.batches = False
 
@@ -86,4 +89,3 @@ def tap(engine: Engine, observers: list[Observer]) -> Engine:
 
     engine.call = call  # type: ignore[method-assign]
     return engine
-

@@ -14,7 +14,9 @@ from rich.markup import escape
 from silofl.core.errors import ConfigError, SiloflError
 
 err_console = Console(stderr=True, soft_wrap=True)  # one line per error, whatever the terminal width
-_held: contextvars.ContextVar[contextlib.ExitStack | None] = contextvars.ContextVar("silofl_cli_held", default=None)
+_held: contextvars.ContextVar[contextlib.ExitStack | None] = contextvars.ContextVar(
+    "silofl_cli_held", default=None
+)
 
 
 def one_line(text: str) -> str:
@@ -29,9 +31,12 @@ def _oserror_line(e: OSError) -> str:
 
 
 def friendly_errors(fn):
-    """Wrap a CLI command: a SiloflError, or an OSError from the file system (a path under a file, a folder that
-    cannot be written, a full disk), becomes one red line and exit code 2; Ctrl-C exit code 130. An ``out`` option
-    given as an empty string is refused before the command runs (it would mean the current folder). What the command
+    """Wrap a CLI command: a SiloflError, or an OSError from the file system (a path under a file, a folder
+    that
+    cannot be written, a full disk), becomes one red line and exit code 2; Ctrl-C exit code 130. An ``out``
+    option
+    given as an empty string is refused before the command runs (it would mean the current folder). What the
+    command
     :func:`hold` s (e.g. the lock on its run folder) is released when it returns or fails."""
 
     @functools.wraps(fn)
@@ -58,7 +63,8 @@ def friendly_errors(fn):
 
 
 def hold(cm):
-    """Enter the context manager ``cm`` until the running CLI command (wrapped by :func:`friendly_errors`) ends."""
+    """Enter the context manager ``cm`` until the running CLI command (wrapped by :func:`friendly_errors`)
+    ends."""
     stack = _held.get()
     if stack is None:
         raise RuntimeError("hold() outside a command wrapped by friendly_errors")
@@ -75,8 +81,10 @@ FLOAT_LIMIT = 3.4e38  # the largest float32 (as silofl.run.config.FLOAT_LIMIT)
 
 
 def check_options(kwargs: dict) -> None:
-    """Checks every command's options get (one-line ConfigErrors): no number is NaN or finite beyond the float32
-    range (1e308 is nobody's ε, σ or learning rate; ∞ stays for options that mean "no limit"), and ``--out`` is not
+    """Checks every command's options get (one-line ConfigErrors): no number is NaN or finite beyond the
+    float32
+    range (1e308 is nobody's ε, σ or learning rate; ∞ stays for options that mean "no limit"), and ``--out``
+    is not
     an empty string (it would mean the current folder)."""
     for name, v in kwargs.items():
         flag = "--" + name.rstrip("_").replace("_", "-")

@@ -2,21 +2,27 @@
 
 :class:`ConfigCommand` (through the :func:`config_command` decorator) gives a command one flag per field of
 :class:`~silofl.run.config.RunConfig` and per field of every registered method's options dataclass
-(:mod:`silofl.fl.options`, each method's ``options=`` class), so a plug-in method's options become flags without
+(:mod:`silofl.fl.options`, each method's ``options=`` class), so a plug-in method's options become flags
+without
 editing silofl:
 
 * the flag name comes from the field name (``noise_multiplier`` → ``--noise-multiplier``; a ``bool`` gives
   ``--name/--no-name``), its type from the annotation (``int``, ``float``, ``str``, ``bool``, comma-separated
   ``list[float]`` / ``list[int]`` / ``list[str]``, ``tuple[str, str]`` → two values);
 * the help text and help panel (data / privacy / method / engine / output) from the field's
-  ``metadata={"help": …, "panel": …}`` (method options without metadata: :data:`OPTION_HELP`, else the methods that
-  have them), the choices from the registries (one function per kind of choice: :data:`CHOICES`), and the default
+  ``metadata={"help": …, "panel": …}`` (method options without metadata: :data:`OPTION_HELP`, else the methods
+  that
+  have them), the choices from the registries (one function per kind of choice: :data:`CHOICES`), and the
+  default
   the configuration would use;
 * a method option several methods share (``lr``, ``dml_alpha``) is one flag.
 
-Every generated flag defaults to "not given": :func:`config_flags` returns only the flags the user gave, so the
-precedence stays flags > ``--set`` > ``--config FILE.yaml`` > the defaults, and an option the chosen method does
-not have is the configuration's one-line error. The flags are generated when the command is used (not when silofl
+Every generated flag defaults to "not given": :func:`config_flags` returns only the flags the user gave, so
+the
+precedence stays flags > ``--set`` > ``--config FILE.yaml`` > the defaults, and an option the chosen method
+does
+not have is the configuration's one-line error. The flags are generated when the command is used (not when
+silofl
 is imported), so a method registered later — from a test module or an entry point — has its flags too.
 """
 
@@ -41,7 +47,8 @@ NOT_FLAGS = ("options", "data_at_sites")  # set by silofl itself (data_at_sites:
 
 
 # ---------------------------------------------------------------------------------------------- choices
-# One function per kind of choice, each reading the one list silofl keeps of it (point them at the registries).
+# One function per kind of choice, each reading the one list silofl keeps of it (point them at the
+# registries).
 def method_names() -> tuple[str, ...]:
     """The registered methods (silofl.fl.registry), built-ins first."""
     from silofl.fl.registry import METHODS
@@ -105,14 +112,25 @@ def _from(module: str, name: str) -> Callable[[], tuple[str, ...]]:
 
 
 CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
-    "method": method_names, "dataset": dataset_names, "private_model": model_names, "proxy_model": model_names,
-    "accountant": accountant_names, "features": feature_names, "metric": metric_names,
-    "privacy": _from("silofl.privacy.guarantee", "PRIVACY_MODES"), "partition": _from("silofl.run.config", "PARTITIONS"),
-    "device": _from("silofl.run.config", "DEVICES"), "eval_split": _from("silofl.run.config", "EVAL_SPLITS"),
-    "combine": _from("silofl.site.combine", "COMBINE_MODES"), "graph": _from("silofl.fl.options", "GRAPHS"),
-    "dp_backend": _from("silofl.fl.options", "DP_BACKENDS"), "optimizer_state": _from("silofl.fl.options", "OPTIMIZER_STATE"),
-    "aggregation": _from("silofl.fl.options", "AGGREGATIONS"), "optimizer": _from("silofl.fl.options", "DP_OPTIMIZERS"),
-    "privacy_unit": _from("silofl.fl.options", "PRIVACY_UNITS"), "intermediaries": _const("none", "V", "adaptive"),
+    "method": method_names,
+    "dataset": dataset_names,
+    "private_model": model_names,
+    "proxy_model": model_names,
+    "accountant": accountant_names,
+    "features": feature_names,
+    "metric": metric_names,
+    "privacy": _from("silofl.privacy.guarantee", "PRIVACY_MODES"),
+    "partition": _from("silofl.run.config", "PARTITIONS"),
+    "device": _from("silofl.run.config", "DEVICES"),
+    "eval_split": _from("silofl.run.config", "EVAL_SPLITS"),
+    "combine": _from("silofl.site.combine", "COMBINE_MODES"),
+    "graph": _from("silofl.fl.options", "GRAPHS"),
+    "dp_backend": _from("silofl.fl.options", "DP_BACKENDS"),
+    "optimizer_state": _from("silofl.fl.options", "OPTIMIZER_STATE"),
+    "aggregation": _from("silofl.fl.options", "AGGREGATIONS"),
+    "optimizer": _from("silofl.fl.options", "DP_OPTIMIZERS"),
+    "privacy_unit": _from("silofl.fl.options", "PRIVACY_UNITS"),
+    "intermediaries": _const("none", "V", "adaptive"),
 }
 
 # help of the built-in methods' options (a plug-in's options say theirs in their field's metadata["help"])
@@ -130,15 +148,18 @@ OPTION_HELP = {
     "privacy_unit": "Client-level DP: whose contribution --clip bounds.",
     "intermediaries": "Client-level DP: sub-clients per client: none | V | adaptive.",
     "client_rate": "Client-level DP: Poisson rate of clients per round.",
-    "server_lr": "Client-level DP: server learning rate; FedAvg/FML: step on the average of the sites' DP models "
-                 "(default 1).",
+    "server_lr": "Client-level DP: server learning rate; FedAvg/FML: step on the average of the sites' DP "
+    "models "
+    "(default 1).",
     "local_epochs": "Client-level DP: local SGD epochs.",
     "local_lr": "Client-level DP: local SGD learning rate.",
     "optimizer": "DP-SGD methods: the DP model's optimizer.",
     "momentum": "--optimizer sgd: momentum.",
     "nesterov": "--optimizer sgd: Nesterov momentum.",
-    "ema_decay": "DP-SGD methods: evaluate and save an EMA of the DP model's round-end weights with this decay (0: off).",
-    "augmult": "DP-SGD methods, images: K augmented views per sampled example, averaged before clipping (0: off).",
+    "ema_decay": "DP-SGD methods: evaluate and save an EMA of the DP model's round-end weights with this "
+    "decay (0: off).",
+    "augmult": "DP-SGD methods, images: K augmented views per sampled example, averaged before clipping (0: "
+    "off).",
     "aug_pad": "--augmult: random-crop padding in pixels.",
     "aug_flip": "--augmult: random horizontal flips.",
     "sample_rate": "DP-SGD methods: Poisson rate q per step, up to 1 (default: batch size / n).",
@@ -147,18 +168,22 @@ OPTION_HELP = {
     "mu": "FedProx: the proximal weight μ of μ/2·‖w − w_global‖² (0: FedAvg).",
     "ditto_lambda": "Ditto: the personal model's pull λ towards the received global model.",
     "mrmtl_lambda": "MR-MTL: each site's pull λ towards the mean of the sites' DP models.",
-    "private_lr": "DP-SGD methods: the non-DP models' Adam learning rate (a private model, --combine's own model, "
-                  "--vs-alone; default: --lr).",
-    "adaptive_clip": "Client-level DP: the clip follows a privately estimated quantile of update norms (or --clip "
-                     "adaptive[:C0]).",
+    "private_lr": "DP-SGD methods: the non-DP models' Adam learning rate (a private model, --combine's own "
+    "model, "
+    "--vs-alone; default: --lr).",
+    "adaptive_clip": "Client-level DP: the clip follows a privately estimated quantile of update norms (or "
+    "--clip "
+    "adaptive[:C0]).",
     "cwt_visits": "CWT: sites that train per round (default all: one full cycle).",
     "dp_backend": "DP-SGD methods: how per-example gradients are computed.",
     "graph": "Gossip methods: the time-varying directed graph.",
-    "max_intermediaries": "Client-level DP, --intermediaries adaptive: the cap on v (default ⌊min_i n_i / batch size⌋).",
+    "max_intermediaries": "Client-level DP, --intermediaries adaptive: the cap on v (default ⌊min_i n_i / "
+    "batch size⌋).",
     "clip_quantile": "Client-level DP, adaptive clip: the update-norm quantile the clip follows.",
     "clip_lr": "Client-level DP, adaptive clip: the clip's geometric learning rate.",
     "clip_count_noise": "Client-level DP, adaptive clip: σ_b of the unclipped count (default 2.5·z).",
-    "norm_noise": "Client-level DP, --intermediaries adaptive: noise multiplier of the norm sum (default 5·z).",
+    "norm_noise": "Client-level DP, --intermediaries adaptive: noise multiplier of the norm sum (default "
+    "5·z).",
     "adam_beta1": "Adaptive server optimizers: β1.",
     "adam_beta2": "Adaptive server optimizers: β2 (DP²-RMSProp: the preconditioner's decay).",
     "server_tau": "Adaptive server optimizers: the adaptivity τ.",
@@ -207,13 +232,21 @@ class Flag:
             choices = CHOICES.get(self.name)
             if choices is not None:
                 kw["metavar"] = "[" + "|".join(choices()) + "]"
-        shown = self.default if self.default is not None and not isinstance(self.default, (list, tuple)) else None
+        shown = (
+            self.default if self.default is not None and not isinstance(self.default, (list, tuple)) else None
+        )
         help_text = self.help
         if self.methods:
             help_text += f" [methods: {', '.join(self.methods)}]"
-        return TyperOption(param_decls=decls, default=None, required=False, help=help_text,
-                           show_default=_show(shown) if shown is not None else False,
-                           rich_help_panel=PANELS.get(self.panel, self.panel), **kw)
+        return TyperOption(
+            param_decls=decls,
+            default=None,
+            required=False,
+            help=help_text,
+            show_default=_show(shown) if shown is not None else False,
+            rich_help_panel=PANELS.get(self.panel, self.panel),
+            **kw,
+        )
 
     def parse(self, value: Any) -> dict[str, Any]:
         """The configuration options a given value sets."""
@@ -262,7 +295,8 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def generated_flags() -> dict[str, Flag]:
-    """Every generated flag by field name: RunConfig's fields, then every registered method's options (the first
+    """Every generated flag by field name: RunConfig's fields, then every registered method's options (the
+    first
     definition's type and help; the methods that have it)."""
     from silofl.fl.registry import methods
     from silofl.run.config import RunConfig
@@ -274,7 +308,9 @@ def generated_flags() -> dict[str, Flag]:
         kind = "clip" if f.name == "clip" else _kind(f.type)
         if kind is None:
             continue
-        out[f.name] = Flag(f.name, kind, f.metadata.get("help", ""), f.metadata.get("panel", "method"), _default(f))
+        out[f.name] = Flag(
+            f.name, kind, f.metadata.get("help", ""), f.metadata.get("panel", "method"), _default(f)
+        )
     owners: dict[str, list[str]] = {}
     first: dict[str, dataclasses.Field] = {}
     defaults: dict[str, set] = {}
@@ -319,13 +355,16 @@ def parse_list(text: Any, flag: str, item: str = "float") -> list[Any]:
     try:
         return [int(x) if item == "int" else float(x) for x in parts]
     except ValueError:
-        raise ConfigError(f"{flag} takes comma-separated {'integers' if item == 'int' else 'numbers'}, "
-                          f"got {text!r}") from None
+        raise ConfigError(
+            f"{flag} takes comma-separated {'integers' if item == 'int' else 'numbers'}, got {text!r}"
+        ) from None
 
 
-# ---------------------------------------------------------------------------------------------- the command class
+# ---------------------------------------------------------------------------------------------- the command
+# class
 class ConfigCommand(TyperCommand):
-    """A typer command with the generated flags after its own options (those it declares itself, and the names in
+    """A typer command with the generated flags after its own options (those it declares itself, and the names
+    in
     ``exclude``, are not generated). The given flags reach the command through :func:`config_flags`."""
 
     exclude: tuple[str, ...] = ()
@@ -335,11 +374,15 @@ class ConfigCommand(TyperCommand):
         self._generated: dict[str, Flag] | None = None
 
     def generated(self) -> dict[str, Flag]:
-        """The flags generated for this command (once, on first use: methods registered by then are covered)."""
+        """The flags generated for this command (once, on first use: methods registered by then are
+        covered)."""
         if self._generated is None:
-            own = {p.name for p in self.params} | {o.lstrip("-").replace("-", "_") for p in self.params
-                                                     for o in getattr(p, "opts", [])}
-            self._generated = {k: f for k, f in generated_flags().items() if k not in own and k not in self.exclude}
+            own = {p.name for p in self.params} | {
+                o.lstrip("-").replace("-", "_") for p in self.params for o in getattr(p, "opts", [])
+            }
+            self._generated = {
+                k: f for k, f in generated_flags().items() if k not in own and k not in self.exclude
+            }
             self.params.extend(f.option() for f in self._generated.values())
         return self._generated
 
@@ -355,9 +398,11 @@ class ConfigCommand(TyperCommand):
         return super().invoke(ctx)
 
 
-def config_command(app: typer.Typer, name: str | None = None, *, exclude: tuple[str, ...] = (),
-                   **kwargs: Any) -> Callable[[Callable], Callable]:
-    """``@config_command(app)`` in place of ``@app.command()``: the command gets every generated flag (minus its
+def config_command(
+    app: typer.Typer, name: str | None = None, *, exclude: tuple[str, ...] = (), **kwargs: Any
+) -> Callable[[Callable], Callable]:
+    """``@config_command(app)`` in place of ``@app.command()``: the command gets every generated flag (minus
+    its
     own and ``exclude``) and one-line errors (:func:`silofl.cli.common.friendly_errors`)."""
     from silofl.cli.common import friendly_errors
 
@@ -370,8 +415,10 @@ def config_command(app: typer.Typer, name: str | None = None, *, exclude: tuple[
 
 
 def config_flags() -> dict[str, Any]:
-    """The generated flags the user gave to the running command, as configuration options (``--clip adaptive:0.5``
-    → ``adaptive_clip`` and ``clip``; comma lists as lists); one-line ConfigErrors for values that cannot work."""
+    """The generated flags the user gave to the running command, as configuration options (``--clip
+    adaptive:0.5``
+    → ``adaptive_clip`` and ``clip``; comma lists as lists); one-line ConfigErrors for values that cannot
+    work."""
     from silofl.cli.common import check_options
 
     flags, given = click.get_current_context().meta.get(FLAGS_KEY, ({}, {}))
@@ -399,7 +446,8 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def over_config(base: dict, overrides: dict) -> dict:
-    """``overrides`` (flags, --set) over a --config file's mapping: the file's section of the run's method is lifted
+    """``overrides`` (flags, --set) over a --config file's mapping: the file's section of the run's method is
+    lifted
     to flat options first, so a flag overrides a method option the file nests under the method's name (a tuned
     best.yaml) instead of being shadowed by it."""
     from silofl.run.config import RunConfig
@@ -412,7 +460,8 @@ def over_config(base: dict, overrides: dict) -> dict:
 
 
 def run_options(config: Any, sets: list[str], **fixed: Any) -> dict[str, Any]:
-    """The run options of a command: the generated flags (and ``fixed``) over ``--set`` over the ``--config`` file —
+    """The run options of a command: the generated flags (and ``fixed``) over ``--set`` over the ``--config``
+    file —
     a mapping for :meth:`RunConfig.from_dict`."""
     from silofl.run.config import load_yaml_mapping
 

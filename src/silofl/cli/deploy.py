@@ -22,8 +22,12 @@ from silofl.cli.common import check_seconds, friendly_errors
 from silofl.cli.config_options import config_command, run_options
 from silofl.core.errors import ConfigError
 
-site_app = typer.Typer(no_args_is_help=True, help="A site's own commands: its folder, keys, budget, and joining runs.")
-deploy_app = typer.Typer(no_args_is_help=True, help="Deploy between institutions on Flower (and `deploy local`).")
+site_app = typer.Typer(
+    no_args_is_help=True, help="A site's own commands: its folder, keys, budget, and joining runs."
+)
+deploy_app = typer.Typer(
+    no_args_is_help=True, help="Deploy between institutions on Flower (and `deploy local`)."
+)
 
 
 @site_app.command("init")
@@ -31,42 +35,71 @@ deploy_app = typer.Typer(no_args_is_help=True, help="Deploy between institutions
 def site_init(
     folder: Path = typer.Argument(..., help="The site folder to create (refused if it holds a site)."),
     name: str = typer.Option(..., "--name", help="The site's name in the federation."),
-    data: str = typer.Option(..., "--data", help="Its data: a silofl export (.safetensors), a table (.csv/.parquet, "
-                             "with --schema) or an image folder."),
-    lifetime_epsilon: float = typer.Option(..., "--lifetime-epsilon", help="The most ε this site ever spends, over "
-                                           "every run."),
+    data: str = typer.Option(
+        ...,
+        "--data",
+        help="Its data: a silofl export (.safetensors), a table (.csv/.parquet, "
+        "with --schema) or an image folder.",
+    ),
+    lifetime_epsilon: float = typer.Option(
+        ..., "--lifetime-epsilon", help="The most ε this site ever spends, over every run."
+    ),
     lifetime_delta: float = typer.Option(1e-5, "--lifetime-delta"),
     schema: str | None = typer.Option(None, "--schema", help="The collaboration's schema, for a table."),
-    private_model: str | None = typer.Option(None, "--private-model", help="Its private model (never leaves it)."),
-    report_test_figures: bool = typer.Option(False, "--report-test-figures", help="Report figures of non-private "
-                                             "data (the private model's accuracy) to the coordinator."),
-    allow_research_seed: bool = typer.Option(False, "--allow-research-seed", help="Accept seeded research runs "
-                                             "(whoever knows the seed can reproduce this site's noise)."),
+    private_model: str | None = typer.Option(
+        None, "--private-model", help="Its private model (never leaves it)."
+    ),
+    report_test_figures: bool = typer.Option(
+        False,
+        "--report-test-figures",
+        help="Report figures of non-private data (the private model's accuracy) to the coordinator.",
+    ),
+    allow_research_seed: bool = typer.Option(
+        False,
+        "--allow-research-seed",
+        help="Accept seeded research runs (whoever knows the seed can reproduce this site's noise).",
+    ),
 ):
     """Create a site folder: site.json (its decisions), fresh keys, its public card (keys/public.json)."""
     from silofl.deploy.site import SiteConfig, init_site, load_local
     from silofl.privacy.ledger import check_site_name
 
     check_site_name(name)
-    cfg = SiteConfig(name=name, data=str(Path(data).resolve()), lifetime_epsilon=lifetime_epsilon,
-                     lifetime_delta=lifetime_delta, private_model=private_model,
-                     schema=str(Path(schema).resolve()) if schema else None, report_test_figures=report_test_figures,
-                     allow_research_seed=allow_research_seed)
+    cfg = SiteConfig(
+        name=name,
+        data=str(Path(data).resolve()),
+        lifetime_epsilon=lifetime_epsilon,
+        lifetime_delta=lifetime_delta,
+        private_model=private_model,
+        schema=str(Path(schema).resolve()) if schema else None,
+        report_test_figures=report_test_figures,
+        allow_research_seed=allow_research_seed,
+    )
     if not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
         raise ConfigError("the lifetime budget needs 0 < ε < ∞ and 0 < δ < 1")
     load_local(folder, cfg)  # the data must be readable before the folder is written
     init_site(folder, cfg)
-    typer.echo(f"site {name} in {folder}: give {folder / 'keys' / 'public.json'} to the coordinator and the other sites")
+    typer.echo(
+        f"site {name} in {folder}: give {folder / 'keys' / 'public.json'} to the coordinator and the other "
+        f"sites"
+    )
 
 
 @site_app.command("pin")
 @friendly_errors
-def site_pin(folder: Path = typer.Argument(...), cards: list[Path] = typer.Argument(..., help="public.json of every "
-                                                                                     "site of the federation"),
-             coordinator: Path | None = typer.Option(None, "--coordinator", help="The coordinator's card "
-                                                     "(pki/coordinator.json from `silofl deploy certs`): a server "
-                                                     "role's models are taken only when signed by it.")):
-    """Pin the federation's public cards in the site folder (payloads are sealed to and checked against them)."""
+def site_pin(
+    folder: Path = typer.Argument(...),
+    cards: list[Path] = typer.Argument(..., help="public.json of every site of the federation"),
+    coordinator: Path | None = typer.Option(
+        None,
+        "--coordinator",
+        help="The coordinator's card "
+        "(pki/coordinator.json from `silofl deploy certs`): a server "
+        "role's models are taken only when signed by it.",
+    ),
+):
+    """Pin the federation's public cards in the site folder (payloads are sealed to and checked against
+    them)."""
     from silofl.deploy.site import SiteConfig, pin_federation
 
     SiteConfig.load(folder)
@@ -77,7 +110,9 @@ def site_pin(folder: Path = typer.Argument(...), cards: list[Path] = typer.Argum
         except (OSError, ValueError) as e:
             raise ConfigError(f"{coordinator}: not the coordinator's card ({e})") from None
     pin_federation(folder, [_card(c) for c in cards], coord)
-    typer.echo(f"pinned {len(cards)} sites{' and the coordinator' if coord else ''} in {folder / 'federation.json'}")
+    typer.echo(
+        f"pinned {len(cards)} sites{' and the coordinator' if coord else ''} in {folder / 'federation.json'}"
+    )
 
 
 @site_app.command("budget")
@@ -85,10 +120,13 @@ def site_pin(folder: Path = typer.Argument(...), cards: list[Path] = typer.Argum
 def site_budget(
     folder: Path = typer.Argument(..., help="The site folder."),
     lifetime_epsilon: float = typer.Option(..., "--lifetime-epsilon", help="The new lifetime ε."),
-    lifetime_delta: float | None = typer.Option(None, "--lifetime-delta", help="The new lifetime δ (default: as is)."),
+    lifetime_delta: float | None = typer.Option(
+        None, "--lifetime-delta", help="The new lifetime δ (default: as is)."
+    ),
     why: str = typer.Option(..., "--why", help="Why it changes (recorded in the ledger)."),
 ):
-    """Change the site's lifetime budget: a ledger entry (old → new, when, why); site.json follows. Editing site.json
+    """Change the site's lifetime budget: a ledger entry (old → new, when, why); site.json follows. Editing
+    site.json
     alone changes nothing (the ledger is the budget of record)."""
     from silofl.deploy.site import SiteWorker
     from silofl.site.folder import SiteFolder
@@ -98,16 +136,21 @@ def site_budget(
     old = site.lifetime
     delta = lifetime_delta if lifetime_delta is not None else old[1]
     site.set_lifetime(lifetime_epsilon, delta, why)  # the ledger entry, then site.json follows
-    typer.echo(f"site {site.name}: lifetime budget ε {old[0]:g} → {lifetime_epsilon:g}, δ {old[1]:g} → {delta:g}, "
-               f"recorded in its ledger (one budget for deployment, PubSub-ML and simulations)")
+    typer.echo(
+        f"site {site.name}: lifetime budget ε {old[0]:g} → {lifetime_epsilon:g}, δ {old[1]:g} → {delta:g}, "
+        f"recorded in its ledger (one budget for deployment, PubSub-ML and simulations)"
+    )
 
 
 @site_app.command("ledger-restore")
 @friendly_errors
 def site_ledger_restore(
     folder: Path = typer.Argument(..., help="The site folder whose ledger was lost."),
-    spent_epsilon: float = typer.Option(..., "--spent-epsilon", help="The ε the site had spent before (declared; it "
-                                        "counts against the lifetime budget)."),
+    spent_epsilon: float = typer.Option(
+        ...,
+        "--spent-epsilon",
+        help="The ε the site had spent before (declared; it counts against the lifetime budget).",
+    ),
     spent_delta: float = typer.Option(0.0, "--spent-delta", help="The δ it had spent before."),
     why: str = typer.Option(..., "--why", help="What happened (recorded in the ledger)."),
 ):
@@ -119,11 +162,21 @@ def site_ledger_restore(
     cfg = SiteConfig.load(folder)
     card = json.loads((folder / "keys" / "public.json").read_text())
     state = SiteState(folder.resolve())
-    led = restore_ledger(folder / "ledger", cfg.name, card["sign"], (cfg.lifetime_epsilon, cfg.lifetime_delta),
-                         spent_epsilon, spent_delta, why, state.head)
-    typer.echo(f"site {cfg.name}: a new ledger ({len(led.entries)} entries) declaring a prior spend of ε "
-               f"{spent_epsilon:g}, δ {spent_delta:g}; lifetime budget ε {cfg.lifetime_epsilon:g}, δ "
-               f"{cfg.lifetime_delta:g}")
+    led = restore_ledger(
+        folder / "ledger",
+        cfg.name,
+        card["sign"],
+        (cfg.lifetime_epsilon, cfg.lifetime_delta),
+        spent_epsilon,
+        spent_delta,
+        why,
+        state.head,
+    )
+    typer.echo(
+        f"site {cfg.name}: a new ledger ({len(led.entries)} entries) declaring a prior spend of ε "
+        f"{spent_epsilon:g}, δ {spent_delta:g}; lifetime budget ε {cfg.lifetime_epsilon:g}, δ "
+        f"{cfg.lifetime_delta:g}"
+    )
 
 
 def _card(path: Path) -> dict:
@@ -142,10 +195,13 @@ def site_run(
     site_dir: Path = typer.Option(..., "--site-dir", help="The site folder."),
     superlink: str = typer.Option(..., "--superlink", help="The coordinator's SuperLink, HOST:PORT."),
     ca: Path | None = typer.Option(None, "--ca", help="The coordinator's CA certificate (TLS)."),
-    insecure: bool = typer.Option(False, "--insecure", help="No TLS and no node authentication (tests only)."),
+    insecure: bool = typer.Option(
+        False, "--insecure", help="No TLS and no node authentication (tests only)."
+    ),
     poll_s: float = typer.Option(0.1, "--poll-s", hidden=True),
 ):
-    """Serve this site to the coordinator until stopped: its worker and a SuperNode connecting out over TLS."""
+    """Serve this site to the coordinator until stopped: its worker and a SuperNode connecting out over
+    TLS."""
     from silofl.deploy.local import run_site
 
     ca = ca.resolve() if ca is not None else None  # Flower reads certificate paths as absolute ones
@@ -156,17 +212,33 @@ def site_run(
 
 @config_command(deploy_app, "local", exclude=("clients",))
 def deploy_local_cmd(
-    sites: int = typer.Option(..., "--sites", help="Sites (K), each its own SuperNode process with its own folder."),
-    timeout_s: float = typer.Option(900.0, "--timeout", rich_help_panel="Engine", help="Seconds the run may take."),
-    insecure: bool = typer.Option(False, "--insecure", rich_help_panel="Engine", help="No TLS, no node authentication "
-                                  "(recorded in the summary; payloads stay sealed)."),
-    restart_sites: bool = typer.Option(False, "--restart-sites", rich_help_panel="Engine", help="Restart a site "
-                                       "process that dies (as its operator would): it rejoins from its own checkpoint "
-                                       "(with --checkpoint-every)."),
-    peer_timeout: float = typer.Option(300.0, "--peer-timeout", rich_help_panel="Engine",
-                                       help="Seconds to wait for a site's answer."),
+    sites: int = typer.Option(
+        ..., "--sites", help="Sites (K), each its own SuperNode process with its own folder."
+    ),
+    timeout_s: float = typer.Option(
+        900.0, "--timeout", rich_help_panel="Engine", help="Seconds the run may take."
+    ),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        rich_help_panel="Engine",
+        help="No TLS, no node authentication (recorded in the summary; payloads stay sealed).",
+    ),
+    restart_sites: bool = typer.Option(
+        False,
+        "--restart-sites",
+        rich_help_panel="Engine",
+        help="Restart a site "
+        "process that dies (as its operator would): it rejoins from its own checkpoint "
+        "(with --checkpoint-every).",
+    ),
+    peer_timeout: float = typer.Option(
+        300.0, "--peer-timeout", rich_help_panel="Engine", help="Seconds to wait for a site's answer."
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file with any run options."),
-    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."
+    ),
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel="Output", help="No progress bar."),
 ):
     """A real deployment on this machine: CA, certificates and keys, a site folder per site with its own
@@ -182,20 +254,29 @@ def deploy_local_cmd(
     check_seconds("--peer-timeout", peer_timeout)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cfg = RunConfig.from_dict(run_options(config, set_, clients=sites))
-    run_command(cfg, engine="flower-local", quiet=quiet, engine_options=EngineOptions(
-        timeout_s=timeout_s, peer_timeout_s=peer_timeout, insecure=insecure, restart_sites=restart_sites))
+    run_command(
+        cfg,
+        engine="flower-local",
+        quiet=quiet,
+        engine_options=EngineOptions(
+            timeout_s=timeout_s, peer_timeout_s=peer_timeout, insecure=insecure, restart_sites=restart_sites
+        ),
+    )
 
 
-# ---------------------------------------------------------------------------------------------- the coordinator
+# ---------------------------------------------------------------------------------------------- the
+# coordinator
 @deploy_app.command("certs")
 @friendly_errors
 def deploy_certs(
     folder: Path = typer.Argument(..., help="The coordinator's deployment folder."),
-    host: list[str] = typer.Option(..., "--host", help="A name or IP address the sites reach the SuperLink at "
-                                   "(repeatable)."),
+    host: list[str] = typer.Option(
+        ..., "--host", help="A name or IP address the sites reach the SuperLink at (repeatable)."
+    ),
     days: int = typer.Option(365, "--days", help="Validity of the certificates."),
 ):
-    """Make the deployment's CA and the SuperLink's TLS certificate (FOLDER/pki); give pki/ca.crt to every site."""
+    """Make the deployment's CA and the SuperLink's TLS certificate (FOLDER/pki); give pki/ca.crt to every
+    site."""
     from silofl.deploy.pki import make_ca, make_coordinator_keys, make_server_cert
 
     if not 1 <= days <= 36500:
@@ -204,23 +285,31 @@ def deploy_certs(
     if (pki / "ca.key").exists():
         if not (pki / "coordinator.sign.key").exists():  # a folder made before the coordinator had keys
             make_coordinator_keys(pki)
-            typer.echo(f"{pki} already holds a CA (kept); made the coordinator's keys: give {pki / 'coordinator.json'} "
-                       "to every site")
+            typer.echo(
+                f"{pki} already holds a CA (kept); made the coordinator's keys: give "
+                f"{pki / 'coordinator.json'} "
+                "to every site"
+            )
             return
         raise ConfigError(f"{pki} already holds a CA: certificates are never overwritten")
     pki.mkdir(parents=True, exist_ok=True)
     make_ca(pki, days=days)
-    # the SuperLink's own ServerApp executor reaches it over TLS at 127.0.0.1 on its machine, whatever name the sites use
+    # the SuperLink's own ServerApp executor reaches it over TLS at 127.0.0.1 on its machine, whatever name
+    # the sites use
     make_server_cert(pki, [*dict.fromkeys([*host, "127.0.0.1"])], days=days)
     make_coordinator_keys(pki)
-    typer.echo(f"CA, SuperLink certificate for {', '.join(host)} and the coordinator's keys in {pki}; give "
-               f"{pki / 'ca.crt'} and {pki / 'coordinator.json'} to every site")
+    typer.echo(
+        f"CA, SuperLink certificate for {', '.join(host)} and the coordinator's keys in {pki}; give "
+        f"{pki / 'ca.crt'} and {pki / 'coordinator.json'} to every site"
+    )
 
 
 @deploy_app.command("superlink")
 @friendly_errors
 def deploy_superlink(
-    folder: Path = typer.Argument(..., help="The coordinator's deployment folder (with pki/ from `deploy certs`)."),
+    folder: Path = typer.Argument(
+        ..., help="The coordinator's deployment folder (with pki/ from `deploy certs`)."
+    ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
     port: int = typer.Option(9092, "--port"),
 ):
@@ -233,7 +322,9 @@ def deploy_superlink(
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port must lie in [1, 65535], got {port}")
     if not (folder / "pki" / "server.crt").is_file():
-        raise ConfigError(f"{folder / 'pki'} has no certificate: run `silofl deploy certs {folder} --host NAME` first")
+        raise ConfigError(
+            f"{folder / 'pki'} has no certificate: run `silofl deploy certs {folder} --host NAME` first"
+        )
     import signal
 
     def stop(signum, frame):  # noqa: ARG001 - SIGTERM stops the SuperLink too
@@ -241,7 +332,9 @@ def deploy_superlink(
 
     signal.signal(signal.SIGTERM, stop)
     proc = start_superlink(folder, port, host=host)
-    typer.echo(f"SuperLink on {host}:{port} (TLS, SuperNode authentication); log: {proc.log_path}; Ctrl-C stops it")
+    typer.echo(
+        f"SuperLink on {host}:{port} (TLS, SuperNode authentication); log: {proc.log_path}; Ctrl-C stops it"
+    )
     try:
         while proc.p.poll() is None:
             time.sleep(1)
@@ -256,9 +349,12 @@ def deploy_superlink(
 def deploy_register(
     folder: Path = typer.Argument(..., help="The coordinator's deployment folder."),
     cards: list[Path] = typer.Argument(..., help="Every site's keys/public.json, in the order of the sites."),
-    superlink: str = typer.Option(..., "--superlink", help="The SuperLink, HOST:PORT (as the certificate names it)."),
+    superlink: str = typer.Option(
+        ..., "--superlink", help="The SuperLink, HOST:PORT (as the certificate names it)."
+    ),
 ):
-    """Register every site's node key with the SuperLink (only they may connect) and write FOLDER/federation.json."""
+    """Register every site's node key with the SuperLink (only they may connect) and write
+    FOLDER/federation.json."""
     from silofl.deploy.local import cli_env, register_node
 
     folder = folder.resolve()  # the flwr CLI's configuration takes the CA certificate's absolute path
@@ -280,16 +376,25 @@ def deploy_register(
 @config_command(deploy_app, "start")
 def deploy_start(
     folder: Path = typer.Argument(..., help="The coordinator's deployment folder (registered sites)."),
-    superlink: str = typer.Option(..., "--superlink", rich_help_panel="Engine", help="The SuperLink, HOST:PORT."),
-    timeout_s: float = typer.Option(3600.0, "--timeout", rich_help_panel="Engine", help="Seconds the run may take."),
-    peer_timeout: float = typer.Option(300.0, "--peer-timeout", rich_help_panel="Engine",
-                                       help="Seconds to wait for a site's answer."),
+    superlink: str = typer.Option(
+        ..., "--superlink", rich_help_panel="Engine", help="The SuperLink, HOST:PORT."
+    ),
+    timeout_s: float = typer.Option(
+        3600.0, "--timeout", rich_help_panel="Engine", help="Seconds the run may take."
+    ),
+    peer_timeout: float = typer.Option(
+        300.0, "--peer-timeout", rich_help_panel="Engine", help="Seconds to wait for a site's answer."
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file with any run options."),
-    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."
+    ),
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel="Output", help="No progress bar."),
 ):
-    """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine. Each site
-    reads its own data (its site.json); every run option below applies (e.g. --method proxyfl --rounds 100 --out
+    """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine.
+    Each site
+    reads its own data (its site.json); every run option below applies (e.g. --method proxyfl --rounds 100
+    --out
     runs/x)."""
     from silofl.api import EngineOptions
     from silofl.cli.main import run_command
@@ -299,5 +404,11 @@ def deploy_start(
     check_seconds("--peer-timeout", peer_timeout)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cfg = RunConfig.from_dict(run_options(config, set_, data_at_sites=True))
-    run_command(cfg, engine="flower", quiet=quiet, engine_options=EngineOptions(
-        timeout_s=timeout_s, peer_timeout_s=peer_timeout, deployment=folder.resolve(), superlink=superlink))
+    run_command(
+        cfg,
+        engine="flower",
+        quiet=quiet,
+        engine_options=EngineOptions(
+            timeout_s=timeout_s, peer_timeout_s=peer_timeout, deployment=folder.resolve(), superlink=superlink
+        ),
+    )

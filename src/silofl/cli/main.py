@@ -1,10 +1,13 @@
-"""``silofl`` command line: ``run``, ``launch``, ``tune``, ``compare``, ``evaluate``, ``predict``, ``export``, ``audit``
+"""``silofl`` command line: ``run``, ``launch``, ``tune``, ``compare``, ``evaluate``, ``predict``, ``export``,
+``audit``
 and the ``pubsub``, ``site`` and ``deploy`` groups.
 
 The run options of ``run``, ``compare``, ``audit``, ``tune`` and ``deploy local/start`` are generated from
-:class:`~silofl.run.config.RunConfig` and every registered method's options (:mod:`silofl.cli.config_options`), and
+:class:`~silofl.run.config.RunConfig` and every registered method's options
+(:mod:`silofl.cli.config_options`), and
 each command calls the Python API (:mod:`silofl.api`). Flags override ``--set KEY=VALUE``, which overrides
-``--config FILE.yaml``, which overrides the defaults. Errors a user can fix are printed as one line (exit code 2),
+``--config FILE.yaml``, which overrides the defaults. Errors a user can fix are printed as one line (exit code
+2),
 never as a traceback.
 """
 
@@ -25,11 +28,16 @@ from silofl.cli.config_options import config_command, parse_list, run_options
 from silofl.comm.engines import selectable_engines
 from silofl.core.errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="silofl: cross-silo learning with measured privacy."
+)
 console = Console()
 
 
-OUTPUT, ENGINE = "Output", "Engine"  # help panels of the commands' own options (the generated ones: config_options)
+OUTPUT, ENGINE = (
+    "Output",
+    "Engine",
+)  # help panels of the commands' own options (the generated ones: config_options)
 
 
 def _version(value: bool) -> None:
@@ -41,64 +49,125 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
-                                       help="Print silofl's version and exit.")) -> None:
+def _main(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print silofl's version and exit."
+    ),
+) -> None:
     """silofl: cross-silo learning with measured privacy."""
 
 
 def describe(resolved) -> None:
     """Print what a run will do (its method, data, models, privacy) before it starts."""
-    head = f"[bold]silofl run[/] {resolved.method} on {resolved.dataset}: {resolved.clients} clients, {resolved.rounds} rounds, "
+    head = (
+        f"[bold]silofl run[/] {resolved.method} on {resolved.dataset}: {resolved.clients} clients, "
+        f"{resolved.rounds} rounds, "
+    )
     o = resolved.options
     if resolved.is_client_level:
         clip_txt = f"adaptive from {resolved.clip:g}" if o.adaptive_clip else f"{resolved.clip:g}"
-        console.print(head + f"model {o.proxy_model}, privacy [bold]{resolved.privacy}[/] per "
-                      f"{o.privacy_unit} (z={resolved.noise_multiplier:g}, clip {clip_txt}, intermediaries "
-                      f"{o.intermediaries}) → {resolved.out}")
+        console.print(
+            head + f"model {o.proxy_model}, privacy [bold]{resolved.privacy}[/] per "
+            f"{o.privacy_unit} (z={resolved.noise_multiplier:g}, clip {clip_txt}, intermediaries "
+            f"{o.intermediaries}) → {resolved.out}"
+        )
     else:
-        models = [f"{role} {getattr(o, f)}" for role, f in (("private", "private_model"), ("proxy", "proxy_model"))
-                  if hasattr(o, f)]
+        models = [
+            f"{role} {getattr(o, f)}"
+            for role, f in (("private", "private_model"), ("proxy", "proxy_model"))
+            if hasattr(o, f)
+        ]
         dml = f" (α={o.dml_alpha}, β={o.dml_beta})" if resolved.info.mutual_learning else ""
-        console.print(head + f"{' / '.join(models)}, privacy [bold]{resolved.privacy}[/]{dml} → {resolved.out}")
+        console.print(
+            head + f"{' / '.join(models)}, privacy [bold]{resolved.privacy}[/]{dml} → {resolved.out}"
+        )
     if resolved.seed is not None and resolved.is_private:
-        console.print(f"[bold yellow]seed {resolved.seed}:[/] a seeded research run — noise and sampling come from the "
-                      "seed, so the privacy guarantee holds only while the seed stays secret")
+        console.print(
+            f"[bold yellow]seed {resolved.seed}:[/] a seeded research run — noise and sampling come from the "
+            "seed, so the privacy guarantee holds only while the seed stays secret"
+        )
 
 
-def run_command(cfg, *, engine: str = "simulator", resume: bool = False, overwrite: bool = False, quiet: bool = False,
-                vs_alone: bool = False, engine_options=None) -> None:
-    """What `silofl run` and the deploy commands share: say what runs, run it through the API, print the summary."""
+def run_command(
+    cfg,
+    *,
+    engine: str = "simulator",
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    vs_alone: bool = False,
+    engine_options=None,
+) -> None:
+    """What `silofl run` and the deploy commands share: say what runs, run it through the API, print the
+    summary."""
     from silofl import api
 
     requested = cfg.privacy
     resolved = cfg.resolve()
     describe(resolved)
     if requested != resolved.privacy and not resolved.info.traits.nonprivate:
-        console.print(f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
-                      f"{resolved.privacy!r} mode")
-    api.run(cfg, engine=engine, resume=resume, overwrite=overwrite, quiet=quiet, vs_alone=vs_alone, console=console,
-            engine_options=engine_options, on_summary=print_summary)
+        console.print(
+            f"note: privacy {requested!r} concerns mutual learning only; {resolved.method} runs in "
+            f"{resolved.privacy!r} mode"
+        )
+    api.run(
+        cfg,
+        engine=engine,
+        resume=resume,
+        overwrite=overwrite,
+        quiet=quiet,
+        vs_alone=vs_alone,
+        console=console,
+        engine_options=engine_options,
+        on_summary=print_summary,
+    )
 
 
 @config_command(app)
 def run(
-    config: Path | None = typer.Option(None, "--config", help="YAML file with any run options (a method's own under its name)."),
+    config: Path | None = typer.Option(
+        None, "--config", help="YAML file with any run options (a method's own under its name)."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Any other option, KEY=VALUE (YAML value); repeatable."),
-    engine: str = typer.Option("simulator", "--engine", rich_help_panel=ENGINE, help="The engine, from the engines' "
-                               f"registry: {' | '.join(selectable_engines())} (silofl deploy local / start use the "
-                               "Flower ones; torch.distributed: silofl launch)."),
-    peer_timeout: float = typer.Option(300.0, "--peer-timeout", rich_help_panel=ENGINE,
-                                       help="Seconds to wait for a peer's message (multi-process runs)."),
-    resume: bool = typer.Option(False, "--resume", rich_help_panel=OUTPUT, help="Continue OUT from its latest "
-                                "checkpoint (same options; --rounds may grow). The privacy spend carries on."),
-    overwrite: bool = typer.Option(False, "--overwrite", rich_help_panel=OUTPUT,
-                                   help="Replace the run already in OUT (refused otherwise)."),
+    engine: str = typer.Option(
+        "simulator",
+        "--engine",
+        rich_help_panel=ENGINE,
+        help="The engine, from the engines' "
+        f"registry: {' | '.join(selectable_engines())} (silofl deploy local / start use the "
+        "Flower ones; torch.distributed: silofl launch).",
+    ),
+    peer_timeout: float = typer.Option(
+        300.0,
+        "--peer-timeout",
+        rich_help_panel=ENGINE,
+        help="Seconds to wait for a peer's message (multi-process runs).",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        rich_help_panel=OUTPUT,
+        help="Continue OUT from its latest "
+        "checkpoint (same options; --rounds may grow). The privacy spend carries on.",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        rich_help_panel=OUTPUT,
+        help="Replace the run already in OUT (refused otherwise).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
-    vs_alone: bool = typer.Option(False, "--vs-alone", rich_help_panel=OUTPUT, help="Afterwards train each site alone "
-                                  "without DP (Regular, same split and rounds) into OUT/alone and print how this run "
-                                  "compares."),
-    distributed: bool = typer.Option(False, "--distributed", hidden=True,
-                                     help="Run as one process of a `silofl launch` (torchrun) group."),
+    vs_alone: bool = typer.Option(
+        False,
+        "--vs-alone",
+        rich_help_panel=OUTPUT,
+        help="Afterwards train each site alone "
+        "without DP (Regular, same split and rounds) into OUT/alone and print how this run "
+        "compares.",
+    ),
+    distributed: bool = typer.Option(
+        False, "--distributed", hidden=True, help="Run as one process of a `silofl launch` (torchrun) group."
+    ),
     deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
     insecure: bool = typer.Option(False, "--insecure", hidden=True),
     restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
@@ -118,11 +187,24 @@ def run(
     # an engine whose sites read their own data (their site.json): the coordinator reads none
     fixed = {"data_at_sites": True} if engine_entry(engine).data_at_sites else {}
     cfg = RunConfig.from_dict(run_options(config, set_, **fixed))
-    opts = EngineOptions(timeout_s=deploy_timeout, peer_timeout_s=peer_timeout, insecure=insecure,
-                         restart_sites=restart_sites, deployment=deployment, superlink=superlink)
+    opts = EngineOptions(
+        timeout_s=deploy_timeout,
+        peer_timeout_s=peer_timeout,
+        insecure=insecure,
+        restart_sites=restart_sites,
+        deployment=deployment,
+        superlink=superlink,
+    )
     if not distributed:
-        run_command(cfg, engine=engine, resume=resume, overwrite=overwrite, quiet=quiet, vs_alone=vs_alone,
-                    engine_options=opts)
+        run_command(
+            cfg,
+            engine=engine,
+            resume=resume,
+            overwrite=overwrite,
+            quiet=quiet,
+            vs_alone=vs_alone,
+            engine_options=opts,
+        )
         return
     from silofl.comm.torchdist import init_from_env, shutdown
 
@@ -133,8 +215,14 @@ def run(
     if _serve_if_worker(resolved, peer_timeout):
         return
     try:  # rank 0: the coordinator and its sites; the other ranks serve theirs
-        run_command(cfg, engine="torch.distributed", resume=resume, overwrite=overwrite, quiet=quiet,
-                    engine_options=opts)
+        run_command(
+            cfg,
+            engine="torch.distributed",
+            resume=resume,
+            overwrite=overwrite,
+            quiet=quiet,
+            engine_options=opts,
+        )
     finally:
         shutdown()
 
@@ -150,8 +238,10 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
 
     if dist.get_rank() == 0:
         if dist.get_world_size() > cfg.clients:
-            raise ConfigError(f"{dist.get_world_size()} processes for {cfg.clients} clients: use at most one "
-                              "process per client")
+            raise ConfigError(
+                f"{dist.get_world_size()} processes for {cfg.clients} clients: use at most one "
+                "process per client"
+            )
         return False
     console.quiet = True
     if cfg.threads is not None:
@@ -159,7 +249,9 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
 
         torch.set_num_threads(cfg.threads)
     cfg, split = prepare_data(cfg, resolve_device(cfg.device))
-    make, n_sites = site_factory(cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False))
+    make, n_sites = site_factory(
+        cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False)
+    )
     try:
         serve(make, n_sites)
     finally:
@@ -171,23 +263,48 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
 @friendly_errors
 def launch(
     ctx: typer.Context,
-    nproc_per_node: int = typer.Option(..., "--nproc-per-node", help="Processes on this machine (sites here)."),
+    nproc_per_node: int = typer.Option(
+        ..., "--nproc-per-node", help="Processes on this machine (sites here)."
+    ),
     nnodes: int = typer.Option(1, "--nnodes", help="Machines taking part."),
-    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="host:port every machine reaches "
-                                             "(several machines; one machine uses a local endpoint)."),
+    rdzv_endpoint: str | None = typer.Option(
+        None,
+        "--rdzv-endpoint",
+        help="host:port every machine reaches (several machines; one machine uses a local endpoint).",
+    ),
     rdzv_id: str = typer.Option("silofl", "--rdzv-id", help="A name shared by the machines of one run."),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="torchrun: restart every process up to N times "
-                                     "after a failure; with --checkpoint-every they resume from the last checkpoint."),
-    survive_faults: bool = typer.Option(False, "--survive-faults", help="Start the processes without torchrun's "
-                                        "agent (which stops all when one fails): a crashed or hung process is "
-                                        "dropped and the others finish."),
-    node_rank: int = typer.Option(0, "--node-rank", help="With --survive-faults on several machines: this "
-                                  "machine's index (0 hosts the rendezvous at --rdzv-endpoint)."),
-    grace_s: float = typer.Option(30.0, "--grace-s", help="With --survive-faults: seconds the processes may take "
-                                  "to exit after the reporting one; still running then (hung), they are killed."),
-    auth_key_file: str | None = typer.Option(None, "--auth-key-file", help="A file with the run's shared key (hex): "
-                                             "every frame between processes is authenticated with it. Needed on "
-                                             "several machines (the same file on each); one machine makes its own."),
+    max_restarts: int = typer.Option(
+        0,
+        "--max-restarts",
+        help="torchrun: restart every process up to N times "
+        "after a failure; with --checkpoint-every they resume from the last checkpoint.",
+    ),
+    survive_faults: bool = typer.Option(
+        False,
+        "--survive-faults",
+        help="Start the processes without torchrun's "
+        "agent (which stops all when one fails): a crashed or hung process is "
+        "dropped and the others finish.",
+    ),
+    node_rank: int = typer.Option(
+        0,
+        "--node-rank",
+        help="With --survive-faults on several machines: this "
+        "machine's index (0 hosts the rendezvous at --rdzv-endpoint).",
+    ),
+    grace_s: float = typer.Option(
+        30.0,
+        "--grace-s",
+        help="With --survive-faults: seconds the processes may take "
+        "to exit after the reporting one; still running then (hung), they are killed.",
+    ),
+    auth_key_file: str | None = typer.Option(
+        None,
+        "--auth-key-file",
+        help="A file with the run's shared key (hex): "
+        "every frame between processes is authenticated with it. Needed on "
+        "several machines (the same file on each); one machine makes its own.",
+    ),
 ):
     """Run `silofl run ARGS` as one process per client on torch.distributed (gloo), launched with torchrun.
 
@@ -203,12 +320,20 @@ def launch(
     if survive_faults:
         from silofl.comm.launcher import launch_processes
 
-        code = launch_processes(run_args, nproc_per_node, nnodes, node_rank, rdzv_endpoint, console=err_console,
-                                grace_s=grace_s)
+        code = launch_processes(
+            run_args, nproc_per_node, nnodes, node_rank, rdzv_endpoint, console=err_console, grace_s=grace_s
+        )
         raise typer.Exit(code)
     from torch.distributed.run import main as torchrun
 
-    args = ["--nproc-per-node", str(nproc_per_node), "--nnodes", str(nnodes), "--max-restarts", str(max_restarts)]
+    args = [
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--nnodes",
+        str(nnodes),
+        "--max-restarts",
+        str(max_restarts),
+    ]
     if rdzv_endpoint:
         args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
     else:
@@ -239,35 +364,63 @@ def print_summary(summary: dict) -> None:
     arch_keys = [k for k in ("private_model", "proxy_model", "global_model") if any(k in r for r in rows)]
     t = Table(title=f"{summary['method']} · {summary['dataset']} · {summary['rounds_run']} rounds")
     any_left = bool(summary["left"])
-    cols = ("client", *(k.removesuffix("_model") for k in arch_keys), *(k.replace("_", " ") for k in acc_keys), "ε")
+    cols = (
+        "client",
+        *(k.removesuffix("_model") for k in arch_keys),
+        *(k.replace("_", " ") for k in acc_keys),
+        "ε",
+    )
     for col in cols + (("left at",) if any_left else ()):
         t.add_column(col, justify="right", overflow="fold")
     for r in rows:
-        row = [str(r["client"]), *(r.get(k) or "—" for k in arch_keys), *(_f(r.get(k)) for k in acc_keys), _f(r["epsilon"], 2)]
+        row = [
+            str(r["client"]),
+            *(r.get(k) or "—" for k in arch_keys),
+            *(_f(r.get(k)) for k in acc_keys),
+            _f(r["epsilon"], 2),
+        ]
         t.add_row(*row, *((str(r["left_at"] or "—"),) if any_left else ()))
-    t.add_row("mean±std", *([""] * len(arch_keys)), *(_ms(fin[k], 3) for k in acc_keys), _ms(fin["epsilon"], 2),
-              *(("",) if any_left else ()))
+    t.add_row(
+        "mean±std",
+        *([""] * len(arch_keys)),
+        *(_ms(fin[k], 3) for k in acc_keys),
+        _ms(fin["epsilon"], 2),
+        *(("",) if any_left else ()),
+    )
     console.print(t)
     if metric != "accuracy" and summary.get("headline") in fin:
-        console.print(f"judged by {summary['headline'].replace('_', ' ')} (--metric {metric}"
-                      f"{', lower is better' if not higher_is_better(metric) else ''}): "
-                      f"{_ms(fin[summary['headline']], 4)}")
+        console.print(
+            f"judged by {summary['headline'].replace('_', ' ')} (--metric {metric}"
+            f"{', lower is better' if not higher_is_better(metric) else ''}): "
+            f"{_ms(fin[summary['headline']], 4)}"
+        )
     if priv["mode"] == "off":
         console.print("privacy: [bold]off[/] — no differential privacy.")
     else:
         style = "green" if priv["formal_guarantee"] else "bold yellow"
-        console.print(f"privacy: [{style}]{priv['mode']}[/] — ε at δ={priv['delta']:g} from {priv['accountant']}; {priv['note']}.")
+        console.print(
+            f"privacy: [{style}]{priv['mode']}[/] — ε at δ={priv['delta']:g} from {priv['accountant']}; "
+            f"{priv['note']}."
+        )
         if "epsilon_hospital" in priv:
-            console.print(f"client-level ε at δ={priv['delta']:g}: hospital {priv['epsilon_hospital']:.3f}, "
-                          f"sub-client {priv['epsilon_subclient']:.3f} — {priv['note_units']}")
-    console.print(f"wall time {summary['wall_time_s']:.1f} s, {summary['seconds_per_round']:.2f} s/round "
-                  f"({summary['threads']} threads, {summary['device']})")
+            console.print(
+                f"client-level ε at δ={priv['delta']:g}: hospital {priv['epsilon_hospital']:.3f}, "
+                f"sub-client {priv['epsilon_subclient']:.3f} — {priv['note_units']}"
+            )
+    console.print(
+        f"wall time {summary['wall_time_s']:.1f} s, {summary['seconds_per_round']:.2f} s/round "
+        f"({summary['threads']} threads, {summary['device']})"
+    )
     if summary["left"]:
         for x in summary["left"]:
-            console.print(f"client {x['client']} left the protocol before round {x['round']}: "
-                          f"{x.get('reason', 'budget spent')}")
+            console.print(
+                f"client {x['client']} left the protocol before round {x['round']}: "
+                f"{x.get('reason', 'budget spent')}"
+            )
     if summary["rejected_messages"]:
-        console.print(f"[yellow]{len(summary['rejected_messages'])} received models rejected[/] (see summary.json)")
+        console.print(
+            f"[yellow]{len(summary['rejected_messages'])} received models rejected[/] (see summary.json)"
+        )
 
 
 def _f(v, nd: int = 4) -> str:
@@ -280,70 +433,125 @@ def _ms(d: dict, nd: int = 4) -> str:
 
 @config_command(app, exclude=("out",))
 def tune(
-    grid: list[str] = typer.Option([], "--grid", help="KEY=V1,V2,… (e.g. lr=0.001,0.003, rounds=10,30, batch_size="
-                                   "100,250, clip=0.5,1, dml_alpha=0,0.5, sample_rate=0.25,0.5, momentum=0,0.9, "
-                                   "local_steps=1,4, features=none,scatter); repeatable; every combination is a "
-                                   "trial."),
+    grid: list[str] = typer.Option(
+        [],
+        "--grid",
+        help="KEY=V1,V2,… (e.g. lr=0.001,0.003, rounds=10,30, batch_size="
+        "100,250, clip=0.5,1, dml_alpha=0,0.5, sample_rate=0.25,0.5, momentum=0,0.9, "
+        "local_steps=1,4, features=none,scatter); repeatable; every combination is a "
+        "trial.",
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML with the base run options."),
-    out: str = typer.Option("runs/tune", rich_help_panel=OUTPUT,
-                            help="Folder for the trials, tune.json/tune.md and best.yaml."),
+    out: str = typer.Option(
+        "runs/tune", rich_help_panel=OUTPUT, help="Folder for the trials, tune.json/tune.md and best.yaml."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE; repeatable."),
-    quiet: bool = typer.Option(True, "--quiet/--progress", rich_help_panel=OUTPUT, help="Progress bar per trial."),
-    random_trials: str | None = typer.Option(None, "--random-trials", help="Instead of every grid combination, "
-                                             "K random trials, K ~ poisson:MU | negbin:ETA,GAMMA | geometric:GAMMA | "
-                                             "logarithmic:GAMMA, each with settings drawn from the grid; only the best "
-                                             "is kept, its ε bounded by Papernot & Steinke (ICLR 2022)."),
-    max_trials: int | None = typer.Option(None, "--max-trials", help="With --random-trials: run at most this many "
-                                          "(the cut-off chance is paid in δ). Default: the smallest cap that costs "
-                                          "at most 0.1% of δ."),
+    quiet: bool = typer.Option(
+        True, "--quiet/--progress", rich_help_panel=OUTPUT, help="Progress bar per trial."
+    ),
+    random_trials: str | None = typer.Option(
+        None,
+        "--random-trials",
+        help="Instead of every grid combination, "
+        "K random trials, K ~ poisson:MU | negbin:ETA,GAMMA | geometric:GAMMA | "
+        "logarithmic:GAMMA, each with settings drawn from the grid; only the best "
+        "is kept, its ε bounded by Papernot & Steinke (ICLR 2022).",
+    ),
+    max_trials: int | None = typer.Option(
+        None,
+        "--max-trials",
+        help="With --random-trials: run at most this many "
+        "(the cut-off chance is paid in δ). Default: the smallest cap that costs "
+        "at most 0.1% of δ.",
+    ),
 ):
-    """Search settings for a budget (--target-epsilon, required) on the validation split (training data no client
-    holds, as public data) — never the test set; write the best config to OUT/best.yaml and the tuning-inclusive ε to
+    """Search settings for a budget (--target-epsilon, required) on the validation split (training data no
+    client
+    holds, as public data) — never the test set; write the best config to OUT/best.yaml and the
+    tuning-inclusive ε to
     tune.json."""
     from silofl import api
     from silofl.run.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cfg = RunConfig.from_dict(run_options(config, set_, eval_split="validation"))
-    res = api.tune(cfg, grid, out=out, random_trials=random_trials, max_trials=max_trials, quiet=quiet,
-                   console=console)
+    res = api.tune(
+        cfg, grid, out=out, random_trials=random_trials, max_trials=max_trials, quiet=quiet, console=console
+    )
     result = res.result
     b = result["best"]
     c = result["tuning_cost"]
     rt = result.get("random_trials")
     if b is None:
-        console.print(f"K = 0 trials drawn from {rt['distribution']}: nothing ran, nothing chosen (no best.yaml); "
-                      f"see {out}/tune.md")
+        console.print(
+            f"K = 0 trials drawn from {rt['distribution']}: nothing ran, nothing chosen (no best.yaml); "
+            f"see {out}/tune.md"
+        )
     else:
-        console.print(f"best on validation: {b['settings']} ({result['selection']} {b['validation']:.4f}) → "
-                      f"{out}/best.yaml")
+        console.print(
+            f"best on validation: {b['settings']} ({result['selection']} {b['validation']:.4f}) → "
+            f"{out}/best.yaml"
+        )
     if rt is not None:
-        console.print(f"{rt['drawn']} random trials (K ~ {rt['distribution']}, E[K] = {rt['mean']:.3g}, at most "
-                      f"{rt['max_trials']}): best trial only, Papernot–Steinke ε ≤ {rt['max']:.3f} (one trial "
-                      f"ε ≤ {rt['one_trial_max']:.3f}) at δ = {rt['delta']:g}")
+        console.print(
+            f"{rt['drawn']} random trials (K ~ {rt['distribution']}, E[K] = {rt['mean']:.3g}, at most "
+            f"{rt['max_trials']}): best trial only, Papernot–Steinke ε ≤ {rt['max']:.3f} (one trial "
+            f"ε ≤ {rt['one_trial_max']:.3f}) at δ = {rt['delta']:g}"
+        )
     if c["max"] is not None:
-        console.print(f"each run: ε ≤ {cfg.target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
-                      f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}")
+        console.print(
+            f"each run: ε ≤ {cfg.target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
+            f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}"
+        )
 
 
 @config_command(app, exclude=("method", "seed", "out"))
 def compare(
-    config: Path | None = typer.Option(None, "--config", help="YAML with compare options (methods, seeds, preset, variants, jobs, comm_clients, out) and run options under 'run:'."),
-    methods: str | None = typer.Option(None, help="Comma-separated, e.g. proxyfl,fedavg,fml,avgpush,cwt,regular,joint; 'regular:nodp' runs a method without DP."),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="YAML with compare options (methods, seeds, preset, variants, jobs, comm_clients, out) and run "
+        "options under 'run:'.",
+    ),
+    methods: str | None = typer.Option(
+        None,
+        help="Comma-separated, e.g. proxyfl,fedavg,fml,avgpush,cwt,regular,joint; 'regular:nodp' runs a "
+        "method without DP.",
+    ),
     seeds: str | None = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
-    preset: str | None = typer.Option(None, help="Ablation: none | noniid | hetero | dp | batch | alpha | privacy-mode"),
-    out: str | None = typer.Option(None, rich_help_panel=OUTPUT, help="Report folder (runs go under OUT/runs/)."),
-    jobs: int | None = typer.Option(None, rich_help_panel=ENGINE, help="Runs in parallel processes (one torch thread "
-                                    "each unless --threads)."),
-    resume: bool = typer.Option(False, "--resume", rich_help_panel=OUTPUT, help="Skip runs whose folder already holds "
-                                "a finished run of the same config."),
-    report_only: bool = typer.Option(False, "--report-only", rich_help_panel=OUTPUT, help="Write the report from the "
-                                     "runs already finished; run nothing."),
-    comm_clients: str | None = typer.Option(None, "--comm-clients", help="Also measure bytes per round at these K, e.g. 2,4,8,16,32,64."),
-    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
+    preset: str | None = typer.Option(
+        None, help="Ablation: none | noniid | hetero | dp | batch | alpha | privacy-mode"
+    ),
+    out: str | None = typer.Option(
+        None, rich_help_panel=OUTPUT, help="Report folder (runs go under OUT/runs/)."
+    ),
+    jobs: int | None = typer.Option(
+        None,
+        rich_help_panel=ENGINE,
+        help="Runs in parallel processes (one torch thread each unless --threads).",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        rich_help_panel=OUTPUT,
+        help="Skip runs whose folder already holds a finished run of the same config.",
+    ),
+    report_only: bool = typer.Option(
+        False,
+        "--report-only",
+        rich_help_panel=OUTPUT,
+        help="Write the report from the runs already finished; run nothing.",
+    ),
+    comm_clients: str | None = typer.Option(
+        None, "--comm-clients", help="Also measure bytes per round at these K, e.g. 2,4,8,16,32,64."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."
+    ),
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
 ):
-    """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots); every run option
+    """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots); every run
+    option
     below applies to every run (where its method has it)."""
     from silofl import api
     from silofl.cli.config_options import config_flags, parse_sets
@@ -352,18 +560,30 @@ def compare(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cc = CompareConfig.from_yaml(config) if config else CompareConfig()
     res = api.compare(
-        cc, methods=[m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None,
+        cc,
+        methods=[m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None,
         seeds=[int(x) for x in _number_list(seeds, "--seeds")] if seeds is not None else None,
-        comm_clients=[int(x) for x in _number_list(comm_clients, "--comm-clients")] if comm_clients is not None else None,
-        preset=preset, out=out, jobs=jobs, resume=resume, report_only=report_only,
-        run={**parse_sets(set_), **config_flags()}, quiet=quiet, console=console)
+        comm_clients=[int(x) for x in _number_list(comm_clients, "--comm-clients")]
+        if comm_clients is not None
+        else None,
+        preset=preset,
+        out=out,
+        jobs=jobs,
+        resume=resume,
+        report_only=report_only,
+        run={**parse_sets(set_), **config_flags()},
+        quiet=quiet,
+        console=console,
+    )
     from silofl.report.comparison import markdown_table
 
     if res.rows:
         console.print(markdown_table(res.rows), markup=False, highlight=False)
     console.print(f"report: {res.markdown}")
     if res.failed:
-        err_console.print(f"[red]{len(res.failed)} run(s) failed[/]: " + ", ".join(f["run"] for f in res.failed))
+        err_console.print(
+            f"[red]{len(res.failed)} run(s) failed[/]: " + ", ".join(f["run"] for f in res.failed)
+        )
         raise typer.Exit(1)
 
 
@@ -373,7 +593,8 @@ def evaluate(
     run_dir: Path = typer.Argument(..., help="A run folder written by `silofl run`."),
     data_dir: str | None = typer.Option(None, "--data-dir"),
 ):
-    """Reload a run's saved models and recompute their test accuracy (and AUROC, balanced accuracy, F1, ECE)."""
+    """Reload a run's saved models and recompute their test accuracy (and AUROC, balanced accuracy, F1,
+    ECE)."""
     from silofl.experiments.evaluate import evaluate_run
 
     results = evaluate_run(run_dir, data_dir=data_dir)
@@ -382,8 +603,13 @@ def evaluate(
         t.add_column(col, justify="right")
     for r in results:
         m = r.get("metrics", {})
-        t.add_row(r["model"], r["architecture"], f"{r['accuracy']:.4f}", _f(r["recorded"]),
-                  *(_f(m.get(k)) for k in ("auroc", "balanced_accuracy", "f1", "ece")))
+        t.add_row(
+            r["model"],
+            r["architecture"],
+            f"{r['accuracy']:.4f}",
+            _f(r["recorded"]),
+            *(_f(m.get(k)) for k in ("auroc", "balanced_accuracy", "f1", "ece")),
+        )
     console.print(t)
     (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
 
@@ -392,22 +618,44 @@ def evaluate(
 @friendly_errors
 def predict(
     run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
-    client: int = typer.Option(..., "--client", help="Whose model: client K (its site's preprocessing comes with it)."),
-    data: Path = typer.Option(..., "--data", help="New rows (.csv/.parquet, checked against the schema; the target "
-                              "column is optional) or a folder of images (class sub-folders optional)."),
-    out: Path = typer.Option(..., "--out", help="CSV to write: id, prediction, p_<class> per class[, label]."),
-    model: str = typer.Option("private", "--model", help="private (the site's own model) | shared (its proxy or "
-                              "global model) | combined (both fused: runs with --combine; non-private)."),
+    client: int = typer.Option(
+        ..., "--client", help="Whose model: client K (its site's preprocessing comes with it)."
+    ),
+    data: Path = typer.Option(
+        ...,
+        "--data",
+        help="New rows (.csv/.parquet, checked against the schema; the target "
+        "column is optional) or a folder of images (class sub-folders optional).",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="CSV to write: id, prediction, p_<class> per class[, label]."
+    ),
+    model: str = typer.Option(
+        "private",
+        "--model",
+        help="private (the site's own model) | shared (its proxy or "
+        "global model) | combined (both fused: runs with --combine; non-private).",
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
 ):
     """Predict with client K's model on new data, with exactly the preprocessing its site trained with."""
     from silofl.inference import predict as run_predict
 
     res = run_predict(run_dir, client, data, out, model=model, overwrite=overwrite)
-    acc = f"; accuracy {res['accuracy']:.4f} against the labels in the data" if res["accuracy"] is not None else ""
-    nan = (f"; [yellow]{res['nan_rows']} rows have missing values the schema does not impute (probabilities NaN)[/]"
-           if res["nan_rows"] else "")
-    console.print(f"{res['rows']} predictions by {res['model']} ({res['architecture']}) → {res['out']}{acc}{nan}")
+    acc = (
+        f"; accuracy {res['accuracy']:.4f} against the labels in the data"
+        if res["accuracy"] is not None
+        else ""
+    )
+    nan = (
+        f"; [yellow]{res['nan_rows']} rows have missing values the schema does not impute (probabilities "
+        f"NaN)[/]"
+        if res["nan_rows"]
+        else ""
+    )
+    console.print(
+        f"{res['rows']} predictions by {res['model']} ({res['architecture']}) → {res['out']}{acc}{nan}"
+    )
 
 
 @app.command()
@@ -415,51 +663,93 @@ def predict(
 def export(
     run_dir: Path = typer.Argument(..., help="A run folder (models/ inside) or a site's folder of models."),
     client: int = typer.Option(..., "--client", help="Whose model: client K."),
-    out: Path = typer.Option(..., "--out", help="Folder to write model.onnx, preprocessing.json, model_card.json/.md."),
+    out: Path = typer.Option(
+        ..., "--out", help="Folder to write model.onnx, preprocessing.json, model_card.json/.md."
+    ),
     fmt: str = typer.Option("onnx", "--format", help="onnx"),
-    model: str = typer.Option("private", "--model", help="private | shared (the proxy or global model) | combined "
-                              "(runs with --combine; non-private)."),
+    model: str = typer.Option(
+        "private",
+        "--model",
+        help="private | shared (the proxy or global model) | combined (runs with --combine; non-private).",
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out."),
 ):
-    """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON + Markdown)."""
+    """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON +
+    Markdown)."""
     from silofl.inference.export import export as run_export
 
     card = run_export(run_dir, client, out, model=model, fmt=fmt, overwrite=overwrite)
-    console.print(f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
-                  f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md")
+    console.print(
+        f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
+        f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md"
+    )
     console.print(f"privacy: {card['privacy']['statement']}", markup=False, highlight=False)
 
 
 @config_command(app, exclude=("out", "seed"))
 def audit(
-    out: str = typer.Option(..., "--out", rich_help_panel=OUTPUT, help="Audit folder to write (audit.json, audit.md, "
-                            "attacks.csv, canary_scores.csv, split.json, audit.png; the audited run in OUT/run)."),
-    canaries: int = typer.Option(1000, "--canaries", help="m: canaries, each included with probability ½ (examples at "
-                                 "the audited site; clients for client-level methods; rows of a published model)."),
-    canary_kind: str = typer.Option("mislabelled", "--canary-kind", help="Example canaries: mislabelled (pool "
-                                    "examples with a wrong label) | noise (out-of-distribution inputs, random labels); white-box "
-                                    "gradient canaries inside the DP step (example-level DP-SGD): dirac | random."),
-    audited_site: int = typer.Option(0, "--audited-site", help="The client whose data (or whose peers) get the canaries."),
-    reference_models: int = typer.Option(4, "--reference-models", help="Reference models per attacked model "
-                                         "(LiRA/RMIA offline), trained on data disjoint from every candidate."),
-    nonmembers: int | None = typer.Option(None, "--nonmembers", help="Non-members of the attack (default: as many "
-                                          "as the audited site's examples)."),
+    out: str = typer.Option(
+        ...,
+        "--out",
+        rich_help_panel=OUTPUT,
+        help="Audit folder to write (audit.json, audit.md, "
+        "attacks.csv, canary_scores.csv, split.json, audit.png; the audited run in OUT/run).",
+    ),
+    canaries: int = typer.Option(
+        1000,
+        "--canaries",
+        help="m: canaries, each included with probability ½ (examples at "
+        "the audited site; clients for client-level methods; rows of a published model).",
+    ),
+    canary_kind: str = typer.Option(
+        "mislabelled",
+        "--canary-kind",
+        help="Example canaries: mislabelled (pool "
+        "examples with a wrong label) | noise (out-of-distribution inputs, random labels); white-box "
+        "gradient canaries inside the DP step (example-level DP-SGD): dirac | random.",
+    ),
+    audited_site: int = typer.Option(
+        0, "--audited-site", help="The client whose data (or whose peers) get the canaries."
+    ),
+    reference_models: int = typer.Option(
+        4,
+        "--reference-models",
+        help="Reference models per attacked model "
+        "(LiRA/RMIA offline), trained on data disjoint from every candidate.",
+    ),
+    nonmembers: int | None = typer.Option(
+        None,
+        "--nonmembers",
+        help="Non-members of the attack (default: as many as the audited site's examples).",
+    ),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the ε lower bound."),
-    pubsub_model: str | None = typer.Option(None, "--pubsub-model", help="Audit a PubSub-ML published model "
-                                            "instead of a run: dp-nn | dp-logreg | dp-nb | dp-forest."),
+    pubsub_model: str | None = typer.Option(
+        None,
+        "--pubsub-model",
+        help="Audit a PubSub-ML published model instead of a run: dp-nn | dp-logreg | dp-nb | dp-forest.",
+    ),
     epsilon: float | None = typer.Option(None, "--epsilon", help="The published model's ε (--pubsub-model)."),
     epochs: int = typer.Option(20, "--epochs", help="dp-nn training epochs (--pubsub-model)."),
-    seed: int | None = typer.Option(None, rich_help_panel="Privacy", help="A reproducible research audit: the "
-                                    "canaries, their coins, the reference models and the run's noise and sampling "
-                                    "derive from this seed (the run's ε then holds only while it stays secret). "
-                                    "Default: secret randomness, as in any run."),
+    seed: int | None = typer.Option(
+        None,
+        rich_help_panel="Privacy",
+        help="A reproducible research audit: the "
+        "canaries, their coins, the reference models and the run's noise and sampling "
+        "derive from this seed (the run's ε then holds only while it stays secret). "
+        "Default: secret randomness, as in any run.",
+    ),
     config: Path | None = typer.Option(None, "--config", help="YAML file with the audited run's options."),
-    set_: list[str] = typer.Option([], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."),
-    overwrite: bool = typer.Option(False, "--overwrite", rich_help_panel=OUTPUT, help="Replace the audit already in OUT."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Any other run option, KEY=VALUE (YAML value); repeatable."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", rich_help_panel=OUTPUT, help="Replace the audit already in OUT."
+    ),
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
-    membership inference on real examples (silofl.audit). The run options below set the audited run (--eval-every
+    membership inference on real examples (silofl.audit). The run options below set the audited run
+    (--eval-every
     defaults to the last round only)."""
     import shlex
 
@@ -472,32 +762,62 @@ def audit(
     if "eval_every" not in merged:
         merged["eval_every"] = int(merged.get("rounds", RunConfig.rounds))
     if str(merged.get("features") or "none") != "none":
-        raise ConfigError("silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs")
+        raise ConfigError(
+            "silofl audit does not take a feature stage yet: its canaries are drawn from the raw inputs"
+        )
     cfg = RunConfig.from_dict(merged)
-    settings = AuditSettings(canaries=canaries, canary_kind=canary_kind, site=audited_site, reference_models=reference_models,
-                             nonmembers=nonmembers, confidence=confidence,
-                             seed=seed if seed is not None else cfg.seed,  # --seed, else a seed in --config / --set
-                             pubsub_model=pubsub_model, epsilon=epsilon, pubsub_epochs=epochs)
+    settings = AuditSettings(
+        canaries=canaries,
+        canary_kind=canary_kind,
+        site=audited_site,
+        reference_models=reference_models,
+        nonmembers=nonmembers,
+        confidence=confidence,
+        seed=seed if seed is not None else cfg.seed,  # --seed, else a seed in --config / --set
+        pubsub_model=pubsub_model,
+        epsilon=epsilon,
+        pubsub_epochs=epochs,
+    )
     what = f"published {pubsub_model}" if pubsub_model else f"{cfg.method} ({cfg.resolve().privacy})"
-    how = (f"seed {settings.seed} (seeded research run: the run's ε holds only while the seed stays secret)"
-           if settings.seeded else "secret randomness (not reproducible; --seed for a research audit)")
+    how = (
+        f"seed {settings.seed} (seeded research run: the run's ε holds only while the seed stays secret)"
+        if settings.seeded
+        else "secret randomness (not reproducible; --seed for a research audit)"
+    )
     console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
-    command = "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
-    a = api.audit(cfg, out=out, settings=settings, overwrite=overwrite, quiet=quiet, console=console,
-                  command=command).audit
+    command = (
+        "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
+    )
+    a = api.audit(
+        cfg, out=out, settings=settings, overwrite=overwrite, quiet=quiet, console=console, command=command
+    ).audit
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
-    label = ("" if a["epsilon_accountant"] is None else " (NOT a formal guarantee in this mode)"
-             if not a["formal_guarantee"] else " (seeded research run: formal only while the seed is secret)"
-             if a.get("seeded") else "")
-    console.print(f"empirical ε lower bound {a['epsilon_lower_bound']:.3f} ({a['confidence']:.0%} confidence, "
-                  f"δ={a['delta']:g}; {b['correct']}/{b['guesses']} guesses right on score '{b['score']}', "
-                  f"at most {b['max_auditable_epsilon']:.2f} measurable) · accountant ε {eps_acc}{label}")
+    label = (
+        ""
+        if a["epsilon_accountant"] is None
+        else " (NOT a formal guarantee in this mode)"
+        if not a["formal_guarantee"]
+        else " (seeded research run: formal only while the seed is secret)"
+        if a.get("seeded")
+        else ""
+    )
+    console.print(
+        f"empirical ε lower bound {a['epsilon_lower_bound']:.3f} ({a['confidence']:.0%} confidence, "
+        f"δ={a['delta']:g}; {b['correct']}/{b['guesses']} guesses right on score '{b['score']}', "
+        f"at most {b['max_auditable_epsilon']:.2f} measurable) · accountant ε {eps_acc}{label}"
+    )
     if a.get("epsilon_gauss") is not None or "bounds" in a:
-        console.print(f"threat model {a['threat_model']}; Gaussian-sum estimate ε {a.get('epsilon_gauss') or 0:.3f} "
-                      "(an estimate, not a guarantee)", markup=False, highlight=False)
+        console.print(
+            f"threat model {a['threat_model']}; Gaussian-sum estimate ε {a.get('epsilon_gauss') or 0:.3f} "
+            "(an estimate, not a guarantee)",
+            markup=False,
+            highlight=False,
+        )
     for target, t in a["membership_inference"]["targets"].items():
-        figs = ", ".join(f"{k} AUC {f['auc']:.3f} TPR@1% {f['tpr_at_1%_fpr']:.3f}" for k, f in t["attacks"].items())
+        figs = ", ".join(
+            f"{k} AUC {f['auc']:.3f} TPR@1% {f['tpr_at_1%_fpr']:.3f}" for k, f in t["attacks"].items()
+        )
         console.print(f"membership inference on {target} ({t['model']}): {figs}")
     console.print(f"report: {Path(out) / 'audit.md'}")
 
@@ -520,4 +840,3 @@ def main() -> None:  # pragma: no cover
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
-

@@ -16,7 +16,9 @@ from rich.table import Table
 from silofl.cli.common import friendly_errors
 from silofl.core.errors import ConfigError, ModelRejected
 
-app = typer.Typer(no_args_is_help=True, help="PubSub-ML: publish DP models, subscribe by feature channels, customize.")
+app = typer.Typer(
+    no_args_is_help=True, help="PubSub-ML: publish DP models, subscribe by feature channels, customize."
+)
 console = Console()
 
 
@@ -48,7 +50,8 @@ def read_csv(path: str, target: str, task: str) -> tuple[np.ndarray, np.ndarray,
 
 
 def read_site(path: str, target: str | None, task: str, schema: str | None):
-    """(x, y, features, classes, public metadata or None) of a subscriber's data: with ``schema``, the file (CSV or
+    """(x, y, features, classes, public metadata or None) of a subscriber's data: with ``schema``, the file
+    (CSV or
     Parquet) is checked against it and encoded with the schema's public bounds (:mod:`silofl.pubsub.tables`);
     without, a CSV of numbers."""
     if schema is None:
@@ -83,19 +86,25 @@ def _site_folder(site: str, site_dir: str | None, lifetime_epsilon: float | None
     """The publisher's own folder (its lifetime budget and ledger), which must declare a lifetime budget."""
     from silofl.site.folder import SiteFolder
 
-    folder = SiteFolder.open(site_dir, site, None if lifetime_epsilon is None else (lifetime_epsilon, lifetime_delta))
+    folder = SiteFolder.open(
+        site_dir, site, None if lifetime_epsilon is None else (lifetime_epsilon, lifetime_delta)
+    )
     folder.require_lifetime()
     return folder
 
 
-def _check_release(epsilon: float, delta: float, lifetime_epsilon: float | None, lifetime_delta: float) -> None:
+def _check_release(
+    epsilon: float, delta: float, lifetime_epsilon: float | None, lifetime_delta: float
+) -> None:
     """Refuse a release's or a lifetime budget's (ε, δ) that no DP model meets, before anything is made."""
     if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
         raise ConfigError(f"a DP model needs 0 < ε < ∞ and 0 < δ < 1, got ε={epsilon}, δ={delta}")
-    if lifetime_epsilon is not None and not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0
-                                             and 0 <= lifetime_delta < 1):
-        raise ConfigError(f"a lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1, got ε={lifetime_epsilon}, "
-                          f"δ={lifetime_delta}")
+    if lifetime_epsilon is not None and not (
+        math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0 and 0 <= lifetime_delta < 1
+    ):
+        raise ConfigError(
+            f"a lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1, got ε={lifetime_epsilon}, δ={lifetime_delta}"
+        )
 
 
 def _sender(b):
@@ -111,7 +120,8 @@ def _sender(b):
 
 
 def _seal(folder, table):
-    """Sign a model with the site's key (``keys/sign.key`` in its folder) and its ledger's receipt, plus the schema's
+    """Sign a model with the site's key (``keys/sign.key`` in its folder) and its ledger's receipt, plus the
+    schema's
     public metadata for joining the broker (nothing computed from its rows)."""
     from silofl.pubsub.signing import sign_model
 
@@ -128,20 +138,35 @@ def _spent_note(folder, ids) -> str:
     eps, dlt = folder.ledger.spent({folder.ledger.record_digest(i) for i in ids})
     life = folder.lifetime
     trained = " plus the DP-SGD rounds its ledger records (same budget)" if folder.ledger.history() else ""
-    return (f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} in releases{trained} of {folder.name}'s "
-            f"lifetime budget ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})")
+    return (
+        f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} in releases{trained} of "
+        f"{folder.name}'s "
+        f"lifetime budget ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})"
+    )
 
 
-SCHEMA_HELP = ("The collaboration's schema (YAML/JSON): DATA (.csv or .parquet) is checked against it, and its declared "
-               "bounds, defaults and labels are the only public metadata the site releases.")
+SCHEMA_HELP = (
+    "The collaboration's schema (YAML/JSON): DATA (.csv or .parquet) is checked against it, and its declared "
+    "bounds, defaults and labels are the only public metadata the site releases."
+)
 SITE_DIR_HELP = "This site's own folder: lifetime budget, secret, ledger (default: $SILOFL_HOME/sites/SITE)."
-LIFETIME_HELP = "The site's lifetime ε for every release of its records (declared once, when its folder is made)."
-CRED_HELP = ("With an https:// --broker: this site's credential file (from the broker's operator; default "
-             "$SILOFL_CREDENTIAL).")
-BROKER_HELP = "A broker folder (one machine; created if missing) or the URL of a broker service (https://HOST:PORT)."
-ID_HELP = "A column of unique record ids (default: a digest of each row's content); the ledger keys spend by them."
-SEED_HELP = ("A reproducible research model: the guarantee then holds only while the seed stays secret (default: "
-             "secret randomness).")
+LIFETIME_HELP = (
+    "The site's lifetime ε for every release of its records (declared once, when its folder is made)."
+)
+CRED_HELP = (
+    "With an https:// --broker: this site's credential file (from the broker's operator; default "
+    "$SILOFL_CREDENTIAL)."
+)
+BROKER_HELP = (
+    "A broker folder (one machine; created if missing) or the URL of a broker service (https://HOST:PORT)."
+)
+ID_HELP = (
+    "A column of unique record ids (default: a digest of each row's content); the ledger keys spend by them."
+)
+SEED_HELP = (
+    "A reproducible research model: the guarantee then holds only while the seed stays secret (default: "
+    "secret randomness)."
+)
 
 
 @app.command()
@@ -157,13 +182,16 @@ def publish(
     delta: float = typer.Option(1e-5, help="δ (DP-SGD; the diffprivlib models meet δ = 0)."),
     site_dir: str | None = typer.Option(None, "--site-dir", help=SITE_DIR_HELP),
     lifetime_epsilon: float | None = typer.Option(None, "--lifetime-epsilon", help=LIFETIME_HELP),
-    lifetime_delta: float = typer.Option(1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."),
+    lifetime_delta: float = typer.Option(
+        1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."
+    ),
     id_column: str | None = typer.Option(None, "--id-column", help=ID_HELP),
     seed: int | None = typer.Option(None, help=SEED_HELP),
 ):
     """Train a DP model on DATA under (ε, δ) and publish it. The site's ledger first checks that no record of
     DATA would pass the site's lifetime budget, and records the release; a new site joins the broker only
-    after its model passed validation, with the schema's public metadata (declared bounds, defaults, labels)."""
+    after its model passed validation, with the schema's public metadata (declared bounds, defaults,
+    labels)."""
     from silofl.pubsub import tables
     from silofl.pubsub.dp_models import Bounds, train
 
@@ -174,16 +202,41 @@ def publish(
     t0 = time.perf_counter()
 
     def make():
-        return train(model, t.x, t.y, publisher=site, features=t.features, task=t.task, bounds=Bounds(t.lo, t.hi),
-                     epsilon=epsilon, delta=delta, classes=t.classes, seed=seed, y_bounds=t.y_bounds)
+        return train(
+            model,
+            t.x,
+            t.y,
+            publisher=site,
+            features=t.features,
+            task=t.task,
+            bounds=Bounds(t.lo, t.hi),
+            epsilon=epsilon,
+            delta=delta,
+            classes=t.classes,
+            seed=seed,
+            y_bounds=t.y_bounds,
+        )
 
-    m, mid = folder.release(t.ids, epsilon, delta, make, _sender(b), seal=_seal(folder, t), what="pubsub-model",
-                            model=model, data=Path(data).name)
-    console.print(f"published model {mid}: {model} by {site} on {len(t.features)} features, {len(t.x)} rows, "
-                  f"ε={m.epsilon:.4g} at δ={m.delta:g} ({m.mechanism['name']}), {time.perf_counter() - t0:.1f} s")
+    m, mid = folder.release(
+        t.ids,
+        epsilon,
+        delta,
+        make,
+        _sender(b),
+        seal=_seal(folder, t),
+        what="pubsub-model",
+        model=model,
+        data=Path(data).name,
+    )
+    console.print(
+        f"published model {mid}: {model} by {site} on {len(t.features)} features, {len(t.x)} rows, "
+        f"ε={m.epsilon:.4g} at δ={m.delta:g} ({m.mechanism['name']}), {time.perf_counter() - t0:.1f} s"
+    )
     console.print(_spent_note(folder, t.ids))
     if seed is not None:
-        console.print(f"seeded (--seed {seed}): a research model; its guarantee holds only while the seed stays secret")
+        console.print(
+            f"seeded (--seed {seed}): a research model; its guarantee holds only while the seed stays secret"
+        )
 
 
 @app.command()
@@ -192,8 +245,10 @@ def subscribe(
     broker: str = typer.Option(..., help=BROKER_HELP),
     site: str = typer.Option(..., help="The subscriber's name (joins the broker if new)."),
     credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP),
-    channel: str = typer.Option(..., help="F1 ∨ … ∨ Fk as 'a,b|c,d': a model matches when its features contain "
-                                "every name of some clause."),
+    channel: str = typer.Option(
+        ...,
+        help="F1 ∨ … ∨ Fk as 'a,b|c,d': a model matches when its features contain every name of some clause.",
+    ),
 ):
     """Open a channel; every published model whose features contain all of some clause streams to it."""
     b = _broker(broker, credential, site)
@@ -201,14 +256,20 @@ def subscribe(
         b.join(site)
     clauses = [[f.strip() for f in c.split(",") if f.strip()] for c in channel.split("|")]
     ch = b.subscribe(site, clauses)
-    console.print(f"channel {ch.id} for {site}: " + " ∨ ".join("{" + ", ".join(sorted(c)) + "}" for c in ch.clauses)
-                  + f" — {len(b.stream(ch.id))} models match now")
+    console.print(
+        f"channel {ch.id} for {site}: "
+        + " ∨ ".join("{" + ", ".join(sorted(c)) + "}" for c in ch.clauses)
+        + f" — {len(b.stream(ch.id))} models match now"
+    )
 
 
 @app.command()
 @friendly_errors
-def leave(broker: str = typer.Option(..., help=BROKER_HELP), site: str = typer.Option(..., help="The site that leaves."),
-          credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP)):
+def leave(
+    broker: str = typer.Option(..., help=BROKER_HELP),
+    site: str = typer.Option(..., help="The site that leaves."),
+    credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP),
+):
     """A site leaves: its models, feature metadata and channels go with it (through a broker service, a site
     leaves only as itself; the operator may remove any site)."""
     n = _broker(broker, credential, create=False).leave(site)
@@ -217,25 +278,45 @@ def leave(broker: str = typer.Option(..., help=BROKER_HELP), site: str = typer.O
 
 @app.command(name="list")
 @friendly_errors
-def list_(broker: str = typer.Option(..., help=BROKER_HELP),
-          credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP)):
+def list_(
+    broker: str = typer.Option(..., help=BROKER_HELP),
+    credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP),
+):
     """Sites, each publisher's declared spend against its lifetime budget, and the published models (through a
     broker service: the models the credential's channels deliver, its own, or all for the operator)."""
     b = _broker(broker, credential, create=False)
-    pubs = Table(title="publishers: the largest spend their signed models declared (from each site's own ledger)")
+    pubs = Table(
+        title="publishers: the largest spend their signed models declared (from each site's own ledger)"
+    )
     for col in ("publisher", "spent ε", "spent δ", "lifetime ε", "lifetime δ", "key"):
         pubs.add_column(col)
     for p in b.publishers():
-        pubs.add_row(p["site"], f"{p['epsilon_spent']:.4g}", f"{p['delta_spent']:.3g}", f"{p['lifetime'][0]:g}",
-                     f"{p['lifetime'][1]:g}", p["public_key"][:16] + "…")
+        pubs.add_row(
+            p["site"],
+            f"{p['epsilon_spent']:.4g}",
+            f"{p['delta_spent']:.3g}",
+            f"{p['lifetime'][0]:g}",
+            f"{p['lifetime'][1]:g}",
+            p["public_key"][:16] + "…",
+        )
     t = Table(title=f"models in {broker}")
     for col in ("id", "publisher", "kind", "task", "features", "ε", "δ", "spent ε", "chunk", "created"):
         t.add_column(col)
     for m in b.models():
         eps = "∞ (non-private)" if math.isinf(m["epsilon"]) else f"{m['epsilon']:.4g}"
         spent = "unsigned" if m.get("epsilon_spent") is None else f"{m['epsilon_spent']:.4g}"
-        t.add_row(str(m["id"]), m["publisher"], m["kind"], m["task"], str(len(m["features"])), eps, f"{m['delta']:g}",
-                  spent, "—" if m["chunk"] is None else str(m["chunk"]), m["created_at"])
+        t.add_row(
+            str(m["id"]),
+            m["publisher"],
+            m["kind"],
+            m["task"],
+            str(len(m["features"])),
+            eps,
+            f"{m['delta']:g}",
+            spent,
+            "—" if m["chunk"] is None else str(m["chunk"]),
+            m["created_at"],
+        )
     console.print(f"sites: {', '.join(b.sites()) or '—'}")
     console.print(pubs)
     console.print(t)
@@ -247,14 +328,24 @@ def customize(
     broker: str = typer.Option(..., help=BROKER_HELP),
     site: str = typer.Option(..., help="The subscriber (its channels select the models)."),
     credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP),
-    data: str = typer.Option(..., help="The subscriber's CSV (header row, one target column; with --schema: CSV or Parquet)."),
+    data: str = typer.Option(
+        ..., help="The subscriber's CSV (header row, one target column; with --schema: CSV or Parquet)."
+    ),
     target: str | None = typer.Option(None, help="The target column (with --schema: the schema's)."),
-    schema: str | None = typer.Option(None, "--schema", help="The collaboration's schema (YAML/JSON): DATA (.csv or "
-                                      ".parquet) is checked against it and its declared bounds are the public metadata."),
+    schema: str | None = typer.Option(
+        None,
+        "--schema",
+        help="The collaboration's schema (YAML/JSON): DATA (.csv or "
+        ".parquet) is checked against it and its declared bounds are the public metadata.",
+    ),
     task: str = typer.Option("classification"),
-    top_m: str = typer.Option("all", "--top-m", help="Keep the best m models on the customize part, or 'all'."),
+    top_m: str = typer.Option(
+        "all", "--top-m", help="Keep the best m models on the customize part, or 'all'."
+    ),
     out: str = typer.Option("runs/customize", help="Where customization.json goes."),
-    seed: int = typer.Option(0, help="Seed of the split and the fusion fit (the subscriber spends no privacy budget)."),
+    seed: int = typer.Option(
+        0, help="Seed of the split and the fusion fit (the subscriber spends no privacy budget)."
+    ),
 ):
     """Algorithm 2: split DATA 60/20/20, train an own model, keep the top-m subscribed models, fuse them."""
     from silofl.pubsub.customize import LocalData
@@ -267,8 +358,10 @@ def customize(
     t0 = time.perf_counter()
     channels = b.channels(site)
     if not channels:
-        raise ConfigError(f"{site} has no channel on this broker, so no model would be used: open one first with "
-                          f"`silofl pubsub subscribe --site {site} --channel ...`")
+        raise ConfigError(
+            f"{site} has no channel on this broker, so no model would be used: open one first with "
+            f"`silofl pubsub subscribe --site {site} --channel ...`"
+        )
     ids = sorted({i for ch in channels for i in b.stream(ch.id)})
     models, skipped = [], []
     for i in ids:  # a stored model that fails its checks now is skipped, not fatal
@@ -282,15 +375,19 @@ def customize(
     if top_m != "all" and not top_m.strip().isdigit():
         raise ConfigError(f"--top-m takes a positive number of models or 'all', got {top_m!r}")
     m = None if top_m == "all" else int(top_m)
-    res = run_customize(models, LocalData(x, y, features, task, classes), b.public_defaults(), top_m=m, seed=seed)
+    res = run_customize(
+        models, LocalData(x, y, features, task, classes), b.public_defaults(), top_m=m, seed=seed
+    )
     rep = {**res.report, "models_fetched": ids, "models_skipped": skipped}
     rep["seconds"] = {"load": t_load, **rep["seconds"]}
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "customization.json").write_text(json.dumps(rep, indent=2, default=str))
     metric = rep["metric"]
     own = f"own model alone {rep['own_test']:.4f}" if rep["own_test"] is not None else rep["own_note"]
-    console.print(f"customized from {len(ids)} subscribed models + own: test {metric} {rep['test']:.4f} "
-                  f"({own}); selected {', '.join(rep['selected'])}")
+    console.print(
+        f"customized from {len(ids)} subscribed models + own: test {metric} {rep['test']:.4f} "
+        f"({own}); selected {', '.join(rep['selected'])}"
+    )
     console.print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in rep["seconds"].items()))
     console.print(rep["privacy"] + ".")
     console.print(f"→ {Path(out) / 'customization.json'}")
@@ -302,7 +399,9 @@ def stream(
     broker: str = typer.Option(..., help=BROKER_HELP),
     site: str = typer.Option(..., help="The publisher."),
     credential: str | None = typer.Option(None, "--credential", envvar="SILOFL_CREDENTIAL", help=CRED_HELP),
-    data: str = typer.Option(..., help="The site's table (CSV or Parquet), read in order as a stream of chunks."),
+    data: str = typer.Option(
+        ..., help="The site's table (CSV or Parquet), read in order as a stream of chunks."
+    ),
     schema: str = typer.Option(..., "--schema", help=SCHEMA_HELP),
     chunk_size: int = typer.Option(500, "--chunk-size", help="Rows per chunk; each trains one model."),
     ensemble: int = typer.Option(3, "--ensemble", help="k: how many of the latest models stay published."),
@@ -311,11 +410,14 @@ def stream(
     delta: float = typer.Option(1e-5),
     site_dir: str | None = typer.Option(None, "--site-dir", help=SITE_DIR_HELP),
     lifetime_epsilon: float | None = typer.Option(None, "--lifetime-epsilon", help=LIFETIME_HELP),
-    lifetime_delta: float = typer.Option(1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."),
+    lifetime_delta: float = typer.Option(
+        1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."
+    ),
     id_column: str | None = typer.Option(None, "--id-column", help=ID_HELP),
     seed: int | None = typer.Option(None, help=SEED_HELP),
 ):
-    """Algorithm 4: publish one DP model per disjoint chunk of DATA, keeping the k latest published. Within one
+    """Algorithm 4: publish one DP model per disjoint chunk of DATA, keeping the k latest published. Within
+    one
     stream every record is in exactly one chunk (parallel composition); across streams, publishes and runs the
     site's ledger composes each record's spend and refuses a chunk that would pass the lifetime budget."""
     from silofl.pubsub import tables
@@ -328,29 +430,53 @@ def stream(
     t = tables.read(data, schema, id_column)  # bad input is refused before the site folder or broker is made
     folder = _site_folder(site, site_dir, lifetime_epsilon, lifetime_delta)
     b = _broker(broker, credential, site)
-    pub = StreamPublisher(site, t.features, t.task, model, epsilon, delta, Bounds(t.lo, t.hi), k=ensemble,
-                          classes=t.classes, broker=b, seed=seed, folder=folder, send=_sender(b), seal=_seal(folder, t),
-                          train_options={"y_bounds": t.y_bounds} if t.y_bounds is not None else {})
+    pub = StreamPublisher(
+        site,
+        t.features,
+        t.task,
+        model,
+        epsilon,
+        delta,
+        Bounds(t.lo, t.hi),
+        k=ensemble,
+        classes=t.classes,
+        broker=b,
+        seed=seed,
+        folder=folder,
+        send=_sender(b),
+        seal=_seal(folder, t),
+        train_options={"y_bounds": t.y_bounds} if t.y_bounds is not None else {},
+    )
     for start in range(0, len(t.x), chunk_size):
         rows = np.arange(start, min(start + chunk_size, len(t.x)))
         ev = pub.add_chunk(t.x[rows], t.y[rows], [t.ids[i] for i in rows])
         gone = f", withdrew chunk {ev['withdrawn_chunks'][0]}" if ev["withdrawn_chunks"] else ""
-        console.print(f"chunk {ev['chunk']}: {len(rows)} rows → model {ev['published']}{gone}; live chunks "
-                      f"{ev['live_chunks']}")
+        console.print(
+            f"chunk {ev['chunk']}: {len(rows)} rows → model {ev['published']}{gone}; live chunks "
+            f"{ev['live_chunks']}"
+        )
     g = pub.guarantee()
-    console.print(f"{g['chunks']} chunks, {g['live_models']} models live; this stream: ε={g['epsilon']:g}, "
-                  f"δ={g['delta']:g} per record ({g['composition']})")
+    console.print(
+        f"{g['chunks']} chunks, {g['live_models']} models live; this stream: ε={g['epsilon']:g}, "
+        f"δ={g['delta']:g} per record ({g['composition']})"
+    )
     console.print(_spent_note(folder, t.ids))
     if seed is not None:
-        console.print(f"seeded (--seed {seed}): research models; their guarantee holds only while the seed stays secret")
+        console.print(
+            f"seeded (--seed {seed}): research models; their guarantee holds only while the seed stays secret"
+        )
 
 
 @app.command()
 @friendly_errors
 def scenario(
-    name: str = typer.Argument(..., help="iid | non-iid | distributed-features | regression | stream | noisy-sites | scale"),
+    name: str = typer.Argument(
+        ..., help="iid | non-iid | distributed-features | regression | stream | noisy-sites | scale"
+    ),
     out: str = typer.Option(..., help="Output directory (table.csv, table.md, results.json, plot.png)."),
-    quick: bool = typer.Option(False, "--quick", help="Shrink the scenario to seconds (one seed; digits for images)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Shrink the scenario to seconds (one seed; digits for images)."
+    ),
     seeds: str | None = typer.Option(None, help="Comma-separated seeds (default depends on the scenario)."),
 ):
     """Run one PubSub-ML experiment: PubSub-ML, PubSub-ML*, Own and the DP FL baselines (V and F)."""
@@ -365,10 +491,13 @@ def scenario(
     t0 = time.perf_counter()
     run_scenario(name, out, quick=quick, seeds=seed_list)
     console.print((Path(out) / "table.md").read_text())
-    console.print(f"{name}: {time.perf_counter() - t0:.1f} s → {out}/table.csv, table.md, results.json, plot.png")
+    console.print(
+        f"{name}: {time.perf_counter() - t0:.1f} s → {out}/table.csv, table.md, results.json, plot.png"
+    )
 
 
-# ---------------------------------------------------------------------------------------------- the broker service
+# ---------------------------------------------------------------------------------------------- the broker
+# service
 def _parse_hostport(host: str, port: int) -> None:
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be in 1–65535, got {port}")
@@ -379,17 +508,28 @@ def _parse_hostport(host: str, port: int) -> None:
 @app.command()
 @friendly_errors
 def serve(
-    state: str = typer.Option(..., "--state", help="The broker's folder: registry and models (broker/), access.log, "
-                              "admin.json (the operator's credential, written on first start, mode 0600)."),
+    state: str = typer.Option(
+        ...,
+        "--state",
+        help="The broker's folder: registry and models (broker/), access.log, "
+        "admin.json (the operator's credential, written on first start, mode 0600).",
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8443, help="Port to listen on."),
-    cert: str | None = typer.Option(None, "--cert", help="The server's TLS certificate (PEM), e.g. from "
-                                    "`silofl pubsub cert`."),
+    cert: str | None = typer.Option(
+        None, "--cert", help="The server's TLS certificate (PEM), e.g. from `silofl pubsub cert`."
+    ),
     key: str | None = typer.Option(None, "--key", help="The server's TLS private key (PEM)."),
-    insecure_http: bool = typer.Option(False, "--insecure-http", help="Serve plain HTTP (only behind a TLS "
-                                       "terminating proxy on the same host; tokens would otherwise travel in clear)."),
+    insecure_http: bool = typer.Option(
+        False,
+        "--insecure-http",
+        help="Serve plain HTTP (only behind a TLS "
+        "terminating proxy on the same host; tokens would otherwise travel in clear).",
+    ),
     max_upload_mb: float = typer.Option(64.0, "--max-upload-mb", help="The largest model upload, in MiB."),
-    rate: float = typer.Option(50.0, "--rate", help="Requests per second per credential (and per address without one)."),
+    rate: float = typer.Option(
+        50.0, "--rate", help="Requests per second per credential (and per address without one)."
+    ),
     burst: int = typer.Option(200, "--burst", help="Requests at once per credential before --rate applies."),
 ):
     """Run the PubSub-ML broker as an authenticated HTTPS service (FastAPI on uvicorn)."""
@@ -401,58 +541,90 @@ def serve(
         raise ConfigError("--insecure-http and --cert/--key exclude each other")
     if not insecure_http:
         if not cert or not key:
-            raise ConfigError("HTTPS needs --cert and --key (make test ones with `silofl pubsub cert`), or pass "
-                              "--insecure-http behind a TLS proxy")
+            raise ConfigError(
+                "HTTPS needs --cert and --key (make test ones with `silofl pubsub cert`), or pass "
+                "--insecure-http behind a TLS proxy"
+            )
         for f in (cert, key):
             if not Path(f).is_file():
                 raise ConfigError(f"no such file: {f}")
     if max_upload_mb <= 0 or rate <= 0 or burst < 1:
         raise ConfigError("--max-upload-mb and --rate must be positive and --burst at least 1")
     scheme = "http" if insecure_http else "https"
-    console.print(f"broker on {scheme}://{host}:{port} (state {state}); operator credential: "
-                  f"{admin_credential_path(Path(state))}", soft_wrap=True)
-    run_serve(state, host, port, None if insecure_http else cert, None if insecure_http else key,
-              max_upload=int(max_upload_mb * 1024 * 1024), rate=rate, burst=burst)
+    console.print(
+        f"broker on {scheme}://{host}:{port} (state {state}); operator credential: "
+        f"{admin_credential_path(Path(state))}",
+        soft_wrap=True,
+    )
+    run_serve(
+        state,
+        host,
+        port,
+        None if insecure_http else cert,
+        None if insecure_http else key,
+        max_upload=int(max_upload_mb * 1024 * 1024),
+        rate=rate,
+        burst=burst,
+    )
 
 
 @app.command()
 @friendly_errors
 def cert(
     out: str = typer.Option(..., help="Folder for ca.pem (for every client), server.pem and server.key."),
-    host: list[str] = typer.Option(["localhost", "127.0.0.1"], "--host", help="A DNS name or IP address of the "
-                                   "broker (repeat the option)."),
+    host: list[str] = typer.Option(
+        ["localhost", "127.0.0.1"],
+        "--host",
+        help="A DNS name or IP address of the broker (repeat the option).",
+    ),
     days: int = typer.Option(30, help="Validity in days."),
 ):
-    """Make a self-signed test CA and a server certificate for the broker (for trials and tests; a real deployment
+    """Make a self-signed test CA and a server certificate for the broker (for trials and tests; a real
+    deployment
     uses the institutions' own CA)."""
     from silofl.pubsub.tls import make_test_certificates
 
     if days < 1:
         raise ConfigError(f"--days must be ≥ 1, got {days}")
     paths = make_test_certificates(out, host, days)
-    console.print(f"CA {paths['ca']}; server certificate {paths['cert']} and key {paths['key']} for {', '.join(host)}")
+    console.print(
+        f"CA {paths['ca']}; server certificate {paths['cert']} and key {paths['key']} for {', '.join(host)}"
+    )
 
 
 @app.command()
 @friendly_errors
 def enroll(
     site: str = typer.Option(..., help="This site's name."),
-    out: str = typer.Option(..., help="Where the registration request (JSON: name, public key, lifetime budget) goes; "
-                            "give it to the broker's operator."),
+    out: str = typer.Option(
+        ...,
+        help="Where the registration request (JSON: name, public key, lifetime budget) goes; "
+        "give it to the broker's operator.",
+    ),
     site_dir: str | None = typer.Option(None, "--site-dir", help=SITE_DIR_HELP),
     lifetime_epsilon: float | None = typer.Option(None, "--lifetime-epsilon", help=LIFETIME_HELP),
-    lifetime_delta: float = typer.Option(1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."),
+    lifetime_delta: float = typer.Option(
+        1e-4, "--lifetime-delta", help="The site's lifetime δ (declared with it)."
+    ),
 ):
-    """Make this site's signing key (in its own folder, never sent) and its registration request for a broker."""
+    """Make this site's signing key (in its own folder, never sent) and its registration request for a
+    broker."""
     from silofl.pubsub.signing import public_key_hex
 
     folder = _site_folder(site, site_dir, lifetime_epsilon, lifetime_delta)
     life = folder.require_lifetime()
     pub = public_key_hex(folder.signing_key())
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"site": site, "public_key": pub, "lifetime_epsilon": life[0],
-                                     "lifetime_delta": life[1]}, indent=2) + "\n")
-    console.print(f"{site}: signing key in {folder.path}; registration request → {out} (public key {pub[:16]}…)")
+    Path(out).write_text(
+        json.dumps(
+            {"site": site, "public_key": pub, "lifetime_epsilon": life[0], "lifetime_delta": life[1]},
+            indent=2,
+        )
+        + "\n"
+    )
+    console.print(
+        f"{site}: signing key in {folder.path}; registration request → {out} (public key {pub[:16]}…)"
+    )
 
 
 @app.command()
@@ -460,10 +632,17 @@ def enroll(
 def register(
     broker: str = typer.Option(..., help="The broker service's URL (https://HOST:PORT)."),
     credential: str = typer.Option(..., "--credential", help="The operator's credential (admin.json)."),
-    request: str = typer.Option(..., "--request", help="A site's registration request (`silofl pubsub enroll`)."),
-    out: str = typer.Option(..., help="Where the site's credential goes (give it to the site; it holds its token)."),
-    ca: str | None = typer.Option(None, "--ca", help="The CA certificate the site should trust (copied into its "
-                                  "credential as a path next to it)."),
+    request: str = typer.Option(
+        ..., "--request", help="A site's registration request (`silofl pubsub enroll`)."
+    ),
+    out: str = typer.Option(
+        ..., help="Where the site's credential goes (give it to the site; it holds its token)."
+    ),
+    ca: str | None = typer.Option(
+        None,
+        "--ca",
+        help="The CA certificate the site should trust (copied into its credential as a path next to it).",
+    ),
 ):
     """Register a site once (operator): its public key and lifetime budget; writes the site's credential."""
     import os

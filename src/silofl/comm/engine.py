@@ -74,7 +74,8 @@ class Engine(ABC):
 
     def rejoin_ready(self, rnd: int, candidates: set[int]) -> list[int]:
         """Those of the lost sites ``candidates`` that are back before round ``rnd``, restored from their own
-        checkpoints with their spend intact, and no longer lost (an engine that cannot bring a site back returns
+        checkpoints with their spend intact, and no longer lost (an engine that cannot bring a site back
+        returns
         none)."""
         return []
 
@@ -105,7 +106,8 @@ class InProcessEngine(Engine):
         self.batch_eval = batch_eval
 
     def _prescore(self, requests: dict[int, Message], cache: dict) -> None:
-        """Score every model the requested sites will score on a shared test set, one pass per architecture."""
+        """Score every model the requested sites will score on a shared test set, one pass per
+        architecture."""
         from silofl.training.evaluation import all_scores
 
         by_test: dict[int, tuple] = {}
@@ -122,14 +124,18 @@ class InProcessEngine(Engine):
         for xid, (x, y, keyed) in by_test.items():
             if len(keyed) < 2:
                 continue
-            scores = all_scores(list(keyed.values()), x, y)  # every metric from one pass (silofl.training.metrics)
+            scores = all_scores(
+                list(keyed.values()), x, y
+            )  # every metric from one pass (silofl.training.metrics)
             held = cache.setdefault(("test set", xid), {})
             held.update(zip(keyed, (s["acc"] for s in scores), strict=True))  # accuracies, as before
             held.update({("scores", key): s for key, s in zip(keyed, scores, strict=True)})
 
     def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
-        """As :meth:`Engine.call`; a batch (:mod:`silofl.comm.batch`) runs as its parts, right-aligned across the
-        sites — every site's last part (the step asked of all) together, so an ``evaluate`` keeps its shared cache —
+        """As :meth:`Engine.call`; a batch (:mod:`silofl.comm.batch`) runs as its parts, right-aligned across
+        the
+        sites — every site's last part (the step asked of all) together, so an ``evaluate`` keeps its shared
+        cache —
         each site's parts in its own order."""
         from silofl.comm import batch
 
@@ -150,8 +156,9 @@ class InProcessEngine(Engine):
         return run_here(self.sites, step, requests, cache)
 
 
-def run_here(sites: dict[int, SiteHandle], step: str, requests: dict[int, Message],
-             cache: dict | None = None) -> dict[int, Message]:
+def run_here(
+    sites: dict[int, SiteHandle], step: str, requests: dict[int, Message], cache: dict | None = None
+) -> dict[int, Message]:
     """Run ``step`` on sites held in this process; one evaluation cache is lent to them for an ``evaluate``
     (``cache``, possibly filled already; a fresh one otherwise)."""
     if cache is None and step == "evaluate":

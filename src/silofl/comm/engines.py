@@ -37,7 +37,8 @@ class EngineEntry:
     * ``processes``: ``one``, ``one per rank`` or ``one per site``;
     * ``data_at_sites``: each site reads its own data (its site folder); the coordinator reads none;
     * ``extra``: the pip extra it needs (``silofl[deploy]``), None for none;
-    * ``selectable``: a run can be given it by name (torch.distributed is started by ``silofl launch`` instead);
+    * ``selectable``: a run can be given it by name (torch.distributed is started by ``silofl launch``
+    instead);
     * ``vs_alone``: ``--vs-alone``'s going-alone baseline can train in the process that ran it.
     """
 
@@ -49,7 +50,9 @@ class EngineEntry:
     data_at_sites: bool = False
     extra: str | None = None
     description: str = ""
-    selectable: bool = True  # chosen by ``--engine`` / ``silofl.run(engine=…)`` (torch.distributed: by silofl launch)
+    selectable: bool = (
+        True  # chosen by ``--engine`` / ``silofl.run(engine=…)`` (torch.distributed: by silofl launch)
+    )
     vs_alone: bool = False  # --vs-alone's baseline trains in this process after the run
 
     def engine_class(self) -> type:
@@ -73,26 +76,58 @@ class EngineEntry:
 
 ENGINES: Registry[EngineEntry] = Registry("engine", "silofl.engines")
 
-ENGINES.register("simulator", EngineEntry(
-    engine="silofl.comm.engine:InProcessEngine", start="silofl.api:start_simulator",
-    call=("resume", "overwrite", "progress", "console", "opts"), launched_by="this process", processes="one", vs_alone=True,
-    description="every site an object in this process: messages are real wire bytes, calls are method calls"))
-ENGINES.register("torch.distributed", EngineEntry(
-    engine="silofl.comm.torchdist:TorchDistEngine", start="silofl.api:start_torch_distributed",
-    call=("resume", "overwrite", "progress", "console", "opts"), selectable=False, vs_alone=True,
-    launched_by="silofl launch (torchrun; each process runs `silofl run --distributed`)",
-    processes="one per rank",
-    description="one process per rank over torch.distributed (gloo), frames authenticated by the run's key"))
-ENGINES.register("flower-local", EngineEntry(
-    engine="silofl.deploy.coordinator:FlowerEngine", start="silofl.api:start_flower_local",
-    call=("resume", "overwrite", "progress", "console", "opts"),
-    launched_by="silofl deploy local", processes="one per site", extra="deploy",
-    description="a Flower SuperLink and a SuperNode process per site on this machine (TLS, node auth)"))
-ENGINES.register("flower", EngineEntry(
-    engine="silofl.deploy.coordinator:FlowerEngine", start="silofl.api:start_flower",
-    call=("resume", "overwrite", "progress", "console", "opts"),
-    launched_by="silofl deploy start", processes="one per site", data_at_sites=True, extra="deploy",
-    description="sites at other institutions, each reading its own data and keeping its own ledger"))
+ENGINES.register(
+    "simulator",
+    EngineEntry(
+        engine="silofl.comm.engine:InProcessEngine",
+        start="silofl.api:start_simulator",
+        call=("resume", "overwrite", "progress", "console", "opts"),
+        launched_by="this process",
+        processes="one",
+        vs_alone=True,
+        description="every site an object in this process: messages are real wire bytes, calls are method "
+        "calls",
+    ),
+)
+ENGINES.register(
+    "torch.distributed",
+    EngineEntry(
+        engine="silofl.comm.torchdist:TorchDistEngine",
+        start="silofl.api:start_torch_distributed",
+        call=("resume", "overwrite", "progress", "console", "opts"),
+        selectable=False,
+        vs_alone=True,
+        launched_by="silofl launch (torchrun; each process runs `silofl run --distributed`)",
+        processes="one per rank",
+        description="one process per rank over torch.distributed (gloo), frames authenticated by the run's "
+        "key",
+    ),
+)
+ENGINES.register(
+    "flower-local",
+    EngineEntry(
+        engine="silofl.deploy.coordinator:FlowerEngine",
+        start="silofl.api:start_flower_local",
+        call=("resume", "overwrite", "progress", "console", "opts"),
+        launched_by="silofl deploy local",
+        processes="one per site",
+        extra="deploy",
+        description="a Flower SuperLink and a SuperNode process per site on this machine (TLS, node auth)",
+    ),
+)
+ENGINES.register(
+    "flower",
+    EngineEntry(
+        engine="silofl.deploy.coordinator:FlowerEngine",
+        start="silofl.api:start_flower",
+        call=("resume", "overwrite", "progress", "console", "opts"),
+        launched_by="silofl deploy start",
+        processes="one per site",
+        data_at_sites=True,
+        extra="deploy",
+        description="sites at other institutions, each reading its own data and keeping its own ledger",
+    ),
+)
 
 
 def engines() -> tuple[str, ...]:

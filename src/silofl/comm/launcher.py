@@ -24,8 +24,10 @@ GRACE_S = 30.0  # how long the other processes may take to exit after rank 0 (or
 
 
 def ensure_run_key(nnodes: int, key_file: str | None = None) -> None:
-    """Put the run's shared key in the environment the processes inherit (``SILOFL_RUN_KEY``): from ``key_file``,
-    or the environment, or — on one machine — a fresh one. Several machines must share one: ConfigError without."""
+    """Put the run's shared key in the environment the processes inherit (``SILOFL_RUN_KEY``): from
+    ``key_file``,
+    or the environment, or — on one machine — a fresh one. Several machines must share one: ConfigError
+    without."""
     from silofl.comm.torchdist import KEY_ENV
 
     if key_file:
@@ -37,8 +39,10 @@ def ensure_run_key(nnodes: int, key_file: str | None = None) -> None:
         os.environ[KEY_ENV] = text
     elif not os.environ.get(KEY_ENV):
         if nnodes > 1:
-            raise ConfigError("several machines need the same run key: pass --auth-key-file FILE (e.g. made with "
-                              "`python -c 'import os; print(os.urandom(32).hex())' > FILE`, copied to every machine)")
+            raise ConfigError(
+                "several machines need the same run key: pass --auth-key-file FILE (e.g. made with "
+                "`python -c 'import os; print(os.urandom(32).hex())' > FILE`, copied to every machine)"
+            )
         os.environ[KEY_ENV] = os.urandom(32).hex()
 
 
@@ -49,13 +53,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_processes(run_args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
-                     endpoint: str | None = None, console=None, grace_s: float = GRACE_S) -> int:
+def launch_processes(
+    run_args: list[str],
+    nproc: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    endpoint: str | None = None,
+    console=None,
+    grace_s: float = GRACE_S,
+) -> int:
     """Start ``nproc`` processes ``python RUN_ARGS`` of a ``nproc × nnodes`` group; the exit code is the
     reporting process's (rank 0's; on other machines: 0 if every process here finished cleanly)."""
     if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
-        raise ConfigError(f"--nproc-per-node {nproc}, --nnodes {nnodes}, --node-rank {node_rank}: need "
-                          "nproc ≥ 1, nnodes ≥ 1 and 0 ≤ node-rank < nnodes")
+        raise ConfigError(
+            f"--nproc-per-node {nproc}, --nnodes {nnodes}, --node-rank {node_rank}: need "
+            "nproc ≥ 1, nnodes ≥ 1 and 0 ≤ node-rank < nnodes"
+        )
     if endpoint:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
@@ -67,8 +80,15 @@ def launch_processes(run_args: list[str], nproc: int, nnodes: int = 1, node_rank
     procs: dict[int, subprocess.Popen] = {}
     for local in range(nproc):
         rank = node_rank * nproc + local
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
-               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": host, "MASTER_PORT": port}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": host,
+            "MASTER_PORT": port,
+        }
         procs[rank] = subprocess.Popen([sys.executable, *run_args], env=env)
     codes: dict[int, int | None] = {}
     deadline = None
@@ -97,7 +117,9 @@ def launch_processes(run_args: list[str], nproc: int, nnodes: int = 1, node_rank
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             console.print(f"[yellow]process {rank} {how}[/]")
         elif code is None and console is not None:
-            console.print(f"[yellow]process {rank} still ran {grace_s:g} s after the run ended (hung) and was killed[/]")
+            console.print(
+                f"[yellow]process {rank} still ran {grace_s:g} s after the run ended (hung) and was killed[/]"
+            )
     if 0 in procs:
         return 0 if codes.get(0) == 0 else 1
     return 0 if all(c == 0 for c in codes.values()) else 1

@@ -23,17 +23,23 @@ from silofl.core.errors import PeerModelRejected
 MAX_FRAME_BYTES = 1 << 30  # one call's frame (all packets of all sites of one process)
 MAX_HEADER_BYTES = 16 << 20
 MAX_JSON_DEPTH = 64  # nesting of a frame's JSON header (a parser recursing 200,000 levels deep never returns)
-# a whole string, or a bracket. Once a string has started the match cannot fail — it ends at its closing quote or at
-# the header's end (an unterminated string, a lone trailing backslash) — so nothing is backtracked or rescanned and the
+# a whole string, or a bracket. Once a string has started the match cannot fail — it ends at its closing quote
+# or at
+# the header's end (an unterminated string, a lone trailing backslash) — so nothing is backtracked or
+# rescanned and the
 # scan stays linear (a failing string match from every quote made it quadratic: 20 kB of '"\\' took 5.8 s)
 _STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
 
 
 def json_depth(text: bytes, limit: int = MAX_JSON_DEPTH) -> int:
-    """The nesting depth of JSON ``text`` (at most ``limit`` when it has no more brackets than that) by one linear
-    scan over its strings and brackets (no recursion; brackets inside strings do not count); PeerModelRejected as soon
+    """The nesting depth of JSON ``text`` (at most ``limit`` when it has no more brackets than that) by one
+    linear
+    scan over its strings and brackets (no recursion; brackets inside strings do not count); PeerModelRejected
+    as soon
     as it exceeds ``limit``."""
-    if text.count(b"[") + text.count(b"{") <= limit:  # cannot nest deeper than it has brackets (the common case)
+    if (
+        text.count(b"[") + text.count(b"{") <= limit
+    ):  # cannot nest deeper than it has brackets (the common case)
         return limit
     depth = deepest = 0
     for m in _STRUCTURE.finditer(text):
@@ -67,11 +73,17 @@ class Message:
 
 def pack(step: str, messages: dict[int, Message]) -> bytes:
     """One frame: 8-byte little-endian header length, the JSON header, then every packet's bytes."""
-    header = {"step": step, "messages": {
-        str(k): {"meta": m.meta, "packets": [[p.src, p.dst, len(p.data)] for p in m.packets]}
-        for k, m in messages.items()}}
+    header = {
+        "step": step,
+        "messages": {
+            str(k): {"meta": m.meta, "packets": [[p.src, p.dst, len(p.data)] for p in m.packets]}
+            for k, m in messages.items()
+        },
+    }
     head = json.dumps(header, allow_nan=False).encode()
-    return b"".join([len(head).to_bytes(8, "little"), head, *(p.data for m in messages.values() for p in m.packets)])
+    return b"".join(
+        [len(head).to_bytes(8, "little"), head, *(p.data for m in messages.values() for p in m.packets)]
+    )
 
 
 def _int(v, what: str) -> int:
@@ -96,12 +108,20 @@ def unpack(frame: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES) -> tuple
         header = json.loads(head)
     except (ValueError, RecursionError) as e:
         raise PeerModelRejected(f"frame header is not JSON: {e}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("step"), str) or not isinstance(header.get("messages"), dict):
+    if (
+        not isinstance(header, dict)
+        or not isinstance(header.get("step"), str)
+        or not isinstance(header.get("messages"), dict)
+    ):
         raise PeerModelRejected("frame header must hold a step name and a mapping of messages")
     offset, out = 8 + hlen, {}
     for key, m in header["messages"].items():
-        if not key.isdigit() or not isinstance(m, dict) or not isinstance(m.get("meta"), dict) \
-                or not isinstance(m.get("packets"), list):
+        if (
+            not key.isdigit()
+            or not isinstance(m, dict)
+            or not isinstance(m.get("meta"), dict)
+            or not isinstance(m.get("packets"), list)
+        ):
             raise PeerModelRejected(f"frame: malformed message for node {key!r}")
         packets = []
         for desc in m["packets"]:

@@ -62,8 +62,10 @@ def run_key() -> bytes:
     except ValueError:
         key = b""
     if len(key) < 16:
-        raise ConfigError(f"{KEY_ENV} must hold the run's shared key (hex, at least 16 bytes): start the processes "
-                          "with `silofl launch` (several machines: --auth-key-file)")
+        raise ConfigError(
+            f"{KEY_ENV} must hold the run's shared key (hex, at least 16 bytes): start the processes "
+            "with `silofl launch` (several machines: --auth-key-file)"
+        )
     return key
 
 
@@ -79,11 +81,17 @@ def init_from_env(backend: str = "gloo", timeout_s: float = 300.0) -> None:
     timeout = timedelta(seconds=timeout_s)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                              timeout=timeout)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+        )
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"silofl/attempt{attempt}", store), rank=rank,
-                                world_size=world, timeout=timeout)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"silofl/attempt{attempt}", store),
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
+        )
     else:
         dist.init_process_group(backend, timeout=timeout)
 
@@ -103,8 +111,9 @@ def inject_fault(rank: int, rnd: int, stage: str = "start") -> None:
         if kind not in FAULT_KINDS:
             raise ValueError
     except ValueError:
-        raise ConfigError(f"{FAULT_ENV} takes RANK:ROUND:KIND (KIND one of {', '.join(FAULT_KINDS)}), "
-                          f"got {spec!r}") from None
+        raise ConfigError(
+            f"{FAULT_ENV} takes RANK:ROUND:KIND (KIND one of {', '.join(FAULT_KINDS)}), got {spec!r}"
+        ) from None
     at = "receiving" if kind.endswith("-receiving") else "start"
     if (r, n, at) == (rank, rnd, stage):
         log.warning("process %d: injected %s in round %d", rank, kind, rnd)
@@ -139,7 +148,11 @@ class _Link:
         self.sent[peer] += 1
         frame = seq + frame + self._mac(self.rank, peer, seq, frame)
         n = torch.tensor([len(frame)], dtype=torch.int64)
-        data = torch.frombuffer(bytearray(frame), dtype=torch.uint8) if frame else torch.zeros(0, dtype=torch.uint8)
+        data = (
+            torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+            if frame
+            else torch.zeros(0, dtype=torch.uint8)
+        )
         for t in (n, data):
             self._pending.append((dist.isend(t, peer, tag=TAG, group=self.group), t))
 
@@ -150,8 +163,10 @@ class _Link:
         self._wait(dist.irecv(n, peer, tag=TAG, group=self.group), what, timeout_s)
         size = int(n)
         if not SEQ_BYTES + MAC_BYTES <= size <= MAX_FRAME_BYTES + SEQ_BYTES + MAC_BYTES:
-            raise SiloflError(f"{what}: refused a frame of declared size {size} (outside "
-                              f"{SEQ_BYTES + MAC_BYTES}…{MAX_FRAME_BYTES + SEQ_BYTES + MAC_BYTES} bytes)")
+            raise SiloflError(
+                f"{what}: refused a frame of declared size {size} (outside "
+                f"{SEQ_BYTES + MAC_BYTES}…{MAX_FRAME_BYTES + SEQ_BYTES + MAC_BYTES} bytes)"
+            )
         buf = torch.zeros(size, dtype=torch.uint8)
         self._wait(dist.irecv(buf, peer, tag=TAG, group=self.group), what, timeout_s)
         raw = buf.numpy().tobytes()
@@ -159,8 +174,10 @@ class _Link:
         if not hmac.compare_digest(mac, self._mac(peer, self.rank, seq, frame)):
             raise SiloflError(f"{what}: refused a frame that fails its MAC (not from a process of this run)")
         if int.from_bytes(seq, "little") != self.received[peer]:
-            raise SiloflError(f"{what}: refused frame {int.from_bytes(seq, 'little')}, expected "
-                              f"{self.received[peer]} (replayed or reordered)")
+            raise SiloflError(
+                f"{what}: refused frame {int.from_bytes(seq, 'little')}, expected "
+                f"{self.received[peer]} (replayed or reordered)"
+            )
         self.received[peer] += 1
         return frame
 
@@ -208,16 +225,24 @@ class TorchDistEngine(Engine):
         self.timeout_s = timeout_s
         self.sites = {k: make_site(k) for k in range(n_sites) if rank_of(k, self.world) == 0}
         self.lost_processes: dict[str, str] = {}
-        self.receive_seconds: dict[str, float] = defaultdict(float)  # per site: waiting for its reply included
+        self.receive_seconds: dict[str, float] = defaultdict(
+            float
+        )  # per site: waiting for its reply included
 
     @property
     def processes(self) -> int:
         return self.world
 
     def describe(self) -> dict:
-        return {"name": self.name, "processes": self.world, "backend": "gloo", "tls": False,
-                "node_auth": "HMAC-SHA256 of every frame with the run's shared key, sequence numbers", "sealed": False,
-                "note": "a research cluster's engine: frames are authenticated but not encrypted"}
+        return {
+            "name": self.name,
+            "processes": self.world,
+            "backend": "gloo",
+            "tls": False,
+            "node_auth": "HMAC-SHA256 of every frame with the run's shared key, sequence numbers",
+            "sealed": False,
+            "note": "a research cluster's engine: frames are authenticated but not encrypted",
+        }
 
     def _lose(self, rank: int, why: str) -> None:
         if str(rank) in self.lost_processes:
@@ -258,7 +283,8 @@ class TorchDistEngine(Engine):
         return replies
 
     def close(self) -> None:
-        """Tell every live rank this run is over (the process group stays for the next one: :func:`shutdown`)."""
+        """Tell every live rank this run is over (the process group stays for the next one:
+        :func:`shutdown`)."""
         for r in range(1, self.world):
             if str(r) not in self.lost_processes:
                 try:
@@ -319,7 +345,8 @@ def _reason(e: Exception) -> str:
 
 
 def _steps_of(step: str, requests: dict[int, Message]) -> list[tuple[str, dict]]:
-    """(step, meta) of what a request asks, in order: itself, or a batch's parts (of the site with the most)."""
+    """(step, meta) of what a request asks, in order: itself, or a batch's parts (of the site with the
+    most)."""
     from silofl.comm import batch
 
     if not requests:

@@ -44,9 +44,11 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[dict[str, t
     return tensors, meta
 
 
-def validate(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
-             max_abs: float = DEFAULT_MAX_ABS) -> None:
-    """Raise PeerModelRejected unless ``tensors`` matches ``reference`` in names, shapes, dtypes, and is finite
+def validate(
+    tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], max_abs: float = DEFAULT_MAX_ABS
+) -> None:
+    """Raise PeerModelRejected unless ``tensors`` matches ``reference`` in names, shapes, dtypes, and is
+    finite
     and bounded by ``max_abs``."""
     missing = sorted(set(reference) - set(tensors))
     extra = sorted(set(tensors) - set(reference))
@@ -60,14 +62,23 @@ def validate(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor
             raise PeerModelRejected(f"{k}: dtype {t.dtype}, expected {ref.dtype}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise PeerModelRejected(f"{k}: contains non-finite values")
-        if t.numel() and (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)) \
-                and float(t.abs().max()) > max_abs:
-            raise PeerModelRejected(f"{k}: values of magnitude {float(t.abs().max()):.3g} exceed the bound {max_abs:g}")
+        if (
+            t.numel()
+            and (t.is_floating_point() or t.dtype in (torch.int32, torch.int64))
+            and float(t.abs().max()) > max_abs
+        ):
+            raise PeerModelRejected(
+                f"{k}: values of magnitude {float(t.abs().max()):.3g} exceed the bound {max_abs:g}"
+            )
 
 
 def read_model(
-    data: bytes, reference: dict[str, torch.Tensor], scalars: tuple[str, ...] = (), positive: bool = False,
-    expect: dict | None = None, max_abs: float = DEFAULT_MAX_ABS,
+    data: bytes,
+    reference: dict[str, torch.Tensor],
+    scalars: tuple[str, ...] = (),
+    positive: bool = False,
+    expect: dict | None = None,
+    max_abs: float = DEFAULT_MAX_ABS,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float], dict]:
     """Decode a model message carrying extra scalar weights (e.g. a PushSum or aggregation weight).
 
@@ -84,7 +95,12 @@ def read_model(
         v = tensors.pop(k, None)
         if v is None:
             raise PeerModelRejected(f"message lacks {k}")
-        if v.numel() != 1 or not bool(torch.isfinite(v).all()) or float(v) < 0 or (positive and float(v) == 0):
+        if (
+            v.numel() != 1
+            or not bool(torch.isfinite(v).all())
+            or float(v) < 0
+            or (positive and float(v) == 0)
+        ):
             raise PeerModelRejected(f"invalid {k}: {v.flatten()[:3].tolist()}")
         values[k] = float(v)
     validate(tensors, reference, max_abs)

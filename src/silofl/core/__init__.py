@@ -10,5 +10,13 @@ from silofl.core.errors import (
 )
 from silofl.core.randomness import client_seeds, party_seeds
 
-__all__ = ["SiloflError", "ConfigError", "DataError", "BudgetExhausted", "PeerModelRejected", "ModelRejected",
-           "client_seeds", "party_seeds"]
+__all__ = [
+    "SiloflError",
+    "ConfigError",
+    "DataError",
+    "BudgetExhausted",
+    "PeerModelRejected",
+    "ModelRejected",
+    "client_seeds",
+    "party_seeds",
+]

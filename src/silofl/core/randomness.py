@@ -52,7 +52,11 @@ class SecureRandom:
 
     def _words(self, n: int) -> torch.Tensor:
         """``n`` 53-bit integers (as int64)."""
-        raw = torch.frombuffer(bytearray(self.bytes(8 * n)), dtype=torch.int64) if n else torch.zeros(0, dtype=torch.int64)
+        raw = (
+            torch.frombuffer(bytearray(self.bytes(8 * n)), dtype=torch.int64)
+            if n
+            else torch.zeros(0, dtype=torch.int64)
+        )
         return (raw >> 11) & ((1 << 53) - 1)
 
     def uniform(self, n: int) -> torch.Tensor:
@@ -60,7 +64,8 @@ class SecureRandom:
         return self._words(n).to(torch.float64) * 2.0**-53
 
     def normal(self, n: int) -> torch.Tensor:
-        """``n`` float64 standard normals (Box–Muller on 53-bit uniforms; u₁ in (0, 1] so the log is finite)."""
+        """``n`` float64 standard normals (Box–Muller on 53-bit uniforms; u₁ in (0, 1] so the log is
+        finite)."""
         m = (n + 1) // 2
         w = self._words(2 * m).view(2, m)
         u1 = (w[0].to(torch.float64) + 1.0) * 2.0**-53

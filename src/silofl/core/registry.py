@@ -2,14 +2,17 @@
 accountants and engines.
 
 A registry maps a name to an object (a class, a loader function, a spec) plus free-form metadata. Built-ins
-register themselves when their module is imported (``builtins``: the module(s) that hold them); another package
+register themselves when their module is imported (``builtins``: the module(s) that hold them); another
+package
 adds one without editing silofl by exposing a module in the registry's entry-point group, e.g.::
 
     [project.entry-points."silofl.datasets"]
     mydata = "mypkg.mydata"
 
-Importing that module registers it (``@DATASETS.register("mydata")``). A plug-in that fails to import is logged
-and skipped: it must not break silofl. Lookups of unknown names raise a one-line :class:`ConfigError` that names
+Importing that module registers it (``@DATASETS.register("mydata")``). A plug-in that fails to import is
+logged
+and skipped: it must not break silofl. Lookups of unknown names raise a one-line :class:`ConfigError` that
+names
 the choices, so CLI errors and help texts come from the registries, never from a hand-kept list.
 """
 
@@ -40,8 +43,13 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Objects of one kind by name; built-ins first (in ``builtins``' registration order), then plug-ins."""
 
-    def __init__(self, kind: str, group: str, builtins: tuple[str, ...] = (),
-                 order: Callable[[], Iterable[str]] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        group: str,
+        builtins: tuple[str, ...] = (),
+        order: Callable[[], Iterable[str]] | None = None,
+    ) -> None:
         self.kind = kind  # "dataset", "model", …: the word error messages use
         self.group = group  # the entry-point group, e.g. "silofl.datasets"
         self._builtins = builtins  # modules whose import registers the built-ins
@@ -61,8 +69,10 @@ class Registry(Generic[T]):
         def add(o: T) -> T:
             old = self._entries.get(name)
             if old is not None and old.obj is not o and _where(old.obj) != _where(o):
-                raise ValueError(f"a {self.kind} named {name!r} is already registered "
-                                 f"({getattr(old.obj, '__module__', '?')})")
+                raise ValueError(
+                    f"a {self.kind} named {name!r} is already registered "
+                    f"({getattr(old.obj, '__module__', '?')})"
+                )
             self._entries[name] = Entry(name, o, dict(meta))
             return o
 
@@ -157,8 +167,10 @@ def load_ref(ref: str) -> Any:
 
 
 def check_choice(registry: Registry[Any], name: str, what: str | None = None) -> str:
-    """``name`` if ``registry`` has it, else a one-line ConfigError (``what``: the option's name in the message)."""
+    """``name`` if ``registry`` has it, else a one-line ConfigError (``what``: the option's name in the
+    message)."""
     if name not in registry:
-        raise ConfigError(f"unknown {what or registry.kind} {name!r}; choose one of: {', '.join(registry.names())}")
+        raise ConfigError(
+            f"unknown {what or registry.kind} {name!r}; choose one of: {', '.join(registry.names())}"
+        )
     return name
-

@@ -1,4 +1,5 @@
-"""Type checks for settings read from a JSON or YAML file a person may have edited (``site.json``): a wrong type is a
+"""Type checks for settings read from a JSON or YAML file a person may have edited (``site.json``): a wrong
+type is a
 one-line ConfigError naming the file and the field, never a TypeError deep inside."""
 
 from __future__ import annotations
@@ -9,8 +10,13 @@ from typing import Any
 
 from silofl.core.errors import ConfigError
 
-_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "float": (int, float), "int": (int,), "bool": (bool,),
-                                       "None": (type(None),)}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "float": (int, float),
+    "int": (int,),
+    "bool": (bool,),
+    "None": (type(None),),
+}
 
 
 def _matches(value: Any, annotation: str) -> bool:
@@ -26,10 +32,14 @@ def _matches(value: Any, annotation: str) -> bool:
 
 
 def check_field_types(obj: Any, where: str) -> None:
-    """Raise ConfigError unless every field of the dataclass ``obj`` holds a value of its annotated type (``str``,
-    ``float`` (an int is a float; a bool is neither; NaN is refused), ``int``, ``bool``, unions with ``None``)."""
+    """Raise ConfigError unless every field of the dataclass ``obj`` holds a value of its annotated type
+    (``str``,
+    ``float`` (an int is a float; a bool is neither; NaN is refused), ``int``, ``bool``, unions with
+    ``None``)."""
     for f in fields(obj):
         annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
         v = getattr(obj, f.name)
         if not _matches(v, annotation):
-            raise ConfigError(f"{where}: {f.name} must be {annotation.replace(' | None', ' or null')}, got {v!r}")
+            raise ConfigError(
+                f"{where}: {f.name} must be {annotation.replace(' | None', ' or null')}, got {v!r}"
+            )

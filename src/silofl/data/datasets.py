@@ -38,11 +38,14 @@ IDX_FILES = {
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 HOW_TO_GET = {
-    "fashion-mnist": "install it with `apt-get install -y dataset-fashion-mnist` (Debian), or put the four IDX "
+    "fashion-mnist": "install it with `apt-get install -y dataset-fashion-mnist` (Debian), or put the four "
+    "IDX "
     "files (train-images-idx3-ubyte[.gz], …) in $SILOFL_DATA/fashion-mnist",
     "mnist": "put the four MNIST IDX files (train-images-idx3-ubyte[.gz], …) in $SILOFL_DATA/mnist",
-    "cifar10": "put the CIFAR-10 python batches (cifar-10-batches-py/data_batch_1…5, test_batch) in $SILOFL_DATA",
-    "npz": "pass --data-dir pointing at a .npz file (or a folder holding data.npz) with x_train, y_train, x_test, y_test",
+    "cifar10": "put the CIFAR-10 python batches (cifar-10-batches-py/data_batch_1…5, test_batch) in "
+    "$SILOFL_DATA",
+    "npz": "pass --data-dir pointing at a .npz file (or a folder holding data.npz) with x_train, y_train, "
+    "x_test, y_test",
 }
 
 
@@ -59,7 +62,7 @@ def search_roots(data_dir: str | os.PathLike | None = None) -> list[Path]:
 
 
 def _open_maybe_gz(path: Path) -> bytes:
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         return f.read()
 
 
@@ -208,7 +211,9 @@ def load_digits_dataset(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
     n_test = int(round(len(y) * test_fraction))
     te, tr = perm[:n_test], perm[n_test:]
-    return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10, source="sklearn.datasets.load_digits")
+    return Dataset(
+        "digits", x[tr], y[tr], x[te], y[te], num_classes=10, source="sklearn.datasets.load_digits"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the registry
@@ -225,8 +230,14 @@ DATASET_META = {
     "seeded": "its train/test split depends on the data seed (compare keeps one load per seed)",
     "description": "one line for help texts and docs",
 }
-DEFAULTS = {"images": True, "pooled": True, "site_data": False, "schema": False, "seeded": False,
-            "description": ""}
+DEFAULTS = {
+    "images": True,
+    "pooled": True,
+    "site_data": False,
+    "schema": False,
+    "seeded": False,
+    "description": "",
+}
 
 
 def register_dataset(name: str, loader: Callable[..., Dataset] | None = None, **meta: Any) -> Any:
@@ -241,8 +252,9 @@ def register_dataset(name: str, loader: Callable[..., Dataset] | None = None, **
     reads per-site sources (``site_data`` is then true)."""
     unknown = set(meta) - set(DATASET_META) - {"sites", "how_to_get"}
     if unknown:
-        raise ValueError(f"unknown dataset metadata {sorted(unknown)}; known: {', '.join(DATASET_META)}, "
-                         "sites")
+        raise ValueError(
+            f"unknown dataset metadata {sorted(unknown)}; known: {', '.join(DATASET_META)}, sites"
+        )
     full = {**DEFAULTS, "site_data": "sites" in meta, **meta}
     return DATASETS.register(name, loader, **full) if loader is not None else DATASETS.register(name, **full)
 
@@ -269,8 +281,9 @@ def _tables_of_sites(paths, *, schema=None, image_size=32, test_data=None, test_
     from silofl.data.sites import load_site_tables
 
     if not schema:
-        raise ConfigError("dataset 'table' needs --schema FILE.yaml (feature names and types, target, "
-                          "levels, bounds)")
+        raise ConfigError(
+            "dataset 'table' needs --schema FILE.yaml (feature names and types, target, levels, bounds)"
+        )
     return load_site_tables(schema, paths, test_data, test_fraction, seed)
 
 
@@ -281,8 +294,9 @@ def _images_of_sites(paths, *, schema=None, image_size=32, test_data=None, test_
 
 
 def _table(data_dir=None, **_: Any) -> Dataset:
-    raise ConfigError("dataset 'table' is read per site: give --site-data (one CSV or Parquet file per "
-                      "site) and --schema")
+    raise ConfigError(
+        "dataset 'table' is read per site: give --site-data (one CSV or Parquet file per site) and --schema"
+    )
 
 
 def _cifar10(data_dir=None, **_: Any) -> Dataset:
@@ -310,28 +324,60 @@ register_dataset("mnist", _idx("mnist"), description="MNIST (28×28 grey, 10 cla
 register_dataset("cifar10", _cifar10, description="CIFAR-10 (32×32 colour, 10 classes)")
 register_dataset("digits", _digits, description="scikit-learn's bundled 8×8 digits, upsampled to 16×16")
 register_dataset("npz", _npz, description="a .npz with x_train, y_train, x_test, y_test (--data-dir)")
-register_dataset("folder", _folder, sites=_images_of_sites, seeded=True,
-                 description="an image folder, a sub-folder per class (--data-dir), or one per site")
-register_dataset("bags", _bags, images=False, seeded=True,
-                 description="bags of instance features (multiple-instance learning, --data-dir)")
-register_dataset("table", _table, images=False, pooled=False, schema=True, sites=_tables_of_sites,
-                 description="one CSV or Parquet file per site (--site-data) and a schema (--schema)")
+register_dataset(
+    "folder",
+    _folder,
+    sites=_images_of_sites,
+    seeded=True,
+    description="an image folder, a sub-folder per class (--data-dir), or one per site",
+)
+register_dataset(
+    "bags",
+    _bags,
+    images=False,
+    seeded=True,
+    description="bags of instance features (multiple-instance learning, --data-dir)",
+)
+register_dataset(
+    "table",
+    _table,
+    images=False,
+    pooled=False,
+    schema=True,
+    sites=_tables_of_sites,
+    description="one CSV or Parquet file per site (--site-data) and a schema (--schema)",
+)
 
 
-def load_dataset(name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64,
-                 seed: int = 0) -> Dataset:
+def load_dataset(
+    name: str, data_dir=None, *, image_size: int = 32, max_bag_size: int = 64, seed: int = 0
+) -> Dataset:
     """Load data set ``name`` (searched as the module doc says) through :data:`DATASETS`; ConfigError naming
     the choices if there is no such data set, DataError if it is missing or unreadable."""
     return DATASETS.get(name)(data_dir, image_size=image_size, max_bag_size=max_bag_size, seed=seed)
 
 
-def load_sites(name: str, paths: list[str], *, schema: str | None = None, image_size: int = 32,
-               test_data: str | None = None, test_fraction: float = 0.2, seed: int = 0):
+def load_sites(
+    name: str,
+    paths: list[str],
+    *,
+    schema: str | None = None,
+    image_size: int = 32,
+    test_data: str | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+):
     """Per-site sources (:class:`silofl.data.sites.SiteSources`) of data set ``name``, by its ``sites``
     loader; ConfigError if it reads no per-site sources."""
     sites = dataset_meta(name).get("sites")
     if sites is None:
         takers = " or ".join(n for n in DATASETS.names() if dataset_meta(n)["site_data"])
         raise ConfigError(f"--site-data takes {takers} sources, not dataset {name!r}")
-    return sites(paths, schema=schema, image_size=image_size, test_data=test_data,
-                 test_fraction=test_fraction, seed=seed)
+    return sites(
+        paths,
+        schema=schema,
+        image_size=image_size,
+        test_data=test_data,
+        test_fraction=test_fraction,
+        seed=seed,
+    )

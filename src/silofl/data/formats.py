@@ -38,14 +38,21 @@ def _files(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
 
 
-def image_tree(data_dir, classes: list[str] | None = None, seed: int = 0, test_fraction: float = 0.2,
-               what: str = "image folder") -> tuple[list[str], list[tuple[Path, int]], list[tuple[Path, int]]]:
+def image_tree(
+    data_dir,
+    classes: list[str] | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    what: str = "image folder",
+) -> tuple[list[str], list[tuple[Path, int]], list[tuple[Path, int]]]:
     """(classes, training items, test items) of an image tree ``ROOT/<class>/…`` (seeded split) or
     ``ROOT/train/<class>/…`` + ``ROOT/test/<class>/…``; items are (file, class index). ``classes``: the
     class list agreed by the collaboration (a folder may lack some); else the tree's sorted sub-folders."""
     if not data_dir or not Path(data_dir).is_dir():
-        raise DataError(f"{what} {str(data_dir)!r} not found; pass a folder ROOT with ROOT/<class>/ images "
-                        "(or ROOT/train/<class>/ and ROOT/test/<class>/)")
+        raise DataError(
+            f"{what} {str(data_dir)!r} not found; pass a folder ROOT with ROOT/<class>/ images "
+            "(or ROOT/train/<class>/ and ROOT/test/<class>/)"
+        )
     root = Path(data_dir)
     split_dirs = (root / "train").is_dir() and (root / "test").is_dir()
     train_root = root / "train" if split_dirs else root
@@ -57,11 +64,15 @@ def image_tree(data_dir, classes: list[str] | None = None, seed: int = 0, test_f
     else:
         stray = sorted(set(own) - set(classes))
         if stray:
-            raise DataError(f"{train_root}: class folder {stray[0]!r} is not one of the classes {', '.join(classes)}")
+            raise DataError(
+                f"{train_root}: class folder {stray[0]!r} is not one of the classes {', '.join(classes)}"
+            )
     if split_dirs:
         test_classes = [d.name for d in _class_dirs(root / "test")]
         if not set(test_classes) <= set(classes):
-            raise DataError(f"test classes {sorted(set(test_classes) - set(classes))} have no training folder")
+            raise DataError(
+                f"test classes {sorted(set(test_classes) - set(classes))} have no training folder"
+            )
 
     def gather(base: Path) -> list[tuple[Path, int]]:
         items = []
@@ -79,13 +90,15 @@ def image_tree(data_dir, classes: list[str] | None = None, seed: int = 0, test_f
         test_items = [train_items[i] for i in perm[:n_test]]
         train_items = [train_items[i] for i in sorted(perm[n_test:])]
     if not train_items or not test_items:
-        raise DataError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) found under {root} (or too few to hold "
-                        "some out for testing)")
+        raise DataError(
+            f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) found under {root} (or too few to hold "
+            "some out for testing)"
+        )
     return list(classes), train_items, test_items
 
 
 def image_mode(files: list[Path]) -> str:
-    """"L" when every image is grey, else "RGB"."""
+    """ "L" when every image is grey, else "RGB"."""
     from PIL import Image, UnidentifiedImageError
 
     for f in files:
@@ -107,8 +120,12 @@ def read_images(files: list[Path], image_size: int, mode: str) -> np.ndarray:
     for f in files:
         try:
             with Image.open(f) as im:
-                arrs.append(np.asarray(im.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR),
-                                       dtype=np.float32))
+                arrs.append(
+                    np.asarray(
+                        im.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR),
+                        dtype=np.float32,
+                    )
+                )
         except (UnidentifiedImageError, OSError) as e:
             raise DataError(f"cannot read image {f}: {e}") from None
     arr = np.stack(arrs) / 255.0
@@ -125,12 +142,26 @@ def load_image_folder(data_dir, image_size: int = 32, seed: int = 0, test_fracti
     mean = torch.full((1, channels, 1, 1), PUBLIC_MEAN, dtype=x_tr.dtype)
     std = torch.full((1, channels, 1, 1), PUBLIC_STD, dtype=x_tr.dtype)
     return Dataset(
-        name="folder", x_train=(x_tr - mean) / std, y_train=torch.tensor([k for _, k in train_items]),
-        x_test=(x_te - mean) / std, y_test=torch.tensor([k for _, k in test_items]), num_classes=len(classes),
-        source=str(data_dir), class_names=classes,
-        preprocessing={"format": "silofl.preprocessing/1", "kind": "image", "image_size": image_size, "mode": mode,
-                       "mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "classes": classes,
-                       "rows": len(train_items), "site": "", "site_statistics": []},
+        name="folder",
+        x_train=(x_tr - mean) / std,
+        y_train=torch.tensor([k for _, k in train_items]),
+        x_test=(x_te - mean) / std,
+        y_test=torch.tensor([k for _, k in test_items]),
+        num_classes=len(classes),
+        source=str(data_dir),
+        class_names=classes,
+        preprocessing={
+            "format": "silofl.preprocessing/1",
+            "kind": "image",
+            "image_size": image_size,
+            "mode": mode,
+            "mean": mean.flatten().tolist(),
+            "std": std.flatten().tolist(),
+            "classes": classes,
+            "rows": len(train_items),
+            "site": "",
+            "site_statistics": [],
+        },
     )
 
 
@@ -140,20 +171,27 @@ def load_bags(data_dir, max_bag_size: int = 64, seed: int = 0, test_fraction: fl
     if p is not None and p.is_dir():
         p = p / "bags.npz"
     if p is None or not p.is_file():
-        raise DataError(f"bag data not found at {data_dir!r}; pass --data-dir FILE.npz with arrays features, bag, "
-                        "labels[, sites, split] (HDF5: convert to .npz; h5py is not a dependency)")
+        raise DataError(
+            f"bag data not found at {data_dir!r}; pass --data-dir FILE.npz with arrays features, bag, "
+            "labels[, sites, split] (HDF5: convert to .npz; h5py is not a dependency)"
+        )
     try:
         with np.load(p, allow_pickle=False) as z:
             feats, bag, labels = z["features"], z["bag"].astype(np.int64), z["labels"].astype(np.int64)
             sites = z["sites"] if "sites" in z else np.zeros(len(labels), dtype=np.int64)
             split = z["split"] if "split" in z else None
     except KeyError as e:
-        raise DataError(f"{p} lacks array {e}; it needs features, bag, labels (optional: sites, split)") from None
+        raise DataError(
+            f"{p} lacks array {e}; it needs features, bag, labels (optional: sites, split)"
+        ) from None
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read {p}: {e}") from None
     B = len(labels)
     if feats.ndim != 2 or len(bag) != len(feats):
-        raise DataError(f"{p}: features must be instances × d and bag one id per instance, got {feats.shape} and {bag.shape}")
+        raise DataError(
+            f"{p}: features must be instances × d and bag one id per instance, got {feats.shape} and "
+            f"{bag.shape}"
+        )
     if bag.min() < 0 or bag.max() >= B or len(sites) != B:
         raise DataError(f"{p}: bag ids must lie in 0…{B - 1} (one label and one site per bag)")
     if not np.isfinite(feats).all():
@@ -183,8 +221,15 @@ def load_bags(data_dir, max_bag_size: int = 64, seed: int = 0, test_fraction: fl
     xt, yt = torch.from_numpy(x), torch.from_numpy(labels)
     tr, te = np.flatnonzero(~is_test), np.flatnonzero(is_test)
     return Dataset(
-        name="bags", x_train=xt[tr], y_train=yt[tr], x_test=xt[te], y_test=yt[te],
-        num_classes=int(labels.max()) + 1, source=str(p), groups=sites[tr], test_groups=sites[te],
+        name="bags",
+        x_train=xt[tr],
+        y_train=yt[tr],
+        x_test=xt[te],
+        y_test=yt[te],
+        num_classes=int(labels.max()) + 1,
+        source=str(p),
+        groups=sites[tr],
+        test_groups=sites[te],
     )
 
 
@@ -193,11 +238,15 @@ def site_split(data, n_clients: int) -> tuple[list[np.ndarray], list[np.ndarray]
     external test idx, site names). External = test bags of the sites no client trains on, or every
     test bag when all sites train."""
     if data.groups is None:
-        raise DataError(f"partition 'site' needs data with a site per example (bags with 'sites'); {data.name} has none")
+        raise DataError(
+            f"partition 'site' needs data with a site per example (bags with 'sites'); {data.name} has none"
+        )
     names, counts = np.unique(data.groups, return_counts=True)
     if len(names) < n_clients:
-        raise DataError(f"partition 'site' with {n_clients} clients, but the data has only {len(names)} sites: "
-                        f"{', '.join(names)}")
+        raise DataError(
+            f"partition 'site' with {n_clients} clients, but the data has only {len(names)} sites: "
+            f"{', '.join(names)}"
+        )
     chosen = [names[i] for i in sorted(range(len(names)), key=lambda i: (-counts[i], names[i]))[:n_clients]]
     train = [np.flatnonzero(data.groups == s) for s in chosen]
     internal = [np.flatnonzero(data.test_groups == s) for s in chosen]

@@ -56,7 +56,9 @@ def p_major(
                 f"{len(minor_pool)}, but p_major={p} with {n_per_client} examples per client needs "
                 f"{n_major} and {n_minor}; use fewer clients or fewer examples per client"
             )
-        idx = np.concatenate([rng.choice(major_pool, n_major, replace=False), rng.choice(minor_pool, n_minor, replace=False)])
+        idx = np.concatenate(
+            [rng.choice(major_pool, n_major, replace=False), rng.choice(minor_pool, n_minor, replace=False)]
+        )
         available[idx] = False
         shards.append(np.sort(idx))
     return shards
@@ -89,7 +91,14 @@ def dirichlet(
 
 
 def partition(
-    name: str, labels: np.ndarray, n_clients: int, n_per_client: int, rng: np.random.Generator, *, p: float = 0.8, alpha: float = 0.5
+    name: str,
+    labels: np.ndarray,
+    n_clients: int,
+    n_per_client: int,
+    rng: np.random.Generator,
+    *,
+    p: float = 0.8,
+    alpha: float = 0.5,
 ) -> list[np.ndarray]:
     """One index array per client by the named partitioner (p_major, iid, dirichlet)."""
     if name == "iid":

@@ -34,15 +34,22 @@ FORMAT = "silofl.preprocessing/1"
 
 
 class TableInput(nn.Module):
-    """Raw matrix (N × features, NaN = missing, categories as level indices) → model inputs (see module doc)."""
+    """Raw matrix (N × features, NaN = missing, categories as level indices) → model inputs (see module
+    doc)."""
 
     center: torch.Tensor
     scale: torch.Tensor
     fill: torch.Tensor
     levels: torch.Tensor
 
-    def __init__(self, kinds: list[str], center: list[float], scale: list[float], fill: list[float],
-                 n_levels: list[int]):
+    def __init__(
+        self,
+        kinds: list[str],
+        center: list[float],
+        scale: list[float],
+        fill: list[float],
+        n_levels: list[int],
+    ):
         super().__init__()
         self.kinds, self.n_levels = list(kinds), list(n_levels)
         self.register_buffer("center", torch.tensor(center, dtype=torch.float32))
@@ -108,8 +115,10 @@ class TablePreprocessing:
                 c, s = (f.bounds[0] + f.bounds[1]) / 2, (f.bounds[1] - f.bounds[0]) / 2
             else:
                 if mean is None:
-                    raise DataError(f"site {site}: column {f.name!r} has no value at all, so scaling 'site' has no "
-                                    "mean to centre it on (declare bounds and use scaling: bounds)")
+                    raise DataError(
+                        f"site {site}: column {f.name!r} has no value at all, so scaling 'site' has no "
+                        "mean to centre it on (declare bounds and use scaling: bounds)"
+                    )
                 sd = float(seen.std())
                 c, s = mean, (sd if sd > 1e-12 else 1.0)
                 stats += [f"mean of {f.name}", f"std of {f.name}"]
@@ -148,8 +157,13 @@ class TablePreprocessing:
 
     def module(self) -> TableInput:
         """A torch module applying this preprocessing (exported with the model)."""
-        return TableInput([f.kind for f in self.schema.features], self.center, self.scale, self.fill,
-                          [len(f.levels) for f in self.schema.features])
+        return TableInput(
+            [f.kind for f in self.schema.features],
+            self.center,
+            self.scale,
+            self.fill,
+            [len(f.levels) for f in self.schema.features],
+        )
 
     @torch.no_grad()
     def transform(self, raw: np.ndarray) -> torch.Tensor:
@@ -157,33 +171,60 @@ class TablePreprocessing:
         return self.module()(torch.as_tensor(raw, dtype=torch.float32))
 
     def read(self, path: str | Path) -> tuple[torch.Tensor, np.ndarray | None, list[str]]:
-        """(raw inputs, class indices if the file has the target, row ids) of a new file, checked against the schema.
+        """(raw inputs, class indices if the file has the target, row ids) of a new file, checked against the
+        schema.
         Rows are never dropped here: a missing value where the schema does not impute is an error."""
         from silofl.data.schema import read_table
 
         schema = self.schema
-        strict = Schema(tuple(_no_drop(f) for f in schema.features), schema.target, schema.classes, schema.scaling,
-                        schema.ignore, schema.na_values, "error", schema.source)
+        strict = Schema(
+            tuple(_no_drop(f) for f in schema.features),
+            schema.target,
+            schema.classes,
+            schema.scaling,
+            schema.ignore,
+            schema.na_values,
+            "error",
+            schema.source,
+        )
         raw, y, _ = strict.check(read_table(path), str(path), need_target=False)
         return torch.as_tensor(raw, dtype=torch.float32), y, [str(i + 1) for i in range(len(raw))]
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form written to ``preprocessing.json``; ``site_statistics`` names what was fitted on site data."""
-        return {"format": FORMAT, "kind": "table", "site": self.site, "rows": self.rows,
-                "schema": self.schema.to_dict(), "columns": self.columns, "classes": self.classes,
-                "center": self.center, "scale": self.scale, "fill": [None if math.isnan(v) else v for v in self.fill],
-                "site_statistics": self.site_statistics,
-                "input": "one float32 column per schema feature, in schema order: numbers as they are (NaN where "
-                         "missing), categories as the index of their level in the schema (NaN where missing)",
-                "steps": "numeric: fill NaN (where missing: impute), then (x - center) / scale; categorical: one-hot "
-                         "over the levels (missing: all zeros); columns in schema order"}
+        """The JSON form written to ``preprocessing.json``; ``site_statistics`` names what was fitted on
+        site data."""
+        return {
+            "format": FORMAT,
+            "kind": "table",
+            "site": self.site,
+            "rows": self.rows,
+            "schema": self.schema.to_dict(),
+            "columns": self.columns,
+            "classes": self.classes,
+            "center": self.center,
+            "scale": self.scale,
+            "fill": [None if math.isnan(v) else v for v in self.fill],
+            "site_statistics": self.site_statistics,
+            "input": "one float32 column per schema feature, in schema order: numbers as they are (NaN where "
+            "missing), categories as the index of their level in the schema (NaN where missing)",
+            "steps": "numeric: fill NaN (where missing: impute), then (x - center) / scale; categorical: "
+            "one-hot "
+            "over the levels (missing: all zeros); columns in schema order",
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> TablePreprocessing:
         schema = Schema.from_dict(d["schema"], source="preprocessing.json")
         fill = [math.nan if v is None else float(v) for v in d["fill"]]
-        return cls(schema, [float(v) for v in d["center"]], [float(v) for v in d["scale"]], fill, d.get("site", ""),
-                   int(d.get("rows", 0)), list(d.get("site_statistics", [])))
+        return cls(
+            schema,
+            [float(v) for v in d["center"]],
+            [float(v) for v in d["scale"]],
+            fill,
+            d.get("site", ""),
+            int(d.get("rows", 0)),
+            list(d.get("site_statistics", [])),
+        )
 
 
 @dataclass
@@ -201,12 +242,22 @@ class ImagePreprocessing:
     kind: str = "image"
 
     @classmethod
-    def fit(cls, x: torch.Tensor, image_size: int, mode: str, classes: list[str], site: str = "") -> ImagePreprocessing:
+    def fit(
+        cls, x: torch.Tensor, image_size: int, mode: str, classes: list[str], site: str = ""
+    ) -> ImagePreprocessing:
         """Fit the per-channel mean and std on ``x``, the site's own training images in [0, 1]."""
         mean = x.mean((0, 2, 3)).tolist()
         std = x.std((0, 2, 3)).clamp(min=1e-6).tolist() if len(x) > 1 else [1.0] * x.shape[1]
-        return cls(image_size, mode, mean, std, list(classes), site, len(x),
-                   ["per-channel mean of the images", "per-channel std of the images"])
+        return cls(
+            image_size,
+            mode,
+            mean,
+            std,
+            list(classes),
+            site,
+            len(x),
+            ["per-channel mean of the images", "per-channel std of the images"],
+        )
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -223,7 +274,8 @@ class ImagePreprocessing:
         return self.module()(x)
 
     def read(self, path: str | Path) -> tuple[torch.Tensor, np.ndarray | None, list[str]]:
-        """(images in [0, 1], class indices when they sit in class-named sub-folders, file names) of a folder."""
+        """(images in [0, 1], class indices when they sit in class-named sub-folders, file names) of a
+        folder."""
         from silofl.data.formats import IMAGE_SUFFIXES, read_images
 
         root = Path(path)
@@ -239,24 +291,46 @@ class ImagePreprocessing:
         names = [str(f.relative_to(base)) for f in files]
         index = {c: i for i, c in enumerate(self.classes)}
         parents = [f.parent.name for f in files]
-        y = np.array([index[p] for p in parents]) if all(p in index for p in parents) and root.is_dir() else None
+        y = (
+            np.array([index[p] for p in parents])
+            if all(p in index for p in parents) and root.is_dir()
+            else None
+        )
         return x, y, names
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form written to ``preprocessing.json``; ``site_statistics`` names what was fitted on site data."""
-        return {"format": FORMAT, "kind": "image", "site": self.site, "rows": self.rows, "image_size": self.image_size,
-                "mode": self.mode, "mean": self.mean, "std": self.std, "classes": self.classes,
-                "site_statistics": self.site_statistics,
-                "input": f"float32 N×{self.input_shape[0]}×{self.image_size}×{self.image_size}: each image resized to "
-                         f"{self.image_size}×{self.image_size} (bilinear), {'grey' if self.mode == 'L' else 'RGB'}, "
-                         "pixel values / 255",
-                "steps": "(x - mean) / std per channel"}
+        """The JSON form written to ``preprocessing.json``; ``site_statistics`` names what was fitted on
+        site data."""
+        return {
+            "format": FORMAT,
+            "kind": "image",
+            "site": self.site,
+            "rows": self.rows,
+            "image_size": self.image_size,
+            "mode": self.mode,
+            "mean": self.mean,
+            "std": self.std,
+            "classes": self.classes,
+            "site_statistics": self.site_statistics,
+            "input": f"float32 N×{self.input_shape[0]}×{self.image_size}×{self.image_size}: each image "
+            f"resized to "
+            f"{self.image_size}×{self.image_size} (bilinear), {'grey' if self.mode == 'L' else 'RGB'}, "
+            "pixel values / 255",
+            "steps": "(x - mean) / std per channel",
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> ImagePreprocessing:
-        return cls(int(d["image_size"]), str(d["mode"]), [float(v) for v in d["mean"]], [float(v) for v in d["std"]],
-                   [str(c) for c in d["classes"]], d.get("site", ""), int(d.get("rows", 0)),
-                   list(d.get("site_statistics", [])))
+        return cls(
+            int(d["image_size"]),
+            str(d["mode"]),
+            [float(v) for v in d["mean"]],
+            [float(v) for v in d["std"]],
+            [str(c) for c in d["classes"]],
+            d.get("site", ""),
+            int(d.get("rows", 0)),
+            list(d.get("site_statistics", [])),
+        )
 
 
 Preprocessing = TablePreprocessing | ImagePreprocessing
@@ -265,7 +339,9 @@ Preprocessing = TablePreprocessing | ImagePreprocessing
 def preprocessing_from_dict(d: dict) -> Preprocessing:
     """A preprocessing from its JSON (``preprocessing.json``)."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise DataError(f"not a silofl preprocessing file (format {d.get('format') if isinstance(d, dict) else None!r})")
+        raise DataError(
+            f"not a silofl preprocessing file (format {d.get('format') if isinstance(d, dict) else None!r})"
+        )
     try:
         if d.get("kind") == "table":
             return TablePreprocessing.from_dict(d)

@@ -4,7 +4,8 @@ The schema (YAML or JSON) is the one thing about the data that every site agrees
 the feature names and types, the target and its classes, each categorical feature's levels, numeric
 bounds declared as public knowledge, and what to do with a missing value::
 
-    target: {name: species, levels: [Adelie, Chinstrap, Gentoo]}   # a regression target: {name: y, bounds: [0, 350]}
+    target: {name: species, levels: [Adelie, Chinstrap, Gentoo]}   # a regression target: {name: y, bounds:
+    [0, 350]}
     features:
       bill_length_mm: {type: numeric, bounds: [25, 65]}
       sex: {type: categorical, levels: [female, male]}
@@ -112,10 +113,14 @@ class Schema:
         where = f"schema {source}"
         if not isinstance(data, dict):
             raise DataError(f"{where} must be a mapping with 'target' and 'features'")
-        unknown = sorted(set(data) - {"format", "target", "features", "missing", "scaling", "ignore", "na_values"})
+        unknown = sorted(
+            set(data) - {"format", "target", "features", "missing", "scaling", "ignore", "na_values"}
+        )
         if unknown:
-            raise DataError(f"{where}: unknown key(s) {', '.join(unknown)} (keys: target, features, missing, scaling, "
-                            "ignore, na_values)")
+            raise DataError(
+                f"{where}: unknown key(s) {', '.join(unknown)} (keys: target, features, missing, scaling, "
+                "ignore, na_values)"
+            )
         fmt = data.get("format", FORMAT)
         if fmt != FORMAT:
             raise DataError(f"{where}: format {fmt!r} is not {FORMAT!r}")
@@ -124,21 +129,34 @@ class Schema:
             raise DataError(f"{where}: missing must be one of {', '.join(MISSING)}, got {missing!r}")
         target = data.get("target")
         if isinstance(target, str) or not isinstance(target, dict) or "name" not in target:
-            raise DataError(f"{where}: target must be a mapping {{name: COLUMN, levels: [CLASS, ...]}} (or, for "
-                            "regression, {name: COLUMN, bounds: [LOW, HIGH]})")
+            raise DataError(
+                f"{where}: target must be a mapping {{name: COLUMN, levels: [CLASS, ...]}} (or, for "
+                "regression, {name: COLUMN, bounds: [LOW, HIGH]})"
+            )
         target_bounds: tuple[float, float] | None = None
         classes: list[str] = []
         if "bounds" in target and "levels" not in target:
             b = target["bounds"]
-            if (not isinstance(b, list) or len(b) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                                  and math.isfinite(v) for v in b) or b[0] >= b[1]):
-                raise DataError(f"{where}: the regression target {target['name']!r} needs bounds [LOW, HIGH] with LOW < HIGH")
+            if (
+                not isinstance(b, list)
+                or len(b) != 2
+                or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in b
+                )
+                or b[0] >= b[1]
+            ):
+                raise DataError(
+                    f"{where}: the regression target {target['name']!r} needs bounds [LOW, HIGH] with LOW < "
+                    f"HIGH"
+                )
             target_bounds = (float(b[0]), float(b[1]))
         else:
             levels = target.get("levels")
             if not isinstance(levels, list) or len(levels) < 2:
-                raise DataError(f"{where}: the target {target['name']!r} needs at least two levels (its classes), or "
-                                "bounds for a regression target")
+                raise DataError(
+                    f"{where}: the target {target['name']!r} needs at least two levels (its classes), or "
+                    "bounds for a regression target"
+                )
             classes = [_level(c) for c in levels]
             if len(set(classes)) != len(classes):
                 raise DataError(f"{where}: the target's levels repeat a value")
@@ -165,24 +183,45 @@ class Schema:
         if scaling == "bounds":
             lacking = [f.name for f in numeric if f.bounds is None]
             if lacking:
-                raise DataError(f"{where}: scaling 'bounds' needs bounds for every numeric feature; {lacking[0]!r} has none "
-                                "(declare them, or use scaling: site)")
+                raise DataError(
+                    f"{where}: scaling 'bounds' needs bounds for every numeric feature; {lacking[0]!r} has "
+                    f"none "
+                    "(declare them, or use scaling: site)"
+                )
         ignore = data.get("ignore", [])
         if not isinstance(ignore, list):
             raise DataError(f"{where}: ignore must be a list of column names")
         na = data.get("na_values", list(NA_VALUES))
         if not isinstance(na, list):
             raise DataError(f"{where}: na_values must be a list of strings")
-        return cls(tuple(features), str(target["name"]), tuple(classes), scaling, tuple(str(c) for c in ignore),
-                   tuple(str(v) for v in na), missing, source, target_bounds)
+        return cls(
+            tuple(features),
+            str(target["name"]),
+            tuple(classes),
+            scaling,
+            tuple(str(c) for c in ignore),
+            tuple(str(v) for v in na),
+            missing,
+            source,
+            target_bounds,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The schema as plain data (what the file holds, defaults filled)."""
-        target = ({"name": self.target, "bounds": list(self.target_bounds)} if self.target_bounds is not None
-                  else {"name": self.target, "levels": list(self.classes)})
-        return {"format": FORMAT, "target": target,
-                "features": {f.name: f.to_dict() for f in self.features}, "missing": self.missing,
-                "scaling": self.scaling, "ignore": list(self.ignore), "na_values": list(self.na_values)}
+        target = (
+            {"name": self.target, "bounds": list(self.target_bounds)}
+            if self.target_bounds is not None
+            else {"name": self.target, "levels": list(self.classes)}
+        )
+        return {
+            "format": FORMAT,
+            "target": target,
+            "features": {f.name: f.to_dict() for f in self.features},
+            "missing": self.missing,
+            "scaling": self.scaling,
+            "ignore": list(self.ignore),
+            "na_values": list(self.na_values),
+        }
 
     @property
     def names(self) -> list[str]:
@@ -190,11 +229,13 @@ class Schema:
         return [f.name for f in self.features]
 
     # ------------------------------------------------------------------ a site's file
-    def check(self, df, source: str, need_target: bool = True, extra: tuple[str, ...] = (),
-              kept: list | None = None) -> tuple[np.ndarray, np.ndarray | None, int]:
+    def check(
+        self, df, source: str, need_target: bool = True, extra: tuple[str, ...] = (), kept: list | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None, int]:
         """(raw matrix, class index (or regression value) per row or None, rows dropped) of a table read by
         :func:`read_table`, checked against the schema. ``need_target``: the target column must be there
-        (training); without, it is used when present (new data to predict on). ``extra``: further columns the file
+        (training); without, it is used when present (new data to predict on). ``extra``: further columns the
+        file
         may hold (e.g. record ids); ``kept`` receives the indices of the rows kept."""
         n = len(df)
         if n == 0:
@@ -208,8 +249,11 @@ class Schema:
         known = set(self.names) | {self.target} | set(self.ignore) | set(extra)
         unexpected = [c for c in cols if c not in known]
         if unexpected:
-            raise DataError(f"{source}: column {unexpected[0]!r} is not in the schema: declare it as a feature, or list it "
-                            "under 'ignore' to skip it")
+            raise DataError(
+                f"{source}: column {unexpected[0]!r} is not in the schema: declare it as a feature, or list "
+                f"it "
+                "under 'ignore' to skip it"
+            )
         raw = np.full((n, len(self.features)), np.nan)
         drop = np.zeros(n, dtype=bool)
         for j, f in enumerate(self.features):
@@ -222,8 +266,10 @@ class Schema:
             if na.any():
                 if f.missing == "error":
                     i = int(np.flatnonzero(na)[0])
-                    raise DataError(f"{source}: column {f.name!r} is empty in row {i + 1} ({int(na.sum())} rows); the "
-                                    "schema's missing policy for it is 'error' (use 'drop' or 'impute')")
+                    raise DataError(
+                        f"{source}: column {f.name!r} is empty in row {i + 1} ({int(na.sum())} rows); the "
+                        "schema's missing policy for it is 'error' (use 'drop' or 'impute')"
+                    )
                 if f.missing == "drop":
                     drop |= na
         y = None
@@ -233,18 +279,24 @@ class Schema:
             if na.any() and need_target:
                 if self.missing != "drop":
                     i = int(np.flatnonzero(na)[0])
-                    raise DataError(f"{source}: the target {self.target!r} is empty in row {i + 1} ({int(na.sum())} "
-                                    "rows); a training row needs its class (missing: drop skips such rows)")
+                    raise DataError(
+                        f"{source}: the target {self.target!r} is empty in row {i + 1} ({int(na.sum())} "
+                        "rows); a training row needs its class (missing: drop skips such rows)"
+                    )
                 drop |= na
             if self.target_bounds is not None:
-                idx = self._numeric(col, na, Feature(self.target, "numeric", bounds=self.target_bounds), source)
+                idx = self._numeric(
+                    col, na, Feature(self.target, "numeric", bounds=self.target_bounds), source
+                )
             else:
                 idx = self._categorical(col, na, self.target, self.classes, source)
             if need_target or not na.any():
                 y = idx
         keep = ~drop
         if not keep.any():
-            raise DataError(f"{source}: every one of its {n} rows has a missing value the schema says to drop")
+            raise DataError(
+                f"{source}: every one of its {n} rows has a missing value the schema says to drop"
+            )
         raw = raw[keep]
         if kept is not None:
             kept.extend(np.flatnonzero(keep).tolist())
@@ -258,8 +310,13 @@ class Schema:
         if pd.api.types.is_numeric_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
             return col.isna().to_numpy()
         tokens = set(self.na_values)
-        return np.array([v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() in tokens
-                         for v in col.to_numpy(dtype=object)], dtype=bool)
+        return np.array(
+            [
+                v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() in tokens
+                for v in col.to_numpy(dtype=object)
+            ],
+            dtype=bool,
+        )
 
     @staticmethod
     def _numeric(col, na: np.ndarray, f: Feature, source: str) -> np.ndarray:
@@ -277,15 +334,20 @@ class Schema:
                 except (TypeError, ValueError):
                     x = math.nan
             if not math.isfinite(x):
-                raise DataError(f"{source}: column {f.name!r} is numeric in the schema but row {i + 1} holds {v!r}")
+                raise DataError(
+                    f"{source}: column {f.name!r} is numeric in the schema but row {i + 1} holds {v!r}"
+                )
             out[i] = x
         if f.bounds is not None:
             lo, hi = f.bounds
             bad = ~na & ((out < lo) | (out > hi))
             if bad.any():
                 first = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{source}: column {f.name!r} has {out[first]:g} in row {first + 1}, outside its declared bounds "
-                                f"[{lo:g}, {hi:g}] ({int(bad.sum())} rows out of bounds)")
+                raise DataError(
+                    f"{source}: column {f.name!r} has {out[first]:g} in row {first + 1}, outside its "
+                    f"declared bounds "
+                    f"[{lo:g}, {hi:g}] ({int(bad.sum())} rows out of bounds)"
+                )
         return out
 
     @staticmethod
@@ -297,8 +359,10 @@ class Schema:
             v = _level(values[i])
             if v not in index:
                 shown = ", ".join(levels[:8]) + (", …" if len(levels) > 8 else "")
-                raise DataError(f"{source}: column {name!r} has value {v!r} in row {i + 1}, not one of its levels "
-                                f"({shown}); add it to the schema if it is valid")
+                raise DataError(
+                    f"{source}: column {name!r} has value {v!r} in row {i + 1}, not one of its levels "
+                    f"({shown}); add it to the schema if it is valid"
+                )
             out[i] = index[v]
         return out
 
@@ -326,7 +390,9 @@ def _feature(item: dict, default_missing: str, where: str) -> Feature:
         raise DataError(f"{where}: feature {name!r} has type {kind!r}; use numeric or categorical")
     missing = item.get("missing", default_missing)
     if missing not in MISSING:
-        raise DataError(f"{where}: feature {name!r}: missing must be one of {', '.join(MISSING)}, got {missing!r}")
+        raise DataError(
+            f"{where}: feature {name!r}: missing must be one of {', '.join(MISSING)}, got {missing!r}"
+        )
     levels: tuple[str, ...] = ()
     bounds = fill = None
     if kind == "categorical":
@@ -350,13 +416,17 @@ def _feature(item: dict, default_missing: str, where: str) -> Feature:
             except (TypeError, ValueError, IndexError, KeyError):
                 raise DataError(f"{where}: feature {name!r}: bounds must be [low, high], got {b!r}") from None
             if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise DataError(f"{where}: feature {name!r}: bounds need finite low < high, got [{lo:g}, {hi:g}]")
+                raise DataError(
+                    f"{where}: feature {name!r}: bounds need finite low < high, got [{lo:g}, {hi:g}]"
+                )
             bounds = (lo, hi)
         if "fill" in item:
             try:
                 fill = float(item["fill"])
             except (TypeError, ValueError):
-                raise DataError(f"{where}: feature {name!r}: fill must be a number, got {item['fill']!r}") from None
+                raise DataError(
+                    f"{where}: feature {name!r}: fill must be a number, got {item['fill']!r}"
+                ) from None
             if bounds is not None and not bounds[0] <= fill <= bounds[1]:
                 raise DataError(f"{where}: feature {name!r}: fill {fill:g} lies outside its bounds")
     return Feature(name, kind, levels, bounds, missing, fill)
@@ -370,7 +440,8 @@ def is_table(path: str | Path) -> bool:
 
 
 def read_table(path: str | Path):
-    """A CSV (header row; comma, or tab for .tsv) or Parquet file as a pandas DataFrame. CSV cells stay text (the
+    """A CSV (header row; comma, or tab for .tsv) or Parquet file as a pandas DataFrame. CSV cells stay text
+    (the
     schema decides types); a DataError names the file when it cannot be read."""
     import pandas as pd
 

@@ -56,23 +56,33 @@ def site_names(paths: list[str]) -> list[str]:
 
 
 def holdout(n: int, fraction: float, seed: int, site: int, source: str) -> tuple[np.ndarray, np.ndarray]:
-    """(training rows, internal test rows) of a site with ``n`` rows: a seeded random ``fraction`` held out, drawn
+    """(training rows, internal test rows) of a site with ``n`` rows: a seeded random ``fraction`` held out,
+    drawn
     from the site's own stream (seed, site index), so it does not depend on the other sites."""
     n_test = int(round(n * fraction))
     if n_test < 1 or n - n_test < 1:
-        raise DataError(f"{source}: {n} rows are too few to hold out {fraction:g} of them as the site's internal "
-                        "test set and train on the rest")
+        raise DataError(
+            f"{source}: {n} rows are too few to hold out {fraction:g} of them as the site's internal "
+            "test set and train on the rest"
+        )
     perm = np.random.default_rng([seed, site]).permutation(n)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def load_site_tables(schema_path: str, paths: list[str], test_path: str | None = None, test_fraction: float = 0.2,
-                     seed: int = 0) -> SiteSources:
+def load_site_tables(
+    schema_path: str,
+    paths: list[str],
+    test_path: str | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> SiteSources:
     """Every site's table, checked against the schema at ``schema_path`` (see the module doc)."""
     schema = Schema.load(schema_path)
     if schema.task != "classification":
-        raise DataError(f"schema {schema_path}: the federated methods train classifiers; a regression target is for "
-                        "PubSub-ML (silofl pubsub publish --schema)")
+        raise DataError(
+            f"schema {schema_path}: the federated methods train classifiers; a regression target is for "
+            "PubSub-ML (silofl pubsub publish --schema)"
+        )
     names = site_names(paths)
     raws, ys, dropped, splits = [], [], [], []
     for k, p in enumerate(paths):
@@ -84,7 +94,10 @@ def load_site_tables(schema_path: str, paths: list[str], test_path: str | None =
         ys.append(y)
         dropped.append(n_drop)
         splits.append(holdout(len(y), test_fraction, seed, k, p))
-    preps = [TablePreprocessing.fit(schema, raw[tr], site=names[k]) for k, (raw, (tr, _)) in enumerate(zip(raws, splits, strict=True))]
+    preps = [
+        TablePreprocessing.fit(schema, raw[tr], site=names[k])
+        for k, (raw, (tr, _)) in enumerate(zip(raws, splits, strict=True))
+    ]
     if test_path:
         ext_raw, ext_y, _ = schema.check(read_table(test_path), test_path)
         assert ext_y is not None
@@ -92,20 +105,38 @@ def load_site_tables(schema_path: str, paths: list[str], test_path: str | None =
     else:
         ext_raw = np.concatenate([raw[te] for raw, (_, te) in zip(raws, splits, strict=True)])
         ext_y = np.concatenate([y[te] for y, (_, te) in zip(ys, splits, strict=True)])
-        test_set = ("the union of the sites' held-out rows (a simulation figure: each site's own held-out rows are its "
-                    "internal test set; no site trains on another's rows)")
+        test_set = (
+            "the union of the sites' held-out rows (a simulation figure: each site's own held-out rows are "
+            "its "
+            "internal test set; no site trains on another's rows)"
+        )
     parts, internal, external = [], [], []
     for k, prep in enumerate(preps):
         tr, te = splits[k]
         parts.append((prep.transform(raws[k][tr]), torch.from_numpy(ys[k][tr])))
         internal.append((prep.transform(raws[k][te]), torch.from_numpy(ys[k][te])))
         external.append((prep.transform(ext_raw), torch.from_numpy(ext_y)))
-    return SiteSources(names, parts, internal, external, list(preps), list(schema.classes), preps[0].input_shape,
-                       test_set, list(paths), dropped)
+    return SiteSources(
+        names,
+        parts,
+        internal,
+        external,
+        list(preps),
+        list(schema.classes),
+        preps[0].input_shape,
+        test_set,
+        list(paths),
+        dropped,
+    )
 
 
-def load_site_images(paths: list[str], image_size: int = 32, test_path: str | None = None, test_fraction: float = 0.2,
-                     seed: int = 0) -> SiteSources:
+def load_site_images(
+    paths: list[str],
+    image_size: int = 32,
+    test_path: str | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> SiteSources:
     """Every site's image folder (``<class>/…`` or ``train/`` + ``test/``). The classes are the union of the
     sites' class folder names (the label set the collaboration agrees on); images are RGB if any site's are
     colour, else grey; each site standardises with its own training images' statistics."""
@@ -113,17 +144,23 @@ def load_site_images(paths: list[str], image_size: int = 32, test_path: str | No
 
     for p in paths:
         if not Path(p).is_dir():
-            raise DataError(f"site folder {p!r} not found; --site-data takes one image folder per site "
-                            "(ROOT/<class>/ images, or ROOT/train/<class>/ and ROOT/test/<class>/)")
+            raise DataError(
+                f"site folder {p!r} not found; --site-data takes one image folder per site "
+                "(ROOT/<class>/ images, or ROOT/train/<class>/ and ROOT/test/<class>/)"
+            )
     names = site_names(paths)
-    roots = [Path(p) / "train" if (Path(p) / "train").is_dir() and (Path(p) / "test").is_dir() else Path(p)
-             for p in paths]
+    roots = [
+        Path(p) / "train" if (Path(p) / "train").is_dir() and (Path(p) / "test").is_dir() else Path(p)
+        for p in paths
+    ]
     classes = sorted({d.name for r in roots for d in _class_dirs(r)})
     if len(classes) < 2:
         raise DataError(f"the site folders name fewer than two classes ({', '.join(classes) or 'none'})")
     trees = []
     for k, p in enumerate(paths):
-        _, tr, te = image_tree(p, classes=classes, seed=seed * 1000 + k, test_fraction=test_fraction, what="site folder")
+        _, tr, te = image_tree(
+            p, classes=classes, seed=seed * 1000 + k, test_fraction=test_fraction, what="site folder"
+        )
         trees.append((tr, te))
     ext_items = None
     if test_path:
@@ -143,13 +180,28 @@ def load_site_images(paths: list[str], image_size: int = 32, test_path: str | No
         internal.append((prep.transform(x_te), torch.tensor([c for _, c in te])))
         tests.append((x_te, torch.tensor([c for _, c in te])))
     if ext_items is not None:
-        ext = (torch.from_numpy(read_images([f for f, _ in ext_items], image_size, mode)),
-               torch.tensor([c for _, c in ext_items]))
+        ext = (
+            torch.from_numpy(read_images([f for f, _ in ext_items], image_size, mode)),
+            torch.tensor([c for _, c in ext_items]),
+        )
         test_set = f"external: {test_path} (no site trains on it)"
     else:
         ext = (torch.cat([t[0] for t in tests]), torch.cat([t[1] for t in tests]))
-        test_set = ("the union of the sites' held-out images (a simulation figure: each site's own held-out images are "
-                    "its internal test set; no site trains on another's images)")
+        test_set = (
+            "the union of the sites' held-out images (a simulation figure: each site's own held-out images "
+            "are "
+            "its internal test set; no site trains on another's images)"
+        )
     external = [(prep.transform(ext[0]), ext[1]) for prep in preps]
-    return SiteSources(names, parts, internal, external, list(preps), classes, preps[0].input_shape, test_set,
-                       list(paths), [0] * len(paths))
+    return SiteSources(
+        names,
+        parts,
+        internal,
+        external,
+        list(preps),
+        classes,
+        preps[0].input_shape,
+        test_set,
+        list(paths),
+        [0] * len(paths),
+    )

@@ -59,21 +59,36 @@ class FlowerEngine(Engine):
 
     def __init__(self, grid, nodes: dict[int, int], timeout_s: float, security: dict, poll_s: float = 0.02):
         super().__init__(sorted(nodes))
-        # poll_s: how often the replies are pulled from the SuperLink while a step is out (one request for all the
+        # poll_s: how often the replies are pulled from the SuperLink while a step is out (one request for all
+        # the
         # sites still pending); a paced SuperNode picks a message up within tens of milliseconds (flower_shim)
-        self.grid, self.nodes, self.timeout_s, self.security, self.poll_s = grid, nodes, timeout_s, security, poll_s
-        self.wire_sent: dict[int, int] = {k: 0 for k in nodes}  # frame bytes to / from each site, sealing included
+        self.grid, self.nodes, self.timeout_s, self.security, self.poll_s = (
+            grid,
+            nodes,
+            timeout_s,
+            security,
+            poll_s,
+        )
+        self.wire_sent: dict[int, int] = {
+            k: 0 for k in nodes
+        }  # frame bytes to / from each site, sealing included
         self.wire_received: dict[int, int] = {k: 0 for k in nodes}
         self.receive_seconds: dict[str, float] = {}
         self.refused: list[dict] = []
         self.round = 0
         self.status_path: Path | None = None  # where the round in progress is written (deploy's progress bar)
         self.cards: list[dict] = []  # the sites' pinned public cards (join)
-        self.setup_meta: dict | None = None  # the run as every site was sent it (join); a rejoining site gets it too
+        self.setup_meta: dict | None = (
+            None  # the run as every site was sent it (join); a rejoining site gets it too
+        )
         self.rejoin_timeout_s = min(60.0, timeout_s)
-        self.seal_key = self.sign_key = None  # the coordinator's keys (load_keys): a server role's payloads are sealed
+        self.seal_key = self.sign_key = (
+            None  # the coordinator's keys (load_keys): a server role's payloads are sealed
+        )
         self.guard = sealing.ReplayGuard()
-        self.heads = None  # the last ledger head each site announced (a HeadStore in the coordinator's state folder)
+        self.heads = (
+            None  # the last ledger head each site announced (a HeadStore in the coordinator's state folder)
+        )
 
     def load_keys(self, folder: str | Path) -> None:
         """The coordinator's sealing keys (:func:`silofl.deploy.pki.make_coordinator_keys`)."""
@@ -92,12 +107,15 @@ class FlowerEngine(Engine):
         return str(self.setup_meta["run_id"])
 
     def seal_server(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
-        """Every packet a server role sends, sealed to its site and signed with the coordinator's key (sites take a
+        """Every packet a server role sends, sealed to its site and signed with the coordinator's key (sites
+        take a
         server's model only so); in a batch, each part's under its own step and round."""
         out = {}
         for k, m in requests.items():
             if step == batch.BATCH:
-                parts = [(s, self._seal(s, pm.meta.get("round", self.round), k, pm)) for s, pm in batch.split(m)]
+                parts = [
+                    (s, self._seal(s, pm.meta.get("round", self.round), k, pm)) for s, pm in batch.split(m)
+                ]
                 out[k] = batch.make(parts)
             else:
                 out[k] = self._seal(step, self.round, k, m)
@@ -118,28 +136,53 @@ class FlowerEngine(Engine):
             i = count.get(p.dst, 0)
             count[p.dst] = i + 1
             card = self.cards[k]
-            packets.append(Packet(p.src, p.dst, sealing.seal(
-                p.data, run_id=self._run_id(), src=COORDINATOR, dst=card["name"], rnd=int(rnd), step=step, index=i,
-                sign_key=self.sign_key, recipient=load_public(card["seal"], "x25519"))))
+            packets.append(
+                Packet(
+                    p.src,
+                    p.dst,
+                    sealing.seal(
+                        p.data,
+                        run_id=self._run_id(),
+                        src=COORDINATOR,
+                        dst=card["name"],
+                        rnd=int(rnd),
+                        step=step,
+                        index=i,
+                        sign_key=self.sign_key,
+                        recipient=load_public(card["seal"], "x25519"),
+                    ),
+                )
+            )
         return Message(m.meta, packets)
 
     def open_upload(self, k: int, p: Packet) -> Packet | None:
-        """A site's payload to a server role, opened (sealed to the coordinator's key by the site's pinned key);
+        """A site's payload to a server role, opened (sealed to the coordinator's key by the site's pinned
+        key);
         None (recorded) if it is not."""
         from silofl.deploy.pki import load_public
 
         name = self.cards[k]["name"]
         try:
             if self.seal_key is None:
-                raise PeerModelRejected("the coordinator has no key to open a site's upload (coordinator_keys)")
+                raise PeerModelRejected(
+                    "the coordinator has no key to open a site's upload (coordinator_keys)"
+                )
             header = sealing.header_of(p.data)
             self.guard.check(name, header, self.round)
-            _, data = sealing.open_sealed(p.data, run_id=self._run_id(), src=name, dst=COORDINATOR,
-                                          seal_key=self.seal_key, sender=load_public(self.cards[k]["sign"], "ed25519"))
+            _, data = sealing.open_sealed(
+                p.data,
+                run_id=self._run_id(),
+                src=name,
+                dst=COORDINATOR,
+                seal_key=self.seal_key,
+                sender=load_public(self.cards[k]["sign"], "ed25519"),
+            )
             self.guard.mark(name, header, self.round)
         except PeerModelRejected as e:
             log.warning("the coordinator refused an upload of site %d: %s", k, e)
-            self.refused.append({"client": self.server_id(), "round": self.round, "reason": f"from site {k}: {e}"[:300]})
+            self.refused.append(
+                {"client": self.server_id(), "round": self.round, "reason": f"from site {k}: {e}"[:300]}
+            )
             return None
         return Packet(p.src, p.dst, data)
 
@@ -156,8 +199,9 @@ class FlowerEngine(Engine):
         try:
             if not (isinstance(head, dict) and {"epoch", "entries", "mac"} <= set(head)):
                 raise ValueError("malformed head")
-            load_public(self.cards[k]["sign"], "ed25519").verify(bytes.fromhex(str(sig)),
-                                                                 head_text(self._run_id(), name, head))
+            load_public(self.cards[k]["sign"], "ed25519").verify(
+                bytes.fromhex(str(sig)), head_text(self._run_id(), name, head)
+            )
             self.heads.accept(name, head)
         except (InvalidSignature, ValueError, TypeError, SiloflError) as e:
             log.warning("site %d announced a ledger head the coordinator does not keep: %s", k, e)
@@ -172,13 +216,21 @@ class FlowerEngine(Engine):
         return len(self.nodes) + 1
 
     def describe(self) -> dict:
-        return {"name": self.name, "processes": self.processes, "flwr": _flwr_version(), **self.security,
-                "frame_bytes_to_sites": {str(k): v for k, v in self.wire_sent.items()},
-                "frame_bytes_from_sites": {str(k): v for k, v in self.wire_received.items()},
-                "relay_sees": "message sizes and timing, the step names, who sends to whom in which round, and the "
-                              "figures sites choose to report; never a payload between sites (sealed end to end)"}
+        return {
+            "name": self.name,
+            "processes": self.processes,
+            "flwr": _flwr_version(),
+            **self.security,
+            "frame_bytes_to_sites": {str(k): v for k, v in self.wire_sent.items()},
+            "frame_bytes_from_sites": {str(k): v for k, v in self.wire_received.items()},
+            "relay_sees": "message sizes and timing, the step names, who sends to whom in which round, and "
+            "the "
+            "figures sites choose to report; never a payload between sites (sealed end to end)",
+        }
 
-    def exchange(self, step: str, requests: dict[int, Message], timeout_s: float | None = None) -> dict[int, Message]:
+    def exchange(
+        self, step: str, requests: dict[int, Message], timeout_s: float | None = None
+    ) -> dict[int, Message]:
         """Send each addressed site its request and wait for the replies (lost sites are recorded)."""
         from flwr.app import ConfigRecord, RecordDict
         from flwr.app import Message as FlwrMessage
@@ -187,8 +239,14 @@ class FlowerEngine(Engine):
         for k, m in requests.items():
             frame = pack(step, {k: m})
             self.wire_sent[k] = self.wire_sent.get(k, 0) + len(frame)
-            msgs.append(FlwrMessage(RecordDict({"silofl": ConfigRecord({"frame": frame})}), dst_node_id=self.nodes[k],
-                                    message_type=MESSAGE_TYPE, group_id=str(self.round)))
+            msgs.append(
+                FlwrMessage(
+                    RecordDict({"silofl": ConfigRecord({"frame": frame})}),
+                    dst_node_id=self.nodes[k],
+                    message_type=MESSAGE_TYPE,
+                    group_id=str(self.round),
+                )
+            )
         t0 = time.perf_counter()
         for k, mid in zip(requests, self.grid.push_messages(msgs), strict=True):
             ids[mid] = k
@@ -202,7 +260,9 @@ class FlowerEngine(Engine):
                     continue
                 pending.discard(mid)
                 k = ids[mid]
-                self.receive_seconds[str(k)] = self.receive_seconds.get(str(k), 0.0) + time.perf_counter() - t0
+                self.receive_seconds[str(k)] = (
+                    self.receive_seconds.get(str(k), 0.0) + time.perf_counter() - t0
+                )
                 reply = self._reply(k, step, r)
                 if reply is not None:
                     replies[k] = reply
@@ -210,8 +270,14 @@ class FlowerEngine(Engine):
                 time.sleep(self.poll_s)
         for mid in pending:
             self._lose(ids[mid], f"no answer within {timeout_s or self.timeout_s:g} s")
-        log.debug("step %s round %d: %d sites answered in %.3f s (sent at %.3f)", step, self.round, len(replies),
-                 time.perf_counter() - t0, time.time() - (time.perf_counter() - t0))
+        log.debug(
+            "step %s round %d: %d sites answered in %.3f s (sent at %.3f)",
+            step,
+            self.round,
+            len(replies),
+            time.perf_counter() - t0,
+            time.time() - (time.perf_counter() - t0),
+        )
         return replies
 
     def _reply(self, k: int, step: str, r) -> Message | None:
@@ -225,7 +291,8 @@ class FlowerEngine(Engine):
         return self.reply_of(k, step, frame)
 
     def reply_of(self, k: int, step: str, frame) -> Message | None:
-        """Site ``k``'s reply in ``frame``, checked; None (and the site lost, with the reason) if it is malformed,
+        """Site ``k``'s reply in ``frame``, checked; None (and the site lost, with the reason) if it is
+        malformed,
         a refusal, an answer to another step or for another site, or speaks for another node."""
         try:
             if not isinstance(frame, bytes):
@@ -253,7 +320,8 @@ class FlowerEngine(Engine):
         return None if any(m is None for m in accepted) else batch.reply(accepted)  # type: ignore[arg-type]
 
     def _accept(self, k: int, reply: Message) -> Message | None:
-        """One reply of site ``k`` (or one part of its batch reply), checked: uploads opened, its ledger head kept."""
+        """One reply of site ``k`` (or one part of its batch reply), checked: uploads opened, its ledger
+        head kept."""
         for p in reply.packets:
             if p.src != k:  # a site speaks only for itself
                 self._lose(k, f"sent a packet as node {p.src}")
@@ -268,7 +336,8 @@ class FlowerEngine(Engine):
         return reply
 
     def rejoin_ready(self, rnd: int, candidates: set[int]) -> list[int]:
-        """Lost sites whose node is connected again: greeted (signed hello), sent the run with ``resume`` (the site
+        """Lost sites whose node is connected again: greeted (signed hello), sent the run with ``resume`` (the
+        site
         restores its latest checkpoint from its own folder; its ledger keeps its spend); those that joined."""
         if not self.lost or self.setup_meta is None:
             return []
@@ -284,7 +353,9 @@ class FlowerEngine(Engine):
             why = self.lost.pop(k)
             try:
                 hello = greet(self, [k], self.cards, self.rejoin_timeout_s)
-                if k not in self.exchange(SETUP, {k: Message({**self.setup_meta, "resume": True})}, self.rejoin_timeout_s):
+                if k not in self.exchange(
+                    SETUP, {k: Message({**self.setup_meta, "resume": True})}, self.rejoin_timeout_s
+                ):
                     raise SiloflError(self.lost.get(k, "no answer"))
                 keep_heads(self, hello, [k])
             except SiloflError as e:
@@ -344,8 +415,15 @@ def serve_run(grid, coordinator_path: str) -> dict:
         status.write_text(json.dumps({"state": "done", "rounds_run": summary["rounds_run"]}))
         return summary
     except BaseException as e:
-        status.write_text(json.dumps({"state": "failed", "error": f"{type(e).__name__}: {e}",
-                                      "traceback": traceback.format_exc()[-4000:]}))
+        status.write_text(
+            json.dumps(
+                {
+                    "state": "failed",
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-4000:],
+                }
+            )
+        )
         raise
 
 
@@ -363,8 +441,11 @@ def _serve(grid, spec: dict, status: Path) -> dict:
     return run(cfg, progress=False, engine_factory=lambda make, n: engine, remote=remote)
 
 
-def greet(engine: FlowerEngine, ks: list[int], cards: list[dict], timeout_s: float | None = None) -> dict[int, Message]:
-    """Each site's hello, its signature over a fresh nonce checked against its pinned key; SiloflError if a site
+def greet(
+    engine: FlowerEngine, ks: list[int], cards: list[dict], timeout_s: float | None = None
+) -> dict[int, Message]:
+    """Each site's hello, its signature over a fresh nonce checked against its pinned key; SiloflError if a
+    site
     does not answer or answers without its key."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -381,10 +462,15 @@ def greet(engine: FlowerEngine, ks: list[int], cards: list[dict], timeout_s: flo
             if not (isinstance(head, dict) and {"epoch", "entries", "mac"} <= set(head)):
                 raise ValueError("no ledger head")
             ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(cards[k]["sign"])).verify(
-                bytes.fromhex(str(h.meta.get("signature", ""))), hello_text(nonce, name, head))
+                bytes.fromhex(str(h.meta.get("signature", ""))), hello_text(nonce, name, head)
+            )
         except (InvalidSignature, ValueError, TypeError):
-            raise SiloflError(f"node {engine.nodes[k]} answered for site {name} without its pinned key") from None
-        if engine.heads is not None:  # a site whose ledger is older than the head it announced before is refused
+            raise SiloflError(
+                f"node {engine.nodes[k]} answered for site {name} without its pinned key"
+            ) from None
+        if (
+            engine.heads is not None
+        ):  # a site whose ledger is older than the head it announced before is refused
             try:
                 engine.heads.check(name, head)
             except SiloflError as e:
@@ -400,7 +486,8 @@ def keep_heads(engine: FlowerEngine, hellos: dict[int, Message], ks) -> None:
 
 
 def join(engine: FlowerEngine, spec: dict):
-    """Greet every site (its signed hello checked against its pinned key), fill the run's data-dependent settings
+    """Greet every site (its signed hello checked against its pinned key), fill the run's data-dependent
+    settings
     from the sizes the sites declare, and send every site the run, which each decides to join or refuses;
     (the config, the :class:`RemoteSplit`). SiloflError if a site is missing, impersonated or refuses."""
     from silofl.privacy.ledger import HeadStore
@@ -415,14 +502,19 @@ def join(engine: FlowerEngine, spec: dict):
         engine.heads = HeadStore(Path(spec["state_dir"]) / "ledger_heads.json")
     hellos = greet(engine, list(nodes), sites)
     try:
-        shapes = {(tuple(_count(v, "input shape") for v in h.meta["input_shape"]), _count(h.meta["num_classes"], "classes"))
-                  for h in hellos.values()}
+        shapes = {
+            (
+                tuple(_count(v, "input shape") for v in h.meta["input_shape"]),
+                _count(h.meta["num_classes"], "classes"),
+            )
+            for h in hellos.values()
+        }
         sizes = [_count(hellos[k].meta["n"], "n") for k in range(len(sites))]
     except (KeyError, TypeError) as e:
         raise SiloflError(f"a site's hello is malformed: {e}") from None
     if len(shapes) != 1:
         raise ConfigError(f"the sites' data differ in input shape or classes: {sorted(shapes)}")
-    (input_shape, num_classes), = shapes
+    ((input_shape, num_classes),) = shapes
     cfg = RunConfig.from_dict(spec["config"]).resolve().with_data(sum(sizes), smallest=min(sizes))
     run_id = spec.get("run_id") or secrets.token_hex(8)
     names = [s["name"] for s in sites]
@@ -431,20 +523,30 @@ def join(engine: FlowerEngine, spec: dict):
     joined = engine.exchange(SETUP, {k: Message(dict(engine.setup_meta)) for k in nodes})
     keep_heads(engine, hellos, joined)
     if len(joined) != len(nodes):
-        raise SiloflError("sites refused the run: " + "; ".join(f"{names[k]}: {why}" for k, why in engine.lost.items()))
+        raise SiloflError(
+            "sites refused the run: " + "; ".join(f"{names[k]}: {why}" for k, why in engine.lost.items())
+        )
     # after a feature stage each site reports the shape its models read (its own features of its own data)
     try:
-        fshapes = {tuple(_count(v, "feature shape") for v in (r.meta.get("feature_shape") or input_shape)[:9])
-                   for r in joined.values()}
+        fshapes = {
+            tuple(_count(v, "feature shape") for v in (r.meta.get("feature_shape") or input_shape)[:9])
+            for r in joined.values()
+        }
     except (TypeError, AttributeError) as e:
         raise SiloflError(f"a site's setup reply is malformed: {e}") from None
     if len(fshapes) != 1:
         raise ConfigError(f"the sites' features differ in shape: {sorted(fshapes)}")
     (input_shape,) = fshapes
     internal = [None] * len(sites) if all(h.meta.get("internal") for h in hellos.values()) else None
-    remote = RemoteSplit(input_shape, num_classes, source=f"each site's own data ({', '.join(names)})",
-                         test_set="each site's own copy of the shared test set" if all(h.meta.get("test") for h in
-                                                                                        hellos.values()) else
-                         "none (the sites hold no shared test set)", sites=names, internal=internal)
+    remote = RemoteSplit(
+        input_shape,
+        num_classes,
+        source=f"each site's own data ({', '.join(names)})",
+        test_set="each site's own copy of the shared test set"
+        if all(h.meta.get("test") for h in hellos.values())
+        else "none (the sites hold no shared test set)",
+        sites=names,
+        internal=internal,
+    )
     engine.security["run_id"] = run_id
     return cfg, remote

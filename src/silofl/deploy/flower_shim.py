@@ -1,12 +1,15 @@
-"""Flower 1.41's SuperNode without its idle sleeps while a run is on: the one place silofl reaches into Flower.
+"""Flower 1.41's SuperNode without its idle sleeps while a run is on: the one place silofl reaches into
+Flower.
 
 Stock ``flower-supernode`` (``flwr/supernode/start_client_internal.py``) pulls one message at a time from the
-SuperLink and, when a pull comes back empty, sleeps a literal 3 s; while a message is being worked on it checks
+SuperLink and, when a pull comes back empty, sleeps a literal 3 s; while a message is being worked on it
+checks
 for the reply every 0.5 s. In a silofl round every site answers every step, so each step waited about 3 s for
 the last site to notice it. This module runs the same SuperNode (``python -m silofl.deploy.flower_shim ARGS``
 takes ``flower-supernode``'s arguments) with two module globals of that file replaced — nothing else:
 
-- ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` (0.1 s) while a
+- ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` (0.1 s)
+while a
   run is on (a message was pulled within the last :data:`IDLE_AFTER_S`), then backs off by doubling up to
   Flower's 3 s when idle, so K idle sites do not flood the SuperLink; the reply check waits :data:`REPLY_S`;
 - ``_pull_and_store_message``: the same function, which also rings the site's *doorbell* (a datagram on the
@@ -32,8 +35,10 @@ import warnings
 from silofl.core.extras import require
 
 SUPPORTED = "1.41.0"
-# an empty pull while a run is on waits this long (SILOFL_SUPERNODE_POLL_S): each pull costs the SuperLink and the
-# SuperNode CPU, and on 2 cores with 8 sites 0.05 / 0.1 / 0.2 s gave 1.45 / 1.35 / 1.16 s a round (bench/deployment.py)
+# an empty pull while a run is on waits this long (SILOFL_SUPERNODE_POLL_S): each pull costs the SuperLink and
+# the
+# SuperNode CPU, and on 2 cores with 8 sites 0.05 / 0.1 / 0.2 s gave 1.45 / 1.35 / 1.16 s a round
+# (bench/deployment.py)
 ACTIVE_S = float(os.environ.get("SILOFL_SUPERNODE_POLL_S", "0.1"))
 IDLE_AFTER_S = 15.0  # no message for this long: back off towards Flower's 3 s
 REPLY_S = 0.005  # the wait between two checks for the reply of the message in work (in-memory, cheap)
@@ -48,7 +53,8 @@ def supported() -> bool:
 
 
 def fast_pulls() -> bool:
-    """Lower the retry backoff of Flower's object pulls in this process (see the module doc); whether it did."""
+    """Lower the retry backoff of Flower's object pulls in this process (see the module doc); whether it
+    did."""
     if not supported():
         return False
     from flwr.supercore.inflatable import inflatable_utils as iu
@@ -127,8 +133,11 @@ def main(argv: list[str] | None = None) -> None:
         patch(sci, Pacer(), os.environ.get(DOORBELL_ENV))
         fast_pulls()
     else:
-        warnings.warn(f"silofl paces Flower {SUPPORTED}'s SuperNode only; flwr {flwr.__version__} runs stock (a 3 s "
-                      "sleep when a pull is empty)", stacklevel=1)
+        warnings.warn(
+            f"silofl paces Flower {SUPPORTED}'s SuperNode only; flwr {flwr.__version__} runs stock (a 3 s "
+            "sleep when a pull is empty)",
+            stacklevel=1,
+        )
     sys.argv = ["flower-supernode", *(sys.argv[1:] if argv is None else argv)]
     flower_supernode()
 

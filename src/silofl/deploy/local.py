@@ -39,18 +39,30 @@ def flower_bin(name: str) -> str:
     p = Path(sys.executable).parent / name
     found = str(p) if p.exists() else shutil.which(name)
     if not found:
-        raise ConfigError(f"{name} not found beside {sys.executable}: pip install 'silofl[deploy]' into this environment")
+        raise ConfigError(
+            f"{name} not found beside {sys.executable}: pip install 'silofl[deploy]' into this environment"
+        )
     return found
 
 
 def flower_env(home: Path, poll_s: float = 0.1) -> dict[str, str]:
-    """The environment of a Flower process: its own home, no telemetry, no update check, quick task polling."""
+    """The environment of a Flower process: its own home, no telemetry, no update check, quick task
+    polling."""
     env = dict(os.environ)
-    bin_dir = str(Path(sys.executable).parent)  # Flower starts its helpers (flower-superexec, flwr-*app) by name
+    bin_dir = str(
+        Path(sys.executable).parent
+    )  # Flower starts its helpers (flower-superexec, flwr-*app) by name
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    env.update({"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-                "PYTHONUNBUFFERED": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(poll_s),
-                "SILOFL_NO_PROGRESS": "1"})
+    env.update(
+        {
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "PYTHONUNBUFFERED": "1",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(poll_s),
+            "SILOFL_NO_PROGRESS": "1",
+        }
+    )
     home.mkdir(parents=True, exist_ok=True)
     return env
 
@@ -63,7 +75,8 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the parent dies, so a site's SuperNode never outlives its
+    """In the child before exec (Linux): SIGTERM when the parent dies, so a site's SuperNode never outlives
+    its
     worker (it would hold the site's node id with nobody behind it)."""
     import ctypes
 
@@ -76,7 +89,9 @@ def _die_with_parent() -> None:
 class Proc:
     """A child process in its own process group, its output in a log file."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_dir: Path, die_with_parent: bool = False):
+    def __init__(
+        self, name: str, cmd: list[str], env: dict[str, str], log_dir: Path, die_with_parent: bool = False
+    ):
         self.name, self.cmd, self.env = name, cmd, env
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
@@ -86,8 +101,14 @@ class Proc:
     def _start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.offset = self._log.tell()  # this start's output begins here
-        self.p = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                  start_new_session=True, preexec_fn=self.preexec)
+        self.p = subprocess.Popen(
+            self.cmd,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=self.preexec,
+        )
 
     def restart(self) -> None:
         """Start the same command again (its log goes on)."""
@@ -101,7 +122,8 @@ class Proc:
             return f.read().decode(errors="replace")
 
     def wait_for(self, needle: str, timeout_s: float, stop: threading.Event | None = None) -> None:
-        """Wait until ``needle`` appears in its output; SiloflError if it exits, the time runs out or ``stop`` is set."""
+        """Wait until ``needle`` appears in its output; SiloflError if it exits, the time runs out or
+        ``stop`` is set."""
         deadline = time.monotonic() + timeout_s
         while needle not in self.text():
             if stop is not None and stop.is_set():
@@ -128,12 +150,23 @@ class Proc:
 
 
 # ---------------------------------------------------------------------------------------------- a site
-def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = False, poll_s: float = 0.1,
-             ready: threading.Event | None = None, stop: threading.Event | None = None, stock: bool = False) -> None:
-    """``silofl site run``: the site's worker, and its SuperNode connecting out to ``superlink``, until stopped.
+def run_site(
+    folder: Path,
+    superlink: str,
+    ca: Path | None,
+    insecure: bool = False,
+    poll_s: float = 0.1,
+    ready: threading.Event | None = None,
+    stop: threading.Event | None = None,
+    stock: bool = False,
+) -> None:
+    """``silofl site run``: the site's worker, and its SuperNode connecting out to ``superlink``, until
+    stopped.
 
-    The SuperNode runs with Flower's process isolation, paced (:mod:`silofl.deploy.flower_shim`), and its tasks
-    are taken by the warm executor in this process (:mod:`silofl.deploy.executor`). ``stock``: Flower as shipped
+    The SuperNode runs with Flower's process isolation, paced (:mod:`silofl.deploy.flower_shim`), and its
+    tasks
+    are taken by the warm executor in this process (:mod:`silofl.deploy.executor`). ``stock``: Flower as
+    shipped
     instead — a ``flwr-clientapp`` process per message relaying to the worker's socket (for the benchmark)."""
     import secrets as _secrets
 
@@ -148,8 +181,12 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
     worker = SiteWorker(folder)
     stock = stock or os.environ.get(STOCK_ENV) == "1"
     if not insecure and (ca is None or not Path(ca).is_file()):
-        raise ConfigError("the coordinator's CA certificate is needed (--ca), or --insecure for a test without TLS")
-    sock_dir = Path(tempfile.mkdtemp(prefix="silofl-site-"))  # 0700: only this user; short enough for a socket
+        raise ConfigError(
+            "the coordinator's CA certificate is needed (--ca), or --insecure for a test without TLS"
+        )
+    sock_dir = Path(
+        tempfile.mkdtemp(prefix="silofl-site-")
+    )  # 0700: only this user; short enough for a socket
     sock = sock_dir / "site.sock"
     stop = stop or threading.Event()
     server = threading.Thread(target=worker.serve, args=(sock, stop), daemon=True)
@@ -158,8 +195,19 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
     env = flower_env(folder / "flwr", poll_s)
     threads = [server]
     if stock:
-        cmd = [flower_bin("flower-supernode"), "--superlink", superlink, "--node-config", f'site-socket="{sock}"',
-               "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [
+            flower_bin("flower-supernode"),
+            "--superlink",
+            superlink,
+            "--node-config",
+            f'site-socket="{sock}"',
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
     else:
         fast_pulls()
         secret = _secrets.token_bytes(32)  # guards the runtime API's AcquireTask: only this site's processes
@@ -168,8 +216,21 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
             f.write(secret)
         bell = sock_dir / "bell"
         env[DOORBELL_ENV] = str(bell)
-        cmd = [sys.executable, "-m", "silofl.deploy.flower_shim", "--superlink", superlink, "--isolation", "process",
-               "--host", "127.0.0.1", "--port", str(port), "--superexec-auth-secret-file", str(sock_dir / "runtime.secret")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "silofl.deploy.flower_shim",
+            "--superlink",
+            superlink,
+            "--isolation",
+            "process",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--superexec-auth-secret-file",
+            str(sock_dir / "runtime.secret"),
+        ]
 
         def handle(frame: bytes) -> bytes:
             with worker.lock:
@@ -192,7 +253,9 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
         for s in previous:
             signal.signal(s, on_signal)
     try:
-        for attempt in range(1, 61):  # the SuperLink refuses a node id it still holds for a dead process (≤ 60 s)
+        for attempt in range(
+            1, 61
+        ):  # the SuperLink refuses a node id it still holds for a dead process (≤ 60 s)
             try:
                 node.wait_for("SuperNode ID", 120, stop)
                 break
@@ -201,18 +264,25 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
                     return
                 if node.p.poll() is None or attempt == 60:
                     raise
-                log.warning("site %s: the SuperNode could not connect yet (%s); retrying", worker.cfg.name,
-                            str(e).splitlines()[-1][:120])
+                log.warning(
+                    "site %s: the SuperNode could not connect yet (%s); retrying",
+                    worker.cfg.name,
+                    str(e).splitlines()[-1][:120],
+                )
                 stop.wait(3.0)
                 node.restart()
-        log.warning("site %s connected to %s (SuperNode ID: %d)", worker.cfg.name, superlink, _node_id(node.text()))
+        log.warning(
+            "site %s connected to %s (SuperNode ID: %d)", worker.cfg.name, superlink, _node_id(node.text())
+        )
         if ready is not None:
             ready.set()
         while not stop.is_set():
             if node.p.poll() is not None:
                 raise SiloflError(f"the SuperNode of site {worker.cfg.name} exited: {node.text()[-800:]}")
             if not all(t.is_alive() for t in threads):
-                raise SiloflError(f"the worker of site {worker.cfg.name} stopped serving (its socket or executor)")
+                raise SiloflError(
+                    f"the worker of site {worker.cfg.name} stopped serving (its socket or executor)"
+                )
             stop.wait(0.5)
     finally:
         stop.set()
@@ -225,19 +295,42 @@ def run_site(folder: Path, superlink: str, ca: Path | None, insecure: bool = Fal
                 signal.signal(s, h)
 
 
-# ---------------------------------------------------------------------------------------------- the coordinator
-def start_superlink(folder: Path, port: int, insecure: bool = False, poll_s: float = 0.1,
-                    host: str = "127.0.0.1", wait: bool = True) -> Proc:
-    """The coordinator's SuperLink on ``host:port`` with TLS (folder/pki) and SuperNode authentication (serving when
+# ---------------------------------------------------------------------------------------------- the
+# coordinator
+def start_superlink(
+    folder: Path,
+    port: int,
+    insecure: bool = False,
+    poll_s: float = 0.1,
+    host: str = "127.0.0.1",
+    wait: bool = True,
+) -> Proc:
+    """The coordinator's SuperLink on ``host:port`` with TLS (folder/pki) and SuperNode authentication
+    (serving when
     this returns, unless not ``wait``)."""
-    cmd = [flower_bin("flower-superlink"), "--host", host, "--port", str(port), "--isolation", "subprocess",
-           "--disable-runtime-dependency-installation"]
+    cmd = [
+        flower_bin("flower-superlink"),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--isolation",
+        "subprocess",
+        "--disable-runtime-dependency-installation",
+    ]
     if insecure:
         cmd.append("--insecure")
     else:
         pki = folder / "pki"
-        cmd += ["--ssl-ca-certfile", str(pki / "ca.crt"), "--ssl-certfile", str(pki / "server.crt"),
-                "--ssl-keyfile", str(pki / "server.key"), "--enable-supernode-auth"]
+        cmd += [
+            "--ssl-ca-certfile",
+            str(pki / "ca.crt"),
+            "--ssl-certfile",
+            str(pki / "server.crt"),
+            "--ssl-keyfile",
+            str(pki / "server.key"),
+            "--enable-supernode-auth",
+        ]
     proc = Proc("superlink", cmd, flower_env(folder / "flwr-superlink", poll_s), folder / "logs")
     if wait:
         proc.wait_for("Uvicorn running", 120)
@@ -255,8 +348,13 @@ def cli_env(folder: Path, address: str, insecure: bool) -> dict[str, str]:
 
 def flwr(args: list[str], env: dict[str, str], timeout_s: float = 120) -> dict:
     """Run the ``flwr`` CLI with JSON output; its parsed output, or SiloflError with what it printed."""
-    cp = subprocess.run([flower_bin("flwr"), *args, "--format", "json"], env=env, capture_output=True, text=True,
-                        timeout=timeout_s)
+    cp = subprocess.run(
+        [flower_bin("flwr"), *args, "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     try:
         out = json.loads(cp.stdout)
     except ValueError:
@@ -269,7 +367,8 @@ def flwr(args: list[str], env: dict[str, str], timeout_s: float = 120) -> dict:
 def register_node(pub: Path, env: dict[str, str]) -> int:
     """Register a site's node key with the SuperLink (only registered nodes may connect); its node id.
 
-    What ``flwr supernode register`` does, in this process (a CLI process per site cost seconds of imports each);
+    What ``flwr supernode register`` does, in this process (a CLI process per site cost seconds of imports
+    each);
     through the CLI on any Flower but the one whose internals :mod:`silofl.deploy.flower_shim` knows."""
     from silofl.deploy.flower_shim import supported
 
@@ -312,13 +411,17 @@ def submit(coordinator_json: Path, env: dict[str, str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- deploy local
-LATENCY_ENV = "SILOFL_BENCH_LATENCY_MS"  # bench/deployment.py: one-way delay between the sites and the SuperLink
+LATENCY_ENV = (
+    "SILOFL_BENCH_LATENCY_MS"  # bench/deployment.py: one-way delay between the sites and the SuperLink
+)
 STOCK_ENV = "SILOFL_FLOWER_STOCK"  # bench/deployment.py: sites run Flower as shipped (a process per message)
 
 
 class DelayRelay:
-    """A TCP relay on loopback that holds every chunk ``delay_s`` before passing it on, both ways: the wide-area
-    stand-in of ``bench/deployment.py`` where the kernel has no ``netem``. Bytes pass unchanged (TLS end to end)."""
+    """A TCP relay on loopback that holds every chunk ``delay_s`` before passing it on, both ways: the
+    wide-area
+    stand-in of ``bench/deployment.py`` where the kernel has no ``netem``. Bytes pass unchanged (TLS end to
+    end)."""
 
     def __init__(self, target: tuple[str, int], delay_s: float):
         import asyncio
@@ -371,8 +474,10 @@ class DelayRelay:
 
 
 class LocalDeployment:
-    """A CA, a SuperLink and one ``silofl site run`` process per partition of ``split`` under ``dep`` (TLS and node
-    authentication unless ``insecure``), ready for runs (:meth:`run`) until :meth:`close`. The sites keep running
+    """A CA, a SuperLink and one ``silofl site run`` process per partition of ``split`` under ``dep`` (TLS and
+    node
+    authentication unless ``insecure``), ready for runs (:meth:`run`) until :meth:`close`. The sites keep
+    running
     between runs, as an institution's service does."""
 
     def __init__(self, cfg, split, dep: Path, insecure: bool = False, poll_s: float = 0.1):
@@ -396,22 +501,42 @@ class LocalDeployment:
             done("keys_and_site_folders")
             port = free_port()
             address = f"127.0.0.1:{port}"
-            self.procs.append(start_superlink(dep, port, insecure, poll_s, wait=False))  # the sites start meanwhile
+            self.procs.append(
+                start_superlink(dep, port, insecure, poll_s, wait=False)
+            )  # the sites start meanwhile
             self.env = cli_env(dep, address, insecure)
             site_address = address
             if float(os.environ.get(LATENCY_ENV, "0") or 0) > 0:  # the benchmark's wide-area stand-in
                 self.relay = DelayRelay(("127.0.0.1", port), float(os.environ[LATENCY_ENV]) / 1000)
                 site_address = f"127.0.0.1:{self.relay.port}"
-            cmd = [sys.executable, "-m", "silofl.cli.main", "site", "run", "--superlink", site_address, "--poll-s",
-                   str(poll_s)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "silofl.cli.main",
+                "site",
+                "run",
+                "--superlink",
+                site_address,
+                "--poll-s",
+                str(poll_s),
+            ]
             cmd += ["--insecure"] if insecure else ["--ca", str(dep / "pki" / "ca.crt")]
             for k, folder in enumerate(folders):
-                self.procs.append(Proc(f"site{k}", [*cmd, "--site-dir", str(folder)],
-                                       {**os.environ, "SILOFL_NO_PROGRESS": "1"}, dep / "logs"))
+                self.procs.append(
+                    Proc(
+                        f"site{k}",
+                        [*cmd, "--site-dir", str(folder)],
+                        {**os.environ, "SILOFL_NO_PROGRESS": "1"},
+                        dep / "logs",
+                    )
+                )
             self.procs[0].wait_for("Uvicorn running", 120)
             done("superlink_serving")
-            # registered while the sites load (a site's SuperNode connecting before its key is registered retries)
-            node_ids = [register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders]
+            # registered while the sites load (a site's SuperNode connecting before its key is registered
+            # retries)
+            node_ids = [
+                register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders
+            ]
             done("nodes_registered")
             for p in self.procs[1:]:
                 p.wait_for("SuperNode ID", 180)
@@ -422,19 +547,45 @@ class LocalDeployment:
             self.close()
             raise
         self.sites = [{**c, "node_id": n} for c, n in zip(cards, node_ids, strict=True)]
-        self.extra = {"coordinator_keys": str(dep / "coordinator-keys"), "state_dir": str(dep / "coordinator-state")}
-        self.security = {"tls": not insecure, "node_auth": not insecure, "sealed": True, "insecure_flag": insecure,
-                         "outbound_only_sites": True}
+        self.extra = {
+            "coordinator_keys": str(dep / "coordinator-keys"),
+            "state_dir": str(dep / "coordinator-state"),
+        }
+        self.security = {
+            "tls": not insecure,
+            "node_auth": not insecure,
+            "sealed": True,
+            "insecure_flag": insecure,
+            "outbound_only_sites": True,
+        }
         self.setup_s = time.perf_counter() - t0
 
-    def run(self, cfg, out: Path, timeout_s: float = 600.0, progress: bool = True, call_timeout_s: float = 300.0,
-            restart_sites: bool = False) -> dict:
-        """Run ``cfg`` on the sites, writing the run folder ``out``; its summary. A lost site is the coordinator's
+    def run(
+        self,
+        cfg,
+        out: Path,
+        timeout_s: float = 600.0,
+        progress: bool = True,
+        call_timeout_s: float = 300.0,
+        restart_sites: bool = False,
+    ) -> dict:
+        """Run ``cfg`` on the sites, writing the run folder ``out``; its summary. A lost site is the
+        coordinator's
         business (it retires it; with ``restart_sites`` its process is restarted and it may rejoin); a lost
         SuperLink ends the run."""
-        return start_run(cfg.replace(out=str(out), report_nonprivate=True), self.sites, self.env, out, timeout_s,
-                         self.security, self.procs[:1], progress, call_timeout_s,
-                         restart=self.procs[1:] if restart_sites else None, extra=self.extra)
+        return start_run(
+            cfg.replace(out=str(out), report_nonprivate=True),
+            self.sites,
+            self.env,
+            out,
+            timeout_s,
+            self.security,
+            self.procs[:1],
+            progress,
+            call_timeout_s,
+            restart=self.procs[1:] if restart_sites else None,
+            extra=self.extra,
+        )
 
     def close(self) -> None:
         """Stop every process."""
@@ -444,8 +595,16 @@ class LocalDeployment:
             self.relay.close()
 
 
-def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = False, poll_s: float = 0.1,
-                 progress: bool = True, call_timeout_s: float = 300.0, restart_sites: bool = False) -> dict:
+def deploy_local(
+    cfg,
+    out: Path,
+    timeout_s: float = 600.0,
+    insecure: bool = False,
+    poll_s: float = 0.1,
+    progress: bool = True,
+    call_timeout_s: float = 300.0,
+    restart_sites: bool = False,
+) -> dict:
     """A real deployment of ``cfg`` on this machine (see the module doc); the run's summary."""
     require("flwr", "deploy", "silofl deploy local")
     import torch
@@ -456,7 +615,9 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
 
     cfg = cfg.resolve()
     if cfg.method in NOT_DEPLOYABLE:
-        raise ConfigError(f"method {cfg.method} is not run between institutions: {NOT_DEPLOYABLE[cfg.method]}")
+        raise ConfigError(
+            f"method {cfg.method} is not run between institutions: {NOT_DEPLOYABLE[cfg.method]}"
+        )
     out = Path(out).resolve()
     check_out(out)
     dep = out / "deployment"
@@ -476,17 +637,36 @@ def deploy_local(cfg, out: Path, timeout_s: float = 600.0, insecure: bool = Fals
     return summary
 
 
-def start_run(cfg, sites: list[dict], env: dict[str, str], out: Path, timeout_s: float, security: dict,
-              procs: list[Proc] | None = None, progress: bool = True, call_timeout_s: float = 300.0,
-              restart: list[Proc] | None = None, extra: dict | None = None) -> dict:
-    """Submit ``cfg`` to the SuperLink the ``flwr`` environment ``env`` points at, over ``sites`` (their public
+def start_run(
+    cfg,
+    sites: list[dict],
+    env: dict[str, str],
+    out: Path,
+    timeout_s: float,
+    security: dict,
+    procs: list[Proc] | None = None,
+    progress: bool = True,
+    call_timeout_s: float = 300.0,
+    restart: list[Proc] | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """Submit ``cfg`` to the SuperLink the ``flwr`` environment ``env`` points at, over ``sites`` (their
+    public
     cards with their node ids), and wait for the coordinator's ServerApp to write the run folder ``out``; its
-    summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run failed. ``extra``:
-    the coordinator's key folder (``coordinator_keys``) and state folder (``state_dir``: the sites' ledger heads)."""
+    summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run failed.
+    ``extra``:
+    the coordinator's key folder (``coordinator_keys``) and state folder (``state_dir``: the sites' ledger
+    heads)."""
     coord = out / "coordinator"
     coord.mkdir(parents=True)
-    spec = {"config": cfg.to_dict(), "out": str(out), "timeout_s": call_timeout_s, "sites": sites, "security": security,
-            **(extra or {})}
+    spec = {
+        "config": cfg.to_dict(),
+        "out": str(out),
+        "timeout_s": call_timeout_s,
+        "sites": sites,
+        "security": security,
+        **(extra or {}),
+    }
     (coord / "coordinator.json").write_text(json.dumps(spec, indent=1))
     started = time.perf_counter()
     run_id = submit(coord / "coordinator.json", env)
@@ -494,14 +674,25 @@ def start_run(cfg, sites: list[dict], env: dict[str, str], out: Path, timeout_s:
     if status["state"] != "done":
         raise SiloflError(f"the deployment failed: {status.get('error')}")
     summary = json.loads((out / "summary.json").read_text())
-    summary["deployment"] = {"flower_run_id": run_id, "sites": [c["name"] for c in sites], "started_s": started,
-                             "submit_to_done_s": time.perf_counter() - started, "coordinator": str(coord)}
+    summary["deployment"] = {
+        "flower_run_id": run_id,
+        "sites": [c["name"] for c in sites],
+        "started_s": started,
+        "submit_to_done_s": time.perf_counter() - started,
+        "coordinator": str(coord),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
-def run_deployment(cfg, folder: Path | None, superlink: str | None, timeout_s: float = 3600.0,
-                   progress: bool = True, call_timeout_s: float = 300.0) -> dict:
+def run_deployment(
+    cfg,
+    folder: Path | None,
+    superlink: str | None,
+    timeout_s: float = 3600.0,
+    progress: bool = True,
+    call_timeout_s: float = 300.0,
+) -> dict:
     """``silofl deploy start``: a run over the sites registered in ``folder/federation.json``, through the
     SuperLink at ``superlink`` (this machine runs it: its ServerApp reads the coordinator folder)."""
     from silofl.run.folder import check_out
@@ -519,14 +710,31 @@ def run_deployment(cfg, folder: Path | None, superlink: str | None, timeout_s: f
     if (out / "coordinator").exists():
         raise ConfigError(f"{out / 'coordinator'} exists: choose another --out")
     env = cli_env(Path(folder), superlink, insecure=False)
-    security = {"tls": True, "node_auth": True, "sealed": True, "insecure_flag": False, "outbound_only_sites": True}
+    security = {
+        "tls": True,
+        "node_auth": True,
+        "sealed": True,
+        "insecure_flag": False,
+        "outbound_only_sites": True,
+    }
     keys = Path(folder).resolve() / "pki"
     if not (keys / "coordinator.sign.key").is_file():
-        raise ConfigError(f"{keys} has no coordinator keys: run `silofl deploy certs` (it makes them) and give "
-                          f"{keys / 'coordinator.json'} to every site (`silofl site pin --coordinator`)")
-    summary = start_run(cfg.replace(out=str(out)), sites, env, out, timeout_s, security, None, progress,
-                        call_timeout_s, extra={"coordinator_keys": str(keys),
-                                               "state_dir": str(Path(folder).resolve() / "state")})
+        raise ConfigError(
+            f"{keys} has no coordinator keys: run `silofl deploy certs` (it makes them) and give "
+            f"{keys / 'coordinator.json'} to every site (`silofl site pin --coordinator`)"
+        )
+    summary = start_run(
+        cfg.replace(out=str(out)),
+        sites,
+        env,
+        out,
+        timeout_s,
+        security,
+        None,
+        progress,
+        call_timeout_s,
+        extra={"coordinator_keys": str(keys), "state_dir": str(Path(folder).resolve() / "state")},
+    )
     summary["deployment"].pop("started_s", None)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -534,12 +742,15 @@ def run_deployment(cfg, folder: Path | None, superlink: str | None, timeout_s: f
 
 def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
     """One site folder per partition of ``split`` under ``root`` (its exported data, fresh keys, a budget that
-    admits the run, reporting its test figures), with the federation's cards pinned in each; (cards, folders)."""
+    admits the run, reporting its test figures), with the federation's cards pinned in each; (cards,
+    folders)."""
     from silofl.deploy.pki import make_coordinator_keys
     from silofl.deploy.site import SiteConfig, export_data, init_site, pin_federation
     from silofl.run.loop import site_inputs
 
-    coordinator = make_coordinator_keys(root.parent / "coordinator-keys")  # the coordinator's, pinned by every site
+    coordinator = make_coordinator_keys(
+        root.parent / "coordinator-keys"
+    )  # the coordinator's, pinned by every site
 
     cards, folders = [], []
     lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
@@ -547,13 +758,28 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
         name = f"site{k}"
         folder = root / name
         folder.mkdir(parents=True)
-        export_data(folder / "data.safetensors", inp.x, inp.y, inp.external, inp.internal,
-                    {"num_classes": split.num_classes, "classes": split.dataset.class_names,
-                     "preprocessing": inp.preprocessing,
-                     "source": f"{split.source} (partition {k}, exported by deploy local)"})
-        sc = SiteConfig(name=name, data="data.safetensors", lifetime_epsilon=lifetime,
-                        lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5, report_test_figures=True,
-                        allow_research_seed=cfg.seed is not None, allow_non_formal=not cfg.guarantee().formal)
+        export_data(
+            folder / "data.safetensors",
+            inp.x,
+            inp.y,
+            inp.external,
+            inp.internal,
+            {
+                "num_classes": split.num_classes,
+                "classes": split.dataset.class_names,
+                "preprocessing": inp.preprocessing,
+                "source": f"{split.source} (partition {k}, exported by deploy local)",
+            },
+        )
+        sc = SiteConfig(
+            name=name,
+            data="data.safetensors",
+            lifetime_epsilon=lifetime,
+            lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5,
+            report_test_figures=True,
+            allow_research_seed=cfg.seed is not None,
+            allow_non_formal=not cfg.guarantee().formal,
+        )
         cards.append(init_site(folder, sc))
         folders.append(folder)
     for folder in folders:
@@ -570,8 +796,9 @@ def _node_id(text: str) -> int:
     return int(m.group(1))
 
 
-def _wait(status_path: Path, procs: list[Proc], timeout_s: float, progress: bool, rounds: int,
-          restart: list[Proc]) -> dict:
+def _wait(
+    status_path: Path, procs: list[Proc], timeout_s: float, progress: bool, rounds: int, restart: list[Proc]
+) -> dict:
     from contextlib import nullcontext
 
     from silofl.run.loop import progress_bar
@@ -583,9 +810,11 @@ def _wait(status_path: Path, procs: list[Proc], timeout_s: float, progress: bool
         while time.monotonic() < deadline:
             st: dict = {"state": "running"}
             if not status_path.is_file() and time.monotonic() - t0 > SERVERAPP_START_S:
-                raise SiloflError(f"the coordinator's ServerApp did not start within {SERVERAPP_START_S:g} s of the "
-                                  "submission (the SuperLink's log says why; e.g. a certificate that does not name "
-                                  "127.0.0.1, where the SuperLink starts it)")
+                raise SiloflError(
+                    f"the coordinator's ServerApp did not start within {SERVERAPP_START_S:g} s of the "
+                    "submission (the SuperLink's log says why; e.g. a certificate that does not name "
+                    "127.0.0.1, where the SuperLink starts it)"
+                )
             if status_path.is_file():
                 try:
                     st = json.loads(status_path.read_text())
@@ -597,7 +826,9 @@ def _wait(status_path: Path, procs: list[Proc], timeout_s: float, progress: bool
                     bar.update(task, completed=max(0, st["round"] - 1))
             for p in procs:
                 if p.p.poll() is not None:
-                    raise SiloflError(f"{p.name} exited during the run ({p.p.returncode}): {p.text()[-1500:]}")
+                    raise SiloflError(
+                        f"{p.name} exited during the run ({p.p.returncode}): {p.text()[-1500:]}"
+                    )
             for p in restart:  # a site's operator restarts its service; it rejoins from its own checkpoint
                 if p.p.poll() is not None:
                     log.warning("%s exited (%s); restarting it", p.name, p.p.returncode)

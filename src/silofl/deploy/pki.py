@@ -46,15 +46,32 @@ def make_ca(folder: Path, name: str = "silofl deployment CA", days: int = 365) -
     now = datetime.datetime.now(datetime.UTC)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     write_private(folder / "ca.key", _pkcs8(key))
     (folder / "ca.crt").write_bytes(cert.public_bytes(PEM))
 
@@ -72,15 +89,23 @@ def make_server_cert(folder: Path, hosts: list[str], days: int = 365) -> None:
             names.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             names.append(x509.DNSName(h))
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )  # type: ignore[arg-type]
     write_private(folder / "server.key", _pkcs8(key))
     (folder / "server.crt").write_bytes(cert.public_bytes(PEM))
 
@@ -96,13 +121,19 @@ def load_private(path: Path):
 
 
 def make_coordinator_keys(folder: Path) -> dict:
-    """The coordinator's sealing keys under ``folder``: ``coordinator.seal.key`` (X25519: sites seal what they send a
-    server role to it) and ``coordinator.sign.key`` (Ed25519: it signs what a server role sends); returns its public
+    """The coordinator's sealing keys under ``folder``: ``coordinator.seal.key`` (X25519: sites seal what they
+    send a
+    server role to it) and ``coordinator.sign.key`` (Ed25519: it signs what a server role sends); returns its
+    public
     card (also written to ``coordinator.json``), which every site pins (``silofl site pin --coordinator``)."""
     seal, sign = x25519.X25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
     write_private(folder / "coordinator.seal.key", _pkcs8(seal))
     write_private(folder / "coordinator.sign.key", _pkcs8(sign))
-    card = {"role": "coordinator", "seal": public_raw(seal.public_key()).hex(), "sign": public_raw(sign.public_key()).hex()}
+    card = {
+        "role": "coordinator",
+        "seal": public_raw(seal.public_key()).hex(),
+        "sign": public_raw(sign.public_key()).hex(),
+    }
     (folder / "coordinator.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
 

@@ -42,8 +42,18 @@ def _key(shared: bytes, eph: bytes, recipient: bytes) -> bytes:
     return HKDF(hashes.SHA256(), 32, salt=None, info=b"silofl seal v1" + eph + recipient).derive(shared)
 
 
-def seal(data: bytes, *, run_id: str, src: str, dst: str, rnd: int, step: str, index: int,
-         sign_key: ed25519.Ed25519PrivateKey, recipient: x25519.X25519PublicKey) -> bytes:
+def seal(
+    data: bytes,
+    *,
+    run_id: str,
+    src: str,
+    dst: str,
+    rnd: int,
+    step: str,
+    index: int,
+    sign_key: ed25519.Ed25519PrivateKey,
+    recipient: x25519.X25519PublicKey,
+) -> bytes:
     """``data`` sealed from site ``src`` to site ``dst`` (see the module doc)."""
     header = json.dumps({"round": int(rnd), "step": step, "i": int(index)}, sort_keys=True).encode()
     if len(header) > MAX_HEADER:
@@ -68,14 +78,25 @@ def header_of(blob: bytes) -> dict:
         h = json.loads(blob[6 : 6 + n])
     except ValueError:
         raise PeerModelRejected("sealed payload: header is not JSON") from None
-    if not (isinstance(h, dict) and isinstance(h.get("round"), int) and isinstance(h.get("step"), str)
-            and isinstance(h.get("i"), int)):
+    if not (
+        isinstance(h, dict)
+        and isinstance(h.get("round"), int)
+        and isinstance(h.get("step"), str)
+        and isinstance(h.get("i"), int)
+    ):
         raise PeerModelRejected("sealed payload: malformed header")
     return h
 
 
-def open_sealed(blob: bytes, *, run_id: str, src: str, dst: str, seal_key: x25519.X25519PrivateKey,
-                sender: ed25519.Ed25519PublicKey) -> tuple[dict, bytes]:
+def open_sealed(
+    blob: bytes,
+    *,
+    run_id: str,
+    src: str,
+    dst: str,
+    seal_key: x25519.X25519PrivateKey,
+    sender: ed25519.Ed25519PublicKey,
+) -> tuple[dict, bytes]:
     """(header, data) of a payload sealed by ``src`` to this site ``dst``; PeerModelRejected if it is not
     signed by ``src``'s pinned key for this run and recipient, or does not decrypt."""
     h = header_of(blob)
@@ -87,8 +108,10 @@ def open_sealed(blob: bytes, *, run_id: str, src: str, dst: str, seal_key: x2551
     try:
         sender.verify(sig, MAGIC + ctx + eph_pub + nonce + ct)
     except InvalidSignature:
-        raise PeerModelRejected(f"sealed payload claiming to be from {src} fails its signature (forged, altered, or "
-                                "sealed for another run or recipient)") from None
+        raise PeerModelRejected(
+            f"sealed payload claiming to be from {src} fails its signature (forged, altered, or "
+            "sealed for another run or recipient)"
+        ) from None
     try:
         eph = x25519.X25519PublicKey.from_public_bytes(eph_pub)
         key = _key(seal_key.exchange(eph), eph_pub, public_raw(seal_key.public_key()))
@@ -106,15 +129,19 @@ class ReplayGuard:
         self.seen: set[tuple] = set()
 
     def check(self, src: str, header: dict, current_round: int | None) -> None:
-        """PeerModelRejected for a replayed payload or one from a round outside [current − window, current]."""
+        """PeerModelRejected for a replayed payload or one from a round outside [current − window,
+        current]."""
         rnd = header["round"]
         if current_round is not None and not current_round - self.window <= rnd <= current_round:
-            raise PeerModelRejected(f"sealed payload from {src} is for round {rnd}, this site is in round "
-                                    f"{current_round} (replayed or delayed)")
+            raise PeerModelRejected(
+                f"sealed payload from {src} is for round {rnd}, this site is in round "
+                f"{current_round} (replayed or delayed)"
+            )
         key = (src, rnd, header["step"], header["i"])
         if key in self.seen:
-            raise PeerModelRejected(f"sealed payload from {src} (round {rnd}, {header['step']}) was already "
-                                    "delivered: a replay")
+            raise PeerModelRejected(
+                f"sealed payload from {src} (round {rnd}, {header['step']}) was already delivered: a replay"
+            )
 
     def mark(self, src: str, header: dict, current_round: int | None) -> None:
         """Record a payload as delivered — only once it opened (a forged one must not use up its slot)."""

@@ -1,6 +1,7 @@
 """A sovereign site: its folder, and the worker that runs its steps for a coordinator it does not control.
 
-``silofl site init`` writes a site folder (:mod:`silofl.site.folder`: one identity, one lifetime budget and one
+``silofl site init`` writes a site folder (:mod:`silofl.site.folder`: one identity, one lifetime budget and
+one
 ledger for deployment, PubSub-ML and simulations alike)::
 
     site.json         what the site decided: its name, data, private model, lifetime (ε, δ) budget, what it
@@ -8,7 +9,8 @@ ledger for deployment, PubSub-ML and simulations alike)::
     keys/             node (Flower node key, registered with the coordinator), seal.key (X25519), sign.key
                       (Ed25519), public.json (its public card, to hand to the coordinator and the other sites)
     federation.json   the other sites' public cards, pinned (payloads are sealed to and checked against them)
-    ledger/           the site's privacy ledger: every step its DP mechanism ran, in every run, and every model it
+    ledger/           the site's privacy ledger: every step its DP mechanism ran, in every run, and every
+    model it
                       published with PubSub-ML — one budget across protocols
     checkpoint/ models/ metrics.jsonl   its state across rounds and runs, its final models, figures it keeps
 
@@ -68,7 +70,8 @@ MAX_CONNECTIONS = 16  # requests read at once; more wait in the listen queue
 
 
 def plain_name(value: object, what: str, pattern: re.Pattern = NAME_RE) -> str:
-    """``value`` if it is a plain name (letters, digits, '_', '.', '-'; not starting with '.' or '-'); else refused."""
+    """``value`` if it is a plain name (letters, digits, '_', '.', '-'; not starting with '.' or '-'); else
+    refused."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise PeerModelRejected(f"{what} must be a plain name ({pattern.pattern}), got {str(value)[:80]!r}")
     return value
@@ -83,7 +86,8 @@ def inside(folder: Path, *parts: str) -> Path:
 
 
 def init_site(folder: Path, cfg: SiteConfig, federation: list[dict] | None = None) -> dict:
-    """Create a site folder with fresh keys and its ledger (naming the site, with its lifetime budget); returns the
+    """Create a site folder with fresh keys and its ledger (naming the site, with its lifetime budget);
+    returns the
     site's public card. Refuses an existing site folder."""
     card = SiteFolder.create(folder, cfg).card
     if federation is not None:
@@ -92,8 +96,10 @@ def init_site(folder: Path, cfg: SiteConfig, federation: list[dict] | None = Non
 
 
 def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = None) -> None:
-    """Pin the federation's public cards (every site's, this one's included) in ``folder/federation.json``, and the
-    coordinator's card (its keys sign and receive what a server role sends and gets; kept if already pinned)."""
+    """Pin the federation's public cards (every site's, this one's included) in ``folder/federation.json``,
+    and the
+    coordinator's card (its keys sign and receive what a server role sends and gets; kept if already
+    pinned)."""
     names = [c["name"] for c in cards]
     if len(set(names)) != len(names):
         raise ConfigError("two sites of the federation share a name")
@@ -110,18 +116,31 @@ def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = N
             coordinator = None
     if coordinator is not None:
         if not (isinstance(coordinator, dict) and {"seal", "sign"} <= set(coordinator)):
-            raise ConfigError("the coordinator's card needs its 'seal' and 'sign' public keys (coordinator.json)")
+            raise ConfigError(
+                "the coordinator's card needs its 'seal' and 'sign' public keys (coordinator.json)"
+            )
         fed["coordinator"] = {"seal": str(coordinator["seal"]), "sign": str(coordinator["sign"])}
     (folder / "federation.json").write_text(json.dumps(fed, indent=1) + "\n")
 
 
-def export_data(path: Path, x: torch.Tensor, y: torch.Tensor, test: tuple[torch.Tensor, torch.Tensor],
-                internal: tuple[torch.Tensor, torch.Tensor] | None, meta: dict) -> None:
-    """One site's data as a safetensors file (its training rows, the shared test set, its own held-out rows)."""
+def export_data(
+    path: Path,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    test: tuple[torch.Tensor, torch.Tensor],
+    internal: tuple[torch.Tensor, torch.Tensor] | None,
+    meta: dict,
+) -> None:
+    """One site's data as a safetensors file (its training rows, the shared test set, its own held-out
+    rows)."""
     from safetensors.torch import save_file
 
-    t = {"x": x.cpu().contiguous(), "y": y.cpu().contiguous(), "test_x": test[0].cpu().contiguous(),
-         "test_y": test[1].cpu().contiguous()}
+    t = {
+        "x": x.cpu().contiguous(),
+        "y": y.cpu().contiguous(),
+        "test_x": test[0].cpu().contiguous(),
+        "test_y": test[1].cpu().contiguous(),
+    }
     if internal is not None:
         t["internal_x"], t["internal_y"] = internal[0].cpu().contiguous(), internal[1].cpu().contiguous()
     save_file(t, str(path), metadata={"silofl": json.dumps(meta)})
@@ -158,19 +177,38 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
             raise ConfigError(f"{path}: not a silofl data export ({e})") from None
         internal = (t["internal_x"], t["internal_y"]) if "internal_x" in t else None
-        return LocalData(t["x"], t["y"], (t["test_x"], t["test_y"]), internal, tuple(t["x"].shape[1:]),
-                         int(meta["num_classes"]), list(meta.get("classes") or []), meta.get("preprocessing"),
-                         meta.get("source", str(path)))
+        return LocalData(
+            t["x"],
+            t["y"],
+            (t["test_x"], t["test_y"]),
+            internal,
+            tuple(t["x"].shape[1:]),
+            int(meta["num_classes"]),
+            list(meta.get("classes") or []),
+            meta.get("preprocessing"),
+            meta.get("source", str(path)),
+        )
     from silofl.data.sites import load_site_images, load_site_tables
 
-    seed = 0 if seed is None else seed  # the site's own held-out rows: the loaders' fixed default without a run seed
+    seed = (
+        0 if seed is None else seed
+    )  # the site's own held-out rows: the loaders' fixed default without a run seed
     if cfg.schema:
         src = load_site_tables(cfg.schema, [str(path)], None, cfg.test_fraction, seed)
     else:
         src = load_site_images([str(path)], 28, None, cfg.test_fraction, seed)
     x, y = src.parts[0]
-    return LocalData(x, y, None, src.internal[0] if src.internal else None, tuple(x.shape[1:]), len(src.classes),
-                     list(src.classes), src.preprocessing[0].to_dict() if src.preprocessing else None, str(path))
+    return LocalData(
+        x,
+        y,
+        None,
+        src.internal[0] if src.internal else None,
+        tuple(x.shape[1:]),
+        len(src.classes),
+        list(src.classes),
+        src.preprocessing[0].to_dict() if src.preprocessing else None,
+        str(path),
+    )
 
 
 class _Shape:
@@ -197,8 +235,9 @@ class SiteWorker:
         self.cfg = SiteConfig.load(self.folder)
         fed_path = self.folder / "federation.json"
         if not fed_path.is_file():
-            raise ConfigError(f"{self.folder}: no federation.json (pin the other sites' public cards: `silofl site "
-                              "pin`)")
+            raise ConfigError(
+                f"{self.folder}: no federation.json (pin the other sites' public cards: `silofl site pin`)"
+            )
         fed = json.loads(fed_path.read_text())
         self.cards = fed["sites"]
         self.names = [c["name"] for c in self.cards]
@@ -208,20 +247,34 @@ class SiteWorker:
 
         self.seal_key = load_private(self.folder / "keys" / "seal.key")
         self.sign_key = load_private(self.folder / "keys" / "sign.key")
-        assert isinstance(self.seal_key, x25519.X25519PrivateKey) and isinstance(self.sign_key, ed25519.Ed25519PrivateKey)
-        self.seal_pub = {c["name"]: x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(c["seal"])) for c in self.cards}
-        self.sign_pub = {c["name"]: ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(c["sign"]))
-                         for c in self.cards}
-        coord = fed.get("coordinator")  # the coordinator's pinned card: what a server role sends must be signed by it
+        assert isinstance(self.seal_key, x25519.X25519PrivateKey) and isinstance(
+            self.sign_key, ed25519.Ed25519PrivateKey
+        )
+        self.seal_pub = {
+            c["name"]: x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(c["seal"])) for c in self.cards
+        }
+        self.sign_pub = {
+            c["name"]: ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(c["sign"]))
+            for c in self.cards
+        }
+        coord = fed.get(
+            "coordinator"
+        )  # the coordinator's pinned card: what a server role sends must be signed by it
         if coord is not None:
-            self.seal_pub[COORDINATOR] = x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(coord["seal"]))
-            self.sign_pub[COORDINATOR] = ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(coord["sign"]))
+            self.seal_pub[COORDINATOR] = x25519.X25519PublicKey.from_public_bytes(
+                bytes.fromhex(coord["seal"])
+            )
+            self.sign_pub[COORDINATOR] = ed25519.Ed25519PublicKey.from_public_bytes(
+                bytes.fromhex(coord["sign"])
+            )
         self.key_id = next(c["sign"] for c in self.cards if c["name"] == self.cfg.name)
         self.state = SiteState(self.folder)
         self.lifetime, self.budget_note = self.check_ledger()
         if self.cfg.data is None:
-            raise ConfigError(f"site {self.cfg.name} has no data to train on: set 'data' in {self.folder / 'site.json'} "
-                              "(a folder made by PubSub-ML publishing has none)")
+            raise ConfigError(
+                f"site {self.cfg.name} has no data to train on: set 'data' in {self.folder / 'site.json'} "
+                "(a folder made by PubSub-ML publishing has none)"
+            )
         self.data = load_local(self.folder, self.cfg)
         self.site: Any = None
         self.run_id: str | None = None
@@ -257,7 +310,8 @@ class SiteWorker:
         w.check_ledger()
 
     def check_ledger(self) -> tuple[tuple[float, float], str | None]:
-        """Open and check the ledger; (the lifetime budget available, a note if site.json disagrees with the ledger).
+        """Open and check the ledger; (the lifetime budget available, a note if site.json disagrees with the
+        ledger).
         Refuses (LedgerTampered) a missing, shorter, foreign or broken ledger of a site that has history."""
         from silofl.privacy.ledger import (
             Ledger,
@@ -275,34 +329,52 @@ class SiteWorker:
             past = self.history()
             if past:
                 raise LedgerTampered(
-                    f"site {self.cfg.name} has history ({'; '.join(past)}) but its ledger ({led.path}) is missing or "
-                    "empty: its spend is unknown, so it refuses to run. If the ledger is lost, its operator restores it "
-                    "with `silofl site ledger-restore` declaring the prior spend")
-            start_site_ledger(led, self.cfg.name, self.key_id, (self.cfg.lifetime_epsilon, self.cfg.lifetime_delta),
-                              "the lifetime budget of site.json when the ledger started")
+                    f"site {self.cfg.name} has history ({'; '.join(past)}) but its ledger ({led.path}) is "
+                    f"missing or "
+                    "empty: its spend is unknown, so it refuses to run. If the ledger is lost, its operator "
+                    "restores it "
+                    "with `silofl site ledger-restore` declaring the prior spend"
+                )
+            start_site_ledger(
+                led,
+                self.cfg.name,
+                self.key_id,
+                (self.cfg.lifetime_epsilon, self.cfg.lifetime_delta),
+                "the lifetime budget of site.json when the ledger started",
+            )
         require_identity(led, self.cfg.name, self.key_id)
         if self.state.head is not None:
             now = announced_head(led)
             if head_order(self.state.head, now) < 0:
-                raise LedgerTampered(f"site {self.cfg.name}'s ledger ({now['entries']} entries, epoch {now['epoch']}) is "
-                                     f"older than the head of {self.state.head['entries']} entries it announced: it was "
-                                     "truncated or replaced; restore it with `silofl site ledger-restore`")
+                raise LedgerTampered(
+                    f"site {self.cfg.name}'s ledger ({now['entries']} entries, epoch {now['epoch']}) is "
+                    f"older than the head of {self.state.head['entries']} entries it announced: it was "
+                    "truncated or replaced; restore it with `silofl site ledger-restore`"
+                )
             if int(self.state.head.get("epoch", 0)) == now["epoch"]:
                 led.check_head(self.state.head)
         life = lifetime_of(led)
         assert life is not None
         note = None
         if (self.cfg.lifetime_epsilon, self.cfg.lifetime_delta) != life:
-            note = (f"site.json says lifetime ε {self.cfg.lifetime_epsilon:g}, δ {self.cfg.lifetime_delta:g} but the "
-                    f"ledger's budget is ε {life[0]:g}, δ {life[1]:g}: the ledger's wins (change it with `silofl site "
-                    "budget`)")
+            note = (
+                f"site.json says lifetime ε {self.cfg.lifetime_epsilon:g}, δ {self.cfg.lifetime_delta:g} but "
+                f"the "
+                f"ledger's budget is ε {life[0]:g}, δ {life[1]:g}: the ledger's wins (change it with `silofl "
+                f"site "
+                "budget`)"
+            )
             log.warning("site %s: %s", self.cfg.name, note)
-        self.outside = {"restored": restored_spend(led), "released": led.spent()}  # one budget across protocols
+        self.outside = {
+            "restored": restored_spend(led),
+            "released": led.spent(),
+        }  # one budget across protocols
         taken = [sum(v[i] for v in self.outside.values()) for i in (0, 1)]
         return (life[0] - taken[0], life[1] - taken[1]), note
 
     def _outside_text(self) -> str:
-        """What restores and PubSub-ML releases took from the lifetime budget, for a refusal ('' if nothing)."""
+        """What restores and PubSub-ML releases took from the lifetime budget, for a refusal ('' if
+        nothing)."""
         what = {"restored": "declared by a ledger restore", "released": "released (PubSub-ML models)"}
         parts = [f"ε {v[0]:.4g} {what[k]}" for k, v in getattr(self, "outside", {}).items() if v[0] > 0]
         if not parts:
@@ -312,24 +384,32 @@ class SiteWorker:
     def _head(self) -> dict:
         from silofl.privacy.ledger import Ledger, announced_head
 
-        return announced_head(self.site.ledger if self.site is not None and self.site.ledger is not None
-                              else Ledger(self.folder / "ledger"))
+        return announced_head(
+            self.site.ledger
+            if self.site is not None and self.site.ledger is not None
+            else Ledger(self.folder / "ledger")
+        )
 
     # ------------------------------------------------------------------ frames
     def handle_frame(self, frame: bytes) -> bytes:
-        """One request frame in, one reply frame out; never raises (a refusal is an error frame with the reason)."""
+        """One request frame in, one reply frame out; never raises (a refusal is an error frame with the
+        reason)."""
         try:
             step, msgs = unpack(frame, MAX_FRAME)
             plain_name(step, "a step", STEP_RE)
             if len(msgs) != 1:
-                raise PeerModelRejected(f"a request frame must address exactly this site, got {len(msgs)} messages")
-            (k, msg), = msgs.items()
+                raise PeerModelRejected(
+                    f"a request frame must address exactly this site, got {len(msgs)} messages"
+                )
+            ((k, msg),) = msgs.items()
             if step == HELLO:
                 return pack(step, {k: self._hello(msg)})
             if step == SETUP:
                 return pack(step, {k: self._setup(k, msg)})
             if self.site is None or k != self.index:
-                raise PeerModelRejected(f"step {step!r} for site {k} before this site joined a run as that index")
+                raise PeerModelRejected(
+                    f"step {step!r} for site {k} before this site joined a run as that index"
+                )
             if step == batch.BATCH:  # several steps in one message: each checked, run and sealed as its own
                 parts = batch.split(msg)
                 for s, _ in parts:
@@ -353,9 +433,18 @@ class SiteWorker:
         head = self._head()
         sig = self.sign_key.sign(hello_text(nonce, self.cfg.name, head)).hex()
         d = self.data
-        return Message({"name": self.cfg.name, "n": len(d.y), "input_shape": list(d.input_shape),
-                        "num_classes": d.num_classes, "signature": sig, "ledger_head": head,
-                        "internal": d.internal is not None, "test": d.test is not None})
+        return Message(
+            {
+                "name": self.cfg.name,
+                "n": len(d.y),
+                "input_shape": list(d.input_shape),
+                "num_classes": d.num_classes,
+                "signature": sig,
+                "ledger_head": head,
+                "internal": d.internal is not None,
+                "test": d.test is not None,
+            }
+        )
 
     def _setup(self, k: int, msg: Message) -> Message:
         from silofl.run.config import RunConfig
@@ -363,7 +452,9 @@ class SiteWorker:
 
         m = msg.meta
         run_id, order, config = m.get("run_id"), m.get("sites"), m.get("config")
-        if not (isinstance(order, list) and all(isinstance(s, str) for s in order) and isinstance(config, dict)):
+        if not (
+            isinstance(order, list) and all(isinstance(s, str) for s in order) and isinstance(config, dict)
+        ):
             raise PeerModelRejected("setup needs a run id, the run's sites and its config")
         run_id = plain_name(run_id, "the run id")
         if order.count(self.cfg.name) != 1 or order.index(self.cfg.name) != k:
@@ -373,8 +464,10 @@ class SiteWorker:
             raise PeerModelRejected(f"the run names sites this site has no pinned keys for: {unknown}")
         resume = bool(m.get("resume"))
         if run_id in self.state.runs and not resume:
-            raise PeerModelRejected(f"run id {run_id} was used before: site {self.cfg.name} joins a run id once (a "
-                                    "re-sent setup would reset its replay state)")
+            raise PeerModelRejected(
+                f"run id {run_id} was used before: site {self.cfg.name} joins a run id once (a "
+                "re-sent setup would reset its replay state)"
+            )
         if resume and run_id not in self.state.runs:
             raise PeerModelRejected(f"site {self.cfg.name} never joined run {run_id}: nothing to rejoin")
         self.lifetime, self.budget_note = self.check_ledger()
@@ -384,29 +477,39 @@ class SiteWorker:
             raise ConfigError(f"method {cfg.method} is not run between institutions: {why}")
         field = "the site.json field"
         if cfg.seed is not None and not self.cfg.allow_research_seed:
-            raise ConfigError(f"site {self.cfg.name} refuses the run: it carries a seed, and whoever knows it can "
-                              "reproduce this site's noise; this site accepts seeded research runs only with "
-                              f"allow_research_seed: true ({field} allow_research_seed)")
+            raise ConfigError(
+                f"site {self.cfg.name} refuses the run: it carries a seed, and whoever knows it can "
+                "reproduce this site's noise; this site accepts seeded research runs only with "
+                f"allow_research_seed: true ({field} allow_research_seed)"
+            )
         # decided on its own: a seed (accepted or not) never unlocks a mode without a formal guarantee
         if not cfg.replace(seed=None).guarantee().formal and not self.cfg.allow_non_formal:
-            raise ConfigError(f"site {self.cfg.name} refuses the run: privacy {cfg.privacy} gives no formal guarantee "
-                              f"and this site requires one ({field} allow_non_formal)")
+            raise ConfigError(
+                f"site {self.cfg.name} refuses the run: privacy {cfg.privacy} gives no formal guarantee "
+                f"and this site requires one ({field} allow_non_formal)"
+            )
         has_server = cfg.info.exchange == "server"
         if has_server and COORDINATOR not in self.sign_pub:
-            raise ConfigError(f"site {self.cfg.name} refuses the run: method {cfg.method} takes models from the "
-                              "coordinator's server role, and this site pins no coordinator key (federation.json "
-                              "'coordinator': `silofl site pin --coordinator coordinator.json`)")
+            raise ConfigError(
+                f"site {self.cfg.name} refuses the run: method {cfg.method} takes models from the "
+                "coordinator's server role, and this site pins no coordinator key (federation.json "
+                "'coordinator': `silofl site pin --coordinator coordinator.json`)"
+            )
         if cfg.is_private and cfg.delta > self.lifetime[1]:
-            raise ConfigError(f"site {self.cfg.name} refuses the run: its δ {cfg.delta:g} exceeds this site's lifetime "
-                              f"δ {self.lifetime[1]:g} (the ledger's budget: `silofl site budget --lifetime-delta`; "
-                              f"{field} lifetime_delta records it)")
+            raise ConfigError(
+                f"site {self.cfg.name} refuses the run: its δ {cfg.delta:g} exceeds this site's lifetime "
+                f"δ {self.lifetime[1]:g} (the ledger's budget: `silofl site budget --lifetime-delta`; "
+                f"{field} lifetime_delta records it)"
+            )
         if self.cfg.private_model and hasattr(cfg.options, "private_model"):
             cfg = cfg.replace(private_model=self.cfg.private_model, private_models=None)
         cfg = cfg.replace(report_nonprivate=self.cfg.report_test_figures)
         method = cfg.info.cls(cfg)
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
         inputs, shape = self._inputs(cfg)
-        site = make_site(method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures)
+        site = make_site(
+            method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures
+        )
         planned = self._cap_budget(site, cfg)
         resumed = None
         if resume:  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend
@@ -425,16 +528,29 @@ class SiteWorker:
         self.state.save_run(run_id, self.round, self.guard)
         head = self._head()
         self.state.save_head(head)
-        log.info("site %s %s run %s as site %d (%s)", self.cfg.name,
-                 f"rejoined from its round-{resumed} checkpoint" if resumed else "joined", run_id, k, cfg.method)
-        out = {"joined": True, "planned_epsilon": planned, "resumed_from": resumed, "ledger_head": head,
-               "lifetime": [self.lifetime[0], self.lifetime[1]], "feature_shape": list(shape.input_shape)}
+        log.info(
+            "site %s %s run %s as site %d (%s)",
+            self.cfg.name,
+            f"rejoined from its round-{resumed} checkpoint" if resumed else "joined",
+            run_id,
+            k,
+            cfg.method,
+        )
+        out = {
+            "joined": True,
+            "planned_epsilon": planned,
+            "resumed_from": resumed,
+            "ledger_head": head,
+            "lifetime": [self.lifetime[0], self.lifetime[1]],
+            "feature_shape": list(shape.input_shape),
+        }
         if self.budget_note:
             out["budget_note"] = self.budget_note
         return Message(out)
 
     def _inputs(self, cfg: Any) -> tuple[Any, _Shape]:
-        """The site's inputs after the run's feature stage (silofl.features), computed here, from the site's own data,
+        """The site's inputs after the run's feature stage (silofl.features), computed here, from the site's
+        own data,
         and kept by content in its own folder (``features/``), with the shape the models see."""
         from silofl.features import apply, record, stage_from_config
         from silofl.run.loop import SiteInputs
@@ -442,7 +558,9 @@ class SiteWorker:
         d = self.data
         stage = stage_from_config(cfg)
         if stage.identity:
-            return SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing), _Shape(d.input_shape, d.num_classes)
+            return SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing), _Shape(
+                d.input_shape, d.num_classes
+            )
         rec = record(stage, d.input_shape, cfg)
         root = self.folder / "features"
 
@@ -451,8 +569,16 @@ class SiteWorker:
 
         shape = _Shape(tuple(rec["feature_shape"]), d.num_classes)
         shape.features = rec
-        return (SiteInputs(apply(stage, d.x, root, "training data"), d.y, f(d.test, "test set"),
-                           f(d.internal, "held-out rows"), d.preprocessing), shape)
+        return (
+            SiteInputs(
+                apply(stage, d.x, root, "training data"),
+                d.y,
+                f(d.test, "test set"),
+                f(d.internal, "held-out rows"),
+                d.preprocessing,
+            ),
+            shape,
+        )
 
     def _cap_budget(self, site: Any, cfg: Any) -> float | None:
         """Refuse a run that would exceed the lifetime budget; cap the site's own accountant at it."""
@@ -460,14 +586,18 @@ class SiteWorker:
         if acc is None or budget is None or not cfg.is_private:
             return None
         s = site.settings
-        planned = acc.epsilon_after(s.noise_multiplier, site.sample_rate, cfg.rounds * site.steps_per_round, s.delta)
+        planned = acc.epsilon_after(
+            s.noise_multiplier, site.sample_rate, cfg.rounds * site.steps_per_round, s.delta
+        )
         spent = acc.epsilon(s.delta) if acc.steps else 0.0
         if planned > self.lifetime[0] and cfg.target_epsilon_of(site.cid) is None:
-            raise BudgetExhausted(f"this run would bring site {self.cfg.name} to ε {planned:.3f} (δ {s.delta:g}; spent "
-                                  f"{spent:.3f} before it), over what its lifetime budget leaves, ε {self.lifetime[0]:g}"
-                                  f"{self._outside_text()}: "
-                                  "refused (the ledger's budget: `silofl site budget --lifetime-epsilon`; the site.json "
-                                  "field lifetime_epsilon records it)")
+            raise BudgetExhausted(
+                f"this run would bring site {self.cfg.name} to ε {planned:.3f} (δ {s.delta:g}; spent "
+                f"{spent:.3f} before it), over what its lifetime budget leaves, ε {self.lifetime[0]:g}"
+                f"{self._outside_text()}: "
+                "refused (the ledger's budget: `silofl site budget --lifetime-epsilon`; the site.json "
+                "field lifetime_epsilon records it)"
+            )
         target = budget.target_epsilon
         budget.target_epsilon = min(target if target is not None else math.inf, self.lifetime[0])
         return planned
@@ -478,8 +608,10 @@ class SiteWorker:
             if isinstance(r, bool) or not isinstance(r, int) or r < 0:
                 raise PeerModelRejected("round must be a non-negative integer")
             if self.round is not None and r < self.round:
-                raise PeerModelRejected(f"step {step} for round {r}: site {self.cfg.name} is in round {self.round} of "
-                                        "this run, and rounds only move forward")
+                raise PeerModelRejected(
+                    f"step {step} for round {r}: site {self.cfg.name} is in round {self.round} of "
+                    "this run, and rounds only move forward"
+                )
             if r != self.round:  # the testing hook SILOFL_INJECT_FAULT=SITE:ROUND:KIND
                 from silofl.comm.torchdist import inject_fault
 
@@ -488,11 +620,16 @@ class SiteWorker:
                 assert self.run_id is not None
                 self.state.save_run(self.run_id, r, self.guard)
         if step in TRAIN_STEPS and not self.site.can_continue():
-            raise BudgetExhausted(f"site {self.cfg.name} cannot pay for another round within its budget: refused")
+            raise BudgetExhausted(
+                f"site {self.cfg.name} cannot pay for another round within its budget: refused"
+            )
         meta = dict(msg.meta)
-        for key in ("to", "server"):  # where the site will send: a pinned peer or the pinned server, checked first
+        for key in (
+            "to",
+            "server",
+        ):  # where the site will send: a pinned peer or the pinned server, checked first
             if key in meta:
-                for d in (meta[key] if isinstance(meta[key], list) else [meta[key]]):
+                for d in meta[key] if isinstance(meta[key], list) else [meta[key]]:
                     self._destination(d)
         assert self.run_id is not None
         for key, sub in (("root", "checkpoint"), ("models_dir", "models")):  # only into its own folder
@@ -501,7 +638,9 @@ class SiteWorker:
         packets = [self._open(p) for p in msg.packets]
         reply = self.site.handle(step, Message(meta, [p for p in packets if p is not None]))
         out = self._seal(step, reply)
-        if step in TRAIN_STEPS:  # the head after this round's spend: kept here, announced signed to the coordinator
+        if (
+            step in TRAIN_STEPS
+        ):  # the head after this round's spend: kept here, announced signed to the coordinator
             head = self._head()
             self.state.save_head(head)
             out.meta["ledger_head"] = head
@@ -509,16 +648,21 @@ class SiteWorker:
         return out
 
     def _destination(self, d: object) -> str:
-        """The pinned name of node ``d`` a site may send to: another site of the run, or the server role of a method
+        """The pinned name of node ``d`` a site may send to: another site of the run, or the server role of a
+        method
         that has one (sealed to the pinned coordinator key); anything else is refused."""
         n = len(self.order)
         if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= n or d == self.index:
-            raise PeerModelRejected(f"site {self.cfg.name} sends only to the other sites of the run (0..{n - 1}) or a "
-                                    f"server role ({n}); refused destination {str(d)[:40]}")
+            raise PeerModelRejected(
+                f"site {self.cfg.name} sends only to the other sites of the run (0..{n - 1}) or a "
+                f"server role ({n}); refused destination {str(d)[:40]}"
+            )
         if d == n:
             if not self.has_server or COORDINATOR not in self.seal_pub:
-                raise PeerModelRejected(f"site {self.cfg.name} refused destination {d}: this method has no server role "
-                                        "(or no coordinator key is pinned)")
+                raise PeerModelRejected(
+                    f"site {self.cfg.name} refused destination {d}: this method has no server role "
+                    "(or no coordinator key is pinned)"
+                )
             return COORDINATOR
         return self.order[d]
 
@@ -532,12 +676,20 @@ class SiteWorker:
             elif p.src < len(self.order) and p.src != self.index:
                 src = self.order[p.src]
             else:
-                raise PeerModelRejected(f"a payload claiming to be from node {p.src}, which is neither another site of "
-                                        "the run nor this method's server role")
+                raise PeerModelRejected(
+                    f"a payload claiming to be from node {p.src}, which is neither another site of "
+                    "the run nor this method's server role"
+                )
             header = sealing.header_of(p.data)
             self.guard.check(src, header, self.round)
-            _, data = sealing.open_sealed(p.data, run_id=self.run_id, src=src, dst=self.cfg.name,
-                                          seal_key=self.seal_key, sender=self.sign_pub[src])
+            _, data = sealing.open_sealed(
+                p.data,
+                run_id=self.run_id,
+                src=src,
+                dst=self.cfg.name,
+                seal_key=self.seal_key,
+                sender=self.sign_pub[src],
+            )
             self.guard.mark(src, header, self.round)
         except PeerModelRejected as e:
             log.warning("site %s refused a payload from node %s: %s", self.cfg.name, p.src, e)
@@ -555,9 +707,23 @@ class SiteWorker:
             dst = self._destination(p.dst)  # never a clear payload, never to a node it has no pinned key for
             i = count.get(p.dst, 0)
             count[p.dst] = i + 1
-            out.append(Packet(p.src, p.dst, sealing.seal(p.data, run_id=self.run_id, src=self.cfg.name, dst=dst,
-                                                         rnd=self.round or 0, step=step, index=i,
-                                                         sign_key=self.sign_key, recipient=self.seal_pub[dst])))
+            out.append(
+                Packet(
+                    p.src,
+                    p.dst,
+                    sealing.seal(
+                        p.data,
+                        run_id=self.run_id,
+                        src=self.cfg.name,
+                        dst=dst,
+                        rnd=self.round or 0,
+                        step=step,
+                        index=i,
+                        sign_key=self.sign_key,
+                        recipient=self.seal_pub[dst],
+                    ),
+                )
+            )
         reply.packets = out
         if self.refused:
             reply.meta["refused_payloads"] = self.refused[-20:]
@@ -567,7 +733,8 @@ class SiteWorker:
     # ------------------------------------------------------------------ the local socket
     def serve(self, path: Path, stop: Any = None) -> None:
         """Answer frames on a Unix socket at ``path`` (mode 0600: only this user) until ``stop`` is set. Each
-        connection is read in its own thread with a timeout and answered under one lock: a requester that stalls,
+        connection is read in its own thread with a timeout and answered under one lock: a requester that
+        stalls,
         hangs up or sends garbage costs its own request, never the worker."""
         path.unlink(missing_ok=True)
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

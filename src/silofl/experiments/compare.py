@@ -40,15 +40,21 @@ def _hetero(clients: int) -> list[str]:
 
 PRESETS: dict[str, tuple[str, list[tuple[str, dict]]]] = {
     "none": ("no ablation: the base config", [("base", {})]),
-    "noniid": ("non-IID sweep: fraction of each client's data from its major class",
-               [(f"p_major={p}", {"p_major": p}) for p in (0.1, 0.3, 0.5, 0.8)]),
-    "hetero": ("heterogeneous private architectures, one per pair of clients",
-               [("homogeneous", {}), ("mixed", {"private_models": "hetero"})]),
+    "noniid": (
+        "non-IID sweep: fraction of each client's data from its major class",
+        [(f"p_major={p}", {"p_major": p}) for p in (0.1, 0.3, 0.5, 0.8)],
+    ),
+    "hetero": (
+        "heterogeneous private architectures, one per pair of clients",
+        [("homogeneous", {}), ("mixed", {"private_models": "hetero"})],
+    ),
     "dp": ("DP vs non-DP", [("DP", {}), ("no DP", {"privacy": "off"})]),
     "batch": ("batch size vs ε", [(f"B={b}", {"batch_size": b}) for b in (50, 125, 250, 500)]),
     "alpha": ("DML weight α sweep", [(f"alpha={a}", {"dml_alpha": a}) for a in (0.1, 0.3, 0.5, 0.7, 0.9)]),
-    "privacy-mode": ("ProxyFL strict vs paper privacy mode", [("strict", {"privacy": "strict"}),
-                                                               ("paper", {"privacy": "paper"})]),
+    "privacy-mode": (
+        "ProxyFL strict vs paper privacy mode",
+        [("strict", {"privacy": "strict"}), ("paper", {"privacy": "paper"})],
+    ),
 }
 
 CLIENT_DP_SIZES = {6: 2000, 20: 600}  # examples per client: 12,000 Fashion-MNIST images in both splits
@@ -63,18 +69,28 @@ def _client_dp_variants() -> list[tuple[str, dict]]:
         for z in (0.5, 1.0, 1.5):
             out.append((f"N={n} z={z} none", {**base, "noise_multiplier": z, "intermediaries": "none"}))
             for unit in ("subclient", "hospital"):
-                out.append((f"N={n} z={z} adaptive {unit}",
-                            {**base, "noise_multiplier": z, "intermediaries": "adaptive", "privacy_unit": unit}))
+                out.append(
+                    (
+                        f"N={n} z={z} adaptive {unit}",
+                        {**base, "noise_multiplier": z, "intermediaries": "adaptive", "privacy_unit": unit},
+                    )
+                )
     return out
 
 
-PRESETS["client-dp"] = ("client-level DP: clients N, noise z, intermediaries and privacy unit", _client_dp_variants())
-
+PRESETS["client-dp"] = (
+    "client-level DP: clients N, noise z, intermediaries and privacy unit",
+    _client_dp_variants(),
+)
 
 
 def comm_methods() -> list[str]:
     """The example-level methods that exchange models (the communication sweep's)."""
-    return [m for m, i in registered_methods().items() if i.exchange in ("gossip", "server") and not i.client_level]
+    return [
+        m
+        for m, i in registered_methods().items()
+        if i.exchange in ("gossip", "server") and not i.client_level
+    ]
 
 
 @dataclass
@@ -96,8 +112,10 @@ class CompareConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown compare option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))} "
-                              "(run options go under 'run:')")
+            raise ConfigError(
+                f"unknown compare option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))} "
+                "(run options go under 'run:')"
+            )
         return cls(**data)
 
     def base(self) -> RunConfig:
@@ -132,7 +150,9 @@ class CompareConfig:
             for label in self.methods:
                 method, _, flag = label.partition(":")
                 if method not in known:
-                    raise ConfigError(f"unknown method {method!r} in {label!r}; choose from: {', '.join(known)}")
+                    raise ConfigError(
+                        f"unknown method {method!r} in {label!r}; choose from: {', '.join(known)}"
+                    )
                 if flag not in ("", "nodp"):
                     raise ConfigError(f"unknown method flag {flag!r} in {label!r}; the only flag is ':nodp'")
                 for seed in self.seeds:
@@ -145,8 +165,16 @@ class CompareConfig:
                         ch["threads"] = 1
                     rid = f"{_slug(vname)}/{_slug(label)}/seed{seed}"
                     # shared and variant options apply where the method has them
-                    cfg = RunConfig.from_dict({**self.run, **ch, "method": method, "seed": int(seed),
-                                               "out": str(Path(self.out) / "runs" / rid)}, strict=False).resolve()
+                    cfg = RunConfig.from_dict(
+                        {
+                            **self.run,
+                            **ch,
+                            "method": method,
+                            "seed": int(seed),
+                            "out": str(Path(self.out) / "runs" / rid),
+                        },
+                        strict=False,
+                    ).resolve()
                     runs.append(PlannedRun(rid, vname, label, int(seed), cfg))
         return _with_data(runs)
 
@@ -162,10 +190,17 @@ def _with_data(runs: list[PlannedRun]) -> list[PlannedRun]:
     loaded: dict[tuple, object] = {}
     for r in runs:
         c = r.cfg
-        key = (c.dataset, c.data_dir, c.image_size, c.max_bag_size, c.data_seed if c.dataset in ("folder", "bags") else 0)
+        key = (
+            c.dataset,
+            c.data_dir,
+            c.image_size,
+            c.max_bag_size,
+            c.data_seed if c.dataset in ("folder", "bags") else 0,
+        )
         if key not in loaded:
-            loaded[key] = load_dataset(c.dataset, c.data_dir, image_size=c.image_size, max_bag_size=c.max_bag_size,
-                                       seed=c.data_seed)
+            loaded[key] = load_dataset(
+                c.dataset, c.data_dir, image_size=c.image_size, max_bag_size=c.max_bag_size, seed=c.data_seed
+            )
         try:
             r.cfg, _ = prepare_data(c, torch.device("cpu"), loaded[key])
         except ConfigError as e:
@@ -192,7 +227,11 @@ class PlannedRun:
             return False
         want = self.cfg.to_flat()
         # the thread count does not change results; the folder is the one checked, however OUT was spelled
-        ignore = {"threads": None, "out": None, "metric": None}  # every metric is in a finished run: any may headline
+        ignore = {
+            "threads": None,
+            "out": None,
+            "metric": None,
+        }  # every metric is in a finished run: any may headline
         ignore["track"] = None  # where figures were also logged (--track) does not change them
         return {**have, **ignore} == {**want, **ignore}
 
@@ -212,8 +251,11 @@ def _execute(cfg_dict: dict) -> dict:
     try:
         return {"summary": run(RunConfig.from_dict(cfg_dict), progress=False, overwrite=True)}
     except Exception as e:  # noqa: BLE001 - every failure is reported, the comparison goes on
-        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
-                "seconds": time.perf_counter() - t0}
+        return {
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(),
+            "seconds": time.perf_counter() - t0,
+        }
 
 
 def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
@@ -228,14 +270,20 @@ def run_compare(cc: CompareConfig, console=None, progress: bool = True) -> dict:
     todo = []
     for r in runs:
         if (cc.resume or cc.report_only) and r.done():
-            results[r.rid] = {"summary": json.loads((Path(r.cfg.out) / "summary.json").read_text()), "resumed": True}
+            results[r.rid] = {
+                "summary": json.loads((Path(r.cfg.out) / "summary.json").read_text()),
+                "resumed": True,
+            }
         elif cc.report_only:
             results[r.rid] = {"error": "not run (report only)"}
         else:
             todo.append(r)
     complete = sum(1 for r in runs if results.get(r.rid, {}).get("resumed"))
-    _say(console, f"{len(runs)} runs planned, {complete} already complete (resume), {len(todo)} to run"
-         f"{f' in {cc.jobs} processes' if cc.jobs > 1 else ''} → {out}")
+    _say(
+        console,
+        f"{len(runs)} runs planned, {complete} already complete (resume), {len(todo)} to run"
+        f"{f' in {cc.jobs} processes' if cc.jobs > 1 else ''} → {out}",
+    )
     with _progress(console, progress) as p:
         task = p.add_task("compare", total=len(todo)) if p else None
         started = 0
@@ -294,7 +342,10 @@ def _report_one(console, r: PlannedRun, res: dict) -> None:
     else:
         s = res["summary"]
         h = s["final"].get(s["headline"], {}).get("mean")
-        _say(console, f"done {r.rid}: {s['headline']} {'—' if h is None else f'{h:.4f}'}, {s['wall_time_s']:.0f} s")
+        _say(
+            console,
+            f"done {r.rid}: {s['headline']} {'—' if h is None else f'{h:.4f}'}, {s['wall_time_s']:.0f} s",
+        )
 
 
 def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> list[dict]:
@@ -305,26 +356,54 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
     from silofl.data import load_dataset
     from silofl.run.loop import build
 
-    data = load_dataset(base.dataset, base.data_dir, image_size=base.image_size, max_bag_size=base.max_bag_size,
-                        seed=base.data_seed)
+    data = load_dataset(
+        base.dataset,
+        base.data_dir,
+        image_size=base.image_size,
+        max_bag_size=base.max_bag_size,
+        seed=base.data_seed,
+    )
     n_train = len(data.y_train)
     spc = base.with_data(n_train).samples_per_client
     per = max(2, min(spc, n_train // max(ks)))
     rows = []
     for k in ks:
         for m in methods:
-            cfg = RunConfig.from_dict({**base.to_flat(), "method": m, "clients": k, "samples_per_client": per,
-                                       "batch_size": min(base.with_data(n_train).batch_size, per), "partition": "iid",
-                                       "delta": min(base.delta, 0.5 / per), "target_epsilon": None,
-                                       "target_epsilons": None, "private_models": None}, strict=False)
+            cfg = RunConfig.from_dict(
+                {
+                    **base.to_flat(),
+                    "method": m,
+                    "clients": k,
+                    "samples_per_client": per,
+                    "batch_size": min(base.with_data(n_train).batch_size, per),
+                    "partition": "iid",
+                    "delta": min(base.delta, 0.5 / per),
+                    "target_epsilon": None,
+                    "target_epsilons": None,
+                    "private_models": None,
+                },
+                strict=False,
+            )
             _, _, coordinator, engine = build(cfg, data=data)
             coordinator.start()
             sid = coordinator.server_id
-            before, server_before = sum(engine.bytes_sent.values()), engine.bytes_sent[sid] + engine.bytes_received[sid]
+            before, server_before = (
+                sum(engine.bytes_sent.values()),
+                engine.bytes_sent[sid] + engine.bytes_received[sid],
+            )
             coordinator.run_round(1)
             total = sum(engine.bytes_sent.values()) - before
-            rows.append({"method": m, "clients": k, "bytes_per_round": total, "bytes_per_client_per_round": total / k,
-                         "server_bytes_per_round": engine.bytes_sent[sid] + engine.bytes_received[sid] - server_before})
+            rows.append(
+                {
+                    "method": m,
+                    "clients": k,
+                    "bytes_per_round": total,
+                    "bytes_per_client_per_round": total / k,
+                    "server_bytes_per_round": engine.bytes_sent[sid]
+                    + engine.bytes_received[sid]
+                    - server_before,
+                }
+            )
     return rows
 
 

@@ -7,11 +7,13 @@ publishers' ε), and writes a table (CSV + Markdown, one row per method), ``resu
 |---|---|---|
 | ``iid`` | Fashion-MNIST (``--quick``: scikit-learn digits) | sites drawn IID |
 | ``non-iid`` | same | each site 80 % from one class (the ProxyFL papers' skew) |
-| ``distributed-features`` | breast cancer (scikit-learn) | feature groups split across sites; same population (random rows) and different populations (rows by tumour radius) |
+| ``distributed-features`` | breast cancer (scikit-learn) | feature groups split across sites; same population
+(random rows) and different populations (rows by tumour radius) |
 | ``regression`` | diabetes (scikit-learn) | feature subsets per site, DP linear regression + DP-SGD network |
 | ``stream`` | river's Hyperplane generator (drifting) | ensemble size k = 1…8, accuracy on the latest chunk |
 | ``noisy-sites`` | breast cancer | half the publishers publish pure noise |
-| ``scale`` | Hyperplane | 1000 publishers × 500 points; customization time by load / select / fuse for All, top-100/50/10 |
+| ``scale`` | Hyperplane | 1000 publishers × 500 points; customization time by load / select / fuse for All,
+top-100/50/10 |
 
 Every (ε, δ) printed comes from the mechanism that ran: the publishers' DP-SGD accountant or
 diffprivlib's ε, and the FL baselines' RDP accountant (client level, q = 1).
@@ -86,16 +88,37 @@ def rows(x: np.ndarray, y: np.ndarray, idx, features: list[str], all_features: l
 
 
 # ---------------------------------------------------------------------------------------------- one case
-def run_case(world: World, publishers: list[Site], subscriber: Site, *, kinds: list[str], epsilons: list[float],
-             delta: float, seed: int, top_m: int | None = None, fl_rounds: int = 30, fl: bool = True,
-             train_options: dict | None = None, private_only: bool = False) -> dict:
+def run_case(
+    world: World,
+    publishers: list[Site],
+    subscriber: Site,
+    *,
+    kinds: list[str],
+    epsilons: list[float],
+    delta: float,
+    seed: int,
+    top_m: int | None = None,
+    fl_rounds: int = 30,
+    fl: bool = True,
+    train_options: dict | None = None,
+    private_only: bool = False,
+) -> dict:
     """One seed of PubSub-ML, PubSub-ML*, Own and the FL baselines; {method: metric} plus details."""
     opts = train_options or {}
     dp, star = [], []
     t0 = time.perf_counter()
     for p, kind, eps in zip(publishers, kinds, epsilons, strict=True):
-        common = {"publisher": p.name, "features": p.features, "task": world.task, "bounds": world.bounds(p.features),
-                  "epsilon": eps, "delta": delta, "classes": world.classes, "seed": seed, **opts}
+        common = {
+            "publisher": p.name,
+            "features": p.features,
+            "task": world.task,
+            "bounds": world.bounds(p.features),
+            "epsilon": eps,
+            "delta": delta,
+            "classes": world.classes,
+            "seed": seed,
+            **opts,
+        }
         if world.task == "regression" and kind == "dp-linreg":
             common["y_bounds"] = (0.0, 1.0)  # targets are scaled to [0, 1] by their public range
         dp.append(train(kind, p.x, p.y, **common))
@@ -106,27 +129,48 @@ def run_case(world: World, publishers: list[Site], subscriber: Site, *, kinds: l
     idx = split(len(subscriber.x), seed=seed)
     res = customize(dp, local, world.default_map(), top_m=top_m, seed=seed, idx=idx)
     out = {"PubSub-ML": res.report["test"], "Own": res.report["own_test"]}
-    details = {"selected": res.report["selected"], "seconds": res.report["seconds"], "publish_seconds": t_publish,
-               "publisher_epsilons": [m.epsilon for m in dp], "publisher_mechanisms": [m.mechanism["name"] for m in dp]}
+    details = {
+        "selected": res.report["selected"],
+        "seconds": res.report["seconds"],
+        "publish_seconds": t_publish,
+        "publisher_epsilons": [m.epsilon for m in dp],
+        "publisher_mechanisms": [m.mechanism["name"] for m in dp],
+    }
     if not private_only:
-        out["PubSub-ML*"] = customize(star, local, world.default_map(), top_m=top_m, seed=seed, idx=idx).report["test"]
+        out["PubSub-ML*"] = customize(
+            star, local, world.default_map(), top_m=top_m, seed=seed, idx=idx
+        ).report["test"]
     if fl:
         tr, cu, te = idx
         train_rows = np.concatenate([tr, cu])  # the subscriber takes part in FL with all its non-test rows
         sites = [(world.to_union(p.x, p.features), p.y) for p in publishers]
-        sites.append((world.to_union(subscriber.x[train_rows], subscriber.features), subscriber.y[train_rows]))
+        sites.append(
+            (world.to_union(subscriber.x[train_rows], subscriber.features), subscriber.y[train_rows])
+        )
         x_te = world.to_union(subscriber.x[te], subscriber.features)
         x_own = world.to_union(subscriber.x[train_rows], subscriber.features)
         n_out = len(world.classes) if world.task == "classification" else 1
         eps_fl = min(m.epsilon for m in dp)
         details["fl_epsilon_target"] = eps_fl
         for method in FL_METHODS:
-            model, info = run_fl(method, sites, world.task, n_out, epsilon=eps_fl, delta=min(delta, 1 / len(sites)),
-                                 rounds=fl_rounds, seed=seed)
+            model, info = run_fl(
+                method,
+                sites,
+                world.task,
+                n_out,
+                epsilon=eps_fl,
+                delta=min(delta, 1 / len(sites)),
+                rounds=fl_rounds,
+                seed=seed,
+            )
             name = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedadam": "FedAdam"}[method]
             out[f"{name}-V"] = evaluate(model, x_te, subscriber.y[te], world.task)
-            out[f"{name}-F"] = evaluate(fine_tune(model, x_own, subscriber.y[train_rows], world.task, seed=seed), x_te,
-                                        subscriber.y[te], world.task)
+            out[f"{name}-F"] = evaluate(
+                fine_tune(model, x_own, subscriber.y[train_rows], world.task, seed=seed),
+                x_te,
+                subscriber.y[te],
+                world.task,
+            )
             details[f"{name}_epsilon"] = info["epsilon"]
     return {"metrics": out, "details": details}
 
@@ -140,8 +184,14 @@ def _images(quick: bool, seed: int):
     y = data.y_train.numpy()
     feats = [f"px{i}" for i in range(x.shape[1])]
     classes = data.class_names or [str(c) for c in range(data.num_classes)]
-    world = World(feats, np.full(len(feats), float(x.min())), np.full(len(feats), float(x.max())), x.mean(0),
-                  "classification", list(classes))
+    world = World(
+        feats,
+        np.full(len(feats), float(x.min())),
+        np.full(len(feats), float(x.max())),
+        x.mean(0),
+        "classification",
+        list(classes),
+    )
     return x, y, feats, world, data.name
 
 
@@ -173,19 +223,33 @@ def image_case(kind: str, quick: bool, seed: int) -> tuple[World, list[Site], Si
             major = np.bincount(y[sub_idx]).argmax()
             pool_major, pool_rest = extra[y[extra] == major], extra[y[extra] != major]
             m = int(0.8 * (n_sub - n))
-            more = np.concatenate([rng.choice(pool_major, m, replace=False),
-                                   rng.choice(pool_rest, n_sub - n - m, replace=False)])
+            more = np.concatenate(
+                [
+                    rng.choice(pool_major, m, replace=False),
+                    rng.choice(pool_rest, n_sub - n - m, replace=False),
+                ]
+            )
         sub_idx = np.concatenate([sub_idx, more])
     pubs = [rows(x, y, parts[i], feats, feats, f"site{i}") for i in range(k)]
-    return world, pubs, rows(x, y, sub_idx, feats, feats, "subscriber"), {"data": name, "publishers": k,
-                                                                         "rows_per_publisher": n, "subscriber_rows": len(sub_idx)}
+    return (
+        world,
+        pubs,
+        rows(x, y, sub_idx, feats, feats, "subscriber"),
+        {"data": name, "publishers": k, "rows_per_publisher": n, "subscriber_rows": len(sub_idx)},
+    )
 
 
 # ---------------------------------------------------------------------------------------------- scenarios
 def _summarise(per_seed: list[dict]) -> dict:
     methods = list(per_seed[0]["metrics"])
-    return {m: {"mean": statistics.fmean(s["metrics"][m] for s in per_seed),
-                "std": statistics.pstdev([s["metrics"][m] for s in per_seed]), "n": len(per_seed)} for m in methods}
+    return {
+        m: {
+            "mean": statistics.fmean(s["metrics"][m] for s in per_seed),
+            "std": statistics.pstdev([s["metrics"][m] for s in per_seed]),
+            "n": len(per_seed),
+        }
+        for m in methods
+    }
 
 
 def scenario_images(kind: str, seeds, quick: bool) -> dict:
@@ -195,10 +259,24 @@ def scenario_images(kind: str, seeds, quick: bool) -> dict:
     for seed in seeds:
         world, pubs, sub, info = image_case(kind, quick, seed)
         opts = {"epochs": 3 if quick else 10, "hidden": 32 if quick else 64}
-        cases.append(run_case(world, pubs, sub, kinds=["dp-nn"] * len(pubs), epsilons=[eps] * len(pubs), delta=1e-5,
-                              seed=seed, fl_rounds=3 if quick else 30, train_options=opts))
-    return {"setting": {**info, "model": "dp-nn (DP-SGD MLP)", "epsilon": eps, "delta": 1e-5},
-            "summary": _summarise(cases), "per_seed": cases}
+        cases.append(
+            run_case(
+                world,
+                pubs,
+                sub,
+                kinds=["dp-nn"] * len(pubs),
+                epsilons=[eps] * len(pubs),
+                delta=1e-5,
+                seed=seed,
+                fl_rounds=3 if quick else 30,
+                train_options=opts,
+            )
+        )
+    return {
+        "setting": {**info, "model": "dp-nn (DP-SGD MLP)", "epsilon": eps, "delta": 1e-5},
+        "summary": _summarise(cases),
+        "per_seed": cases,
+    }
 
 
 def scenario_distributed_features(seeds, quick: bool) -> dict:
@@ -221,12 +299,31 @@ def scenario_distributed_features(seeds, quick: bool) -> dict:
                 sub_part = parts.pop(2)
             pubs = [rows(x, y, parts[i], f, feats, f"site{i}") for i, f in enumerate(pub_feats)]
             sub = rows(x, y, sub_part, sub_feats, feats, "subscriber")
-            cases.append(run_case(world, pubs, sub, kinds=["dp-logreg"] * 4, epsilons=[1.0, 1.0, 2.0, 2.0],
-                                  delta=1e-5, seed=seed, fl_rounds=5 if quick else 30))
+            cases.append(
+                run_case(
+                    world,
+                    pubs,
+                    sub,
+                    kinds=["dp-logreg"] * 4,
+                    epsilons=[1.0, 1.0, 2.0, 2.0],
+                    delta=1e-5,
+                    seed=seed,
+                    fl_rounds=5 if quick else 30,
+                )
+            )
         out[population] = {"summary": _summarise(cases), "per_seed": cases}
-    return {"setting": {"data": "breast cancer (569 rows, 30 features)", "publishers": 4,
-                        "publisher_features": [len(f) for f in pub_feats], "subscriber_features": sub_feats,
-                        "model": "dp-logreg", "epsilons": [1.0, 1.0, 2.0, 2.0], "delta": 1e-5}, "populations": out}
+    return {
+        "setting": {
+            "data": "breast cancer (569 rows, 30 features)",
+            "publishers": 4,
+            "publisher_features": [len(f) for f in pub_feats],
+            "subscriber_features": sub_feats,
+            "model": "dp-logreg",
+            "epsilons": [1.0, 1.0, 2.0, 2.0],
+            "delta": 1e-5,
+        },
+        "populations": out,
+    }
 
 
 def scenario_regression(seeds, quick: bool) -> dict:
@@ -245,12 +342,31 @@ def scenario_regression(seeds, quick: bool) -> dict:
         parts = np.array_split(np.random.default_rng(seed).permutation(len(y)), 4)
         pubs = [rows(x, y, parts[i], f, feats, f"site{i}") for i, f in enumerate(pub_feats)]
         sub = rows(x, y, parts[3], sub_feats, feats, "subscriber")
-        cases.append(run_case(world, pubs, sub, kinds=["dp-linreg", "dp-nn", "dp-linreg"], epsilons=[1.0, 2.0, 1.0],
-                              delta=1e-5, seed=seed, fl_rounds=5 if quick else 30,
-                              train_options={"epochs": 5 if quick else 30, "hidden": 16}))
-    return {"setting": {"data": "diabetes (442 rows, 10 features); target scaled to [0, 1] by its public range; "
-                        "metric MSE (lower is better)", "publishers": 3, "models": ["dp-linreg", "dp-nn", "dp-linreg"],
-                        "epsilons": [1.0, 2.0, 1.0], "delta": 1e-5}, "summary": _summarise(cases), "per_seed": cases}
+        cases.append(
+            run_case(
+                world,
+                pubs,
+                sub,
+                kinds=["dp-linreg", "dp-nn", "dp-linreg"],
+                epsilons=[1.0, 2.0, 1.0],
+                delta=1e-5,
+                seed=seed,
+                fl_rounds=5 if quick else 30,
+                train_options={"epochs": 5 if quick else 30, "hidden": 16},
+            )
+        )
+    return {
+        "setting": {
+            "data": "diabetes (442 rows, 10 features); target scaled to [0, 1] by its public range; "
+            "metric MSE (lower is better)",
+            "publishers": 3,
+            "models": ["dp-linreg", "dp-nn", "dp-linreg"],
+            "epsilons": [1.0, 2.0, 1.0],
+            "delta": 1e-5,
+        },
+        "summary": _summarise(cases),
+        "per_seed": cases,
+    }
 
 
 def _hyperplane(n: int, seed: int, n_features: int = 10, drift: float = 0.001):
@@ -259,8 +375,14 @@ def _hyperplane(n: int, seed: int, n_features: int = 10, drift: float = 0.001):
     require("river", "pubsub", "the PubSub-ML stream scenarios (river's Hyperplane stream)")
     from river.datasets import synth
 
-    gen = synth.Hyperplane(seed=seed, n_features=n_features, n_drift_features=n_features // 2, mag_change=drift,
-                           noise_percentage=0.05, sigma=0.1)
+    gen = synth.Hyperplane(
+        seed=seed,
+        n_features=n_features,
+        n_drift_features=n_features // 2,
+        mag_change=drift,
+        noise_percentage=0.05,
+        sigma=0.1,
+    )
     xs, ys = [], []
     for xd, label in itertools.islice(gen, n):
         xs.append([xd[i] for i in range(n_features)])
@@ -283,8 +405,21 @@ def scenario_stream(seeds, quick: bool) -> dict:
         accs, own = [], []
         for seed in seeds:
             x, y = _hyperplane((publishers + 1) * chunk * steps, seed)
-            streams = [StreamPublisher(f"site{p}", feats, "classification", "dp-logreg", 1.0, 1e-5, world.bounds(feats),
-                                       k=k, classes=world.classes, seed=seed * 100 + p) for p in range(publishers)]
+            streams = [
+                StreamPublisher(
+                    f"site{p}",
+                    feats,
+                    "classification",
+                    "dp-logreg",
+                    1.0,
+                    1e-5,
+                    world.bounds(feats),
+                    k=k,
+                    classes=world.classes,
+                    seed=seed * 100 + p,
+                )
+                for p in range(publishers)
+            ]
             for t in range(steps):
                 base = t * (publishers + 1) * chunk
                 for p, s in enumerate(streams):
@@ -294,18 +429,33 @@ def scenario_stream(seeds, quick: bool) -> dict:
                 if t < min(sizes[-1], steps - 1):  # let every ensemble size fill before scoring
                     continue
                 models = [m for s in streams for m in s.models()]
-                res = customize(models, LocalData(x[sub], y[sub], feats, "classification", world.classes),
-                                world.default_map(), seed=seed + t, epochs=100)
+                res = customize(
+                    models,
+                    LocalData(x[sub], y[sub], feats, "classification", world.classes),
+                    world.default_map(),
+                    seed=seed + t,
+                    epochs=100,
+                )
                 accs.append(res.report["test"])
                 own.append(res.report["own_test"])
-        table[k] = {"PubSub-ML": {"mean": statistics.fmean(accs), "std": statistics.pstdev(accs), "n": len(accs)},
-                    "Own": {"mean": statistics.fmean(own), "std": statistics.pstdev(own), "n": len(own)}}
-    return {"setting": {"data": "river Hyperplane (10 features, 5 drifting, mag_change 0.001, 5 % label noise)",
-                        "publishers": publishers, "chunk_rows": chunk, "steps": steps, "model": "dp-logreg",
-                        "epsilon": 1.0, "delta": 1e-5,
-                        "guarantee": "each record is in exactly one chunk's model: (ε, δ) = (1, 1e-5) for the whole "
-                                     "stream by parallel composition, whatever k and the number of steps"},
-            "by_ensemble_size": {str(k): v for k, v in table.items()}}
+        table[k] = {
+            "PubSub-ML": {"mean": statistics.fmean(accs), "std": statistics.pstdev(accs), "n": len(accs)},
+            "Own": {"mean": statistics.fmean(own), "std": statistics.pstdev(own), "n": len(own)},
+        }
+    return {
+        "setting": {
+            "data": "river Hyperplane (10 features, 5 drifting, mag_change 0.001, 5 % label noise)",
+            "publishers": publishers,
+            "chunk_rows": chunk,
+            "steps": steps,
+            "model": "dp-logreg",
+            "epsilon": 1.0,
+            "delta": 1e-5,
+            "guarantee": "each record is in exactly one chunk's model: (ε, δ) = (1, 1e-5) for the whole "
+            "stream by parallel composition, whatever k and the number of steps",
+        },
+        "by_ensemble_size": {str(k): v for k, v in table.items()},
+    }
 
 
 def scenario_noisy(seeds, quick: bool) -> dict:
@@ -316,13 +466,29 @@ def scenario_noisy(seeds, quick: bool) -> dict:
     for seed in seeds:
         rng = np.random.default_rng(seed)
         perm = rng.permutation(len(y))
-        parts = [perm[i * 50 : (i + 1) * 50] for i in range(8)] + [perm[400:]]  # 8 × 50 rows; the subscriber 169
+        parts = [perm[i * 50 : (i + 1) * 50] for i in range(8)] + [
+            perm[400:]
+        ]  # 8 × 50 rows; the subscriber 169
         pubs = [rows(x, y, parts[i], feats, feats, f"site{i}") for i in range(8)]
         for i in range(4, 8):  # pure noise: labels drawn at random, features shuffled
             pubs[i] = Site(f"noisy{i}", rng.permutation(pubs[i].x), rng.integers(0, 2, len(pubs[i].y)), feats)
         sub = rows(x, y, parts[8], feats[:10], feats, "subscriber")
-        dp = [train("dp-logreg", p.x, p.y, publisher=p.name, features=p.features, task="classification",
-                    bounds=world.bounds(p.features), epsilon=1.0, delta=1e-5, classes=world.classes, seed=seed) for p in pubs]
+        dp = [
+            train(
+                "dp-logreg",
+                p.x,
+                p.y,
+                publisher=p.name,
+                features=p.features,
+                task="classification",
+                bounds=world.bounds(p.features),
+                epsilon=1.0,
+                delta=1e-5,
+                classes=world.classes,
+                seed=seed,
+            )
+            for p in pubs
+        ]
         local = LocalData(sub.x, sub.y, sub.features, "classification", world.classes)
         idx = split(len(sub.y), seed=seed)
         for name, models, m in (("all", dp, None), ("good only", dp[:4], None), ("top-4", dp, 4)):
@@ -331,11 +497,24 @@ def scenario_noisy(seeds, quick: bool) -> dict:
             if name == "top-4":
                 noisy_selected.append(sum(s.startswith("noisy") for s in rep["selected"]))
         out.setdefault("Own", []).append(rep["own_test"])
-    summary = {f"PubSub-ML ({k})" if k != "Own" else "Own": {"mean": statistics.fmean(v), "std": statistics.pstdev(v),
-                                                            "n": len(v)} for k, v in out.items()}
-    return {"setting": {"data": "breast cancer; 8 publishers on all 30 features, 4 of them pure noise (random labels, "
-                        "shuffled rows); subscriber on 10 features", "model": "dp-logreg", "epsilon": 1.0},
-            "summary": summary, "noisy_models_in_top4": noisy_selected}
+    summary = {
+        f"PubSub-ML ({k})" if k != "Own" else "Own": {
+            "mean": statistics.fmean(v),
+            "std": statistics.pstdev(v),
+            "n": len(v),
+        }
+        for k, v in out.items()
+    }
+    return {
+        "setting": {
+            "data": "breast cancer; 8 publishers on all 30 features, 4 of them pure noise (random labels, "
+            "shuffled rows); subscriber on 10 features",
+            "model": "dp-logreg",
+            "epsilon": 1.0,
+        },
+        "summary": summary,
+        "noisy_models_in_top4": noisy_selected,
+    }
 
 
 def scenario_scale(seeds, quick: bool, out_dir: Path) -> dict:
@@ -353,8 +532,19 @@ def scenario_scale(seeds, quick: bool, out_dir: Path) -> dict:
     for p in range(n_pub):
         broker.join(f"site{p}", {f: ("continuous", 0.5, 0.0, 1.0) for f in feats})
         sl = slice(p * n, (p + 1) * n)
-        m = train("dp-logreg", x[sl], y[sl], publisher=f"site{p}", features=feats, task="classification",
-                  bounds=world.bounds(feats), epsilon=1.0, delta=1e-5, classes=world.classes, seed=p)
+        m = train(
+            "dp-logreg",
+            x[sl],
+            y[sl],
+            publisher=f"site{p}",
+            features=feats,
+            task="classification",
+            bounds=world.bounds(feats),
+            epsilon=1.0,
+            delta=1e-5,
+            classes=world.classes,
+            seed=p,
+        )
         broker.publish(m.to_bytes())
     t_publish = time.perf_counter() - t0
     broker.join("subscriber")
@@ -362,17 +552,30 @@ def scenario_scale(seeds, quick: bool, out_dir: Path) -> dict:
     sub = slice(n_pub * n, n_pub * n + 2000)
     local = LocalData(x[sub], y[sub], feats, "classification", world.classes)
     results = {}
-    for m in ([None, 100, 50, 10] if not quick else [None, 10]):
+    for m in [None, 100, 50, 10] if not quick else [None, 10]:
         t1 = time.perf_counter()
         models = [broker.fetch(i) for i in broker.stream(ch.id)]
         t_load = time.perf_counter() - t1
         rep = customize(models, local, world.default_map(), top_m=m, seed=seed, own=None, epochs=100).report
-        results["All" if m is None else f"top-{m}"] = {"load": t_load, "select": rep["seconds"]["select"],
-                                                       "fuse": rep["seconds"]["fuse"], "test": rep["test"],
-                                                       "models": len(models)}
-    return {"setting": {"publishers": n_pub, "rows_per_publisher": n, "model": "dp-logreg", "epsilon": 1.0,
-                        "subscriber_rows": 2000, "publish_seconds_total": t_publish,
-                        "data": "river Hyperplane (10 features, no drift)"}, "timings": results}
+        results["All" if m is None else f"top-{m}"] = {
+            "load": t_load,
+            "select": rep["seconds"]["select"],
+            "fuse": rep["seconds"]["fuse"],
+            "test": rep["test"],
+            "models": len(models),
+        }
+    return {
+        "setting": {
+            "publishers": n_pub,
+            "rows_per_publisher": n,
+            "model": "dp-logreg",
+            "epsilon": 1.0,
+            "subscriber_rows": 2000,
+            "publish_seconds_total": t_publish,
+            "data": "river Hyperplane (10 features, no drift)",
+        },
+        "timings": results,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -400,7 +603,9 @@ def run_scenario(name: str, out: str | Path, quick: bool = False, seeds=None) ->
         result = scenario_noisy(seeds, quick)
     else:
         result = scenario_scale(seeds, quick, out)
-    result.update({"scenario": name, "quick": quick, "seeds": seeds, "wall_seconds": time.perf_counter() - t0})
+    result.update(
+        {"scenario": name, "quick": quick, "seeds": seeds, "wall_seconds": time.perf_counter() - t0}
+    )
     (out / "results.json").write_text(json.dumps(result, indent=2, default=float))
     write_tables(name, result, out)
     return result
@@ -413,16 +618,31 @@ def _table_rows(name: str, result: dict) -> tuple[list[str], list[list]]:
     if name == "distributed-features":
         head = ["method", "same population", "different populations"]
         methods = list(result["populations"]["same"]["summary"])
-        return head, [[m, ms(result["populations"]["same"]["summary"][m]),
-                       ms(result["populations"]["different"]["summary"][m])] for m in methods]
+        return head, [
+            [
+                m,
+                ms(result["populations"]["same"]["summary"][m]),
+                ms(result["populations"]["different"]["summary"][m]),
+            ]
+            for m in methods
+        ]
     if name == "stream":
         head = ["ensemble size k", "PubSub-ML", "Own"]
         return head, [[k, ms(v["PubSub-ML"]), ms(v["Own"])] for k, v in result["by_ensemble_size"].items()]
     if name == "scale":
         head = ["subscriber keeps", "models", "load s", "select s", "fuse s", "total s", "test accuracy"]
-        return head, [[k, v["models"], f"{v['load']:.2f}", f"{v['select']:.2f}", f"{v['fuse']:.2f}",
-                       f"{v['load'] + v['select'] + v['fuse']:.2f}", f"{v['test']:.4f}"]
-                      for k, v in result["timings"].items()]
+        return head, [
+            [
+                k,
+                v["models"],
+                f"{v['load']:.2f}",
+                f"{v['select']:.2f}",
+                f"{v['fuse']:.2f}",
+                f"{v['load'] + v['select'] + v['fuse']:.2f}",
+                f"{v['test']:.4f}",
+            ]
+            for k, v in result["timings"].items()
+        ]
     metric = "MSE (lower is better)" if name == "regression" else "accuracy"
     return ["method", metric], [[m, ms(v)] for m, v in result["summary"].items()]
 
@@ -453,8 +673,14 @@ def _plot(name: str, result: dict, path: Path) -> None:
         ks = list(result["by_ensemble_size"])
         for method in ("PubSub-ML", "Own"):
             v = [result["by_ensemble_size"][k][method] for k in ks]
-            ax.errorbar([int(k) for k in ks], [d["mean"] for d in v], yerr=[d["std"] for d in v], marker="o", label=method,
-                        capsize=3)
+            ax.errorbar(
+                [int(k) for k in ks],
+                [d["mean"] for d in v],
+                yerr=[d["std"] for d in v],
+                marker="o",
+                label=method,
+                capsize=3,
+            )
         ax.set_xlabel("ensemble size k (models per publisher)")
         ax.set_ylabel("accuracy on the latest chunk")
         ax.legend()
@@ -469,9 +695,14 @@ def _plot(name: str, result: dict, path: Path) -> None:
         ax.set_title(f"customization with {result['setting']['publishers']} publishers")
         ax.legend()
     else:
-        series = ({"same": result["populations"]["same"]["summary"],
-                   "different": result["populations"]["different"]["summary"]} if name == "distributed-features"
-                  else {"": result["summary"]})
+        series = (
+            {
+                "same": result["populations"]["same"]["summary"],
+                "different": result["populations"]["different"]["summary"],
+            }
+            if name == "distributed-features"
+            else {"": result["summary"]}
+        )
         methods = list(next(iter(series.values())))
         width = 0.8 / len(series)
         for j, (label, summ) in enumerate(series.items()):
@@ -479,7 +710,9 @@ def _plot(name: str, result: dict, path: Path) -> None:
             means = np.array([summ[m]["mean"] for m in methods])
             stds = np.array([summ[m]["std"] for m in methods])
             low = np.minimum(stds, means * 0.999) if name == "regression" else stds
-            ax.bar(pos, means, width, yerr=[low, stds], capsize=2, label=f"{label} population" if label else None)
+            ax.bar(
+                pos, means, width, yerr=[low, stds], capsize=2, label=f"{label} population" if label else None
+            )
         ax.set_xticks(np.arange(len(methods)) + width * (len(series) - 1) / 2)
         ax.set_xticklabels(methods, rotation=35, ha="right", fontsize=8)
         ax.set_ylabel("MSE (lower is better, log scale)" if name == "regression" else "accuracy")

@@ -1,11 +1,17 @@
 """``silofl tune``: choose a method's settings for a privacy budget without touching the test set.
 
-Every trial is a budget-first run (σ set from ``--target-epsilon`` and the trial's own rounds and sampling rate)
-scored on the **validation split** (``eval_split: validation``): training examples of the pooled data set that no
-client holds, standing for public data of the same kind. The test split is never read by a trial. The trial with
-the best mean headline accuracy (the method's own: ``private_acc`` for ProxyFL, ``global_acc`` for FedAvg, …) is
-written to ``OUT/best.yaml`` with ``eval_split: test``, ready for one final run. With ``metric`` (``--metric auroc``
-| ``balanced_accuracy`` | ``f1`` | ``ece``) the same model is scored by that metric instead (``private_auroc`` …;
+Every trial is a budget-first run (σ set from ``--target-epsilon`` and the trial's own rounds and sampling
+rate)
+scored on the **validation split** (``eval_split: validation``): training examples of the pooled data set that
+no
+client holds, standing for public data of the same kind. The test split is never read by a trial. The trial
+with
+the best mean headline accuracy (the method's own: ``private_acc`` for ProxyFL, ``global_acc`` for FedAvg, …)
+is
+written to ``OUT/best.yaml`` with ``eval_split: test``, ready for one final run. With ``metric`` (``--metric
+auroc``
+| ``balanced_accuracy`` | ``f1`` | ``ece``) the same model is scored by that metric instead (``private_auroc``
+…;
 for ECE the lowest wins); every trial computes every metric from the same validation pass.
 
 What tuning costs. Validation data being public does not make tuning free: every trial trains on the clients'
@@ -14,20 +20,32 @@ spend of each party — the RDP composition of every trial's mechanisms (what ea
 recorded had all trials been one run), at the run's δ. That bound holds for anything released from any or all
 trials, the chosen one included.
 
-Random trials (``random_trials``, ``silofl tune --random-trials poisson:MU`` …). Instead of the whole grid, a number
+Random trials (``random_trials``, ``silofl tune --random-trials poisson:MU`` …). Instead of the whole grid, a
+number
 K of trials is drawn from a distribution fixed in advance (Poisson, truncated negative binomial, geometric,
-logarithmic) with the run's secret randomness (:class:`silofl.core.randomness.SecureRandom`; a seeded research run
-draws it from the seed), each trial's settings drawn uniformly from the grid (repeats allowed), each trial with its
-own independent randomness, and only the best one is kept. Papernot & Steinke (ICLR 2022) bound what releasing the
-best trial alone costs (:mod:`silofl.privacy.tuning`): about one trial's ε plus a few units, however large E[K] is,
-where composition grows with the number of trials. It covers ``best.yaml`` and the chosen trial's own output, not
-K, the other trials' scores or their folders, which stay with whoever runs the tuning: ``tune.json`` states both,
-the Papernot–Steinke ε (best trial only) and the plain composition of the K trials that ran (everything, given K).
-Trials are selected on a score of their DP output: the proxies' accuracy (``proxy_acc``) for a method with mutual
-learning, whose private models are not DP, the headline otherwise. Every trial of a tuning run uses one data split.
+logarithmic) with the run's secret randomness (:class:`silofl.core.randomness.SecureRandom`; a seeded research
+run
+draws it from the seed), each trial's settings drawn uniformly from the grid (repeats allowed), each trial
+with its
+own independent randomness, and only the best one is kept. Papernot & Steinke (ICLR 2022) bound what releasing
+the
+best trial alone costs (:mod:`silofl.privacy.tuning`): about one trial's ε plus a few units, however large
+E[K] is,
+where composition grows with the number of trials. It covers ``best.yaml`` and the chosen trial's own output,
+not
+K, the other trials' scores or their folders, which stay with whoever runs the tuning: ``tune.json`` states
+both,
+the Papernot–Steinke ε (best trial only) and the plain composition of the K trials that ran (everything, given
+K).
+Trials are selected on a score of their DP output: the proxies' accuracy (``proxy_acc``) for a method with
+mutual
+learning, whose private models are not DP, the headline otherwise. Every trial of a tuning run uses one data
+split.
 
-Axes. Any run option is an axis (``--grid KEY=V1,V2``, values read as YAML): the DP-SGD recipe's ``lr``, ``clip``,
-``batch_size`` or ``sample_rate`` (q), ``optimizer``/``momentum``, ``local_steps``, ``ema_decay``, ``augmult``,
+Axes. Any run option is an axis (``--grid KEY=V1,V2``, values read as YAML): the DP-SGD recipe's ``lr``,
+``clip``,
+``batch_size`` or ``sample_rate`` (q), ``optimizer``/``momentum``, ``local_steps``, ``ema_decay``,
+``augmult``,
 ``server_momentum`` …; ``features`` values are passed through as plain strings (``none``, ``scatter``,
 ``backbone:DIR``). Every combination is checked before the first trial runs.
 """
@@ -66,8 +84,11 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
         if not sep or not key.strip() or not values.strip():
             raise ConfigError(f"a grid entry is KEY=V1,V2,…; got {item!r}")
         name = key.strip().replace("-", "_")
-        grid[name] = ([v.strip() for v in values.split(",")] if name in STRING_AXES
-                      else [yaml.safe_load(v) for v in values.split(",")])
+        grid[name] = (
+            [v.strip() for v in values.split(",")]
+            if name in STRING_AXES
+            else [yaml.safe_load(v) for v in values.split(",")]
+        )
     return grid
 
 
@@ -98,15 +119,28 @@ def tuning_cost(summaries: list[dict]) -> dict[str, Any]:
     if delta is None:
         return {"per_party": {}, "max": None, "delta": None}
     per = {p: epsilon_of(kinds[p], tuple(h), delta) for p, h in histories.items()}
-    return {"per_party": per, "max": max(per.values()), "delta": delta, "trials": len(summaries),
-            "method": "RDP composition of every trial's (σ, q, steps) per party"}
+    return {
+        "per_party": per,
+        "max": max(per.values()),
+        "delta": delta,
+        "trials": len(summaries),
+        "method": "RDP composition of every trial's (σ, q, steps) per party",
+    }
 
 
-def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress: bool = False, console=None,
-         random_trials: TrialCount | str | None = None, max_trials: int | None = None) -> dict:
+def tune(
+    base: RunConfig,
+    grid: dict[str, list[Any]],
+    out: str | Path,
+    progress: bool = False,
+    console=None,
+    random_trials: TrialCount | str | None = None,
+    max_trials: int | None = None,
+) -> dict:
     """Run every grid combination of ``base`` on the validation split — or, with ``random_trials``, K ~ that
     distribution trials of settings drawn from the grid, at most ``max_trials`` (default: see
-    :func:`default_cap`) — and write ``OUT/tune.json``, ``tune.md`` and ``best.yaml``; return the result. Every
+    :func:`default_cap`) — and write ``OUT/tune.json``, ``tune.md`` and ``best.yaml``; return the result.
+    Every
     check runs before the first trial: a ConfigError leaves nothing written."""
     out = Path(out)
     if (out / "tune.json").exists():
@@ -133,7 +167,9 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
     for i, idx in enumerate(picks):
         combo = combos[idx]
         cfg = base.replace(**combo, out=str(out / "trials" / f"trial{i}"))
-        cfg = cfg.replace(eval_every=cfg.rounds)  # scored once, at the end: the validation score of what it releases
+        cfg = cfg.replace(
+            eval_every=cfg.rounds
+        )  # scored once, at the end: the validation score of what it releases
         if random_part is not None and base.seed is not None:  # independent trials: each its own seed
             cfg = dataclasses.replace(cfg, seed=_trial_seed(base.seed, i))
         if cfg.eval_split != "validation":
@@ -142,13 +178,27 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
         rows.append(row)
         summaries.append(s)
     sign = 1.0 if higher_is_better(metric) else -1.0  # ECE: the lowest wins
-    best = max(rows, key=lambda r: -math.inf if r["validation"] is None else sign * r["validation"]) if rows else None
+    best = (
+        max(rows, key=lambda r: -math.inf if r["validation"] is None else sign * r["validation"])
+        if rows
+        else None
+    )
     cost = tuning_cost(summaries)
     result: dict[str, Any] = {
-        "method": base.method, "headline": headline, "selection": score_field, "metric": metric,
-        "lower_is_better": not higher_is_better(metric), "target_epsilon": base.target_epsilon,
-        "grid": grid, "validation_split": rows[0]["test_set"] if rows else None, "data_split_seed": base.data_seed,
-        "trials": rows, "best": best, "tuning_cost": cost, "seconds": sum(r["seconds"] for r in rows)}
+        "method": base.method,
+        "headline": headline,
+        "selection": score_field,
+        "metric": metric,
+        "lower_is_better": not higher_is_better(metric),
+        "target_epsilon": base.target_epsilon,
+        "grid": grid,
+        "validation_split": rows[0]["test_set"] if rows else None,
+        "data_split_seed": base.data_seed,
+        "trials": rows,
+        "best": best,
+        "tuning_cost": cost,
+        "seconds": sum(r["seconds"] for r in rows),
+    }
     if random_part is not None:
         result["random_trials"] = _random_cost(random_part, summaries)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,8 +212,16 @@ def tune(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, progress:
         w = csv.writer(f)
         w.writerow(["trial", "settings", "noise_multiplier", "validation", "epsilon", "seconds"])
         for r in rows:
-            w.writerow([r["trial"], json.dumps(r["settings"]), r["noise_multiplier"], r["validation"], r["epsilon"],
-                        r["seconds"]])
+            w.writerow(
+                [
+                    r["trial"],
+                    json.dumps(r["settings"]),
+                    r["noise_multiplier"],
+                    r["validation"],
+                    r["epsilon"],
+                    r["seconds"],
+                ]
+            )
     return result
 
 
@@ -172,7 +230,9 @@ def check_combinations(base: RunConfig, combos: list[dict[str, Any]]) -> None:
     known = set(RunConfig.common_fields()) | set(base.info.options.field_names())
     for axis in STRING_AXES:
         if any(axis in c for c in combos) and axis not in known:
-            raise ConfigError(f"the {axis} axis needs the run option {axis!r}, which this silofl does not have")
+            raise ConfigError(
+                f"the {axis} axis needs the run option {axis!r}, which this silofl does not have"
+            )
     for combo in combos:
         try:
             base.replace(**combo).resolve()
@@ -180,23 +240,31 @@ def check_combinations(base: RunConfig, combos: list[dict[str, Any]]) -> None:
             raise ConfigError(f"grid setting {_label(combo)}: {e}") from None
 
 
-def _run_trial(cfg: RunConfig, i: int, combo: dict[str, Any], score_field: str, progress: bool, console
-               ) -> tuple[dict, dict]:
+def _run_trial(
+    cfg: RunConfig, i: int, combo: dict[str, Any], score_field: str, progress: bool, console
+) -> tuple[dict, dict]:
     from silofl.run.loop import run
 
     t0 = time.perf_counter()
     s = run(cfg, progress=progress, console=console)
     score = s["final"].get(score_field, {}).get("mean")
-    row = {"trial": i, "settings": combo, "validation": score, "epsilon": s["final"]["epsilon"]["mean"],
-           "noise_multiplier": (s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
-           "seconds": time.perf_counter() - t0, "test_set": s["test_set"]}
+    row = {
+        "trial": i,
+        "settings": combo,
+        "validation": score,
+        "epsilon": s["final"]["epsilon"]["mean"],
+        "noise_multiplier": (s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
+        "seconds": time.perf_counter() - t0,
+        "test_set": s["test_set"],
+    }
     if console is not None:
         shown = "—" if score is None else f"{score:.4f}"
         console.print(f"trial {i} {_label(combo)}: validation {score_field} {shown}")
     return row, s
 
 
-# ------------------------------------------------------------------------------------------------ random trials
+# ------------------------------------------------------------------------------------------------ random
+# trials
 def _trial_seed(run_seed: int, trial: int) -> int:
     """Trial ``trial``'s own seed in a seeded research run (independent trials, as the bound needs)."""
     return int(np.random.SeedSequence([int(run_seed), 0x5053, int(trial)]).generate_state(1)[0])
@@ -215,7 +283,8 @@ def _uniforms(seed: int | None) -> Callable[[int], list[float]]:
 
 def default_cap(count: TrialCount, delta: float, epsilon: float = 0.0) -> int:
     """The cap on K when none is given: the smallest whose cut-off tail τ = P[K > cap] is at most
-    ``AUTO_CAP_TAIL`` × δ / (1 + e^{ε+1}), ``epsilon`` being the uncapped bound — so the cap's cost (1 + e^ε')τ
+    ``AUTO_CAP_TAIL`` × δ / (1 + e^{ε+1}), ``epsilon`` being the uncapped bound — so the cap's cost (1 +
+    e^ε')τ
     stays below ``AUTO_CAP_TAIL`` × δ for any ε' ≤ ε + 1, and moves ε next to nothing."""
     target = AUTO_CAP_TAIL * delta / (1 + math.exp(min(epsilon + 1, 700.0)))
     hi = max(1, math.ceil(count.mean))
@@ -230,10 +299,13 @@ def default_cap(count: TrialCount, delta: float, epsilon: float = 0.0) -> int:
     return max(1, hi)
 
 
-def planned_curves(base: RunConfig, combos: list[dict[str, Any]], orders: tuple[float, ...] = DEFAULT_ORDERS
-                   ) -> dict[str, np.ndarray]:
-    """Per party, the pointwise maximum over every grid setting of the RDP curve its budget-first run is planned to
-    spend (σ calibrated from the budget, each party's sampling rate and steps): the RDP curve of one random trial
+def planned_curves(
+    base: RunConfig, combos: list[dict[str, Any]], orders: tuple[float, ...] = DEFAULT_ORDERS
+) -> dict[str, np.ndarray]:
+    """Per party, the pointwise maximum over every grid setting of the RDP curve its budget-first run is
+    planned to
+    spend (σ calibrated from the budget, each party's sampling rate and steps): the RDP curve of one random
+    trial
     (the mixture over the grid; see :mod:`silofl.privacy.tuning`). Loads the data set, trains nothing."""
     import torch
 
@@ -244,8 +316,10 @@ def planned_curves(base: RunConfig, combos: list[dict[str, Any]], orders: tuple[
     for combo in combos:
         cfg = base.replace(**combo).resolve()
         if not cfg.calibrates or not cfg.is_private:
-            raise ConfigError("random trials need budget-first DP trials (σ set from --target-epsilon) so that "
-                              f"every trial's privacy is known in advance; {_label(combo)} is not")
+            raise ConfigError(
+                "random trials need budget-first DP trials (σ set from --target-epsilon) so that "
+                f"every trial's privacy is known in advance; {_label(combo)} is not"
+            )
         if cfg.split_seed is None and cfg.seed is None:  # as prepare_data does: a fresh split
             cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
         seed = cfg.split_seed if cfg.split_seed is not None else cfg.seed
@@ -254,8 +328,13 @@ def planned_curves(base: RunConfig, combos: list[dict[str, Any]], orders: tuple[
         if not cfg.site_data:
             key = (cfg.dataset, cfg.data_dir, cfg.image_size, cfg.max_bag_size, seed)
             if key not in loaded:
-                loaded[key] = load_dataset(cfg.dataset, cfg.data_dir, image_size=cfg.image_size,
-                                           max_bag_size=cfg.max_bag_size, seed=seed)
+                loaded[key] = load_dataset(
+                    cfg.dataset,
+                    cfg.data_dir,
+                    image_size=cfg.image_size,
+                    max_bag_size=cfg.max_bag_size,
+                    seed=seed,
+                )
             data = loaded[key]
         cfg, split = prepare_data(cfg, torch.device("cpu"), data)
         for p in cfg.calibration_plan(site_sizes(cfg, split.parts)):
@@ -265,36 +344,54 @@ def planned_curves(base: RunConfig, combos: list[dict[str, Any]], orders: tuple[
     return curves
 
 
-def _draw_random_trials(base: RunConfig, combos: list[dict[str, Any]], count: TrialCount, cap: int | None
-                        ) -> tuple[list[int], dict]:
+def _draw_random_trials(
+    base: RunConfig, combos: list[dict[str, Any]], count: TrialCount, cap: int | None
+) -> tuple[list[int], dict]:
     """Check the bound can be given (before anything runs), then draw K and each trial's settings."""
     if cap is not None and cap < 1:
         raise ConfigError(f"--max-trials must be at least 1, got {cap}")
     cfg = base.resolve()
     delta = cfg.delta
     curves = planned_curves(base, combos)
-    uncapped = max(repeat_and_select_epsilon(DEFAULT_ORDERS, c, count, delta)["epsilon"] for c in curves.values())
+    uncapped = max(
+        repeat_and_select_epsilon(DEFAULT_ORDERS, c, count, delta)["epsilon"] for c in curves.values()
+    )
     given = cap is not None
     cap = int(cap) if cap is not None else default_cap(count, delta, uncapped)
     for curve in curves.values():  # refuses here, before any trial, if the cap costs too much
         try:
             repeat_and_select_epsilon(DEFAULT_ORDERS, curve, count, delta, cap)
         except ConfigError as e:
-            raise ConfigError(f"{e}; --max-trials {default_cap(count, delta, uncapped)} would do" if given
-                              else str(e)) from None
+            raise ConfigError(
+                f"{e}; --max-trials {default_cap(count, delta, uncapped)} would do" if given else str(e)
+            ) from None
     uniforms = _uniforms(base.seed)
     k, truncated = count.draw(uniforms(1)[0], cap)
     picks = [min(int(u * len(combos)), len(combos) - 1) for u in uniforms(k)]
-    selection = metric_field("proxy_acc" if cfg.info.traits.mutual_learning else cfg.info.headline,
-                             getattr(cfg, "metric", "accuracy"))
-    return picks, {"count": count, "cap": cap, "k": k, "truncated": truncated, "picks": picks, "curves": curves,
-                   "delta": delta, "selection": selection, "formal": cfg.guarantee().formal,
-                   "seeded": base.seed is not None, "grid_size": len(combos)}
+    selection = metric_field(
+        "proxy_acc" if cfg.info.traits.mutual_learning else cfg.info.headline,
+        getattr(cfg, "metric", "accuracy"),
+    )
+    return picks, {
+        "count": count,
+        "cap": cap,
+        "k": k,
+        "truncated": truncated,
+        "picks": picks,
+        "curves": curves,
+        "delta": delta,
+        "selection": selection,
+        "formal": cfg.guarantee().formal,
+        "seeded": base.seed is not None,
+        "grid_size": len(combos),
+    }
 
 
 def _random_cost(part: dict, summaries: list[dict]) -> dict:
-    """tune.json's ``random_trials``: the draws, and per party the ε of one trial and the Papernot–Steinke ε of the
-    best trial, each trial's curve being the planned one raised to what any trial that ran actually recorded."""
+    """tune.json's ``random_trials``: the draws, and per party the ε of one trial and the Papernot–Steinke ε
+    of the
+    best trial, each trial's curve being the planned one raised to what any trial that ran actually
+    recorded."""
     count: TrialCount = part["count"]
     delta = part["delta"]
     curves = {p: c.copy() for p, c in part["curves"].items()}
@@ -308,36 +405,68 @@ def _random_cost(part: dict, summaries: list[dict]) -> dict:
     per: dict[str, dict] = {}
     for party, curve in curves.items():
         ps = repeat_and_select_epsilon(DEFAULT_ORDERS, curve, count, delta, part["cap"])
-        per[party] = {"one_trial": epsilon_from_rdp(DEFAULT_ORDERS, curve, delta)[0], "tuned": ps["epsilon"],
-                      "order": ps["order"], "tail": ps["tail"], "truncation_delta": ps["truncation_delta"]}
+        per[party] = {
+            "one_trial": epsilon_from_rdp(DEFAULT_ORDERS, curve, delta)[0],
+            "tuned": ps["epsilon"],
+            "order": ps["order"],
+            "tail": ps["tail"],
+            "truncation_delta": ps["truncation_delta"],
+        }
     k = part["k"]
-    note = ("K = 0: no trial ran and nothing was chosen (the output is ⊥: no best.yaml). Running the tuning again "
-            "composes with this run's bound, which already counts the chance of K = 0." if k == 0 else
-            "Papernot–Steinke ε: releasing only the best trial (best.yaml, its model and score), never K nor the other "
-            "trials. tune.json, tune.csv and trials/ hold every trial: for those, the composition of the K trials run.")
+    note = (
+        "K = 0: no trial ran and nothing was chosen (the output is ⊥: no best.yaml). Running the tuning "
+        "again "
+        "composes with this run's bound, which already counts the chance of K = 0."
+        if k == 0
+        else "Papernot–Steinke ε: releasing only the best trial (best.yaml, its model and score), never K "
+        "nor the other "
+        "trials. tune.json, tune.csv and trials/ hold every trial: for those, the composition of the K "
+        "trials run."
+    )
     if part["seeded"]:
-        note += (" A seeded research run: K, the settings and every trial's noise come from the seed, so this bound, "
-                 "like each trial's ε, holds only while the seed stays secret.")
+        note += (
+            " A seeded research run: K, the settings and every trial's noise come from the seed, so this "
+            "bound, "
+            "like each trial's ε, holds only while the seed stays secret."
+        )
     elif not part["formal"]:
         note += " These runs' ε is not a formal guarantee (see a trial's summary.json), nor is this bound."
-    return {**count.to_dict(), "max_trials": part["cap"], "tail": count.tail(part["cap"]), "drawn": k,
-            "truncated": part["truncated"], "settings_drawn": part["picks"], "grid_size": part["grid_size"],
-            "selection": part["selection"], "seeded": part["seeded"], "formal": part["formal"], "delta": delta,
-            "per_party": per, "max": max(v["tuned"] for v in per.values()),
-            "one_trial_max": max(v["one_trial"] for v in per.values()), "source": SOURCE,
-            "method": "RDP of one trial: per party, the maximum over every grid setting of its planned (σ, q, steps) "
-                      "and of what trials recorded; then Theorem 2/6, RDP monotonicity, opacus' RDP→(ε, δ) "
-                      "conversion, and (1 + e^ε)·P[K > cap] of δ for the cap",
-            "note": note}
+    return {
+        **count.to_dict(),
+        "max_trials": part["cap"],
+        "tail": count.tail(part["cap"]),
+        "drawn": k,
+        "truncated": part["truncated"],
+        "settings_drawn": part["picks"],
+        "grid_size": part["grid_size"],
+        "selection": part["selection"],
+        "seeded": part["seeded"],
+        "formal": part["formal"],
+        "delta": delta,
+        "per_party": per,
+        "max": max(v["tuned"] for v in per.values()),
+        "one_trial_max": max(v["one_trial"] for v in per.values()),
+        "source": SOURCE,
+        "method": "RDP of one trial: per party, the maximum over every grid setting of its planned (σ, q, "
+        "steps) "
+        "and of what trials recorded; then Theorem 2/6, RDP monotonicity, opacus' RDP→(ε, δ) "
+        "conversion, and (1 + e^ε)·P[K > cap] of δ for the cap",
+        "note": note,
+    }
 
 
 def markdown(result: dict) -> str:
     """The tuning result as a Markdown table."""
     sel = result.get("selection", result["headline"])
     low = " — lowest wins" if result.get("lower_is_better") else ""
-    lines = [f"# Tuning {result['method']} at ε = {result['target_epsilon']} ({sel} on the validation split{low})", "",
-             f"Validation split: {result['validation_split']}.", "",
-             "| trial | settings | σ | validation | ε (run) |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Tuning {result['method']} at ε = {result['target_epsilon']} ({sel} on the validation split{low})",
+        "",
+        f"Validation split: {result['validation_split']}.",
+        "",
+        "| trial | settings | σ | validation | ε (run) |",
+        "|---|---|---|---|---|",
+    ]
     for r in result["trials"]:
         sigma = f"{r['noise_multiplier']:.3f}" if r["noise_multiplier"] else "—"
         val = f"{r['validation']:.4f}" if r["validation"] is not None else "—"
@@ -345,20 +474,33 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['trial']} | {_label(r['settings'])} | {sigma} | {val} | {eps} |")
     c = result["tuning_cost"]
     rt = result.get("random_trials")
-    lines += ["", f"Best: {_label(result['best']['settings'])}." if result["best"] else "Best: none (no trial ran).", ""]
+    lines += [
+        "",
+        f"Best: {_label(result['best']['settings'])}." if result["best"] else "Best: none (no trial ran).",
+        "",
+    ]
     if rt is not None:
-        lines += [f"Random trials: K ~ {rt['distribution']} (E[K] = {rt['mean']:.3g}, at most {rt['max_trials']}; "
-                  f"P[K > {rt['max_trials']}] ≤ {rt['tail']:.2g}), drawn K = {rt['drawn']}"
-                  f"{' (capped)' if rt['truncated'] else ''}; settings drawn uniformly from the {rt['grid_size']} of "
-                  "the grid.", "",
-                  f"| party | ε one trial | ε best of K ({rt['theorem']}) | ε all K trials (composition) |",
-                  "|---|---|---|---|"]
+        lines += [
+            f"Random trials: K ~ {rt['distribution']} (E[K] = {rt['mean']:.3g}, at most {rt['max_trials']}; "
+            f"P[K > {rt['max_trials']}] ≤ {rt['tail']:.2g}), drawn K = {rt['drawn']}"
+            f"{' (capped)' if rt['truncated'] else ''}; settings drawn uniformly from the {rt['grid_size']} "
+            f"of "
+            "the grid.",
+            "",
+            f"| party | ε one trial | ε best of K ({rt['theorem']}) | ε all K trials (composition) |",
+            "|---|---|---|---|",
+        ]
         for party, v in rt["per_party"].items():
             comp = c["per_party"].get(party)
-            lines.append(f"| {party} | {v['one_trial']:.3f} | {v['tuned']:.3f} | "
-                         f"{'0 (none ran)' if comp is None else f'{comp:.3f}'} |")
+            lines.append(
+                f"| {party} | {v['one_trial']:.3f} | {v['tuned']:.3f} | "
+                f"{'0 (none ran)' if comp is None else f'{comp:.3f}'} |"
+            )
         lines += ["", f"δ = {rt['delta']:g}. {rt['note']} Bound: {rt['source']}.", ""]
     if c["max"] is not None:
-        lines.append(f"Tuning-inclusive spend (every trial composed, δ = {c['delta']:g}): ε ≤ {c['max']:.3f} per party "
-                     f"over {c['trials']} trials.")
+        lines.append(
+            f"Tuning-inclusive spend (every trial composed, δ = {c['delta']:g}): ε ≤ {c['max']:.3f} per "
+            f"party "
+            f"over {c['trials']} trials."
+        )
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""Features: a site-side stage between a site's inputs and its models (``--features none | scatter | backbone:DIR``).
+"""Features: a site-side stage between a site's inputs and its models (``--features none | scatter |
+backbone:DIR``).
 
 A stage is a fixed function of each example (:mod:`silofl.features.base`); stages are plug-ins
 (:mod:`silofl.features.registry`: one module + ``@register``, or the ``silofl.features`` entry-point group).
@@ -17,8 +18,16 @@ from silofl.features.base import FeatureStage
 from silofl.features.cache import FeatureCache, cache_root, features
 from silofl.features.registry import parse, register, stages
 
-__all__ = ["FeatureStage", "FeatureCache", "apply", "make_stage", "register", "stage_from_config", "stages",
-           "feature_names"]
+__all__ = [
+    "FeatureStage",
+    "FeatureCache",
+    "apply",
+    "make_stage",
+    "register",
+    "stage_from_config",
+    "stages",
+    "feature_names",
+]
 
 
 def feature_names() -> list[str]:
@@ -27,7 +36,8 @@ def feature_names() -> list[str]:
 
 
 def make_stage(value: str, cfg: Any = None) -> FeatureStage:
-    """The stage ``value`` names (``none``, ``scatter``, ``backbone:DIR``), with its parameters from ``cfg``."""
+    """The stage ``value`` names (``none``, ``scatter``, ``backbone:DIR``), with its parameters from
+    ``cfg``."""
     name, arg = parse(value)
     cls: type[FeatureStage] = stages()[name]
     return cls.from_config(arg, cfg)
@@ -50,11 +60,17 @@ SETTINGS = ("features", "scatter_j", "scatter_l")
 
 
 def record(stage: FeatureStage, input_shape: tuple[int, ...], cfg: Any = None) -> dict[str, Any]:
-    """What a run folder and a model card say about the stage (``settings``: the config values that rebuild it)."""
+    """What a run folder and a model card say about the stage (``settings``: the config values that rebuild
+    it)."""
     settings = {k: getattr(cfg, k) for k in SETTINGS if hasattr(cfg, k)} if cfg is not None else {}
-    return {"features": stage.spec(), "description": stage.describe(), "input_shape": list(input_shape),
-            "feature_shape": list(stage.output_shape(tuple(input_shape))), "privacy": stage.budget_note,
-            "settings": settings}
+    return {
+        "features": stage.spec(),
+        "description": stage.describe(),
+        "input_shape": list(input_shape),
+        "feature_shape": list(stage.output_shape(tuple(input_shape))),
+        "privacy": stage.budget_note,
+        "settings": settings,
+    }
 
 
 def stage_from_record(rec: dict[str, Any]) -> FeatureStage:
@@ -66,16 +82,22 @@ def stage_from_record(rec: dict[str, Any]) -> FeatureStage:
     settings = rec.get("settings") if isinstance(rec, dict) else None
     if not isinstance(settings, dict) or not isinstance(settings.get("features"), str):
         raise ConfigError("a features record without its settings: cannot rebuild the feature stage")
-    stage = make_stage(settings["features"], SimpleNamespace(**{k: settings[k] for k in SETTINGS if k in settings}))
+    stage = make_stage(
+        settings["features"], SimpleNamespace(**{k: settings[k] for k in SETTINGS if k in settings})
+    )
     if stage.spec() != rec.get("features"):
-        raise ConfigError(f"the feature stage {settings['features']!r} here differs from the one the models were "
-                          f"trained on ({rec.get('features')} vs {stage.spec()})")
+        raise ConfigError(
+            f"the feature stage {settings['features']!r} here differs from the one the models were "
+            f"trained on ({rec.get('features')} vs {stage.spec()})"
+        )
     return stage
 
 
 def value_bounds(rec: dict[str, Any]) -> tuple[float, float] | None:
-    """Public bounds of every feature value for a stage's record (the run's ``split.features``), whatever the data —
-    what PubSub-ML's ``dp-nn`` declares as its inputs' bounds on features — or None when the stage has none."""
+    """Public bounds of every feature value for a stage's record (the run's ``split.features``), whatever the
+    data —
+    what PubSub-ML's ``dp-nn`` declares as its inputs' bounds on features — or None when the stage has
+    none."""
     stage = stage_from_record(rec)
     fn = getattr(stage, "value_bounds", None)
     return fn(tuple(rec["input_shape"])) if fn is not None else None

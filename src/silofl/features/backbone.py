@@ -1,4 +1,5 @@
-"""``backbone:DIR``: a frozen network's penultimate-layer output, loaded from a local folder (never downloaded).
+"""``backbone:DIR``: a frozen network's penultimate-layer output, loaded from a local folder (never
+downloaded).
 
 DIR holds ``backbone.safetensors`` and ``backbone.json`` (silofl's model spec, see :mod:`silofl.models`) and
 ``card.json``, which records the data the network was trained on and that its owner declared that data public
@@ -62,7 +63,9 @@ def read_card(folder: Path) -> dict[str, Any]:
         raise ConfigError(f"backbone folder {folder} not found (train one with `silofl backbone train`)")
     for name in ("backbone.safetensors", "backbone.json", "card.json"):
         if not (folder / name).is_file():
-            raise ConfigError(f"backbone folder {folder} has no {name} (train one with `silofl backbone train`)")
+            raise ConfigError(
+                f"backbone folder {folder} has no {name} (train one with `silofl backbone train`)"
+            )
     p = folder / "card.json"
     if p.stat().st_size > MAX_CARD_BYTES:
         raise ConfigError(f"backbone card {p} is larger than {MAX_CARD_BYTES} bytes")
@@ -81,8 +84,10 @@ def read_card(folder: Path) -> dict[str, Any]:
 @register("backbone")
 class BackboneFeatures(FeatureStage):
     takes_argument = True
-    budget_note = ("a frozen network trained only on data its owner declared public (recorded in the backbone's card); "
-                   "it is applied to each example alone and never trained on a site's rows, so it costs no budget")
+    budget_note = (
+        "a frozen network trained only on data its owner declared public (recorded in the backbone's card); "
+        "it is applied to each example alone and never trained on a site's rows, so it costs no budget"
+    )
 
     def __init__(self, folder: str | Path):
         from silofl.models import load_model
@@ -94,7 +99,9 @@ class BackboneFeatures(FeatureStage):
         except ConfigError as e:
             raise ConfigError(f"backbone folder {self.folder}: {e}") from None
         except Exception as e:  # noqa: BLE001 - a corrupt safetensors file is a bad folder, whatever the parser says
-            raise ConfigError(f"backbone folder {self.folder}: cannot load backbone.safetensors ({e})") from None
+            raise ConfigError(
+                f"backbone folder {self.folder}: cannot load backbone.safetensors ({e})"
+            ) from None
         self.spec_ = spec
         self.net = PenultimateModule(model)
         self.digest = hashlib.sha256((self.folder / "backbone.safetensors").read_bytes()).hexdigest()
@@ -105,28 +112,40 @@ class BackboneFeatures(FeatureStage):
         return cls(arg)
 
     def spec(self) -> dict[str, Any]:
-        return {"name": "backbone", "architecture": self.spec_.name, "input_shape": list(self.spec_.input_shape),
-                "sha256": self.digest, "public_data": self.card.get("public_data")}
+        return {
+            "name": "backbone",
+            "architecture": self.spec_.name,
+            "input_shape": list(self.spec_.input_shape),
+            "sha256": self.digest,
+            "public_data": self.card.get("public_data"),
+        }
 
     def check_run(self, cfg: Any) -> None:
-        """A backbone trained on a split's validation rows fits only runs on that split: other splits may hand those
+        """A backbone trained on a split's validation rows fits only runs on that split: other splits may hand
+        those
         rows to a client."""
         pub = self.card.get("public_data") or {}
         if pub.get("kind") == "validation":
             rec = pub.get("split") or {}
             differ = [k for k, v in rec.items() if getattr(cfg, k, None) != v]
             if differ or getattr(cfg, "partition", None) == "site":
-                raise ConfigError(f"backbone {self.folder} was trained on the validation rows of another split ("
-                                  f"{', '.join(f'{k} {rec.get(k)!r}' for k in differ) or 'partition site'}): those rows "
-                                  "may belong to this run's clients; run on the recorded split or train a backbone on it")
+                raise ConfigError(
+                    f"backbone {self.folder} was trained on the validation rows of another split ("
+                    f"{', '.join(f'{k} {rec.get(k)!r}' for k in differ) or 'partition site'}): those rows "
+                    "may belong to this run's clients; run on the recorded split or train a backbone on it"
+                )
         elif pub.get("kind") == "dataset" and pub.get("dataset") == getattr(cfg, "dataset", None):
-            raise ConfigError(f"backbone {self.folder} was trained on {pub.get('dataset')}'s training rows, which this "
-                              "run's clients hold: use another public data set")
+            raise ConfigError(
+                f"backbone {self.folder} was trained on {pub.get('dataset')}'s training rows, which this "
+                "run's clients hold: use another public data set"
+            )
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if tuple(input_shape) != tuple(self.spec_.input_shape):
-            raise ConfigError(f"backbone {self.folder} takes inputs of shape {tuple(self.spec_.input_shape)}, the data "
-                              f"has {tuple(input_shape)}")
+            raise ConfigError(
+                f"backbone {self.folder} takes inputs of shape {tuple(self.spec_.input_shape)}, the data "
+                f"has {tuple(input_shape)}"
+            )
         with torch.no_grad():
             return tuple(self.net(torch.zeros(1, *input_shape)).shape[1:])
 
@@ -137,8 +156,10 @@ class BackboneFeatures(FeatureStage):
 
     def describe(self) -> str:
         pub = self.card.get("public_data", {})
-        return (f"the penultimate layer of a frozen {self.spec_.name} backbone ({self.folder.name}, sha256 "
-                f"{self.digest[:12]}…) trained on {pub.get('description', 'data declared public')}")
+        return (
+            f"the penultimate layer of a frozen {self.spec_.name} backbone ({self.folder.name}, sha256 "
+            f"{self.digest[:12]}…) trained on {pub.get('description', 'data declared public')}"
+        )
 
     def module(self, input_shape: tuple[int, ...]) -> nn.Module:
         self.output_shape(tuple(input_shape))

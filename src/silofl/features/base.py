@@ -20,7 +20,8 @@ class FeatureStage:
     takes_argument: ClassVar[bool] = False
     # why it costs no budget (the model card and the threat model quote it)
     budget_note: ClassVar[str] = ""
-    # whether `silofl export` puts the stage inside the ONNX graph (else a two-stage export: features by silofl)
+    # whether `silofl export` puts the stage inside the ONNX graph (else a two-stage export: features by
+    # silofl)
     in_onnx: ClassVar[bool] = True
 
     @classmethod
@@ -38,10 +39,12 @@ class FeatureStage:
         raise NotImplementedError
 
     def check_run(self, cfg: Any) -> None:
-        """ConfigError when the stage must not be used for this run (e.g. a backbone trained on rows it holds)."""
+        """ConfigError when the stage must not be used for this run (e.g. a backbone trained on rows it
+        holds)."""
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The shape of one example's features; ConfigError when the stage does not apply to ``input_shape``."""
+        """The shape of one example's features; ConfigError when the stage does not apply to
+        ``input_shape``."""
         raise NotImplementedError
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,6 +56,7 @@ class FeatureStage:
         raise NotImplementedError
 
     def module(self, input_shape: tuple[int, ...]) -> torch.nn.Module:
-        """The stage as a torch module on inputs of ``input_shape`` (what ``predict`` and ``export`` put between the
+        """The stage as a torch module on inputs of ``input_shape`` (what ``predict`` and ``export`` put
+        between the
         preprocessing and the model)."""
         raise NotImplementedError

@@ -41,7 +41,8 @@ def default_root() -> Path:
 
 
 def cache_root(setting: str | None) -> Path | None:
-    """The cache folder a run's ``features_cache`` setting names (None: the default; ``off``: no disk cache)."""
+    """The cache folder a run's ``features_cache`` setting names (None: the default; ``off``: no disk
+    cache)."""
     if setting is None:
         return default_root()
     if setting.strip().lower() in OFF:
@@ -57,8 +58,10 @@ def row_keys(x: torch.Tensor) -> list[bytes]:
 
 def stage_key(stage: FeatureStage, input_shape: tuple[int, ...]) -> str:
     """The folder name for a stage on inputs of one shape: SHA-256 of its spec."""
-    text = json.dumps({"stage": stage.spec(), "input_shape": list(input_shape), "dtype": "float32", "format": 1},
-                      sort_keys=True)
+    text = json.dumps(
+        {"stage": stage.spec(), "input_shape": list(input_shape), "dtype": "float32", "format": 1},
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -82,7 +85,7 @@ class FeatureCache:
                 continue  # not one of ours or incomplete: ignored, recomputed
             self._seen.add(f.stem)
             for i in range(len(raw) // KEY_BYTES):
-                self._index.setdefault(raw[i * KEY_BYTES:(i + 1) * KEY_BYTES], (f.stem, i))
+                self._index.setdefault(raw[i * KEY_BYTES : (i + 1) * KEY_BYTES], (f.stem, i))
 
     def lookup(self, keys: list[bytes]) -> list[tuple[str, int] | None]:
         """Where each key's features are stored (None: not yet)."""
@@ -110,8 +113,13 @@ class FeatureCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = self.dir / "stage.json"
         if not meta.exists():
-            _atomic(meta, (json.dumps({"stage": self.stage.spec(), "input_shape": list(self.input_shape)}, indent=1)
-                           + "\n").encode())
+            _atomic(
+                meta,
+                (
+                    json.dumps({"stage": self.stage.spec(), "input_shape": list(self.input_shape)}, indent=1)
+                    + "\n"
+                ).encode(),
+            )
         cid = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(6)}"
         arr = np.ascontiguousarray(feats.detach().cpu().float().numpy().reshape(len(feats), -1))
         tmp = self.dir / f".{cid}.npy.tmp"
@@ -127,8 +135,11 @@ def _atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def compute(stage: FeatureStage, x: torch.Tensor, label: str = "features", batch: int = BATCH) -> torch.Tensor:
-    """``stage`` applied to ``x`` in batches (with a progress bar on long work unless SILOFL_NO_PROGRESS is set)."""
+def compute(
+    stage: FeatureStage, x: torch.Tensor, label: str = "features", batch: int = BATCH
+) -> torch.Tensor:
+    """``stage`` applied to ``x`` in batches (with a progress bar on long work unless SILOFL_NO_PROGRESS is
+    set)."""
     if len(x) == 0:
         return stage.transform(x[:0]) if len(x.shape) > 1 else x
     outs = []
@@ -136,20 +147,27 @@ def compute(stage: FeatureStage, x: torch.Tensor, label: str = "features", batch
     if show:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      transient=True) as p:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=True,
+        ) as p:
             task = p.add_task(f"{stage.name} features: {label}", total=len(x))
             for i in range(0, len(x), batch):
-                outs.append(stage.transform(x[i:i + batch]))
+                outs.append(stage.transform(x[i : i + batch]))
                 p.update(task, advance=len(outs[-1]))
     else:
-        outs = [stage.transform(x[i:i + batch]) for i in range(0, len(x), batch)]
+        outs = [stage.transform(x[i : i + batch]) for i in range(0, len(x), batch)]
     return torch.cat(outs)
 
 
-def features(stage: FeatureStage, x: torch.Tensor, cache: FeatureCache | None = None,
-             label: str = "features") -> torch.Tensor:
-    """Features of ``x`` (on ``x``'s device): rows already in ``cache`` are read back, the others computed (batched)
+def features(
+    stage: FeatureStage, x: torch.Tensor, cache: FeatureCache | None = None, label: str = "features"
+) -> torch.Tensor:
+    """Features of ``x`` (on ``x``'s device): rows already in ``cache`` are read back, the others computed
+    (batched)
     and stored."""
     if stage.identity:
         return x

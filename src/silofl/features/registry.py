@@ -21,8 +21,12 @@ from silofl.core.registry import Registry
 ENTRY_POINT_GROUP = "silofl.features"
 BUILTIN = ("none", "scatter", "backbone")
 
-FEATURES: Registry[type] = Registry("features", ENTRY_POINT_GROUP, builtins=(
-    "silofl.features.none", "silofl.features.scatter", "silofl.features.backbone"), order=lambda: BUILTIN)
+FEATURES: Registry[type] = Registry(
+    "features",
+    ENTRY_POINT_GROUP,
+    builtins=("silofl.features.none", "silofl.features.scatter", "silofl.features.backbone"),
+    order=lambda: BUILTIN,
+)
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -51,7 +55,8 @@ def choices() -> tuple[str, ...]:
 
 
 def parse(value: str) -> tuple[str, str | None]:
-    """``name`` or ``name:ARG`` (``backbone:DIR``) → (name, ARG); ConfigError naming the choices if unknown."""
+    """``name`` or ``name:ARG`` (``backbone:DIR``) → (name, ARG); ConfigError naming the choices if
+    unknown."""
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"features must be a name, got {value!r}")
     name, sep, arg = value.strip().partition(":")

@@ -38,8 +38,10 @@ def _kymatio_scattering(j: int, shape: tuple[int, int], l: int) -> nn.Module:  #
     try:
         return ScatteringTorch2D(J=j, shape=shape, L=l)
     except (RuntimeError, ValueError) as e:
-        raise ConfigError(f"scattering J = {j} does not fit {shape[0]}×{shape[1]} images ({e}); use a smaller "
-                          "--set scatter_j") from None
+        raise ConfigError(
+            f"scattering J = {j} does not fit {shape[0]}×{shape[1]} images ({e}); use a smaller "
+            "--set scatter_j"
+        ) from None
 
 
 class ScatterModule(nn.Module):
@@ -60,12 +62,15 @@ class ScatterModule(nn.Module):
 
 @register("scatter")
 class ScatterFeatures(FeatureStage):
-    # torch 2.13's ONNX exporter did not produce a graph of kymatio's complex FFTs here (the process ended during
+    # torch 2.13's ONNX exporter did not produce a graph of kymatio's complex FFTs here (the process ended
+    # during
     # "Optimize the ONNX graph"): `silofl export` writes a two-stage export instead
     in_onnx = False
-    budget_note = ("a fixed transform of each example alone (kymatio's scattering with its predefined Morlet filters, "
-                   "then per-example normalisation with no learned or data-derived statistic): it reads no other "
-                   "example and no statistic of the data, so it releases nothing and costs no privacy budget")
+    budget_note = (
+        "a fixed transform of each example alone (kymatio's scattering with its predefined Morlet filters, "
+        "then per-example normalisation with no learned or data-derived statistic): it reads no other "
+        "example and no statistic of the data, so it releases nothing and costs no privacy budget"
+    )
 
     def __init__(self, j: int = 2, l: int = 8):  # noqa: E741
         if not (isinstance(j, int) and j >= 1):
@@ -82,17 +87,27 @@ class ScatterFeatures(FeatureStage):
     def spec(self) -> dict[str, Any]:
         import kymatio
 
-        return {"name": "scatter", "J": self.j, "L": self.l, "groups": GROUPS, "norm": "group_norm, no affine",
-                "library": f"kymatio {kymatio.__version__}"}
+        return {
+            "name": "scatter",
+            "J": self.j,
+            "L": self.l,
+            "groups": GROUPS,
+            "norm": "group_norm, no affine",
+            "library": f"kymatio {kymatio.__version__}",
+        }
 
     def _check(self, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
         if len(input_shape) != 3:
-            raise ConfigError(f"features 'scatter' apply to images (C×H×W), not inputs of shape {tuple(input_shape)} "
-                              "(table rows or bags): use --features none")
+            raise ConfigError(
+                f"features 'scatter' apply to images (C×H×W), not inputs of shape {tuple(input_shape)} "
+                "(table rows or bags): use --features none"
+            )
         c, h, w = input_shape
-        if min(h, w) < 2 ** self.j:
-            raise ConfigError(f"scattering J = {self.j} needs images of at least {2 ** self.j}×{2 ** self.j} pixels, "
-                              f"got {h}×{w}: use a smaller --set scatter_j")
+        if min(h, w) < 2**self.j:
+            raise ConfigError(
+                f"scattering J = {self.j} needs images of at least {2**self.j}×{2**self.j} pixels, "
+                f"got {h}×{w}: use a smaller --set scatter_j"
+            )
         return c, h, w
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -100,8 +115,10 @@ class ScatterFeatures(FeatureStage):
         try:
             out = self.module_for((c, h, w))(torch.zeros(1, c, h, w))
         except (RuntimeError, ValueError) as e:  # e.g. GroupNorm over groups of one value on tiny images
-            raise ConfigError(f"features 'scatter' (J = {self.j}, L = {self.l}) do not apply to {h}×{w} images: {e}; "
-                              "use a smaller --set scatter_j or --features none") from None
+            raise ConfigError(
+                f"features 'scatter' (J = {self.j}, L = {self.l}) do not apply to {h}×{w} images: {e}; "
+                "use a smaller --set scatter_j or --features none"
+            ) from None
         return tuple(out.shape[1:])
 
     def module_for(self, input_shape: tuple[int, ...]) -> ScatterModule:
@@ -118,12 +135,16 @@ class ScatterFeatures(FeatureStage):
             return m(x.float().cpu())
 
     def describe(self) -> str:
-        return (f"ScatterNet: kymatio Scattering2D(J={self.j}, L={self.l}) of each image channel, then GroupNorm "
-                f"without affine parameters (Tramèr & Boneh 2021)")
+        return (
+            f"ScatterNet: kymatio Scattering2D(J={self.j}, L={self.l}) of each image channel, then GroupNorm "
+            f"without affine parameters (Tramèr & Boneh 2021)"
+        )
 
     def value_bounds(self, input_shape: tuple[int, ...]) -> tuple[float, float]:
-        """Public bounds of every feature value, whatever the data: after GroupNorm a group of n values has mean 0 and
-        (biased) variance ≤ 1, so no value exceeds √(n − 1) in magnitude (for PubSub-ML's ``dp-nn``, whose inputs are
+        """Public bounds of every feature value, whatever the data: after GroupNorm a group of n values has
+        mean 0 and
+        (biased) variance ≤ 1, so no value exceeds √(n − 1) in magnitude (for PubSub-ML's ``dp-nn``, whose
+        inputs are
         clipped to declared bounds)."""
         c, h, w = self.output_shape(tuple(input_shape))
         n = (c // math.gcd(GROUPS, c)) * h * w

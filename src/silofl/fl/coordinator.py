@@ -52,7 +52,9 @@ class Coordinator(ABC):
     """A method's round logic over an engine (see the module doc). Node ids: sites ``0..K-1``; a role the
     coordinator plays (a server) is node ``K``."""
 
-    deferred_steps: frozenset[str] = frozenset({"receive_global"})  # sent with the site's next step (see call)
+    deferred_steps: frozenset[str] = frozenset(
+        {"receive_global"}
+    )  # sent with the site's next step (see call)
 
     def __init__(self, cfg: Any, n_sites: int):
         self.cfg = cfg
@@ -77,9 +79,12 @@ class Coordinator(ABC):
     def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
         """``engine.call`` that also keeps every site's last word on whether it can continue.
 
-        A step in :attr:`deferred_steps` is not sent now: it waits for the next step asked of the same site and
-        goes with it in one message (:mod:`silofl.comm.batch`), so a round costs one message per site; its reply
-        (the payloads the site refused) comes back then, into :meth:`take_late`. A site lost meanwhile never gets
+        A step in :attr:`deferred_steps` is not sent now: it waits for the next step asked of the same site
+        and
+        goes with it in one message (:mod:`silofl.comm.batch`), so a round costs one message per site; its
+        reply
+        (the payloads the site refused) comes back then, into :meth:`take_late`. A site lost meanwhile never
+        gets
         it; :attr:`delivered` says up to which round each site is known to have taken its deliveries."""
         assert self.engine is not None, "connect() first"
         if step in self.deferred_steps and self.engine.batches:
@@ -97,14 +102,16 @@ class Coordinator(ABC):
         return replies
 
     def flush(self) -> None:
-        """Send the deferred steps now, on their own (before reading a site's state out of band, as tests do)."""
+        """Send the deferred steps now, on their own (before reading a site's state out of band, as tests
+        do)."""
         pending, self._pending = self._pending, {}
         if pending:
             for k, r in self._batch(pending).items():
                 self.can_continue[k] = bool(r.meta.get("can_continue", True))
 
     def _batch(self, parts: dict[int, list[tuple[str, Message]]]) -> dict[int, Message]:
-        """Each site's parts in one batch request; the replies of the last parts (the earlier ones' refusals go to
+        """Each site's parts in one batch request; the replies of the last parts (the earlier ones' refusals
+        go to
         :meth:`take_late`, and their rounds to :attr:`delivered`)."""
         from silofl.comm import batch
 
@@ -114,7 +121,9 @@ class Coordinator(ABC):
         for k, r in got.items():
             try:
                 answers = batch.split_reply(r, len(parts[k]))
-            except PeerModelRejected as e:  # a site that answers a batch wrongly is lost, as for any bad reply
+            except (
+                PeerModelRejected
+            ) as e:  # a site that answers a batch wrongly is lost, as for any bad reply
                 self.engine.lost.setdefault(k, f"malformed batch reply: {e}")
                 continue
             for (s, m), a in zip(parts[k], answers, strict=True):
@@ -133,13 +142,16 @@ class Coordinator(ABC):
     def connect(self, engine: Engine) -> None:
         """Meet the sites (their public facts) and check that at least one can train a round."""
         self.engine = engine
-        self.info = {k: r.meta for k, r in self.call("hello", {k: Message() for k in range(self.n_sites)}).items()}
+        self.info = {
+            k: r.meta for k, r in self.call("hello", {k: Message() for k in range(self.n_sites)}).items()
+        }
         self.setup()
         if not any(self.may_continue(k) for k in self.active):
             raise BudgetExhausted(self.budget_message())
 
     def open_ledger(self, folder) -> None:
-        """Keep the spend the coordinator's roles account for (a client-level server's) in a ledger in ``folder``."""
+        """Keep the spend the coordinator's roles account for (a client-level server's) in a ledger in
+        ``folder``."""
         return None
 
     def setup(self) -> None:
@@ -161,7 +173,8 @@ class Coordinator(ABC):
 
     # ------------------------------------------------------------------ rounds
     def retire(self, rnd: int, events: RoundEvents) -> list[int]:
-        """Lost sites that are back rejoin; sites the engine lost and sites whose budget cannot pay for this round
+        """Lost sites that are back rejoin; sites the engine lost and sites whose budget cannot pay for this
+        round
         leave; the active ones."""
         lost = self.engine.lost if self.engine is not None else {}
         leaving = []
@@ -169,7 +182,9 @@ class Coordinator(ABC):
             if k in lost:
                 events.lost[k] = lost[k]
                 self.lost_sites.add(k)
-                log.warning("client %d leaves the protocol before round %d: process lost (%s)", k, rnd, lost[k])
+                log.warning(
+                    "client %d leaves the protocol before round %d: process lost (%s)", k, rnd, lost[k]
+                )
             elif not self.may_continue(k):
                 events.left.append(k)
                 leaving.append(k)
@@ -182,7 +197,9 @@ class Coordinator(ABC):
             self.call("leave", {k: Message({"round": rnd}) for k in leaving})
         if events.lost:
             self.on_lost(set(events.lost), rnd)
-        earlier = {k for k in self.lost_sites if (self.left_at.get(k) or rnd) < rnd}  # retired in an earlier round
+        earlier = {
+            k for k in self.lost_sites if (self.left_at.get(k) or rnd) < rnd
+        }  # retired in an earlier round
         for k in self.engine.rejoin_ready(rnd, earlier) if self.engine is not None and earlier else []:
             self.lost_sites.discard(k)
             self.active = sorted([*self.active, k])
@@ -193,15 +210,19 @@ class Coordinator(ABC):
         return list(self.active)
 
     def routable(self, rnd: int, k: int, replies: dict, allowed: set[int], events: RoundEvents) -> list:
-        """The packets in site ``k``'s reply that it may send this round — from itself, to one of ``allowed``; any
+        """The packets in site ``k``'s reply that it may send this round — from itself, to one of ``allowed``;
+        any
         other is refused (logged and recorded), never delivered."""
         ok = []
         for p in replies[k].packets if k in replies else []:
             if p.src == k and p.dst in allowed:
                 ok.append(p)
             else:
-                why = (f"site {k} sent a packet as node {p.src}" if p.src != k else
-                       f"site {k} may not send to node {p.dst} in round {rnd}")
+                why = (
+                    f"site {k} sent a packet as node {p.src}"
+                    if p.src != k
+                    else f"site {k} may not send to node {p.dst} in round {rnd}"
+                )
                 log.warning("the coordinator refused a packet: %s", why)
                 events.rejected.append({"round": rnd, "client": self.server_id, "src": k, "reason": why})
         return ok
@@ -227,7 +248,9 @@ class Coordinator(ABC):
 
     def evaluate(self, rnd: int, internal: bool = False) -> dict[int, dict]:
         """Every reported site's evaluation reply (accuracies, ε, figures of its last round)."""
-        replies = self.call("evaluate", {k: Message({"round": rnd, "internal": internal}) for k in self.evaluated(rnd)})
+        replies = self.call(
+            "evaluate", {k: Message({"round": rnd, "internal": internal}) for k in self.evaluated(rnd)}
+        )
         return {k: r.meta for k, r in replies.items()}
 
     def extra_metrics(self, k: int) -> dict:
@@ -264,7 +287,9 @@ class Method(ABC):
         self.cfg = cfg
         self.opts = cfg.options
 
-    def site_data(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def site_data(
+        self, parts: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each site's training data from the clients' partitions (one site per client, except Joint)."""
         return parts
 

@@ -68,8 +68,10 @@ class MethodOptions:
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Each option's default value."""
-        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-                for f in fields(cls)}
+        return {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            for f in fields(cls)
+        }
 
 
 @dataclass
@@ -101,28 +103,40 @@ class DPSGDOptions(MethodOptions):
         choice("optimizer", self.optimizer, DP_OPTIMIZERS)
         unit_interval("momentum", self.momentum, open_hi=True)
         if self.optimizer != "sgd" and (self.momentum != 0.0 or self.nesterov):
-            raise ConfigError("momentum and nesterov apply to optimizer 'sgd' (Adam has its own moments); "
-                              "add optimizer=sgd")
+            raise ConfigError(
+                "momentum and nesterov apply to optimizer 'sgd' (Adam has its own moments); add optimizer=sgd"
+            )
         if self.nesterov and self.momentum == 0.0:
             raise ConfigError("nesterov needs momentum > 0")
         unit_interval("ema_decay", self.ema_decay, open_hi=True)
         if self.augmult < 0:
-            raise ConfigError(f"augmult must be 0 (off) or a number of augmented views ≥ 1, got {self.augmult}")
+            raise ConfigError(
+                f"augmult must be 0 (off) or a number of augmented views ≥ 1, got {self.augmult}"
+            )
         if self.aug_pad < 0:
             raise ConfigError(f"aug_pad must be a non-negative number of pixels, got {self.aug_pad}")
         if self.augmult and getattr(run, "dataset", None) not in IMAGE_DATASETS:
             raise ConfigError(f"augmult augments images; dataset {getattr(run, 'dataset', None)!r} has none")
         if self.augmult and str(getattr(run, "features", None) or "none") != "none":
-            raise ConfigError("augmult augments raw images; with features the model sees features computed once per "
-                              "image, not images (use features none)")
-        if self.sample_rate is not None and not (math.isfinite(self.sample_rate) and 0.0 < self.sample_rate <= 1.0):
+            raise ConfigError(
+                "augmult augments raw images; with features the model sees features computed once per "
+                "image, not images (use features none)"
+            )
+        if self.sample_rate is not None and not (
+            math.isfinite(self.sample_rate) and 0.0 < self.sample_rate <= 1.0
+        ):
             raise ConfigError(f"sample_rate must lie in (0, 1], got {self.sample_rate}")
         if self.local_steps is not None and not 1 <= self.local_steps <= MAX_STEPS_PER_ROUND:
             raise ConfigError(f"local_steps must lie in [1, {MAX_STEPS_PER_ROUND}], got {self.local_steps}")
-        if (self.sample_rate is not None and self.local_steps is None
-                and math.floor(1.0 / self.sample_rate + 1e-9) > MAX_STEPS_PER_ROUND):
-            raise ConfigError(f"sample_rate {self.sample_rate:g} plans ⌊1/q⌋ = {math.floor(1.0 / self.sample_rate):,} "
-                              f"DP steps a round (at most {MAX_STEPS_PER_ROUND:,}): raise it or set local_steps")
+        if (
+            self.sample_rate is not None
+            and self.local_steps is None
+            and math.floor(1.0 / self.sample_rate + 1e-9) > MAX_STEPS_PER_ROUND
+        ):
+            raise ConfigError(
+                f"sample_rate {self.sample_rate:g} plans ⌊1/q⌋ = {math.floor(1.0 / self.sample_rate):,} "
+                f"DP steps a round (at most {MAX_STEPS_PER_ROUND:,}): raise it or set local_steps"
+            )
         if self.private_lr is not None:
             positive("private_lr", self.private_lr)
 
@@ -152,7 +166,9 @@ class PrivateModelOptions(MethodOptions):
         for name in [self.private_model, *(self.private_models or [])]:
             check_model(name)
         if self.private_models is not None and len(self.private_models) != run.clients:
-            raise ConfigError(f"private_models lists {len(self.private_models)} architectures for {run.clients} clients")
+            raise ConfigError(
+                f"private_models lists {len(self.private_models)} architectures for {run.clients} clients"
+            )
 
     def private_model_of(self, client: int) -> str:
         """The private architecture of ``client``."""
@@ -177,8 +193,10 @@ class MutualLearningOptions(PrivateModelOptions):
         if self.dml_beta is not None:
             unit_interval("dml_beta", self.dml_beta)
         if run.privacy == "strict" and self.dml_beta not in (None, 0.0):
-            raise ConfigError("privacy 'strict' needs dml_beta = 0 (the proxy may learn only from labels under DP-SGD); "
-                              "use privacy 'paper' for dml_beta > 0")
+            raise ConfigError(
+                "privacy 'strict' needs dml_beta = 0 (the proxy may learn only from labels under DP-SGD); "
+                "use privacy 'paper' for dml_beta > 0"
+            )
 
 
 @dataclass

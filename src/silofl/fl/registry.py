@@ -7,7 +7,8 @@ A method is one module and one registration::
     class MyMethod(Method): ...
 
 Built-in methods live in :mod:`silofl.fl.methods`. Another package adds a method without editing
-silofl by exposing a module in the ``silofl.methods`` entry-point group (``[project.entry-points."silofl.methods"]
+silofl by exposing a module in the ``silofl.methods`` entry-point group
+(``[project.entry-points."silofl.methods"]
 mymethod = "mypkg.mymethod"`` in its ``pyproject.toml``); importing that module registers it. The
 configuration, the CLI, ``silofl compare``, the engines and the reports all read this registry
 (:data:`METHODS`, a :class:`silofl.core.registry.Registry`).
@@ -56,18 +57,31 @@ def _builtin_order() -> tuple[str, ...]:
     return ORDER
 
 
-METHODS: Registry[MethodInfo] = Registry("method", ENTRY_POINT_GROUP, builtins=("silofl.fl.methods",),
-                                         order=_builtin_order)
+METHODS: Registry[MethodInfo] = Registry(
+    "method", ENTRY_POINT_GROUP, builtins=("silofl.fl.methods",), order=_builtin_order
+)
 
 
-def register(name: str, *, options: type, headline: str, exchange: str, description: str,
-             metrics: tuple[str, ...], mutual_learning: bool = False, level: str = "example", pooled: bool = False,
-             nonprivate: bool = False) -> Callable[[type], type]:
+def register(
+    name: str,
+    *,
+    options: type,
+    headline: str,
+    exchange: str,
+    description: str,
+    metrics: tuple[str, ...],
+    mutual_learning: bool = False,
+    level: str = "example",
+    pooled: bool = False,
+    nonprivate: bool = False,
+) -> Callable[[type], type]:
     """Class decorator that registers a method under ``name`` (in :data:`METHODS`)."""
     if exchange not in EXCHANGES:
         raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
     if headline not in metrics or not set(metrics) <= set(ACC_FIELDS):
-        raise ValueError(f"metrics {metrics} must be among {ACC_FIELDS} and include the headline {headline!r}")
+        raise ValueError(
+            f"metrics {metrics} must be among {ACC_FIELDS} and include the headline {headline!r}"
+        )
 
     def deco(cls: type) -> type:
         old = METHODS.registered(name)
@@ -75,7 +89,9 @@ def register(name: str, *, options: type, headline: str, exchange: str, descript
             if old.obj.cls is not cls:
                 raise ValueError(f"a method named {name!r} is already registered ({old.obj.cls.__module__})")
             return cls
-        traits = MethodTraits(mutual_learning=mutual_learning, level=level, pooled=pooled, nonprivate=nonprivate)
+        traits = MethodTraits(
+            mutual_learning=mutual_learning, level=level, pooled=pooled, nonprivate=nonprivate
+        )
         info = MethodInfo(name, cls, options, headline, exchange, traits, description, tuple(metrics))
         METHODS.register(name, info, exchange=exchange, headline=headline, level=level)
         return cls

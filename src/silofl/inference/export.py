@@ -1,9 +1,11 @@
 """``silofl export``: a site's model as ONNX (preprocessing inside the graph) with a model card.
 
 With a feature stage (``--features``, :mod:`silofl.features`) the graph holds it too when torch's exporter can
-trace it (a backbone); otherwise (kymatio's scattering: complex FFTs) the export has two stages: ``model.onnx``
+trace it (a backbone); otherwise (kymatio's scattering: complex FFTs) the export has two stages:
+``model.onnx``
 takes the *features* (``features``), which silofl computes (``silofl predict``, or
-``silofl.features.stage_from_record(json.load(open("features.json")))``), and ``features.json`` names the stage
+``silofl.features.stage_from_record(json.load(open("features.json")))``), and ``features.json`` names the
+stage
 exactly. The model card says which, what the features are and why they cost no budget.
 
 ``OUT/model.onnx`` takes the *raw* inputs (``x``: a table's features in schema order, numbers as they are and
@@ -44,9 +46,16 @@ def example_input(loaded: LoadedModel, n: int = 2) -> torch.Tensor:
     return torch.full((n, *prep.input_shape), 0.5)
 
 
-def export(path: str | Path, client: int, out: str | Path, model: str = "private", fmt: str = "onnx",
-           overwrite: bool = False) -> dict:
-    """Write ``model.onnx``, ``preprocessing.json``, ``model_card.json`` and ``model_card.md`` under ``out``; returns the
+def export(
+    path: str | Path,
+    client: int,
+    out: str | Path,
+    model: str = "private",
+    fmt: str = "onnx",
+    overwrite: bool = False,
+) -> dict:
+    """Write ``model.onnx``, ``preprocessing.json``, ``model_card.json`` and ``model_card.md`` under ``out``;
+    returns the
     card."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format takes {', '.join(FORMATS)}, got {fmt!r}")
@@ -89,18 +98,29 @@ def export_onnx(loaded: LoadedModel, path: Path) -> None:
 
     x = example_input(loaded)
     batch = torch.export.Dim("batch")
-    quiet = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    quiet = [
+        logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")
+    ]
     levels = [lg.level for lg in quiet]
     for lg in quiet:  # the exporter logs every op library it skips (torchvision's, absent here)
         lg.setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
-            torch.onnx.export(loaded.pipeline, (x,), str(path), input_names=["x"], output_names=["probabilities"],
-                              dynamic_shapes=({0: batch},), external_data=False, verbose=False)
+            torch.onnx.export(
+                loaded.pipeline,
+                (x,),
+                str(path),
+                input_names=["x"],
+                output_names=["probabilities"],
+                dynamic_shapes=({0: batch},),
+                external_data=False,
+                verbose=False,
+            )
         except ImportError as e:  # onnx / onnxscript missing
-            raise ConfigError(f"ONNX export needs the onnx and onnxscript packages ({e}): "
-                              "pip install 'silofl[export]'") from None
+            raise ConfigError(
+                f"ONNX export needs the onnx and onnxscript packages ({e}): pip install 'silofl[export]'"
+            ) from None
         finally:
             for lg, level in zip(quiet, levels, strict=True):
                 lg.setLevel(level)
@@ -123,21 +143,36 @@ def export_head(loaded: LoadedModel, path: Path) -> None:
     batch = torch.export.Dim("batch")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        torch.onnx.export(_Head(loaded.pipeline.model).eval(), (f,), str(path), input_names=["features"],
-                          output_names=["probabilities"], dynamic_shapes=({0: batch},), external_data=False,
-                          verbose=False)
+        torch.onnx.export(
+            _Head(loaded.pipeline.model).eval(),
+            (f,),
+            str(path),
+            input_names=["features"],
+            output_names=["probabilities"],
+            dynamic_shapes=({0: batch},),
+            external_data=False,
+            verbose=False,
+        )
 
 
 def _features_card(loaded: LoadedModel, graph: str) -> dict | None:
     rec = loaded.features
     if rec is None:
         return None
-    where = ("inside the graph, between the preprocessing and the model" if graph == "one" else
-             "NOT in the graph (two-stage export): compute the features with silofl — `silofl predict`, or "
-             "silofl.features.stage_from_record(features.json) — and feed them to model.onnx as `features`")
-    return {"stage": rec.get("features"), "description": rec.get("description"),
-            "feature_shape": rec.get("feature_shape"), "where": where, "graph": graph,
-            "privacy": f"no budget: {rec.get('privacy')}"}
+    where = (
+        "inside the graph, between the preprocessing and the model"
+        if graph == "one"
+        else "NOT in the graph (two-stage export): compute the features with silofl — `silofl predict`, or "
+        "silofl.features.stage_from_record(features.json) — and feed them to model.onnx as `features`"
+    )
+    return {
+        "stage": rec.get("features"),
+        "description": rec.get("description"),
+        "feature_shape": rec.get("feature_shape"),
+        "where": where,
+        "graph": graph,
+        "privacy": f"no budget: {rec.get('privacy')}",
+    }
 
 
 def _round(v: Any, nd: int = 4) -> Any:
@@ -152,32 +187,57 @@ def model_card(loaded: LoadedModel, onnx_path: Path | None = None, graph: str = 
     n_params = sum(p.numel() for p in loaded.pipeline.model.parameters())
     card: dict[str, Any] = {
         "format": CARD_FORMAT,
-        "model": {"client": k, "site": prep.site or None, "role": role, "architecture": loaded.spec.name,
-                  "input_shape": list(loaded.spec.input_shape), "classes": prep.classes, "parameters": n_params,
-                  "file": onnx_path.name if onnx_path else None,
-                  "onnx": {"input": "x: float32 [batch, " + ", ".join(str(s) for s in _raw_shape(loaded)) + "] — " +
-                           prep.to_dict()["input"], "output": "probabilities: float32 [batch, classes]",
-                           "preprocessing": "inside the graph: " + prep.to_dict()["steps"]}},
+        "model": {
+            "client": k,
+            "site": prep.site or None,
+            "role": role,
+            "architecture": loaded.spec.name,
+            "input_shape": list(loaded.spec.input_shape),
+            "classes": prep.classes,
+            "parameters": n_params,
+            "file": onnx_path.name if onnx_path else None,
+            "onnx": {
+                "input": "x: float32 [batch, "
+                + ", ".join(str(s) for s in _raw_shape(loaded))
+                + "] — "
+                + prep.to_dict()["input"],
+                "output": "probabilities: float32 [batch, classes]",
+                "preprocessing": "inside the graph: " + prep.to_dict()["steps"],
+            },
+        },
         **({"features": _features_card(loaded, graph)} if loaded.features is not None else {}),
         "training_data": _training_data(loaded, summary),
         "privacy": _privacy(loaded, summary),
         "evaluation": _evaluation(loaded, summary),
     }
     if graph == "two-stage":
-        card["model"]["onnx"].update({
-            "input": "features: float32 [batch, " + ", ".join(str(s) for s in loaded.spec.input_shape) + "] — the "
-                     "feature stage's output (features.json) on the preprocessed inputs",
-            "preprocessing": "NOT in the graph (two-stage export): " + prep.to_dict()["steps"] + ", then the feature "
-                             "stage, both computed by silofl"})
+        card["model"]["onnx"].update(
+            {
+                "input": "features: float32 [batch, "
+                + ", ".join(str(s) for s in loaded.spec.input_shape)
+                + "] — the "
+                "feature stage's output (features.json) on the preprocessed inputs",
+                "preprocessing": "NOT in the graph (two-stage export): "
+                + prep.to_dict()["steps"]
+                + ", then the feature "
+                "stage, both computed by silofl",
+            }
+        )
     parts = getattr(loaded.pipeline.model, "roles", None)
     if role == "combined" and parts:  # silofl.site.combine: the site's own model fused with the DP one(s)
         card["model"]["architecture"] = "combined: " + " + ".join(parts)
         card["model"]["parts"] = parts
-        card["model"]["combiner"] = ("logits = weight · concat(log_softmax(part(x))) + bias, fitted on rows held out "
-                                     "from the site's own training rows")
+        card["model"]["combiner"] = (
+            "logits = weight · concat(log_softmax(part(x))) + bias, fitted on rows held out "
+            "from the site's own training rows"
+        )
     if summary:
-        card["run"] = {"folder": str(loaded.run_dir), "method": summary.get("method"),
-                       "rounds_run": summary.get("rounds_run"), "privacy_mode": summary["privacy"]["mode"]}
+        card["run"] = {
+            "folder": str(loaded.run_dir),
+            "method": summary.get("method"),
+            "rounds_run": summary.get("rounds_run"),
+            "privacy_mode": summary["privacy"]["mode"],
+        }
     return card
 
 
@@ -221,59 +281,110 @@ def _training_data(loaded: LoadedModel, summary: dict | None) -> dict:
         d["images"] = {"size": prep.image_size, "mode": prep.mode, "classes": prep.classes}
     stats = prep.site_statistics
     d["preprocessing_statistics"] = (
-        f"NOT differentially private: {', '.join(stats)} of the site's own training rows are in the graph and in "
-        "preprocessing.json" if stats else "public: only the schema's declared bounds, fills and levels (nothing computed "
-        "from the site's rows)")
+        f"NOT differentially private: {', '.join(stats)} of the site's own training rows are in the graph "
+        f"and in "
+        "preprocessing.json"
+        if stats
+        else "public: only the schema's declared bounds, fills and levels (nothing computed "
+        "from the site's rows)"
+    )
     return d
 
 
 def _privacy(loaded: LoadedModel, summary: dict | None) -> dict:
     k, role = loaded.client, loaded.role
     stats = loaded.preprocessing.site_statistics
-    extra = (f" The preprocessing shipped with it holds statistics of the site's rows ({', '.join(stats)}) that no "
-             "DP mechanism protects.") if stats else ""
+    extra = (
+        (
+            f" The preprocessing shipped with it holds statistics of the site's rows ({', '.join(stats)}) "
+            f"that no "
+            "DP mechanism protects."
+        )
+        if stats
+        else ""
+    )
     if summary is None:
-        return {"differentially_private": None, "statement": "no summary.json next to the models: the privacy of this "
-                "model is unknown." + extra}
+        return {
+            "differentially_private": None,
+            "statement": "no summary.json next to the models: the privacy of this model is unknown." + extra,
+        }
     priv = summary["privacy"]
     if priv["mode"] == "off":
-        return {"differentially_private": False, "epsilon": None, "delta": None,
-                "statement": "trained without differential privacy (privacy off): it can reveal the training rows; keep "
-                "it where the data may go." + extra}
+        return {
+            "differentially_private": False,
+            "epsilon": None,
+            "delta": None,
+            "statement": "trained without differential privacy (privacy off): it can reveal the training "
+            "rows; keep "
+            "it where the data may go." + extra,
+        }
     acct: dict = next((a for a in summary.get("accounting", []) if a.get("client") == k), {})
     client_level = "epsilon_hospital" in priv
     if client_level:
         dp = role == "global"
         eps = priv.get(f"epsilon_{priv.get('privacy_unit', 'hospital')}")
-        inputs = {"noise_multiplier": priv.get("noise_multiplier_total"), "client_rate": priv.get("client_rate"),
-                  "rounds": summary.get("rounds_run"), "accountant": priv.get("accountant")}
+        inputs = {
+            "noise_multiplier": priv.get("noise_multiplier_total"),
+            "client_rate": priv.get("client_rate"),
+            "rounds": summary.get("rounds_run"),
+            "accountant": priv.get("accountant"),
+        }
     else:
         dp = acct.get("dp_model") == role
         eps = acct.get("epsilon")
-        inputs = {key: acct.get(key) for key in ("noise_multiplier", "sample_rate", "steps", "accountant", "clip")}
+        inputs = {
+            key: acct.get(key) for key in ("noise_multiplier", "sample_rate", "steps", "accountant", "clip")
+        }
     if role == "combined":
-        return {"differentially_private": False, "epsilon": None, "delta": None, "label": "non-private",
-                "statement": "NOT differentially private: the combined model contains the site's own model, trained on "
-                "its own rows without noise, and a combiner fitted on its held-out rows without noise (the DP parts "
-                "it fuses keep their own guarantees, but nothing bounds what the combination reveals about this "
-                "site's rows). It is the site's to keep; release it only where the data itself may go." + extra}
+        return {
+            "differentially_private": False,
+            "epsilon": None,
+            "delta": None,
+            "label": "non-private",
+            "statement": "NOT differentially private: the combined model contains the site's own model, "
+            "trained on "
+            "its own rows without noise, and a combiner fitted on its held-out rows without noise (the DP "
+            "parts "
+            "it fuses keep their own guarantees, but nothing bounds what the combination reveals about this "
+            "site's rows). It is the site's to keep; release it only where the data itself may go." + extra,
+        }
     if not dp:
-        return {"differentially_private": False, "epsilon": None, "delta": None,
-                "statement": f"NOT differentially private: the {role} model was trained on the site's own rows without "
-                "noise (what it learnt from other sites' DP models is post-processing, but nothing bounds what it "
-                "reveals about this site's rows). It is the site's to keep; release it only where the data itself may "
-                "go." + extra}
+        return {
+            "differentially_private": False,
+            "epsilon": None,
+            "delta": None,
+            "statement": f"NOT differentially private: the {role} model was trained on the site's own rows "
+            f"without "
+            "noise (what it learnt from other sites' DP models is post-processing, but nothing bounds what "
+            "it "
+            "reveals about this site's rows). It is the site's to keep; release it only where the data "
+            "itself may "
+            "go." + extra,
+        }
     formal = bool(priv.get("formal_guarantee"))
     unit = priv.get("unit")
-    statement = (f"({_round(eps)}, {priv['delta']:g})-DP for {unit}, from {inputs.get('accountant') or priv.get('accountant')} "
-                 f"fed with the mechanism that ran; {priv.get('note')}.")
+    statement = (
+        f"({_round(eps)}, {priv['delta']:g})-DP for {unit}, from "
+        f"{inputs.get('accountant') or priv.get('accountant')} "
+        f"fed with the mechanism that ran; {priv.get('note')}."
+    )
     if not formal:
         statement = "NOT a formal guarantee: " + statement
-    return {"differentially_private": True, "formal_guarantee": formal, "epsilon": eps, "delta": priv["delta"],
-            "unit": unit, "what_was_released": f"the {role} model's weights (and anything computed from them)",
-            "accountant_inputs": inputs, "statement": statement + extra,
-            **({"epsilon_hospital": priv["epsilon_hospital"], "epsilon_subclient": priv["epsilon_subclient"]}
-               if client_level else {})}
+    return {
+        "differentially_private": True,
+        "formal_guarantee": formal,
+        "epsilon": eps,
+        "delta": priv["delta"],
+        "unit": unit,
+        "what_was_released": f"the {role} model's weights (and anything computed from them)",
+        "accountant_inputs": inputs,
+        "statement": statement + extra,
+        **(
+            {"epsilon_hospital": priv["epsilon_hospital"], "epsilon_subclient": priv["epsilon_subclient"]}
+            if client_level
+            else {}
+        ),
+    }
 
 
 def _evaluation(loaded: LoadedModel, summary: dict | None) -> dict:
@@ -283,66 +394,109 @@ def _evaluation(loaded: LoadedModel, summary: dict | None) -> dict:
     from silofl.training.metrics import METRICS, metric_field
 
     key = f"{loaded.role}_acc"
-    # every metric of the run's last evaluation of this model (silofl.training.metrics); null where not recorded
+    # every metric of the run's last evaluation of this model (silofl.training.metrics); null where not
+    # recorded
     metrics = {m: row.get(metric_field(key, m)) for m in METRICS}
     metrics_internal = {m: row.get(metric_field(key, m) + "_internal") for m in METRICS}
-    return {"test_set": summary.get("test_set"), "accuracy_external": row.get(key),
-            "accuracy_internal": row.get(f"{key}_internal"), "round": row.get("round"),
-            "internal_test_set": "the site's own held-out rows" if row.get(f"{key}_internal") is not None else None,
-            "metrics_external": metrics, "metrics_internal": metrics_internal,
-            "headline_metric": summary.get("metric", "accuracy")}
+    return {
+        "test_set": summary.get("test_set"),
+        "accuracy_external": row.get(key),
+        "accuracy_internal": row.get(f"{key}_internal"),
+        "round": row.get("round"),
+        "internal_test_set": "the site's own held-out rows"
+        if row.get(f"{key}_internal") is not None
+        else None,
+        "metrics_external": metrics,
+        "metrics_internal": metrics_internal,
+        "headline_metric": summary.get("metric", "accuracy"),
+    }
 
 
 def card_markdown(card: dict) -> str:
     """The model card as Markdown."""
     m, data, priv, ev = card["model"], card["training_data"], card["privacy"], card["evaluation"]
-    lines = [f"# Model card: client {m['client']} ({m['site'] or 'site ' + str(m['client'])}), {m['role']} model", "",
-             "## Model", "",
-             f"- architecture: `{m['architecture']}`, {m['parameters']} parameters, input shape {m['input_shape']}",
-             f"- classes: {', '.join(m['classes'])}",
-             f"- file: `{m['file']}` (ONNX)" if m.get("file") else "- file: —",
-             f"- input: {m['onnx']['input']}", f"- output: {m['onnx']['output']}",
-             f"- preprocessing: {m['onnx']['preprocessing']} (also in `preprocessing.json`)", "",
-             "## Privacy", "", f"**{priv['statement']}**", ""]
+    lines = [
+        f"# Model card: client {m['client']} ({m['site'] or 'site ' + str(m['client'])}), {m['role']} model",
+        "",
+        "## Model",
+        "",
+        f"- architecture: `{m['architecture']}`, {m['parameters']} parameters, input shape "
+        f"{m['input_shape']}",
+        f"- classes: {', '.join(m['classes'])}",
+        f"- file: `{m['file']}` (ONNX)" if m.get("file") else "- file: —",
+        f"- input: {m['onnx']['input']}",
+        f"- output: {m['onnx']['output']}",
+        f"- preprocessing: {m['onnx']['preprocessing']} (also in `preprocessing.json`)",
+        "",
+        "## Privacy",
+        "",
+        f"**{priv['statement']}**",
+        "",
+    ]
     if card.get("features"):
         fc = card["features"]
-        lines[-4:-4] = [f"- features: {fc['description']} → {fc['feature_shape']}; {fc['where']}",
-                        f"- features and privacy: {fc['privacy']}"]
+        lines[-4:-4] = [
+            f"- features: {fc['description']} → {fc['feature_shape']}; {fc['where']}",
+            f"- features and privacy: {fc['privacy']}",
+        ]
     if priv.get("differentially_private"):
-        lines += [f"- ε = {_round(priv['epsilon'])}, δ = {priv['delta']:g}, unit: {priv['unit']}",
-                  f"- released: {priv['what_was_released']}",
-                  "- accountant inputs: " + ", ".join(f"{k} = {_round(v)}" for k, v in priv["accountant_inputs"].items()
-                                                       if v is not None), ""]
-    lines += ["## Training data", "", f"- site: {data.get('site')}, {data['rows']} training rows"
-              + (f" ({data.get('source')})" if data.get("source") else ""),
-              f"- preprocessing statistics: {data['preprocessing_statistics']}"]
+        lines += [
+            f"- ε = {_round(priv['epsilon'])}, δ = {priv['delta']:g}, unit: {priv['unit']}",
+            f"- released: {priv['what_was_released']}",
+            "- accountant inputs: "
+            + ", ".join(f"{k} = {_round(v)}" for k, v in priv["accountant_inputs"].items() if v is not None),
+            "",
+        ]
+    lines += [
+        "## Training data",
+        "",
+        f"- site: {data.get('site')}, {data['rows']} training rows"
+        + (f" ({data.get('source')})" if data.get("source") else ""),
+        f"- preprocessing statistics: {data['preprocessing_statistics']}",
+    ]
     if data["kind"] == "table":
         sch = data["schema"]
-        lines += [f"- target: `{sch['target']['name']}` ∈ {{{', '.join(sch['target']['levels'])}}}", "",
-                  "| feature | type | levels / bounds | missing |", "|---|---|---|---|"]
+        lines += [
+            f"- target: `{sch['target']['name']}` ∈ {{{', '.join(sch['target']['levels'])}}}",
+            "",
+            "| feature | type | levels / bounds | missing |",
+            "|---|---|---|---|",
+        ]
         for name, f in sch["features"].items():
-            what = ", ".join(f["levels"]) if f["type"] == "categorical" else (
-                f"[{f['bounds'][0]:g}, {f['bounds'][1]:g}]" if "bounds" in f else "—")
+            what = (
+                ", ".join(f["levels"])
+                if f["type"] == "categorical"
+                else (f"[{f['bounds'][0]:g}, {f['bounds'][1]:g}]" if "bounds" in f else "—")
+            )
             lines.append(f"| {name} | {f['type']} | {what} | {f['missing']} |")
     else:
         im = data["images"]
         lines.append(f"- images: {im['size']}×{im['size']}, {'grey' if im['mode'] == 'L' else 'RGB'}")
     lines += ["", "## Evaluation", ""]
     if ev:
-        lines += [f"- accuracy on {ev['test_set']}: {_fmt(ev['accuracy_external'])}",
-                  f"- accuracy on the site's own held-out rows: {_fmt(ev['accuracy_internal'])}",
-                  f"- after round {ev['round']}"]
-        for where, ms in (("on " + str(ev["test_set"]), ev.get("metrics_external")),
-                          ("on the site's own held-out rows", ev.get("metrics_internal"))):
+        lines += [
+            f"- accuracy on {ev['test_set']}: {_fmt(ev['accuracy_external'])}",
+            f"- accuracy on the site's own held-out rows: {_fmt(ev['accuracy_internal'])}",
+            f"- after round {ev['round']}",
+        ]
+        for where, ms in (
+            ("on " + str(ev["test_set"]), ev.get("metrics_external")),
+            ("on the site's own held-out rows", ev.get("metrics_internal")),
+        ):
             if ms and any(v is not None for k, v in ms.items() if k != "accuracy"):
-                lines.append(f"- {where}: AUROC {_fmt(ms.get('auroc'))}, balanced accuracy "
-                             f"{_fmt(ms.get('balanced_accuracy'))}, F1 (macro) {_fmt(ms.get('f1'))}, ECE (15 bins) "
-                             f"{_fmt(ms.get('ece'))}")
+                lines.append(
+                    f"- {where}: AUROC {_fmt(ms.get('auroc'))}, balanced accuracy "
+                    f"{_fmt(ms.get('balanced_accuracy'))}, F1 (macro) {_fmt(ms.get('f1'))}, ECE (15 bins) "
+                    f"{_fmt(ms.get('ece'))}"
+                )
     else:
         lines.append("- no evaluation recorded (no summary.json next to the models)")
     if card.get("run"):
         r = card["run"]
-        lines += ["", f"Run: `{r['folder']}` ({r['method']}, {r['rounds_run']} rounds, privacy {r['privacy_mode']})."]
+        lines += [
+            "",
+            f"Run: `{r['folder']}` ({r['method']}, {r['rounds_run']} rounds, privacy {r['privacy_mode']}).",
+        ]
     return "\n".join(lines) + "\n"
 
 

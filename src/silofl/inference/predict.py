@@ -12,9 +12,16 @@ from silofl.core.errors import ConfigError
 from silofl.inference.pipeline import load_pipeline
 
 
-def predict(path: str | Path, client: int, data: str | Path, out: str | Path, model: str = "private",
-            overwrite: bool = False) -> dict:
-    """Write one row per input to ``out`` (CSV: ``id``, ``prediction``, ``p_<class>`` per class, and ``label`` when the
+def predict(
+    path: str | Path,
+    client: int,
+    data: str | Path,
+    out: str | Path,
+    model: str = "private",
+    overwrite: bool = False,
+) -> dict:
+    """Write one row per input to ``out`` (CSV: ``id``, ``prediction``, ``p_<class>`` per class, and ``label``
+    when the
     data carry the target or class folders); returns a summary (rows, accuracy when labelled, model used)."""
     out = Path(out)
     if out.exists() and not overwrite:
@@ -34,5 +41,11 @@ def predict(path: str | Path, client: int, data: str | Path, out: str | Path, mo
             row = [ids[i], classes[pred[i]], *(f"{p:.6g}" for p in probs[i])]
             w.writerow(row + ([classes[int(y[i])]] if y is not None else []))
     acc = float(np.mean(pred == y)) if y is not None else None
-    return {"rows": int(len(pred)), "accuracy": acc, "model": f"client{client}_{loaded.role}",
-            "architecture": loaded.spec.name, "out": str(out), "nan_rows": int(np.isnan(probs).any(1).sum())}
+    return {
+        "rows": int(len(pred)),
+        "accuracy": acc,
+        "model": f"client{client}_{loaded.role}",
+        "architecture": loaded.spec.name,
+        "out": str(out),
+        "nan_rows": int(np.isnan(probs).any(1).sum()),
+    }

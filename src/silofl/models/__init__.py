@@ -59,7 +59,8 @@ class TabularMLP(MLP):
 
 
 class LogisticRegression(nn.Module):
-    """One Linear layer (multinomial logistic regression on the flattened input): the DP-SGD-friendly baseline."""
+    """One Linear layer (multinomial logistic regression on the flattened input): the DP-SGD-friendly
+    baseline."""
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int):
         super().__init__()
@@ -75,8 +76,10 @@ class _ConvNet(nn.Module):
     def __init__(self, input_shape, num_classes, channels, kernel, fc):
         super().__init__()
         if len(input_shape) != 3:
-            raise ConfigError(f"{type(self).__name__} is a convolutional model for images (C×H×W); for inputs of shape "
-                              f"{tuple(input_shape)} (table rows) use tabmlp, logreg, mlp or mlp256")
+            raise ConfigError(
+                f"{type(self).__name__} is a convolutional model for images (C×H×W); for inputs of shape "
+                f"{tuple(input_shape)} (table rows) use tabmlp, logreg, mlp or mlp256"
+            )
         c_in = input_shape[0]
         self.convs = nn.ModuleList()
         for c_out in channels:
@@ -126,14 +129,22 @@ class CNN2(_ConvNet):
 class ScatterCNN(nn.Module):
     """Tramèr & Boneh's (ICLR 2021) ScatterNet+CNN head for MNIST-like data: over C×H×W feature maps (81×7×7
     scattering channels, already GroupNorm-ed by the feature stage), conv3×3/2 → 16, tanh, conv3×3 → 32, tanh,
-    then Linear → 32, tanh, Linear → classes. Conv2d and Linear only: DP-SGD's fast per-example norms apply."""
+    then Linear → 32, tanh, Linear → classes. Conv2d and Linear only: DP-SGD's fast per-example norms
+    apply."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: tuple[int, int] = (16, 32),
-                 hidden: int = 32):
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        channels: tuple[int, int] = (16, 32),
+        hidden: int = 32,
+    ):
         super().__init__()
         if len(input_shape) != 3:
-            raise ConfigError(f"scattercnn is a convolutional head over feature maps (C×H×W); for inputs of shape "
-                              f"{tuple(input_shape)} use linear, logreg or mlp")
+            raise ConfigError(
+                f"scattercnn is a convolutional head over feature maps (C×H×W); for inputs of shape "
+                f"{tuple(input_shape)} use linear, logreg or mlp"
+            )
         self.conv1 = nn.Conv2d(input_shape[0], channels[0], 3, stride=2, padding=1)
         self.conv2 = nn.Conv2d(channels[0], channels[1], 3, stride=1, padding=1)
         with torch.no_grad():
@@ -163,8 +174,14 @@ MODEL_META = {
 }
 
 
-def register_model(name: str, build: Callable[..., nn.Module] | None = None, *, inputs: str = "any",
-                   head: bool = False, description: str = "") -> Any:
+def register_model(
+    name: str,
+    build: Callable[..., nn.Module] | None = None,
+    *,
+    inputs: str = "any",
+    head: bool = False,
+    description: str = "",
+) -> Any:
     """Register an architecture under ``name`` (decorator or direct); ``build(input_shape, num_classes)`` must
     return a fresh module (every layer with parameters Linear, Conv2d or GroupNorm keeps DP-SGD's fast
     per-example norms)."""
@@ -176,10 +193,18 @@ def register_model(name: str, build: Callable[..., nn.Module] | None = None, *, 
     return MODELS.register(name, build, **meta) if build is not None else MODELS.register(name, **meta)
 
 
-for _name, _cls, _inputs in (("mlp", MLP, "any"), ("mlp256", MLP256, "any"), ("tabmlp", TabularMLP, "any"),
-                             ("logreg", LogisticRegression, "any"), ("lenet5", LeNet5, "images"),
-                             ("cnn1", CNN1, "images"), ("cnn2", CNN2, "images"), ("vgg", VGG, "images"),
-                             ("resnet18", ResNet18, "images"), ("deepset", DeepSet, "bags")):
+for _name, _cls, _inputs in (
+    ("mlp", MLP, "any"),
+    ("mlp256", MLP256, "any"),
+    ("tabmlp", TabularMLP, "any"),
+    ("logreg", LogisticRegression, "any"),
+    ("lenet5", LeNet5, "images"),
+    ("cnn1", CNN1, "images"),
+    ("cnn2", CNN2, "images"),
+    ("vgg", VGG, "images"),
+    ("resnet18", ResNet18, "images"),
+    ("deepset", DeepSet, "bags"),
+):
     register_model(_name, _cls, inputs=_inputs)
 # heads for feature stages (silofl.features): a linear model over the flattened features (= logreg), and
 # Tramèr & Boneh's small CNN over scattering channels

@@ -24,7 +24,9 @@ from silofl.core.errors import ConfigError
 
 def _image_shape(name: str, input_shape) -> tuple[int, int, int]:
     if len(input_shape) != 3:
-        raise ConfigError(f"{name} needs image inputs (channels, height, width), got shape {tuple(input_shape)}")
+        raise ConfigError(
+            f"{name} needs image inputs (channels, height, width), got shape {tuple(input_shape)}"
+        )
     return tuple(input_shape)
 
 
@@ -108,7 +110,8 @@ class DeepSet(nn.Module):
         super().__init__()
         if len(input_shape) != 2 or input_shape[1] < 2:
             raise ConfigError(
-                f"deepset needs bag inputs (instances, features + 1 mask column), got shape {tuple(input_shape)}"
+                f"deepset needs bag inputs (instances, features + 1 mask column), got shape "
+                f"{tuple(input_shape)}"
             )
         d = input_shape[1] - 1
         self.phi1 = nn.Linear(d, hidden)

@@ -11,7 +11,23 @@ from silofl.privacy.noise import NoiseSource
 from silofl.privacy.sampling import poisson_batch
 
 __all__ = [
-    "ACCOUNTANT_NAMES", "Accountant", "Budget", "MechanismRun", "epsilon_of", "max_steps_within",
-    "noise_multiplier_for", "DPGradient", "StepStats", "GhostClipper", "VmapClipper", "clip_factors", "make_clipper",
-    "Guarantee", "MethodTraits", "effective_mode", "guarantee", "NoiseSource", "poisson_batch",
+    "ACCOUNTANT_NAMES",
+    "Accountant",
+    "Budget",
+    "MechanismRun",
+    "epsilon_of",
+    "max_steps_within",
+    "noise_multiplier_for",
+    "DPGradient",
+    "StepStats",
+    "GhostClipper",
+    "VmapClipper",
+    "clip_factors",
+    "make_clipper",
+    "Guarantee",
+    "MethodTraits",
+    "effective_mode",
+    "guarantee",
+    "NoiseSource",
+    "poisson_batch",
 ]

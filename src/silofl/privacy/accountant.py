@@ -22,8 +22,16 @@ from silofl.privacy.analysis import (
     max_steps_within,
 )
 
-__all__ = ["ACCOUNTANTS", "ACCOUNTANT_NAMES", "DEFAULT_ORDERS", "Accountant", "Budget", "MechanismRun",
-           "epsilon_of", "max_steps_within"]
+__all__ = [
+    "ACCOUNTANTS",
+    "ACCOUNTANT_NAMES",
+    "DEFAULT_ORDERS",
+    "Accountant",
+    "Budget",
+    "MechanismRun",
+    "epsilon_of",
+    "max_steps_within",
+]
 
 
 @dataclass(frozen=True)
@@ -107,8 +115,10 @@ class Accountant:
         if kind != self.kind:
             raise ConfigError(f"accountant state is for {kind!r}, this accountant is {self.kind!r}")
         if sum(n for _, _, n in hist) < self.steps:
-            raise ConfigError(f"accountant state has {sum(n for _, _, n in hist)} steps, fewer than the {self.steps} "
-                              "already recorded: a privacy spend is never reset")
+            raise ConfigError(
+                f"accountant state has {sum(n for _, _, n in hist)} steps, fewer than the {self.steps} "
+                "already recorded: a privacy spend is never reset"
+            )
         for s_, q, n in hist:
             if not (s_ > 0 and 0 < q <= 1 and n > 0):
                 raise ConfigError(f"invalid mechanism in accountant state: {(s_, q, n)}")
@@ -141,7 +151,10 @@ class Budget:
         """Whether ``steps`` more steps of (σ, q) keep ε within the target."""
         if self.target_epsilon is None:
             return True
-        return self.accountant.epsilon_after(noise_multiplier, sample_rate, steps, self.delta) <= self.target_epsilon
+        return (
+            self.accountant.epsilon_after(noise_multiplier, sample_rate, steps, self.delta)
+            <= self.target_epsilon
+        )
 
     def require(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
         """Raise BudgetExhausted unless :meth:`allows`."""

@@ -29,7 +29,8 @@ far adding or removing one u moves that block (Andrew et al., §3). The user cho
 | block | calibrated per hospital (sub-clients clipped to C/v) | calibrated per sub-client (clipped to C) |
 |---|---|---|
 | update sum | hospital C, sub-client C/v | sub-client C, hospital v·C |
-| unclipped count | hospital ½ (it sends its fraction in [0, 1], centred by ½), sub-client 1/v | sub-client **1** (v is public and fixed, so the centring stays when one is absent), hospital v/2 |
+| unclipped count | hospital ½ (it sends its fraction in [0, 1], centred by ½), sub-client 1/v | sub-client
+**1** (v is public and fixed, so the centring stays when one is absent), hospital v/2 |
 | norm sum | hospital C, sub-client C/v | sub-client C, hospital v·C |
 
 :func:`unit_noise_multipliers` composes the blocks per unit exactly (group privacy of the Gaussian
@@ -102,12 +103,25 @@ def _opacus(name: str) -> Callable[[], Any]:
     return build
 
 
-ACCOUNTANTS.register("rdp", AccountantSpec(
-    "opacus.rdp", _opacus("rdp"), _rdp_epsilon, opacus="rdp",
-    description="Rényi DP of the subsampled Gaussian (Mironov et al.), Opacus"))
-ACCOUNTANTS.register("prv", AccountantSpec(
-    "opacus.prv", _opacus("prv"), opacus="prv",
-    description="privacy random variables (Gopi et al.), Opacus; tighter"))
+ACCOUNTANTS.register(
+    "rdp",
+    AccountantSpec(
+        "opacus.rdp",
+        _opacus("rdp"),
+        _rdp_epsilon,
+        opacus="rdp",
+        description="Rényi DP of the subsampled Gaussian (Mironov et al.), Opacus",
+    ),
+)
+ACCOUNTANTS.register(
+    "prv",
+    AccountantSpec(
+        "opacus.prv",
+        _opacus("prv"),
+        opacus="prv",
+        description="privacy random variables (Gopi et al.), Opacus; tighter",
+    ),
+)
 
 
 class _ReportedNames(Mapping[str, str]):
@@ -135,11 +149,15 @@ ACCOUNTANT_NAMES: Mapping[str, str] = _ReportedNames()
 def _rdp_per_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarray:
     from opacus.accountants.analysis.rdp import compute_rdp
 
-    return np.asarray(compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders)), dtype=np.float64)
+    return np.asarray(
+        compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders)), dtype=np.float64
+    )
 
 
 @lru_cache(maxsize=4096)
-def _epsilon(kind: str, history: History, delta: float, orders: tuple[float, ...] = DEFAULT_ORDERS) -> tuple[float, float | None]:
+def _epsilon(
+    kind: str, history: History, delta: float, orders: tuple[float, ...] = DEFAULT_ORDERS
+) -> tuple[float, float | None]:
     if not history:
         return 0.0, None
     spec = ACCOUNTANTS.get(kind)
@@ -151,7 +169,8 @@ def _epsilon(kind: str, history: History, delta: float, orders: tuple[float, ...
 
 
 def rdp_curve(history: History, orders: tuple[float, ...] = DEFAULT_ORDERS) -> np.ndarray:
-    """The RDP curve ε(λ) at ``orders`` of a Poisson-subsampled Gaussian history (Mironov et al., as the ``rdp``
+    """The RDP curve ε(λ) at ``orders`` of a Poisson-subsampled Gaussian history (Mironov et al., as the
+    ``rdp``
     accountant computes it; zeros for an empty history)."""
     curve = np.zeros(len(orders), dtype=np.float64)
     for sigma, q, steps in history:
@@ -169,7 +188,9 @@ def epsilon_from_rdp(orders, rdp, delta: float) -> tuple[float, float]:
         raise ConfigError(f"δ must lie in (0, 1), got {delta}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        eps, order = get_privacy_spent(orders=[float(a) for a in orders], rdp=[float(r) for r in rdp], delta=delta)
+        eps, order = get_privacy_spent(
+            orders=[float(a) for a in orders], rdp=[float(r) for r in rdp], delta=delta
+        )
     return float(eps), float(order)
 
 
@@ -198,8 +219,10 @@ def check_mechanism(noise_multiplier: float, sample_rate: float, steps: int = 1)
     """Raise ConfigError unless (σ, q, steps) describe a subsampled Gaussian mechanism the accountants
     can analyse: 0 < σ < ∞, 0 < q ≤ 1, steps ≥ 0 (an infinite σ would make Opacus search forever)."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0 and 0 < sample_rate <= 1 and steps >= 0):
-        raise ConfigError(f"invalid mechanism: noise_multiplier={noise_multiplier}, sample_rate={sample_rate}, "
-                          f"steps={steps}")
+        raise ConfigError(
+            f"invalid mechanism: noise_multiplier={noise_multiplier}, sample_rate={sample_rate}, "
+            f"steps={steps}"
+        )
 
 
 def epsilon_of(kind: str, history: History, delta: float) -> float:
@@ -212,11 +235,22 @@ def best_order(history: History, delta: float) -> float | None:
     return _epsilon("rdp", tuple(history), float(delta))[1]
 
 
-def max_steps_within(kind: str, noise_multiplier: float, sample_rate: float, delta: float, target_epsilon: float,
-                     step_block: int = 1) -> int:
+def max_steps_within(
+    kind: str,
+    noise_multiplier: float,
+    sample_rate: float,
+    delta: float,
+    target_epsilon: float,
+    step_block: int = 1,
+) -> int:
     """Largest multiple of ``step_block`` steps whose ε stays ≤ target (binary search on the accountant)."""
+
     def eps(blocks: int) -> float:
-        return epsilon_of(kind, ((noise_multiplier, sample_rate, blocks * step_block),), delta) if blocks else 0.0
+        return (
+            epsilon_of(kind, ((noise_multiplier, sample_rate, blocks * step_block),), delta)
+            if blocks
+            else 0.0
+        )
 
     if eps(1) > target_epsilon:
         return 0
@@ -236,8 +270,14 @@ CALIBRATION_TOLERANCE = 0.005  # a calibrated run ends within this much below it
 MAX_CALIBRATED_SIGMA = 1e4  # beyond this no useful model trains: the budget is treated as unreachable
 
 
-def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                         accountant: str = "rdp", tolerance: float = 0.01) -> float:
+def noise_multiplier_for(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    tolerance: float = 0.01,
+) -> float:
     """The noise multiplier σ at which ``steps`` steps at rate ``sample_rate`` end at ``target_epsilon``
     (Opacus' ``get_noise_multiplier``: a binary search on its accountant; the ε it returns lies in
     [target − tolerance, target]). Raises ValueError when no σ meets the target."""
@@ -247,14 +287,22 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if spec.opacus is not None:
-            return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
-                                              sample_rate=sample_rate, steps=steps, accountant=spec.opacus,
-                                              epsilon_tolerance=tolerance))
+            return float(
+                get_noise_multiplier(
+                    target_epsilon=target_epsilon,
+                    target_delta=delta,
+                    sample_rate=sample_rate,
+                    steps=steps,
+                    accountant=spec.opacus,
+                    epsilon_tolerance=tolerance,
+                )
+            )
         return _bisect_sigma(accountant, target_epsilon, delta, sample_rate, steps, tolerance)
 
 
-def _bisect_sigma(kind: str, target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                  tolerance: float) -> float:
+def _bisect_sigma(
+    kind: str, target_epsilon: float, delta: float, sample_rate: float, steps: int, tolerance: float
+) -> float:
     """Opacus' ``get_noise_multiplier`` search (double σ from 20 until ε ≤ target, then bisect until ε lies
     within ``tolerance`` below it) over accountant ``kind``'s ε: σ calibration for an accountant Opacus does
     not know."""
@@ -280,27 +328,34 @@ def _bisect_sigma(kind: str, target_epsilon: float, delta: float, sample_rate: f
 
 
 @lru_cache(maxsize=256)
-def calibrate_sigma(target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                    accountant: str = "rdp") -> float:
+def calibrate_sigma(
+    target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
+) -> float:
     """Budget-first σ: the noise multiplier with which ``steps`` steps of the Poisson-subsampled Gaussian
     mechanism at rate ``sample_rate`` end at ε ≤ ``target_epsilon`` (within :data:`CALIBRATION_TOLERANCE`
     of it) under the run's own accountant. Raises ConfigError, in one line, when the target cannot be met.
-    Cached (a pure function; Opacus' search takes seconds): tuning trials that differ only in, say, the learning
+    Cached (a pure function; Opacus' search takes seconds): tuning trials that differ only in, say, the
+    learning
     rate calibrate once."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ConfigError(f"target_epsilon must be positive and finite, got {target_epsilon}")
     if steps < 1 or not 0 < sample_rate <= 1:
         raise ConfigError(f"cannot calibrate σ for {steps} steps at sample rate {sample_rate}")
     try:
-        sigma = noise_multiplier_for(target_epsilon, delta, sample_rate, steps, accountant,
-                                     tolerance=CALIBRATION_TOLERANCE)
+        sigma = noise_multiplier_for(
+            target_epsilon, delta, sample_rate, steps, accountant, tolerance=CALIBRATION_TOLERANCE
+        )
     except (ValueError, OverflowError, ZeroDivisionError):
         sigma = math.inf
     if not math.isfinite(sigma) or sigma > MAX_CALIBRATED_SIGMA:
-        raise ConfigError(f"target_epsilon {target_epsilon:g} (δ={delta:g}) is unreachable for {steps} steps at "
-                          f"sample rate {sample_rate:.4g}: even σ = {MAX_CALIBRATED_SIGMA:g} spends more; raise the "
-                          "budget or lower the rounds or the sampling rate")
-    if epsilon_of(accountant, ((sigma, sample_rate, steps),), delta) > target_epsilon:  # never trust the search blindly
+        raise ConfigError(
+            f"target_epsilon {target_epsilon:g} (δ={delta:g}) is unreachable for {steps} steps at "
+            f"sample rate {sample_rate:.4g}: even σ = {MAX_CALIBRATED_SIGMA:g} spends more; raise the "
+            "budget or lower the rounds or the sampling rate"
+        )
+    if (
+        epsilon_of(accountant, ((sigma, sample_rate, steps),), delta) > target_epsilon
+    ):  # never trust the search blindly
         raise ConfigError(f"σ calibration for target_epsilon {target_epsilon:g} did not meet the target")
     return sigma
 
@@ -309,14 +364,18 @@ def calibrate_sigma(target_epsilon: float, delta: float, sample_rate: float, ste
 COUNT_SENSITIVITY = {"hospital": 0.5, "subclient": 1.0}  # of the calibrated unit (see the module doc)
 
 
-def update_noise_multiplier(z_total: float, count_std: float | None = None, norm_z: float | None = None,
-                            count_sensitivity: float = 0.5) -> float:
+def update_noise_multiplier(
+    z_total: float,
+    count_std: float | None = None,
+    norm_z: float | None = None,
+    count_sensitivity: float = 0.5,
+) -> float:
     """z_Δ such that the update sum, the noised unclipped count (std σ_b, the calibrated unit's sensitivity
     ``count_sensitivity``) and the noised norm sum (noise multiplier z_n) together form a Gaussian mechanism
     of multiplier z_total."""
     if z_total <= 0:
         raise ConfigError(f"noise multiplier must be positive, got {z_total}")
-    inv = z_total ** -2
+    inv = z_total**-2
     if count_std is not None:
         if count_std <= 0:
             raise ConfigError(f"the clip-count noise std must be positive, got {count_std}")
@@ -324,17 +383,19 @@ def update_noise_multiplier(z_total: float, count_std: float | None = None, norm
     if norm_z is not None:
         if norm_z <= 0:
             raise ConfigError(f"the norm-sum noise multiplier must be positive, got {norm_z}")
-        inv -= norm_z ** -2
+        inv -= norm_z**-2
     if inv <= 0:
         raise ConfigError(
-            f"the auxiliary releases (clip count noise std {count_std}, norm-sum noise multiplier {norm_z}) already "
+            f"the auxiliary releases (clip count noise std {count_std}, norm-sum noise multiplier {norm_z}) "
+            f"already "
             f"use the whole noise budget of z = {z_total:g}; raise their noise or z"
         )
-    return inv ** -0.5
+    return inv**-0.5
 
 
-def unit_noise_multipliers(z: float, v: int, calibrated_for: str, count_std: float | None = None,
-                           norm_z: float | None = None) -> dict[str, float]:
+def unit_noise_multipliers(
+    z: float, v: int, calibrated_for: str, count_std: float | None = None, norm_z: float | None = None
+) -> dict[str, float]:
     """The noise multiplier of one round's mechanism for each privacy unit (see the module doc's table).
 
     ``z`` is the calibrated unit's total multiplier (it is that unit's entry, exactly); ``count_std`` and
@@ -355,7 +416,7 @@ def unit_noise_multipliers(z: float, v: int, calibrated_for: str, count_std: flo
         inv += (count_sens / count_std) ** 2
     if norm_z is not None:
         inv += (scale / norm_z) ** 2
-    zs = {calibrated_for: z, other: inv ** -0.5}
+    zs = {calibrated_for: z, other: inv**-0.5}
     if count_std is None and norm_z is None:  # the plain mechanism: exactly z·v or z/v
         zs[other] = z * v if calibrated_for == "hospital" else z / v
     return zs

@@ -52,7 +52,8 @@ class DPGradient:
         self.backend = backend
         self.clipper = make_clipper(model, backend)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # research hook (silofl.audit.gradient): canary gradients sampled and added to the clipped sum before the
+        # research hook (silofl.audit.gradient): canary gradients sampled and added to the clipped sum before
+        # the
         # noise, like examples; None (the default) leaves the mechanism untouched
         self.canaries: CanaryHook | None = None
 
@@ -67,11 +68,15 @@ class DPGradient:
         """The per-example gradient backend in use: ``ghost`` or ``vmap``."""
         return "ghost" if isinstance(self.clipper, GhostClipper) else "vmap"
 
-    def compute(self, x: torch.Tensor, loss_fn: LossFn, *extras: torch.Tensor, views: int = 1
-                ) -> tuple[torch.Tensor, StepStats]:
-        """Set ``p.grad`` to the DP gradient of Σ_i loss_fn(model(x), *extras)_i; return the logits. ``views`` > 1
-        (augmentation multiplicity): ``x`` holds that many consecutive augmented views of each of the B examples
-        of ``extras``; example i's loss is the mean over its views, so its clipped gradient — the sensitivity —
+    def compute(
+        self, x: torch.Tensor, loss_fn: LossFn, *extras: torch.Tensor, views: int = 1
+    ) -> tuple[torch.Tensor, StepStats]:
+        """Set ``p.grad`` to the DP gradient of Σ_i loss_fn(model(x), *extras)_i; return the logits. ``views``
+        > 1
+        (augmentation multiplicity): ``x`` holds that many consecutive augmented views of each of the B
+        examples
+        of ``extras``; example i's loss is the mean over its views, so its clipped gradient — the sensitivity
+        —
         is still at most C."""
         if views < 1 or x.shape[0] % views:
             raise ValueError(f"{x.shape[0]} inputs are not {views} views of each example")
@@ -109,7 +114,8 @@ class DPGradient:
 
 
 class CanaryHook(Protocol):
-    """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm at most
+    """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm
+    at most
     ``clip``, added to the clipped per-example sum (returned: a dict over ``params``) before the noise."""
 
     def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict:

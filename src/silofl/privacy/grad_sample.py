@@ -61,7 +61,12 @@ def ghost_support(model: nn.Module) -> str | None:
             return f"{name} has frozen parameters"
         if isinstance(m, nn.Linear):
             continue
-        if isinstance(m, nn.Conv2d) and m.groups == 1 and m.padding_mode == "zeros" and not isinstance(m.padding, str):
+        if (
+            isinstance(m, nn.Conv2d)
+            and m.groups == 1
+            and m.padding_mode == "zeros"
+            and not isinstance(m.padding, str)
+        ):
             continue
         if isinstance(m, nn.GroupNorm) and m.affine:
             continue
@@ -92,9 +97,12 @@ class GhostClipper:
             h.remove()
 
     def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float, views: int = 1):
-        """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms). ``views`` > 1:
-        ``x`` holds that many consecutive views of each example (augmentation multiplicity); an example's loss is
-        the mean of its views' and its gradient — the sum over views in every layer's identity — is clipped."""
+        """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms). ``views`` >
+        1:
+        ``x`` holds that many consecutive views of each example (augmentation multiplicity); an example's loss
+        is
+        the mean of its views' and its gradient — the sum over views in every layer's identity — is
+        clipped."""
         self._records = []
         try:
             logits = self.model(x)
@@ -117,7 +125,13 @@ class GhostClipper:
         for (mod, a, z, _), g in zip(records, gouts, strict=True):
             if g is None:
                 g = torch.zeros_like(z)
-            rule = _linear_norms if isinstance(mod, nn.Linear) else _conv_norms if isinstance(mod, nn.Conv2d) else _groupnorm_norms
+            rule = (
+                _linear_norms
+                if isinstance(mod, nn.Linear)
+                else _conv_norms
+                if isinstance(mod, nn.Conv2d)
+                else _groupnorm_norms
+            )
             n2, ctx = rule(mod, a, g, views)
             sq += n2
             prepared.append((mod, ctx))
@@ -154,7 +168,9 @@ def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor, views: int =
 
     def ctx(c):
         gc = g3 * c[:, None, None]
-        return gc.reshape(-1, dout).t() @ a3.reshape(-1, din), ((gsum * c[:, None]).sum(0) if has_bias else None)
+        return gc.reshape(-1, dout).t() @ a3.reshape(-1, din), (
+            (gsum * c[:, None]).sum(0) if has_bias else None
+        )
 
     return n2, ctx
 
@@ -219,15 +235,18 @@ class VmapClipper:
         """Nothing to release."""
         pass
 
-    def per_example_grads(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, views: int = 1
-                          ) -> dict[str, torch.Tensor]:
-        """Per-example gradients of the summed losses (torch.func vmap over grad); with ``views`` > 1 (``x``: that
+    def per_example_grads(
+        self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, views: int = 1
+    ) -> dict[str, torch.Tensor]:
+        """Per-example gradients of the summed losses (torch.func vmap over grad); with ``views`` > 1 (``x``:
+        that
         many consecutive views of each example) the gradient of the mean of an example's views' losses."""
         from torch.func import functional_call, grad, vmap
 
         params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
         buffers = dict(self.model.named_buffers())
         if views > 1:
+
             def mean_of_views(prm, xi, *ex):
                 out = functional_call(self.model, (prm, buffers), (xi,))
                 return loss_fn(out, *[e.unsqueeze(0).expand(views, *e.shape) for e in ex]).mean()

@@ -31,7 +31,8 @@ NOTES = {
     "function of the whole local data set, so DP-SGD's sensitivity bound does not hold; ε is what the "
     "accountant reports for the DP-SGD mechanism alone",
     "off": "no differential privacy: the shared model is trained without clipping or noise",
-    "client": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) for the global "
+    "client": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) for the "
+    "global "
     "model and everything the server releases; the server is trusted to add the noise (central DP)",
     "single": "formal (ε, δ)-DP guarantee for each client's DP model (DP-SGD on cross-entropy; the privacy "
     "mode's β does not apply to a method without mutual learning)",
@@ -48,8 +49,10 @@ class MethodTraits:
     nonprivate: bool = False  # the method is a non-private variant (privacy forced off)
 
 
-SEEDED_NOTE = ("seeded research run: noise and sampling come from the run seed, so this holds only while the seed "
-               "stays secret — not a formal guarantee")
+SEEDED_NOTE = (
+    "seeded research run: noise and sampling come from the run seed, so this holds only while the seed "
+    "stays secret — not a formal guarantee"
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,9 @@ def effective_mode(mode: str, traits: MethodTraits) -> str:
     return mode
 
 
-def guarantee(mode: str, traits: MethodTraits, privacy_unit: str = "hospital", seeded: bool = False) -> Guarantee:
+def guarantee(
+    mode: str, traits: MethodTraits, privacy_unit: str = "hospital", seeded: bool = False
+) -> Guarantee:
     """The guarantee behind the ε of a run of a method with ``traits`` under ``mode``; a seeded research run's
     is not formal (whoever knows the seed can reproduce its noise and sampling)."""
     g = _guarantee(mode, traits, privacy_unit)
@@ -88,10 +93,17 @@ def _guarantee(mode: str, traits: MethodTraits, privacy_unit: str) -> Guarantee:
     if traits.level == "client":
         if mode == "off":
             return Guarantee(mode, False, NOTES["off"], "none (no DP)")
-        return Guarantee(mode, True, NOTES["client"].format(unit=privacy_unit),
-                         f"one {privacy_unit} (client-level DP: all of its data at once)")
-    unit = ("one training example of the pooled data set (example-level DP)" if traits.pooled
-            else "one training example of one client (example-level DP, per client)")
+        return Guarantee(
+            mode,
+            True,
+            NOTES["client"].format(unit=privacy_unit),
+            f"one {privacy_unit} (client-level DP: all of its data at once)",
+        )
+    unit = (
+        "one training example of the pooled data set (example-level DP)"
+        if traits.pooled
+        else "one training example of one client (example-level DP, per client)"
+    )
     if mode == "off":
         return Guarantee(mode, False, NOTES["off"], unit)
     if not traits.mutual_learning:

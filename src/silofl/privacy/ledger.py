@@ -102,7 +102,9 @@ class Ledger:
             except ValueError:
                 raise LedgerTampered(f"{self.path}: entry {i} is not JSON") from None
             if not isinstance(entry, dict) or entry.get("seq") != i or entry.get("prev") != prev:
-                raise LedgerTampered(f"{self.path}: entry {i} is out of sequence (removed, inserted or reordered)")
+                raise LedgerTampered(
+                    f"{self.path}: entry {i} is out of sequence (removed, inserted or reordered)"
+                )
             if not hmac.compare_digest(str(entry.get("mac", "")), self._mac(entry)):
                 raise LedgerTampered(f"{self.path}: entry {i} fails its MAC (the ledger was edited)")
             prev = entry["mac"]
@@ -114,18 +116,30 @@ class Ledger:
         return Head(len(self.entries), self.entries[-1]["mac"] if self.entries else GENESIS)
 
     def check_head(self, head: dict | Head) -> None:
-        """Raise LedgerTampered unless this ledger contains the given head (it was not rolled back past it)."""
+        """Raise LedgerTampered unless this ledger contains the given head (it was not rolled back past
+        it)."""
         h = head if isinstance(head, Head) else Head(int(head["entries"]), str(head["mac"]))
-        have = GENESIS if h.entries == 0 else (self.entries[h.entries - 1]["mac"] if h.entries <= len(self.entries)
-                                               else None)
+        have = (
+            GENESIS
+            if h.entries == 0
+            else (self.entries[h.entries - 1]["mac"] if h.entries <= len(self.entries) else None)
+        )
         if have != h.mac:
-            raise LedgerTampered(f"{self.path} holds {len(self.entries)} entries and does not contain the head of "
-                                 f"{h.entries} entries recorded earlier: the ledger was rolled back or replaced")
+            raise LedgerTampered(
+                f"{self.path} holds {len(self.entries)} entries and does not contain the head of "
+                f"{h.entries} entries recorded earlier: the ledger was rolled back or replaced"
+            )
 
     def append(self, kind: str, **fields: Any) -> dict:
         """Record an entry (durably: flushed and fsynced before returning)."""
-        entry = {"format": FORMAT, "seq": len(self.entries), "prev": self.head.mac, "kind": kind,
-                 "time": datetime.now(UTC).isoformat(timespec="seconds"), **fields}
+        entry = {
+            "format": FORMAT,
+            "seq": len(self.entries),
+            "prev": self.head.mac,
+            "kind": kind,
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            **fields,
+        }
         entry["mac"] = self._mac(entry)
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
@@ -136,16 +150,28 @@ class Ledger:
         return entry
 
     # ------------------------------------------------------------------ DP-SGD rounds
-    def record_steps(self, run: str, noise_multiplier: float, sample_rate: float, steps: int, **extra: Any) -> None:
+    def record_steps(
+        self, run: str, noise_multiplier: float, sample_rate: float, steps: int, **extra: Any
+    ) -> None:
         """Record steps of the subsampled Gaussian mechanism of run ``run``."""
         if steps > 0:
-            self.append("dp-sgd", run=run, noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate),
-                        steps=int(steps), **extra)
+            self.append(
+                "dp-sgd",
+                run=run,
+                noise_multiplier=float(noise_multiplier),
+                sample_rate=float(sample_rate),
+                steps=int(steps),
+                **extra,
+            )
 
     def history(self, run: str | None = None) -> list[tuple[float, float, int]]:
-        """The (σ, q, steps) of every recorded DP-SGD step block (of run ``run``, or of every run), in order."""
-        return [(e["noise_multiplier"], e["sample_rate"], e["steps"]) for e in self.entries
-                if e["kind"] == "dp-sgd" and (run is None or e["run"] == run)]
+        """The (σ, q, steps) of every recorded DP-SGD step block (of run ``run``, or of every run), in
+        order."""
+        return [
+            (e["noise_multiplier"], e["sample_rate"], e["steps"])
+            for e in self.entries
+            if e["kind"] == "dp-sgd" and (run is None or e["run"] == run)
+        ]
 
     # ------------------------------------------------------------------ releases of records
     def record_digest(self, record_id: Any) -> str:
@@ -157,8 +183,10 @@ class Ledger:
         eps: dict[str, float] = defaultdict(float)
         dlt: dict[str, float] = defaultdict(float)
         cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
-        # releases carried over from a ledger keyed otherwise ("*:<old digest>", silofl.site.folder.migrate): their
-        # records cannot be matched to this key's digests, so the most any of them spent counts for every record
+        # releases carried over from a ledger keyed otherwise ("*:<old digest>", silofl.site.folder.migrate):
+        # their
+        # records cannot be matched to this key's digests, so the most any of them spent counts for every
+        # record
         e_any: dict[str, float] = defaultdict(float)
         d_any: dict[str, float] = defaultdict(float)
         for e in self.entries:
@@ -171,72 +199,113 @@ class Ledger:
                 elif digests is None or d in digests:
                     eps[d] += e["epsilon"]
                     dlt[d] += e["delta"]
-        return (max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
-                max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0))
+        return (
+            max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
+            max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0),
+        )
 
-    def require_release(self, digests: set[str], epsilon: float, delta: float,
-                        lifetime: tuple[float, float], base: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
-        """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget; else what
-        they have spent so far (``base``, what every record spent elsewhere — restores, DP-SGD training —, included)."""
+    def require_release(
+        self,
+        digests: set[str],
+        epsilon: float,
+        delta: float,
+        lifetime: tuple[float, float],
+        base: tuple[float, float] = (0.0, 0.0),
+    ) -> tuple[float, float]:
+        """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget; else
+        what
+        they have spent so far (``base``, what every record spent elsewhere — restores, DP-SGD training —,
+        included)."""
         eps, dlt = self.spent(digests)
         eps, dlt = eps + base[0], dlt + base[1]
         if eps + epsilon > lifetime[0] * (1 + 1e-12) or dlt + delta > lifetime[1] * (1 + 1e-12):
             raise BudgetExhausted(
-                f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's lifetime "
-                f"budget ε={lifetime[0]:g}, δ={lifetime[1]:g}: they have spent up to ε={eps:.4g}, δ={dlt:.3g} already")
+                f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's "
+                f"lifetime "
+                f"budget ε={lifetime[0]:g}, δ={lifetime[1]:g}: they have spent up to ε={eps:.4g}, "
+                f"δ={dlt:.3g} already"
+            )
         return eps, dlt
 
     def record_release(self, digests: set[str], epsilon: float, delta: float, **fields: Any) -> dict:
         """Record a release of these records at (ε, δ)."""
-        return self.append("release", records=sorted(digests), epsilon=float(epsilon), delta=float(delta), **fields)
+        return self.append(
+            "release", records=sorted(digests), epsilon=float(epsilon), delta=float(delta), **fields
+        )
 
     def cancel_release(self, entry: dict, reason: str) -> None:
         """Mark a recorded release as one that never happened (it was recorded first and then refused before
         anything left the site), so that it no longer counts."""
-        if entry.get("kind") != "release" or not 0 <= entry.get("seq", -1) < len(self.entries) \
-                or self.entries[entry["seq"]]["mac"] != entry.get("mac"):
+        if (
+            entry.get("kind") != "release"
+            or not 0 <= entry.get("seq", -1) < len(self.entries)
+            or self.entries[entry["seq"]]["mac"] != entry.get("mac")
+        ):
             raise ValueError("only a release recorded in this ledger can be cancelled")
         self.append("cancel", release=entry["seq"], reason=str(reason)[:200])
 
 
 def check_site_name(name: str) -> str:
     """A site name safe to use as a folder name (letters, digits, '.', '_', '-'; not '.' or '..')."""
-    ok = bool(name) and len(name) <= 64 and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")
+    ok = (
+        bool(name)
+        and len(name) <= 64
+        and all(c.isalnum() or c in "._-" for c in name)
+        and name not in (".", "..")
+    )
     if not ok:
-        raise ConfigError(f"a site name has 1–64 letters, digits, '.', '_' or '-' and is not '.' or '..', got {name!r}")
+        raise ConfigError(
+            f"a site name has 1–64 letters, digits, '.', '_' or '-' and is not '.' or '..', got {name!r}"
+        )
     return name
 
 
-# ---------------------------------------------------------------------------------------------- identity, budget, heads
-# A site's ledger is the budget of record: its first entry names the site it belongs to (``kind: "genesis"``), its
-# lifetime budget is set and changed only by entries (``kind: "budget"``: old → new, when, why), and a lost ledger
-# comes back only by an explicit restore (``kind: "restore"``: the prior spend the operator declares). A ledger head
-# carries the number of restores (its *epoch*) so that whoever keeps a site's last head (the coordinator, the broker:
+# ---------------------------------------------------------------------------------------------- identity,
+# budget, heads
+# A site's ledger is the budget of record: its first entry names the site it belongs to (``kind: "genesis"``),
+# its
+# lifetime budget is set and changed only by entries (``kind: "budget"``: old → new, when, why), and a lost
+# ledger
+# comes back only by an explicit restore (``kind: "restore"``: the prior spend the operator declares). A
+# ledger head
+# carries the number of restores (its *epoch*) so that whoever keeps a site's last head (the coordinator, the
+# broker:
 # :class:`HeadStore`) can tell an older ledger from a restored one.
+
 
 def identity_of(ledger: Ledger) -> dict | None:
     """The ledger's genesis entry (which site it belongs to), or None for a ledger without one."""
     return ledger.entries[0] if ledger.entries and ledger.entries[0].get("kind") == "genesis" else None
 
 
-def start_site_ledger(ledger: Ledger, site: str, key_id: str, lifetime: tuple[float, float], why: str) -> None:
-    """Write the genesis (site ``site``, public key ``key_id``) and the first lifetime budget of an empty ledger."""
+def start_site_ledger(
+    ledger: Ledger, site: str, key_id: str, lifetime: tuple[float, float], why: str
+) -> None:
+    """Write the genesis (site ``site``, public key ``key_id``) and the first lifetime budget of an empty
+    ledger."""
     if ledger.entries:
-        raise LedgerTampered(f"{ledger.path} already holds {len(ledger.entries)} entries: a ledger is started once")
+        raise LedgerTampered(
+            f"{ledger.path} already holds {len(ledger.entries)} entries: a ledger is started once"
+        )
     ledger.append("genesis", site=site, key_id=key_id)
     ledger.append("budget", epsilon=float(lifetime[0]), delta=float(lifetime[1]), previous=None, why=why)
 
 
 def require_identity(ledger: Ledger, site: str, key_id: str) -> None:
-    """LedgerTampered unless the ledger's genesis names this site and key (another site's ledger, copied in with its
+    """LedgerTampered unless the ledger's genesis names this site and key (another site's ledger, copied in
+    with its
     key, chains correctly but names its own site)."""
     g = identity_of(ledger)
     if g is None:
-        raise LedgerTampered(f"{ledger.path} does not say which site it belongs to (no genesis entry): it is not this "
-                             f"site's ledger; restore one with `silofl site ledger-restore`")
+        raise LedgerTampered(
+            f"{ledger.path} does not say which site it belongs to (no genesis entry): it is not this "
+            f"site's ledger; restore one with `silofl site ledger-restore`"
+        )
     if g.get("site") != site or g.get("key_id") != key_id:
-        raise LedgerTampered(f"{ledger.path} is the ledger of site {g.get('site')!r} (key {str(g.get('key_id'))[:16]}…), "
-                             f"not of this site {site!r}: a foreign ledger is never used")
+        raise LedgerTampered(
+            f"{ledger.path} is the ledger of site {g.get('site')!r} (key {str(g.get('key_id'))[:16]}…), "
+            f"not of this site {site!r}: a foreign ledger is never used"
+        )
 
 
 def lifetime_of(ledger: Ledger) -> tuple[float, float] | None:
@@ -256,12 +325,18 @@ def change_lifetime(ledger: Ledger, epsilon: float, delta: float, why: str) -> d
     if not why.strip():
         raise ConfigError("say why the lifetime budget changes (--why): the ledger records it")
     old = lifetime_of(ledger)
-    return ledger.append("budget", epsilon=float(epsilon), delta=float(delta), previous=list(old) if old else None,
-                         why=why.strip()[:500])
+    return ledger.append(
+        "budget",
+        epsilon=float(epsilon),
+        delta=float(delta),
+        previous=list(old) if old else None,
+        why=why.strip()[:500],
+    )
 
 
 def restored_spend(ledger: Ledger) -> tuple[float, float]:
-    """The prior spend declared by restores of this ledger (ε, δ), composed with the rest by basic composition."""
+    """The prior spend declared by restores of this ledger (ε, δ), composed with the rest by basic
+    composition."""
     eps = sum(float(e["epsilon"]) for e in ledger.entries if e.get("kind") == "restore")
     dlt = sum(float(e["delta"]) for e in ledger.entries if e.get("kind") == "restore")
     return eps, dlt
@@ -272,16 +347,29 @@ def epoch_of(ledger: Ledger) -> int:
     return max((int(e["epoch"]) for e in ledger.entries if e.get("kind") == "restore"), default=0)
 
 
-def restore_ledger(folder: str | Path, site: str, key_id: str, lifetime: tuple[float, float], spent_epsilon: float,
-                   spent_delta: float, why: str, previous: dict | None = None) -> Ledger:
-    """A new ledger for site ``site`` in ``folder`` after its ledger was lost: genesis, the lifetime budget, and a
-    restore entry with the prior spend the operator declares (ε, δ; it counts against the budget by basic composition)
-    and a new epoch (after the one of ``previous``, the last head the site announced). A ledger file still there is
+def restore_ledger(
+    folder: str | Path,
+    site: str,
+    key_id: str,
+    lifetime: tuple[float, float],
+    spent_epsilon: float,
+    spent_delta: float,
+    why: str,
+    previous: dict | None = None,
+) -> Ledger:
+    """A new ledger for site ``site`` in ``folder`` after its ledger was lost: genesis, the lifetime budget,
+    and a
+    restore entry with the prior spend the operator declares (ε, δ; it counts against the budget by basic
+    composition)
+    and a new epoch (after the one of ``previous``, the last head the site announced). A ledger file still
+    there is
     kept beside it (``ledger.jsonl.lost-<time>``), never deleted."""
     import math
 
     if not (math.isfinite(spent_epsilon) and spent_epsilon >= 0 and 0 <= spent_delta < 1):
-        raise ConfigError(f"the declared prior spend needs 0 ≤ ε < ∞ and 0 ≤ δ < 1, got ε={spent_epsilon}, δ={spent_delta}")
+        raise ConfigError(
+            f"the declared prior spend needs 0 ≤ ε < ∞ and 0 ≤ δ < 1, got ε={spent_epsilon}, δ={spent_delta}"
+        )
     if not why.strip():
         raise ConfigError("say why the ledger is restored (--why): the ledger records it")
     folder = Path(folder)
@@ -294,9 +382,17 @@ def restore_ledger(folder: str | Path, site: str, key_id: str, lifetime: tuple[f
         (folder / KEY_FILE).replace(folder / f"{KEY_FILE}.lost-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
     led = Ledger(folder)
     led.append("genesis", site=site, key_id=key_id)
-    led.append("budget", epsilon=float(lifetime[0]), delta=float(lifetime[1]), previous=None, why="restored ledger")
-    led.append("restore", epsilon=float(spent_epsilon), delta=float(spent_delta), why=why.strip()[:500],
-               epoch=int((previous or {}).get("epoch", 0)) + 1, previous=previous)
+    led.append(
+        "budget", epsilon=float(lifetime[0]), delta=float(lifetime[1]), previous=None, why="restored ledger"
+    )
+    led.append(
+        "restore",
+        epsilon=float(spent_epsilon),
+        delta=float(spent_delta),
+        why=why.strip()[:500],
+        epoch=int((previous or {}).get("epoch", 0)) + 1,
+        previous=previous,
+    )
     return led
 
 
@@ -306,23 +402,28 @@ def announced_head(ledger: Ledger) -> dict:
 
 
 def head_order(old: dict, new: dict) -> int:
-    """−1 if head ``new`` is older than ``old`` (fewer entries in the same epoch, or an earlier epoch), 0 if it is the
+    """−1 if head ``new`` is older than ``old`` (fewer entries in the same epoch, or an earlier epoch), 0 if
+    it is the
     same head, 1 if it is newer; LedgerTampered if they diverge (same epoch and length, another last MAC)."""
     o, n = (int(old.get("epoch", 0)), int(old["entries"])), (int(new.get("epoch", 0)), int(new["entries"]))
     if n < o:
         return -1
     if n == o:
         if str(old["mac"]) != str(new["mac"]):
-            raise LedgerTampered(f"a ledger head of {n[1]} entries differs from the one announced before with as many: "
-                                 "the ledger was replaced")
+            raise LedgerTampered(
+                f"a ledger head of {n[1]} entries differs from the one announced before with as many: "
+                "the ledger was replaced"
+            )
         return 0
     return 1
 
 
 class HeadStore:
-    """The last ledger head each site announced, kept by a party that is not the site (a coordinator in its state
+    """The last ledger head each site announced, kept by a party that is not the site (a coordinator in its
+    state
     folder, a broker): :meth:`accept` refuses a head older than the one it holds, so a site whose ledger was
-    deleted, truncated or replaced cannot join as if nothing had been spent. One JSON file, written atomically."""
+    deleted, truncated or replaced cannot join as if nothing had been spent. One JSON file, written
+    atomically."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -345,15 +446,23 @@ class HeadStore:
         old = self.heads.get(site)
         if old is not None and head_order(old, head) < 0:
             raise LedgerTampered(
-                f"site {site} presents a ledger head of {head['entries']} entries (epoch {head.get('epoch', 0)}); it "
-                f"announced {old['entries']} entries (epoch {old.get('epoch', 0)}) before: its ledger was lost, "
-                "truncated or replaced. Its operator restores it with `silofl site ledger-restore` (declaring the "
-                "prior spend), which starts a new epoch")
+                f"site {site} presents a ledger head of {head['entries']} entries (epoch "
+                f"{head.get('epoch', 0)}); it "
+                f"announced {old['entries']} entries (epoch {old.get('epoch', 0)}) before: its ledger was "
+                f"lost, "
+                "truncated or replaced. Its operator restores it with `silofl site ledger-restore` "
+                "(declaring the "
+                "prior spend), which starts a new epoch"
+            )
 
     def accept(self, site: str, head: dict) -> None:
         """:meth:`check`, then keep ``head`` as the site's last (durably)."""
         self.check(site, head)
-        self.heads[site] = {"epoch": int(head.get("epoch", 0)), "entries": int(head["entries"]), "mac": str(head["mac"])}
+        self.heads[site] = {
+            "epoch": int(head.get("epoch", 0)),
+            "entries": int(head["entries"]),
+            "mac": str(head["mac"]),
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:

@@ -1,16 +1,23 @@
-"""Pure privacy analysis of hyperparameter tuning by random repetition (Papernot & Steinke, "Hyperparameter Tuning
+"""Pure privacy analysis of hyperparameter tuning by random repetition (Papernot & Steinke, "Hyperparameter
+Tuning
 with Renyi Differential Privacy", ICLR 2022, arXiv:2110.03620 v2). No state lives here, as in
 :mod:`silofl.privacy.analysis`.
 
 The tuned algorithm A draws a number K of trials from a distribution fixed in advance and independent of the
-data, runs K independent trials of one randomized algorithm Q (a trial: draw settings, train, score on data that
-is not private), and releases only the best trial's output — never K, never the other trials. If K = 0 (possible
-for the Poisson distribution only) A releases a fixed output ⊥ ("nothing"). "Best" must be a total order on Q's
+data, runs K independent trials of one randomized algorithm Q (a trial: draw settings, train, score on data
+that
+is not private), and releases only the best trial's output — never K, never the other trials. If K = 0
+(possible
+for the Poisson distribution only) A releases a fixed output ⊥ ("nothing"). "Best" must be a total order on
+Q's
 outputs (ties broken by a fixed rule or by uniform chance, not by anything private).
 
-**Theorem 2 (truncated negative binomial).** Let Q be (λ, ε)-RDP and (λ̂, ε̂)-RDP with λ ∈ (1, ∞), λ̂ ∈ [1, ∞);
-let η ∈ (−1, ∞), γ ∈ (0, 1) and K ~ D_{η,γ}: P[K = k] = (1 − γ)^k / (γ^{−η} − 1) · ∏_{ℓ=0}^{k−1} (ℓ + η)/(ℓ + 1)
-for k ≥ 1 (η = 0, logarithmic: P[K = k] = (1 − γ)^k / (k · log(1/γ)); η = 1, geometric: P[K = k] = γ(1 − γ)^{k−1}).
+**Theorem 2 (truncated negative binomial).** Let Q be (λ, ε)-RDP and (λ̂, ε̂)-RDP with λ ∈ (1, ∞), λ̂ ∈ [1,
+∞);
+let η ∈ (−1, ∞), γ ∈ (0, 1) and K ~ D_{η,γ}: P[K = k] = (1 − γ)^k / (γ^{−η} − 1) · ∏_{ℓ=0}^{k−1} (ℓ + η)/(ℓ +
+1)
+for k ≥ 1 (η = 0, logarithmic: P[K = k] = (1 − γ)^k / (k · log(1/γ)); η = 1, geometric: P[K = k] = γ(1 −
+γ)^{k−1}).
 Then A is (λ, ε')-RDP with
 
     ε' = ε + (1 + η)(1 − 1/λ̂) ε̂ + (1 + η) log(1/γ)/λ̂ + log(E[K])/(λ − 1),
@@ -23,20 +30,26 @@ e^{ε̂} ≤ 1 + 1/(λ − 1), A is (λ, ε')-RDP with
     ε' = ε + μ δ̂ + log(μ)/(λ − 1).
 
 Here ε̂ = log(1 + 1/(λ − 1)) (the largest the condition allows) and δ̂ is Q's δ at ε̂ from its own RDP curve
-(:func:`silofl.privacy.analysis.delta_from_rdp`). P[K = 0] = e^{−μ}. silofl takes μ ≥ 1 only, as ``dp_accounting``
+(:func:`silofl.privacy.analysis.delta_from_rdp`). P[K = 0] = e^{−μ}. silofl takes μ ≥ 1 only, as
+``dp_accounting``
 does: below 1 the formula is not an upper bound (see :func:`poisson`).
 
 Both are applied at every order of Q's RDP curve (λ̂ minimised over the curve's orders ≥ 1), and then RDP's
-monotonicity in λ (D_λ is non-decreasing in λ) lowers each order to the smallest value at any order above it, as
-Google's ``dp_accounting`` does (``_compute_rdp_repeat_and_select``, which these functions are tested against).
+monotonicity in λ (D_λ is non-decreasing in λ) lowers each order to the smallest value at any order above it,
+as
+Google's ``dp_accounting`` does (``_compute_rdp_repeat_and_select``, which these functions are tested
+against).
 The tuned curve goes to (ε, δ) by the conversion every ε of silofl's ``rdp`` accountant uses.
 
-**Trials with different settings.** Q must be one algorithm: when a trial first draws its settings uniformly from
+**Trials with different settings.** Q must be one algorithm: when a trial first draws its settings uniformly
+from
 a grid, Q is the mixture over the grid, and by the joint quasi-convexity of Rényi divergence (van Erven &
-Harremoës 2014, Thm. 13) its RDP curve is at most the pointwise maximum of every grid setting's curve — of every
+Harremoës 2014, Thm. 13) its RDP curve is at most the pointwise maximum of every grid setting's curve — of
+every
 setting, not only of those drawn.
 
-**A cap on K.** Running at most ``cap`` trials (K' = min(K, cap)) changes A's output only when K > cap, an event of
+**A cap on K.** Running at most ``cap`` trials (K' = min(K, cap)) changes A's output only when K > cap, an
+event of
 probability τ = P[K > cap] independent of the data. Coupling A and the capped A' on the same draws gives
 |P[A'(x) ∈ S] − P[A(x) ∈ S]| ≤ τ for every event S, so if A is (ε, δ₀)-DP, A' is (ε, δ₀ + (1 + e^ε)τ)-DP.
 :func:`repeat_and_select_epsilon` reports the ε at which δ₀ + (1 + e^ε)τ equals the δ asked for, and refuses
@@ -54,15 +67,18 @@ from silofl.core.errors import ConfigError
 from silofl.privacy.analysis import delta_from_rdp, epsilon_from_rdp
 
 DISTRIBUTIONS = ("poisson", "negbin", "geometric", "logarithmic")
-SOURCE = ("Papernot & Steinke, Hyperparameter Tuning with Renyi Differential Privacy, ICLR 2022 "
-          "(arXiv:2110.03620 v2)")
+SOURCE = (
+    "Papernot & Steinke, Hyperparameter Tuning with Renyi Differential Privacy, ICLR 2022 "
+    "(arXiv:2110.03620 v2)"
+)
 
 
 @dataclass(frozen=True)
 class TrialCount:
     """The distribution of the number K of trials: Poisson(μ) (``kind="poisson"``) or the truncated negative
     binomial D_{η,γ} (``kind="negbin"``; η = 0 logarithmic, η = 1 geometric). Build it with :func:`poisson`,
-    :func:`truncated_negative_binomial`, :func:`geometric`, :func:`logarithmic` or :func:`parse_trial_count`."""
+    :func:`truncated_negative_binomial`, :func:`geometric`, :func:`logarithmic` or
+    :func:`parse_trial_count`."""
 
     kind: str
     mu: float = math.nan
@@ -130,7 +146,8 @@ class TrialCount:
         return p
 
     def tail(self, cap: int) -> float:
-        """An upper bound on P[K > cap]: the terms summed until what is left is at most 10⁻⁹ of the sum (bounded
+        """An upper bound on P[K > cap]: the terms summed until what is left is at most 10⁻⁹ of the sum
+        (bounded
         by a geometric series of the largest ratio of consecutive probabilities to come), plus that bound."""
         if cap < self.smallest:
             return 1.0
@@ -148,7 +165,8 @@ class TrialCount:
         return 1.0
 
     def draw(self, u: float, cap: int) -> tuple[int, bool]:
-        """(K, truncated) from one uniform ``u`` in [0, 1) by the inverse of the distribution function, capped:
+        """(K, truncated) from one uniform ``u`` in [0, 1) by the inverse of the distribution function,
+        capped:
         when the K drawn exceeds ``cap`` the result is (cap, True)."""
         if not 0 <= u < 1:
             raise ConfigError(f"a uniform draw must lie in [0, 1), got {u}")
@@ -165,7 +183,12 @@ class TrialCount:
 
     def to_dict(self) -> dict:
         """The distribution's parameters and mean, for tune.json."""
-        d: dict = {"distribution": self.name, "theorem": self.theorem, "mean": self.mean, "smallest": self.smallest}
+        d: dict = {
+            "distribution": self.name,
+            "theorem": self.theorem,
+            "mean": self.mean,
+            "smallest": self.smallest,
+        }
         if self.kind == "poisson":
             d["mu"] = self.mu
         else:
@@ -174,11 +197,15 @@ class TrialCount:
 
 
 def poisson(mu: float) -> TrialCount:
-    """K ~ Poisson(μ), μ ≥ 1 (K = 0 has probability e^{−μ} ≤ 0.37). Below μ = 1, log(μ)/(λ − 1) < 0 and Theorem 6's
-    ε' falls below the exact divergence of the best of K (tests/privacy/test_tuning.py shows it at μ = 0.5; for
+    """K ~ Poisson(μ), μ ≥ 1 (K = 0 has probability e^{−μ} ≤ 0.37). Below μ = 1, log(μ)/(λ − 1) < 0 and
+    Theorem 6's
+    ε' falls below the exact divergence of the best of K (tests/privacy/test_tuning.py shows it at μ = 0.5;
+    for
     μ → 0 it even turns negative, which no divergence is); ``dp_accounting`` also refuses a mean below 1."""
     if not (math.isfinite(mu) and mu >= 1):
-        raise ConfigError(f"the Poisson mean μ must be finite and at least 1 (Theorem 6's bound fails below), got {mu}")
+        raise ConfigError(
+            f"the Poisson mean μ must be finite and at least 1 (Theorem 6's bound fails below), got {mu}"
+        )
     return TrialCount("poisson", mu=float(mu))
 
 
@@ -206,8 +233,12 @@ def parse_trial_count(spec: str) -> TrialCount:
     :class:`TrialCount`; ConfigError (one line) for anything else."""
     kind, sep, rest = str(spec).partition(":")
     kind = kind.strip().lower()
-    want = {"poisson": "poisson:MU", "negbin": "negbin:ETA,GAMMA", "geometric": "geometric:GAMMA",
-            "logarithmic": "logarithmic:GAMMA"}
+    want = {
+        "poisson": "poisson:MU",
+        "negbin": "negbin:ETA,GAMMA",
+        "geometric": "geometric:GAMMA",
+        "logarithmic": "logarithmic:GAMMA",
+    }
     if kind not in want or not sep:
         raise ConfigError(f"random trials are {', '.join(want.values())}; got {spec!r}")
     try:
@@ -259,7 +290,8 @@ def truncated_negative_binomial_rdp(orders, rdp, eta: float, gamma: float) -> np
 
 def poisson_rdp(orders, rdp, mu: float) -> np.ndarray:
     """Theorem 6: the RDP curve of the best of K ~ Poisson(μ) independent runs of Q (⊥ when K = 0), Q's curve
-    being ``rdp`` at ``orders``: at each λ > 1, ε̂ = log(1 + 1/(λ − 1)) and δ̂ = Q's δ at ε̂; then made monotone."""
+    being ``rdp`` at ``orders``: at each λ > 1, ε̂ = log(1 + 1/(λ − 1)) and δ̂ = Q's δ at ε̂; then made
+    monotone."""
     o, r = _curve(orders, rdp)
     poisson(mu)
     out = np.full(len(o), np.inf)
@@ -279,9 +311,11 @@ def repeat_and_select_rdp(orders, rdp, count: TrialCount) -> np.ndarray:
 
 
 def repeat_and_select_epsilon(orders, rdp, count: TrialCount, delta: float, cap: int | None = None) -> dict:
-    """ε at ``delta`` of releasing the best of K ~ ``count`` runs of an algorithm with RDP curve ``rdp``, at most
+    """ε at ``delta`` of releasing the best of K ~ ``count`` runs of an algorithm with RDP curve ``rdp``, at
+    most
     ``cap`` runs (None: no cap). With a cap, τ = P[K > cap] costs (1 + e^ε)τ of ``delta`` (module doc): the ε
-    returned is one at which the tuned curve's δ₀ = ``delta`` − (1 + e^ε)τ gives at most ε. ConfigError when the
+    returned is one at which the tuned curve's δ₀ = ``delta`` − (1 + e^ε)τ gives at most ε. ConfigError when
+    the
     cap leaves no δ for the curve. Returns epsilon, the order that attains it, tail τ, the δ spent on the cap
     (truncation_delta) and the curve's δ₀ (delta_rdp)."""
     if not 0 < delta < 1:
@@ -299,12 +333,20 @@ def repeat_and_select_epsilon(orders, rdp, count: TrialCount, delta: float, cap:
                 raise ConfigError(
                     f"at most {cap} trials cut off P[K > {cap}] = {tail:.3g} of {count.name}, which costs "
                     f"(1 + e^ε)·{tail:.3g} ≥ δ = {delta:g}: raise the cap (a cap costs no trials: E[K] stays "
-                    f"{count.mean:.3g})")
+                    f"{count.mean:.3g})"
+                )
             new, order = epsilon_from_rdp(orders, curve, delta - slack)
             if new <= eps:
                 break
             eps = new * (1 + 1e-9)
         else:
             raise ConfigError(f"the cost of capping {count.name} at {cap} trials did not settle")
-    return {"epsilon": float(eps), "order": float(order), "delta": delta, "tail": tail, "cap": cap,
-            "truncation_delta": slack, "delta_rdp": delta - slack}
+    return {
+        "epsilon": float(eps),
+        "order": float(order),
+        "delta": delta,
+        "tail": tail,
+        "cap": cap,
+        "truncation_delta": slack,
+        "delta_rdp": delta - slack,
+    }

@@ -48,16 +48,20 @@ CREATE TABLE IF NOT EXISTS channels (
 CREATE TABLE IF NOT EXISTS models (
     id INTEGER PRIMARY KEY AUTOINCREMENT, publisher TEXT NOT NULL REFERENCES sites(name) ON DELETE CASCADE,
     kind TEXT NOT NULL, task TEXT NOT NULL, features TEXT NOT NULL, classes TEXT, epsilon REAL NOT NULL,
-    delta REAL NOT NULL, chunk INTEGER, created_at TEXT NOT NULL, checksum TEXT NOT NULL, size INTEGER NOT NULL,
+    delta REAL NOT NULL, chunk INTEGER, created_at TEXT NOT NULL, checksum TEXT NOT NULL,
+    size INTEGER NOT NULL,
     file TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS publishers (
-    site TEXT PRIMARY KEY, public_key TEXT NOT NULL, lifetime_epsilon REAL NOT NULL, lifetime_delta REAL NOT NULL,
-    epsilon_spent REAL NOT NULL DEFAULT 0, delta_spent REAL NOT NULL DEFAULT 0, ledger_seq INTEGER NOT NULL DEFAULT -1,
+    site TEXT PRIMARY KEY, public_key TEXT NOT NULL, lifetime_epsilon REAL NOT NULL,
+    lifetime_delta REAL NOT NULL, epsilon_spent REAL NOT NULL DEFAULT 0, delta_spent REAL NOT NULL DEFAULT 0,
+    ledger_seq INTEGER NOT NULL DEFAULT -1,
     registered_at TEXT NOT NULL);
 """
 DB_FILE = "broker.sqlite"
 MODEL_COLUMNS = (("epsilon_spent", "REAL"), ("delta_spent", "REAL"), ("signed", "INTEGER NOT NULL DEFAULT 0"))
-PUBLISHER_COLUMNS = (("ledger_head", "TEXT"),)  # the last signed ledger head ({"entries", "mac"}) a site presented
+PUBLISHER_COLUMNS = (
+    ("ledger_head", "TEXT"),
+)  # the last signed ledger head ({"entries", "mac"}) a site presented
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,10 @@ class Channel:
 
 class Broker:
     """A broker in a directory (see the module doc)."""
-    def __init__(self, path: str | Path, max_bytes: int = MAX_BYTES, require_signed: bool = False, wal: bool = False):
+
+    def __init__(
+        self, path: str | Path, max_bytes: int = MAX_BYTES, require_signed: bool = False, wal: bool = False
+    ):
         self.path = Path(path)
         self.models_dir = self.path / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +108,8 @@ class Broker:
 
     # ------------------------------------------------------------------ publishers' keys and budgets
     def register_publisher(self, site: str, public_key: str, lifetime: tuple[float, float]) -> None:
-        """Record a site's Ed25519 public key (hex) and declared lifetime budget; once per site (ConfigError if it
+        """Record a site's Ed25519 public key (hex) and declared lifetime budget; once per site (ConfigError
+        if it
         is registered already)."""
         from silofl.privacy.ledger import check_site_name
         from silofl.pubsub.signing import parse_public_key
@@ -116,23 +124,32 @@ class Broker:
             raise ConfigError(f"a lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1, got ε={eps}, δ={dlt}")
         with closing(self._connect()) as db, db:
             try:
-                db.execute("INSERT INTO publishers (site, public_key, lifetime_epsilon, lifetime_delta, registered_at) "
-                           "VALUES (?, ?, ?, ?, ?)", (site, public_key, eps, dlt, datetime.now(UTC).isoformat(timespec="seconds")))
+                db.execute(
+                    "INSERT INTO publishers (site, public_key, lifetime_epsilon, lifetime_delta, "
+                    "registered_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (site, public_key, eps, dlt, datetime.now(UTC).isoformat(timespec="seconds")),
+                )
             except sqlite3.IntegrityError:
                 raise ConfigError(f"site {site!r} is registered already (a site registers once)") from None
 
     def publisher(self, site: str) -> dict | None:
         """A registered publisher: public key, lifetime budget, the largest spend its models declared."""
         with closing(self._connect()) as db:
-            row = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
-                             "ledger_seq, ledger_head FROM publishers WHERE site = ?", (site,)).fetchone()
+            row = db.execute(
+                "SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
+                "ledger_seq, ledger_head FROM publishers WHERE site = ?",
+                (site,),
+            ).fetchone()
         return None if row is None else _publisher(row)
 
     def publishers(self) -> list[dict]:
         """Every registered publisher (see :meth:`publisher`), by name."""
         with closing(self._connect()) as db:
-            rows = db.execute("SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
-                              "ledger_seq, ledger_head FROM publishers ORDER BY site").fetchall()
+            rows = db.execute(
+                "SELECT site, public_key, lifetime_epsilon, lifetime_delta, epsilon_spent, delta_spent, "
+                "ledger_seq, ledger_head FROM publishers ORDER BY site"
+            ).fetchall()
         return [_publisher(r) for r in rows]
 
     def _check_signed(self, data: bytes, model: PublishedModel) -> dict | None:
@@ -152,15 +169,25 @@ class Broker:
             if not (isinstance(lifetime, list) and len(lifetime) == 2):
                 raise ModelRejected("the release receipt declares no lifetime budget")
             # the folder broker trusts a new site's first key: verified just below, like any registered key
-            pub = {"public_key": str(rel["public_key"]), "lifetime": (float(lifetime[0]), float(lifetime[1])),
-                   "ledger_seq": -1, "new": True}
+            pub = {
+                "public_key": str(rel["public_key"]),
+                "lifetime": (float(lifetime[0]), float(lifetime[1])),
+                "ledger_seq": -1,
+                "new": True,
+            }
         rel = verify_model(data, pub["public_key"])
-        rel["spend"] = check_receipt(rel, model.publisher, float(model.epsilon), float(model.delta), pub["lifetime"])
+        rel["spend"] = check_receipt(
+            rel, model.publisher, float(model.epsilon), float(model.delta), pub["lifetime"]
+        )
         seq = rel.get("ledger_seq")
         if isinstance(seq, bool) or not isinstance(seq, int) or seq <= pub["ledger_seq"]:
-            raise ModelRejected(f"the model's ledger entry {seq!r} is not after {model.publisher!r}'s previous one "
-                                f"({pub['ledger_seq']}): a replayed model or a rolled-back ledger")
-        rel["_ledger_head"] = check_ledger_head(rel.get("ledger_head"), seq, pub.get("ledger_head"), model.publisher)
+            raise ModelRejected(
+                f"the model's ledger entry {seq!r} is not after {model.publisher!r}'s previous one "
+                f"({pub['ledger_seq']}): a replayed model or a rolled-back ledger"
+            )
+        rel["_ledger_head"] = check_ledger_head(
+            rel.get("ledger_head"), seq, pub.get("ledger_head"), model.publisher
+        )
         rel["_new_publisher"] = pub.get("new", False)
         rel["_lifetime"] = pub["lifetime"]
         return rel
@@ -173,37 +200,61 @@ class Broker:
             raise ConfigError("a site needs a non-empty name")
         features = {} if features is None else features
         if not isinstance(features, dict):
-            raise ConfigError(f"features must be a mapping of feature names to (kind, public default[, lo, hi]), got "
-                              f"{type(features).__name__}")
+            raise ConfigError(
+                f"features must be a mapping of feature names to (kind, public default[, lo, hi]), got "
+                f"{type(features).__name__}"
+            )
         if len(features) > MAX_FEATURES:
             raise ConfigError(f"at most {MAX_FEATURES} features, got {len(features)}")
         rows = []
         for name, spec in features.items():
             check_feature_name(name)
             if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 4):
-                raise ConfigError(f"feature {name!r}: give (kind, public default[, lo, hi]), got {spec!r}"[:300])
+                raise ConfigError(
+                    f"feature {name!r}: give (kind, public default[, lo, hi]), got {spec!r}"[:300]
+                )
             kind, default, *bounds = spec
             lo, hi = bounds if bounds else (None, None)
             if bounds and not all(_finite_number(b) for b in bounds):
-                raise ConfigError(f"feature {name!r}: public bounds are two finite numbers, got {lo!r}, {hi!r}"[:300])
+                raise ConfigError(
+                    f"feature {name!r}: public bounds are two finite numbers, got {lo!r}, {hi!r}"[:300]
+                )
             if lo is not None and not (float(lo) <= float(hi)):
                 raise ConfigError(f"feature {name!r}: public bounds need lo ≤ hi, got {lo}, {hi}")
             if kind == "continuous" and not _finite_number(default):
-                raise ConfigError(f"feature {name!r}: a continuous feature's public default is a number (its mean), "
-                                  "finite")
-            if kind == "categorical" and not (isinstance(default, (str, int, float)) and len(str(default)) <= 200):
-                raise ConfigError(f"feature {name!r}: a categorical feature's public default is one level (a string or "
-                                  "number)")
+                raise ConfigError(
+                    f"feature {name!r}: a continuous feature's public default is a number (its mean), finite"
+                )
+            if kind == "categorical" and not (
+                isinstance(default, (str, int, float)) and len(str(default)) <= 200
+            ):
+                raise ConfigError(
+                    f"feature {name!r}: a categorical feature's public default is one level (a string or "
+                    "number)"
+                )
             if kind not in ("continuous", "categorical"):
                 raise ConfigError(f"feature {name!r}: kind must be continuous or categorical, got {kind!r}")
             if kind == "continuous" and (isinstance(default, bool) or not isinstance(default, (int, float))):
-                raise ConfigError(f"feature {name!r}: a continuous feature's public default is a number (its mean)")
-            rows.append((site, name, kind, json.dumps(default), None if lo is None else float(lo),
-                         None if hi is None else float(hi)))
+                raise ConfigError(
+                    f"feature {name!r}: a continuous feature's public default is a number (its mean)"
+                )
+            rows.append(
+                (
+                    site,
+                    name,
+                    kind,
+                    json.dumps(default),
+                    None if lo is None else float(lo),
+                    None if hi is None else float(hi),
+                )
+            )
         with closing(self._connect()) as db, db:
             db.execute("INSERT OR IGNORE INTO sites (name) VALUES (?)", (site,))
-            db.executemany("INSERT OR REPLACE INTO features (site, name, kind, public_default, lo, hi) "
-                           "VALUES (?, ?, ?, ?, ?, ?)", rows)
+            db.executemany(
+                "INSERT OR REPLACE INTO features (site, name, kind, public_default, lo, hi) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
 
     def leave(self, site: str) -> int:
         """Remove a site with its features, channels and models; returns how many models went with it."""
@@ -231,8 +282,12 @@ class Broker:
     def public_bounds(self, site: str) -> dict[str, tuple[float, float]]:
         """A site's declared public bounds per feature (features declared without bounds are left out)."""
         with closing(self._connect()) as db:
-            return {n: (lo, hi) for n, lo, hi in db.execute(
-                "SELECT name, lo, hi FROM features WHERE site = ? AND lo IS NOT NULL", (site,))}
+            return {
+                n: (lo, hi)
+                for n, lo, hi in db.execute(
+                    "SELECT name, lo, hi FROM features WHERE site = ? AND lo IS NOT NULL", (site,)
+                )
+            }
 
     def _features_of(self, db, site: str) -> set[str]:
         return {r[0] for r in db.execute("SELECT name FROM features WHERE site = ?", (site,))}
@@ -240,7 +295,8 @@ class Broker:
     # ------------------------------------------------------------------ models
     def publish(self, data: bytes) -> int:
         """Validate and store a published model (bytes of :meth:`PublishedModel.to_bytes`, signed with
-        :func:`~silofl.pubsub.signing.sign_model`); its id. A signed model whose site has not joined yet joins it
+        :func:`~silofl.pubsub.signing.sign_model`); its id. A signed model whose site has not joined yet joins
+        it
         with the public feature metadata in its receipt, and only if the model is accepted."""
         model = PublishedModel.from_bytes(data, self.max_bytes)
         rel = self._check_signed(data, model)
@@ -266,35 +322,72 @@ class Broker:
             unknown = sorted(set(model.features) - self._features_of(db, model.publisher))
             if unknown:
                 raise ModelRejected(f"features {unknown} are not registered by {model.publisher!r}")
-            if "input_lo" in model.tensors:  # a model clips to the bounds its publisher declared public, no others
-                declared = {n: (lo, hi) for n, lo, hi in db.execute(
-                    "SELECT name, lo, hi FROM features WHERE site = ?", (model.publisher,))}
-                for f, lo, hi in zip(model.features, model.tensors["input_lo"].tolist(),
-                                     model.tensors["input_hi"].tolist(), strict=True):
+            if (
+                "input_lo" in model.tensors
+            ):  # a model clips to the bounds its publisher declared public, no others
+                declared = {
+                    n: (lo, hi)
+                    for n, lo, hi in db.execute(
+                        "SELECT name, lo, hi FROM features WHERE site = ?", (model.publisher,)
+                    )
+                }
+                for f, lo, hi in zip(
+                    model.features,
+                    model.tensors["input_lo"].tolist(),
+                    model.tensors["input_hi"].tolist(),
+                    strict=True,
+                ):
                     if declared[f] != (lo, hi):
-                        raise ModelRejected(f"the model's input bounds for {f!r} ({lo:g}, {hi:g}) are not the public "
-                                            f"bounds {model.publisher!r} declared ({declared[f][0]}, {declared[f][1]})")
+                        raise ModelRejected(
+                            f"the model's input bounds for {f!r} ({lo:g}, {hi:g}) are not the public "
+                            f"bounds {model.publisher!r} declared ({declared[f][0]}, {declared[f][1]})"
+                        )
             fname = f"{digest}.safetensors"
             tmp = self.models_dir / f".{fname}.tmp"
             tmp.write_bytes(data)
             try:
                 with db:
                     cur = db.execute(
-                        "INSERT INTO models (publisher, kind, task, features, classes, epsilon, delta, chunk, created_at, "
+                        "INSERT INTO models (publisher, kind, task, features, classes, epsilon, delta, "
+                        "chunk, created_at, "
                         "checksum, size, file, epsilon_spent, delta_spent, signed) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (model.publisher, model.kind, model.task, json.dumps(model.features), json.dumps(model.classes),
-                         model.epsilon, model.delta, model.chunk, model.created_at, digest, len(data), fname, spend[0],
-                         spend[1], int(rel is not None)))
+                        (
+                            model.publisher,
+                            model.kind,
+                            model.task,
+                            json.dumps(model.features),
+                            json.dumps(model.classes),
+                            model.epsilon,
+                            model.delta,
+                            model.chunk,
+                            model.created_at,
+                            digest,
+                            len(data),
+                            fname,
+                            spend[0],
+                            spend[1],
+                            int(rel is not None),
+                        ),
+                    )
                     if rel is not None:
                         if rel["_new_publisher"]:
-                            db.execute("INSERT INTO publishers (site, public_key, lifetime_epsilon, lifetime_delta, "
-                                       "registered_at) VALUES (?, ?, ?, ?, ?)",
-                                       (model.publisher, rel["public_key"], *rel["_lifetime"],
-                                        datetime.now(UTC).isoformat(timespec="seconds")))
-                        db.execute("UPDATE publishers SET epsilon_spent = MAX(epsilon_spent, ?), "
-                                   "delta_spent = MAX(delta_spent, ?), ledger_seq = ?, ledger_head = ? WHERE site = ?",
-                                   (spend[0], spend[1], rel["ledger_seq"], rel["_ledger_head"], model.publisher))
+                            db.execute(
+                                "INSERT INTO publishers (site, public_key, lifetime_epsilon, lifetime_delta, "
+                                "registered_at) VALUES (?, ?, ?, ?, ?)",
+                                (
+                                    model.publisher,
+                                    rel["public_key"],
+                                    *rel["_lifetime"],
+                                    datetime.now(UTC).isoformat(timespec="seconds"),
+                                ),
+                            )
+                        db.execute(
+                            "UPDATE publishers SET epsilon_spent = MAX(epsilon_spent, ?), "
+                            "delta_spent = MAX(delta_spent, ?), ledger_seq = ?, ledger_head = ? WHERE site = "
+                            "?",
+                            (spend[0], spend[1], rel["ledger_seq"], rel["_ledger_head"], model.publisher),
+                        )
                     os.replace(tmp, self.models_dir / fname)
                     return int(cur.lastrowid)
             except sqlite3.IntegrityError:
@@ -307,8 +400,11 @@ class Broker:
         publisher's signature were checked; ModelRejected if it was tampered with."""
         check_id(model_id)
         with closing(self._connect()) as db:
-            row = db.execute("SELECT m.file, m.checksum, m.signed, p.public_key FROM models m LEFT JOIN publishers p "
-                             "ON p.site = m.publisher WHERE m.id = ?", (model_id,)).fetchone()
+            row = db.execute(
+                "SELECT m.file, m.checksum, m.signed, p.public_key FROM models m LEFT JOIN publishers p "
+                "ON p.site = m.publisher WHERE m.id = ?",
+                (model_id,),
+            ).fetchone()
         if row is None:
             raise ModelRejected(f"no published model {model_id}")
         fname, digest, signed, key = row
@@ -325,7 +421,8 @@ class Broker:
         return data
 
     def fetch(self, model_id: int) -> PublishedModel:
-        """The stored model, re-validated (checksum, signature, format, shapes); ModelRejected if it was tampered
+        """The stored model, re-validated (checksum, signature, format, shapes); ModelRejected if it was
+        tampered
         with."""
         return PublishedModel.from_bytes(self.fetch_bytes(model_id), self.max_bytes)
 
@@ -346,8 +443,10 @@ class Broker:
 
     def models(self, publisher: str | None = None, model_id: int | None = None) -> list[dict]:
         """Metadata rows of the published models (no tensors), oldest first."""
-        q = ("SELECT id, publisher, kind, task, features, classes, epsilon, delta, chunk, created_at, size, "
-             "epsilon_spent, delta_spent, signed FROM models")
+        q = (
+            "SELECT id, publisher, kind, task, features, classes, epsilon, delta, chunk, created_at, size, "
+            "epsilon_spent, delta_spent, signed FROM models"
+        )
         args: tuple = ()
         if publisher is not None:
             q, args = q + " WHERE publisher = ?", (publisher,)
@@ -355,8 +454,22 @@ class Broker:
             q, args = q + " WHERE id = ?", (check_id(model_id),)
         with closing(self._connect()) as db:
             rows = db.execute(q + " ORDER BY id", args).fetchall()
-        keys = ("id", "publisher", "kind", "task", "features", "classes", "epsilon", "delta", "chunk", "created_at", "size",
-                "epsilon_spent", "delta_spent", "signed")
+        keys = (
+            "id",
+            "publisher",
+            "kind",
+            "task",
+            "features",
+            "classes",
+            "epsilon",
+            "delta",
+            "chunk",
+            "created_at",
+            "size",
+            "epsilon_spent",
+            "delta_spent",
+            "signed",
+        )
         out = []
         for r in rows:
             d = dict(zip(keys, r, strict=True))
@@ -368,8 +481,9 @@ class Broker:
     # ------------------------------------------------------------------ channels
     def subscribe(self, subscriber: str, clauses: list[list[str]] | list[set[str]]) -> Channel:
         """Open a channel F1 ∨ … ∨ Fk; every feature must be known to the broker."""
-        if not isinstance(clauses, (list, tuple)) or not all(isinstance(c, (list, tuple, set, frozenset))
-                                                             for c in clauses):
+        if not isinstance(clauses, (list, tuple)) or not all(
+            isinstance(c, (list, tuple, set, frozenset)) for c in clauses
+        ):
             raise ConfigError("a channel is a list of feature sets (lists of feature names)")
         if not clauses or any(not c for c in clauses):
             raise ConfigError("a channel needs at least one non-empty feature set")
@@ -386,8 +500,10 @@ class Broker:
             unknown = sorted(set().union(*sets) - known)
             if unknown:
                 raise ConfigError(f"channel names unknown features {unknown}; known: {sorted(known)}")
-            cur = db.execute("INSERT INTO channels (subscriber, spec) VALUES (?, ?)",
-                             (subscriber, json.dumps([sorted(c) for c in sets])))
+            cur = db.execute(
+                "INSERT INTO channels (subscriber, spec) VALUES (?, ?)",
+                (subscriber, json.dumps([sorted(c) for c in sets])),
+            )
             return Channel(int(cur.lastrowid), subscriber, sets)
 
     def channel(self, channel_id: int) -> Channel:
@@ -402,7 +518,9 @@ class Broker:
     def channels(self, subscriber: str) -> list[Channel]:
         """A subscriber's channels."""
         with closing(self._connect()) as db:
-            rows = db.execute("SELECT id, spec FROM channels WHERE subscriber = ? ORDER BY id", (subscriber,)).fetchall()
+            rows = db.execute(
+                "SELECT id, spec FROM channels WHERE subscriber = ? ORDER BY id", (subscriber,)
+            ).fetchall()
         return [_channel(i, subscriber, spec) for i, spec in rows]
 
     def unsubscribe(self, channel_id: int) -> None:
@@ -413,36 +531,61 @@ class Broker:
                 raise ConfigError(f"no channel {channel_id}")
 
     def stream(self, channel_id: int, since: int = 0) -> list[int]:
-        """Ids (> ``since``) of the models the channel delivers, oldest first; its own site's models excluded."""
+        """Ids (> ``since``) of the models the channel delivers, oldest first; its own site's models
+        excluded."""
         ch = self.channel(channel_id)
         check_id(since, "since")
-        return [m["id"] for m in self.models() if m["id"] > since and m["publisher"] != ch.subscriber
-                and ch.matches(m["features"])]
+        return [
+            m["id"]
+            for m in self.models()
+            if m["id"] > since and m["publisher"] != ch.subscriber and ch.matches(m["features"])
+        ]
 
 
 def _publisher(row) -> dict:
     site, key, le, ld, es, ds, seq, head = row
-    return {"site": site, "public_key": key, "lifetime": (le, ld), "epsilon_spent": es, "delta_spent": ds,
-            "ledger_seq": seq, "ledger_head": None if head is None else json.loads(head)}
+    return {
+        "site": site,
+        "public_key": key,
+        "lifetime": (le, ld),
+        "epsilon_spent": es,
+        "delta_spent": ds,
+        "ledger_seq": seq,
+        "ledger_head": None if head is None else json.loads(head),
+    }
 
 
 def check_ledger_head(head, seq: int, kept: dict | None, site: str) -> str | None:
-    """The signed ledger head a release receipt presents (the publisher's ledger just before the entry that records
-    this release: ``{"entries": seq, "mac": hex}``), as the JSON the broker keeps; ModelRejected if it is malformed,
-    does not sit at the receipt's entry, or is missing while the broker keeps an earlier head of this site (a site
-    folder replaced by one without a ledger's history). Kept heads only move forward (the receipt's ``ledger_seq`` is
+    """The signed ledger head a release receipt presents (the publisher's ledger just before the entry that
+    records
+    this release: ``{"entries": seq, "mac": hex}``), as the JSON the broker keeps; ModelRejected if it is
+    malformed,
+    does not sit at the receipt's entry, or is missing while the broker keeps an earlier head of this site (a
+    site
+    folder replaced by one without a ledger's history). Kept heads only move forward (the receipt's
+    ``ledger_seq`` is
     checked against the kept one before this)."""
     if head is None:
         if kept is not None:
-            raise ModelRejected(f"the model's receipt presents no ledger head; the broker keeps {site!r}'s head of "
-                                f"{kept['entries']} entries")
+            raise ModelRejected(
+                f"the model's receipt presents no ledger head; the broker keeps {site!r}'s head of "
+                f"{kept['entries']} entries"
+            )
         return None
-    if not (isinstance(head, dict) and set(head) == {"entries", "mac"} and isinstance(head["entries"], int)
-            and not isinstance(head["entries"], bool) and isinstance(head["mac"], str) and len(head["mac"]) <= 128):
+    if not (
+        isinstance(head, dict)
+        and set(head) == {"entries", "mac"}
+        and isinstance(head["entries"], int)
+        and not isinstance(head["entries"], bool)
+        and isinstance(head["mac"], str)
+        and len(head["mac"]) <= 128
+    ):
         raise ModelRejected("the receipt's ledger head is not {entries, mac}")
     if head["entries"] != seq:
-        raise ModelRejected(f"the receipt's ledger head ({head['entries']} entries) is not where its release entry "
-                            f"({seq}) is recorded")
+        raise ModelRejected(
+            f"the receipt's ledger head ({head['entries']} entries) is not where its release entry "
+            f"({seq}) is recorded"
+        )
     return json.dumps({"entries": head["entries"], "mac": head["mac"]})
 
 
@@ -455,7 +598,8 @@ MAX_FEATURES = 10_000
 
 
 def check_id(value, what: str = "id") -> int:
-    """A model or channel id (or a ``since``) as an int in SQLite's range, or a ConfigError (a request's 10^23 is a
+    """A model or channel id (or a ``since``) as an int in SQLite's range, or a ConfigError (a request's 10^23
+    is a
     refusal, not an overflow)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
         raise ConfigError(f"{what} must be an integer in [0, 2^63 - 1], got {value!r}"[:200])
@@ -465,7 +609,9 @@ def check_id(value, what: str = "id") -> int:
 def check_feature_name(name) -> str:
     """A feature name: a non-empty string of at most 200 characters."""
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise ConfigError(f"a feature name is a non-empty string of at most 200 characters, got {name!r}"[:200])
+        raise ConfigError(
+            f"a feature name is a non-empty string of at most 200 characters, got {name!r}"[:200]
+        )
     return name
 
 

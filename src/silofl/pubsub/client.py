@@ -1,9 +1,11 @@
 """A broker reached over HTTPS (:mod:`silofl.pubsub.service`), with the same methods as the folder
 :class:`~silofl.pubsub.broker.Broker`, so publishing, streams, subscriptions and customization work unchanged.
 
-A site's credential file (JSON, written by ``silofl pubsub register``) holds the broker's URL, the site's name,
+A site's credential file (JSON, written by ``silofl pubsub register``) holds the broker's URL, the site's
+name,
 its API token and, optionally, the CA certificate to trust (a path relative to the file). Every model fetched
-is verified against its publisher's registered Ed25519 key before it is parsed or used, so a broker that altered
+is verified against its publisher's registered Ed25519 key before it is parsed or used, so a broker that
+altered
 a model is caught by every subscriber.
 """
 
@@ -40,7 +42,11 @@ def load_credential(path: str | Path) -> dict:
         cred = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read the credential file {p}: {e}") from None
-    if not isinstance(cred, dict) or not isinstance(cred.get("token"), str) or not isinstance(cred.get("site"), str):
+    if (
+        not isinstance(cred, dict)
+        or not isinstance(cred.get("token"), str)
+        or not isinstance(cred.get("site"), str)
+    ):
         raise ConfigError(f"{p} is not a silofl broker credential (site, token)")
     if cred.get("ca"):
         ca = Path(cred["ca"])
@@ -51,8 +57,14 @@ def load_credential(path: str | Path) -> dict:
 class RemoteBroker:
     """The broker service at ``url``, as the site of ``credential`` (a file path or a loaded dict)."""
 
-    def __init__(self, url: str, credential: str | Path | dict, ca: str | None = None, timeout: float = 60.0,
-                 retries_on_429: int = 5):
+    def __init__(
+        self,
+        url: str,
+        credential: str | Path | dict,
+        ca: str | None = None,
+        timeout: float = 60.0,
+        retries_on_429: int = 5,
+    ):
         httpx = require("httpx", "pubsub", "the PubSub-ML broker client (--broker URL)")
 
         if not url.startswith("https://") and not url.startswith("http://"):
@@ -60,8 +72,12 @@ class RemoteBroker:
         cred = credential if isinstance(credential, dict) else load_credential(credential)
         self.url, self.site, self.retries = url.rstrip("/"), cred["site"], retries_on_429
         verify = ca or cred.get("ca") or True
-        self._http = httpx.Client(base_url=self.url, verify=verify, timeout=timeout,
-                                  headers={"Authorization": f"Bearer {cred['token']}"})
+        self._http = httpx.Client(
+            base_url=self.url,
+            verify=verify,
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {cred['token']}"},
+        )
         self._keys: dict[str, str] = {}
         self._max_bytes: int | None = None
 
@@ -80,8 +96,12 @@ class RemoteBroker:
                 raise BrokerUnavailable(f"cannot reach the broker at {self.url}: {e}") from None
             except httpx.TransportError as e:
                 if sends:
-                    raise DeliveryUncertain(f"the connection to {self.url} failed during {method} {path}: {e}") from None
-                raise BrokerUnavailable(f"the broker at {self.url} failed during {method} {path}: {e}") from None
+                    raise DeliveryUncertain(
+                        f"the connection to {self.url} failed during {method} {path}: {e}"
+                    ) from None
+                raise BrokerUnavailable(
+                    f"the broker at {self.url} failed during {method} {path}: {e}"
+                ) from None
             if r.status_code == 429 and attempt < self.retries:
                 time.sleep(min(10.0, float(r.headers.get("retry-after", "1"))))
                 continue
@@ -134,8 +154,15 @@ class RemoteBroker:
     def publish(self, data: bytes) -> int:
         if len(data) > self.max_bytes:  # refused here already; the broker would refuse it from its length
             raise ModelRejected(f"model of {len(data)} bytes exceeds the broker's limit of {self.max_bytes}")
-        return int(self._json("POST", "/v1/models", sends=True, content=data,
-                              headers={"content-type": "application/octet-stream"})["id"])
+        return int(
+            self._json(
+                "POST",
+                "/v1/models",
+                sends=True,
+                content=data,
+                headers={"content-type": "application/octet-stream"},
+            )["id"]
+        )
 
     def public_key(self, site: str) -> str:
         """A publisher's registered Ed25519 key (hex), from the broker's registry."""
@@ -189,17 +216,37 @@ class RemoteBroker:
     # ------------------------------------------------------------------ the operator's
     def register(self, site: str, public_key: str, lifetime: tuple[float, float]) -> str:
         """Register a site (admin credential); the site's new API token."""
-        return self._json("POST", "/v1/sites", json={"site": site, "public_key": public_key,
-                                                     "lifetime_epsilon": lifetime[0],
-                                                     "lifetime_delta": lifetime[1]})["token"]
-
+        return self._json(
+            "POST",
+            "/v1/sites",
+            json={
+                "site": site,
+                "public_key": public_key,
+                "lifetime_epsilon": lifetime[0],
+                "lifetime_delta": lifetime[1],
+            },
+        )["token"]
 
 
 # the operations a folder broker offers, over HTTPS: the same contract, the same documentation
-for _name in ("sites", "join", "leave", "publish", "fetch", "unpublish", "models", "subscribe", "channel", "channels",
-              "unsubscribe", "stream", "public_defaults"):
+for _name in (
+    "sites",
+    "join",
+    "leave",
+    "publish",
+    "fetch",
+    "unpublish",
+    "models",
+    "subscribe",
+    "channel",
+    "channels",
+    "unsubscribe",
+    "stream",
+    "public_defaults",
+):
     _doc = getattr(Broker, _name).__doc__
     getattr(RemoteBroker, _name).__doc__ = f"{_doc or _name} (over HTTPS, as the credential's site)"
+
 
 def _channel(d: dict) -> Channel:
     return Channel(int(d["id"]), d["subscriber"], tuple(frozenset(c) for c in d["clauses"]))
@@ -207,11 +254,14 @@ def _channel(d: dict) -> Channel:
 
 def open_broker(broker: str, credential: str | None = None, site: str | None = None, create: bool = True):
     """A folder broker (a path) or the service at an https:// URL with ``credential`` (whose site must be
-    ``site`` when given). Without ``create``, a folder that holds no broker is refused (a mistyped ``--broker``
+    ``site`` when given). Without ``create``, a folder that holds no broker is refused (a mistyped
+    ``--broker``
     of a command that only reads or removes is not made into a new, empty broker)."""
     if broker.startswith(("https://", "http://")):
         if not credential:
-            raise ConfigError("a broker URL needs --credential FILE (the site's credential from its operator)")
+            raise ConfigError(
+                "a broker URL needs --credential FILE (the site's credential from its operator)"
+            )
         b = RemoteBroker(broker, credential)
         if site is not None and b.site != site:
             raise ConfigError(f"the credential {credential} is {b.site!r}'s, not {site!r}'s")
@@ -221,6 +271,8 @@ def open_broker(broker: str, credential: str | None = None, site: str | None = N
     if not broker.strip():
         raise ConfigError("--broker is empty: give a broker folder or https:// URL")
     if not create and not (Path(broker) / DB_FILE).is_file():
-        raise ConfigError(f"no broker in {broker} ({DB_FILE} not found): check --broker (a folder broker is made by "
-                          "the first publish)")
+        raise ConfigError(
+            f"no broker in {broker} ({DB_FILE} not found): check --broker (a folder broker is made by "
+            "the first publish)"
+        )
     return Broker(broker)

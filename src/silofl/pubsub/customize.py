@@ -61,7 +61,9 @@ class Customized:
 
     models: list[PublishedModel]
     names: list[str]
-    columns: list[list[int | None]]  # per model: index of each of its features in the subscriber's data, or None
+    columns: list[
+        list[int | None]
+    ]  # per model: index of each of its features in the subscriber's data, or None
     fill: list[np.ndarray]  # per model: public defaults (used where the column is None)
     fusion: nn.Module
     task: str
@@ -71,8 +73,13 @@ class Customized:
 
     def features_of(self, x: np.ndarray) -> torch.Tensor:
         """The fusion network's input for raw rows: the selected models' outputs, concatenated."""
-        return torch.cat([_fusion_input(self.task, model_outputs(m, x, c, f))
-                          for m, c, f in zip(self.models, self.columns, self.fill, strict=True)], 1).float()
+        return torch.cat(
+            [
+                _fusion_input(self.task, model_outputs(m, x, c, f))
+                for m, c, f in zip(self.models, self.columns, self.fill, strict=True)
+            ],
+            1,
+        ).float()
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -88,7 +95,9 @@ def _fusion_input(task: str, out: torch.Tensor) -> torch.Tensor:
     return torch.log(out.clamp_min(1e-6)) if task == "classification" else out
 
 
-def model_outputs(m: PublishedModel, x: np.ndarray, columns: list[int | None], fill: np.ndarray) -> torch.Tensor:
+def model_outputs(
+    m: PublishedModel, x: np.ndarray, columns: list[int | None], fill: np.ndarray
+) -> torch.Tensor:
     """The model's outputs on the subscriber's rows, its missing features filled with public defaults."""
     xm = np.repeat(fill[None, :], len(x), 0)
     have = [i for i, c in enumerate(columns) if c is not None]
@@ -97,15 +106,22 @@ def model_outputs(m: PublishedModel, x: np.ndarray, columns: list[int | None], f
     return outputs(m, xm)
 
 
-def align(m: PublishedModel, features: list[str], defaults: dict[str, float]) -> tuple[list[int | None], np.ndarray]:
-    """Where each of the model's features is in the subscriber's data, and the public defaults for the rest."""
+def align(
+    m: PublishedModel, features: list[str], defaults: dict[str, float]
+) -> tuple[list[int | None], np.ndarray]:
+    """Where each of the model's features is in the subscriber's data, and the public defaults for the
+    rest."""
     index = {f: i for i, f in enumerate(features)}
     cols = [index.get(f) for f in m.features]
     missing = [f for f, c in zip(m.features, cols, strict=True) if c is None and f not in defaults]
     if missing:
-        raise ConfigError(f"{m.publisher}'s model uses features {missing[:5]} that the subscriber lacks and the broker "
-                          "has no public default for")
-    fill = np.array([float(defaults.get(f, 0.0)) if c is None else 0.0 for f, c in zip(m.features, cols, strict=True)])
+        raise ConfigError(
+            f"{m.publisher}'s model uses features {missing[:5]} that the subscriber lacks and the broker "
+            "has no public default for"
+        )
+    fill = np.array(
+        [float(defaults.get(f, 0.0)) if c is None else 0.0 for f, c in zip(m.features, cols, strict=True)]
+    )
     return cols, fill
 
 
@@ -133,13 +149,27 @@ def check_compatible(models: list[PublishedModel], data: LocalData) -> None:
         if m.task != data.task:
             raise ConfigError(f"{m.publisher}'s model is for {m.task}, the subscriber's task is {data.task}")
         if data.task == "classification" and [str(c) for c in m.classes] != [str(c) for c in data.classes]:
-            raise ConfigError(f"{m.publisher}'s model has class labels {m.classes}, the subscriber's are "
-                              f"{data.classes}: mismatched class labels")
+            raise ConfigError(
+                f"{m.publisher}'s model has class labels {m.classes}, the subscriber's are "
+                f"{data.classes}: mismatched class labels"
+            )
 
 
-def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str, float], *, top_m: int | None = None,
-              fractions=(0.6, 0.2, 0.2), own: str | None = "auto", seed: int = 0, hidden: int | str = "auto",
-              epochs: int = 100, weight_decay: float = 1e-2, start: str = "best", idx=None) -> Customized:
+def customize(
+    models: list[PublishedModel],
+    data: LocalData,
+    defaults: dict[str, float],
+    *,
+    top_m: int | None = None,
+    fractions=(0.6, 0.2, 0.2),
+    own: str | None = "auto",
+    seed: int = 0,
+    hidden: int | str = "auto",
+    epochs: int = 100,
+    weight_decay: float = 1e-2,
+    start: str = "best",
+    idx=None,
+) -> Customized:
     """Algorithm 2. ``own``: the subscriber's own model type (``auto``: logistic / linear regression; None:
     no own model); ``idx``: given (train, customize, test) row indices instead of a random split."""
     t0 = time.perf_counter()
@@ -155,9 +185,20 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     if own is not None:
         kind = ("dp-logreg" if data.task == "classification" else "dp-linreg") if own == "auto" else own
         xb = data.x[tr]
-        own_model = train(kind, xb, data.y[tr], publisher="own", features=data.features, task=data.task,
-                          bounds=Bounds(xb.min(0), xb.max(0)), epsilon=1.0, delta=1e-5, classes=data.classes,
-                          seed=seed, nonprivate=True)
+        own_model = train(
+            kind,
+            xb,
+            data.y[tr],
+            publisher="own",
+            features=data.features,
+            task=data.task,
+            bounds=Bounds(xb.min(0), xb.max(0)),
+            epsilon=1.0,
+            delta=1e-5,
+            classes=data.classes,
+            seed=seed,
+            nonprivate=True,
+        )
         cands.append(own_model)
         names.append("own")
     if not cands:
@@ -169,7 +210,9 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     t1 = time.perf_counter()
     outs = [model_outputs(m, data.x[cu], c, f) for m, (c, f) in zip(cands, aligned, strict=True)]
     usable = [bool(torch.isfinite(o).all()) for o in outs]  # a model whose outputs overflow here is left out
-    scores = [score(data.task, o, data.y[cu]) if ok else -math.inf for o, ok in zip(outs, usable, strict=True)]
+    scores = [
+        score(data.task, o, data.y[cu]) if ok else -math.inf for o, ok in zip(outs, usable, strict=True)
+    ]
     order = sorted((i for i in range(len(cands)) if usable[i]), key=lambda i: (-scores[i], i))
     if not order:
         raise ConfigError("no subscribed model gives finite outputs on the subscriber's rows")
@@ -194,26 +237,50 @@ def customize(models: list[PublishedModel], data: LocalData, defaults: dict[str,
     # of log-probability inputs by whole units and lost the ensemble it started from
     fit_fusion(fusion, feats, target, data.task, weight_decay, epochs)
     t_fuse = time.perf_counter() - t2
-    result = Customized([cands[i] for i in keep], [names[i] for i in keep], [aligned[i][0] for i in keep],
-                        [aligned[i][1] for i in keep], fusion, data.task, y_mean, y_std)
+    result = Customized(
+        [cands[i] for i in keep],
+        [names[i] for i in keep],
+        [aligned[i][0] for i in keep],
+        [aligned[i][1] for i in keep],
+        fusion,
+        data.task,
+        y_mean,
+        y_std,
+    )
     test_pred = result.predict(data.x[te])
     metric = "accuracy" if data.task == "classification" else "mse"
-    test = float((test_pred == data.y[te]).mean()) if data.task == "classification" else \
-        float(((test_pred - data.y[te]) ** 2).mean())
+    test = (
+        float((test_pred == data.y[te]).mean())
+        if data.task == "classification"
+        else float(((test_pred - data.y[te]) ** 2).mean())
+    )
     own_test = None
     if own is not None:
         own_out = model_outputs(cands[-1], data.x[te], *aligned[-1])
         own_test = score(data.task, own_out, data.y[te])
         own_test = own_test if data.task == "classification" else -own_test
     result.report = {
-        "metric": metric, "test": test, "own_test": own_test, "own_note": own_note, "selected": result.names,
-        "scores": dict(zip(names, scores, strict=True)), "candidates": len(cands),
+        "metric": metric,
+        "test": test,
+        "own_test": own_test,
+        "own_note": own_note,
+        "selected": result.names,
+        "scores": dict(zip(names, scores, strict=True)),
+        "candidates": len(cands),
         "skipped_nonfinite": [names[i] for i in range(len(cands)) if not usable[i]],
         "rows": {"train": len(tr), "customize": len(cu), "test": len(te)},
         "seconds": {"own": t_own, "select": t_select, "fuse": t_fuse},
-        "publisher_budgets": {names[i]: {"epsilon": cands[i].epsilon, "delta": cands[i].delta,
-                                         "private": not is_nonprivate(cands[i])} for i in keep if names[i] != "own"},
-        "privacy": "the subscriber spends no privacy budget: customization post-processes published DP models "
-                   "(each under its publisher's own (ε, δ)) and the subscriber's own data, which never leaves it",
+        "publisher_budgets": {
+            names[i]: {
+                "epsilon": cands[i].epsilon,
+                "delta": cands[i].delta,
+                "private": not is_nonprivate(cands[i]),
+            }
+            for i in keep
+            if names[i] != "own"
+        },
+        "privacy": "the subscriber spends no privacy budget: customization post-processes published DP "
+        "models "
+        "(each under its publisher's own (ε, δ)) and the subscriber's own data, which never leaves it",
     }
     return result

@@ -6,9 +6,13 @@ from its private data at publish time) and scaled to [0, 1]; the bounds travel w
 
 | kind (``--model``) | mechanism | guarantee |
 |---|---|---|
-| ``dp-nn`` | DP-SGD (silofl's per-example clipping, Gaussian noise, Poisson sampling); σ from Opacus' ``get_noise_multiplier`` for the target (ε, δ), ε then reported by the RDP accountant that recorded the steps | (ε, δ) |
-| ``dp-logreg`` | diffprivlib ``LogisticRegression`` (objective perturbation, Chaudhuri et al.) on rows of norm ≤ √F | ε (δ = 0) |
-| ``dp-nb`` | diffprivlib ``GaussianNB`` (Laplace / bounded noise on counts, means and variances) | ε (δ = 0) |
+| ``dp-nn`` | DP-SGD (silofl's per-example clipping, Gaussian noise, Poisson sampling); σ from Opacus'
+``get_noise_multiplier`` for the target (ε, δ), ε then reported by the RDP accountant that recorded the steps
+| (ε, δ) |
+| ``dp-logreg`` | diffprivlib ``LogisticRegression`` (objective perturbation, Chaudhuri et al.) on rows of
+norm ≤ √F | ε (δ = 0) |
+| ``dp-nb`` | diffprivlib ``GaussianNB`` (Laplace / bounded noise on counts, means and variances) | ε (δ = 0)
+|
 | ``dp-forest`` | diffprivlib ``RandomForestClassifier`` (random trees, noisy leaf counts) | ε (δ = 0) |
 | ``dp-linreg`` | diffprivlib ``LinearRegression`` (functional mechanism), regression | ε (δ = 0) |
 
@@ -51,45 +55,103 @@ class Bounds:
         return scale_inputs(t(x), t(self.lo), t(self.hi)).numpy()
 
 
-def train(kind: str, x: np.ndarray, y: np.ndarray, *, publisher: str, features: list[str], task: str,
-          bounds: Bounds, epsilon: float, delta: float, classes: list | None = None, seed: int | None = None,
-          nonprivate: bool = False, chunk: int | None = None, y_bounds: tuple[float, float] | None = None,
-          epochs: int = 20, hidden: int = 64, batch_size: int = 64, clip: float = 1.0, lr: float = 0.05,
-          trees: int = 10, depth: int = 5, dp_hook=None) -> PublishedModel:
+def train(
+    kind: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    publisher: str,
+    features: list[str],
+    task: str,
+    bounds: Bounds,
+    epsilon: float,
+    delta: float,
+    classes: list | None = None,
+    seed: int | None = None,
+    nonprivate: bool = False,
+    chunk: int | None = None,
+    y_bounds: tuple[float, float] | None = None,
+    epochs: int = 20,
+    hidden: int = 64,
+    batch_size: int = 64,
+    clip: float = 1.0,
+    lr: float = 0.05,
+    trees: int = 10,
+    depth: int = 5,
+    dp_hook=None,
+) -> PublishedModel:
     """Train one model of ``kind`` on (x, y) under (ε, δ) and return it in the published format. Without a
-    ``seed`` (the default) the mechanism's randomness is cryptographically secure (silofl's noise and sampling;
+    ``seed`` (the default) the mechanism's randomness is cryptographically secure (silofl's noise and
+    sampling;
     diffprivlib's ``secrets.SystemRandom``); a seed makes a reproducible research model whose guarantee holds
-    only while the seed stays secret. ``dp_hook`` (research, :mod:`silofl.audit.gradient`; dp-nn only) is called as
+    only while the seed stays secret. ``dp_hook`` (research, :mod:`silofl.audit.gradient`; dp-nn only) is
+    called as
     ``dp_hook(dp, model, opt, n)`` before training (``dp`` None without DP)."""
     _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonprivate)
     xs = bounds.scale(np.asarray(x, dtype=np.float64))
     if kind == "dp-nn":
-        tensors, mech, eps = _dp_nn(xs, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden,
-                                    batch_size, clip, lr, dp_hook)
+        tensors, mech, eps = _dp_nn(
+            xs,
+            y,
+            task,
+            classes,
+            epsilon,
+            delta,
+            seed,
+            nonprivate,
+            epochs,
+            hidden,
+            batch_size,
+            clip,
+            lr,
+            dp_hook,
+        )
     elif kind in ("dp-logreg", "dp-nb", "dp-forest", "dp-linreg"):
-        tensors, mech = _diffprivlib(kind, xs, y, task, classes, epsilon, seed, nonprivate, y_bounds, trees, depth)
+        tensors, mech = _diffprivlib(
+            kind, xs, y, task, classes, epsilon, seed, nonprivate, y_bounds, trees, depth
+        )
         eps = math.inf if nonprivate else float(epsilon)
     tensors["input_lo"] = torch.as_tensor(bounds.lo, dtype=torch.float64)
     tensors["input_hi"] = torch.as_tensor(bounds.hi, dtype=torch.float64)
-    published_kind = {"dp-nn": "mlp", "dp-logreg": "linear", "dp-linreg": "linear", "dp-nb": "gnb",
-                      "dp-forest": "forest"}[kind]
-    return PublishedModel(publisher=publisher, kind=published_kind, features=list(features), task=task,
-                          tensors=tensors, epsilon=eps, delta=0.0 if nonprivate else float(delta),
-                          mechanism=mech, classes=list(classes) if task == "classification" else None, chunk=chunk)
+    published_kind = {
+        "dp-nn": "mlp",
+        "dp-logreg": "linear",
+        "dp-linreg": "linear",
+        "dp-nb": "gnb",
+        "dp-forest": "forest",
+    }[kind]
+    return PublishedModel(
+        publisher=publisher,
+        kind=published_kind,
+        features=list(features),
+        task=task,
+        tensors=tensors,
+        epsilon=eps,
+        delta=0.0 if nonprivate else float(delta),
+        mechanism=mech,
+        classes=list(classes) if task == "classification" else None,
+        chunk=chunk,
+    )
 
 
 def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonprivate) -> None:
     if kind not in KINDS:
         raise ConfigError(f"unknown model type {kind!r}; choose one of: {', '.join(KINDS)}")
     if task == "classification" and kind not in CLASSIFIERS:
-        raise ConfigError(f"{kind} is a regression model; for classification use one of: {', '.join(CLASSIFIERS)}")
+        raise ConfigError(
+            f"{kind} is a regression model; for classification use one of: {', '.join(CLASSIFIERS)}"
+        )
     if task == "regression" and kind not in REGRESSORS:
         raise ConfigError(f"{kind} is a classifier; for regression use one of: {', '.join(REGRESSORS)}")
     if x.ndim != 2 or x.shape[1] != len(features):
         raise ConfigError(f"data has shape {x.shape} but {len(features)} features are declared")
     if len(y) != len(x) or len(x) == 0:
         raise ConfigError(f"{len(x)} rows of features and {len(y)} labels")
-    if bounds.lo.shape != (len(features),) or bounds.hi.shape != (len(features),) or np.any(bounds.hi < bounds.lo):
+    if (
+        bounds.lo.shape != (len(features),)
+        or bounds.hi.shape != (len(features),)
+        or np.any(bounds.hi < bounds.lo)
+    ):
         raise ConfigError("public bounds must give lo ≤ hi for every feature")
     if task == "classification":
         if not classes or len(classes) < 2:
@@ -98,18 +160,25 @@ def _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonpriva
         if unknown:
             raise ConfigError(f"labels must be class indices 0…{len(classes) - 1}; got {sorted(unknown)[:5]}")
         if kind == "dp-logreg" and nonprivate and len(np.unique(y)) < 2:
-            raise ConfigError(f"a non-private logistic regression needs rows of at least two classes; this data holds "
-                              f"only class {classes[int(y[0])]!r}")
+            raise ConfigError(
+                f"a non-private logistic regression needs rows of at least two classes; this data holds "
+                f"only class {classes[int(y[0])]!r}"
+            )
         if kind == "dp-nb" and not nonprivate and len(np.unique(y)) < len(classes):
-            raise ConfigError("dp-nb (diffprivlib's GaussianNB) publishes an exact zero count for a declared class the "
-                              "rows lack, which DP does not cover; use dp-logreg, dp-forest or dp-nn for these rows")
+            raise ConfigError(
+                "dp-nb (diffprivlib's GaussianNB) publishes an exact zero count for a declared class the "
+                "rows lack, which DP does not cover; use dp-logreg, dp-forest or dp-nn for these rows"
+            )
     if not nonprivate and not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
         raise ConfigError(f"a DP model needs 0 < ε < ∞ and 0 < δ < 1, got ε={epsilon}, δ={delta}")
 
 
 # ---------------------------------------------------------------------------------------------- DP-SGD
-def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr, dp_hook=None):
-    """An MLP trained with the core's Poisson DP-SGD loop (:func:`silofl.training.poisson_steps`), σ calibrated
+def _dp_nn(
+    x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr, dp_hook=None
+):
+    """An MLP trained with the core's Poisson DP-SGD loop (:func:`silofl.training.poisson_steps`), σ
+    calibrated
     by Opacus for (ε, δ) at the exact q and step count; the ε published is the accountant's for what ran."""
     from silofl.core.randomness import party_seeds
     from silofl.models import MLP
@@ -141,10 +210,19 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
     try:
         sigma = noise_multiplier_for(epsilon, delta, q, steps)
     except ValueError:
-        raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met by DP-SGD with {steps} steps at "
-                          f"sampling rate {q:.3g}: raise ε, or train fewer epochs") from None
-    dp = DPGradient(model, clip, sigma, q * n, NoiseSource(seed + 1 if seed is not None else None), backend="vmap",
-                    sample_rate=q)
+        raise ConfigError(
+            f"the budget ε={epsilon:g}, δ={delta:g} cannot be met by DP-SGD with {steps} steps at "
+            f"sampling rate {q:.3g}: raise ε, or train fewer epochs"
+        ) from None
+    dp = DPGradient(
+        model,
+        clip,
+        sigma,
+        q * n,
+        NoiseSource(seed + 1 if seed is not None else None),
+        backend="vmap",
+        sample_rate=q,
+    )
     if dp_hook is not None:
         dp_hook(dp, model, opt, n)
     poisson_steps(model, opt, xt, yt, sample_rate=q, steps=steps, sampler=gen, loss_fn=loss_fn, dp=dp)
@@ -152,9 +230,18 @@ def _dp_nn(x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden
     acc.record(dp.take_run())
     eps = acc.epsilon(delta)
     if eps > epsilon * (1 + 1e-6):
-        raise RuntimeError(f"DP-SGD spent ε={eps:.4f} above the target {epsilon}")  # cannot happen: σ is calibrated
-    mech = {"name": "dp-sgd", "noise_multiplier": sigma, "sample_rate": q, "steps": steps, "clip": clip,
-            "accountant": acc.name, "epsilon_spent": eps}
+        raise RuntimeError(
+            f"DP-SGD spent ε={eps:.4f} above the target {epsilon}"
+        )  # cannot happen: σ is calibrated
+    mech = {
+        "name": "dp-sgd",
+        "noise_multiplier": sigma,
+        "sample_rate": q,
+        "steps": steps,
+        "clip": clip,
+        "accountant": acc.name,
+        "epsilon_spent": eps,
+    }
     return dict(model.state_dict()), mech, eps
 
 
@@ -167,7 +254,9 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # diffprivlib warns about settings we pass on purpose
         if kind == "dp-logreg":
-            if nonprivate:  # one-vs-rest like diffprivlib's, so that the published form (and its inference) match
+            if (
+                nonprivate
+            ):  # one-vs-rest like diffprivlib's, so that the published form (and its inference) match
                 from sklearn.linear_model import LogisticRegression as LR
                 from sklearn.multiclass import OneVsRestClassifier
 
@@ -180,7 +269,10 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
                 m = _declared_class_logreg(x, y, len(classes), epsilon, math.sqrt(d), seed)
             coef, icpt = _full_linear(m.coef_, m.intercept_, m.classes_, len(classes))
             tensors = {"coef": coef, "intercept": icpt}
-            mech = {"name": "diffprivlib.LogisticRegression (objective perturbation)", "data_norm": math.sqrt(d)}
+            mech = {
+                "name": "diffprivlib.LogisticRegression (objective perturbation)",
+                "data_norm": math.sqrt(d),
+            }
         elif kind == "dp-linreg":
             lo, hi = y_bounds if y_bounds is not None else (float(np.min(y)), float(np.max(y)))
             if nonprivate:
@@ -192,9 +284,13 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
                     raise ConfigError("dp-linreg needs public bounds of the target (y_bounds)")
                 from diffprivlib.models import LinearRegression
 
-                m = LinearRegression(epsilon=epsilon, bounds_X=unit, bounds_y=(lo, hi), random_state=seed).fit(x, y)
-            tensors = {"coef": torch.as_tensor(np.atleast_2d(m.coef_), dtype=torch.float64),
-                       "intercept": torch.as_tensor(np.atleast_1d(m.intercept_), dtype=torch.float64)}
+                m = LinearRegression(
+                    epsilon=epsilon, bounds_X=unit, bounds_y=(lo, hi), random_state=seed
+                ).fit(x, y)
+            tensors = {
+                "coef": torch.as_tensor(np.atleast_2d(m.coef_), dtype=torch.float64),
+                "intercept": torch.as_tensor(np.atleast_1d(m.intercept_), dtype=torch.float64),
+            }
             mech = {"name": "diffprivlib.LinearRegression (functional mechanism)", "bounds_y": [lo, hi]}
         elif kind == "dp-nb":
             if nonprivate:
@@ -216,22 +312,34 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
             else:
                 from diffprivlib.models import RandomForestClassifier
 
-                m = RandomForestClassifier(n_estimators=trees, epsilon=epsilon, bounds=unit, max_depth=depth,
-                                           classes=np.arange(len(classes)), random_state=seed).fit(x, y)
+                m = RandomForestClassifier(
+                    n_estimators=trees,
+                    epsilon=epsilon,
+                    bounds=unit,
+                    max_depth=depth,
+                    classes=np.arange(len(classes)),
+                    random_state=seed,
+                ).fit(x, y)
             tensors = _forest_tensors(m, len(classes))
             mech = {"name": "diffprivlib.RandomForestClassifier", "trees": trees, "max_depth": depth}
     if nonprivate:
-        mech = {"name": "none (non-private)", "model": mech["name"].split(" ")[0].replace("diffprivlib.", "sklearn.")}
+        mech = {
+            "name": "none (non-private)",
+            "model": mech["name"].split(" ")[0].replace("diffprivlib.", "sklearn."),
+        }
     else:
         mech.update({"epsilon": float(epsilon), "delta": 0.0})
     return tensors, mech
 
 
 def _declared_class_logreg(x, y, k: int, epsilon: float, data_norm: float, seed):
-    """diffprivlib's DP logistic regression (objective perturbation, one-vs-rest, ε split evenly over the classes)
-    fitted over the *declared* classes 0…k−1 rather than the classes present in the rows — diffprivlib's own fit
+    """diffprivlib's DP logistic regression (objective perturbation, one-vs-rest, ε split evenly over the
+    classes)
+    fitted over the *declared* classes 0…k−1 rather than the classes present in the rows — diffprivlib's own
+    fit
     takes its classes from the data, so a class missing from a site's rows would show in the published model.
-    Every step is diffprivlib's (``_logistic_regression_path`` per class, the same random state), so when every
+    Every step is diffprivlib's (``_logistic_regression_path`` per class, the same random state), so when
+    every
     declared class is present the result is the one ``LogisticRegression.fit`` gives."""
     from diffprivlib.models import LogisticRegression
     from diffprivlib.models.logistic_regression import _logistic_regression_path
@@ -242,10 +350,24 @@ def _declared_class_logreg(x, y, k: int, epsilon: float, data_norm: float, seed)
     x = m._clip_to_norm(np.ascontiguousarray(x, dtype=float), data_norm)
     m.classes_ = np.arange(k)
     fitted = m.classes_[1:] if k == 2 else m.classes_  # binary: one model for the second class, the whole ε
-    coefs = [_logistic_regression_path(x, y, epsilon=epsilon / len(fitted), data_norm=data_norm, pos_class=c,
-                                       Cs=[m.C], fit_intercept=m.fit_intercept, max_iter=m.max_iter, tol=m.tol,
-                                       verbose=m.verbose, coef=None, random_state=random_state, check_input=False)[0]
-             for c in fitted]
+    coefs = [
+        _logistic_regression_path(
+            x,
+            y,
+            epsilon=epsilon / len(fitted),
+            data_norm=data_norm,
+            pos_class=c,
+            Cs=[m.C],
+            fit_intercept=m.fit_intercept,
+            max_iter=m.max_iter,
+            tol=m.tol,
+            verbose=m.verbose,
+            coef=None,
+            random_state=random_state,
+            check_input=False,
+        )[0]
+        for c in fitted
+    ]
     coef = np.asarray(coefs).reshape(len(fitted), x.shape[1] + 1)
     m.coef_, m.intercept_ = coef[:, :-1], coef[:, -1]
     return m
@@ -272,8 +394,11 @@ def _full_nb(m, k):
     theta, var, prior = np.zeros((k, d)), np.ones((k, d)), np.full(k, 1e-12)
     for j, c in enumerate(np.asarray(m.classes_).astype(int)):
         theta[c], var[c], prior[c] = m.theta_[j], np.maximum(m.var_[j], 1e-9), max(m.class_prior_[j], 1e-12)
-    return {"theta": torch.as_tensor(theta, dtype=torch.float64), "var": torch.as_tensor(var, dtype=torch.float64),
-            "class_prior": torch.as_tensor(prior / prior.sum(), dtype=torch.float64)}
+    return {
+        "theta": torch.as_tensor(theta, dtype=torch.float64),
+        "var": torch.as_tensor(var, dtype=torch.float64),
+        "class_prior": torch.as_tensor(prior / prior.sum(), dtype=torch.float64),
+    }
 
 
 def _forest_tensors(m, k):
@@ -287,11 +412,13 @@ def _forest_tensors(m, k):
         full = np.maximum(full, 0)
         tot = full.sum(1, keepdims=True)
         full = np.where(tot > 0, full / np.where(tot > 0, tot, 1), 1.0 / k)
-        tensors.update({
-            f"tree{t}.left": torch.as_tensor(tree.children_left, dtype=torch.int64),
-            f"tree{t}.right": torch.as_tensor(tree.children_right, dtype=torch.int64),
-            f"tree{t}.feature": torch.as_tensor(tree.feature, dtype=torch.int64),
-            f"tree{t}.threshold": torch.as_tensor(tree.threshold, dtype=torch.float64),
-            f"tree{t}.value": torch.as_tensor(full, dtype=torch.float64),
-        })
+        tensors.update(
+            {
+                f"tree{t}.left": torch.as_tensor(tree.children_left, dtype=torch.int64),
+                f"tree{t}.right": torch.as_tensor(tree.children_right, dtype=torch.int64),
+                f"tree{t}.feature": torch.as_tensor(tree.feature, dtype=torch.int64),
+                f"tree{t}.threshold": torch.as_tensor(tree.threshold, dtype=torch.float64),
+                f"tree{t}.value": torch.as_tensor(full, dtype=torch.float64),
+            }
+        )
     return tensors

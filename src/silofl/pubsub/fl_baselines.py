@@ -38,7 +38,9 @@ def _targets(task: str, y: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(y, dtype=torch.long if task == "classification" else torch.float32)
 
 
-def local_sgd(model, x, y, task, epochs, lr, batch, gen, prox_mu: float = 0.0, anchor=None, adam: bool = False) -> None:
+def local_sgd(
+    model, x, y, task, epochs, lr, batch, gen, prox_mu: float = 0.0, anchor=None, adam: bool = False
+) -> None:
     """A site's local training of the FL baselines (SGD or Adam, optional FedProx term)."""
     opt = torch.optim.Adam(model.parameters(), lr=lr) if adam else torch.optim.SGD(model.parameters(), lr=lr)
     n = len(x)
@@ -51,20 +53,39 @@ def local_sgd(model, x, y, task, epochs, lr, batch, gen, prox_mu: float = 0.0, a
             if prox_mu and anchor is not None:
                 loss = loss + 0.5 * prox_mu * (parameters_to_vector(model.parameters()) - anchor).pow(2).sum()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)  # keeps SGD stable on noisy global weights
+            torch.nn.utils.clip_grad_norm_(
+                model.parameters(), 10.0
+            )  # keeps SGD stable on noisy global weights
             opt.step()
 
 
-def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n_out: int, *, epsilon: float,
-           delta: float, rounds: int = 30, local_epochs: int = 1, local_lr: float = 0.1, batch: int = 32,
-           clip: float = 1.0, mu: float = 0.1, server_lr: float | None = None, hidden: int = 64, seed: int | None = None,
-           nonprivate: bool = False) -> tuple[torch.nn.Module, dict]:
+def run_fl(
+    method: str,
+    sites: list[tuple[np.ndarray, np.ndarray]],
+    task: str,
+    n_out: int,
+    *,
+    epsilon: float,
+    delta: float,
+    rounds: int = 30,
+    local_epochs: int = 1,
+    local_lr: float = 0.1,
+    batch: int = 32,
+    clip: float = 1.0,
+    mu: float = 0.1,
+    server_lr: float | None = None,
+    hidden: int = 64,
+    seed: int | None = None,
+    nonprivate: bool = False,
+) -> tuple[torch.nn.Module, dict]:
     """Train one global model over ``sites`` (each (x in the union space, y)); (model, privacy info)."""
     if method not in METHODS:
         raise ConfigError(f"unknown FL baseline {method!r}; choose one of: {', '.join(METHODS)}")
     k = len(sites)
     if not nonprivate and not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta <= 1 / k):
-        raise ConfigError(f"client-level DP over {k} sites needs ε > 0 and 0 < δ ≤ 1/{k}, got ε={epsilon}, δ={delta}")
+        raise ConfigError(
+            f"client-level DP over {k} sites needs ε > 0 and 0 < δ ≤ 1/{k}, got ε={epsilon}, δ={delta}"
+        )
     seeds = party_seeds(None, 0)  # used only without a seed (a seed makes a reproducible research run)
     torch.manual_seed(seed if seed is not None else seeds[0])
     d = sites[0][0].shape[1]
@@ -72,21 +93,35 @@ def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n
     data = [(torch.as_tensor(x, dtype=torch.float32), _targets(task, y)) for x, y in sites]
     gen = torch.Generator().manual_seed(seed if seed is not None else seeds[1])
     noise = NoiseSource(seed + 7919 if seed is not None else None)
-    opt: ServerOptimizer = FedAdam(server_lr or 0.03) if method == "fedadam" else ServerOptimizer(server_lr or 1.0)
+    opt: ServerOptimizer = (
+        FedAdam(server_lr or 0.03) if method == "fedadam" else ServerOptimizer(server_lr or 1.0)
+    )
     z = 0.0
     if not nonprivate:
         try:
             z = noise_multiplier_for(epsilon, delta, 1.0, rounds)
         except ValueError:
-            raise ConfigError(f"the budget ε={epsilon:g}, δ={delta:g} cannot be met over {rounds} rounds") from None
+            raise ConfigError(
+                f"the budget ε={epsilon:g}, δ={delta:g} cannot be met over {rounds} rounds"
+            ) from None
     acc = Accountant("rdp")
     for _ in range(rounds):
         w = parameters_to_vector(model.parameters()).detach().clone()
         total = torch.zeros_like(w)
         for x, y in data:
             vector_to_parameters(w.clone(), model.parameters())
-            local_sgd(model, x, y, task, local_epochs, local_lr, batch, gen,
-                      prox_mu=mu if method == "fedprox" else 0.0, anchor=w)
+            local_sgd(
+                model,
+                x,
+                y,
+                task,
+                local_epochs,
+                local_lr,
+                batch,
+                gen,
+                prox_mu=mu if method == "fedprox" else 0.0,
+                anchor=w,
+            )
             delta_k = parameters_to_vector(model.parameters()).detach() - w
             total += delta_k if nonprivate else clip_update(delta_k, clip)[0]
         if not nonprivate:
@@ -95,19 +130,44 @@ def run_fl(method: str, sites: list[tuple[np.ndarray, np.ndarray]], task: str, n
         vector_to_parameters(w + opt.step(total / k), model.parameters())
     info = {"method": method, "rounds": rounds, "sites": k, "private": not nonprivate}
     if not nonprivate:
-        info.update({"noise_multiplier": z, "clip": clip, "epsilon": acc.epsilon(delta), "delta": delta,
-                     "accountant": acc.name, "unit": "one site (client-level DP)"})
+        info.update(
+            {
+                "noise_multiplier": z,
+                "clip": clip,
+                "epsilon": acc.epsilon(delta),
+                "delta": delta,
+                "accountant": acc.name,
+                "unit": "one site (client-level DP)",
+            }
+        )
     return model, info
 
 
-def fine_tune(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, task: str, epochs: int = 20, lr: float = 0.005,
-              batch: int = 32, seed: int = 0) -> torch.nn.Module:
+def fine_tune(
+    model: torch.nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    task: str,
+    epochs: int = 20,
+    lr: float = 0.005,
+    batch: int = 32,
+    seed: int = 0,
+) -> torch.nn.Module:
     """The subscriber's local fine-tuning ("F"): Adam on its own data, after the federated training."""
     import copy
 
     tuned = copy.deepcopy(model)
-    local_sgd(tuned, torch.as_tensor(x, dtype=torch.float32), _targets(task, y), task, epochs, lr, batch,
-              torch.Generator().manual_seed(seed), adam=True)
+    local_sgd(
+        tuned,
+        torch.as_tensor(x, dtype=torch.float32),
+        _targets(task, y),
+        task,
+        epochs,
+        lr,
+        batch,
+        torch.Generator().manual_seed(seed),
+        adam=True,
+    )
     return tuned
 
 

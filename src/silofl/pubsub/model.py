@@ -29,9 +29,12 @@ FORMAT = "silofl.pubsub.model/1"
 TASKS = ("classification", "regression")
 MAX_BYTES = 64 * 1024 * 1024
 MAX_ABS = 1e9  # the largest magnitude of a regression output on the probe inputs
-# (weights themselves are not bounded: diffprivlib's objective perturbation leaves the intercept unregularised and
+# (weights themselves are not bounded: diffprivlib's objective perturbation leaves the intercept unregularised
+# and
 # a few percent of its legitimate DP fits end with |intercept| ≈ 1e17, a saturated but finite classifier)
-PROBE_ROWS = 64  # random probe inputs inside the model's public bounds (besides the box's corners lo, hi and middle)
+PROBE_ROWS = (
+    64  # random probe inputs inside the model's public bounds (besides the box's corners lo, hi and middle)
+)
 
 
 def checksum(data: bytes) -> str:
@@ -74,7 +77,9 @@ class PublishedModel:
             n = int.from_bytes(data[:8], "little")
             meta = json.loads(json.loads(data[8 : 8 + n])["__metadata__"]["silofl.pubsub"])
         except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt model
-            raise ModelRejected(f"not a silofl published model (safetensors with pubsub metadata): {e}") from None
+            raise ModelRejected(
+                f"not a silofl published model (safetensors with pubsub metadata): {e}"
+            ) from None
         if not isinstance(meta, dict) or meta.pop("format", None) != FORMAT:
             raise ModelRejected(f"model metadata is not in format {FORMAT}")
         known = {f for f in cls.__dataclass_fields__ if f != "tensors"}
@@ -93,8 +98,10 @@ def _check_bounds(m: PublishedModel) -> None:
         raise ModelRejected("input_lo and input_hi come together")
     if lo is not None:
         if lo.shape != (len(m.features),) or hi.shape != (len(m.features),):
-            raise ModelRejected(f"input bounds have shapes {tuple(lo.shape)} / {tuple(hi.shape)} for "
-                                f"{len(m.features)} features")
+            raise ModelRejected(
+                f"input bounds have shapes {tuple(lo.shape)} / {tuple(hi.shape)} for "
+                f"{len(m.features)} features"
+            )
         if bool((hi < lo).any()):
             raise ModelRejected("input bounds have hi < lo")
 
@@ -121,7 +128,9 @@ def _check_mlp(m: PublishedModel) -> None:
     try:
         hidden = sorted({int(k.split(".")[1]) for k in core if k.startswith("hidden.")})
     except (IndexError, ValueError):
-        raise ModelRejected(f"an mlp model holds hidden.<i>.weight/bias and out.weight/bias, got {sorted(core)}") from None
+        raise ModelRejected(
+            f"an mlp model holds hidden.<i>.weight/bias and out.weight/bias, got {sorted(core)}"
+        ) from None
     names = [f"hidden.{i}" for i in range(len(hidden))] + ["out"]
     expected = {f"{n}.{p}" for n in names for p in ("weight", "bias")}
     if hidden != list(range(len(hidden))) or set(core) != expected:
@@ -171,8 +180,11 @@ def _check_forest(m: PublishedModel) -> None:
         if any(v is None for v in parts.values()) or len(core) != 5 * len(trees):
             raise ModelRejected(f"{t} needs left, right, feature, threshold and value")
         n = parts["left"].shape[0]
-        if any(parts[p].shape != (n,) for p in ("left", "right", "feature", "threshold")) or parts["value"].dim() != 2 \
-                or parts["value"].shape[0] != n:
+        if (
+            any(parts[p].shape != (n,) for p in ("left", "right", "feature", "threshold"))
+            or parts["value"].dim() != 2
+            or parts["value"].shape[0] != n
+        ):
             raise ModelRejected(f"{t}: node arrays disagree in length")
         for p in ("left", "right"):
             c = parts[p]
@@ -185,7 +197,11 @@ def _check_forest(m: PublishedModel) -> None:
 
 
 KIND_CHECKS: dict[str, Callable[[PublishedModel], None]] = {
-    "linear": _check_linear, "mlp": _check_mlp, "gnb": _check_gnb, "forest": _check_forest}
+    "linear": _check_linear,
+    "mlp": _check_mlp,
+    "gnb": _check_gnb,
+    "forest": _check_forest,
+}
 
 
 def validate(m: PublishedModel) -> None:
@@ -194,13 +210,21 @@ def validate(m: PublishedModel) -> None:
         raise ModelRejected("publisher must be a non-empty name")
     if m.kind not in KIND_CHECKS:
         raise ModelRejected(f"unknown model kind {m.kind!r}; known kinds: {', '.join(KIND_CHECKS)}")
-    if (not isinstance(m.features, list) or not m.features or not all(isinstance(f, str) and f for f in m.features)
-            or len(set(m.features)) != len(m.features)):
+    if (
+        not isinstance(m.features, list)
+        or not m.features
+        or not all(isinstance(f, str) and f for f in m.features)
+        or len(set(m.features)) != len(m.features)
+    ):
         raise ModelRejected("features must be a non-empty list of distinct names")
     if m.task not in TASKS:
         raise ModelRejected(f"unknown task {m.task!r}; choose one of: {', '.join(TASKS)}")
     if m.task == "classification":
-        if not isinstance(m.classes, list) or len(m.classes) < 2 or len(set(map(str, m.classes))) != len(m.classes):
+        if (
+            not isinstance(m.classes, list)
+            or len(m.classes) < 2
+            or len(set(map(str, m.classes))) != len(m.classes)
+        ):
             raise ModelRejected("a classification model needs at least two distinct class labels")
     elif m.classes is not None:
         raise ModelRejected("a regression model has no class labels")
@@ -247,8 +271,10 @@ def _check_probe(m: PublishedModel) -> None:
     if not bool(torch.isfinite(out).all()):
         raise ModelRejected("the model's outputs are not finite on probe inputs inside its public bounds")
     if float(out.abs().max()) > MAX_ABS:
-        raise ModelRejected(f"the model's outputs reach {float(out.abs().max()):.3g} on probe inputs inside its public "
-                            f"bounds, above the bound {MAX_ABS:g}")
+        raise ModelRejected(
+            f"the model's outputs reach {float(out.abs().max()):.3g} on probe inputs inside its public "
+            f"bounds, above the bound {MAX_ABS:g}"
+        )
 
 
 def is_nonprivate(m: PublishedModel) -> bool:
@@ -269,7 +295,9 @@ def outputs(m: PublishedModel, x) -> torch.Tensor:
     by the model's public bounds when it has them."""
     x = torch.as_tensor(x, dtype=torch.float64)
     if x.dim() != 2 or x.shape[1] != len(m.features):
-        raise ModelRejected(f"{m.publisher}'s model takes {len(m.features)} features, got input of shape {tuple(x.shape)}")
+        raise ModelRejected(
+            f"{m.publisher}'s model takes {len(m.features)} features, got input of shape {tuple(x.shape)}"
+        )
     if "input_lo" in m.tensors:
         x = scale_inputs(x, m.tensors["input_lo"].double(), m.tensors["input_hi"].double())
     t = {k: v.double() if v.is_floating_point() else v for k, v in m.tensors.items()}

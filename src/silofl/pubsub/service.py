@@ -1,11 +1,13 @@
 """The PubSub-ML broker as an authenticated HTTPS service (``silofl pubsub serve``).
 
 FastAPI on uvicorn, TLS by default. The state folder holds the broker (:class:`~silofl.pubsub.broker.Broker`
-in ``broker/``: SQLite in WAL mode for the registry, channels and models; the model store is content-addressed,
+in ``broker/``: SQLite in WAL mode for the registry, channels and models; the model store is
+content-addressed,
 one file per SHA-256) and ``access.log`` (one JSON object per request). Identity:
 
 * the **operator** holds the admin credential (written once, mode 0600, to ``admin.json`` in the state folder
-  on first start) and registers each site once, with the site's Ed25519 public key and declared lifetime budget
+  on first start) and registers each site once, with the site's Ed25519 public key and declared lifetime
+  budget
   (``POST /v1/sites``); the site gets an API token, shown once and stored only as its SHA-256;
 * a **site** acts only as itself: it publishes models it signed (the publisher in the model must be the
   credential's site, the signature must verify against its registered key, the declared spend must be present
@@ -15,7 +17,8 @@ one file per SHA-256) and ``access.log`` (one JSON object per request). Identity
 
 Limits: a request body larger than its route's bound is refused with 413 from its ``Content-Length`` before
 the body is read, or as soon as a chunked body passes the bound; each credential (and each client address
-without a valid credential) has a token bucket (``rate`` requests per second, ``burst`` at once), 429 beyond it.
+without a valid credential) has a token bucket (``rate`` requests per second, ``burst`` at once), 429 beyond
+it.
 A refused request changes nothing.
 """
 
@@ -40,7 +43,8 @@ MAX_JSON = 64 * 1024  # the bound on every request body except a model upload
 ADMIN = "admin"
 CRED_SCHEMA = """
 CREATE TABLE IF NOT EXISTS credentials (
-    token_sha256 TEXT PRIMARY KEY, site TEXT NOT NULL UNIQUE, role TEXT NOT NULL CHECK (role IN ('admin', 'site')),
+    token_sha256 TEXT PRIMARY KEY, site TEXT NOT NULL UNIQUE,
+    role TEXT NOT NULL CHECK (role IN ('admin', 'site')),
     created_at TEXT NOT NULL);
 """
 
@@ -63,8 +67,10 @@ class Credentials:
         token = "slf_" + secrets.token_urlsafe(32)
         with closing(sqlite3.connect(self.db_path, timeout=30)) as db, db:
             try:
-                db.execute("INSERT INTO credentials VALUES (?, ?, ?, ?)",
-                           (hash_token(token), site, role, datetime.now(UTC).isoformat(timespec="seconds")))
+                db.execute(
+                    "INSERT INTO credentials VALUES (?, ?, ?, ?)",
+                    (hash_token(token), site, role, datetime.now(UTC).isoformat(timespec="seconds")),
+                )
             except sqlite3.IntegrityError:
                 raise ConfigError(f"{site!r} has a credential already") from None
         return token
@@ -72,7 +78,9 @@ class Credentials:
     def lookup(self, token: str) -> tuple[str, str] | None:
         """(site, role) of a token, or None."""
         with closing(sqlite3.connect(self.db_path, timeout=30)) as db:
-            row = db.execute("SELECT site, role FROM credentials WHERE token_sha256 = ?", (hash_token(token),)).fetchone()
+            row = db.execute(
+                "SELECT site, role FROM credentials WHERE token_sha256 = ?", (hash_token(token),)
+            ).fetchone()
         return None if row is None else (row[0], row[1])
 
     def has_admin(self) -> bool:
@@ -130,10 +138,20 @@ class LimitsAndLog:
             await send(msg)
 
         async def too_large():
-            body = json.dumps({"error": f"request body over the {limit}-byte limit of {scope['path']}"}).encode()
-            await send_logged({"type": "http.response.start", "status": 413,
-                               "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                           (b"content-length", str(len(body)).encode())]})
+            body = json.dumps(
+                {"error": f"request body over the {limit}-byte limit of {scope['path']}"}
+            ).encode()
+            await send_logged(
+                {
+                    "type": "http.response.start",
+                    "status": 413,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"connection", b"close"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send_logged({"type": "http.response.body", "body": body})
 
         try:
@@ -173,10 +191,17 @@ class LimitsAndLog:
 
     def _log(self, scope, info, t0) -> None:
         client = scope.get("client") or ("", 0)
-        line = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "client": client[0],
-                "method": scope["method"], "path": scope["path"], "status": info["status"],
-                "site": scope["state"].get("site"), "bytes_in": info["bytes_in"], "bytes_out": info["bytes_out"],
-                "ms": round((time.perf_counter() - t0) * 1000, 2)}
+        line = {
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "client": client[0],
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": info["status"],
+            "site": scope["state"].get("site"),
+            "bytes_in": info["bytes_in"],
+            "bytes_out": info["bytes_out"],
+            "ms": round((time.perf_counter() - t0) * 1000, 2),
+        }
         if scope["state"].get("refused"):
             line["refused"] = scope["state"]["refused"]
         text = json.dumps(line)
@@ -191,9 +216,16 @@ def admin_credential_path(state: Path) -> Path:
     return state / "admin.json"
 
 
-def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 20.0, burst: int = 40,
-               public_url: str | None = None):
-    """The FastAPI application serving the broker in ``state`` (see the module doc). On first use it writes the
+def create_app(
+    state: str | Path,
+    *,
+    max_upload: int = MAX_BYTES,
+    rate: float = 20.0,
+    burst: int = 40,
+    public_url: str | None = None,
+):
+    """The FastAPI application serving the broker in ``state`` (see the module doc). On first use it writes
+    the
     operator's credential to ``state/admin.json`` (mode 0600)."""
     require("fastapi", "pubsub", "the PubSub-ML broker service")
     from fastapi import Depends, FastAPI, HTTPException, Request
@@ -242,11 +274,17 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
         key = f"site:{who[0]}" if who else f"ip:{request.client.host if request.client else ''}"
         wait = limiter.allow(key)
         if wait:
-            raise HTTPException(429, f"rate limit: {rate:g} requests/s, burst {burst}; retry in {wait:.2f} s",
-                                headers={"Retry-After": str(max(1, round(wait)))})
+            raise HTTPException(
+                429,
+                f"rate limit: {rate:g} requests/s, burst {burst}; retry in {wait:.2f} s",
+                headers={"Retry-After": str(max(1, round(wait)))},
+            )
         if who is None:
-            raise HTTPException(401, "a valid credential is needed (Authorization: Bearer <token>)",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401,
+                "a valid credential is needed (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         request.state.site = who[0]
         return who
 
@@ -257,13 +295,18 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
 
     def require_site(who=Depends(caller)) -> str:
         if who[1] != "site":
-            raise HTTPException(403, "only a registered site may do this (the admin credential has no signing key)")
+            raise HTTPException(
+                403, "only a registered site may do this (the admin credential has no signing key)"
+            )
         return who[0]
 
     def may_read(who: tuple[str, str], meta: dict, channels: list | None = None) -> bool:
         if who[1] == "admin" or meta["publisher"] == who[0]:
             return True
-        return any(ch.matches(meta["features"]) for ch in (channels if channels is not None else broker.channels(who[0])))
+        return any(
+            ch.matches(meta["features"])
+            for ch in (channels if channels is not None else broker.channels(who[0]))
+        )
 
     def model_meta(model_id: int) -> dict:
         meta = broker.model(model_id)
@@ -287,7 +330,9 @@ def create_app(state: str | Path, *, max_upload: int = MAX_BYTES, rate: float = 
             site, key = str(body["site"]), str(body["public_key"])
             lifetime = (float(body["lifetime_epsilon"]), float(body["lifetime_delta"]))
         except (KeyError, TypeError, ValueError):
-            raise ConfigError("registration needs site, public_key, lifetime_epsilon, lifetime_delta") from None
+            raise ConfigError(
+                "registration needs site, public_key, lifetime_epsilon, lifetime_delta"
+            ) from None
         if site == ADMIN:
             raise ConfigError(f"{ADMIN!r} is the operator's name")
         with lock:
@@ -394,14 +439,35 @@ def _channel_json(ch) -> dict:
     return {"id": ch.id, "subscriber": ch.subscriber, "clauses": [sorted(c) for c in ch.clauses]}
 
 
-def serve(state: str | Path, host: str, port: int, certfile: str | None, keyfile: str | None, *,
-          max_upload: int = MAX_BYTES, rate: float = 20.0, burst: int = 40, log_level: str = "warning") -> None:
+def serve(
+    state: str | Path,
+    host: str,
+    port: int,
+    certfile: str | None,
+    keyfile: str | None,
+    *,
+    max_upload: int = MAX_BYTES,
+    rate: float = 20.0,
+    burst: int = 40,
+    log_level: str = "warning",
+) -> None:
     """Run the service until interrupted (HTTPS unless ``certfile`` is None)."""
     uvicorn = require("uvicorn", "pubsub", "silofl pubsub serve")
     require("fastapi", "pubsub", "silofl pubsub serve")
 
     scheme = "https" if certfile else "http"
-    app = create_app(state, max_upload=max_upload, rate=rate, burst=burst, public_url=f"{scheme}://{host}:{port}")
-    uvicorn.run(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile, log_level=log_level,
-                access_log=False, server_header=False, timeout_keep_alive=30,
-                timeout_graceful_shutdown=5)
+    app = create_app(
+        state, max_upload=max_upload, rate=rate, burst=burst, public_url=f"{scheme}://{host}:{port}"
+    )
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        ssl_certfile=certfile,
+        ssl_keyfile=keyfile,
+        log_level=log_level,
+        access_log=False,
+        server_header=False,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=5,
+    )

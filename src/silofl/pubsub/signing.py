@@ -86,8 +86,12 @@ def canonical_bytes(model_meta: str, release: dict, tensors: dict[str, torch.Ten
     parts = [SIGNED_FORMAT.encode(), _lp(model_meta.encode()), _lp(_canonical_json(release))]
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
-        parts += [_lp(name.encode()), _lp(str(t.dtype).encode()), _lp(json.dumps(list(t.shape)).encode()),
-                  _lp(t.reshape(-1).view(torch.uint8).numpy().tobytes())]
+        parts += [
+            _lp(name.encode()),
+            _lp(str(t.dtype).encode()),
+            _lp(json.dumps(list(t.shape)).encode()),
+            _lp(t.reshape(-1).view(torch.uint8).numpy().tobytes()),
+        ]
     return b"".join(parts)
 
 
@@ -97,7 +101,9 @@ def header_metadata(data: bytes) -> dict[str, str]:
         raise ModelRejected("not a safetensors blob (shorter than its header length)")
     n = int.from_bytes(data[:8], "little")
     if n > min(MAX_HEADER, len(data) - 8):
-        raise ModelRejected(f"safetensors header of {n} bytes is larger than the blob or the {MAX_HEADER}-byte bound")
+        raise ModelRejected(
+            f"safetensors header of {n} bytes is larger than the blob or the {MAX_HEADER}-byte bound"
+        )
     try:
         meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
     except (ValueError, AttributeError):
@@ -115,8 +121,14 @@ def sign_model(data: bytes, key: Ed25519PrivateKey, release: dict) -> bytes:
     tensors = st_load(data)
     release = {**release, "public_key": public_key_hex(key)}
     sig = key.sign(canonical_bytes(meta[MODEL_KEY], release, tensors))
-    return st_save(tensors, metadata={MODEL_KEY: meta[MODEL_KEY], RELEASE_KEY: _canonical_json(release).decode(),
-                                      SIGNATURE_KEY: json.dumps({"alg": "ed25519", "sig": sig.hex()})})
+    return st_save(
+        tensors,
+        metadata={
+            MODEL_KEY: meta[MODEL_KEY],
+            RELEASE_KEY: _canonical_json(release).decode(),
+            SIGNATURE_KEY: json.dumps({"alg": "ed25519", "sig": sig.hex()}),
+        },
+    )
 
 
 def release_of(data: bytes) -> dict | None:
@@ -155,26 +167,39 @@ def verify_model(data: bytes, public_key: str) -> dict:
     try:
         parse_public_key(public_key).verify(raw, canonical_bytes(meta[MODEL_KEY], rel, tensors))
     except InvalidSignature:
-        raise ModelRejected("the model's signature does not verify against its publisher's registered key: it was "
-                            "changed after signing or signed by someone else") from None
+        raise ModelRejected(
+            "the model's signature does not verify against its publisher's registered key: it was "
+            "changed after signing or signed by someone else"
+        ) from None
     return rel
 
 
-def check_receipt(rel: dict, model_publisher: str, model_eps: float, model_delta: float,
-                  lifetime: tuple[float, float]) -> tuple[float, float]:
-    """The declared (ε, δ) spend of a receipt, after checking it names the model's publisher, covers at least the
+def check_receipt(
+    rel: dict, model_publisher: str, model_eps: float, model_delta: float, lifetime: tuple[float, float]
+) -> tuple[float, float]:
+    """The declared (ε, δ) spend of a receipt, after checking it names the model's publisher, covers at least
+    the
     model's own (ε, δ) and stays within the site's declared lifetime budget (ModelRejected otherwise)."""
     if rel.get("site") != model_publisher:
-        raise ModelRejected(f"the release receipt names site {rel.get('site')!r}, the model {model_publisher!r}")
+        raise ModelRejected(
+            f"the release receipt names site {rel.get('site')!r}, the model {model_publisher!r}"
+        )
     spent = rel.get("epsilon_spent"), rel.get("delta_spent")
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 for v in spent):
-        raise ModelRejected("the model declares no finite spend (epsilon_spent, delta_spent) from its publisher's "
-                            "ledger")
+    if any(
+        isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 for v in spent
+    ):
+        raise ModelRejected(
+            "the model declares no finite spend (epsilon_spent, delta_spent) from its publisher's ledger"
+        )
     eps, dlt = float(spent[0]), float(spent[1])
     if not math.isfinite(model_eps) or eps < model_eps * (1 - 1e-9) or dlt < model_delta * (1 - 1e-9):
-        raise ModelRejected(f"the declared spend ε={eps:g}, δ={dlt:g} is below the model's own ε={model_eps:g}, "
-                            f"δ={model_delta:g}")
+        raise ModelRejected(
+            f"the declared spend ε={eps:g}, δ={dlt:g} is below the model's own ε={model_eps:g}, "
+            f"δ={model_delta:g}"
+        )
     if eps > lifetime[0] * (1 + 1e-9) or dlt > lifetime[1] * (1 + 1e-9):
-        raise ModelRejected(f"the declared spend ε={eps:g}, δ={dlt:g} is over {model_publisher!r}'s declared "
-                            f"lifetime budget ε={lifetime[0]:g}, δ={lifetime[1]:g}")
+        raise ModelRejected(
+            f"the declared spend ε={eps:g}, δ={dlt:g} is over {model_publisher!r}'s declared "
+            f"lifetime budget ε={lifetime[0]:g}, δ={lifetime[1]:g}"
+        )
     return eps, dlt

@@ -37,7 +37,9 @@ class StreamPublisher:
     broker: object | None = None  # a Broker: publish / unpublish there; None keeps the models in memory
     seed: int | None = None  # research runs only: the guarantee then holds while the seed is secret
     train_options: dict = field(default_factory=dict)
-    folder: object | None = None  # a SiteFolder: every chunk is checked against its lifetime budget and recorded
+    folder: object | None = (
+        None  # a SiteFolder: every chunk is checked against its lifetime budget and recorded
+    )
     send: object | None = None  # how a model's bytes are published (default: broker.publish)
     seal: object | None = None  # signs a model's bytes with the folder's release receipt (SiteFolder.release)
     live: deque = field(default_factory=deque)  # (chunk index, model id or model) of the live ensemble
@@ -56,21 +58,45 @@ class StreamPublisher:
             raise ConfigError("a chunk needs one distinct record id per row")
         overlap = self.used_ids.intersection(ids.tolist())
         if overlap:
-            raise ConfigError(f"chunk {self.chunks} repeats {len(overlap)} record(s) of earlier chunks (e.g. id "
-                              f"{sorted(overlap)[0]}): stream chunks must be disjoint, or the (ε, δ) guarantee "
-                              "would not hold by parallel composition")
+            raise ConfigError(
+                f"chunk {self.chunks} repeats {len(overlap)} record(s) of earlier chunks (e.g. id "
+                f"{sorted(overlap)[0]}): stream chunks must be disjoint, or the (ε, δ) guarantee "
+                "would not hold by parallel composition"
+            )
+
         def make():
-            return train(self.kind, x, y, publisher=self.site, features=self.features, task=self.task,
-                         bounds=self.bounds, epsilon=self.epsilon, delta=self.delta, classes=self.classes,
-                         seed=None if self.seed is None else self.seed + self.chunks, chunk=self.chunks,
-                         **self.train_options)
+            return train(
+                self.kind,
+                x,
+                y,
+                publisher=self.site,
+                features=self.features,
+                task=self.task,
+                bounds=self.bounds,
+                epsilon=self.epsilon,
+                delta=self.delta,
+                classes=self.classes,
+                seed=None if self.seed is None else self.seed + self.chunks,
+                chunk=self.chunks,
+                **self.train_options,
+            )
 
         send = self.send or (self.broker.publish if self.broker is not None else None)
-        if self.folder is not None:  # the site's ledger: within the lifetime budget, recorded before it leaves
+        if (
+            self.folder is not None
+        ):  # the site's ledger: within the lifetime budget, recorded before it leaves
             if send is None:
                 raise ConfigError("a stream recorded in a site's ledger needs a broker to publish to")
-            model, handle = self.folder.release(ids.tolist(), self.epsilon, self.delta, make, send,  # type: ignore[attr-defined]
-                                                seal=self.seal, what="stream-chunk", chunk=self.chunks)
+            model, handle = self.folder.release(
+                ids.tolist(),
+                self.epsilon,
+                self.delta,
+                make,
+                send,  # type: ignore[attr-defined]
+                seal=self.seal,
+                what="stream-chunk",
+                chunk=self.chunks,
+            )
         else:
             model = make()
             handle = send(model.to_bytes()) if send is not None else model
@@ -83,8 +109,12 @@ class StreamPublisher:
                 self.broker.unpublish(old)
             removed.append(chunk)
         self.chunks += 1
-        return {"chunk": self.chunks - 1, "published": handle if self.broker is not None else None,
-                "withdrawn_chunks": removed, "live_chunks": [c for c, _ in self.live]}
+        return {
+            "chunk": self.chunks - 1,
+            "published": handle if self.broker is not None else None,
+            "withdrawn_chunks": removed,
+            "live_chunks": [c for c, _ in self.live],
+        }
 
     def models(self) -> list:
         """The live ensemble (models, or their broker ids)."""
@@ -92,5 +122,10 @@ class StreamPublisher:
 
     def guarantee(self) -> dict:
         """What a record of this publisher's stream is protected by, however many chunks have passed."""
-        return {"epsilon": self.epsilon, "delta": self.delta, "chunks": self.chunks, "live_models": len(self.live),
-                "composition": "parallel over disjoint chunks (each record is in exactly one chunk's model)"}
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "chunks": self.chunks,
+            "live_models": len(self.live),
+            "composition": "parallel over disjoint chunks (each record is in exactly one chunk's model)",
+        }

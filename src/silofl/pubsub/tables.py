@@ -38,8 +38,10 @@ class PubSubTable:
 
     def metadata(self) -> dict[str, tuple]:
         """The broker's public per-feature metadata: (kind, default, low, high)."""
-        return {f: ("continuous", float(d), float(a), float(b))
-                for f, d, a, b in zip(self.features, self.defaults, self.lo, self.hi, strict=True)}
+        return {
+            f: ("continuous", float(d), float(a), float(b))
+            for f, d, a, b in zip(self.features, self.defaults, self.lo, self.hi, strict=True)
+        }
 
 
 def encode(schema: Schema, raw: np.ndarray, y: np.ndarray) -> PubSubTable:
@@ -49,8 +51,10 @@ def encode(schema: Schema, raw: np.ndarray, y: np.ndarray) -> PubSubTable:
         v = raw[:, j]
         if f.kind == "numeric":
             if f.bounds is None:
-                raise DataError(f"schema {schema.source}: PubSub-ML needs public bounds for every numeric feature; "
-                                f"{f.name!r} has none")
+                raise DataError(
+                    f"schema {schema.source}: PubSub-ML needs public bounds for every numeric feature; "
+                    f"{f.name!r} has none"
+                )
             d = f.fill if f.fill is not None else (f.bounds[0] + f.bounds[1]) / 2
             cols.append(np.where(np.isnan(v), d, v)[:, None])
             names.append(f.name)
@@ -64,14 +68,23 @@ def encode(schema: Schema, raw: np.ndarray, y: np.ndarray) -> PubSubTable:
             hi += [1.0] * len(f.levels)
             defaults += [0.0] * len(f.levels)
     regression = schema.task == "regression"
-    return PubSubTable(np.concatenate(cols, axis=1), np.asarray(y, dtype=np.float64 if regression else np.int64), names,
-                       np.array(lo), np.array(hi), np.array(defaults), None if regression else list(schema.classes),
-                       schema.task, schema.target_bounds)
+    return PubSubTable(
+        np.concatenate(cols, axis=1),
+        np.asarray(y, dtype=np.float64 if regression else np.int64),
+        names,
+        np.array(lo),
+        np.array(hi),
+        np.array(defaults),
+        None if regression else list(schema.classes),
+        schema.task,
+        schema.target_bounds,
+    )
 
 
 def read(path: str, schema_path: str, id_column: str | None = None) -> PubSubTable:
     """A site's file checked against the schema and encoded for PubSub-ML, with each row's record id: the
-    ``id_column``'s value, or else a digest of the row's content (the same record read again gets the same id, in
+    ``id_column``'s value, or else a digest of the row's content (the same record read again gets the same id,
+    in
     any file or order; the k-th identical copy of a row gets ``#k``)."""
     from silofl.data.schema import read_table
 

@@ -41,16 +41,26 @@ def summarize(runs, results) -> tuple[list[dict], list[dict]]:
         else:
             groups[(r.variant, r.label)].append((r, res["summary"]))
     planned = {r.rid for r in runs}
-    failed += [{"run": k, "error": v["error"]} for k, v in results.items() if k not in planned and "error" in v]
+    failed += [
+        {"run": k, "error": v["error"]} for k, v in results.items() if k not in planned and "error" in v
+    ]
     rows = []
     for (variant, label), items in groups.items():
         sums = [s for _, s in items]
         per = [c for s in sums for c in s["final"]["per_client"]]
-        metric = getattr(items[0][0].cfg, "metric", "accuracy")  # the comparison's --metric (all its runs share it)
+        metric = getattr(
+            items[0][0].cfg, "metric", "accuracy"
+        )  # the comparison's --metric (all its runs share it)
         head = sums[0]["headline"]
-        head = metric_field(acc_field_of(head) or head, metric)  # a run written with another --metric: this one's
-        row: dict[str, Any] = {"variant": variant, "method": label, "headline": head,
-                               "seeds": [r.seed for r, _ in items]}
+        head = metric_field(
+            acc_field_of(head) or head, metric
+        )  # a run written with another --metric: this one's
+        row: dict[str, Any] = {
+            "variant": variant,
+            "method": label,
+            "headline": head,
+            "seeds": [r.seed for r, _ in items],
+        }
         for k in ACC_KEYS:
             row[k] = _ms([c.get(k) for c in per])
         for k in ACC_KEYS:  # every model's other metrics (silofl.training.metrics)
@@ -65,7 +75,9 @@ def summarize(runs, results) -> tuple[list[dict], list[dict]]:
                 row[f"epsilon_{unit}"] = _ms([s["privacy"][f"epsilon_{unit}"] for s in sums])
         row["delta"] = sums[0]["privacy"]["delta"]
         # the mode's guarantee; a comparison's runs are seeded research runs (said under the table)
-        row["formal_guarantee"] = sums[0]["privacy"].get("formal_if_seed_secret", sums[0]["privacy"]["formal_guarantee"])
+        row["formal_guarantee"] = sums[0]["privacy"].get(
+            "formal_if_seed_secret", sums[0]["privacy"]["formal_guarantee"]
+        )
         row["seeded"] = bool(sums[0].get("randomness", {}).get("seeded", True))
         row["privacy"] = sums[0]["privacy"]["mode"] if sums[0]["privacy"]["delta"] is not None else "off"
         row["bytes_per_client"] = statistics.fmean(s["bytes"]["per_client_mean"] for s in sums)
@@ -95,8 +107,18 @@ def markdown_table(rows: list[dict]) -> str:
     name = "acc" if metric == "accuracy" else metric_label(metric)
     fields = [metric_field(k, metric) for k in ("private_acc", "proxy_acc", "global_acc")]
     head = (["variant"] if show_variant else []) + [
-        "method", "judged by", f"private {name}", f"proxy {name}", f"global {name}", "ε", "bytes / client",
-        "bytes total", "wall s", "rounds", "seeds"]
+        "method",
+        "judged by",
+        f"private {name}",
+        f"proxy {name}",
+        f"global {name}",
+        "ε",
+        "bytes / client",
+        "bytes total",
+        "wall s",
+        "rounds",
+        "seeds",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r["epsilon"]["mean"] is None:
@@ -104,11 +126,23 @@ def markdown_table(rows: list[dict]) -> str:
         else:
             eps = f"{r['epsilon']['mean']:.2f}{'' if r['formal_guarantee'] else ' †'}"
             if "epsilon_hospital" in r:
-                eps = f"{r['epsilon_hospital']['mean']:.2f} hospital / {r['epsilon_subclient']['mean']:.2f} sub-client"
+                eps = (
+                    f"{r['epsilon_hospital']['mean']:.2f} hospital / {r['epsilon_subclient']['mean']:.2f} "
+                    f"sub-client"
+                )
         cells = ([r["variant"]] if show_variant else []) + [
-            r["method"], r["headline"].removesuffix("_" + METRICS[metric]), _fmt(r[fields[0]]), _fmt(r[fields[1]]),
-            _fmt(r[fields[2]]), eps, _bytes(r["bytes_per_client"]), _bytes(r["bytes_total"]),
-            f"{r['wall_time_s']['mean']:.0f}", str(r["rounds"]), ",".join(map(str, r["seeds"]))]
+            r["method"],
+            r["headline"].removesuffix("_" + METRICS[metric]),
+            _fmt(r[fields[0]]),
+            _fmt(r[fields[1]]),
+            _fmt(r[fields[2]]),
+            eps,
+            _bytes(r["bytes_per_client"]),
+            _bytes(r["bytes_total"]),
+            f"{r['wall_time_s']['mean']:.0f}",
+            str(r["rounds"]),
+            ",".join(map(str, r["seeds"])),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -117,8 +151,11 @@ def _figures_note(rows: list[dict]) -> str:
     metric = rows[0].get("metric", "accuracy") if rows else "accuracy"
     if metric == "accuracy":
         return "Accuracies"
-    return (f"Figures: {metric_label(metric)} on the test set ({'lower' if not higher_is_better(metric) else 'higher'} is "
-            "better; results.json holds every metric)")
+    return (
+        f"Figures: {metric_label(metric)} on the test set "
+        f"({'lower' if not higher_is_better(metric) else 'higher'} is "
+        "better; results.json holds every metric)"
+    )
 
 
 def _curves(runs, results, key_of) -> dict:
@@ -134,7 +171,8 @@ def _curves(runs, results, key_of) -> dict:
 
 
 def _headline_of(runs):
-    """summary ↦ the field the comparison is judged by: the method's judged model scored by the runs' --metric."""
+    """summary ↦ the field the comparison is judged by: the method's judged model scored by the runs'
+    --metric."""
     metric = getattr(runs[0].cfg, "metric", "accuracy") if runs else "accuracy"
     return lambda s: metric_field(acc_field_of(s["headline"]) or s["headline"], metric)
 
@@ -150,7 +188,7 @@ def plot_accuracy_vs_round(runs, results, path: Path) -> Path:
     cols = min(4, len(variants))
     nrows = -(-len(variants) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 4.5 * nrows), squeeze=False)
-    for ax in axes.flat[len(variants):]:
+    for ax in axes.flat[len(variants) :]:
         ax.set_visible(False)
     for ax, v in zip(axes.flat, variants, strict=False):
         for (var, label), by_round in curves.items():
@@ -190,7 +228,11 @@ def plot_accuracy_vs_epsilon(runs, results, path: Path) -> Path | None:
         xs = sorted(set(by_round) & set(e))
         if not xs:
             continue
-        ax.plot([np.mean(e[x]) for x in xs], [np.mean(by_round[x]) for x in xs], label=f"{key[0]} · {key[1]}" if multi else key[1])
+        ax.plot(
+            [np.mean(e[x]) for x in xs],
+            [np.mean(by_round[x]) for x in xs],
+            label=f"{key[0]} · {key[1]}" if multi else key[1],
+        )
         drawn = True
     for r in runs:
         if r.cfg.is_private:
@@ -221,8 +263,15 @@ def plot_communication(comm: list[dict], path: Path) -> Path:
     for i, m in enumerate(dict.fromkeys(r["method"] for r in comm)):
         pts = sorted((r["clients"], r["bytes_per_round"]) for r in comm if r["method"] == m)
         marker, ls, size = styles[i % len(styles)]
-        ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker=marker, ls=ls, ms=size, label=m,
-                fillstyle="none" if i % 2 else "full")
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] / 1e6 for p in pts],
+            marker=marker,
+            ls=ls,
+            ms=size,
+            label=m,
+            fillstyle="none" if i % 2 else "full",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("number of clients K")
@@ -245,38 +294,100 @@ def write_report(out: Path, runs, results, comm, cc) -> dict:
             plots.append(p.name)
     if comm:
         plots.append(plot_communication(comm, out / "communication_vs_clients.png").name)
-    report = {"rows": rows, "failed": failed, "communication": comm, "plots": plots,
-              "resumed": sorted(k for k, v in results.items() if v.get("resumed")),
-              "compare": {"methods": cc.methods, "seeds": cc.seeds, "preset": cc.preset}}
+    report = {
+        "rows": rows,
+        "failed": failed,
+        "communication": comm,
+        "plots": plots,
+        "resumed": sorted(k for k, v in results.items() if v.get("resumed")),
+        "compare": {"methods": cc.methods, "seeds": cc.seeds, "preset": cc.preset},
+    }
     (out / "results.json").write_text(json.dumps(clean_json(report), indent=2) + "\n")
     with (out / "results.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["variant", "method", "headline", "headline_mean", "headline_std", "private_mean", "private_std",
-                    "proxy_mean", "proxy_std", "global_mean", "global_std", "epsilon", "delta", "formal_guarantee",
-                    "bytes_per_client", "bytes_total", "wall_time_s", "rounds", "seeds", "metric"])
+        w.writerow(
+            [
+                "variant",
+                "method",
+                "headline",
+                "headline_mean",
+                "headline_std",
+                "private_mean",
+                "private_std",
+                "proxy_mean",
+                "proxy_std",
+                "global_mean",
+                "global_std",
+                "epsilon",
+                "delta",
+                "formal_guarantee",
+                "bytes_per_client",
+                "bytes_total",
+                "wall_time_s",
+                "rounds",
+                "seeds",
+                "metric",
+            ]
+        )
         for r in rows:
             m = r.get("metric", "accuracy")  # private/proxy/global columns: the comparison's metric
             pv, px, gl = (r[metric_field(k, m)] for k in ("private_acc", "proxy_acc", "global_acc"))
-            w.writerow([r["variant"], r["method"], r["headline"], r["headline_acc"]["mean"], r["headline_acc"]["std"],
-                        pv["mean"], pv["std"], px["mean"], px["std"],
-                        gl["mean"], gl["std"], r["epsilon"]["mean"], r["delta"],
-                        r["formal_guarantee"], r["bytes_per_client"], r["bytes_total"], r["wall_time_s"]["mean"],
-                        r["rounds"], " ".join(map(str, r["seeds"])), m])
+            w.writerow(
+                [
+                    r["variant"],
+                    r["method"],
+                    r["headline"],
+                    r["headline_acc"]["mean"],
+                    r["headline_acc"]["std"],
+                    pv["mean"],
+                    pv["std"],
+                    px["mean"],
+                    px["std"],
+                    gl["mean"],
+                    gl["std"],
+                    r["epsilon"]["mean"],
+                    r["delta"],
+                    r["formal_guarantee"],
+                    r["bytes_per_client"],
+                    r["bytes_total"],
+                    r["wall_time_s"]["mean"],
+                    r["rounds"],
+                    " ".join(map(str, r["seeds"])),
+                    m,
+                ]
+            )
     md = ["# silofl compare report", ""]
     if rows:
-        md += [markdown_table(rows), "",
-               f"{_figures_note(rows)}: mean ± std over every client's final value in every seed. ε: final, at δ = "
-               f"{next((r['delta'] for r in rows if r['delta']), 0):g}, from the runs' accountants; † = not a formal "
-               "guarantee (paper privacy mode). Bytes: measured on the serialized messages."
-               + (" Every run is a seeded research run (reproducible): its ε holds only while the seed stays secret."
-                  if any(r.get("seeded") for r in rows) else ""), ""]
+        md += [
+            markdown_table(rows),
+            "",
+            f"{_figures_note(rows)}: mean ± std over every client's final value in every seed. ε: final, at "
+            f"δ = "
+            f"{next((r['delta'] for r in rows if r['delta']), 0):g}, from the runs' accountants; † = not a "
+            f"formal "
+            "guarantee (paper privacy mode). Bytes: measured on the serialized messages."
+            + (
+                " Every run is a seeded research run (reproducible): its ε holds only while the seed stays "
+                "secret."
+                if any(r.get("seeded") for r in rows)
+                else ""
+            ),
+            "",
+        ]
     if failed:
         md += ["## Failed runs", ""] + [f"- `{f['run']}`: {f['error']}" for f in failed] + [""]
     if comm:
-        md += ["## Communication per round (measured)", "", "| method | K | bytes / round | bytes / client / round |",
-               "|---|---|---|---|"]
-        md += [f"| {r['method']} | {r['clients']} | {_bytes(r['bytes_per_round'])} | {_bytes(r['bytes_per_client_per_round'])} |"
-               for r in comm]
+        md += [
+            "## Communication per round (measured)",
+            "",
+            "| method | K | bytes / round | bytes / client / round |",
+            "|---|---|---|---|",
+        ]
+        md += [
+            f"| {r['method']} | {r['clients']} | {_bytes(r['bytes_per_round'])} | "
+            f"{_bytes(r['bytes_per_client_per_round'])} |"
+            for r in comm
+        ]
         md.append("")
     md += [f"![{p}]({p})" for p in plots]
     (out / "report.md").write_text("\n".join(md) + "\n")

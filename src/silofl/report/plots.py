@@ -25,7 +25,9 @@ def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return rounds, np.array([v.mean() for v in vals]), np.array([v.std() for v in vals])
 
 
-def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note: str = "", delta: float | None = None) -> Path:
+def plot_run(
+    records: list[dict], out: str | Path, title: str = "", epsilon_note: str = "", delta: float | None = None
+) -> Path:
     """Two panels: accuracy vs round, ε vs round (one line per client). Returns the PNG path."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for key in ACC_KEYS:
@@ -41,7 +43,9 @@ def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note
     clients = sorted({r["client"] for r in records})
     any_eps = False
     for c in clients:
-        pts = [(r["round"], r["epsilon"]) for r in records if r["client"] == c and r.get("epsilon") is not None]
+        pts = [
+            (r["round"], r["epsilon"]) for r in records if r["client"] == c and r.get("epsilon") is not None
+        ]
         if pts:
             any_eps = True
             xs, ys = zip(*pts, strict=True)
@@ -60,8 +64,12 @@ def plot_run(records: list[dict], out: str | Path, title: str = "", epsilon_note
     return path
 
 
-SERVER_PANELS = (("xi", "ξ = ‖noise‖ / ‖Σ clipped‖"), ("phi", "φ = Σ‖clipped Δ‖ / ‖Σ clipped‖"),
-                 ("v", "sub-clients v per client"), ("clip", "clip C"))
+SERVER_PANELS = (
+    ("xi", "ξ = ‖noise‖ / ‖Σ clipped‖"),
+    ("phi", "φ = Σ‖clipped Δ‖ / ‖Σ clipped‖"),
+    ("v", "sub-clients v per client"),
+    ("clip", "clip C"),
+)
 
 
 def plot_server_rounds(history: list[dict], out: str | Path, title: str = "") -> Path:

@@ -11,7 +11,8 @@ a finished run's file or a comparison's shared options, ignored).
 (:func:`silofl.privacy.guarantee.effective_mode`, the one place that decides it), the method's derived
 options — and is idempotent. A RunConfig is what the user asked: what a run derives from it and the data (the
 split seed, examples per client and batch size left to ``auto``, σ calibrated from a budget, each site's q and
-steps) is its :class:`silofl.run.plan.RunPlan`, saved as plan.json. :func:`check_against_data` checks δ and the
+steps) is its :class:`silofl.run.plan.RunPlan`, saved as plan.json. :func:`check_against_data` checks δ and
+the
 batch size against the clients' sizes.
 """
 
@@ -48,138 +49,285 @@ REMOVED = {"secure_noise": "secure_noise was removed: noise and sampling are sec
 @dataclass
 class RunConfig:
     # what to run
-    method: str = field(default="proxyfl", metadata={"panel": "method", "help":
-        "The method to run (a registered one)."})
+    method: str = field(
+        default="proxyfl", metadata={"panel": "method", "help": "The method to run (a registered one)."}
+    )
     dataset: str = field(default="fashion-mnist", metadata={"panel": "data", "help": "The data set."})
-    data_dir: str | None = field(default=None, metadata={"panel": "data", "help":
-        "Folder (or .npz file) with the data set files."})
+    data_dir: str | None = field(
+        default=None, metadata={"panel": "data", "help": "Folder (or .npz file) with the data set files."}
+    )
     # dataset "folder": images resized to this many pixels per side
-    image_size: int = field(default=32, metadata={"panel": "data", "help":
-        "--dataset folder: images resized to this many pixels per side."})
+    image_size: int = field(
+        default=32,
+        metadata={"panel": "data", "help": "--dataset folder: images resized to this many pixels per side."},
+    )
     # dataset "bags": instances per bag (padded or subsampled)
-    max_bag_size: int = field(default=64, metadata={"panel": "data", "help":
-        "--dataset bags: instances per bag (padded or subsampled)."})
+    max_bag_size: int = field(
+        default=64,
+        metadata={"panel": "data", "help": "--dataset bags: instances per bag (padded or subsampled)."},
+    )
     # per-site sources (silofl.data.sites): one file (dataset "table") or image folder ("folder") per site
-    site_data: list[str] | None = field(default=None, metadata={"panel": "data", "help":
-        "One source per site, comma-separated: table files (.csv/.parquet, --dataset table) or image "
-        "folders (--dataset folder)."})
+    site_data: list[str] | None = field(
+        default=None,
+        metadata={
+            "panel": "data",
+            "help": "One source per site, comma-separated: table files (.csv/.parquet, --dataset table) or "
+            "image "
+            "folders (--dataset folder).",
+        },
+    )
     # dataset "table": the collaboration's schema (YAML/JSON)
-    schema: str | None = field(default=None, metadata={"panel": "data", "help":
-        "--dataset table: the collaboration's schema (YAML/JSON)."})
+    schema: str | None = field(
+        default=None,
+        metadata={"panel": "data", "help": "--dataset table: the collaboration's schema (YAML/JSON)."},
+    )
     # a shared external test file / folder (default: the sites' held-out rows)
-    test_data: str | None = field(default=None, metadata={"panel": "data", "help":
-        "With --site-data: a shared external test file or folder (default: the union of the sites' "
-        "held-out rows)."})
+    test_data: str | None = field(
+        default=None,
+        metadata={
+            "panel": "data",
+            "help": "With --site-data: a shared external test file or folder (default: the union of the "
+            "sites' "
+            "held-out rows).",
+        },
+    )
     # each site's internal test share of its own rows
-    test_fraction: float = field(default=0.2, metadata={"panel": "data", "help":
-        "With --site-data: each site's internal test share of its own rows."})
+    test_fraction: float = field(
+        default=0.2,
+        metadata={
+            "panel": "data",
+            "help": "With --site-data: each site's internal test share of its own rows.",
+        },
+    )
     clients: int = field(default=8, metadata={"panel": "data", "help": "Number of clients K."})
     rounds: int = field(default=300, metadata={"panel": "method", "help": "Number of rounds R."})
     # a reproducible research run's seed; None: secret randomness (see core.randomness)
-    seed: int | None = field(default=None, metadata={"panel": "privacy", "help":
-        "A reproducible research run: every party's randomness derives from this seed (the guarantee then"
-        " holds only while it stays secret). Default: secret randomness."})
+    seed: int | None = field(
+        default=None,
+        metadata={
+            "panel": "privacy",
+            "help": "A reproducible research run: every party's randomness derives from this seed (the "
+            "guarantee then"
+            " holds only while it stays secret). Default: secret randomness.",
+        },
+    )
     # the simulated data split's seed (not a secret); None: the run seed, else fresh
-    split_seed: int | None = field(default=None, metadata={"panel": "data", "help":
-        "The simulated data split's seed (not a secret). Default: the run seed, else fresh."})
+    split_seed: int | None = field(
+        default=None,
+        metadata={
+            "panel": "data",
+            "help": "The simulated data split's seed (not a secret). Default: the run seed, else fresh.",
+        },
+    )
     out: str = field(default="runs/latest", metadata={"panel": "output", "help": "Run folder to write."})
     device: str = field(default="auto", metadata={"panel": "engine", "help": "Where models train."})
-    threads: int | None = field(default=None, metadata={"panel": "engine", "help":
-        "torch threads (default: torch's choice)."})
+    threads: int | None = field(
+        default=None, metadata={"panel": "engine", "help": "torch threads (default: torch's choice)."}
+    )
     # privacy
-    privacy: str = field(default="strict", metadata={"panel": "privacy", "help":
-        "strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off."})
-    noise_multiplier: float = field(default=1.0, metadata={"panel": "privacy", "help": "σ, the noise multiplier."})
+    privacy: str = field(
+        default="strict",
+        metadata={
+            "panel": "privacy",
+            "help": "strict (β=0, formal DP) | paper (α=β=0.5, ε not a formal guarantee) | off.",
+        },
+    )
+    noise_multiplier: float = field(
+        default=1.0, metadata={"panel": "privacy", "help": "σ, the noise multiplier."}
+    )
     # per example (DP-SGD), or per client update (client-level methods)
-    clip: float = field(default=1.0, metadata={"panel": "privacy", "help":
-        "Clipping norm C (per example; per client update for client-level methods), or 'adaptive' / "
-        "'adaptive:C0' (client-level: private quantile estimate, start C0)."})
+    clip: float = field(
+        default=1.0,
+        metadata={
+            "panel": "privacy",
+            "help": "Clipping norm C (per example; per client update for client-level methods), or "
+            "'adaptive' / "
+            "'adaptive:C0' (client-level: private quantile estimate, start C0).",
+        },
+    )
     delta: float = field(default=1e-5, metadata={"panel": "privacy", "help": "δ (must be < 1/n)."})
     accountant: str = field(default="rdp", metadata={"panel": "privacy", "help": "The privacy accountant."})
-    target_epsilon: float | None = field(default=None, metadata={"panel": "privacy", "help":
-        "Budget ε per site (per unit for client-level methods): σ is set so that --rounds end at it "
-        "(budget-first); with --noise-multiplier also given, σ stays as given and a client leaves before "
-        "exceeding it."})
+    target_epsilon: float | None = field(
+        default=None,
+        metadata={
+            "panel": "privacy",
+            "help": "Budget ε per site (per unit for client-level methods): σ is set so that --rounds end at "
+            "it "
+            "(budget-first); with --noise-multiplier also given, σ stays as given and a client leaves before "
+            "exceeding it.",
+        },
+    )
     # one budget per client; overrides target_epsilon
-    target_epsilons: list[float] | None = field(default=None, metadata={"panel": "privacy", "help":
-        "One budget per client, comma-separated (e.g. 20,50,80)."})
+    target_epsilons: list[float] | None = field(
+        default=None,
+        metadata={"panel": "privacy", "help": "One budget per client, comma-separated (e.g. 20,50,80)."},
+    )
     # budget-first: σ is set so that the planned rounds end at the target ε (None: yes when a target is given;
-    # False — the default when noise_multiplier is given explicitly — σ as given, the target only stops a client early)
-    calibrate_noise: bool | None = field(default=None, metadata={"panel": "privacy", "help":
-        "Budget-first: set σ so that the planned rounds end at the target ε (default: yes with a target, "
-        "no when --noise-multiplier is given)."})
+    # False — the default when noise_multiplier is given explicitly — σ as given, the target only stops a
+    # client early)
+    calibrate_noise: bool | None = field(
+        default=None,
+        metadata={
+            "panel": "privacy",
+            "help": "Budget-first: set σ so that the planned rounds end at the target ε (default: yes with a "
+            "target, "
+            "no when --noise-multiplier is given).",
+        },
+    )
     # data split
-    partition: str = field(default="p_major", metadata={"panel": "data", "help":
-        "How the pooled data is split among clients."})
-    p_major: float = field(default=0.8, metadata={"panel": "data", "help":
-        "Fraction of a client's data from its major class."})
-    dirichlet_alpha: float = field(default=0.5, metadata={"panel": "data", "help":
-        "--partition dirichlet: the concentration α."})
+    partition: str = field(
+        default="p_major", metadata={"panel": "data", "help": "How the pooled data is split among clients."}
+    )
+    p_major: float = field(
+        default=0.8, metadata={"panel": "data", "help": "Fraction of a client's data from its major class."}
+    )
+    dirichlet_alpha: float = field(
+        default=0.5, metadata={"panel": "data", "help": "--partition dirichlet: the concentration α."}
+    )
     # None: min(1000, training examples // clients)
-    samples_per_client: int | None = field(default=None, metadata={"panel": "data", "help":
-        "Default: min(1000, training examples / clients)."})
+    samples_per_client: int | None = field(
+        default=None, metadata={"panel": "data", "help": "Default: min(1000, training examples / clients)."}
+    )
     # expected Poisson batch (local SGD batch for client-level); None: n // 4, ≤ 250
-    batch_size: int | None = field(default=None, metadata={"panel": "method", "help":
-        "Expected Poisson batch size B (q = B/n); default n/4, at most 250."})
+    batch_size: int | None = field(
+        default=None,
+        metadata={
+            "panel": "method",
+            "help": "Expected Poisson batch size B (q = B/n); default n/4, at most 250.",
+        },
+    )
     # checkpoints: every N rounds every party's state goes to OUT/checkpoint (resume: `silofl run --resume`)
-    checkpoint_every: int | None = field(default=None, metadata={"panel": "engine", "help":
-        "Save every party's state to OUT/checkpoint every N rounds."})
+    checkpoint_every: int | None = field(
+        default=None,
+        metadata={"panel": "engine", "help": "Save every party's state to OUT/checkpoint every N rounds."},
+    )
     # evaluation
-    eval_every: int = field(default=1, metadata={"panel": "output", "help":
-        "Evaluate every N rounds (and at the last)."})
-    test_limit: int | None = field(default=None, metadata={"panel": "output", "help":
-        "Evaluate on the first N test examples only."})
-    # what the models are scored on: "test" (the data set's test split) or "validation" (validation_size training
-    # examples that no client holds, treated as public data: what `silofl tune` selects on — never the test split)
-    eval_split: str = field(default="test", metadata={"panel": "output", "help":
-        "What models are scored on: test, or validation (training examples no client holds; what tune "
-        "selects on)."})
-    validation_size: int = field(default=2000, metadata={"panel": "output", "help":
-        "--eval-split validation: examples held out as the validation split."})
-    # the headline figure of a run's summary, --vs-alone, compare tables and tune's selection (silofl.training.metrics):
-    # accuracy | auroc | balanced_accuracy | f1 | ece; every one of them is computed and written whatever this is
-    metric: str = field(default="accuracy", metadata={"panel": "output", "help":
-        "The headline figure of the summary, --vs-alone, compare tables and tune's selection (all are "
-        "computed and written to metrics.jsonl and summary.json)."})
-    # whether sites report figures computed from non-private data (the private model's accuracy, un-noised gradient
-    # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across processes
-    report_nonprivate: bool | None = field(default=None, metadata={"panel": "privacy", "help":
-        "Whether sites report figures of non-private data (the private model's accuracy, gradient norms)."
-        " Default: yes in one process, no across processes."})
-    # a site-side feature stage before the models (silofl.features): none | scatter | backbone:DIR — a fixed function of
-    # each example (no budget); scatter_j/scatter_l: the scattering's scales and angles; features_cache: where features
+    eval_every: int = field(
+        default=1, metadata={"panel": "output", "help": "Evaluate every N rounds (and at the last)."}
+    )
+    test_limit: int | None = field(
+        default=None, metadata={"panel": "output", "help": "Evaluate on the first N test examples only."}
+    )
+    # what the models are scored on: "test" (the data set's test split) or "validation" (validation_size
+    # training
+    # examples that no client holds, treated as public data: what `silofl tune` selects on — never the test
+    # split)
+    eval_split: str = field(
+        default="test",
+        metadata={
+            "panel": "output",
+            "help": "What models are scored on: test, or validation (training examples no client holds; what "
+            "tune "
+            "selects on).",
+        },
+    )
+    validation_size: int = field(
+        default=2000,
+        metadata={
+            "panel": "output",
+            "help": "--eval-split validation: examples held out as the validation split.",
+        },
+    )
+    # the headline figure of a run's summary, --vs-alone, compare tables and tune's selection
+    # (silofl.training.metrics):
+    # accuracy | auroc | balanced_accuracy | f1 | ece; every one of them is computed and written whatever this
+    # is
+    metric: str = field(
+        default="accuracy",
+        metadata={
+            "panel": "output",
+            "help": "The headline figure of the summary, --vs-alone, compare tables and tune's selection "
+            "(all are "
+            "computed and written to metrics.jsonl and summary.json).",
+        },
+    )
+    # whether sites report figures computed from non-private data (the private model's accuracy, un-noised
+    # gradient
+    # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across
+    # processes
+    report_nonprivate: bool | None = field(
+        default=None,
+        metadata={
+            "panel": "privacy",
+            "help": "Whether sites report figures of non-private data (the private model's accuracy, "
+            "gradient norms)."
+            " Default: yes in one process, no across processes.",
+        },
+    )
+    # a site-side feature stage before the models (silofl.features): none | scatter | backbone:DIR — a fixed
+    # function of
+    # each example (no budget); scatter_j/scatter_l: the scattering's scales and angles; features_cache: where
+    # features
     # are kept by content (None: $SILOFL_CACHE/features or ~/.cache/silofl/features; "off": not kept)
-    features: str = field(default="none", metadata={"panel": "data", "help":
-        "Site-side feature stage before the models: none | scatter (kymatio ScatterNet + GroupNorm; "
-        "--scatter-j J) | backbone:DIR (a frozen network trained on declared-public data). No budget: see"
-        " docs/threat_model.md."})
-    scatter_j: int = field(default=2, metadata={"panel": "data", "help":
-        "--features scatter: the scattering's scales J."})
-    scatter_l: int = field(default=8, metadata={"panel": "data", "help":
-        "--features scatter: the scattering's angles L."})
-    features_cache: str | None = field(default=None, metadata={"panel": "data", "help":
-        "Where features are kept by content (default $SILOFL_CACHE/features or ~/.cache/silofl/features; "
-        "off: not kept)."})
-    # combination at inference (silofl.site.combine): each site fuses its own non-DP model with the DP model(s) it holds
-    # on combine_holdout of its own training rows (set aside before training; no model trains on them); none | weights |
-    # stack. Reported as combined_acc (non-private); combine_epochs: the own model's epochs where the method has none
+    features: str = field(
+        default="none",
+        metadata={
+            "panel": "data",
+            "help": "Site-side feature stage before the models: none | scatter (kymatio ScatterNet + "
+            "GroupNorm; "
+            "--scatter-j J) | backbone:DIR (a frozen network trained on declared-public data). No budget: see"
+            " docs/threat_model.md.",
+        },
+    )
+    scatter_j: int = field(
+        default=2, metadata={"panel": "data", "help": "--features scatter: the scattering's scales J."}
+    )
+    scatter_l: int = field(
+        default=8, metadata={"panel": "data", "help": "--features scatter: the scattering's angles L."}
+    )
+    features_cache: str | None = field(
+        default=None,
+        metadata={
+            "panel": "data",
+            "help": "Where features are kept by content (default $SILOFL_CACHE/features or "
+            "~/.cache/silofl/features; "
+            "off: not kept).",
+        },
+    )
+    # combination at inference (silofl.site.combine): each site fuses its own non-DP model with the DP
+    # model(s) it holds
+    # on combine_holdout of its own training rows (set aside before training; no model trains on them); none |
+    # weights |
+    # stack. Reported as combined_acc (non-private); combine_epochs: the own model's epochs where the method
+    # has none
     # (None: rounds); combine_l2: the stacker's L2 weight
-    combine: str = field(default="none", metadata={"panel": "method", "help":
-        "Combination at inference (no budget): each site fuses its own non-DP model with the DP model(s) "
-        "it holds on rows held out from its own training rows. Reported as combined_acc (non-private); "
-        "saved for predict/export --model combined."})
-    combine_holdout: float = field(default=0.2, metadata={"panel": "method", "help":
-        "With --combine: the share of each site's training rows held out for its combiner (no model "
-        "trains on them)."})
-    combine_epochs: int | None = field(default=None, metadata={"panel": "method", "help":
-        "With --combine: the own model's epochs where the method has none (default: --rounds)."})
-    combine_l2: float = field(default=1e-2, metadata={"panel": "method", "help":
-        "With --combine stack: the stacker's L2 weight."})
+    combine: str = field(
+        default="none",
+        metadata={
+            "panel": "method",
+            "help": "Combination at inference (no budget): each site fuses its own non-DP model with the DP "
+            "model(s) "
+            "it holds on rows held out from its own training rows. Reported as combined_acc (non-private); "
+            "saved for predict/export --model combined.",
+        },
+    )
+    combine_holdout: float = field(
+        default=0.2,
+        metadata={
+            "panel": "method",
+            "help": "With --combine: the share of each site's training rows held out for its combiner (no "
+            "model "
+            "trains on them).",
+        },
+    )
+    combine_epochs: int | None = field(
+        default=None,
+        metadata={
+            "panel": "method",
+            "help": "With --combine: the own model's epochs where the method has none (default: --rounds).",
+        },
+    )
+    combine_l2: float = field(
+        default=1e-2, metadata={"panel": "method", "help": "With --combine stack: the stacker's L2 weight."}
+    )
     # fit the combiner class-balanced (every class of the held-out rows counts equally)
-    combine_balance: bool = field(default=True, metadata={"panel": "method", "help":
-        "With --combine: fit the combiner class-balanced."})
-    # a deployed run (`silofl deploy start`): each site reads its own data and schema, named in its site.json, and
-    # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data here)
+    combine_balance: bool = field(
+        default=True, metadata={"panel": "method", "help": "With --combine: fit the combiner class-balanced."}
+    )
+    # a deployed run (`silofl deploy start`): each site reads its own data and schema, named in its site.json,
+    # and
+    # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data
+    # here)
     data_at_sites: bool = False
     # experiment tracking (silofl.run.tracking): (KIND, DIR), KIND tensorboard | mlflow; each evaluated
     # round's figures are logged there with their labels (dp / public / non-private — the last only where
@@ -203,7 +351,9 @@ class RunConfig:
         """A config from plain data: common settings, and the method's options either nested under its name or
         flat. With ``strict`` an option the method does not have is an error; without, it is dropped."""
         if not isinstance(data, dict):
-            raise ConfigError(f"a config must be a mapping of option names to values, got {type(data).__name__}")
+            raise ConfigError(
+                f"a config must be a mapping of option names to values, got {type(data).__name__}"
+            )
         known_methods = methods()
         method = data.get("method", cls.method)
         if not isinstance(method, str):
@@ -228,8 +378,10 @@ class RunConfig:
         everyone = _all_option_fields()
         unknown = sorted(k for k in [*flat, *section] if k not in common and k not in everyone)
         if unknown:
-            raise ConfigError(f"unknown config option(s): {', '.join(unknown)}; known options: "
-                              f"{', '.join(sorted(common | set(everyone)))}")
+            raise ConfigError(
+                f"unknown config option(s): {', '.join(unknown)}; known options: "
+                f"{', '.join(sorted(common | set(everyone)))}"
+            )
         wrong = sorted(k for k in section if k not in own)
         if wrong and strict:
             raise ConfigError(f"option(s) {', '.join(wrong)} do not apply to method {method!r}")
@@ -242,7 +394,9 @@ class RunConfig:
             if k in own:
                 section.setdefault(k, v)
             elif strict and v != everyone[k]:
-                raise ConfigError(f"option {k} does not apply to method {method!r} (its options: {', '.join(sorted(own))})")
+                raise ConfigError(
+                    f"option {k} does not apply to method {method!r} (its options: {', '.join(sorted(own))})"
+                )
         try:
             opts = info.options(**{k: v for k, v in section.items() if k in own})
             return cls(**{k: v for k, v in flat.items() if k in common}, options=opts)
@@ -290,7 +444,9 @@ class RunConfig:
 
     def resolve(self) -> RunConfig:
         """Validate and fill derived values; returns a new config. Idempotent."""
-        cfg = dataclasses.replace(self, options=dataclasses.replace(self.options) if self.options is not None else None)
+        cfg = dataclasses.replace(
+            self, options=dataclasses.replace(self.options) if self.options is not None else None
+        )
         cfg._coerce_types()
         cfg.validate()
         cfg.privacy = effective_mode(cfg.privacy, cfg.info.traits)
@@ -305,8 +461,11 @@ class RunConfig:
             for f in fields(obj):
                 if f.name == "options":
                     continue
-                setattr(obj, f.name, _coerce(f.name, f.type if isinstance(f.type, str) else str(f.type),
-                                             getattr(obj, f.name)))
+                setattr(
+                    obj,
+                    f.name,
+                    _coerce(f.name, f.type if isinstance(f.type, str) else str(f.type), getattr(obj, f.name)),
+                )
 
     def validate(self) -> None:
         """Raise ConfigError for an invalid common setting (the method's own are checked by its options)."""
@@ -321,12 +480,21 @@ class RunConfig:
         self._validate_combine()
         self._validate_track()
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
-            raise ConfigError("eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "
-                              "sources (partition 'site') have none")
+            raise ConfigError(
+                "eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "
+                "sources (partition 'site') have none"
+            )
         for name in ("clients", "rounds", "eval_every", "image_size", "max_bag_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("samples_per_client", "batch_size", "test_limit", "checkpoint_every", "threads", "validation_size"):
+        for name in (
+            "samples_per_client",
+            "batch_size",
+            "test_limit",
+            "checkpoint_every",
+            "threads",
+            "validation_size",
+        ):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"{name} must be at least 1, got {v}")
@@ -338,20 +506,29 @@ class RunConfig:
             raise ConfigError(f"dirichlet_alpha must be positive, got {self.dirichlet_alpha}")
         if self.privacy != "off" and not self.info.traits.nonprivate:
             if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
-                raise ConfigError(f"noise_multiplier must be positive and finite under DP, got {self.noise_multiplier}")
+                raise ConfigError(
+                    f"noise_multiplier must be positive and finite under DP, got {self.noise_multiplier}"
+                )
             if not (math.isfinite(self.clip) and self.clip > 0):
                 raise ConfigError(f"clip must be positive and finite, got {self.clip}")
             if not 0.0 < self.delta < 1.0:
                 raise ConfigError(f"delta must lie in (0, 1), got {self.delta}")
-            if self.target_epsilon is not None and not (math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
+            if self.target_epsilon is not None and not (
+                math.isfinite(self.target_epsilon) and self.target_epsilon > 0
+            ):
                 raise ConfigError(f"target_epsilon must be positive and finite, got {self.target_epsilon}")
             if self.calibrate_noise and self.target_epsilon is None and self.target_epsilons is None:
                 raise ConfigError("calibrate_noise needs a budget: give --target-epsilon E")
             if self.target_epsilons is not None:
                 if len(self.target_epsilons) != self.clients:
-                    raise ConfigError(f"target_epsilons lists {len(self.target_epsilons)} budgets for {self.clients} clients")
+                    raise ConfigError(
+                        f"target_epsilons lists {len(self.target_epsilons)} budgets for {self.clients} "
+                        f"clients"
+                    )
                 if any(not (math.isfinite(e) and e > 0) for e in self.target_epsilons):
-                    raise ConfigError(f"every target_epsilons entry must be positive and finite, got {self.target_epsilons}")
+                    raise ConfigError(
+                        f"every target_epsilons entry must be positive and finite, got {self.target_epsilons}"
+                    )
 
     def _validate_combine(self) -> None:
         from silofl.site.combine import COMBINE_MODES
@@ -378,33 +555,54 @@ class RunConfig:
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must lie in (0, 1), got {self.test_fraction}")
         if self.data_at_sites:  # the sites read their own sources: the coordinator names none
-            given = [f for f, v in (("--site-data", self.site_data), ("--schema", self.schema),
-                                    ("--test-data", self.test_data)) if v]
+            given = [
+                f
+                for f, v in (
+                    ("--site-data", self.site_data),
+                    ("--schema", self.schema),
+                    ("--test-data", self.test_data),
+                )
+                if v
+            ]
             if given:
-                raise ConfigError(f"a deployed run reads each site's own data and schema (its site.json): "
-                                  f"{', '.join(given)} cannot be given to the coordinator")
+                raise ConfigError(
+                    f"a deployed run reads each site's own data and schema (its site.json): "
+                    f"{', '.join(given)} cannot be given to the coordinator"
+                )
             return
         meta = dataset_meta(self.dataset)
         if not meta["pooled"] and not self.site_data:
-            raise ConfigError(f"dataset {self.dataset!r} needs --site-data (one source per site)"
-                              + (" and --schema" if meta["schema"] else ""))
+            raise ConfigError(
+                f"dataset {self.dataset!r} needs --site-data (one source per site)"
+                + (" and --schema" if meta["schema"] else "")
+            )
         if meta["schema"] and not self.schema:
-            raise ConfigError(f"dataset {self.dataset!r} needs --schema FILE.yaml (feature names and types, target, "
-                              "levels, bounds)")
+            raise ConfigError(
+                f"dataset {self.dataset!r} needs --schema FILE.yaml (feature names and types, target, "
+                "levels, bounds)"
+            )
         if self.schema and not meta["schema"]:
             raise ConfigError(f"--schema applies to dataset {_takes('schema')}, not {self.dataset!r}")
         if self.site_data:
             if not meta["site_data"]:
-                raise ConfigError(f"--site-data takes per-site sources of {_takes('site_data')} (table files, "
-                                  f"image folders), not dataset {self.dataset!r}")
+                raise ConfigError(
+                    f"--site-data takes per-site sources of {_takes('site_data')} (table files, "
+                    f"image folders), not dataset {self.dataset!r}"
+                )
             if len(self.site_data) != self.clients:
-                raise ConfigError(f"--site-data names {len(self.site_data)} sites but clients is {self.clients}: one "
-                                  "client per site (leave clients out to take the number of sites)")
+                raise ConfigError(
+                    f"--site-data names {len(self.site_data)} sites but clients is {self.clients}: one "
+                    "client per site (leave clients out to take the number of sites)"
+                )
             if self.partition != "site":
-                raise ConfigError(f"--site-data gives each client its own site's data: partition must be 'site', not "
-                                  f"{self.partition!r}")
+                raise ConfigError(
+                    f"--site-data gives each client its own site's data: partition must be 'site', not "
+                    f"{self.partition!r}"
+                )
         elif self.test_data:
-            raise ConfigError("--test-data goes with --site-data (the shared external test set of per-site sources)")
+            raise ConfigError(
+                "--test-data goes with --site-data (the shared external test set of per-site sources)"
+            )
 
     def _validate_features(self) -> None:
         from silofl.features import make_stage
@@ -415,8 +613,10 @@ class RunConfig:
             if getattr(self, f) < 1:
                 raise ConfigError(f"{f} must be at least 1, got {getattr(self, f)}")
         if name != "none" and not dataset_meta(self.dataset)["images"]:
-            raise ConfigError(f"features {name!r} apply to images; dataset {self.dataset!r} has table rows or bags: use "
-                              "--features none")
+            raise ConfigError(
+                f"features {name!r} apply to images; dataset {self.dataset!r} has table rows or bags: use "
+                "--features none"
+            )
         if name == "backbone":
             from silofl.features.backbone import read_card
 
@@ -426,12 +626,15 @@ class RunConfig:
             make_stage(self.features, self)  # a plug-in checks its own parameters
 
     def with_data(self, n_train: int, smallest: int | None = None, cap: int | None = None) -> RunConfig:
-        """The config with the settings left to ``auto`` filled from the data (:func:`silofl.run.plan.auto_sizes`;
+        """The config with the settings left to ``auto`` filled from the data
+        (:func:`silofl.run.plan.auto_sizes`;
         a run keeps them in its plan, not in its config)."""
         from silofl.run.plan import auto_sizes
 
         spc, batch = auto_sizes(self, n_train, smallest, cap)
-        changes = {k: v for k, v in (("samples_per_client", spc), ("batch_size", batch)) if getattr(self, k) is None}
+        changes = {
+            k: v for k, v in (("samples_per_client", spc), ("batch_size", batch)) if getattr(self, k) is None
+        }
         return dataclasses.replace(self, **changes) if changes else self
 
     # ------------------------------------------------------------------ derived
@@ -457,13 +660,15 @@ class RunConfig:
 
     @property
     def calibrates(self) -> bool:
-        """Whether σ is set from the budget (budget-first) rather than given (:func:`silofl.run.plan.calibrates`)."""
+        """Whether σ is set from the budget (budget-first) rather than given
+        (:func:`silofl.run.plan.calibrates`)."""
         from silofl.run.plan import calibrates
 
         return calibrates(self)
 
     def calibration_plan(self, site_sizes: list[int]) -> list[dict[str, Any]]:
-        """What each party's accountant will see over the planned rounds (:func:`silofl.run.plan.calibration_plan`)."""
+        """What each party's accountant will see over the planned rounds
+        (:func:`silofl.run.plan.calibration_plan`)."""
         from silofl.run.plan import calibration_plan
 
         return calibration_plan(self, site_sizes)
@@ -474,7 +679,9 @@ class RunConfig:
         from silofl.run.plan import calibrated_sigma
 
         sigma = calibrated_sigma(self, site_sizes)
-        return self if sigma is None else dataclasses.replace(self, noise_multiplier=sigma, calibrate_noise=True)
+        return (
+            self if sigma is None else dataclasses.replace(self, noise_multiplier=sigma, calibrate_noise=True)
+        )
 
     def target_epsilon_of(self, client: int) -> float | None:
         """Client ``client``'s budget (:func:`silofl.run.plan.target_epsilon_of`)."""
@@ -484,7 +691,8 @@ class RunConfig:
 
 
 def _site_defaults(flat: dict[str, Any]) -> None:
-    """With per-site sources: a comma-separated list is split, and unless given, one client per site and partition
+    """With per-site sources: a comma-separated list is split, and unless given, one client per site and
+    partition
     'site'."""
     sites = flat.get("site_data")
     if isinstance(sites, str):
@@ -516,7 +724,9 @@ def _coerce(name: str, t: str, v: Any) -> Any:
             if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
                 raise ValueError
             if abs(int(v)) > INT_LIMIT:
-                raise ConfigError(f"option {name!r} must be an integer of magnitude at most {INT_LIMIT}, got {v!r}")
+                raise ConfigError(
+                    f"option {name!r} must be an integer of magnitude at most {INT_LIMIT}, got {v!r}"
+                )
             return int(v)
         if t.startswith("float"):
             if isinstance(v, bool):
@@ -551,17 +761,24 @@ def _coerce(name: str, t: str, v: Any) -> Any:
     return v
 
 
-INT_LIMIT = 2**63 - 1  # int64 (torch, numpy, seeds): a count or seed beyond it is refused, not planned for ever
+INT_LIMIT = (
+    2**63 - 1
+)  # int64 (torch, numpy, seeds): a count or seed beyond it is refused, not planned for ever
 FLOAT_LIMIT = 3.4e38  # the largest float32: every tensor silofl trains or accounts with is float32
 
 
 def check_float_range(name: str, v: Any) -> None:
-    """Raise a one-line ConfigError if a finite number in ``v`` (a float or a list of floats) exceeds FLOAT_LIMIT in
+    """Raise a one-line ConfigError if a finite number in ``v`` (a float or a list of floats) exceeds
+    FLOAT_LIMIT in
     magnitude: beyond it a learning rate, σ or clip overflows the float32 tensors it meets."""
     for x in v if isinstance(v, list) else [v]:
-        if math.isfinite(x) and abs(x) > FLOAT_LIMIT:  # ±inf is left to each option's own check (its own words)
-            raise ConfigError(f"option {name!r} must be a finite number of magnitude at most {FLOAT_LIMIT:g} (float32), "
-                              f"got {x!r}")
+        if (
+            math.isfinite(x) and abs(x) > FLOAT_LIMIT
+        ):  # ±inf is left to each option's own check (its own words)
+            raise ConfigError(
+                f"option {name!r} must be a finite number of magnitude at most {FLOAT_LIMIT:g} (float32), "
+                f"got {x!r}"
+            )
 
 
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -578,14 +795,17 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {p} must hold a mapping of option names to values, got {type(data).__name__}")
+        raise ConfigError(
+            f"config file {p} must hold a mapping of option names to values, got {type(data).__name__}"
+        )
     return data
 
 
 def check_against_data(cfg: RunConfig, client_sizes: list[int]) -> None:
     """Checks that need the partitioned data: δ < 1/n for every client, batch not above n."""
     for k, n in enumerate(client_sizes):
-        # client-level methods protect whole clients: their δ bound (1 / number of units) is checked by the server
+        # client-level methods protect whole clients: their δ bound (1 / number of units) is checked by the
+        # server
         if cfg.is_private and not cfg.is_client_level and cfg.delta >= 1.0 / n:
             raise ConfigError(
                 f"delta {cfg.delta:g} must be below 1/n = {1.0 / n:.3g} for client {k} with n = {n} examples"

@@ -1,6 +1,8 @@
-"""The run folder contract (shared/CONVENTIONS.md): config.yaml (what the user asked, resolved), plan.json (what the
+"""The run folder contract (shared/CONVENTIONS.md): config.yaml (what the user asked, resolved), plan.json
+(what the
 run derived from it and the data: :mod:`silofl.run.plan`), metrics.jsonl (+ .csv), summary.json, PNG plots and
-models/*.safetensors with a JSON spec each. :func:`read_run_config` reads a finished run's config as it ran (config.yaml
+models/*.safetensors with a JSON spec each. :func:`read_run_config` reads a finished run's config as it ran
+(config.yaml
 with plan.json's values; a folder written before plans were has them in its config.yaml)."""
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ RUN_DIRS = ("models", "checkpoint", "sites")
 
 
 def check_out_path(out: str | Path, flag: str = "--out") -> Path:
-    """``out`` as a folder path that can be made: refuse an empty path (it would mean the current folder), a path
-    that is a file or lies under a file, and one whose nearest existing folder cannot be written — before anything is
+    """``out`` as a folder path that can be made: refuse an empty path (it would mean the current folder), a
+    path
+    that is a file or lies under a file, and one whose nearest existing folder cannot be written — before
+    anything is
     written (one-line ConfigErrors)."""
     if not str(out).strip():
         raise ConfigError(f"{flag} is empty: name the folder to write")
@@ -46,12 +50,15 @@ def check_out(out: str | Path, resume: bool = False, overwrite: bool = False) ->
     if resume:
         return
     if p.is_dir() and any((p / f).exists() for f in (*RUN_FILES, *RUN_DIRS)) and not overwrite:
-        raise ConfigError(f"{p} already holds a run; choose another --out, continue it with --resume, or replace it "
-                          "with --overwrite")
+        raise ConfigError(
+            f"{p} already holds a run; choose another --out, continue it with --resume, or replace it "
+            "with --overwrite"
+        )
 
 
 class Stash:
-    """A previous run's files moved aside (for --overwrite) until the new run has started: :meth:`drop` deletes
+    """A previous run's files moved aside (for --overwrite) until the new run has started: :meth:`drop`
+    deletes
     them, :meth:`restore` puts them back (the new run failed before writing anything of its own)."""
 
     def __init__(self, out: str | Path):
@@ -122,7 +129,8 @@ class RunFolder:
         self.metrics_path.write_text("".join(json.dumps(clean_json(r)) + "\n" for r in self.records))
 
     def write_config(self, cfg, plan=None) -> None:
-        """Write the resolved config as asked (``cfg.to_yaml()``) and, when given, the run's plan (plan.json)."""
+        """Write the resolved config as asked (``cfg.to_yaml()``) and, when given, the run's plan
+        (plan.json)."""
         (self.path / "config.yaml").write_text(cfg.to_yaml())
         if plan is not None:
             plan.write(self.path)
@@ -168,29 +176,37 @@ def values_by_round(run_dir: str | Path, key: str) -> dict[int, list[float]]:
 
 
 def read_config(run_dir: str | Path) -> dict:
-    """A run folder's settings as it ran, as one flat mapping (common settings and the method's options), whether its
+    """A run folder's settings as it ran, as one flat mapping (common settings and the method's options),
+    whether its
     config.yaml nests the method's section or is flat (:func:`read_run_config`)."""
     return read_run_config(run_dir).to_flat()
 
 
 def read_run_config(run_dir: str | Path):
-    """A finished run's config as it ran: config.yaml (what was asked) with the derived values of plan.json (split
-    seed, examples per client, batch size, σ) filled in; a folder written before plans has them in config.yaml."""
+    """A finished run's config as it ran: config.yaml (what was asked) with the derived values of plan.json
+    (split
+    seed, examples per client, batch size, σ) filled in; a folder written before plans has them in
+    config.yaml."""
     from silofl.run.config import RunConfig, load_yaml_mapping
     from silofl.run.plan import as_run, read_plan
 
-    return RunConfig.from_dict(as_run(load_yaml_mapping(Path(run_dir) / "config.yaml"), read_plan(run_dir)),
-                               strict=False)
+    return RunConfig.from_dict(
+        as_run(load_yaml_mapping(Path(run_dir) / "config.yaml"), read_plan(run_dir)), strict=False
+    )
 
 
 LOCK_FILE = ".lock"
 
 
 class OutLock:
-    """An exclusive OS-level lock on a run folder (``OUT/.lock``, ``fcntl.flock``) held for the life of the run that
-    writes it: a second run into the same ``--out`` is refused at once with a one-line ConfigError, whatever state the
-    folder is in. The kernel releases the lock when the process ends, crashed or killed, so a stale lock file never
-    blocks a later run. Leaving the block removes the lock file, and the folders it made when the run left nothing
+    """An exclusive OS-level lock on a run folder (``OUT/.lock``, ``fcntl.flock``) held for the life of the
+    run that
+    writes it: a second run into the same ``--out`` is refused at once with a one-line ConfigError, whatever
+    state the
+    folder is in. The kernel releases the lock when the process ends, crashed or killed, so a stale lock file
+    never
+    blocks a later run. Leaving the block removes the lock file, and the folders it made when the run left
+    nothing
     else in them (bad input writes nothing)."""
 
     def __init__(self, out: str | Path, flag: str = "--out"):
@@ -224,9 +240,12 @@ class OutLock:
             except BlockingIOError:
                 holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise ConfigError(f"{self.flag} {self.out} is being written by another run (process {holder}); "
-                                  "wait for it to finish or choose another folder") from None
-            try:  # the file we locked must still be the one at the path (a finishing run removes its lock file)
+                raise ConfigError(
+                    f"{self.flag} {self.out} is being written by another run (process {holder}); "
+                    "wait for it to finish or choose another folder"
+                ) from None
+            # the file we locked must still be the one at the path (a finishing run removes its lock file)
+            try:
                 same = os.fstat(fd).st_ino == os.stat(lock).st_ino
             except FileNotFoundError:
                 same = False

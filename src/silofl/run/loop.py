@@ -6,7 +6,8 @@ by default, or one given by ``engine_factory`` (torch.distributed). It evaluates
 rounds (and at the last, and whenever a site leaves), checkpoints every ``checkpoint_every`` rounds,
 and writes the run folder (shared/CONVENTIONS.md): config.yaml (what was asked), plan.json (what the run
 derived from it and the data, :class:`~silofl.run.plan.RunPlan`), metrics.jsonl/.csv, summary.json, plots,
-models/. The round loop's state is one :class:`~silofl.run.checkpoint.RunState`, which is also what a checkpoint's
+models/. The round loop's state is one :class:`~silofl.run.checkpoint.RunState`, which is also what a
+checkpoint's
 ``run.json`` saves. The engine and the method never meet: the coordinator talks to sites only through
 ``engine.call``.
 """
@@ -60,7 +61,9 @@ class RunHooks:
     """Research hooks (``silofl audit``): change the split before any site is built, or add sites after the
     method's own (ids ``n..``). Neither changes a method; a run without hooks is untouched."""
 
-    split: Callable[[RunConfig, SplitData], SplitData] | None = None  # gets the config with its data-dependent settings
+    split: Callable[[RunConfig, SplitData], SplitData] | None = (
+        None  # gets the config with its data-dependent settings
+    )
     sites: Callable[[SiteMaker, int], tuple[SiteMaker, int]] | None = None
 
 
@@ -92,19 +95,40 @@ def site_inputs(method: Method, split: SplitData) -> list[SiteInputs]:
     def per_site(items):
         return items if items and len(items) == len(data) else None
 
-    external, internal, prep = per_site(split.external), per_site(split.internal), per_site(split.preprocessing)
-    return [SiteInputs(x, y, external[k] if external is not None else split.test,
-                       internal[k] if internal is not None else None, prep[k] if prep is not None else None)
-            for k, (x, y) in enumerate(data)]
+    external, internal, prep = (
+        per_site(split.external),
+        per_site(split.internal),
+        per_site(split.preprocessing),
+    )
+    return [
+        SiteInputs(
+            x,
+            y,
+            external[k] if external is not None else split.test,
+            internal[k] if internal is not None else None,
+            prep[k] if prep is not None else None,
+        )
+        for k, (x, y) in enumerate(data)
+    ]
 
 
-def make_site(method: Method, k: int, inputs: SiteInputs, shape, folder: Path | None = None, run_label: str = "run",
-              release_nonprivate: bool = True) -> Site:
-    """Site ``k`` of ``method`` built from its inputs (``shape``: input shape and classes), keeping its ledger and the
+def make_site(
+    method: Method,
+    k: int,
+    inputs: SiteInputs,
+    shape,
+    folder: Path | None = None,
+    run_label: str = "run",
+    release_nonprivate: bool = True,
+) -> Site:
+    """Site ``k`` of ``method`` built from its inputs (``shape``: input shape and classes), keeping its ledger
+    and the
     figures it does not release in ``folder`` when given."""
     from silofl.site.combine import combination_for
 
-    x, y, combination = combination_for(method.cfg, k, inputs.x, inputs.y)  # rows held out for the combiner, if on
+    x, y, combination = combination_for(
+        method.cfg, k, inputs.x, inputs.y
+    )  # rows held out for the combiner, if on
     site = method.make_site(k, x, y, shape)
     site.combination = combination
     if inputs.external is not None:
@@ -115,28 +139,41 @@ def make_site(method: Method, k: int, inputs: SiteInputs, shape, folder: Path | 
         site.open_folder(folder, run_label=run_label, release_nonprivate=release_nonprivate)
     if inputs.preprocessing is not None:
         site.preprocessing = inputs.preprocessing
-    if getattr(shape, "features", None) is not None:  # the feature stage its inputs went through (silofl.features)
+    if (
+        getattr(shape, "features", None) is not None
+    ):  # the feature stage its inputs went through (silofl.features)
         site.features = shape.features
     return site
 
 
-def site_factory(method: Method, split: SplitData, ledgers: Path | None = None,
-                 release_nonprivate: bool = True) -> tuple[Callable[[int], Site], int]:
-    """(a function building site k with its training data and test sets — and, with ``ledgers``, its own folder
+def site_factory(
+    method: Method, split: SplitData, ledgers: Path | None = None, release_nonprivate: bool = True
+) -> tuple[Callable[[int], Site], int]:
+    """(a function building site k with its training data and test sets — and, with ``ledgers``, its own
+    folder
     ``ledgers/client<k>`` for its privacy ledger and the figures it keeps —, the number of sites)."""
     inputs = site_inputs(method, split)
 
     def make(k: int) -> Site:
-        return make_site(method, k, inputs[k], split, ledgers / f"client{k}" if ledgers is not None else None,
-                         Path(method.cfg.out).name, release_nonprivate)
+        return make_site(
+            method,
+            k,
+            inputs[k],
+            split,
+            ledgers / f"client{k}" if ledgers is not None else None,
+            Path(method.cfg.out).name,
+            release_nonprivate,
+        )
 
     return make, len(inputs)
 
 
 @dataclass
 class Built:
-    """A run ready for its rounds: the plan (what was derived from the config and the data), the config as it runs
-    (:meth:`RunPlan.config_as_run`), the split, the coordinator connected to its sites over an engine, the device."""
+    """A run ready for its rounds: the plan (what was derived from the config and the data), the config as it
+    runs
+    (:meth:`RunPlan.config_as_run`), the split, the coordinator connected to its sites over an engine, the
+    device."""
 
     plan: RunPlan
     cfg: RunConfig
@@ -146,13 +183,23 @@ class Built:
     device: torch.device
 
 
-def build_run(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
-              data=None, ledgers: bool = False, hooks: RunHooks | None = None, remote=None) -> Built:
-    """Resolve ``cfg``, prepare its data, plan the run (:mod:`silofl.run.plan`) and connect its coordinator to its
-    sites over an engine (in-process unless ``engine_factory`` makes another). With ``ledgers`` every party keeps its
+def build_run(
+    cfg: RunConfig,
+    device: torch.device | None = None,
+    engine_factory: EngineFactory | None = None,
+    data=None,
+    ledgers: bool = False,
+    hooks: RunHooks | None = None,
+    remote=None,
+) -> Built:
+    """Resolve ``cfg``, prepare its data, plan the run (:mod:`silofl.run.plan`) and connect its coordinator to
+    its
+    sites over an engine (in-process unless ``engine_factory`` makes another). With ``ledgers`` every party
+    keeps its
     privacy ledger under ``OUT/sites/``. ``remote``: the sites hold their own data elsewhere (a deployment,
     :class:`silofl.deploy.coordinator.RemoteSplit`: shapes and public facts only); nothing is loaded here and
-    ``engine_factory`` gets no site factory. Raises ConfigError / BudgetExhausted before a run folder is written."""
+    ``engine_factory`` gets no site factory. Raises ConfigError / BudgetExhausted before a run folder is
+    written."""
     cfg = cfg.resolve()
     device = device if device is not None else resolve_device(cfg.device)
     root = ledger_root(cfg) if ledgers else None
@@ -174,8 +221,11 @@ def build_run(cfg: RunConfig, device: torch.device | None = None, engine_factory
         make, n_sites = site_factory(method, split, root, release)
         if hooks is not None and hooks.sites is not None:
             make, n_sites = hooks.sites(make, n_sites)
-        engine = engine_factory(make, n_sites) if engine_factory is not None else \
-            InProcessEngine({k: make(k) for k in range(n_sites)})
+        engine = (
+            engine_factory(make, n_sites)
+            if engine_factory is not None
+            else InProcessEngine({k: make(k) for k in range(n_sites)})
+        )
     coordinator = method.make_coordinator(n_sites, split, device)
     coordinator.release_nonprivate = release
     if root is not None:
@@ -184,9 +234,15 @@ def build_run(cfg: RunConfig, device: torch.device | None = None, engine_factory
     return Built(the_plan, cfg, split, coordinator, engine, device)
 
 
-def build(cfg: RunConfig, device: torch.device | None = None, engine_factory: EngineFactory | None = None,
-          data=None, ledgers: bool = False, hooks: RunHooks | None = None, remote=None,
-          ) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
+def build(
+    cfg: RunConfig,
+    device: torch.device | None = None,
+    engine_factory: EngineFactory | None = None,
+    data=None,
+    ledgers: bool = False,
+    hooks: RunHooks | None = None,
+    remote=None,
+) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
     """:func:`build_run` as (the config as it runs, the split, the coordinator, the engine)."""
     b = build_run(cfg, device, engine_factory, data, ledgers, hooks, remote)
     return b.cfg, b.split, b.coordinator, b.engine
@@ -203,9 +259,16 @@ def ledger_root(cfg: RunConfig) -> Path:
     return Path(cfg.out) / "sites"
 
 
-def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = False,
-        engine_factory: EngineFactory | None = None, overwrite: bool = False, hooks: RunHooks | None = None,
-        remote=None) -> dict:
+def run(
+    cfg: RunConfig,
+    progress: bool = True,
+    console=None,
+    resume: bool = False,
+    engine_factory: EngineFactory | None = None,
+    overwrite: bool = False,
+    hooks: RunHooks | None = None,
+    remote=None,
+) -> dict:
     """Run ``cfg`` and write its run folder; ``resume`` continues from the folder's latest checkpoint
     (models, optimizers, accountants, RNGs: the privacy spend carries on, it never restarts). ``hooks``: see
     :class:`RunHooks`; ``remote``: the sites run elsewhere (see :func:`build`). Returns the summary."""
@@ -222,8 +285,10 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     if resume:
         rounds = saved_rounds(out / CHECKPOINT_DIR)
         if not rounds:
-            raise ConfigError(f"no checkpoint to resume from in {out / CHECKPOINT_DIR} (run with --checkpoint-every N "
-                              "first)")
+            raise ConfigError(
+                f"no checkpoint to resume from in {out / CHECKPOINT_DIR} (run with --checkpoint-every N "
+                "first)"
+            )
         if cfg.data_seed is None:  # the same simulated split as the run being resumed
             _, saved = load_run(out / CHECKPOINT_DIR, rounds[-1])
             cfg = dataclasses.replace(cfg, split_seed=saved["config"].get("split_seed"))
@@ -231,7 +296,9 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
     stash = Stash(out) if overwrite and not resume else None  # the previous run, kept until this one starts
     try:
         built = build_run(cfg, device, engine_factory, ledgers=True, hooks=hooks, remote=remote)
-    except BaseException:  # bad input: leave nothing behind (a fresh run's site folders), restore what was there
+    except (
+        BaseException
+    ):  # bad input: leave nothing behind (a fresh run's site folders), restore what was there
         if not resume:
             shutil.rmtree(ledger_root(cfg), ignore_errors=True)
             if not existed and out.is_dir() and not any(out.iterdir()):
@@ -252,10 +319,13 @@ def run(cfg: RunConfig, progress: bool = True, console=None, resume: bool = Fals
             tracker.close()
 
 
-def _run(built: Built, asked: RunConfig, state: RunState, progress: bool, console, resume: bool,
-         tracker=None) -> dict:
-    """The rounds of a built run, from ``state`` (a fresh one, or the checkpoint's when resuming), and the run folder
-    (``asked``: the config as the user asked, config.yaml; the plan: plan.json); ``tracker``: --track's, or None."""
+def _run(
+    built: Built, asked: RunConfig, state: RunState, progress: bool, console, resume: bool, tracker=None
+) -> dict:
+    """The rounds of a built run, from ``state`` (a fresh one, or the checkpoint's when resuming), and the run
+    folder
+    (``asked``: the config as the user asked, config.yaml; the plan: plan.json); ``tracker``: --track's, or
+    None."""
     cfg, coordinator, engine = built.cfg, built.coordinator, built.engine
     info = cfg.info
     root = Path(cfg.out) / CHECKPOINT_DIR
@@ -281,9 +351,13 @@ def _run(built: Built, asked: RunConfig, state: RunState, progress: bool, consol
             state.train_s += time.perf_counter() - t0
             state.round = rnd
             state.left += [{"client": c, "round": rnd, "reason": "budget spent"} for c in ev.left]
-            state.left += [{"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()]
+            state.left += [
+                {"client": c, "round": rnd, "reason": f"process lost: {why}"} for c, why in ev.lost.items()
+            ]
             state.rejoined += [{"client": c, "round": rnd} for c in ev.rejoined]
-            state.rejected += ev.rejected + coordinator.take_late()  # late: refusals of the last round's deliveries
+            state.rejected += (
+                ev.rejected + coordinator.take_late()
+            )  # late: refusals of the last round's deliveries
             if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost or ev.rejoined:
                 t0 = time.perf_counter()
                 labels: dict[int, dict] = {}
@@ -304,8 +378,10 @@ def _run(built: Built, asked: RunConfig, state: RunState, progress: bool, consol
                 break
 
     wall = time.perf_counter() - state.started
-    finals = coordinator.call("finish", {k: Message({"models_dir": str(Path(cfg.out) / "models")})
-                                         for k in range(coordinator.n_sites)})
+    finals = coordinator.call(
+        "finish",
+        {k: Message({"models_dir": str(Path(cfg.out) / "models")}) for k in range(coordinator.n_sites)},
+    )
     reports = {k: coordinator.site_report(k, r.meta) for k, r in sorted(finals.items())}
     state.rejected += coordinator.take_late()
     summary = _summary(built, state, reports, wall)
@@ -314,24 +390,43 @@ def _run(built: Built, asked: RunConfig, state: RunState, progress: bool, consol
     folder.write_metrics_csv()
     guarantee = cfg.guarantee()
     if folder.records:
-        eps_note = "" if guarantee.formal else {"paper": "ε: NOT a formal guarantee (paper mode)", "off": "no DP"}.get(
-            cfg.privacy, "")
-        summary["plots"] = [plot_run(folder.records, folder.path / "accuracy_epsilon.png",
-                                     title=f"{info.name} on {cfg.dataset}, {cfg.clients} clients, privacy {cfg.privacy}",
-                                     epsilon_note=eps_note, delta=cfg.delta if cfg.is_private else None).name]
+        eps_note = (
+            ""
+            if guarantee.formal
+            else {"paper": "ε: NOT a formal guarantee (paper mode)", "off": "no DP"}.get(cfg.privacy, "")
+        )
+        summary["plots"] = [
+            plot_run(
+                folder.records,
+                folder.path / "accuracy_epsilon.png",
+                title=f"{info.name} on {cfg.dataset}, {cfg.clients} clients, privacy {cfg.privacy}",
+                epsilon_note=eps_note,
+                delta=cfg.delta if cfg.is_private else None,
+            ).name
+        ]
     history = coordinator.round_history()
     if history:
         summary.setdefault("plots", []).append(
-            plot_server_rounds(history, folder.path / "server_rounds.png",
-                               title=f"{info.name}: noise level, diversity and sub-clients per round").name)
+            plot_server_rounds(
+                history,
+                folder.path / "server_rounds.png",
+                title=f"{info.name}: noise level, diversity and sub-clients per round",
+            ).name
+        )
     folder.write_summary(summary)
     if tracker is not None:
         tracker.finish(summary)
     return summary
 
 
-def _records(cfg: RunConfig, coordinator: Coordinator, engine: Engine, rnd: int, internal: bool,
-             labels: dict[int, dict] | None = None) -> list[dict]:
+def _records(
+    cfg: RunConfig,
+    coordinator: Coordinator,
+    engine: Engine,
+    rnd: int,
+    internal: bool,
+    labels: dict[int, dict] | None = None,
+) -> list[dict]:
     """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures (and,
     into ``labels``, each site's labels of its figures)."""
     records = []
@@ -340,20 +435,35 @@ def _records(cfg: RunConfig, coordinator: Coordinator, engine: Engine, rnd: int,
             labels[k] = dict(r.get("labels", {}))
         accs = dict(r["accs"])
         accs.update({f"{name}_internal": v for name, v in r.get("internal", {}).items()})
-        records.append({"round": rnd, "client": k, "active": k in coordinator.active, **accs, "epsilon": r["epsilon"],
-                        "delta": cfg.delta if cfg.is_private else None, "bytes_sent": engine.bytes_sent[k],
-                        "bytes_received": engine.bytes_received[k], **coordinator.extra_metrics(k), **r["extra"],
-                        **r["train"]})
+        records.append(
+            {
+                "round": rnd,
+                "client": k,
+                "active": k in coordinator.active,
+                **accs,
+                "epsilon": r["epsilon"],
+                "delta": cfg.delta if cfg.is_private else None,
+                "bytes_sent": engine.bytes_sent[k],
+                "bytes_received": engine.bytes_received[k],
+                **coordinator.extra_metrics(k),
+                **r["extra"],
+                **r["train"],
+            }
+        )
     return records
 
 
 def _save(built: Built, root: Path, state: RunState) -> None:
-    """Checkpoint round ``state.round``: every site saves its own state, then the coordinator's state and the round
-    loop's (:class:`RunState`, with the torch RNG and the engine's byte counts) complete the round's folder."""
+    """Checkpoint round ``state.round``: every site saves its own state, then the coordinator's state and the
+    round
+    loop's (:class:`RunState`, with the torch RNG and the engine's byte counts) complete the round's
+    folder."""
     coordinator, engine, rnd = built.coordinator, built.engine, state.round
     keep = 2 if engine.processes > 1 else 1
-    coordinator.call("save", {k: Message({"root": str(root), "round": rnd, "keep": keep})
-                              for k in range(coordinator.n_sites)})
+    coordinator.call(
+        "save",
+        {k: Message({"root": str(root), "round": rnd, "keep": keep}) for k in range(coordinator.n_sites)},
+    )
     state.bytes_sent, state.bytes_received = dict(engine.bytes_sent), dict(engine.bytes_received)
     parties = {**coordinator.state_dict(), "torch_rng": torch.get_rng_state()}
     save_run(root, rnd, parties, state.to_record(built.cfg, built.plan, coordinator.n_sites), keep=keep)
@@ -370,7 +480,9 @@ def _resume(built: Built, root: Path, state: RunState) -> RunState:
     rounds = set(saved_rounds(root))
     if not rounds:
         raise ConfigError(f"no checkpoint to resume from in {root} (run with --checkpoint-every N first)")
-    held = coordinator.call("checkpoints", {k: Message({"root": str(root)}) for k in range(coordinator.n_sites)})
+    held = coordinator.call(
+        "checkpoints", {k: Message({"root": str(root)}) for k in range(coordinator.n_sites)}
+    )
     for k in range(coordinator.n_sites):
         rounds &= set(held[k].meta["rounds"]) if k in held else set()
     if not rounds:
@@ -381,11 +493,18 @@ def _resume(built: Built, root: Path, state: RunState) -> RunState:
     want = cfg.to_flat()
     diff = sorted(k for k in want if k not in (*RESUMABLE_CHANGES, "out") and saved.get(k) != want[k])
     if diff:
-        raise ConfigError(f"cannot resume {cfg.out}: the checkpoint was written with different options "
-                          f"({', '.join(f'{k}={saved.get(k)!r}' for k in diff)}); only {', '.join(RESUMABLE_CHANGES)} may change")
+        raise ConfigError(
+            f"cannot resume {cfg.out}: the checkpoint was written with different options "
+            f"({', '.join(f'{k}={saved.get(k)!r}' for k in diff)}); only {', '.join(RESUMABLE_CHANGES)} may "
+            f"change"
+        )
     if rnd >= cfg.rounds:
-        raise ConfigError(f"the checkpoint of {cfg.out} is at round {rnd}; ask for more rounds than that to resume")
-    coordinator.call("load", {k: Message({"root": str(root), "round": rnd}) for k in range(coordinator.n_sites)})
+        raise ConfigError(
+            f"the checkpoint of {cfg.out} is at round {rnd}; ask for more rounds than that to resume"
+        )
+    coordinator.call(
+        "load", {k: Message({"root": str(root), "round": rnd}) for k in range(coordinator.n_sites)}
+    )
     torch.set_rng_state(parties.pop("torch_rng"))
     coordinator.load_state_dict(parties)
     coordinator.call("status", {k: Message() for k in coordinator.active})
@@ -396,21 +515,35 @@ def _resume(built: Built, root: Path, state: RunState) -> RunState:
 
 
 def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: float) -> dict:
-    """summary.json's content (shared/CONVENTIONS.md) from the built run, the round loop's state and the sites'
+    """summary.json's content (shared/CONVENTIONS.md) from the built run, the round loop's state and the
+    sites'
     final reports."""
     cfg, split, coordinator, engine = built.cfg, built.split, built.coordinator, built.engine
     last, rounds_run = state.last, state.round
     info = cfg.info
     sent, received = dict(engine.bytes_sent), dict(engine.bytes_received)
-    acc_keys = [k + sfx for sfx in ("", "_internal") for k in ACC_FIELDS if any(k + sfx in r for r in last.values())]
+    acc_keys = [
+        k + sfx for sfx in ("", "_internal") for k in ACC_FIELDS if any(k + sfx in r for r in last.values())
+    ]
     # every model's other metrics (silofl.training.metrics), after the accuracies
-    acc_keys += [metric_field(k, m) + sfx for sfx in ("", "_internal") for k in ACC_FIELDS for m in METRICS
-                 if m != "accuracy" and any(metric_field(k, m) + sfx in r for r in last.values())]
+    acc_keys += [
+        metric_field(k, m) + sfx
+        for sfx in ("", "_internal")
+        for k in ACC_FIELDS
+        for m in METRICS
+        if m != "accuracy" and any(metric_field(k, m) + sfx in r for r in last.values())
+    ]
     per_client = [
-        {"client": k, **{f"{role}_model": arch for role, arch in f["architectures"].items()},
-         "round": last.get(k, {}).get("round"), **{key: last.get(k, {}).get(key) for key in acc_keys},
-         "epsilon": f["epsilon"], "left_at": f["left_at"],
-         "bytes_sent": sent.get(k, 0), "bytes_received": received.get(k, 0)}
+        {
+            "client": k,
+            **{f"{role}_model": arch for role, arch in f["architectures"].items()},
+            "round": last.get(k, {}).get("round"),
+            **{key: last.get(k, {}).get(key) for key in acc_keys},
+            "epsilon": f["epsilon"],
+            "left_at": f["left_at"],
+            "bytes_sent": sent.get(k, 0),
+            "bytes_received": received.get(k, 0),
+        }
         for k, f in reports.items()
     ]
     g = cfg.guarantee()
@@ -451,11 +584,16 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         "randomness": randomness_report(cfg),
         "reporting": {
             "nonprivate_released": coordinator.release_nonprivate,
-            "note": ("figures computed from non-private data (private_acc, mean_grad_norm, clipped_fraction, "
-                     "update_norm_mean, a server's xi/phi/lambda/cos_std) are reported: every site of this run chose to "
-                     "(a one-process simulation does by default)" if coordinator.release_nonprivate else
-                     "sites report only figures of DP releases and public ones; each keeps the rest in its own folder "
-                     "(OUT/sites/client<k>/metrics.jsonl)"),
+            "note": (
+                "figures computed from non-private data (private_acc, mean_grad_norm, clipped_fraction, "
+                "update_norm_mean, a server's xi/phi/lambda/cos_std) are reported: every site of this run "
+                "chose to "
+                "(a one-process simulation does by default)"
+                if coordinator.release_nonprivate
+                else "sites report only figures of DP releases and public ones; each keeps the rest in its "
+                "own folder "
+                "(OUT/sites/client<k>/metrics.jsonl)"
+            ),
         },
         "data_split_seed": cfg.data_seed,
         "wall_time_s": wall,
@@ -489,18 +627,25 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
 
 def metrics_note() -> dict:
     """What summary.json says about its metrics (silofl.training.metrics)."""
-    return {"computed": list(METRICS), "fields": "<role>_acc, <role>_auroc, <role>_balanced_accuracy, <role>_f1, "
-            "<role>_ece (role: private, proxy, global, combined; _internal: on the site's own held-out rows)",
-            "auroc": "binary: AUROC of class 1's probability; more classes: one-vs-rest, macro over the classes present "
-                     "in the test labels (null when fewer than two are present)",
-            "f1": "macro over the classes in the labels or the predictions",
-            "balanced_accuracy": "mean recall over the classes present in the labels",
-            "ece": f"{ECE_BINS} equal-width bins (lo, hi] of the confidence (the largest class probability); lower is "
-                   "better", "privacy": "each figure is labelled and released like the accuracy of the same model"}
+    return {
+        "computed": list(METRICS),
+        "fields": "<role>_acc, <role>_auroc, <role>_balanced_accuracy, <role>_f1, "
+        "<role>_ece (role: private, proxy, global, combined; _internal: on the site's own held-out rows)",
+        "auroc": "binary: AUROC of class 1's probability; more classes: one-vs-rest, macro over the classes "
+        "present "
+        "in the test labels (null when fewer than two are present)",
+        "f1": "macro over the classes in the labels or the predictions",
+        "balanced_accuracy": "mean recall over the classes present in the labels",
+        "ece": f"{ECE_BINS} equal-width bins (lo, hi] of the confidence (the largest class probability); "
+        f"lower is "
+        "better",
+        "privacy": "each figure is labelled and released like the accuracy of the same model",
+    }
 
 
 def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:
-    """How a budget-first run chose σ (None when σ was given): ``cfg`` as it runs (σ calibrated), the split it runs
+    """How a budget-first run chose σ (None when σ was given): ``cfg`` as it runs (σ calibrated), the split it
+    runs
     on (:func:`silofl.run.plan.calibration_report`; a run has it in its plan)."""
     if not cfg.calibrates:
         return None
@@ -513,9 +658,12 @@ def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:
 def calibration_line(cal: dict) -> str:
     """One console line saying which σ the budget set."""
     p = max(cal["parties"], key=lambda x: x["planned_epsilon"])
-    return (f"budget-first: σ = {cal['noise_multiplier']:.4f} so that {cal['rounds_planned']} rounds ({p['steps']} steps "
-            f"at q = {p['sample_rate']:.4g}) end at ε = {p['planned_epsilon']:.3f} ≤ {p['target_epsilon']:g} "
-            f"(δ = {cal['delta']:g}, {cal['accountant']})")
+    return (
+        f"budget-first: σ = {cal['noise_multiplier']:.4f} so that {cal['rounds_planned']} rounds "
+        f"({p['steps']} steps "
+        f"at q = {p['sample_rate']:.4g}) end at ε = {p['planned_epsilon']:.3f} ≤ {p['target_epsilon']:g} "
+        f"(δ = {cal['delta']:g}, {cal['accountant']})"
+    )
 
 
 def _unseeded(cfg: RunConfig) -> RunConfig:
@@ -529,14 +677,19 @@ def randomness_report(cfg: RunConfig) -> dict:
 
     if cfg.seed is None:
         return {"seeded": False, "source": SOURCE}
-    return {"seeded": True, "seed": cfg.seed, "source": "torch/numpy generators seeded from the run seed per party",
-            "note": SEEDED_NOTE}
+    return {
+        "seeded": True,
+        "seed": cfg.seed,
+        "source": "torch/numpy generators seeded from the run seed per party",
+        "note": SEEDED_NOTE,
+    }
 
 
 def _describe(info, records: list[dict]) -> str:
     accs = " ".join(
         f"{k.removesuffix('_acc')} {statistics.fmean(r[k] for r in records):.3f}"
-        for k in ACC_FIELDS if all(k in r for r in records)
+        for k in ACC_FIELDS
+        if all(k in r for r in records)
     )
     eps = [r["epsilon"] for r in records if r["epsilon"] is not None]
     e = f" ε {max(eps):.2f}" if eps else ""
@@ -555,8 +708,14 @@ def progress_bar(console):
     )
 
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
         disable=bool(os.environ.get("SILOFL_NO_PROGRESS")),
     )
 

@@ -1,14 +1,20 @@
 """What a run derived from its config and its data, computed once: :class:`RunPlan`.
 
-:class:`~silofl.run.config.RunConfig` holds what the user asked (resolved: defaults and the effective privacy mode
-filled in); a :class:`RunPlan` holds what was derived from it and the data before the first round — the simulated
-split's seed, the examples per client and batch size left to ``auto``, each site's size, σ (given, or calibrated
+:class:`~silofl.run.config.RunConfig` holds what the user asked (resolved: defaults and the effective privacy
+mode
+filled in); a :class:`RunPlan` holds what was derived from it and the data before the first round — the
+simulated
+split's seed, the examples per client and batch size left to ``auto``, each site's size, σ (given, or
+calibrated
 from the budget: :func:`calibrated_sigma`), each party's Poisson rate q, DP steps per round and target ε
-(:func:`calibration_plan`, with the sites' own :func:`silofl.site.dpsgd.round_schedule`), and the feature stage.
-The plan is written next to ``config.yaml`` as ``plan.json``; :meth:`RunPlan.config_as_run` is the config with the
+(:func:`calibration_plan`, with the sites' own :func:`silofl.site.dpsgd.round_schedule`), and the feature
+stage.
+The plan is written next to ``config.yaml`` as ``plan.json``; :meth:`RunPlan.config_as_run` is the config with
+the
 derived values filled in — what the sites, the coordinator and the accountants read.
 
-Everything here is a pure function of its arguments (no data loading, no randomness: the split seed is drawn by
+Everything here is a pure function of its arguments (no data loading, no randomness: the split seed is drawn
+by
 :mod:`silofl.run.data` and handed in).
 """
 
@@ -32,7 +38,8 @@ DERIVED = ("split_seed", "samples_per_client", "batch_size", "noise_multiplier",
 @dataclass(frozen=True)
 class PartyPlan:
     """What one party's accountant will see: example level, a site of ``examples`` training examples taking
-    ``steps_per_round`` DP steps at rate ``sample_rate`` a round; client level, the server's one mechanism a round at
+    ``steps_per_round`` DP steps at rate ``sample_rate`` a round; client level, the server's one mechanism a
+    round at
     the client rate."""
 
     party: str  # "client<k>" or "server"
@@ -53,23 +60,34 @@ class RunPlan:
     """What a run derived from its (resolved) config and its data (see the module doc)."""
 
     config: RunConfig  # what the user asked, resolved
-    split_seed: int | None  # the simulated split's seed (not a secret; drawn fresh when neither seed was given)
+    split_seed: (
+        int | None
+    )  # the simulated split's seed (not a secret; drawn fresh when neither seed was given)
     samples_per_client: int | None
     batch_size: int | None
-    site_sizes: tuple[int, ...]  # training examples of each site the method builds (the combiner's rows set aside)
+    site_sizes: tuple[
+        int, ...
+    ]  # training examples of each site the method builds (the combiner's rows set aside)
     noise_multiplier: float  # σ: given, or calibrated from the budget
     noise_calibrated: bool
     privacy: str  # the effective privacy mode (silofl.privacy.guarantee.effective_mode)
     parties: tuple[PartyPlan, ...] = ()  # under DP (example level: one per site; client level: the server)
     features: str = "none"  # the feature stage (silofl.features)
     feature_shape: tuple[int, ...] | None = None
-    calibration: dict | None = None  # how a budget-first run chose σ (summary.json's privacy.noise_calibration)
+    calibration: dict | None = (
+        None  # how a budget-first run chose σ (summary.json's privacy.noise_calibration)
+    )
 
     def config_as_run(self) -> RunConfig:
-        """The config with every derived value filled in (what the sites, coordinator and accountants read)."""
+        """The config with every derived value filled in (what the sites, coordinator and accountants
+        read)."""
         cfg = self.config
-        changes: dict[str, Any] = {"split_seed": self.split_seed, "samples_per_client": self.samples_per_client,
-                                   "batch_size": self.batch_size, "noise_multiplier": self.noise_multiplier}
+        changes: dict[str, Any] = {
+            "split_seed": self.split_seed,
+            "samples_per_client": self.samples_per_client,
+            "batch_size": self.batch_size,
+            "noise_multiplier": self.noise_multiplier,
+        }
         if self.noise_calibrated:
             changes["calibrate_noise"] = True
         changes = {k: v for k, v in changes.items() if getattr(cfg, k) != v}
@@ -81,13 +99,21 @@ class RunPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """plan.json's content (the derived values; the config is config.yaml's)."""
-        return {"format": FORMAT, "method": self.config.method, "split_seed": self.split_seed,
-                "samples_per_client": self.samples_per_client, "batch_size": self.batch_size,
-                "site_sizes": list(self.site_sizes), "noise_multiplier": self.noise_multiplier,
-                "noise_calibrated": self.noise_calibrated, "privacy": self.privacy,
-                "parties": [{**dataclasses.asdict(p), "steps": p.steps} for p in self.parties],
-                "features": self.features, "feature_shape": list(self.feature_shape) if self.feature_shape else None,
-                "calibration": self.calibration}
+        return {
+            "format": FORMAT,
+            "method": self.config.method,
+            "split_seed": self.split_seed,
+            "samples_per_client": self.samples_per_client,
+            "batch_size": self.batch_size,
+            "site_sizes": list(self.site_sizes),
+            "noise_multiplier": self.noise_multiplier,
+            "noise_calibrated": self.noise_calibrated,
+            "privacy": self.privacy,
+            "parties": [{**dataclasses.asdict(p), "steps": p.steps} for p in self.parties],
+            "features": self.features,
+            "feature_shape": list(self.feature_shape) if self.feature_shape else None,
+            "calibration": self.calibration,
+        }
 
     def write(self, folder: str | Path) -> Path:
         """Write ``folder/plan.json``."""
@@ -96,11 +122,15 @@ class RunPlan:
         return p
 
 
-# ---------------------------------------------------------------------------------------------------- pure functions
-def auto_sizes(cfg: RunConfig, n_train: int, smallest: int | None = None, cap: int | None = None
-               ) -> tuple[int, int]:
-    """(examples per client, batch size) with those left to ``auto`` filled from the data: examples per client at most
-    1000, no more than an equal share of the ``n_train`` training examples, nor than ``cap`` (what the partition can
+# ---------------------------------------------------------------------------------------------------- pure
+# functions
+def auto_sizes(
+    cfg: RunConfig, n_train: int, smallest: int | None = None, cap: int | None = None
+) -> tuple[int, int]:
+    """(examples per client, batch size) with those left to ``auto`` filled from the data: examples per client
+    at most
+    1000, no more than an equal share of the ``n_train`` training examples, nor than ``cap`` (what the
+    partition can
     serve); the batch a quarter of a client's examples — the papers' q = 0.25 — at most 250. ``smallest``: the
     smallest client's size where sizes are given by the data (partition ``site``)."""
     spc = cfg.samples_per_client
@@ -129,7 +159,8 @@ def calibrates(cfg: RunConfig) -> bool:
 
 
 def party_plans(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = None) -> list[PartyPlan]:
-    """What each party's accountant will see over the planned rounds: per party its target ε, sampling rate q and
+    """What each party's accountant will see over the planned rounds: per party its target ε, sampling rate q
+    and
     steps (example level: a site of n examples takes n // B steps a round at q = B/n, or the method's own
     ``sample_rate``/``local_steps``; client level: the server's one mechanism a round at the client rate)."""
     if cfg.is_client_level:
@@ -141,22 +172,29 @@ def party_plans(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = 
 
     out = []
     for k, n in enumerate(site_sizes):
-        q, steps = round_schedule(n, batch, getattr(cfg.options, "sample_rate", None),
-                                  getattr(cfg.options, "local_steps", None))
+        q, steps = round_schedule(
+            n, batch, getattr(cfg.options, "sample_rate", None), getattr(cfg.options, "local_steps", None)
+        )
         out.append(PartyPlan(f"client{k}", q, steps, cfg.rounds, target_epsilon_of(cfg, k), n))
     return out
 
 
-def calibration_plan(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = None) -> list[dict[str, Any]]:
+def calibration_plan(
+    cfg: RunConfig, site_sizes: list[int], batch_size: int | None = None
+) -> list[dict[str, Any]]:
     """:func:`party_plans` as plain records {party, target_epsilon, sample_rate, steps} (steps: of the planned
     rounds)."""
-    return [{"party": p.party, "target_epsilon": p.target_epsilon, "sample_rate": p.sample_rate, "steps": p.steps}
-            for p in party_plans(cfg, site_sizes, batch_size)]
+    return [
+        {"party": p.party, "target_epsilon": p.target_epsilon, "sample_rate": p.sample_rate, "steps": p.steps}
+        for p in party_plans(cfg, site_sizes, batch_size)
+    ]
 
 
 def calibrated_sigma(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = None) -> float | None:
-    """With a budget-first config: σ such that every party's planned rounds end at ε ≤ its target (the largest σ any
-    party needs — the run has one σ — so every party ends at or below its target and the party that needs most ends
+    """With a budget-first config: σ such that every party's planned rounds end at ε ≤ its target (the largest
+    σ any
+    party needs — the run has one σ — so every party ends at or below its target and the party that needs most
+    ends
     at it, within the calibration's tolerance). None when σ is given."""
     from silofl.privacy.analysis import calibrate_sigma
 
@@ -167,25 +205,49 @@ def calibrated_sigma(cfg: RunConfig, site_sizes: list[int], batch_size: int | No
     return max(calibrate_sigma(e, cfg.delta, q, n, cfg.accountant) for e, q, n in sigmas)
 
 
-def calibration_report(cfg: RunConfig, sigma: float, parties: list[PartyPlan] | tuple[PartyPlan, ...]
-                       ) -> dict[str, Any]:
-    """How a budget-first run chose σ: the target, the planned rounds, each party's sampling rate and steps and the ε
+def calibration_report(
+    cfg: RunConfig, sigma: float, parties: list[PartyPlan] | tuple[PartyPlan, ...]
+) -> dict[str, Any]:
+    """How a budget-first run chose σ: the target, the planned rounds, each party's sampling rate and steps
+    and the ε
     its accountant will reach at the end of the plan."""
     from silofl.privacy.analysis import ACCOUNTANT_NAMES, CALIBRATION_TOLERANCE, epsilon_of
 
-    rows = [{"party": p.party, "target_epsilon": p.target_epsilon, "sample_rate": p.sample_rate, "steps": p.steps,
-             "planned_epsilon": epsilon_of(cfg.accountant, ((sigma, p.sample_rate, p.steps),), cfg.delta)}
-            for p in parties]
-    return {"noise_multiplier": sigma, "rounds_planned": cfg.rounds, "delta": cfg.delta,
-            "accountant": ACCOUNTANT_NAMES[cfg.accountant], "method": "opacus.accountants.utils.get_noise_multiplier",
-            "tolerance": CALIBRATION_TOLERANCE, "parties": rows}
+    rows = [
+        {
+            "party": p.party,
+            "target_epsilon": p.target_epsilon,
+            "sample_rate": p.sample_rate,
+            "steps": p.steps,
+            "planned_epsilon": epsilon_of(cfg.accountant, ((sigma, p.sample_rate, p.steps),), cfg.delta),
+        }
+        for p in parties
+    ]
+    return {
+        "noise_multiplier": sigma,
+        "rounds_planned": cfg.rounds,
+        "delta": cfg.delta,
+        "accountant": ACCOUNTANT_NAMES[cfg.accountant],
+        "method": "opacus.accountants.utils.get_noise_multiplier",
+        "tolerance": CALIBRATION_TOLERANCE,
+        "parties": rows,
+    }
 
 
-def plan(cfg: RunConfig, data: Any, split_seed: int | None, samples_per_client: int | None,
-         batch_size: int | None, site_sizes: list[int] | None = None) -> RunPlan:
-    """The plan of ``cfg`` (resolved: what the user asked) on ``data`` (a :class:`silofl.data.SplitData`, or None
-    when the sites hold their data elsewhere), given what the data step chose to draw the split with: its seed and the
-    examples per client and batch size. ``site_sizes``: each site's training examples (default: from the split's
+def plan(
+    cfg: RunConfig,
+    data: Any,
+    split_seed: int | None,
+    samples_per_client: int | None,
+    batch_size: int | None,
+    site_sizes: list[int] | None = None,
+) -> RunPlan:
+    """The plan of ``cfg`` (resolved: what the user asked) on ``data`` (a :class:`silofl.data.SplitData`, or
+    None
+    when the sites hold their data elsewhere), given what the data step chose to draw the split with: its seed
+    and the
+    examples per client and batch size. ``site_sizes``: each site's training examples (default: from the
+    split's
     partitions, as the method builds its sites, less the combiner's held-out rows)."""
     if site_sizes is None:
         site_sizes = sizes_of_sites(cfg, data.parts) if data is not None else []
@@ -196,23 +258,42 @@ def plan(cfg: RunConfig, data: Any, split_seed: int | None, samples_per_client: 
     sigma = calibrated_sigma(cfg, site_sizes, batch_size) if site_sizes or cfg.is_client_level else None
     calibration = calibration_report(cfg, sigma, parties) if sigma is not None else None
     shape = getattr(data, "feature_shape", None) if data is not None else None
-    return RunPlan(config=cfg, split_seed=split_seed, samples_per_client=samples_per_client, batch_size=batch_size,
-                   site_sizes=tuple(site_sizes), noise_multiplier=sigma if sigma is not None else cfg.noise_multiplier,
-                   noise_calibrated=sigma is not None, privacy=cfg.privacy, parties=tuple(parties),
-                   features=cfg.features,
-                   feature_shape=tuple(shape) if shape is not None else None, calibration=calibration)
+    return RunPlan(
+        config=cfg,
+        split_seed=split_seed,
+        samples_per_client=samples_per_client,
+        batch_size=batch_size,
+        site_sizes=tuple(site_sizes),
+        noise_multiplier=sigma if sigma is not None else cfg.noise_multiplier,
+        noise_calibrated=sigma is not None,
+        privacy=cfg.privacy,
+        parties=tuple(parties),
+        features=cfg.features,
+        feature_shape=tuple(shape) if shape is not None else None,
+        calibration=calibration,
+    )
 
 
 def given(cfg: RunConfig) -> RunPlan:
-    """The plan of a config whose derived values are already filled in (a config as run: a checkpoint's, an old run
+    """The plan of a config whose derived values are already filled in (a config as run: a checkpoint's, an
+    old run
     folder's, or a deployed run's whose sites hold the data): every value as the config has it."""
-    return RunPlan(config=cfg, split_seed=cfg.split_seed, samples_per_client=cfg.samples_per_client,
-                   batch_size=cfg.batch_size, site_sizes=(), noise_multiplier=cfg.noise_multiplier,
-                   noise_calibrated=False, privacy=cfg.privacy, features=cfg.features)
+    return RunPlan(
+        config=cfg,
+        split_seed=cfg.split_seed,
+        samples_per_client=cfg.samples_per_client,
+        batch_size=cfg.batch_size,
+        site_sizes=(),
+        noise_multiplier=cfg.noise_multiplier,
+        noise_calibrated=False,
+        privacy=cfg.privacy,
+        features=cfg.features,
+    )
 
 
 def sizes_of_sites(cfg: RunConfig, parts: list) -> list[int]:
-    """The number of training examples of each site the method builds from the clients' partitions (less the rows
+    """The number of training examples of each site the method builds from the clients' partitions (less the
+    rows
     each site holds out for its combiner)."""
     sizes = [len(y) for _, y in cfg.info.cls(cfg).site_data(parts)]
     if cfg.combine != "none":
@@ -221,7 +302,8 @@ def sizes_of_sites(cfg: RunConfig, parts: list) -> list[int]:
 
 
 def read_plan(folder: str | Path) -> dict[str, Any] | None:
-    """A run folder's plan.json (None for a folder written before plans were: its config.yaml holds the derived
+    """A run folder's plan.json (None for a folder written before plans were: its config.yaml holds the
+    derived
     values). A ConfigError when the file is there but unreadable."""
     p = Path(folder) / PLAN_FILE
     if not p.is_file():

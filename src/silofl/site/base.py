@@ -54,19 +54,26 @@ class Site(ABC):
         self.last_train: dict = {}
         self.tests: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # "external" (shared), "internal" (own)
         self.eval_cache: dict | None = None  # set by an in-process engine for one evaluate call
-        # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON); written
+        # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON);
+        # written
         # next to its models, for `silofl predict` and `silofl export`
         self.preprocessing: dict | None = None
-        # the feature stage between preprocessing and the models (silofl.features record); written next to its models
+        # the feature stage between preprocessing and the models (silofl.features record); written next to its
+        # models
         self.features: dict | None = None
         self.ledger: Ledger | None = None  # the site's persistent privacy ledger (open_folder)
         self.folder: Path | None = None  # the site's own folder: its ledger and the figures it keeps
         self.run_label = "run"
         self.release_nonprivate = True  # report figures computed from non-private data (the site's choice)
-        self.combination: Combination | None = None  # its own model fused with the DP ones (silofl.site.combine)
+        self.combination: Combination | None = (
+            None  # its own model fused with the DP ones (silofl.site.combine)
+        )
 
-    def open_folder(self, folder: str | Path, run_label: str = "run", release_nonprivate: bool = True) -> None:
-        """Keep this site's ledger (its privacy spend, recomputed from it: :mod:`silofl.privacy.ledger`) and the
+    def open_folder(
+        self, folder: str | Path, run_label: str = "run", release_nonprivate: bool = True
+    ) -> None:
+        """Keep this site's ledger (its privacy spend, recomputed from it: :mod:`silofl.privacy.ledger`) and
+        the
         figures it does not release in ``folder``; ``release_nonprivate``: whether it reports figures computed
         from non-private data."""
         self.folder = Path(folder)
@@ -132,7 +139,8 @@ class Site(ABC):
         return None
 
     def _scores(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
-        """:meth:`evaluate`, plus the combined model's figures (``combined_acc``, ``combined_auroc``, …) when the site
+        """:meth:`evaluate`, plus the combined model's figures (``combined_acc``, ``combined_auroc``, …) when
+        the site
         combines."""
         out = self.evaluate(x, y, cache)
         if self.combination is not None:
@@ -142,10 +150,18 @@ class Site(ABC):
         return out
 
     @staticmethod
-    def cached_scores(key: object, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cache: dict | None,
-                      store: bool = True) -> dict:
-        """Every metric of ``model`` on (x, y) (:func:`silofl.training.evaluation.scores`: ``acc``, ``auroc``, …),
-        taken from an engine's evaluation cache when it holds them under ``("scores", key)``; with ``store`` what is
+    def cached_scores(
+        key: object,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        cache: dict | None,
+        store: bool = True,
+    ) -> dict:
+        """Every metric of ``model`` on (x, y) (:func:`silofl.training.evaluation.scores`: ``acc``, ``auroc``,
+        …),
+        taken from an engine's evaluation cache when it holds them under ``("scores", key)``; with ``store``
+        what is
         computed here is put there too (and its accuracy under ``key``, as :func:`accuracy`'s figure)."""
         from silofl.training.evaluation import scores
 
@@ -170,8 +186,11 @@ class Site(ABC):
     def figure_labels(self, meta: dict) -> dict[str, str]:
         """The label (:meth:`metric_label`) of every figure of an evaluation reply, keyed as the run's
         metrics key it (``<figure>_internal`` on the site's own held-out rows)."""
-        out = {k: self.metric_label(acc_field_of(k) or k)
-               for part in ("accs", "extra", "train") for k in meta[part]}
+        out = {
+            k: self.metric_label(acc_field_of(k) or k)
+            for part in ("accs", "extra", "train")
+            for k in meta[part]
+        }
         out.update({f"{k}_internal": self.metric_label(acc_field_of(k) or k) for k in meta["internal"]})
         return out
 
@@ -180,7 +199,9 @@ class Site(ABC):
             return figures
         out = {}
         for k, v in figures.items():
-            if self.metric_label(acc_field_of(k) or k) == NONPRIVATE:  # a model's AUROC, F1 …: as its accuracy
+            if (
+                self.metric_label(acc_field_of(k) or k) == NONPRIVATE
+            ):  # a model's AUROC, F1 …: as its accuracy
                 kept[k + suffix] = v
             else:
                 out[k] = v
@@ -196,7 +217,8 @@ class Site(ABC):
         self.left_at = rnd
 
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly where this site stopped (for checkpoints), with the head of its
+        """Everything needed to continue exactly where this site stopped (for checkpoints), with the head of
+        its
         ledger (a resume refuses a ledger older than that)."""
         head = self.ledger.head.to_dict() if self.ledger is not None else None
         return {"active": self.active, "left_at": self.left_at, "ledger_head": head}
@@ -209,7 +231,8 @@ class Site(ABC):
 
     # ------------------------------------------------------------------ common steps
     def on_hello(self, msg: Message) -> Message:
-        """The site's public facts: its data size and architectures (and why it cannot train, if it cannot)."""
+        """The site's public facts: its data size and architectures (and why it cannot train, if it
+        cannot)."""
         meta = {"n": self.n, "architectures": self.architectures()}
         if not self.can_continue():
             meta["budget_message"] = self.budget_message()
@@ -230,13 +253,21 @@ class Site(ABC):
         kept: dict = {}
         if self.combination is not None:  # refitted on the site's held-out rows with the current models
             self.combination.fit(self)
-        meta: dict = {"accs": {}, "internal": {}, "epsilon": self.epsilon(),
-                      "extra": self._release(self.extra_metrics(), kept), "train": self._release(dict(self.last_train), kept)}
+        meta: dict = {
+            "accs": {},
+            "internal": {},
+            "epsilon": self.epsilon(),
+            "extra": self._release(self.extra_metrics(), kept),
+            "train": self._release(dict(self.last_train), kept),
+        }
         if msg.meta.get("score", True) and "external" in self.tests:
             x, y = self.tests["external"]
-            # the cache shares one model's score among sites holding it, per test set: sites that see the shared
+            # the cache shares one model's score among sites holding it, per test set: sites that see the
+            # shared
             # test set through their own preprocessing (per-site sources) hold different tensors
-            cache = self.eval_cache.setdefault(("test set", id(x)), {}) if self.eval_cache is not None else None
+            cache = (
+                self.eval_cache.setdefault(("test set", id(x)), {}) if self.eval_cache is not None else None
+            )
             meta["accs"] = self._release(self._scores(x, y, cache), kept)
         if msg.meta.get("internal", False) and "internal" in self.tests:
             meta["internal"] = self._release(self._scores(*self.tests["internal"]), kept, "_internal")
@@ -260,15 +291,24 @@ class Site(ABC):
             if self.preprocessing is not None and written:
                 import json
 
-                (d / f"client{self.cid}_preprocessing.json").write_text(json.dumps(self.preprocessing, indent=1) + "\n")
+                (d / f"client{self.cid}_preprocessing.json").write_text(
+                    json.dumps(self.preprocessing, indent=1) + "\n"
+                )
             if self.features is not None and written:
                 import json
 
                 (d / f"client{self.cid}_features.json").write_text(json.dumps(self.features, indent=1) + "\n")
             if self.combination is not None:
                 written += self.combination.save(self, d)
-        return Message({"architectures": self.architectures(), "epsilon": self.epsilon(), "left_at": self.left_at,
-                        "privacy": self.privacy_report(), "models": written})
+        return Message(
+            {
+                "architectures": self.architectures(),
+                "epsilon": self.epsilon(),
+                "left_at": self.left_at,
+                "privacy": self.privacy_report(),
+                "models": written,
+            }
+        )
 
     def on_save(self, msg: Message) -> Message:
         """Write this site's state into the round folder the coordinator names (``root/round<r>``); keep only
@@ -285,8 +325,11 @@ class Site(ABC):
     def on_checkpoints(self, msg: Message) -> Message:
         """The rounds of which this site holds a checkpoint under ``root``."""
         root = Path(msg.meta["root"])
-        rounds = sorted(int(d.name[5:]) for d in root.glob("round*")
-                        if d.name[5:].isdigit() and (d / f"node{self.cid}.json").is_file())
+        rounds = sorted(
+            int(d.name[5:])
+            for d in root.glob("round*")
+            if d.name[5:].isdigit() and (d / f"node{self.cid}.json").is_file()
+        )
         return Message({"rounds": rounds})
 
     def on_load(self, msg: Message) -> Message:
@@ -295,13 +338,22 @@ class Site(ABC):
         root, rnd = Path(msg.meta["root"]), int(msg.meta["round"])
         state, meta = load_node(root / f"round{rnd}", self.cid)
         if meta.get("round") != rnd:
-            raise ConfigError(f"checkpoint of site {self.cid} in {root}/round{rnd} is from round {meta.get('round')}")
+            raise ConfigError(
+                f"checkpoint of site {self.cid} in {root}/round{rnd} is from round {meta.get('round')}"
+            )
         newest = max(self.on_checkpoints(msg).meta["rounds"], default=rnd)
         if newest > rnd and state.get("accountant") is not None:
             newer, _ = load_node(root / f"round{newest}", self.cid)
             if newer.get("accountant") is not None:
                 state["accountant"] = newer["accountant"]
-                log.warning("node %d resumes from round %d but keeps its accountant of round %d: rounds %d–%d are "
-                            "counted again", self.cid, rnd, newest, rnd + 1, newest)
+                log.warning(
+                    "node %d resumes from round %d but keeps its accountant of round %d: rounds %d–%d are "
+                    "counted again",
+                    self.cid,
+                    rnd,
+                    newest,
+                    rnd + 1,
+                    newest,
+                )
         self.load_state_dict(state)
         return Message()

@@ -18,12 +18,17 @@ The parts, the site's own model first:
 
 The combiner is one linear layer over the parts' log-probabilities, ``z = W·[log p_1(x), …, log p_k(x)] + b``
 (:mod:`silofl.training.fusion`): ``weights`` — ``W = [w_1·I … w_k·I]``, ``b = 0``, w on the simplex in steps
-of 0.05, chosen by held-out cross-entropy; ``stack`` — multinomial logistic regression on the log-probabilities
-(L2 ``combine_l2`` on W and b, L-BFGS). Both fits are class-balanced by default (``combine_balance``: every class
-of the held-out rows counts equally, scikit-learn's ``class_weight="balanced"``): a site whose rows are mostly one
-class (the benchmark's p_major split: 80 %) otherwise fits that mix as a prior, and on a balanced population the
+of 0.05, chosen by held-out cross-entropy; ``stack`` — multinomial logistic regression on the
+log-probabilities
+(L2 ``combine_l2`` on W and b, L-BFGS). Both fits are class-balanced by default (``combine_balance``: every
+class
+of the held-out rows counts equally, scikit-learn's ``class_weight="balanced"``): a site whose rows are mostly
+one
+class (the benchmark's p_major split: 80 %) otherwise fits that mix as a prior, and on a balanced population
+the
 combination then only repeats the site's own model (ProxyFL, Fashion-MNIST, ε = 3: 0.230 / 0.234 unbalanced,
-0.517 balanced, on the balanced test set); ``combine_balance: false`` fits the site's own class mix, for a site
+0.517 balanced, on the balanced test set); ``combine_balance: false`` fits the site's own class mix, for a
+site
 whose future cases come in that mix. It is refitted at every evaluation (the parts change every round) and
 at the end; its accuracy is reported as ``combined_acc``, labelled **non-private** (it contains the site's
 own model), so across processes it stays in the site's folder unless the site releases it. The final combiner
@@ -58,15 +63,19 @@ OWN = "own"  # the role of the own model a site without one trains for the combi
 
 def holdout_rows(n: int, fraction: float, split_seed: int | None, site: int) -> tuple[np.ndarray, np.ndarray]:
     """(rows the site trains on, rows kept for the combiner) of a site with ``n`` training rows: a random
-    ``fraction`` (at least one row, at least one left), drawn from the split seed — which a run always sets and
-    records: the draw depends on no record, so it is not secret and claims no amplification (a fresh draw only when
+    ``fraction`` (at least one row, at least one left), drawn from the split seed — which a run always sets
+    and
+    records: the draw depends on no record, so it is not secret and claims no amplification (a fresh draw only
+    when
     called without one)."""
     if not 0.0 < fraction < 1.0:
         raise ConfigError(f"combine_holdout must lie in (0, 1), got {fraction}")
     k = int(round(fraction * n))
     if n < 2 or k < 1 or k >= n:
-        raise ConfigError(f"combine_holdout {fraction:g} of site {site}'s {n} training rows leaves no rows to hold out "
-                          "or none to train on")
+        raise ConfigError(
+            f"combine_holdout {fraction:g} of site {site}'s {n} training rows leaves no rows to hold out "
+            "or none to train on"
+        )
     seed = [int(split_seed), 0xC0B1, site] if split_seed is not None else secrets.randbits(64)
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[k:]), np.sort(perm[:k])
@@ -90,17 +99,22 @@ def log_probs(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> torc
     was = model.training
     model.eval()
     with torch.no_grad():
-        out = torch.cat([F.log_softmax(model(x[i : i + batch_size]), dim=1) for i in range(0, len(x), batch_size)])
+        out = torch.cat(
+            [F.log_softmax(model(x[i : i + batch_size]), dim=1) for i in range(0, len(x), batch_size)]
+        )
     model.train(was)
     return out.float()
 
 
 class Combination:
-    """A site's combiner: its held-out rows, the own model it trains if it has none, the fitted linear layer."""
+    """A site's combiner: its held-out rows, the own model it trains if it has none, the fitted linear
+    layer."""
 
     def __init__(self, settings: CombineSettings, x_hold: torch.Tensor, y_hold: torch.Tensor):
         if settings.mode not in COMBINE_MODES[1:]:
-            raise ConfigError(f"unknown combine mode {settings.mode!r}; choose one of: {', '.join(COMBINE_MODES)}")
+            raise ConfigError(
+                f"unknown combine mode {settings.mode!r}; choose one of: {', '.join(COMBINE_MODES)}"
+            )
         self.settings = settings
         self.x_hold, self.y_hold = x_hold, y_hold
         self.own: tuple[nn.Module, ModelSpec] | None = None  # trained here when the site has no non-DP model
@@ -122,7 +136,8 @@ class Combination:
         return [(own_role, own_model), *((r, m) for r, (m, _) in models.items() if m is not own_model)]
 
     def own_model(self, site: Site, models: dict[str, tuple[nn.Module, ModelSpec]]) -> nn.Module:
-        """The site's own model of the shared architecture, trained without DP on its own training rows (once)."""
+        """The site's own model of the shared architecture, trained without DP on its own training rows
+        (once)."""
         if self.own is None:
             spec = next(iter(models.values()))[1]
             self.own = (train_own(spec, site.x, site.y, self.settings), spec)  # type: ignore[attr-defined]
@@ -134,8 +149,9 @@ class Combination:
         parts = self.parts(site)
         self.roles = [r for r, _ in parts]
         logps = [log_probs(m, self.x_hold) for _, m in parts]
-        self.weight, self.bias, self.mix = fit_combiner(logps, self.y_hold, self.settings.mode, self.settings.l2,
-                                                        self.settings.balance)
+        self.weight, self.bias, self.mix = fit_combiner(
+            logps, self.y_hold, self.settings.mode, self.settings.l2, self.settings.balance
+        )
 
     def logits(self, site: Site, x: torch.Tensor) -> torch.Tensor:
         """The combined model's logits on x."""
@@ -149,7 +165,8 @@ class Combination:
         return float((self.logits(site, x).argmax(1) == y).float().mean()) if len(y) else 0.0
 
     def scores(self, site: Site, x: torch.Tensor, y: torch.Tensor) -> dict:
-        """Every metric of the combined model on (x, y) from one pass (:mod:`silofl.training.metrics`); ``acc`` as
+        """Every metric of the combined model on (x, y) from one pass (:mod:`silofl.training.metrics`);
+        ``acc`` as
         :meth:`accuracy` gives it."""
         from silofl.training.metrics import classification_metrics, finite_or_none
 
@@ -160,7 +177,8 @@ class Combination:
 
     # ------------------------------------------------------------------ saving
     def save(self, site: Site, d: Path) -> list[str]:
-        """Write the own model (if trained here) and the combiner under ``d``; the files written (``d.name/…``)."""
+        """Write the own model (if trained here) and the combiner under ``d``; the files written
+        (``d.name/…``)."""
         from safetensors.torch import save_file
 
         from silofl.models import save_model
@@ -172,29 +190,41 @@ class Combination:
             save_model(self.own[0], self.own[1], d / f"client{site.cid}_{OWN}")
             written.append(f"{d.name}/client{site.cid}_{OWN}.safetensors")
         p = d / f"client{site.cid}_combined"
-        meta = {"format": COMBINER_FORMAT, "mode": self.settings.mode, "balance": self.settings.balance,
-                "parts": self.roles,
-                "classes": int(self.weight.shape[0]), "held_out_rows": len(self.y_hold),
-                "mix": list(self.mix) if self.mix is not None else None, "privacy": "non-private",
-                "note": "logits = weight · concat(log_softmax(part(x)) for part in parts) + bias; the parts are this "
-                        "site's files client<k>_<part>; fitted on rows held out from the site's own training rows. "
-                        "NOT differentially private: it contains the site's own model, trained without DP"}
-        save_file({"weight": self.weight.contiguous(), "bias": self.bias.contiguous()}, str(p.with_suffix(".safetensors")),
-                  metadata={"combiner": json.dumps(meta)})
+        meta = {
+            "format": COMBINER_FORMAT,
+            "mode": self.settings.mode,
+            "balance": self.settings.balance,
+            "parts": self.roles,
+            "classes": int(self.weight.shape[0]),
+            "held_out_rows": len(self.y_hold),
+            "mix": list(self.mix) if self.mix is not None else None,
+            "privacy": "non-private",
+            "note": "logits = weight · concat(log_softmax(part(x)) for part in parts) + bias; the parts are "
+            "this "
+            "site's files client<k>_<part>; fitted on rows held out from the site's own training rows. "
+            "NOT differentially private: it contains the site's own model, trained without DP",
+        }
+        save_file(
+            {"weight": self.weight.contiguous(), "bias": self.bias.contiguous()},
+            str(p.with_suffix(".safetensors")),
+            metadata={"combiner": json.dumps(meta)},
+        )
         p.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
         written.append(f"{d.name}/{p.name}.safetensors")
         return written
 
 
 def balanced_weights(y: torch.Tensor, c: int) -> torch.Tensor:
-    """Each class's weight so that every class present in ``y`` counts equally: n / (classes present · count)."""
+    """Each class's weight so that every class present in ``y`` counts equally: n / (classes present ·
+    count)."""
     counts = torch.bincount(y, minlength=c).double()
     present = int((counts > 0).sum())
     return torch.where(counts > 0, len(y) / (present * counts.clamp_min(1)), torch.zeros_like(counts)).float()
 
 
-def fit_combiner(logps: list[torch.Tensor], y: torch.Tensor, mode: str, l2: float = 1e-2, balance: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, ...] | None]:
+def fit_combiner(
+    logps: list[torch.Tensor], y: torch.Tensor, mode: str, l2: float = 1e-2, balance: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, tuple[float, ...] | None]:
     """(weight (C, k·C), bias (C,), the mix of ``weights``) of the combiner fitted on the parts' held-out
     log-probabilities ``logps`` and labels ``y``; with ``balance`` every class of ``y`` counts equally."""
     c = logps[0].shape[1]
@@ -207,16 +237,28 @@ def fit_combiner(logps: list[torch.Tensor], y: torch.Tensor, mode: str, l2: floa
         return weight, torch.zeros(c), mix
     if mode == "stack":
         feats = torch.cat(logps, 1)
-        with torch.random.fork_rng(devices=[]):  # nothing is drawn, but keep the run's streams untouched anyway
+        with torch.random.fork_rng(
+            devices=[]
+        ):  # nothing is drawn, but keep the run's streams untouched anyway
             fusion = Fusion(feats.shape[1], c, len(logps), 0, "classification", start="zero")
-        fit_fusion(fusion, feats, y, "classification", weight_decay=l2, epochs=500, tolerance_grad=1e-7,
-                   tolerance_change=1e-12, class_weight=cw)
+        fit_fusion(
+            fusion,
+            feats,
+            y,
+            "classification",
+            weight_decay=l2,
+            epochs=500,
+            tolerance_grad=1e-7,
+            tolerance_change=1e-12,
+            class_weight=cw,
+        )
         return fusion.linear.weight.detach().clone(), fusion.linear.bias.detach().clone(), None
     raise ConfigError(f"unknown combine mode {mode!r}; choose one of: {', '.join(COMBINE_MODES)}")
 
 
 def train_own(spec: ModelSpec, x: torch.Tensor, y: torch.Tensor, s: CombineSettings) -> nn.Module:
-    """A model of ``spec`` trained on (x, y) without DP: ``s.epochs`` epochs of shuffled minibatches, Adam. Its
+    """A model of ``spec`` trained on (x, y) without DP: ``s.epochs`` epochs of shuffled minibatches, Adam.
+    Its
     randomness comes from ``s.seed`` (secret without one) and leaves the run's random streams untouched."""
     seed = s.seed if s.seed is not None else secrets.randbits(63)
     with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
@@ -236,8 +278,9 @@ def train_own(spec: ModelSpec, x: torch.Tensor, y: torch.Tensor, s: CombineSetti
     return model.eval()
 
 
-def combination_for(cfg, k: int, x: torch.Tensor, y: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, Combination | None]:
+def combination_for(
+    cfg, k: int, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, Combination | None]:
     """(the rows site ``k`` trains on, their labels, its Combination) under ``cfg``'s ``combine`` options: the
     site's rows unchanged and None when combination is off."""
     mode = getattr(cfg, "combine", "none")
@@ -246,8 +289,16 @@ def combination_for(cfg, k: int, x: torch.Tensor, y: torch.Tensor
     keep, held = holdout_rows(len(y), cfg.combine_holdout, cfg.data_seed, k)
     keep_t, held_t = torch.as_tensor(keep, device=y.device), torch.as_tensor(held, device=y.device)
     seed = None if cfg.seed is None else int(cfg.seed) * 1009 + k
-    own_lr = getattr(cfg.options, "private_lr", None) or getattr(cfg.options, "lr", None) or 1e-3  # the non-DP models'
-    settings = CombineSettings(mode=mode, epochs=cfg.combine_epochs or cfg.rounds, lr=float(own_lr),
-                               batch_size=int(cfg.batch_size or 64),
-                               l2=cfg.combine_l2, seed=seed, balance=bool(cfg.combine_balance))
+    own_lr = (
+        getattr(cfg.options, "private_lr", None) or getattr(cfg.options, "lr", None) or 1e-3
+    )  # the non-DP models'
+    settings = CombineSettings(
+        mode=mode,
+        epochs=cfg.combine_epochs or cfg.rounds,
+        lr=float(own_lr),
+        batch_size=int(cfg.batch_size or 64),
+        l2=cfg.combine_l2,
+        seed=seed,
+        balance=bool(cfg.combine_balance),
+    )
     return x[keep_t], y[keep_t], Combination(settings, x[held_t], y[held_t])

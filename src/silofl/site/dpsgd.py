@@ -87,10 +87,12 @@ class DPSGDSettings:
     private_lr: float | None = None  # the private model's Adam lr (None: lr)
 
 
-def round_schedule(n: int, batch_size: int, sample_rate: float | None = None, local_steps: int | None = None
-                   ) -> tuple[float, int]:
+def round_schedule(
+    n: int, batch_size: int, sample_rate: float | None = None, local_steps: int | None = None
+) -> tuple[float, int]:
     """(Poisson rate q, DP steps per round) of a site of ``n`` examples: q = ``sample_rate``, else
-    min(1, batch_size / n); ``local_steps`` steps, else one epoch (n // batch_size, or ⌊1/q⌋ with a given q)."""
+    min(1, batch_size / n); ``local_steps`` steps, else one epoch (n // batch_size, or ⌊1/q⌋ with a given
+    q)."""
     if sample_rate is None:
         q, epoch = min(1.0, batch_size / n), max(1, n // batch_size)
     else:
@@ -101,7 +103,9 @@ def round_schedule(n: int, batch_size: int, sample_rate: float | None = None, lo
 def shared_optimizer(params, s: DPSGDSettings) -> torch.optim.Optimizer:
     """The shared (DP) model's optimizer: Adam, or SGD with (Nesterov) momentum."""
     if s.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum, nesterov=s.nesterov, weight_decay=s.weight_decay)
+        return torch.optim.SGD(
+            params, lr=s.lr, momentum=s.momentum, nesterov=s.nesterov, weight_decay=s.weight_decay
+        )
     return torch.optim.Adam(params, lr=s.lr, weight_decay=s.weight_decay)
 
 
@@ -117,16 +121,27 @@ def _ema_key(previous: object, token: object) -> object:
 class DPSGDSite(Site):
     """See the module doc."""
 
-    # whether a private model trains by mutual learning on the shared model's batches (ProxyFL, FML); a method whose
+    # whether a private model trains by mutual learning on the shared model's batches (ProxyFL, FML); a method
+    # whose
     # private model trains its own way (Ditto's personal model) sets False and trains it in its own step
     mutual_learning_partner = True
 
-    def __init__(self, cid: int, x: torch.Tensor, y: torch.Tensor, shared_spec: ModelSpec, settings: DPSGDSettings,
-                 private_spec: ModelSpec | None = None, shared_field: str = "proxy"):
+    def __init__(
+        self,
+        cid: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        shared_spec: ModelSpec,
+        settings: DPSGDSettings,
+        private_spec: ModelSpec | None = None,
+        shared_field: str = "proxy",
+    ):
         super().__init__(cid)
         self.settings = s = settings
         self.x, self.y = x, y
-        self.sample_rate, self.steps_per_round = round_schedule(self.n, s.batch_size, s.sample_rate, s.local_steps)
+        self.sample_rate, self.steps_per_round = round_schedule(
+            self.n, s.batch_size, s.sample_rate, s.local_steps
+        )
         seed_init, seed_sample, seed_noise, seed_aug = party_seeds(s.seed, cid)
         seeded = s.seed is not None
         torch.manual_seed(seed_init)
@@ -134,16 +149,22 @@ class DPSGDSite(Site):
         self.private = private_spec.build().to(x.device) if private_spec is not None else None
         self.shared = shared_spec.build().to(x.device)
         private_lr = s.private_lr if s.private_lr is not None else s.lr
-        self.private_opt = (torch.optim.Adam(self.private.parameters(), lr=private_lr, weight_decay=s.weight_decay)
-                            if self.private is not None else None)
+        self.private_opt = (
+            torch.optim.Adam(self.private.parameters(), lr=private_lr, weight_decay=s.weight_decay)
+            if self.private is not None
+            else None
+        )
         self.shared_opt = shared_optimizer(self.shared.parameters(), s)
         self.augment: AugMult | None = None
         if s.augmult:
             if x.dim() != 4:
-                raise ConfigError(f"augmult augments images; this site's inputs have shape {tuple(x.shape[1:])}")
+                raise ConfigError(
+                    f"augmult augments images; this site's inputs have shape {tuple(x.shape[1:])}"
+                )
             if s.aug_pad >= min(x.shape[2], x.shape[3]):
-                raise ConfigError(f"aug_pad {s.aug_pad} must be smaller than the images' sides "
-                                  f"({x.shape[2]}×{x.shape[3]})")
+                raise ConfigError(
+                    f"aug_pad {s.aug_pad} must be smaller than the images' sides ({x.shape[2]}×{x.shape[3]})"
+                )
             self.augment = AugMult(s.augmult, s.aug_pad, s.aug_flip, seed_aug if seeded else None)
         self._ema: dict[str, torch.Tensor] | None = None  # committed EMA of round-end weights (ema_decay > 0)
         self._ema_key: object = None
@@ -155,10 +176,15 @@ class DPSGDSite(Site):
         self.accountant: Accountant | None = None
         self.budget: Budget | None = None
         if s.private:
-            self.dp = DPGradient(self.shared, clip=s.clip, noise_multiplier=s.noise_multiplier,
-                                 expected_batch_size=self.sample_rate * self.n,
-                                 noise=NoiseSource(seed_noise if seeded else None, device=x.device),
-                                 backend=s.dp_backend, sample_rate=self.sample_rate)
+            self.dp = DPGradient(
+                self.shared,
+                clip=s.clip,
+                noise_multiplier=s.noise_multiplier,
+                expected_batch_size=self.sample_rate * self.n,
+                noise=NoiseSource(seed_noise if seeded else None, device=x.device),
+                backend=s.dp_backend,
+                sample_rate=self.sample_rate,
+            )
             self.accountant = Accountant(s.accountant)
             self.budget = Budget(self.accountant, s.target_epsilon, s.delta)
         self.rounds_trained = 0
@@ -185,10 +211,15 @@ class DPSGDSite(Site):
         if self.budget is None or self.accountant is None or self.budget.target_epsilon is None:
             return super().budget_message()
         s = self.settings
-        one = self.accountant.epsilon_after(s.noise_multiplier, self.sample_rate, self.steps_per_round, s.delta)
-        return (f"target_epsilon {self.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
-                f"δ={s.delta:g}) for every client: no client could train; raise the budget or the noise multiplier, "
-                "or lower the batch size")
+        one = self.accountant.epsilon_after(
+            s.noise_multiplier, self.sample_rate, self.steps_per_round, s.delta
+        )
+        return (
+            f"target_epsilon {self.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
+            f"δ={s.delta:g}) for every client: no client could train; raise the budget or the noise "
+            f"multiplier, "
+            "or lower the batch size"
+        )
 
     def train(self, rnd: int) -> dict:
         """One round: one epoch of Poisson batches (deep mutual learning with a private model)."""
@@ -199,9 +230,20 @@ class DPSGDSite(Site):
         partner = None
         if self.private is not None and self.private_opt is not None and self.mutual_learning_partner:
             partner = Partner(self.private, self.private_opt, self.alpha)
-        stats = poisson_steps(self.shared, self.shared_opt, self.x, self.y, sample_rate=self.sample_rate,
-                              steps=self.steps_per_round, sampler=self.sampler, loss_fn=self._shared_loss, dp=self.dp,
-                              partner=partner, augment=self.augment, grad_hook=self.shared_grad_hook())
+        stats = poisson_steps(
+            self.shared,
+            self.shared_opt,
+            self.x,
+            self.y,
+            sample_rate=self.sample_rate,
+            steps=self.steps_per_round,
+            sampler=self.sampler,
+            loss_fn=self._shared_loss,
+            dp=self.dp,
+            partner=partner,
+            augment=self.augment,
+            grad_hook=self.shared_grad_hook(),
+        )
         self.empty_batches += stats.pop("empty_batches")
         if self.dp is not None and self.accountant is not None:
             run = self.dp.take_run()
@@ -214,12 +256,15 @@ class DPSGDSite(Site):
         return stats
 
     def shared_grad_hook(self) -> Callable[[], None] | None:
-        """A data-independent term added to the shared model's (DP) gradient before every optimizer step of this
-        round (:func:`~silofl.training.poisson.poisson_steps`' ``grad_hook``), or None; FedProx's and MR-MTL's sites
+        """A data-independent term added to the shared model's (DP) gradient before every optimizer step of
+        this
+        round (:func:`~silofl.training.poisson.poisson_steps`' ``grad_hook``), or None; FedProx's and MR-MTL's
+        sites
         add their proximal pull here."""
         return None
 
-    # ---------------------------------------------------------------- EMA of the shared model (post-processing)
+    # ---------------------------------------------------------------- EMA of the shared model
+    # (post-processing)
     def _commit_ema(self) -> None:
         d = self.settings.ema_decay
         cur = self.shared.state_dict()
@@ -235,7 +280,8 @@ class DPSGDSite(Site):
         return self.shared_token if self.shared_token is not None else ("model", id(self.shared))
 
     def released(self) -> torch.nn.Module:
-        """The shared model as evaluated and saved: the EMA of its round-end weights, the current weights counting
+        """The shared model as evaluated and saved: the EMA of its round-end weights, the current weights
+        counting
         as the latest (``ema_decay`` > 0), else the shared model itself."""
         if not self.settings.ema_decay:
             return self.shared
@@ -244,8 +290,12 @@ class DPSGDSite(Site):
                 self._ema_model = self.shared_spec.build().to(self.x.device)
         d, cur = self.settings.ema_decay, self.shared.state_dict()
         with torch.no_grad():
-            view = {k: (self._ema[k] * d + v.detach() * (1.0 - d)) if self._ema is not None and k in self._ema else v
-                    for k, v in cur.items()}
+            view = {
+                k: (self._ema[k] * d + v.detach() * (1.0 - d))
+                if self._ema is not None and k in self._ema
+                else v
+                for k, v in cur.items()
+            }
         self._ema_model.load_state_dict(view)
         return self._ema_model
 
@@ -263,13 +313,17 @@ class DPSGDSite(Site):
         state.update(extra or {})
         return encode(state, meta={"round": rnd, "src": self.cid, "model": self.shared_spec.name, **meta})
 
-    def read(self, packet: Packet, extra_keys: tuple[str, ...] = (), rnd: int | None = None
-             ) -> tuple[dict, dict[str, float], dict]:
+    def read(
+        self, packet: Packet, extra_keys: tuple[str, ...] = (), rnd: int | None = None
+    ) -> tuple[dict, dict[str, float], dict]:
         """Decode and validate a received shared model — names, shapes, dtypes, finite and bounded values, the
-        round ``rnd`` and the packet's sender in its metadata, finite outputs on a probe batch of the site's own
+        round ``rnd`` and the packet's sender in its metadata, finite outputs on a probe batch of the site's
+        own
         data — before it touches any local model: (tensors, extras, meta). Raises PeerModelRejected."""
         expect = {"src": packet.src} if rnd is None else {"round": rnd, "src": packet.src}
-        tensors, extras, meta = read_model(packet.data, dict(self.shared.state_dict()), extra_keys, expect=expect)
+        tensors, extras, meta = read_model(
+            packet.data, dict(self.shared.state_dict()), extra_keys, expect=expect
+        )
         self.probe(tensors)
         return tensors, extras, meta
 
@@ -277,7 +331,9 @@ class DPSGDSite(Site):
         """Raise PeerModelRejected unless a model with weights ``state`` gives finite, bounded outputs on the
         first examples of the site's own data (checked on a scratch copy: no local model is touched)."""
         if self._probe_model is None:
-            with torch.random.fork_rng(devices=[]):  # the scratch model's init draws nothing from the run's streams
+            with torch.random.fork_rng(
+                devices=[]
+            ):  # the scratch model's init draws nothing from the run's streams
                 self._probe_model = self.shared_spec.build().to(self.x.device).eval()
         self._probe_model.load_state_dict(state)
         with torch.no_grad():
@@ -287,7 +343,9 @@ class DPSGDSite(Site):
 
     def reject(self, rnd: int, packet: Packet, err: Exception) -> dict:
         """Log a refused packet; the record that goes into summary.json."""
-        log.warning("client %d rejected the model from node %d in round %d: %s", self.cid, packet.src, rnd, err)
+        log.warning(
+            "client %d rejected the model from node %d in round %d: %s", self.cid, packet.src, rnd, err
+        )
         return {"round": rnd, "client": self.cid, "src": packet.src, "reason": str(err)}
 
     def replace_shared(self, state: dict[str, torch.Tensor], token: object = None) -> None:
@@ -301,13 +359,16 @@ class DPSGDSite(Site):
     def state_dict(self) -> dict:
         return {
             **super().state_dict(),
-            "shared": self.shared.state_dict(), "shared_opt": self.shared_opt.state_dict(),
+            "shared": self.shared.state_dict(),
+            "shared_opt": self.shared_opt.state_dict(),
             "private": self.private.state_dict() if self.private is not None else None,
             "private_opt": self.private_opt.state_dict() if self.private_opt is not None else None,
             "sampler": sampler_state(self.sampler),
             "noise": self.dp.noise.state_dict() if self.dp is not None else None,
             "accountant": self.accountant.state_dict() if self.accountant is not None else None,
-            "rounds_trained": self.rounds_trained, "empty_batches": self.empty_batches, "last_train": self.last_train,
+            "rounds_trained": self.rounds_trained,
+            "empty_batches": self.empty_batches,
+            "last_train": self.last_train,
             **({"ema": self._ema} if self.settings.ema_decay else {}),
             **({"augment": self.augment.state_dict()} if self.augment is not None else {}),
         }
@@ -338,8 +399,10 @@ class DPSGDSite(Site):
 
     # ---------------------------------------------------------------- reporting
     def eval_models(self) -> list[tuple[object, torch.nn.Module]]:
-        """(cache key, model) of each model :meth:`evaluate` scores, for an engine that scores many sites' models
-        at once: the private model by identity, the shared one by its weights' token (sites holding one broadcast
+        """(cache key, model) of each model :meth:`evaluate` scores, for an engine that scores many sites'
+        models
+        at once: the private model by identity, the shared one by its weights' token (sites holding one
+        broadcast
         share it)."""
         out: list[tuple[object, torch.nn.Module]] = []
         if self.private is not None:
@@ -348,11 +411,16 @@ class DPSGDSite(Site):
         return out
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
-        """``private_acc`` and ``<shared>_acc`` with the other metrics of the same pass (``private_auroc``, …)."""
+        """``private_acc`` and ``<shared>_acc`` with the other metrics of the same pass (``private_auroc``,
+        …)."""
         out = {}
         keys = self.eval_models()  # the same keys the engine's batched scoring used
         if self.private is not None:
-            out.update(prefixed("private_acc", self.cached_scores(keys[0][0], self.private, x, y, cache, store=False)))
+            out.update(
+                prefixed(
+                    "private_acc", self.cached_scores(keys[0][0], self.private, x, y, cache, store=False)
+                )
+            )
         key, model = keys[-1]
         out.update(prefixed(f"{self.shared_field}_acc", self.cached_scores(key, model, x, y, cache)))
         return out
@@ -364,11 +432,16 @@ class DPSGDSite(Site):
         return None if self.accountant is None else self.accountant.epsilon(self.settings.delta)
 
     def metric_label(self, key: str) -> str:
-        if key in ("examples_seen", "pushsum_weight"):  # Poisson batch sizes depend on no record; protocol state
+        if key in (
+            "examples_seen",
+            "pushsum_weight",
+        ):  # Poisson batch sizes depend on no record; protocol state
             return PUBLIC
         if key == f"{self.shared_field}_acc" and self.settings.private and self.beta == 0.0:
             return DP  # the DP model's accuracy on held-out data: post-processing of a DP release
-        return NONPRIVATE  # the private model; per-example gradient norms; a model trained without (formal) DP
+        return (
+            NONPRIVATE  # the private model; per-example gradient norms; a model trained without (formal) DP
+        )
 
     def restore_spend(self) -> None:
         if self.ledger is None or self.accountant is None:
@@ -383,20 +456,37 @@ class DPSGDSite(Site):
 
     def privacy_report(self) -> dict:
         s = self.settings
-        base = {"client": self.cid, "n": self.n, "rounds_trained": self.rounds_trained, "left_at": self.left_at,
-                "empty_batches": self.empty_batches, "clip": s.clip,
-                "dp_model": self.shared_field if s.private else None}
+        base = {
+            "client": self.cid,
+            "n": self.n,
+            "rounds_trained": self.rounds_trained,
+            "left_at": self.left_at,
+            "empty_batches": self.empty_batches,
+            "clip": s.clip,
+            "dp_model": self.shared_field if s.private else None,
+        }
         if self.accountant is None or self.budget is None or self.dp is None:
             return {**base, "accountant": None, "epsilon": None, "delta": None}
         rep = self.accountant.report(s.delta)
         target = self.budget.target_epsilon
         rounds_within = None
         if target is not None:
-            steps = max_steps_within(self.accountant.kind, s.noise_multiplier, self.sample_rate, s.delta, target,
-                                     step_block=self.steps_per_round)
+            steps = max_steps_within(
+                self.accountant.kind,
+                s.noise_multiplier,
+                self.sample_rate,
+                s.delta,
+                target,
+                step_block=self.steps_per_round,
+            )
             rounds_within = steps // self.steps_per_round
-        return {**base, **rep, "target_epsilon": target, "rounds_within_budget": rounds_within,
-                "dp_backend": self.dp.backend_name}
+        return {
+            **base,
+            **rep,
+            "target_epsilon": target,
+            "rounds_within_budget": rounds_within,
+            "dp_backend": self.dp.backend_name,
+        }
 
     def final_models(self):
         out = {self.shared_field: (self.released(), self.shared_spec)}

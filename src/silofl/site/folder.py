@@ -1,32 +1,45 @@
 """A site's own folder: one identity, one lifetime privacy budget and one ledger for every protocol.
 
-A hospital that publishes models with PubSub-ML, trains in a deployed federation (``silofl site run``) and runs
-simulations on its own data is one institution with one budget. Its folder (``silofl site init``, or made on the
-first ``silofl pubsub publish``; default ``$SILOFL_HOME/sites/<name>``, ``SILOFL_HOME`` defaulting to ``~/.silofl``)::
+A hospital that publishes models with PubSub-ML, trains in a deployed federation (``silofl site run``) and
+runs
+simulations on its own data is one institution with one budget. Its folder (``silofl site init``, or made on
+the
+first ``silofl pubsub publish``; default ``$SILOFL_HOME/sites/<name>``, ``SILOFL_HOME`` defaulting to
+``~/.silofl``)::
 
-    site.json         format "silofl.site/2": name, lifetime_epsilon, lifetime_delta (a copy: the ledger's budget
+    site.json         format "silofl.site/2": name, lifetime_epsilon, lifetime_delta (a copy: the ledger's
+    budget
                       entries are the budget of record), data, schema, private_model, test_fraction,
                       report_test_figures, allow_research_seed, allow_non_formal (what the site decided)
-    keys/             sign.key (Ed25519: it signs PubSub-ML models and deployment payloads alike), seal.key (X25519),
+    keys/             sign.key (Ed25519: it signs PubSub-ML models and deployment payloads alike), seal.key
+    (X25519),
                       node / node.pub (Flower node authentication), public.json (its public card)
-    ledger/           site.key (the ledger's secret, 0600) and ledger.jsonl (:mod:`silofl.privacy.ledger`: genesis
-                      naming the site and its key, budget entries, DP-SGD rounds of every run, PubSub-ML releases,
+    ledger/           site.key (the ledger's secret, 0600) and ledger.jsonl (:mod:`silofl.privacy.ledger`:
+    genesis
+                      naming the site and its key, budget entries, DP-SGD rounds of every run, PubSub-ML
+                      releases,
                       restores), HMAC-chained and append-only
-    state/            runs.json (run ids joined, furthest round, replay guard), head.json (last announced head)
+    state/            runs.json (run ids joined, furthest round, replay guard), head.json (last announced
+    head)
     federation.json   (deployment only) the other sites' pinned public cards
 
 What the site has spent is composed from that one ledger by basic composition: the prior spend declared by
-restores, plus the largest spend of any record over its PubSub-ML releases, plus the DP-SGD rounds of every run
+restores, plus the largest spend of any record over its PubSub-ML releases, plus the DP-SGD rounds of every
+run
 (an accountant over the ledger's history). A deployed run gets the lifetime budget minus the first two
-(:meth:`SiteFolder.training_budget`; its own accountant replays the DP-SGD history); a PubSub-ML release is checked
-against all three (:meth:`SiteFolder.require_release`). A site that spent ε = 3 publishing and joins a run with a
+(:meth:`SiteFolder.training_budget`; its own accountant replays the DP-SGD history); a PubSub-ML release is
+checked
+against all three (:meth:`SiteFolder.require_release`). A site that spent ε = 3 publishing and joins a run
+with a
 lifetime ε of 8 has 5 left.
 
 Folders of the two earlier formats are converted in place when opened (:func:`migrate`): PubSub-ML's
 ``silofl.site/1`` (``site.json`` with ``lifetime: [ε, δ]``, ``site.key``, ``ledger.jsonl`` and ``sign.key`` at
 the top) and deployment's format ``1`` (``keys/``, ``ledger/``). The new files are written first, then moved
-into place, the new ``site.json`` last; the old ``site.json`` is kept as ``site.json.v1.bak``. A folder holding
-both (deployment's ``ledger/`` and PubSub-ML's ``ledger.jsonl``) gets one ledger whose spend is the sum of both.
+into place, the new ``site.json`` last; the old ``site.json`` is kept as ``site.json.v1.bak``. A folder
+holding
+both (deployment's ``ledger/`` and PubSub-ML's ``ledger.jsonl``) gets one ledger whose spend is the sum of
+both.
 A folder that cannot be converted (damaged, hostile, oversized) is refused in one line and left as it was.
 """
 
@@ -89,8 +102,9 @@ def write_private(path: Path, data: bytes) -> None:
 def _pkcs8(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def public_raw(key) -> bytes:
@@ -109,22 +123,33 @@ def load_private(path: Path):
 
 def make_site_keys(folder: Path, name: str, sign=None) -> dict:
     """A site's keys under ``folder``: ``node`` / ``node.pub`` (Flower node authentication, EC P-384 OpenSSH),
-    ``seal.key`` (X25519) and ``sign.key`` (Ed25519; ``sign`` keeps an existing one); returns its public card (also
+    ``seal.key`` (X25519) and ``sign.key`` (Ed25519; ``sign`` keeps an existing one); returns its public card
+    (also
     written to ``public.json``)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, x25519
 
     node = ec.generate_private_key(ec.SECP384R1())
-    write_private(folder / "node", node.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                                      serialization.NoEncryption()))
-    node_pub = node.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    write_private(
+        folder / "node",
+        node.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
+    node_pub = node.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
     (folder / "node.pub").write_bytes(node_pub + f" {name}\n".encode())
     seal = x25519.X25519PrivateKey.generate()
     sign = sign if sign is not None else ed25519.Ed25519PrivateKey.generate()
     write_private(folder / "seal.key", _pkcs8(seal))
     write_private(folder / "sign.key", _pkcs8(sign))
-    card = {"name": name, "seal": public_raw(seal.public_key()).hex(), "sign": public_raw(sign.public_key()).hex(),
-            "node": node_pub.decode()}
+    card = {
+        "name": name,
+        "seal": public_raw(seal.public_key()).hex(),
+        "sign": public_raw(sign.public_key()).hex(),
+        "node": node_pub.decode(),
+    }
     (folder / "public.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
 
@@ -136,7 +161,9 @@ class SiteConfig:
     PubSub-ML (a deployed site needs it)."""
 
     name: str
-    data: str | None  # a data file in the site folder (silofl's export) or a table/folder read with ``schema``
+    data: (
+        str | None
+    )  # a data file in the site folder (silofl's export) or a table/folder read with ``schema``
     lifetime_epsilon: float
     lifetime_delta: float
     private_model: str | None = None
@@ -168,13 +195,15 @@ class SiteConfig:
 
     @classmethod
     def load(cls, folder: Path) -> SiteConfig:
-        """Read and check ``folder/site.json`` (converting a folder of an earlier format first: :func:`migrate`)."""
+        """Read and check ``folder/site.json`` (converting a folder of an earlier format first:
+        :func:`migrate`)."""
         migrate(Path(folder))
         return cls.from_dict(read_site_json(Path(folder)), str(Path(folder) / SITE_FILE))
 
 
 def read_site_json(folder: Path) -> dict:
-    """``folder/site.json`` as a dict, its size and nesting bounded before it is parsed; ConfigError otherwise."""
+    """``folder/site.json`` as a dict, its size and nesting bounded before it is parsed; ConfigError
+    otherwise."""
     path = folder / SITE_FILE
     if not path.is_file():
         raise ConfigError(f"{folder} is not a site folder (no site.json): create it with `silofl site init`")
@@ -219,13 +248,16 @@ def _bounded_text(path: Path, limit: int, what: str) -> str:
 
 
 def _old_pubsub_ledger(folder: Path) -> Ledger | None:
-    """PubSub-ML's ledger at the top of ``folder`` (``site.key``, ``ledger.jsonl``), verified; None if absent."""
+    """PubSub-ML's ledger at the top of ``folder`` (``site.key``, ``ledger.jsonl``), verified; None if
+    absent."""
     if not (folder / LEDGER_FILE).exists():
         return None
     _bounded_text(folder / LEDGER_FILE, MAX_LEDGER_BYTES, "the PubSub-ML ledger")
     if not (folder / KEY_FILE).is_file():
-        raise ConfigError(f"{folder / LEDGER_FILE}: a PubSub-ML ledger without its key ({KEY_FILE}) cannot be "
-                          "verified: refused")
+        raise ConfigError(
+            f"{folder / LEDGER_FILE}: a PubSub-ML ledger without its key ({KEY_FILE}) cannot be "
+            "verified: refused"
+        )
     _bounded_text(folder / KEY_FILE, MAX_KEY_BYTES, "the ledger key")
     try:
         return Ledger(folder)
@@ -241,7 +273,9 @@ def _old_sign_key(folder: Path):
     if not path.exists():
         return None
     try:
-        return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(_bounded_text(path, MAX_KEY_BYTES, "sign.key").strip()))
+        return Ed25519PrivateKey.from_private_bytes(
+            bytes.fromhex(_bounded_text(path, MAX_KEY_BYTES, "sign.key").strip())
+        )
     except ValueError:
         raise ConfigError(f"{path}: not an Ed25519 signing key: refused") from None
 
@@ -250,8 +284,10 @@ _ENVELOPE = ("format", "seq", "prev", "mac", "time")
 
 
 def _carry(new: Ledger, old: Ledger, same_key: bool, origin: str) -> int:
-    """Append ``old``'s spending entries to ``new`` (each with where it came from); returns how many. Releases keep
-    their record digests when both ledgers share the key; otherwise (``"*:<digest>"``) the most any old record spent
+    """Append ``old``'s spending entries to ``new`` (each with where it came from); returns how many. Releases
+    keep
+    their record digests when both ledgers share the key; otherwise (``"*:<digest>"``) the most any old record
+    spent
     counts for every record."""
     remap: dict[int, int] = {}
     n = 0
@@ -280,27 +316,40 @@ def _number(v: Any) -> bool:
 
 
 def _check_entry(e: dict, origin: str) -> None:
-    """ConfigError unless a spending entry of an old ledger has the fields that make it count (a MAC proves who wrote
+    """ConfigError unless a spending entry of an old ledger has the fields that make it count (a MAC proves
+    who wrote
     it, not that it is well formed)."""
     kind, ok = e["kind"], True
     if kind == "release":
         recs = e.get("records")
-        ok = (_number(e.get("epsilon")) and _number(e.get("delta")) and isinstance(recs, list)
-              and all(isinstance(r, str) and len(r) <= 64 for r in recs))
+        ok = (
+            _number(e.get("epsilon"))
+            and _number(e.get("delta"))
+            and isinstance(recs, list)
+            and all(isinstance(r, str) and len(r) <= 64 for r in recs)
+        )
     elif kind == "cancel":
         ok = isinstance(e.get("release"), int) and not isinstance(e.get("release"), bool)
     elif kind == "dp-sgd":
-        ok = (_number(e.get("noise_multiplier")) and _number(e.get("sample_rate")) and isinstance(e.get("steps"), int)
-              and not isinstance(e.get("steps"), bool))
+        ok = (
+            _number(e.get("noise_multiplier"))
+            and _number(e.get("sample_rate"))
+            and isinstance(e.get("steps"), int)
+            and not isinstance(e.get("steps"), bool)
+        )
     elif kind == "restore":
         ok = _number(e.get("epsilon")) and _number(e.get("delta")) and isinstance(e.get("epoch"), int)
     if not ok:
-        raise ConfigError(f"cannot convert the {origin}: its entry {e.get('seq')} ({kind}) is malformed: refused")
+        raise ConfigError(
+            f"cannot convert the {origin}: its entry {e.get('seq')} ({kind}) is malformed: refused"
+        )
 
 
 def migrate(folder: Path) -> str | None:
-    """Convert a site folder of an earlier format to ``silofl.site/2`` in place (see the module doc); what was done,
-    or None if it is already current. ConfigError (one line; the folder as it was) if it cannot be converted."""
+    """Convert a site folder of an earlier format to ``silofl.site/2`` in place (see the module doc); what was
+    done,
+    or None if it is already current. ConfigError (one line; the folder as it was) if it cannot be
+    converted."""
     folder = Path(folder)
     d = read_site_json(folder)
     fmt = d.get("format", DEPLOY_V1)
@@ -311,8 +360,10 @@ def migrate(folder: Path) -> str | None:
         return _migrate_pubsub(folder, d, where)
     if fmt == DEPLOY_V1 and not isinstance(fmt, bool):
         return _migrate_deploy(folder, d, where)
-    raise ConfigError(f"{where}: unknown site folder format {str(fmt)[:40]!r} (this silofl reads {FORMAT!r}, "
-                      f"{PUBSUB_V1!r} and {DEPLOY_V1})")
+    raise ConfigError(
+        f"{where}: unknown site folder format {str(fmt)[:40]!r} (this silofl reads {FORMAT!r}, "
+        f"{PUBSUB_V1!r} and {DEPLOY_V1})"
+    )
 
 
 def _stage(folder: Path) -> Path:
@@ -323,8 +374,11 @@ def _stage(folder: Path) -> Path:
     return stage
 
 
-def _commit(folder: Path, stage: Path, d_old: dict, cfg: SiteConfig, moves: list[str], old_files: list[str]) -> None:
-    """Move the staged ``moves`` into place, back up the old site.json, write the new one (the commit point), then
+def _commit(
+    folder: Path, stage: Path, d_old: dict, cfg: SiteConfig, moves: list[str], old_files: list[str]
+) -> None:
+    """Move the staged ``moves`` into place, back up the old site.json, write the new one (the commit point),
+    then
     keep the old top-level files under ``*.v1.bak`` names."""
     for name in moves:
         (stage / name).replace(folder / name)
@@ -343,17 +397,26 @@ def _migrate_pubsub(folder: Path, d: dict, where: str) -> str:
     check_site_name(name)
     life = d.get("lifetime")
     if life is None:
-        raise ConfigError(f"{where}: site {name!r} has no lifetime privacy budget to carry over: declare it once with "
-                          "--lifetime-epsilon E [--lifetime-delta D]")
-    if not (isinstance(life, list) and len(life) == 2 and all(isinstance(v, int | float) and not isinstance(v, bool)
-                                                               for v in life)):
+        raise ConfigError(
+            f"{where}: site {name!r} has no lifetime privacy budget to carry over: declare it once with "
+            "--lifetime-epsilon E [--lifetime-delta D]"
+        )
+    if not (
+        isinstance(life, list)
+        and len(life) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in life)
+    ):
         raise ConfigError(f"{where}: 'lifetime' must be [ε, δ]")
-    cfg = SiteConfig.from_dict({"name": name, "data": None, "lifetime_epsilon": float(life[0]),
-                                "lifetime_delta": float(life[1])}, where)
+    cfg = SiteConfig.from_dict(
+        {"name": name, "data": None, "lifetime_epsilon": float(life[0]), "lifetime_delta": float(life[1])},
+        where,
+    )
     for sub in (KEYS_DIR, LEDGER_DIR):
         if (folder / sub).exists():
-            raise ConfigError(f"cannot convert {folder}: it holds PubSub-ML's site.json and a {sub}/ folder; set one "
-                              "aside and open it again")
+            raise ConfigError(
+                f"cannot convert {folder}: it holds PubSub-ML's site.json and a {sub}/ folder; set one "
+                "aside and open it again"
+            )
     old = _old_pubsub_ledger(folder)
     sign = _old_sign_key(folder)
     stage = _stage(folder)
@@ -363,11 +426,21 @@ def _migrate_pubsub(folder: Path, d: dict, where: str) -> str:
         if old is not None:  # the same key: the record digests of its releases stay valid
             shutil.copy2(folder / KEY_FILE, stage / LEDGER_DIR / KEY_FILE)
         led = Ledger(stage / LEDGER_DIR)
-        start_site_ledger(led, name, card["sign"], (cfg.lifetime_epsilon, cfg.lifetime_delta),
-                          f"the lifetime budget of {PUBSUB_V1} site.json (migrated)")
+        start_site_ledger(
+            led,
+            name,
+            card["sign"],
+            (cfg.lifetime_epsilon, cfg.lifetime_delta),
+            f"the lifetime budget of {PUBSUB_V1} site.json (migrated)",
+        )
         n = _carry(led, old, True, f"{PUBSUB_V1} ledger.jsonl") if old is not None else 0
-        led.append("migrate", source=PUBSUB_V1, entries=n,
-                   old_head=old.head.to_dict() if old is not None else None, kept_sign_key=sign is not None)
+        led.append(
+            "migrate",
+            source=PUBSUB_V1,
+            entries=n,
+            old_head=old.head.to_dict() if old is not None else None,
+            kept_sign_key=sign is not None,
+        )
         _commit(folder, stage, d, cfg, [KEYS_DIR, LEDGER_DIR], [LEDGER_FILE, KEY_FILE, "sign.key"])
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -383,19 +456,27 @@ def _migrate_deploy(folder: Path, d: dict, where: str) -> str:
         _write_atomic(folder / SITE_FILE, json.dumps(cfg.to_dict(), indent=1) + "\n")
         return f"converted from deployment format {DEPLOY_V1}"
     if not (folder / LEDGER_DIR / LEDGER_FILE).is_file():
-        raise ConfigError(f"cannot convert {folder}: it holds PubSub-ML's ledger but deployment's {LEDGER_DIR}/ has "
-                          "no ledger to join it to")
+        raise ConfigError(
+            f"cannot convert {folder}: it holds PubSub-ML's ledger but deployment's {LEDGER_DIR}/ has "
+            "no ledger to join it to"
+        )
     _bounded_text(folder / LEDGER_DIR / LEDGER_FILE, MAX_LEDGER_BYTES, "the ledger")
     stage = _stage(folder)
-    try:  # deployment's chain is kept (its coordinator holds its head); PubSub-ML's spend is appended to a copy
+    # deployment's chain is kept (its coordinator holds its head); PubSub-ML's spend is appended to a copy
+    try:
         shutil.copytree(folder / LEDGER_DIR, stage / LEDGER_DIR)
         try:
             led = Ledger(stage / LEDGER_DIR)
         except LedgerTampered as e:
             raise ConfigError(f"cannot convert {folder}: its ledger does not verify ({e})") from None
         n = _carry(led, old, False, f"{PUBSUB_V1} ledger.jsonl")
-        led.append("migrate", source=f"{DEPLOY_V1} + {PUBSUB_V1}", entries=n, old_head=old.head.to_dict(),
-                   kept_sign_key=False)
+        led.append(
+            "migrate",
+            source=f"{DEPLOY_V1} + {PUBSUB_V1}",
+            entries=n,
+            old_head=old.head.to_dict(),
+            kept_sign_key=False,
+        )
         # the staged ledger replaces the live one in one rename (the old one kept beside it)
         (folder / LEDGER_DIR).replace(stage / "ledger.v1.bak")
         (stage / LEDGER_DIR).replace(folder / LEDGER_DIR)
@@ -409,8 +490,10 @@ def _migrate_deploy(folder: Path, d: dict, where: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- replay state
 class SiteState:
-    """What a site remembers of its runs, in ``state/`` of its folder (so a re-setup or a restarted worker cannot
-    reset it): every run id it joined, with the furthest round it reached and the sealed payloads it opened (its
+    """What a site remembers of its runs, in ``state/`` of its folder (so a re-setup or a restarted worker
+    cannot
+    reset it): every run id it joined, with the furthest round it reached and the sealed payloads it opened
+    (its
     replay guard), and the last ledger head it announced."""
 
     guard_type: Callable[[], Any] | None = None  # the replay guard's class (deployment's)
@@ -428,8 +511,10 @@ class SiteState:
         try:
             return json.loads(path.read_text())
         except ValueError:
-            raise ConfigError(f"{path} is damaged (not JSON): the site's replay state cannot be trusted; restore it "
-                              "from a backup") from None
+            raise ConfigError(
+                f"{path} is damaged (not JSON): the site's replay state cannot be trusted; restore it "
+                "from a backup"
+            ) from None
 
     @staticmethod
     def _write(path: Path, obj: Any) -> None:
@@ -467,20 +552,30 @@ class SiteFolder:
     # -------------------------------------------------------------- making and opening
     @classmethod
     def create(cls, path: str | Path, config: SiteConfig) -> SiteFolder:
-        """A new site folder: keys, ``site.json``, a ledger naming the site with its lifetime budget. Refuses a folder
+        """A new site folder: keys, ``site.json``, a ledger naming the site with its lifetime budget. Refuses
+        a folder
         that already holds a site (keys and ledgers are never overwritten)."""
         p = Path(path)
         check_site_name(config.name)
         if (p / SITE_FILE).exists():
-            raise ConfigError(f"{p} already holds a site (site.json): a site's keys and ledger are never overwritten")
+            raise ConfigError(
+                f"{p} already holds a site (site.json): a site's keys and ledger are never overwritten"
+            )
         for sub in (KEYS_DIR, LEDGER_DIR):
             if (p / sub).exists() and any((p / sub).iterdir()):
                 raise ConfigError(f"{p / sub} exists: a site's keys and ledger are never overwritten")
         p.mkdir(parents=True, exist_ok=True)
         card = make_site_keys(p / KEYS_DIR, config.name)
-        start_site_ledger(Ledger(p / LEDGER_DIR), config.name, card["sign"],
-                          (config.lifetime_epsilon, config.lifetime_delta), "site init")
-        _write_atomic(p / SITE_FILE, json.dumps(config.to_dict(), indent=1) + "\n")  # last: the folder is complete
+        start_site_ledger(
+            Ledger(p / LEDGER_DIR),
+            config.name,
+            card["sign"],
+            (config.lifetime_epsilon, config.lifetime_delta),
+            "site init",
+        )
+        _write_atomic(
+            p / SITE_FILE, json.dumps(config.to_dict(), indent=1) + "\n"
+        )  # last: the folder is complete
         return cls(p, config)
 
     @classmethod
@@ -490,9 +585,13 @@ class SiteFolder:
         return cls(p, SiteConfig.load(p))
 
     @classmethod
-    def open(cls, path: str | Path | None, name: str, lifetime: tuple[float, float] | None = None) -> SiteFolder:
-        """Site ``name``'s folder at ``path`` (default: :func:`default_site_dir`), made on first use with the lifetime
-        budget (ε, δ) given (PubSub-ML's way in: a site that only publishes needs no data). A budget other than the
+    def open(
+        cls, path: str | Path | None, name: str, lifetime: tuple[float, float] | None = None
+    ) -> SiteFolder:
+        """Site ``name``'s folder at ``path`` (default: :func:`default_site_dir`), made on first use with the
+        lifetime
+        budget (ε, δ) given (PubSub-ML's way in: a site that only publishes needs no data). A budget other
+        than the
         ledger's is refused: it changes only by ``silofl site budget``."""
         check_site_name(name)
         p = Path(path) if path is not None else default_site_dir(name)
@@ -502,17 +601,28 @@ class SiteFolder:
                 raise ConfigError(f"a lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1, got ε={eps}, δ={dlt}")
         if not (p / SITE_FILE).exists():
             if lifetime is None:
-                raise ConfigError(f"site {name!r} has no lifetime privacy budget: declare it once with "
-                                  "--lifetime-epsilon E [--lifetime-delta D]")
-            return cls.create(p, SiteConfig(name=name, data=None, lifetime_epsilon=float(lifetime[0]),
-                                             lifetime_delta=float(lifetime[1])))
+                raise ConfigError(
+                    f"site {name!r} has no lifetime privacy budget: declare it once with "
+                    "--lifetime-epsilon E [--lifetime-delta D]"
+                )
+            return cls.create(
+                p,
+                SiteConfig(
+                    name=name,
+                    data=None,
+                    lifetime_epsilon=float(lifetime[0]),
+                    lifetime_delta=float(lifetime[1]),
+                ),
+            )
         folder = cls.load(p)
         if folder.name != name:
             raise ConfigError(f"{p} is the folder of site {folder.name!r}, not {name!r}")
         have = folder.lifetime
         if lifetime is not None and (float(lifetime[0]), float(lifetime[1])) != have:
-            raise ConfigError(f"site {name!r} has the lifetime budget ε={have[0]:g}, δ={have[1]:g}; it is set once, "
-                              "when its folder is made, and changes only by a ledger entry (`silofl site budget`)")
+            raise ConfigError(
+                f"site {name!r} has the lifetime budget ε={have[0]:g}, δ={have[1]:g}; it is set once, "
+                "when its folder is made, and changes only by a ledger entry (`silofl site budget`)"
+            )
         return folder
 
     # -------------------------------------------------------------- identity
@@ -520,7 +630,9 @@ class SiteFolder:
     def card(self) -> dict:
         """The site's public card (``keys/public.json``)."""
         try:
-            c = json.loads(_bounded_text(self.path / KEYS_DIR / "public.json", MAX_KEY_BYTES, "the public card"))
+            c = json.loads(
+                _bounded_text(self.path / KEYS_DIR / "public.json", MAX_KEY_BYTES, "the public card")
+            )
         except ValueError:
             raise ConfigError(f"{self.path / KEYS_DIR / 'public.json'}: not a public card") from None
         if not isinstance(c, dict) or not isinstance(c.get("sign"), str):
@@ -529,7 +641,8 @@ class SiteFolder:
 
     @property
     def key_id(self) -> str:
-        """The site's public signing key (hex): its identity in its ledger, at the broker and in a federation."""
+        """The site's public signing key (hex): its identity in its ledger, at the broker and in a
+        federation."""
         return self.card["sign"]
 
     def signing_key(self):
@@ -539,7 +652,9 @@ class SiteFolder:
         try:
             key = load_private(self.path / KEYS_DIR / "sign.key")
         except (OSError, ValueError, TypeError) as e:
-            raise ConfigError(f"{self.path / KEYS_DIR / 'sign.key'}: not the site's signing key ({e})") from None
+            raise ConfigError(
+                f"{self.path / KEYS_DIR / 'sign.key'}: not the site's signing key ({e})"
+            ) from None
         if not isinstance(key, Ed25519PrivateKey):
             raise ConfigError(f"{self.path / KEYS_DIR / 'sign.key'}: not an Ed25519 key")
         return key
@@ -565,7 +680,8 @@ class SiteFolder:
         return self._ledger
 
     def announced_head(self) -> dict:
-        """The head of this site's ledger as it announces it (epoch, entries, last MAC): what a broker or coordinator
+        """The head of this site's ledger as it announces it (epoch, entries, last MAC): what a broker or
+        coordinator
         keeps for it with :class:`silofl.privacy.ledger.HeadStore` and compares with
         :func:`silofl.privacy.ledger.head_order`."""
         return announced_head(self.ledger)
@@ -592,12 +708,14 @@ class SiteFolder:
         return entry
 
     def outside_training(self) -> dict[str, tuple[float, float]]:
-        """What the site spent outside DP-SGD training, by source: the prior spend its restores declare, and the
+        """What the site spent outside DP-SGD training, by source: the prior spend its restores declare, and
+        the
         largest spend of any record over its releases (PubSub-ML models and stream chunks)."""
         return {"restored": restored_spend(self.ledger), "released": self.ledger.spent()}
 
     def training_budget(self) -> tuple[float, float]:
-        """The (ε, δ) DP-SGD training may still use, over every run: the lifetime budget less what restores and
+        """The (ε, δ) DP-SGD training may still use, over every run: the lifetime budget less what restores
+        and
         releases spent (the run's accountant replays the ledger's DP-SGD history against it)."""
         life = self.lifetime
         parts = self.outside_training().values()
@@ -608,11 +726,14 @@ class SiteFolder:
         life, out = self.lifetime, self.outside_training()
         left = self.training_budget()
         took = "; ".join(f"{k} ε {v[0]:.4g}" for k, v in out.items() if v[0] > 0) or "nothing yet"
-        return (f"site {self.name}'s lifetime ε {life[0]:g} (δ {life[1]:g}) leaves ε {left[0]:.4g} for training "
-                f"after {took}")
+        return (
+            f"site {self.name}'s lifetime ε {life[0]:g} (δ {life[1]:g}) leaves ε {left[0]:.4g} for training "
+            f"after {took}"
+        )
 
     def trained_epsilon(self, delta: float) -> float:
-        """ε at ``delta`` of every DP-SGD round the ledger records (every run, every protocol), by the RDP accountant."""
+        """ε at ``delta`` of every DP-SGD round the ledger records (every run, every protocol), by the RDP
+        accountant."""
         from silofl.privacy.accountant import Accountant
 
         hist = self.ledger.history()
@@ -622,9 +743,13 @@ class SiteFolder:
         acc.replay(hist)
         return acc.epsilon(delta)
 
-    def require_release(self, record_ids, epsilon: float, delta: float) -> tuple[set[str], tuple[float, float]]:
-        """(the keyed digests of ``record_ids``, what they have spent so far), after checking that releasing them at
-        (ε, δ) stays within the lifetime budget (BudgetExhausted if not). What they spent counts restores, every
+    def require_release(
+        self, record_ids, epsilon: float, delta: float
+    ) -> tuple[set[str], tuple[float, float]]:
+        """(the keyed digests of ``record_ids``, what they have spent so far), after checking that releasing
+        them at
+        (ε, δ) stays within the lifetime budget (BudgetExhausted if not). What they spent counts restores,
+        every
         release containing them and the DP-SGD rounds of every run (at the δ the budget leaves them)."""
         from silofl.core.errors import BudgetExhausted
 
@@ -636,22 +761,37 @@ class SiteFolder:
             own = self.ledger.spent(digests)
             d_train = life[1] - restored[1] - own[1] - delta
             if d_train <= 0:
-                raise BudgetExhausted(f"releasing these records at δ={delta:g} leaves no δ of site {self.name}'s "
-                                      f"lifetime budget δ={life[1]:g} for the DP-SGD rounds it already ran")
+                raise BudgetExhausted(
+                    f"releasing these records at δ={delta:g} leaves no δ of site {self.name}'s "
+                    f"lifetime budget δ={life[1]:g} for the DP-SGD rounds it already ran"
+                )
             base_eps += self.trained_epsilon(d_train)
             base_dlt += d_train
         return digests, self.ledger.require_release(digests, epsilon, delta, life, base=(base_eps, base_dlt))
 
-    def release(self, record_ids, epsilon: float, delta: float, make: Callable[[], Any],
-                send: Callable[[Any], Any], seal: Callable[[bytes, dict], bytes] | None = None,
-                **fields: Any) -> tuple[Any, Any]:
+    def release(
+        self,
+        record_ids,
+        epsilon: float,
+        delta: float,
+        make: Callable[[], Any],
+        send: Callable[[Any], Any],
+        seal: Callable[[bytes, dict], bytes] | None = None,
+        **fields: Any,
+    ) -> tuple[Any, Any]:
         """Release something computed from ``record_ids`` within the lifetime budget: check the budget for the
-        (ε, δ) asked for, ``make()`` the artifact (it has ``.epsilon``, ``.delta`` and ``to_bytes()``), record the
-        release at the artifact's actual (ε, δ) with its checksum, then ``send(bytes)``. A send refused before anything
-        left (a :class:`~silofl.core.errors.SiloflError`, e.g. the broker rejecting the model) cancels the record
-        and re-raises; any other failure keeps it counted (the artifact may have left). With ``seal``, the bytes sent
-        are ``seal(bytes, receipt)``: the receipt declares the spend of the released records including this release
-        (``epsilon_spent``, ``delta_spent``), the lifetime budget and the ledger entry (``ledger_seq``) that records it,
+        (ε, δ) asked for, ``make()`` the artifact (it has ``.epsilon``, ``.delta`` and ``to_bytes()``), record
+        the
+        release at the artifact's actual (ε, δ) with its checksum, then ``send(bytes)``. A send refused before
+        anything
+        left (a :class:`~silofl.core.errors.SiloflError`, e.g. the broker rejecting the model) cancels the
+        record
+        and re-raises; any other failure keeps it counted (the artifact may have left). With ``seal``, the
+        bytes sent
+        are ``seal(bytes, receipt)``: the receipt declares the spend of the released records including this
+        release
+        (``epsilon_spent``, ``delta_spent``), the lifetime budget and the ledger entry (``ledger_seq``) that
+        records it,
         for the publisher to sign (:func:`silofl.pubsub.signing.sign_model`). Returns (artifact, what ``send``
         returned)."""
         digests, before = self.require_release(record_ids, epsilon, delta)
@@ -659,25 +799,41 @@ class SiteFolder:
         data = artifact.to_bytes()
         eps, dlt = float(artifact.epsilon), float(artifact.delta)
         if eps > epsilon * (1 + 1e-9) or dlt > delta * (1 + 1e-9):
-            raise RuntimeError(f"the mechanism spent ε={eps}, δ={dlt}, above the (ε={epsilon}, δ={delta}) it was asked for")
+            raise RuntimeError(
+                f"the mechanism spent ε={eps}, δ={dlt}, above the (ε={epsilon}, δ={delta}) it was asked for"
+            )
         if seal is not None:
             life = self.lifetime
-            data = seal(data, {"site": self.name, "epsilon_spent": before[0] + eps, "delta_spent": before[1] + dlt,
-                               "lifetime": [life[0], life[1]], "ledger_seq": len(self.ledger.entries),
-                               "ledger_head": self.ledger.head.to_dict()})  # signed: the broker keeps the latest
-        entry = self.ledger.record_release(digests, eps, dlt, checksum=hashlib.sha256(data).hexdigest(), **fields)
+            data = seal(
+                data,
+                {
+                    "site": self.name,
+                    "epsilon_spent": before[0] + eps,
+                    "delta_spent": before[1] + dlt,
+                    "lifetime": [life[0], life[1]],
+                    "ledger_seq": len(self.ledger.entries),
+                    "ledger_head": self.ledger.head.to_dict(),
+                },
+            )  # signed: the broker keeps the latest
+        entry = self.ledger.record_release(
+            digests, eps, dlt, checksum=hashlib.sha256(data).hexdigest(), **fields
+        )
         try:
             out = send(data)
         except SiloflError as e:
-            if not getattr(e, "may_have_left", False):  # e.g. a connection lost after the upload: keep it counted
+            if not getattr(
+                e, "may_have_left", False
+            ):  # e.g. a connection lost after the upload: keep it counted
                 self.ledger.cancel_release(entry, f"{type(e).__name__}: {e}")
             raise
         return artifact, out
 
 
 def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonprivate: bool = True) -> Any:
-    """Make ``site`` (a simulated site, :func:`silofl.run.loop.make_site`) keep its spend in ``folder``'s one ledger:
-    its accountant replays every DP-SGD round the ledger holds (every run, every protocol) and its budget is capped at
+    """Make ``site`` (a simulated site, :func:`silofl.run.loop.make_site`) keep its spend in ``folder``'s one
+    ledger:
+    its accountant replays every DP-SGD round the ledger holds (every run, every protocol) and its budget is
+    capped at
     what the lifetime leaves for training after restores and PubSub-ML releases. Returns ``site``."""
     from silofl.core.errors import BudgetExhausted
 
@@ -685,11 +841,15 @@ def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonpri
     folder.ledger  # noqa: B018 - verified and checked to be this site's before anything is charged to it
     settings = getattr(site, "settings", None)
     if settings is not None and getattr(settings, "private", False) and settings.delta > left[1]:
-        raise BudgetExhausted(f"site {folder.name} refuses the run: its δ {settings.delta:g} exceeds what its lifetime "
-                              f"budget leaves, δ {left[1]:g} ({folder.budget_note()})")
+        raise BudgetExhausted(
+            f"site {folder.name} refuses the run: its δ {settings.delta:g} exceeds what its lifetime "
+            f"budget leaves, δ {left[1]:g} ({folder.budget_note()})"
+        )
     site.open_folder(folder.ledger_dir, run_label=run_label, release_nonprivate=release_nonprivate)
     if site.ledger is not None:
-        folder._ledger = site.ledger  # one Ledger object for the file: appends from either side chain on each other
+        folder._ledger = (
+            site.ledger
+        )  # one Ledger object for the file: appends from either side chain on each other
     budget = getattr(site, "budget", None)
     if budget is not None:
         if left[0] <= 0:
@@ -699,8 +859,11 @@ def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonpri
     return site
 
 
-def with_site_folders(folders: dict[int, SiteFolder], run_label: str = "run") -> Callable[[Any, int], tuple[Any, int]]:
-    """A ``sites`` hook for :class:`silofl.run.loop.RunHooks`: simulated site ``k`` charges ``folders[k]``'s ledger
+def with_site_folders(
+    folders: dict[int, SiteFolder], run_label: str = "run"
+) -> Callable[[Any, int], tuple[Any, int]]:
+    """A ``sites`` hook for :class:`silofl.run.loop.RunHooks`: simulated site ``k`` charges ``folders[k]``'s
+    ledger
     (:func:`attach`) — the same ledger and budget its PubSub-ML releases and deployed runs use."""
 
     def hook(make: Callable[[int], Any], n: int) -> tuple[Callable[[int], Any], int]:

@@ -30,7 +30,14 @@ from silofl.training.metrics import prefixed
 log = logging.getLogger("silofl")
 
 # scalars of the server's broadcast and of a site's update message
-V, CLIP, TAU, SELECTED, EPS_H, EPS_S = "__v__", "__clip__", "__tau__", "__selected__", "__eps_hospital__", "__eps_subclient__"
+V, CLIP, TAU, SELECTED, EPS_H, EPS_S = (
+    "__v__",
+    "__clip__",
+    "__tau__",
+    "__selected__",
+    "__eps_hospital__",
+    "__eps_subclient__",
+)
 UNCLIPPED, NORM_SUM, UNITS, STEPS = "__unclipped__", "__norm_sum__", "__units__", "__steps__"
 BROADCAST = (V, CLIP, TAU, SELECTED, EPS_H, EPS_S)
 UPDATE = (UNCLIPPED, NORM_SUM, UNITS, STEPS)
@@ -65,11 +72,15 @@ class SubclientSettings:
 class SubclientSite(Site):
     """Trains its sub-clients, clips, sends one message; holds the broadcast global model."""
 
-    def __init__(self, cid: int, x: torch.Tensor, y: torch.Tensor, spec: ModelSpec, settings: SubclientSettings):
+    def __init__(
+        self, cid: int, x: torch.Tensor, y: torch.Tensor, spec: ModelSpec, settings: SubclientSettings
+    ):
         super().__init__(cid)
         self.settings, self.spec = settings, spec
         self.x, self.y = x, y
-        _, seed_sample, _, _ = party_seeds(settings.seed, cid)  # the split and local shuffles (not a DP mechanism)
+        _, seed_sample, _, _ = party_seeds(
+            settings.seed, cid
+        )  # the split and local shuffles (not a DP mechanism)
         self.generator = torch.Generator().manual_seed(seed_sample)
         self.perm = torch.randperm(self.n, generator=self.generator).to(x.device)
         self.model = spec.build().to(x.device)
@@ -85,8 +96,9 @@ class SubclientSite(Site):
     # ------------------------------------------------------------------ steps
     def receive_global(self, packet: Packet, rnd: int) -> None:
         """Take the server's broadcast (model and round parameters); raises PeerModelRejected."""
-        tensors, s, _ = read_model(packet.data, dict(self.model.state_dict()), BROADCAST,
-                                   expect={"round": rnd, "src": packet.src})
+        tensors, s, _ = read_model(
+            packet.data, dict(self.model.state_dict()), BROADCAST, expect={"round": rnd, "src": packet.src}
+        )
         v = int(round(s[V]))
         if v < 1 or v > self.n // self.settings.batch_size or s[CLIP] <= 0 or s[TAU] <= 0:
             raise PeerModelRejected(f"invalid round parameters v={s[V]}, clip={s[CLIP]}, tau={s[TAU]}")
@@ -103,8 +115,17 @@ class SubclientSite(Site):
         s = self.settings
         start = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         shards = subclient_shards(self.perm, self.v)
-        results = local_updates(self.model, start, self.x, self.y, shards, s.local_epochs, s.batch_size, s.local_lr,
-                                self.generator)
+        results = local_updates(
+            self.model,
+            start,
+            self.x,
+            self.y,
+            shards,
+            s.local_epochs,
+            s.batch_size,
+            s.local_lr,
+            self.generator,
+        )
         total = torch.zeros_like(flat(start))
         unclipped = norm_sum = raw_norm_sum = 0.0
         steps = 0
@@ -125,11 +146,19 @@ class SubclientSite(Site):
         if s.privacy_unit == "hospital":
             unclipped /= self.v  # the fraction: one hospital moves the count by at most 1
         self.rounds_trained += 1
-        self.last_train = {"subclients": self.v, "local_steps": steps, "update_norm_mean": raw_norm_sum / self.v}
+        self.last_train = {
+            "subclients": self.v,
+            "local_steps": steps,
+            "update_norm_mean": raw_norm_sum / self.v,
+        }
         return encode(
-            {"update": total, UNCLIPPED: torch.tensor(unclipped, dtype=torch.float64),
-             NORM_SUM: torch.tensor(norm_sum, dtype=torch.float64), UNITS: torch.tensor(float(units), dtype=torch.float64),
-             STEPS: torch.tensor(float(steps), dtype=torch.float64)},
+            {
+                "update": total,
+                UNCLIPPED: torch.tensor(unclipped, dtype=torch.float64),
+                NORM_SUM: torch.tensor(norm_sum, dtype=torch.float64),
+                UNITS: torch.tensor(float(units), dtype=torch.float64),
+                STEPS: torch.tensor(float(steps), dtype=torch.float64),
+            },
             meta={"round": rnd, "src": self.cid, "v": self.v},
         )
 
@@ -141,9 +170,19 @@ class SubclientSite(Site):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "model": self.model.state_dict(), "generator": self.generator.get_state(),
-                "perm": self.perm, "v": self.v, "clip": self.clip, "tau": self.tau, "selected": self.selected,
-                "eps": self.eps, "rounds_trained": self.rounds_trained, "last_train": self.last_train}
+        return {
+            **super().state_dict(),
+            "model": self.model.state_dict(),
+            "generator": self.generator.get_state(),
+            "perm": self.perm,
+            "v": self.v,
+            "clip": self.clip,
+            "tau": self.tau,
+            "selected": self.selected,
+            "eps": self.eps,
+            "rounds_trained": self.rounds_trained,
+            "last_train": self.last_train,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -175,7 +214,12 @@ class SubclientSite(Site):
         return {"global": self.spec.name}
 
     def privacy_report(self) -> dict:
-        return {"client": self.cid, "n": self.n, "rounds_trained": self.rounds_trained, "left_at": self.left_at}
+        return {
+            "client": self.cid,
+            "n": self.n,
+            "rounds_trained": self.rounds_trained,
+            "left_at": self.left_at,
+        }
 
     def final_models(self):
         return {"global": (self.model, self.spec)}

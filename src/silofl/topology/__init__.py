@@ -8,4 +8,13 @@ from silofl.topology.graphs import (
 )
 from silofl.topology.pushsum import combine, share
 
-__all__ = ["ExponentialGraph", "RingGraph", "StaticGraph", "exponential_hops", "in_neighbors", "make_graph", "combine", "share"]
+__all__ = [
+    "ExponentialGraph",
+    "RingGraph",
+    "StaticGraph",
+    "exponential_hops",
+    "in_neighbors",
+    "make_graph",
+    "combine",
+    "share",
+]

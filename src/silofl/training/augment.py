@@ -28,7 +28,9 @@ class AugMult:
         if views < 1:
             raise ConfigError(f"augmult needs at least 1 view, got {views}")
         self.views, self.pad, self.flip = int(views), int(pad), bool(flip)
-        self.generator = torch.Generator().manual_seed(int(seed) if seed is not None else secrets.randbits(63))
+        self.generator = torch.Generator().manual_seed(
+            int(seed) if seed is not None else secrets.randbits(63)
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:

@@ -1,20 +1,26 @@
 """Scoring models on held-out data: one model (:func:`accuracy`), or many at once (:func:`accuracies`).
 
 Evaluation dominates a round when every site's models are scored on a 10 000-image test set every round (a
-LeNet5 pass costs more than a whole ProxyFL training round on 2 cores). :func:`accuracies` scores every model of
+LeNet5 pass costs more than a whole ProxyFL training round on 2 cores). :func:`accuracies` scores every model
+of
 one architecture in a single vectorised pass under ``torch.inference_mode``: for the conv nets the first
-convolution (whose input all K models share) is one matmul over the input's patches with the K models' filters side
-by side, every later convolution one grouped convolution in channels-last layout, each block max-pooled before its
-bias and ReLU (exactly equal, and a quarter of the work), every linear layer one batched matmul (``baddbmm``), in
+convolution (whose input all K models share) is one matmul over the input's patches with the K models' filters
+side
+by side, every later convolution one grouped convolution in channels-last layout, each block max-pooled before
+its
+bias and ReLU (exactly equal, and a quarter of the work), every linear layer one batched matmul (``baddbmm``),
+in
 cache-sized chunks; MLPs one ``baddbmm`` per layer; any other architecture goes through ``torch.func.vmap`` of
 ``functional_call`` over the stacked weights. The
-predictions equal those of scoring each model alone except where two logits of an example tie to within floating-
+predictions equal those of scoring each model alone except where two logits of an example tie to within
+floating-
 point rounding (the batched kernels sum in another order: logits agree to about 1e-6 relative); accuracies can
 then differ by such examples only — none in the checks of ``tests/training/test_evaluation.py`` and
 ``bench/eval_round.py``.
 
 :func:`scores` and :func:`all_scores` do the same passes and keep the logits: every classification metric of
-:mod:`silofl.training.metrics` (accuracy — the same figure :func:`accuracy` gives —, AUROC, balanced accuracy, macro
+:mod:`silofl.training.metrics` (accuracy — the same figure :func:`accuracy` gives —, AUROC, balanced accuracy,
+macro
 F1, ECE) comes from that one forward pass per model.
 """
 
@@ -50,17 +56,30 @@ def _has_mode_dependent_layers(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm | nn.Dropout) for m in model.modules())
 
 
-def accuracies(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
-               min_group: int = 2) -> list[float]:
-    """Top-1 accuracy of each model over (x, y): models of one architecture in one vectorised pass (see the module
+def accuracies(
+    models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000, min_group: int = 2
+) -> list[float]:
+    """Top-1 accuracy of each model over (x, y): models of one architecture in one vectorised pass (see the
+    module
     doc), any other (or a group smaller than ``min_group``) alone with :func:`accuracy`."""
-    return [float(a) for a in _by_architecture(models, x, y, batch_size, min_group, accuracy, _stacked_accuracies)]
+    return [
+        float(a) for a in _by_architecture(models, x, y, batch_size, min_group, accuracy, _stacked_accuracies)
+    ]
 
 
-def _by_architecture(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int, min_group: int,
-                     alone: Callable, stacked: Callable) -> list:
-    """``alone(model, x, y, batch_size)`` or, for each group of at least ``min_group`` models of one architecture
-    (without mode-dependent layers), ``stacked(models, x, y, batch_size)`` in one pass; in the models' order."""
+def _by_architecture(
+    models: Sequence[nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    min_group: int,
+    alone: Callable,
+    stacked: Callable,
+) -> list:
+    """``alone(model, x, y, batch_size)`` or, for each group of at least ``min_group`` models of one
+    architecture
+    (without mode-dependent layers), ``stacked(models, x, y, batch_size)`` in one pass; in the models'
+    order."""
     out: list = [None] * len(models)
     groups: dict[tuple, list[int]] = {}
     for i, m in enumerate(models):
@@ -77,16 +96,21 @@ def _by_architecture(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tens
 
 
 def _linear_stack(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K, in, out) weights transposed for ``baddbmm`` and (K, 1, out) biases of K same-shaped Linear layers."""
-    return (torch.stack([m.weight for m in layers]).transpose(1, 2).contiguous(),
-            torch.stack([m.bias for m in layers]).unsqueeze(1))
+    """(K, in, out) weights transposed for ``baddbmm`` and (K, 1, out) biases of K same-shaped Linear
+    layers."""
+    return (
+        torch.stack([m.weight for m in layers]).transpose(1, 2).contiguous(),
+        torch.stack([m.bias for m in layers]).unsqueeze(1),
+    )
 
 
 def _stacked_forward(models: Sequence[nn.Module]):
     """A function x ↦ (K, n, classes) logits of all K models, or None when the family has no stacked form.
 
-    Conv nets (LeNet5, CNN1, CNN2): every convolution of the K models is one grouped convolution over the input
-    repeated K times, in channels-last layout (oneDNN's fastest path on this CPU); fully connected layers (and MLPs)
+    Conv nets (LeNet5, CNN1, CNN2): every convolution of the K models is one grouped convolution over the
+    input
+    repeated K times, in channels-last layout (oneDNN's fastest path on this CPU); fully connected layers (and
+    MLPs)
     are one ``baddbmm`` each."""
     from silofl.models import MLP, _ConvNet
 
@@ -97,16 +121,21 @@ def _stacked_forward(models: Sequence[nn.Module]):
         c_out, c_in, kh, kw = first.weight.shape
         # the first convolution reads the same input for every model: one matmul over its patches (im2col in
         # channels-last order) with the K models' filters side by side, (c_in·kh·kw, K·c_out)
-        w_first = torch.cat([m.convs[0].weight for m in ms]).reshape(k * c_out, c_in * kh * kw).t().contiguous()
+        w_first = (
+            torch.cat([m.convs[0].weight for m in ms]).reshape(k * c_out, c_in * kh * kw).t().contiguous()
+        )
         biases = [torch.cat([m.convs[j].bias for m in ms]).view(1, -1, 1, 1) for j in range(len(ms[0].convs))]
         # the later ones: one grouped convolution (group = model), channels-last (oneDNN's fastest path here)
-        w_rest = [torch.cat([m.convs[j].weight for m in ms]).contiguous(memory_format=torch.channels_last)
-                  for j in range(1, len(ms[0].convs))]
+        w_rest = [
+            torch.cat([m.convs[j].weight for m in ms]).contiguous(memory_format=torch.channels_last)
+            for j in range(1, len(ms[0].convs))
+        ]
         fcs = [_linear_stack([m.fcs[j] for m in ms]) for j in range(len(ms[0].fcs))]
         head = _linear_stack([m.out for m in ms])
 
         def block_end(h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            # max-pool first, then bias and ReLU on a quarter of the values: max(relu(a + b)) = relu(max(a) + b)
+            # max-pool first, then bias and ReLU on a quarter of the values: max(relu(a + b)) = relu(max(a) +
+            # b)
             # exactly, as a ↦ relu(a + b) is monotone in floating point too
             return F.max_pool2d(h, 2).add_(b).relu_()
 
@@ -151,12 +180,16 @@ def _vmap_forward(models: Sequence[nn.Module]):
     return lambda x: batched(params, buffers, x)
 
 
-_CONV_CHUNK_BYTES = 4 << 20  # the first convolution's output for all K models per chunk: cache-sized (measured best)
+_CONV_CHUNK_BYTES = (
+    4 << 20
+)  # the first convolution's output for all K models per chunk: cache-sized (measured best)
 
 
 def _chunk(models: Sequence[nn.Module], x: torch.Tensor, batch_size: int) -> int:
-    """Examples per vectorised pass: ``batch_size``, but for conv nets few enough that the K models' first-layer
-    activations stay cache-sized (8 LeNet5 on 10 000 images, 2 threads: 0.47 s at 32 a pass, 0.95 s at 1000)."""
+    """Examples per vectorised pass: ``batch_size``, but for conv nets few enough that the K models'
+    first-layer
+    activations stay cache-sized (8 LeNet5 on 10 000 images, 2 threads: 0.47 s at 32 a pass, 0.95 s at
+    1000)."""
     from silofl.models import _ConvNet
 
     if not isinstance(models[0], _ConvNet) or x.dim() != 4:
@@ -167,7 +200,9 @@ def _chunk(models: Sequence[nn.Module], x: torch.Tensor, batch_size: int) -> int
 
 
 @torch.inference_mode()
-def _stacked_accuracies(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int) -> list[float]:
+def _stacked_accuracies(
+    models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> list[float]:
     forward = _stacked_forward(models) or _vmap_forward(models)
     correct = torch.zeros(len(models), dtype=torch.long, device=x.device)
     batch_size = _chunk(models, x, batch_size)
@@ -178,7 +213,8 @@ def _stacked_accuracies(models: Sequence[nn.Module], x: torch.Tensor, y: torch.T
     return [int(c) / n for c in correct]
 
 
-# ------------------------------------------------------------------------------------------------ every metric
+# ------------------------------------------------------------------------------------------------ every
+# metric
 def _metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float | None]:
     from silofl.training.metrics import classification_metrics, finite_or_none
 
@@ -186,8 +222,11 @@ def _metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float | None]:
 
 
 @torch.no_grad()
-def scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> dict[str, float | None]:
-    """Every metric of :mod:`silofl.training.metrics` for one model over (x, y), from one pass in batches under
+def scores(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+) -> dict[str, float | None]:
+    """Every metric of :mod:`silofl.training.metrics` for one model over (x, y), from one pass in batches
+    under
     no_grad, in eval mode: ``{acc, auroc, balanced_accuracy, f1, ece}`` (None where undefined). ``acc`` equals
     :func:`accuracy`."""
     was_training = model.training
@@ -201,17 +240,22 @@ def scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int =
     return _metrics(logits, y)
 
 
-def all_scores(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
-               min_group: int = 2) -> list[dict[str, float | None]]:
-    """:func:`scores` of each model over (x, y), grouped and vectorised as :func:`accuracies` does (its ``acc``
+def all_scores(
+    models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000, min_group: int = 2
+) -> list[dict[str, float | None]]:
+    """:func:`scores` of each model over (x, y), grouped and vectorised as :func:`accuracies` does (its
+    ``acc``
     values are :func:`accuracies`' figures)."""
     return _by_architecture(models, x, y, batch_size, min_group, scores, _stacked_scores)
 
 
 @torch.inference_mode()
-def _stacked_scores(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int
-                    ) -> list[dict[str, float | None]]:
+def _stacked_scores(
+    models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> list[dict[str, float | None]]:
     forward = _stacked_forward(models) or _vmap_forward(models)
     batch_size = _chunk(models, x, batch_size)
-    logits = torch.cat([forward(x[i : i + batch_size]) for i in range(0, len(y), batch_size)], dim=1)  # (K, n, C)
+    logits = torch.cat(
+        [forward(x[i : i + batch_size]) for i in range(0, len(y), batch_size)], dim=1
+    )  # (K, n, C)
     return [_metrics(logits[j], y) for j in range(len(models))]

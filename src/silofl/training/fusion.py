@@ -25,23 +25,39 @@ FUSION_STARTS = ("best", "mean", "zero")
 
 
 class Fusion(nn.Module):
-    """A linear layer over m(x) that starts as the best model on the fitting rows (``start="best"``; the models
+    """A linear layer over m(x) that starts as the best model on the fitting rows (``start="best"``; the
+    models
     come ranked), as the plain ensemble (``"mean"``: the mean of the models' log-probabilities, or of their
-    predictions) or at zero (``"zero"``: plain logistic regression), plus optionally one hidden layer whose output
+    predictions) or at zero (``"zero"``: plain logistic regression), plus optionally one hidden layer whose
+    output
     starts at zero. Training moves it away from its start only as far as the fitting rows support: ``penalty``
     is the squared distance of the linear layer from its start plus the squared weights of the hidden part."""
 
-    def __init__(self, n_in: int, n_out: int, n_models: int, hidden: int, task: str, y_mean: float = 0.0,
-                 y_std: float = 1.0, start: str = "best"):
+    def __init__(
+        self,
+        n_in: int,
+        n_out: int,
+        n_models: int,
+        hidden: int,
+        task: str,
+        y_mean: float = 0.0,
+        y_std: float = 1.0,
+        start: str = "best",
+    ):
         super().__init__()
         self.linear = nn.Linear(n_in, n_out)
         with torch.no_grad():
             w = torch.zeros(n_out, n_in)
             if start == "best":  # the first block: the best model on the fitting rows
                 w[:, :n_out] = torch.eye(n_out) if task == "classification" else 1.0 / y_std
-            elif start != "zero":  # "mean", the plain ensemble: mean of the models' log-probabilities / predictions
-                w[:] = (torch.eye(n_out).repeat(1, n_models) if task == "classification"
-                        else torch.ones(n_out, n_in) / y_std) / n_models
+            elif (
+                start != "zero"
+            ):  # "mean", the plain ensemble: mean of the models' log-probabilities / predictions
+                w[:] = (
+                    torch.eye(n_out).repeat(1, n_models)
+                    if task == "classification"
+                    else torch.ones(n_out, n_in) / y_std
+                ) / n_models
             self.linear.weight.copy_(w)
             self.linear.bias.fill_(0.0 if task == "classification" or start == "zero" else -y_mean / y_std)
         self.start = [p.detach().clone() for p in self.linear.parameters()]
@@ -60,23 +76,43 @@ class Fusion(nn.Module):
         """The squared distance of the linear layer from its start plus the hidden part's squared weights."""
         pen = sum(((p - s) ** 2).sum() for p, s in zip(self.linear.parameters(), self.start, strict=True))
         if self.mlp is not None:
-            pen = pen + sum((p ** 2).sum() for p in self.mlp.parameters())
+            pen = pen + sum((p**2).sum() for p in self.mlp.parameters())
         return pen
 
 
-def fit_fusion(fusion: Fusion, feats: torch.Tensor, target: torch.Tensor, task: str = "classification",
-               weight_decay: float = 1e-2, epochs: int = 100, tolerance_grad: float = 1e-7,
-               tolerance_change: float = 1e-9, class_weight: torch.Tensor | None = None) -> Fusion:
-    """Fit ``fusion`` on (feats, target) by full-batch L-BFGS of the mean loss plus ``weight_decay · penalty``;
-    returns it in eval mode. ``class_weight``: each class's weight in the mean cross-entropy (classification). (Full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps
+def fit_fusion(
+    fusion: Fusion,
+    feats: torch.Tensor,
+    target: torch.Tensor,
+    task: str = "classification",
+    weight_decay: float = 1e-2,
+    epochs: int = 100,
+    tolerance_grad: float = 1e-7,
+    tolerance_change: float = 1e-9,
+    class_weight: torch.Tensor | None = None,
+) -> Fusion:
+    """Fit ``fusion`` on (feats, target) by full-batch L-BFGS of the mean loss plus ``weight_decay ·
+    penalty``;
+    returns it in eval mode. ``class_weight``: each class's weight in the mean cross-entropy (classification).
+    (Full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps
     swung the logits of log-probability inputs by whole units and lost the ensemble it started from.)"""
-    opt = torch.optim.LBFGS(fusion.parameters(), lr=1.0, max_iter=epochs, line_search_fn="strong_wolfe",
-                            tolerance_grad=tolerance_grad, tolerance_change=tolerance_change)
+    opt = torch.optim.LBFGS(
+        fusion.parameters(),
+        lr=1.0,
+        max_iter=epochs,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=tolerance_grad,
+        tolerance_change=tolerance_change,
+    )
 
     def closure():
         opt.zero_grad()
         z = fusion(feats)
-        loss = F.cross_entropy(z, target, weight=class_weight) if task == "classification" else F.mse_loss(z.squeeze(1), target)
+        loss = (
+            F.cross_entropy(z, target, weight=class_weight)
+            if task == "classification"
+            else F.mse_loss(z.squeeze(1), target)
+        )
         loss = loss + weight_decay * fusion.penalty()
         loss.backward()
         return loss
@@ -89,12 +125,16 @@ def fit_fusion(fusion: Fusion, feats: torch.Tensor, target: torch.Tensor, task: 
 def weight_grid(n_models: int, step: float = 0.05) -> list[tuple[float, ...]]:
     """Every weight vector on the simplex with entries that are multiples of ``step``."""
     k = round(1 / step)
-    return [tuple(c / k for c in combo) + ((k - sum(combo)) / k,)
-            for combo in itertools.product(range(k + 1), repeat=n_models - 1) if sum(combo) <= k]
+    return [
+        tuple(c / k for c in combo) + ((k - sum(combo)) / k,)
+        for combo in itertools.product(range(k + 1), repeat=n_models - 1)
+        if sum(combo) <= k
+    ]
 
 
-def fit_weights(logps: list[torch.Tensor], y: torch.Tensor, step: float = 0.05,
-                class_weight: torch.Tensor | None = None) -> tuple[float, ...]:
+def fit_weights(
+    logps: list[torch.Tensor], y: torch.Tensor, step: float = 0.05, class_weight: torch.Tensor | None = None
+) -> tuple[float, ...]:
     """The weights w (on the simplex, multiples of ``step``) minimising the cross-entropy of
     ``softmax(Σ_m w_m · logps[m])`` on (logps, y); ties go to the earlier grid point (more weight on the last
     model first)."""

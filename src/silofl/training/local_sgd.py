@@ -54,8 +54,12 @@ def local_updates(
 
     def batched_grad(params, xb, yb):  # one copy: skip vmap's batching overhead (same arithmetic)
         if xb.shape[0] == 1:
-            return {k: g.unsqueeze(0) for k, g in single_grad({k: p[0] for k, p in params.items()}, xb[0], yb[0]).items()}
+            return {
+                k: g.unsqueeze(0)
+                for k, g in single_grad({k: p[0] for k, p in params.items()}, xb[0], yb[0]).items()
+            }
         return step_grad(params, xb, yb)
+
     results: list[tuple[torch.Tensor, int] | None] = [None] * len(shards)
     groups: dict[int, list[int]] = defaultdict(list)
     for j, s in enumerate(shards):
@@ -64,7 +68,10 @@ def local_updates(
         groups[len(s) // batch_size].append(j)
     start_flat = flat(start)
     # permutations are drawn shard by shard in index order, so results do not depend on grouping
-    perms = {j: [torch.randperm(len(shards[j]), generator=generator) for _ in range(epochs)] for j in range(len(shards))}
+    perms = {
+        j: [torch.randperm(len(shards[j]), generator=generator) for _ in range(epochs)]
+        for j in range(len(shards))
+    }
     for per_epoch, members in sorted(groups.items()):
         for c0 in range(0, len(members), chunk):
             ids = members[c0 : c0 + chunk]
@@ -72,10 +79,14 @@ def local_updates(
             params = {k: v.detach().unsqueeze(0).repeat(m, *([1] * v.dim())) for k, v in start.items()}
             for e in range(epochs):
                 # [m, per_epoch, B] global indices of each copy's batches in this epoch
-                idx = torch.stack([
-                    shards[j][perms[j][e][: per_epoch * batch_size].to(shards[j].device)].view(per_epoch, batch_size)
-                    for j in ids
-                ])
+                idx = torch.stack(
+                    [
+                        shards[j][perms[j][e][: per_epoch * batch_size].to(shards[j].device)].view(
+                            per_epoch, batch_size
+                        )
+                        for j in ids
+                    ]
+                )
                 for step in range(per_epoch):
                     b = idx[:, step]
                     g = batched_grad(params, x[b], y[b])

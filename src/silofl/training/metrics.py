@@ -1,25 +1,35 @@
 """Classification metrics as pure functions of one model's class scores on labelled examples.
 
 Every evaluation computes all of them from the one forward pass that accuracy already needs
-(:func:`silofl.training.evaluation.scores`); ``--metric`` only picks which one is the headline. Definitions (the
+(:func:`silofl.training.evaluation.scores`); ``--metric`` only picks which one is the headline. Definitions
+(the
 tests compare each with scikit-learn 1.7 as the independent reference, ties and absent classes included):
 
 - ``acc``: top-1 accuracy, the share of examples whose arg-max class is the label.
-- ``auroc``: area under the ROC curve, ties counted half (Mann–Whitney U with mid-ranks). Two classes: the AUROC
-  of class 1's score (``roc_auc_score(y, p[:, 1])``). More classes: one-vs-rest, macro-averaged over the classes
+- ``auroc``: area under the ROC curve, ties counted half (Mann–Whitney U with mid-ranks). Two classes: the
+AUROC
+  of class 1's score (``roc_auc_score(y, p[:, 1])``). More classes: one-vs-rest, macro-averaged over the
+  classes
   **present in the labels** — each class's AUROC of its own score column against all other examples, averaged
-  without weights (``roc_auc_score(multi_class="ovr", average="macro")`` when every class is present; with a class
-  absent from the labels, whose one-vs-rest AUROC is undefined, it is left out of the mean: scikit-learn's macro
-  average over the present classes' indicator columns). Undefined (NaN) when fewer than two classes are present.
+  without weights (``roc_auc_score(multi_class="ovr", average="macro")`` when every class is present; with a
+  class
+  absent from the labels, whose one-vs-rest AUROC is undefined, it is left out of the mean: scikit-learn's
+  macro
+  average over the present classes' indicator columns). Undefined (NaN) when fewer than two classes are
+  present.
 - ``balanced_accuracy``: the mean recall over the classes present in the labels (``balanced_accuracy_score``).
-- ``f1``: macro F1 over the classes present in the labels or the predictions, a class predicted but never present
+- ``f1``: macro F1 over the classes present in the labels or the predictions, a class predicted but never
+present
   scoring 0 (``f1_score(average="macro")``, its default ``zero_division``).
-- ``ece``: expected calibration error with 15 equal-width bins of the confidence (the largest class probability):
-  bins (0, 1/15], (1/15, 2/15], …, (14/15, 1]; ECE = Σ_b (n_b / n) · |accuracy_b − mean confidence_b| (Guo et al.,
+- ``ece``: expected calibration error with 15 equal-width bins of the confidence (the largest class
+probability):
+  bins (0, 1/15], (1/15, 2/15], …, (14/15, 1]; ECE = Σ_b (n_b / n) · |accuracy_b − mean confidence_b| (Guo et
+  al.,
   ICML 2017). Lower is better; every other metric: higher is better.
 
 A metric that is undefined (AUROC with one class present; anything on no examples) is NaN here and reported as
-``null`` (None) in metrics.jsonl and summary.json. Scores may be probabilities or any per-class transform that is
+``null`` (None) in metrics.jsonl and summary.json. Scores may be probabilities or any per-class transform that
+is
 monotone in them (log-probabilities) for AUROC; ECE needs probabilities.
 """
 
@@ -31,7 +41,13 @@ import numpy as np
 import torch
 
 # --metric NAME -> the key suffix of its figures (private_acc, private_auroc, …)
-METRICS = {"accuracy": "acc", "auroc": "auroc", "balanced_accuracy": "balanced_accuracy", "f1": "f1", "ece": "ece"}
+METRICS = {
+    "accuracy": "acc",
+    "auroc": "auroc",
+    "balanced_accuracy": "balanced_accuracy",
+    "f1": "f1",
+    "ece": "ece",
+}
 LOWER_IS_BETTER = frozenset({"ece"})
 ECE_BINS = 15
 SUFFIXES = tuple(METRICS.values())
@@ -39,14 +55,16 @@ EXTRA_SUFFIXES = tuple(s for s in SUFFIXES if s != "acc")  # the figures added n
 
 
 def metric_field(acc_field: str, metric: str) -> str:
-    """The figure of ``metric`` for the model of an accuracy field: ``("private_acc", "auroc")`` → ``private_auroc``."""
+    """The figure of ``metric`` for the model of an accuracy field: ``("private_acc", "auroc")`` →
+    ``private_auroc``."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}")
     return acc_field.removesuffix("_acc") + "_" + METRICS[metric]
 
 
 def acc_field_of(key: str) -> str | None:
-    """The accuracy field of the same model as a metric figure (``private_auroc`` → ``private_acc``); None for a key
+    """The accuracy field of the same model as a metric figure (``private_auroc`` → ``private_acc``); None for
+    a key
     that is no metric figure."""
     for sfx in EXTRA_SUFFIXES:
         if key.endswith("_" + sfx) and len(key) > len(sfx) + 1:
@@ -65,9 +83,11 @@ def higher_is_better(metric: str) -> bool:
 
 
 def metric_label(metric: str) -> str:
-    """How ``metric`` is named in tables: ``accuracy``, ``AUROC``, ``balanced accuracy``, ``F1 (macro)``, ``ECE``."""
+    """How ``metric`` is named in tables: ``accuracy``, ``AUROC``, ``balanced accuracy``, ``F1 (macro)``,
+    ``ECE``."""
     return {"auroc": "AUROC", "balanced_accuracy": "balanced accuracy", "f1": "F1 (macro)", "ece": "ECE"}.get(
-        metric, metric)
+        metric, metric
+    )
 
 
 def _np(a) -> np.ndarray:
@@ -113,14 +133,21 @@ def auroc(scores, y) -> float:
     present = (n1 > 0) & (n0 > 0)
     if present.sum() < 2:
         return math.nan
-    ranks = _row_midranks(np.ascontiguousarray(p.T, dtype=np.float64))  # (C, n): each class's score column ranked
-    r1 = np.bincount(t, weights=ranks[t, np.arange(n)], minlength=c)  # per class: the rank sum of its positives
-    auc = (r1[present] - n1[present] * (n1[present] + 1) / 2.0) / (n1[present] * n0[present])  # Mann–Whitney U / n1 n0
+    ranks = _row_midranks(
+        np.ascontiguousarray(p.T, dtype=np.float64)
+    )  # (C, n): each class's score column ranked
+    r1 = np.bincount(
+        t, weights=ranks[t, np.arange(n)], minlength=c
+    )  # per class: the rank sum of its positives
+    auc = (r1[present] - n1[present] * (n1[present] + 1) / 2.0) / (
+        n1[present] * n0[present]
+    )  # Mann–Whitney U / n1 n0
     return float(np.mean(auc))
 
 
 def _row_midranks(s: np.ndarray) -> np.ndarray:
-    """:func:`_midranks` of every row of ``s`` at once (one sort; tie runs resolved only where a row has ties)."""
+    """:func:`_midranks` of every row of ``s`` at once (one sort; tie runs resolved only where a row has
+    ties)."""
     c, n = s.shape
     order = np.argsort(s, axis=1)
     sv = np.take_along_axis(s, order, 1)
@@ -130,8 +157,12 @@ def _row_midranks(s: np.ndarray) -> np.ndarray:
     else:
         idx = np.broadcast_to(np.arange(n), (c, n))
         edge = np.ones((c, 1), dtype=bool)
-        start = np.maximum.accumulate(np.where(np.hstack([edge, neq]), idx, 0), axis=1)  # first index of the tie run
-        end = np.minimum.accumulate(np.where(np.hstack([neq, edge]), idx, n)[:, ::-1], axis=1)[:, ::-1]  # its last
+        start = np.maximum.accumulate(
+            np.where(np.hstack([edge, neq]), idx, 0), axis=1
+        )  # first index of the tie run
+        end = np.minimum.accumulate(np.where(np.hstack([neq, edge]), idx, n)[:, ::-1], axis=1)[
+            :, ::-1
+        ]  # its last
         mid = (start + end) / 2.0 + 1.0
     ranks = np.empty((c, n), dtype=np.float64)
     np.put_along_axis(ranks, order, mid, 1)
@@ -156,7 +187,8 @@ def balanced_accuracy(y, pred, classes: int | None = None) -> float:
 
 
 def f1_macro(y, pred, classes: int | None = None) -> float:
-    """Macro F1 over the classes in ``y`` or ``pred`` (a class predicted but absent from ``y`` scores 0); NaN on
+    """Macro F1 over the classes in ``y`` or ``pred`` (a class predicted but absent from ``y`` scores 0); NaN
+    on
     no examples."""
     t, q = _np(y).astype(np.int64), _np(pred).astype(np.int64)
     if len(t) == 0:
@@ -170,7 +202,8 @@ def f1_macro(y, pred, classes: int | None = None) -> float:
 
 
 def ece(probs, y, pred=None, bins: int = ECE_BINS) -> float:
-    """Expected calibration error with ``bins`` equal-width bins (lo, hi] of the confidence max_c p_c; the prediction
+    """Expected calibration error with ``bins`` equal-width bins (lo, hi] of the confidence max_c p_c; the
+    prediction
     is ``pred`` (default: the arg-max of ``probs``). NaN on no examples."""
     p, t = _np(probs).astype(np.float64), _np(y).astype(np.int64)
     if len(t) == 0:
@@ -178,15 +211,24 @@ def ece(probs, y, pred=None, bins: int = ECE_BINS) -> float:
     conf = p.max(1)
     q = p.argmax(1) if pred is None else _np(pred).astype(np.int64)
     edges = np.linspace(0.0, 1.0, bins + 1)
-    b = np.clip(np.searchsorted(edges[1:-1], conf, side="left"), 0, bins - 1)  # conf in (edges[b], edges[b + 1]]
-    gap = np.bincount(b, weights=(q == t).astype(np.float64) - conf, minlength=bins)  # Σ (correct − confidence)
+    b = np.clip(
+        np.searchsorted(edges[1:-1], conf, side="left"), 0, bins - 1
+    )  # conf in (edges[b], edges[b + 1]]
+    gap = np.bincount(
+        b, weights=(q == t).astype(np.float64) - conf, minlength=bins
+    )  # Σ (correct − confidence)
     return float(np.abs(gap).sum() / len(t))
 
 
-def classification_metrics(logits: torch.Tensor, y: torch.Tensor, pred: torch.Tensor | None = None) -> dict[str, float]:
-    """Every metric of one model from its logits (n, C) on labels y (n,): ``{acc, auroc, balanced_accuracy, f1,
-    ece}`` (NaN where undefined). ``pred``: the predictions accuracy counts (default: the logits' arg-max). Scores for
-    AUROC are the float64 log-probabilities (monotone in the probabilities, without float32 saturation ties)."""
+def classification_metrics(
+    logits: torch.Tensor, y: torch.Tensor, pred: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Every metric of one model from its logits (n, C) on labels y (n,): ``{acc, auroc, balanced_accuracy,
+    f1,
+    ece}`` (NaN where undefined). ``pred``: the predictions accuracy counts (default: the logits' arg-max).
+    Scores for
+    AUROC are the float64 log-probabilities (monotone in the probabilities, without float32 saturation
+    ties)."""
     n = len(y)
     if pred is None:
         pred = logits.argmax(-1)
@@ -196,8 +238,13 @@ def classification_metrics(logits: torch.Tensor, y: torch.Tensor, pred: torch.Te
         return {"acc": acc, "auroc": math.nan, "balanced_accuracy": math.nan, "f1": math.nan, "ece": math.nan}
     logp = logits.detach().to(torch.float64).log_softmax(-1)
     classes = int(logits.shape[-1])
-    return {"acc": acc, "auroc": auroc(logp, y), "balanced_accuracy": balanced_accuracy(y, pred, classes),
-            "f1": f1_macro(y, pred, classes), "ece": ece(logp.exp(), y, pred)}
+    return {
+        "acc": acc,
+        "auroc": auroc(logp, y),
+        "balanced_accuracy": balanced_accuracy(y, pred, classes),
+        "f1": f1_macro(y, pred, classes),
+        "ece": ece(logp.exp(), y, pred),
+    }
 
 
 def finite_or_none(v: float) -> float | None:

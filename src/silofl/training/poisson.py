@@ -30,7 +30,9 @@ from silofl.training.augment import AugMult
 LossFn = Callable[..., torch.Tensor]  # (logits, y, partner log-probs or a (B, 1) placeholder) -> (B,) losses
 
 
-def dml_loss(logits: torch.Tensor, y: torch.Tensor, other_logp: torch.Tensor | None, weight: float) -> torch.Tensor:
+def dml_loss(
+    logits: torch.Tensor, y: torch.Tensor, other_logp: torch.Tensor | None, weight: float
+) -> torch.Tensor:
     """Per-example (1-w)·CE + w·KL(other ‖ model) with the other model's log-probs detached."""
     ce = F.cross_entropy(logits, y, reduction="none")
     if weight == 0.0 or other_logp is None:
@@ -48,15 +50,27 @@ class Partner:
     alpha: float  # the partner's KL weight
 
 
-def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
-                  sample_rate: float, steps: int, sampler: Sampler, loss_fn: LossFn,
-                  dp: DPGradient | None = None, partner: Partner | None = None,
-                  augment: AugMult | None = None, grad_hook: Callable[[], None] | None = None) -> dict:
+def poisson_steps(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    sample_rate: float,
+    steps: int,
+    sampler: Sampler,
+    loss_fn: LossFn,
+    dp: DPGradient | None = None,
+    partner: Partner | None = None,
+    augment: AugMult | None = None,
+    grad_hook: Callable[[], None] | None = None,
+) -> dict:
     """Run ``steps`` Poisson-sampled steps on (x, y); returns what was seen (examples, empty batches, and
     under DP the mean per-example gradient norm and the fraction clipped — per-example statistics of the
     site's data, NOT privatised). ``augment``: augmentation multiplicity — the model steps on K views of each
     sampled example, an example's loss the mean over its views (clipped as one example under DP); a partner
-    trains on the un-augmented batch. ``grad_hook``: called after every step's gradient is in ``p.grad`` (under DP:
+    trains on the un-augmented batch. ``grad_hook``: called after every step's gradient is in ``p.grad``
+    (under DP:
     the noised one) and before the optimizer steps — a data-independent term such as a proximal pull towards a
     received model (FedProx, Ditto, MR-MTL) added there is post-processing of the DP gradient."""
     model.train()
@@ -79,9 +93,13 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
                 opt.step()
             continue
         partner_logits = partner.model(xb) if partner is not None else None
-        partner_logp = F.log_softmax(partner_logits.detach(), dim=1) if partner_logits is not None else no_logp
+        partner_logp = (
+            F.log_softmax(partner_logits.detach(), dim=1) if partner_logits is not None else no_logp
+        )
         if augment is not None:
-            logits, ast = _augmented_step(model, augment, xb, yb, partner_logp, loss_fn, dp, partner is not None)
+            logits, ast = _augmented_step(
+                model, augment, xb, yb, partner_logp, loss_fn, dp, partner is not None
+            )
             if ast is not None:
                 clipped += ast.clipped_fraction * B
                 norms += ast.mean_norm * B
@@ -102,13 +120,26 @@ def poisson_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
             partner.opt.zero_grad(set_to_none=True)
             loss.backward()
             partner.opt.step()
-    return {"examples_seen": seen, "empty_batches": empty,
-            "clipped_fraction": clipped / seen if seen else 0.0, "mean_grad_norm": norms / seen if seen else 0.0}
+    return {
+        "examples_seen": seen,
+        "empty_batches": empty,
+        "clipped_fraction": clipped / seen if seen else 0.0,
+        "mean_grad_norm": norms / seen if seen else 0.0,
+    }
 
 
-def _augmented_step(model: nn.Module, augment: AugMult, xb: torch.Tensor, yb: torch.Tensor, logp: torch.Tensor,
-                    loss_fn: LossFn, dp: DPGradient | None, want_logits: bool):
-    """Gradients of one augmentation-multiplicity step in ``p.grad``: (the model's logits on the un-augmented batch
+def _augmented_step(
+    model: nn.Module,
+    augment: AugMult,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    logp: torch.Tensor,
+    loss_fn: LossFn,
+    dp: DPGradient | None,
+    want_logits: bool,
+):
+    """Gradients of one augmentation-multiplicity step in ``p.grad``: (the model's logits on the un-augmented
+    batch
     when a partner needs them, else None; the DP step's statistics or None)."""
     K = augment.views
     xv = augment(xb)

@@ -31,6 +31,7 @@ OPTIMIZERS = ("fedavg", "fedadam", "fednova", "dp2-rmsprop", "fedavgm", "fedyogi
 
 class ServerOptimizer:
     """FedAvg's server step w ← w + η·Δ̄; the base of the server optimizers."""
+
     def __init__(self, lr: float):
         if lr <= 0:
             raise ConfigError(f"server learning rate must be positive, got {lr}")
@@ -61,8 +62,17 @@ class ServerOptimizer:
 
 class FedAdam(ServerOptimizer):
     """Adam on the pseudo-gradient −Δ̄ (Reddi et al.)."""
+
     STATE = ("rounds", "m", "u")
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3, bias_correction: bool = False):
+
+    def __init__(
+        self,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+        bias_correction: bool = False,
+    ):
         super().__init__(lr)
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
             raise ConfigError(f"Adam betas must lie in [0, 1), got {beta1}, {beta2}")
@@ -82,18 +92,24 @@ class FedAdam(ServerOptimizer):
         self.u.mul_(self.beta2).addcmul_(mean_update, mean_update, value=1 - self.beta2)
         m, u = self.m, self.u
         if self.bias_correction:
-            m = m / (1 - self.beta1 ** self.rounds)
-            u = u / (1 - self.beta2 ** self.rounds)
+            m = m / (1 - self.beta1**self.rounds)
+            u = u / (1 - self.beta2**self.rounds)
         return self.lr * m / (u.sqrt() + self.tau)
 
     def describe(self) -> dict:
         """The optimizer's settings, for summary.json."""
-        return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau,
-                "bias_correction": self.bias_correction}
+        return {
+            "lr": self.lr,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "tau": self.tau,
+            "bias_correction": self.bias_correction,
+        }
 
 
 class FedYogi(FedAdam):
-    """Yogi on the pseudo-gradient −Δ̄ (Reddi et al.; Zaheer et al. 2018): FedAdam's step with the second moment
+    """Yogi on the pseudo-gradient −Δ̄ (Reddi et al.; Zaheer et al. 2018): FedAdam's step with the second
+    moment
     u ← u − (1−β₂)·Δ̄²·sign(u − Δ̄²), which grows or shrinks by at most (1−β₂)·Δ̄² a round instead of decaying
     geometrically. u starts at 0, as FedAdam's does (its first round equals FedAdam's)."""
 
@@ -109,14 +125,16 @@ class FedYogi(FedAdam):
         self.u.sub_((1 - self.beta2) * sq * torch.sign(self.u - sq))
         m, u = self.m, self.u
         if self.bias_correction:
-            m = m / (1 - self.beta1 ** self.rounds)
-            u = u / (1 - self.beta2 ** self.rounds)
+            m = m / (1 - self.beta1**self.rounds)
+            u = u / (1 - self.beta2**self.rounds)
         return self.lr * m / (u.sqrt() + self.tau)
 
 
 class DP2RMSProp(ServerOptimizer):
     """DP²-RMSProp: SGD and adaptive phases with a delayed preconditioner (see the module doc)."""
+
     STATE = ("rounds", "acc", "acc_n", "refreshes", "u")
+
     def __init__(self, lr: float, lr_sgd: float = 1.0, delay: int = 5, beta: float = 0.9, tau: float = 1e-3):
         super().__init__(lr)
         if lr_sgd <= 0:
@@ -153,7 +171,7 @@ class DP2RMSProp(ServerOptimizer):
             self.refreshes += 1
             self.acc.zero_()
             self.acc_n = 0
-        u = self.u / (1 - self.beta ** self.refreshes)  # bias-corrected: u starts at 0 and refreshes are few
+        u = self.u / (1 - self.beta**self.refreshes)  # bias-corrected: u starts at 0 and refreshes are few
         return self.lr * mean_update / (u.sqrt() + self.tau)
 
     def describe(self) -> dict:
@@ -163,7 +181,9 @@ class DP2RMSProp(ServerOptimizer):
 
 class ServerMomentum(ServerOptimizer):
     """FedAvgM: heavy-ball momentum on the mean update, m ← μ·m + Δ̄, step η·m."""
+
     STATE = ("rounds", "m")
+
     def __init__(self, lr: float, momentum: float = 0.9):
         super().__init__(lr)
         if not 0.0 <= momentum < 1.0:

@@ -61,7 +61,8 @@ class CentralSite(DPSGDSite):
         return Message({"rejected": rejected})
 
     def read_global(self, packet: Packet, rnd: int) -> Any:
-        """The server's broadcast in ``packet``, validated (PeerModelRejected otherwise): its model tensors."""
+        """The server's broadcast in ``packet``, validated (PeerModelRejected otherwise): its model
+        tensors."""
         tensors, _, _ = self.read(packet, rnd=rnd)
         return tensors
 
@@ -73,8 +74,15 @@ class CentralSite(DPSGDSite):
 class AveragingServer:
     """The aggregator role (node ``K``): validate, average in float64, broadcast."""
 
-    def __init__(self, node: int, spec: ModelSpec, seed: int, device: torch.device,
-                 opt: ServerOptimizer | None = None, keys: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        node: int,
+        spec: ModelSpec,
+        seed: int,
+        device: torch.device,
+        opt: ServerOptimizer | None = None,
+        keys: tuple[str, ...] | None = None,
+    ):
         torch.manual_seed(seed)
         self.node = node
         self.spec = spec
@@ -92,14 +100,19 @@ class AveragingServer:
     def payload(self, rnd: int, client: int | None = None) -> bytes:
         """The broadcast of round ``rnd`` (the same bytes for every site: encoded once per round)."""
         if self._encoded is None or self._encoded[0] != (rnd, self.version):
-            data = encode(self.state(), meta={"round": rnd, "src": self.node, "model": self.spec.name, "global": True})
+            data = encode(
+                self.state(), meta={"round": rnd, "src": self.node, "model": self.spec.name, "global": True}
+            )
             self._encoded = ((rnd, self.version), data)
         return self._encoded[1]
 
     def state_dict(self) -> dict:
         """The global model and the round it was last updated."""
-        return {"model": self.model.state_dict(), "version": self.version,
-                **({"opt": self.opt.state_dict()} if self.opt is not None else {})}
+        return {
+            "model": self.model.state_dict(),
+            "version": self.version,
+            **({"opt": self.opt.state_dict()} if self.opt is not None else {}),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
@@ -109,26 +122,36 @@ class AveragingServer:
         if self.opt is not None and "opt" in state:
             self.opt.load_state_dict(state["opt"])
 
-    def aggregate(self, rnd: int, packets: list[Packet], weights: dict[int, float] | None = None) -> list[dict]:
-        """Average the valid uploads into the global model; the refused ones as records. ``weights``: each site's
+    def aggregate(
+        self, rnd: int, packets: list[Packet], weights: dict[int, float] | None = None
+    ) -> list[dict]:
+        """Average the valid uploads into the global model; the refused ones as records. ``weights``: each
+        site's
         aggregation weight (its public data size, or 1): an upload claiming another is refused."""
         template = {k: v.detach().clone() for k, v in self.state().items()}
         received, rejected = [], []
         for p in packets:
             try:
-                tensors, w, _ = read_model(p.data, template, (WEIGHT_KEY,), positive=True,
-                                           expect={"round": rnd, "src": p.src})
+                tensors, w, _ = read_model(
+                    p.data, template, (WEIGHT_KEY,), positive=True, expect={"round": rnd, "src": p.src}
+                )
                 if weights is not None and w[WEIGHT_KEY] != weights.get(p.src):
-                    raise PeerModelRejected(f"aggregation weight {w[WEIGHT_KEY]:g}, expected {weights.get(p.src)}")
+                    raise PeerModelRejected(
+                        f"aggregation weight {w[WEIGHT_KEY]:g}, expected {weights.get(p.src)}"
+                    )
                 received.append((tensors, w[WEIGHT_KEY]))
             except PeerModelRejected as e:
                 log.warning("server rejected the model from client %d in round %d: %s", p.src, rnd, e)
                 rejected.append({"round": rnd, "client": self.node, "src": p.src, "reason": str(e)})
         if not received:
-            log.warning("server received no usable model in round %d and keeps the previous global model", rnd)
+            log.warning(
+                "server received no usable model in round %d and keeps the previous global model", rnd
+            )
             return rejected
         average, _ = combine(template, 0.0, received)  # weighted mean in float64, as PushSum mixes
-        average = self.absorb(average, len(received))  # a method's extra averaged tensors (SCAFFOLD's), taken out
+        average = self.absorb(
+            average, len(received)
+        )  # a method's extra averaged tensors (SCAFFOLD's), taken out
         template = {k: template[k] for k in average}
         if self.opt is not None:
             average = self._server_step(template, average)
@@ -137,13 +160,16 @@ class AveragingServer:
         return rejected
 
     def absorb(self, average: dict[str, torch.Tensor], received: int) -> dict[str, torch.Tensor]:
-        """Take a method's own averaged tensors out of ``average`` (``received`` uploads were averaged) and return the
+        """Take a method's own averaged tensors out of ``average`` (``received`` uploads were averaged) and
+        return the
         model's; the plain server has none."""
         return average
 
-    def _server_step(self, current: dict[str, torch.Tensor], average: dict[str, torch.Tensor]
-                     ) -> dict[str, torch.Tensor]:
-        """w + the server optimizer's step for Δ̄ = average − w, in float64 (floating tensors; others: the average)."""
+    def _server_step(
+        self, current: dict[str, torch.Tensor], average: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """w + the server optimizer's step for Δ̄ = average − w, in float64 (floating tensors; others: the
+        average)."""
         assert self.opt is not None
         keys = [k for k, v in current.items() if v.is_floating_point()]
         w = flat({k: current[k].to(torch.float64) for k in keys})
@@ -159,15 +185,25 @@ class AveragingServer:
 class Centralized(Coordinator):
     """Train locally → upload → aggregate → broadcast → replace."""
 
-    def __init__(self, cfg, n_sites: int, spec: ModelSpec, device: torch.device, uniform: bool = False,
-                 server_optimizer: str | None = None, shared_keys: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        cfg,
+        n_sites: int,
+        spec: ModelSpec,
+        device: torch.device,
+        uniform: bool = False,
+        server_optimizer: str | None = None,
+        shared_keys: tuple[str, ...] | None = None,
+    ):
         super().__init__(cfg, n_sites)
         o = cfg.options
         lr, momentum = getattr(o, "server_lr", None) or 1.0, float(getattr(o, "server_momentum", 0.0) or 0.0)
         opt = make_optimizer("fedavgm", o) if (lr != 1.0 or momentum > 0.0) else None
         if server_optimizer is not None:  # FedOpt (silofl.fl.methods.fedopt): e.g. fedadam, fedyogi on Δ̄
             opt = make_optimizer(server_optimizer, o)
-        self.server = AveragingServer(n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt, shared_keys)
+        self.server = AveragingServer(
+            n_sites, spec, party_seeds(cfg.seed, n_sites)[0], device, opt, shared_keys
+        )
         self.uniform = uniform
 
     def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:
@@ -184,7 +220,9 @@ class Centralized(Coordinator):
             return events
         meta = {"round": rnd, "uniform": self.uniform, "server": self.server_id}
         uploads = self.call("train_upload", {k: Message(dict(meta)) for k in active})
-        packets = [p for k in sorted(uploads) for p in self.routable(rnd, k, uploads, {self.server_id}, events)]
+        packets = [
+            p for k in sorted(uploads) for p in self.routable(rnd, k, uploads, {self.server_id}, events)
+        ]
         weights = {k: 1.0 if self.uniform else float(self.info[k]["n"]) for k in active}
         events.rejected += self.server.aggregate(rnd, packets, weights)
         self.broadcast(rnd, active, events)

@@ -78,8 +78,18 @@ from silofl.training.server_opt import make_optimizer
 log = logging.getLogger("silofl")
 
 TOLERANCE = 1e-4  # relative slack on the announced norm bound (float32 sums)
-RATIO_FLOOR, RATIO_SMOOTHING = 0.05, 0.7  # adaptive v: clamp and exponential smoothing of the noised norm ratio
-__all__ = ["BROADCAST", "ClientLevelDP", "ClientLevelOptions", "ClientLevelSite", "DPServer", "UnitAccountants"]
+RATIO_FLOOR, RATIO_SMOOTHING = (
+    0.05,
+    0.7,
+)  # adaptive v: clamp and exponential smoothing of the noised norm ratio
+__all__ = [
+    "BROADCAST",
+    "ClientLevelDP",
+    "ClientLevelOptions",
+    "ClientLevelSite",
+    "DPServer",
+    "UnitAccountants",
+]
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -108,7 +118,11 @@ class ClientLevelOptions(MethodOptions):
         changes: dict[str, Any] = {"intermediaries": str(self.intermediaries)}
         if self.server_lr is None:
             private = run.privacy != "off"
-            lr = self.default_server_lr if private or self.nonprivate_server_lr is None else self.nonprivate_server_lr
+            lr = (
+                self.default_server_lr
+                if private or self.nonprivate_server_lr is None
+                else self.nonprivate_server_lr
+            )
             changes["server_lr"] = lr
         return dataclasses.replace(self, **changes)
 
@@ -120,11 +134,15 @@ class ClientLevelOptions(MethodOptions):
             try:
                 v = int(mode)
             except ValueError:
-                raise ConfigError(f"intermediaries must be none, adaptive or a number of sub-clients, got {mode!r}") from None
+                raise ConfigError(
+                    f"intermediaries must be none, adaptive or a number of sub-clients, got {mode!r}"
+                ) from None
             if v < 1:
                 raise ConfigError(f"intermediaries must be at least 1 sub-client per client, got {v}")
         if mode == "adaptive" and run.privacy == "off":
-            raise ConfigError("intermediaries 'adaptive' sets v from the DP noise level; without DP use a fixed number")
+            raise ConfigError(
+                "intermediaries 'adaptive' sets v from the DP noise level; without DP use a fixed number"
+            )
         if not 0.0 < self.clip_quantile < 1.0:
             raise ConfigError(f"clip_quantile must lie in (0, 1), got {self.clip_quantile}")
         if not 0.0 < self.client_rate <= 1.0:
@@ -206,7 +224,9 @@ class ClientLevelSite(SubclientSite):
         """Train every sub-client and upload the clipped sum (only if the last broadcast selected it)."""
         if not self.selected:
             return Message()
-        return Message(packets=[Packet(self.cid, int(msg.meta["server"]), self.train(int(msg.meta["round"])))])
+        return Message(
+            packets=[Packet(self.cid, int(msg.meta["server"]), self.train(int(msg.meta["round"])))]
+        )
 
     def on_receive_global(self, msg: Message) -> Message:
         """Take the server's broadcast; a broadcast that fails validation means sitting the next round out."""
@@ -222,7 +242,8 @@ class ClientLevelSite(SubclientSite):
 
 # ---------------------------------------------------------------------------------------------- server
 class UnitAccountants:
-    """The server's two accountants (hospital and sub-client unit), the budget of the run's unit, and the ledger
+    """The server's two accountants (hospital and sub-client unit), the budget of the run's unit, and the
+    ledger
     they are rebuilt from."""
 
     def __init__(self, cfg):
@@ -231,7 +252,9 @@ class UnitAccountants:
         self.unit = self.opts.privacy_unit
         self.accountants = {u: Accountant(cfg.accountant) for u in ("hospital", "subclient")}
         self.ledger = None
-        self.budget = Budget(self.accountants[self.unit], cfg.target_epsilon, cfg.delta) if cfg.is_private else None
+        self.budget = (
+            Budget(self.accountants[self.unit], cfg.target_epsilon, cfg.delta) if cfg.is_private else None
+        )
 
     def allows_round(self) -> bool:
         """Whether one more round fits the budget of the run's unit."""
@@ -239,11 +262,17 @@ class UnitAccountants:
 
     def record(self, z_total: float, v: int) -> dict[str, float]:
         """Record one round of the mechanism that ran (the calibrated unit's total multiplier ``z_total``, v
-        sub-clients, the auxiliary releases of this run): each unit's multiplier, in the server's ledger first."""
+        sub-clients, the auxiliary releases of this run): each unit's multiplier, in the server's ledger
+        first."""
         if not self.cfg.is_private:
             return {}
-        zs = unit_noise_multipliers(z_total, v, self.unit, self.opts.count_noise_std(self.cfg),
-                                    self.opts.norm_noise_multiplier(self.cfg))
+        zs = unit_noise_multipliers(
+            z_total,
+            v,
+            self.unit,
+            self.opts.count_noise_std(self.cfg),
+            self.opts.norm_noise_multiplier(self.cfg),
+        )
         if self.ledger is not None:
             self.ledger.append("client-level", multipliers=zs, sample_rate=self.opts.client_rate, v=v)
         for u, z in zs.items():
@@ -251,7 +280,8 @@ class UnitAccountants:
         return zs
 
     def open(self, folder) -> None:
-        """Keep the rounds in a ledger in ``folder``; the accountants are rebuilt from it (see :meth:`restore`)."""
+        """Keep the rounds in a ledger in ``folder``; the accountants are rebuilt from it (see
+        :meth:`restore`)."""
         from silofl.privacy.ledger import Ledger
 
         self.ledger = Ledger(folder)
@@ -277,15 +307,28 @@ class UnitAccountants:
             return {"accountant": None, "epsilon": None, "delta": None, "unit": self.unit}
         rep = self.accountants[self.unit].report(self.cfg.delta)
         other = "subclient" if self.unit == "hospital" else "hospital"
-        return {**rep, "unit": self.unit, "target_epsilon": self.cfg.target_epsilon,
-                f"epsilon_{other}": self.accountants[other].epsilon(self.cfg.delta),
-                f"history_{other}": [list(h) for h in self.accountants[other].history]}
+        return {
+            **rep,
+            "unit": self.unit,
+            "target_epsilon": self.cfg.target_epsilon,
+            f"epsilon_{other}": self.accountants[other].epsilon(self.cfg.delta),
+            f"history_{other}": [list(h) for h in self.accountants[other].history],
+        }
 
 
 class DPServer:
     """Node N: noise, clip adaptation, the choice of v, the server optimizer, the accountants."""
 
-    def __init__(self, node: int, spec: ModelSpec, cfg, sizes: list[int], accounts: UnitAccountants, device, optimizer: str):
+    def __init__(
+        self,
+        node: int,
+        spec: ModelSpec,
+        cfg,
+        sizes: list[int],
+        accounts: UnitAccountants,
+        device,
+        optimizer: str,
+    ):
         seed_init, seed_sample, seed_noise, _ = party_seeds(cfg.seed, node)
         seeded = cfg.seed is not None
         torch.manual_seed(seed_init)
@@ -308,13 +351,24 @@ class DPServer:
                 f"{min(sizes) // cfg.batch_size} sub-clients of one batch ({cfg.batch_size}) each"
             )
         self.v = fixed if fixed is not None else 1
-        self.clip = AdaptiveClip(cfg.clip, o.clip_quantile, o.clip_lr, o.count_noise_std(cfg) or 1.0) \
-            if o.adaptive_clip and cfg.is_private else None
+        self.clip = (
+            AdaptiveClip(cfg.clip, o.clip_quantile, o.clip_lr, o.count_noise_std(cfg) or 1.0)
+            if o.adaptive_clip and cfg.is_private
+            else None
+        )
         # the mechanism: the update sum's noise multiplier z_Δ, chosen so that with the auxiliary releases
         # the whole round is one Gaussian mechanism of total multiplier z (what the ledger records)
         self.z_total = cfg.noise_multiplier
-        self.z_update = update_noise_multiplier(self.z_total, o.count_noise_std(cfg), o.norm_noise_multiplier(cfg),
-                                                COUNT_SENSITIVITY[o.privacy_unit]) if cfg.is_private else 0.0
+        self.z_update = (
+            update_noise_multiplier(
+                self.z_total,
+                o.count_noise_std(cfg),
+                o.norm_noise_multiplier(cfg),
+                COUNT_SENSITIVITY[o.privacy_unit],
+            )
+            if cfg.is_private
+            else 0.0
+        )
         self.selected: set[int] = set()
         self.norm_ratio: float | None = None
         self.history: list[dict] = []
@@ -323,17 +377,27 @@ class DPServer:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """Model, optimizer, RNGs, clip, v and both accountants."""
-        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "noise": self.noise.state_dict(),
-                "sampler": sampler_state(self.sampler), "clip": self.clip.clip if self.clip is not None else None,
-                "v": self.v, "norm_ratio": self.norm_ratio, "selected": sorted(self.selected), "history": self.history,
-                "accountants": {u: a.state_dict() for u, a in self.accounts.accountants.items()},
-                "ledger_head": self.accounts.ledger.head.to_dict() if self.accounts.ledger is not None else None}
+        return {
+            "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(),
+            "noise": self.noise.state_dict(),
+            "sampler": sampler_state(self.sampler),
+            "clip": self.clip.clip if self.clip is not None else None,
+            "v": self.v,
+            "norm_ratio": self.norm_ratio,
+            "selected": sorted(self.selected),
+            "history": self.history,
+            "accountants": {u: a.state_dict() for u, a in self.accounts.accountants.items()},
+            "ledger_head": self.accounts.ledger.head.to_dict() if self.accounts.ledger is not None else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (the accountants may only grow)."""
         device = next(self.model.parameters()).device
         self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state["opt"].items()})
+        self.opt.load_state_dict(
+            {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state["opt"].items()}
+        )
         self.noise.load_state_dict(state["noise"])
         load_sampler_state(self.sampler, state["sampler"])
         if self.clip is not None:
@@ -356,7 +420,9 @@ class DPServer:
 
     def tau_bar(self) -> float:
         """τ̄: the mean local steps per sub-client (from the public data sizes)."""
-        steps = [t for n in self.sizes for t in local_steps(n, self.v, self.cfg.batch_size, self.opts.local_epochs)]
+        steps = [
+            t for n in self.sizes for t in local_steps(n, self.v, self.cfg.batch_size, self.opts.local_epochs)
+        ]
         return statistics.fmean(steps)
 
     def select(self, clients: list[int]) -> None:
@@ -370,9 +436,18 @@ class DPServer:
         key = (rnd, len(self.history))
         if self._announced is None or self._announced[0] != key:
             eps = self.accounts.epsilons()
-            sub_clip = (subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit) if self.cfg.is_private
-                        else self.clip_bound)
-            scalars = {V: self.v, CLIP: sub_clip, TAU: self.tau_bar(), EPS_H: eps["hospital"], EPS_S: eps["subclient"]}
+            sub_clip = (
+                subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit)
+                if self.cfg.is_private
+                else self.clip_bound
+            )
+            scalars = {
+                V: self.v,
+                CLIP: sub_clip,
+                TAU: self.tau_bar(),
+                EPS_H: eps["hospital"],
+                EPS_S: eps["subclient"],
+            }
             state = dict(self.model.state_dict())
             state.update({k: torch.tensor(float(val), dtype=torch.float64) for k, val in scalars.items()})
             self._announced = (key, state)
@@ -380,7 +455,10 @@ class DPServer:
 
     def payload(self, rnd: int, client: int) -> bytes:
         """The broadcast to ``client``: the announcement plus whether it is selected next round."""
-        state = {**self._announcement(rnd), SELECTED: torch.tensor(float(client in self.selected), dtype=torch.float64)}
+        state = {
+            **self._announcement(rnd),
+            SELECTED: torch.tensor(float(client in self.selected), dtype=torch.float64),
+        }
         return encode(state, meta={"round": rnd, "src": self.node, "model": self.spec.name, "global": True})
 
     # ------------------------------------------------------------------ one aggregation
@@ -412,7 +490,9 @@ class DPServer:
                     bound = units * per_unit_bound * (1 + TOLERANCE)
                     norm = float(torch.linalg.vector_norm(upd.double()))
                     if norm > bound:
-                        raise PeerModelRejected(f"update norm {norm:.4g} exceeds the announced bound {bound:.4g}")
+                        raise PeerModelRejected(
+                            f"update norm {norm:.4g} exceeds the announced bound {bound:.4g}"
+                        )
                     if s[NORM_SUM] > bound or s[UNCLIPPED] > units:
                         raise PeerModelRejected("clip statistics outside their bounds")
                 updates.append(upd)
@@ -423,17 +503,31 @@ class DPServer:
                 log.warning("server rejected the update from client %d in round %d: %s", env.src, rnd, e)
                 rejected.append({"round": rnd, "client": self.node, "src": env.src, "reason": str(e)})
         D = self.expected_units()
-        stats: dict = {"round": rnd, "v": self.v, "clip": self.clip_bound, "updates": len(updates), "expected_units": D}
+        stats: dict = {
+            "round": rnd,
+            "v": self.v,
+            "clip": self.clip_bound,
+            "updates": len(updates),
+            "expected_units": D,
+        }
         if cfg.is_private:
             noise = self.noise.normal((self.d,), self.z_update * per_unit_bound, dtype=torch.float64)
             noise_norm = float(torch.linalg.vector_norm(noise))
             released = total + noise
             zs = self.accounts.record(self.z_total, self.v)
-            stats.update({"noise_std": self.z_update * per_unit_bound, "z_update": self.z_update,
-                          "z_hospital": zs["hospital"], "z_subclient": zs["subclient"]})
+            stats.update(
+                {
+                    "noise_std": self.z_update * per_unit_bound,
+                    "z_update": self.z_update,
+                    "z_hospital": zs["hospital"],
+                    "z_subclient": zs["subclient"],
+                }
+            )
             stats.update(self._diagnostics(total, noise_norm, norm_sum, updates))
             if self.clip is not None:  # privatised quantile estimate moves the clip
-                b = self.clip.noisy_fraction(unclipped_centred, D, float(self.noise.normal((1,), 1.0, torch.float64)[0]))
+                b = self.clip.noisy_fraction(
+                    unclipped_centred, D, float(self.noise.normal((1,), 1.0, torch.float64)[0])
+                )
                 stats["unclipped_fraction_noisy"] = b
                 self.clip.update(b)
             if o.fixed_intermediaries is None:  # privatised norm sum sets the next v
@@ -442,11 +536,16 @@ class DPServer:
                 # mean clipped norm per unit relative to its bound: in [0, 1] before noise, so clamping
                 # and smoothing it (post-processing) keep one noisy round from throwing v to an extreme
                 ratio = min(1.0, max(RATIO_FLOOR, noisy_sum / (D * per_unit_bound)))
-                self.norm_ratio = ratio if self.norm_ratio is None else \
-                    RATIO_SMOOTHING * self.norm_ratio + (1 - RATIO_SMOOTHING) * ratio
+                self.norm_ratio = (
+                    ratio
+                    if self.norm_ratio is None
+                    else RATIO_SMOOTHING * self.norm_ratio + (1 - RATIO_SMOOTHING) * ratio
+                )
                 lam = noise_norm / (self.norm_ratio * D * per_unit_bound)
                 v_next = int(min(self.v_cap, max(1, round(math.sqrt(len(self.sizes) * lam)))))
-                stats.update({"norm_ratio_privatised": self.norm_ratio, "lambda_privatised": lam, "v_next": v_next})
+                stats.update(
+                    {"norm_ratio_privatised": self.norm_ratio, "lambda_privatised": lam, "v_next": v_next}
+                )
                 self.v = v_next
         else:
             released = total
@@ -457,7 +556,9 @@ class DPServer:
             new = flat({k: p.detach() for k, p in params.items()}) + step
             for k, val in unflat(new, {k: p for k, p in params.items()}).items():
                 params[k].copy_(val)
-        stats.update({f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()} if cfg.is_private else {})
+        stats.update(
+            {f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()} if cfg.is_private else {}
+        )
         self.history.append(stats)
         return rejected
 
@@ -473,8 +574,12 @@ class DPServer:
             if n > 0:
                 cos.append(float(torch.dot(u, total)) / (n * s_norm))
         xi, phi = noise_norm / s_norm, norm_sum / s_norm
-        return {"xi": xi, "phi": phi, "lambda": xi / phi if phi > 0 else None,
-                "cos_std": statistics.pstdev(cos) if len(cos) > 1 else 0.0}
+        return {
+            "xi": xi,
+            "phi": phi,
+            "lambda": xi / phi if phi > 0 else None,
+            "cos_std": statistics.pstdev(cos) if len(cos) > 1 else 0.0,
+        }
 
 
 class ClientLevelDP(Coordinator):
@@ -492,15 +597,24 @@ class ClientLevelDP(Coordinator):
         missing = sorted(set(range(self.n_sites)) - set(self.info))
         if missing:
             lost = self.engine.lost if self.engine is not None else {}
-            raise ConfigError(f"client-level DP needs every hospital's public data size at the start; site(s) "
-                              f"{missing} did not answer ({'; '.join(lost.get(k, 'no reply') for k in missing)})")
+            raise ConfigError(
+                f"client-level DP needs every hospital's public data size at the start; site(s) "
+                f"{missing} did not answer ({'; '.join(lost.get(k, 'no reply') for k in missing)})"
+            )
         sizes = [int(self.info[k]["n"]) for k in range(self.n_sites)]
         if cfg.is_private:
-            units = self.n_sites * (1 if o.privacy_unit == "hospital" else
-                                    (o.fixed_intermediaries or min(sizes) // cfg.batch_size))
+            units = self.n_sites * (
+                1
+                if o.privacy_unit == "hospital"
+                else (o.fixed_intermediaries or min(sizes) // cfg.batch_size)
+            )
             if cfg.delta > 1.0 / units:
-                raise ConfigError(f"delta {cfg.delta:g} must be at most 1/(number of privacy units) = 1/{units}")
-        self.server = DPServer(self.server_id, self.spec, cfg, sizes, self.accounts, self.device, self.optimizer)
+                raise ConfigError(
+                    f"delta {cfg.delta:g} must be at most 1/(number of privacy units) = 1/{units}"
+                )
+        self.server = DPServer(
+            self.server_id, self.spec, cfg, sizes, self.accounts, self.device, self.optimizer
+        )
 
     def open_ledger(self, folder) -> None:
         self.accounts.open(folder)
@@ -510,9 +624,13 @@ class ClientLevelDP(Coordinator):
 
     def budget_message(self) -> str:
         led, cfg = self.accounts, self.cfg
-        one = led.accountants[led.unit].epsilon_after(cfg.noise_multiplier, cfg.options.client_rate, 1, cfg.delta)
-        return (f"target_epsilon {led.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
-                f"δ={cfg.delta:g}, {led.unit} level): raise the budget or the noise multiplier")
+        one = led.accountants[led.unit].epsilon_after(
+            cfg.noise_multiplier, cfg.options.client_rate, 1, cfg.delta
+        )
+        return (
+            f"target_epsilon {led.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
+            f"δ={cfg.delta:g}, {led.unit} level): raise the budget or the noise multiplier"
+        )
 
     def broadcast(self, rnd: int, sites: list[int], events: RoundEvents) -> None:
         """Select next round's sites and send each its broadcast."""
@@ -529,8 +647,12 @@ class ClientLevelDP(Coordinator):
         if not active:
             return events
         chosen = sorted(self.server.selected & set(active))
-        uploads = self.call("train_upload", {k: Message({"round": rnd, "server": self.server_id}) for k in chosen})
-        packets = [p for k in sorted(uploads) for p in self.routable(rnd, k, uploads, {self.server_id}, events)]
+        uploads = self.call(
+            "train_upload", {k: Message({"round": rnd, "server": self.server_id}) for k in chosen}
+        )
+        packets = [
+            p for k in sorted(uploads) for p in self.routable(rnd, k, uploads, {self.server_id}, events)
+        ]
         events.rejected += self.server.aggregate(rnd, packets)
         self.broadcast(rnd, active, events)
         return events
@@ -573,18 +695,25 @@ class ClientLevelDP(Coordinator):
             "epsilon_hospital": eps["hospital"],
             "epsilon_subclient": eps["subclient"],
             "note_units": (
-                f"calibrated per {led.unit}: ε_{led.unit} is the run's guarantee; ε_{other} is the same mechanism "
-                f"accounted for one {other}, block by block (update sum, and the unclipped count and norm sum when they "
-                f"are released). ε_hospital bounds everything one hospital holds — any of its records, or all of them. "
-                "ε_subclient (the figure the published code reports) bounds one sub-client's shard as its hospital "
-                "split it that round: not one record (removing a record re-splits the hospital's data and changes "
-                "every shard), and not a hospital (its v sub-clients move the sum together, which ε_hospital accounts for)."
+                f"calibrated per {led.unit}: ε_{led.unit} is the run's guarantee; ε_{other} is the same "
+                f"mechanism "
+                f"accounted for one {other}, block by block (update sum, and the unclipped count and norm "
+                f"sum when they "
+                f"are released). ε_hospital bounds everything one hospital holds — any of its records, or "
+                f"all of them. "
+                "ε_subclient (the figure the published code reports) bounds one sub-client's shard as its "
+                "hospital "
+                "split it that round: not one record (removing a record re-splits the hospital's data and "
+                "changes "
+                "every shard), and not a hospital (its v sub-clients move the sum together, which ε_hospital "
+                "accounts for)."
             ),
             "noise_multiplier_total": cfg.noise_multiplier,
             "noise_multiplier_update": self.server.z_update,
             "clip_count_noise_std": o.count_noise_std(cfg),
             "norm_sum_noise_multiplier": o.norm_noise_multiplier(cfg),
             "client_rate": o.client_rate,
-            "privatised_inputs": "v from the noised norm sum, C from the noised unclipped count; data sizes public",
+            "privatised_inputs": "v from the noised norm sum, C from the noised unclipped count; data sizes "
+            "public",
             "not_privatised_diagnostics": ["xi", "phi", "lambda", "cos_std"],
         }

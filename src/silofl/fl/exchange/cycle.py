@@ -84,8 +84,10 @@ class CWT(Coordinator):
 
     def evaluate(self, rnd: int, internal: bool = False) -> dict[int, dict]:
         ks = self.evaluated(rnd)
-        requests = {k: Message({"round": rnd, "internal": internal, "score": k == self.holder})
-                    for k in sorted(set(ks) | {self.holder})}
+        requests = {
+            k: Message({"round": rnd, "internal": internal, "score": k == self.holder})
+            for k in sorted(set(ks) | {self.holder})
+        }
         replies = {k: r.meta for k, r in self.call("evaluate", requests).items()}
         acc = replies.get(self.holder, {}).get("accs", {})
         return {k: {**replies[k], "accs": dict(acc)} for k in ks if k in replies}

@@ -33,23 +33,32 @@ class GossipSite(DPSGDSite):
     def __init__(self, *args, self_weight: float = 0.0, max_weight: float = float("inf"), **kwargs):
         super().__init__(*args, **kwargs)
         self.self_weight = self_weight
-        self.max_weight = max_weight  # PushSum conserves the total weight: no share exceeds the number of sites
+        self.max_weight = (
+            max_weight  # PushSum conserves the total weight: no share exceeds the number of sites
+        )
         self.pushsum_weight = 1.0
         self._kept_weight = 1.0
-        # the last two rounds' sends, newest last: (round, θ, w each, to) — a round's deliveries reach their sites
+        # the last two rounds' sends, newest last: (round, θ, w each, to) — a round's deliveries reach their
+        # sites
         # with the next round's request (silofl.comm.batch), so a node lost then may not have taken either
         self._sends: list[tuple[int, dict[str, torch.Tensor], float, set[int]]] = []
 
     def state_dict(self) -> dict:
         sends = [{"round": r, "theta": t, "each": e, "to": sorted(to)} for r, t, e, to in self._sends]
-        return {**super().state_dict(), "pushsum_weight": self.pushsum_weight, "kept_weight": self._kept_weight,
-                "sends": sends}
+        return {
+            **super().state_dict(),
+            "pushsum_weight": self.pushsum_weight,
+            "kept_weight": self._kept_weight,
+            "sends": sends,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.pushsum_weight, self._kept_weight = float(state["pushsum_weight"]), float(state["kept_weight"])
         sends = state.get("sends")
-        if sends is None and state.get("sent") is not None:  # a checkpoint from before the sends were kept per round
+        if (
+            sends is None and state.get("sent") is not None
+        ):  # a checkpoint from before the sends were kept per round
             sends = [{"round": -1, **state["sent"]}]
         self._sends = [(int(x["round"]), x["theta"], float(x["each"]), set(x["to"])) for x in sends or []]
 
@@ -61,7 +70,11 @@ class GossipSite(DPSGDSite):
         """Train one round, then send the shared model to this round's out-neighbours ``to``."""
         rnd = int(msg.meta["round"])
         self.train(rnd)
-        return Message(packets=[Packet(self.cid, d, data) for d, data in self.outgoing(rnd, list(msg.meta["to"])).items()])
+        return Message(
+            packets=[
+                Packet(self.cid, d, data) for d, data in self.outgoing(rnd, list(msg.meta["to"])).items()
+            ]
+        )
 
     def on_receive(self, msg: Message) -> Message:
         """Mix the received models; report the ones refused."""
@@ -70,8 +83,11 @@ class GossipSite(DPSGDSite):
     def on_reclaim(self, msg: Message) -> Message:
         """Take back the mass sent to sites since lost (``since``: from which round, per lost site)."""
         since = msg.meta.get("since")
-        self.reclaim(set(msg.meta["lost"]), int(msg.meta["round"]),
-                     None if since is None else {int(d): int(r) for d, r in dict(since).items()})
+        self.reclaim(
+            set(msg.meta["lost"]),
+            int(msg.meta["round"]),
+            None if since is None else {int(d): int(r) for d, r in dict(since).items()},
+        )
         return Message()
 
     # ------------------------------------------------------------------ PushSum
@@ -86,9 +102,11 @@ class GossipSite(DPSGDSite):
         return {d: data for d in out_neighbors}
 
     def reclaim(self, lost: set[int], rnd: int, since: dict[int, int] | None = None) -> None:
-        """Take back the PushSum mass sent to nodes since lost (the mass never entered a live site), so that the
+        """Take back the PushSum mass sent to nodes since lost (the mass never entered a live site), so that
+        the
         live sites' total weight stays what it was: what was sent to each lost node ``d`` in rounds from
-        ``since[d]`` on (the rounds whose deliveries it did not answer), or, without ``since``, in the last send."""
+        ``since[d]`` on (the rounds whose deliveries it did not answer), or, without ``since``, in the last
+        send."""
         kept = []
         for i, (r, theta, each, to) in enumerate(self._sends):
             last = i == len(self._sends) - 1
@@ -98,8 +116,15 @@ class GossipSite(DPSGDSite):
                 back = {k: theta[k].to(v.device) for k, v in own.items()}
                 new_state, self.pushsum_weight = combine(own, self.pushsum_weight, [(back, each * len(gone))])
                 self.replace_shared(new_state)
-                log.info("client %d took back the PushSum mass (weight %.4g) sent in round %d to lost node(s) %s "
-                         "before round %d", self.cid, each * len(gone), r, sorted(gone), rnd)
+                log.info(
+                    "client %d took back the PushSum mass (weight %.4g) sent in round %d to lost node(s) %s "
+                    "before round %d",
+                    self.cid,
+                    each * len(gone),
+                    r,
+                    sorted(gone),
+                    rnd,
+                )
             kept.append((r, theta, each, to - gone))
         self._sends = kept
 
@@ -111,8 +136,10 @@ class GossipSite(DPSGDSite):
             try:
                 tensors, extras, _ = self.read(p, (PUSHSUM_KEY,), rnd)
                 if extras[PUSHSUM_KEY] > self.max_weight:
-                    raise PeerModelRejected(f"PushSum weight {extras[PUSHSUM_KEY]:.3g} exceeds the total weight "
-                                            f"{self.max_weight:g} of all sites")
+                    raise PeerModelRejected(
+                        f"PushSum weight {extras[PUSHSUM_KEY]:.3g} exceeds the total weight "
+                        f"{self.max_weight:g} of all sites"
+                    )
                 received.append((tensors, extras[PUSHSUM_KEY]))
             except PeerModelRejected as e:
                 rejected.append(self.reject(rnd, p, e))
@@ -128,7 +155,9 @@ class GossipSite(DPSGDSite):
         if received:
             self.replace_shared(new_state)
         elif self._kept_weight == 0.0:  # combine gave it back its own model with weight 1
-            self._sends = [x for x in self._sends if x[0] != rnd]  # so nothing more to take back from this round
+            self._sends = [
+                x for x in self._sends if x[0] != rnd
+            ]  # so nothing more to take back from this round
             log.warning("client %d received no usable model in round %d and keeps its own", self.cid, rnd)
         return rejected
 
@@ -149,8 +178,9 @@ class Gossip(Coordinator):
         for k in sorted(sent):
             for p in self.routable(rnd, k, sent, set(edges[k]) & set(inbox), events):
                 inbox[p.dst].append(p)
-        received = self.call("receive", {k: Message({"round": rnd}, sorted(inbox[k], key=lambda p: p.src))
-                                         for k in active})
+        received = self.call(
+            "receive", {k: Message({"round": rnd}, sorted(inbox[k], key=lambda p: p.src)) for k in active}
+        )
         for r in received.values():
             events.rejected += r.meta.get("rejected", [])
         return events
@@ -159,4 +189,7 @@ class Gossip(Coordinator):
 
     def on_lost(self, nodes: set[int], rnd: int) -> None:
         since = {str(d): self.delivered.get(d, -1) + 1 for d in sorted(nodes)}  # the rounds it did not take
-        self.call("reclaim", {k: Message({"round": rnd, "lost": sorted(nodes), "since": since}) for k in self.active})
+        self.call(
+            "reclaim",
+            {k: Message({"round": rnd, "lost": sorted(nodes), "since": since}) for k in self.active},
+        )

@@ -16,6 +16,26 @@ from silofl.fl.methods import (  # noqa: F401
     scaffold,
 )
 
-ORDER = ("proxyfl", "fedavg", "fml", "avgpush", "cwt", "regular", "joint", "dp-fedavg", "dp-fedadam", "dp-fednova",
-         "dp2-rmsprop", "fedadam", "fednova", "rmsprop",
-         "fedprox", "fedavg-adam", "fedavg-yogi", "ditto", "mr-mtl", "fedper", "scaffold")
+ORDER = (
+    "proxyfl",
+    "fedavg",
+    "fml",
+    "avgpush",
+    "cwt",
+    "regular",
+    "joint",
+    "dp-fedavg",
+    "dp-fedadam",
+    "dp-fednova",
+    "dp2-rmsprop",
+    "fedadam",
+    "fednova",
+    "rmsprop",
+    "fedprox",
+    "fedavg-adam",
+    "fedavg-yogi",
+    "ditto",
+    "mr-mtl",
+    "fedper",
+    "scaffold",
+)

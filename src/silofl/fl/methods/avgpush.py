@@ -22,14 +22,28 @@ class AvgPushOptions(GossipOptions, SharedModelOptions):
     """AvgPush: one DP model per site, PushSum gossip."""
 
 
-@register("avgpush", options=AvgPushOptions, headline="global_acc", exchange="gossip", metrics=("global_acc",),
-          description="one DP model per client, gossiped with PushSum")
+@register(
+    "avgpush",
+    options=AvgPushOptions,
+    headline="global_acc",
+    exchange="gossip",
+    metrics=("global_acc",),
+    description="one DP model per client, gossiped with PushSum",
+)
 class AvgPush(Method):
     opts: AvgPushOptions
 
     def make_site(self, k, x, y, data):
-        return GossipSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global",
-                          self_weight=self.opts.self_weight, max_weight=self.cfg.clients)
+        return GossipSite(
+            k,
+            x,
+            y,
+            spec(self.opts.proxy_model, data),
+            dpsgd_settings(self.cfg, k),
+            shared_field="global",
+            self_weight=self.opts.self_weight,
+            max_weight=self.cfg.clients,
+        )
 
     def make_coordinator(self, n_sites, data, device):
         return Gossip(self.cfg, n_sites, make_graph(self.opts.graph))

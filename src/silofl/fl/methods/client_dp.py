@@ -30,30 +30,82 @@ class ClientLevelMethod(Method):
 
     def make_site(self, k, x, y, data):
         o = self.opts
-        settings = SubclientSettings(seed=self.cfg.seed, batch_size=self.cfg.batch_size, local_epochs=o.local_epochs,
-                                     local_lr=o.local_lr, private=self.cfg.is_private, privacy_unit=o.privacy_unit,
-                                     normalise=self.normalise, clip=self.cfg.clip)
+        settings = SubclientSettings(
+            seed=self.cfg.seed,
+            batch_size=self.cfg.batch_size,
+            local_epochs=o.local_epochs,
+            local_lr=o.local_lr,
+            private=self.cfg.is_private,
+            privacy_unit=o.privacy_unit,
+            normalise=self.normalise,
+            clip=self.cfg.clip,
+        )
         return ClientLevelSite(k, x, y, spec(o.proxy_model, data), settings)
 
     def make_coordinator(self, n_sites, data, device):
         return ClientLevelDP(self.cfg, n_sites, spec(self.opts.proxy_model, data), device, self.optimizer)
 
 
-def _register(name: str, options: type, optimizer: str, description: str, nonprivate: bool = False,
-              normalise: bool = False) -> None:
-    cls = type(name.replace("-", "_").title().replace("_", ""), (ClientLevelMethod,),
-               {"optimizer": optimizer, "normalise": normalise, "__module__": __name__, "__doc__": description})
-    register(name, options=options, headline="global_acc", exchange="server", level="client", nonprivate=nonprivate,
-             metrics=("global_acc",), description=description)(cls)
+def _register(
+    name: str,
+    options: type,
+    optimizer: str,
+    description: str,
+    nonprivate: bool = False,
+    normalise: bool = False,
+) -> None:
+    cls = type(
+        name.replace("-", "_").title().replace("_", ""),
+        (ClientLevelMethod,),
+        {"optimizer": optimizer, "normalise": normalise, "__module__": __name__, "__doc__": description},
+    )
+    register(
+        name,
+        options=options,
+        headline="global_acc",
+        exchange="server",
+        level="client",
+        nonprivate=nonprivate,
+        metrics=("global_acc",),
+        description=description,
+    )(cls)
 
 
-_register("dp-fedavg", ClientLevelOptions, "fedavg", "client-level DP: clipped client updates, server noise, FedAvg step")
-_register("dp-fedadam", FedAdamOptions, "fedadam", "client-level DP with the adaptive server optimizer FedAdam")
-_register("dp-fednova", ClientLevelOptions, "fednova",
-          "client-level DP with updates normalised by local step counts (FedNova)", normalise=True)
-_register("dp2-rmsprop", DP2Options, "dp2-rmsprop",
-          "client-level DP with DP²-RMSProp (delayed preconditioner, SGD/adaptive phases)")
+_register(
+    "dp-fedavg",
+    ClientLevelOptions,
+    "fedavg",
+    "client-level DP: clipped client updates, server noise, FedAvg step",
+)
+_register(
+    "dp-fedadam", FedAdamOptions, "fedadam", "client-level DP with the adaptive server optimizer FedAdam"
+)
+_register(
+    "dp-fednova",
+    ClientLevelOptions,
+    "fednova",
+    "client-level DP with updates normalised by local step counts (FedNova)",
+    normalise=True,
+)
+_register(
+    "dp2-rmsprop",
+    DP2Options,
+    "dp2-rmsprop",
+    "client-level DP with DP²-RMSProp (delayed preconditioner, SGD/adaptive phases)",
+)
 _register("fedadam", FedAdamOptions, "fedadam", "FedAdam without DP (upper bound)", nonprivate=True)
-_register("fednova", ClientLevelOptions, "fednova", "FedNova without DP (upper bound)", nonprivate=True, normalise=True)
-_register("rmsprop", DP2Options, "dp2-rmsprop", "DP²-RMSProp's server optimizer without DP (upper bound)",
-          nonprivate=True)
+_register(
+    "fednova",
+    ClientLevelOptions,
+    "fednova",
+    "FedNova without DP (upper bound)",
+    nonprivate=True,
+    normalise=True,
+)
+_register(
+    "rmsprop",
+    DP2Options,
+    "dp2-rmsprop",
+    "DP²-RMSProp's server optimizer without DP (upper bound)",
+    nonprivate=True,
+)

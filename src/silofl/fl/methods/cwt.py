@@ -26,13 +26,21 @@ class CWTOptions(SharedModelOptions):
             raise ConfigError(f"cwt_visits must be at least 1, got {self.cwt_visits}")
 
 
-@register("cwt", options=CWTOptions, headline="global_acc", exchange="cycle", metrics=("global_acc",),
-          description="one DP model passed from client to client in a cycle")
+@register(
+    "cwt",
+    options=CWTOptions,
+    headline="global_acc",
+    exchange="cycle",
+    metrics=("global_acc",),
+    description="one DP model passed from client to client in a cycle",
+)
 class CyclicalWeightTransfer(Method):
     opts: CWTOptions
 
     def make_site(self, k, x, y, data):
-        return CycleSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
+        return CycleSite(
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+        )
 
     def make_coordinator(self, n_sites, data, device):
         return CWT(self.cfg, n_sites, visits=self.opts.cwt_visits)

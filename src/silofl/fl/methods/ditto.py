@@ -4,17 +4,24 @@ example-level DP on the global model.
 Every site holds two models of the shared architecture (``proxy_model``):
 
 * the **global** model w, trained exactly as FedAvg's (DP-SGD on cross-entropy, one epoch of Poisson batches),
-  uploaded, averaged by the server and replaced by its broadcast (:mod:`silofl.fl.exchange.centralized`). It is
+  uploaded, averaged by the server and replaced by its broadcast (:mod:`silofl.fl.exchange.centralized`). It
+  is
   the only thing that leaves the site, and the accountant counts its DP-SGD steps: ε is FedAvg's.
 * the **personal** model v, started from the server's initial model and then trained every round on the site's
-  data with the objective F_k(v) + (λ/2)·‖v − w^t‖², w^t the global model the site received at the round's start:
-  plain (non-DP) Adam at ``private_lr`` on the mean cross-entropy of batches drawn like the global model's (the same
+  data with the objective F_k(v) + (λ/2)·‖v − w^t‖², w^t the global model the site received at the round's
+  start:
+  plain (non-DP) Adam at ``private_lr`` on the mean cross-entropy of batches drawn like the global model's
+  (the same
   rate and number of steps, from their own generator), plus the gradient λ·(v − w^t).
 
-The personal model **never leaves the site** — like ProxyFL's private model it is trained without DP, its figures
-(``private_acc``) are labelled non-private and released only if the site chooses (``report_nonprivate``), and it is
-saved in the site's own run folder. It reads w^t, a DP release, and the site's own data; nothing derived from it is
-sent, so the guarantee of what is shared is DP-SGD's. λ → 0 is each site alone (from a common start); large λ pulls
+The personal model **never leaves the site** — like ProxyFL's private model it is trained without DP, its
+figures
+(``private_acc``) are labelled non-private and released only if the site chooses (``report_nonprivate``), and
+it is
+saved in the site's own run folder. It reads w^t, a DP release, and the site's own data; nothing derived from
+it is
+sent, so the guarantee of what is shared is DP-SGD's. λ → 0 is each site alone (from a common start); large λ
+pulls
 v to the global model. The method is judged by the personal models (``private_acc``); ``global_acc`` is the
 aggregate's.
 """
@@ -55,19 +62,25 @@ def _ce(logits: torch.Tensor, y: torch.Tensor, _other: torch.Tensor) -> torch.Te
 class DittoSite(CentralSite):
     """FedAvg's DP site plus a personal model (see the module doc)."""
 
-    mutual_learning_partner = False  # the personal model trains in its own steps, not on the DP model's batches
+    mutual_learning_partner = (
+        False  # the personal model trains in its own steps, not on the DP model's batches
+    )
 
     def __init__(self, *args: Any, ditto_lambda: float = 0.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.ditto_lambda = float(ditto_lambda)
-        # the personal model's batches: not behind any guarantee (nothing of the personal model leaves the site), so
-        # a seeded generator — the run's fifth seed of this site in a research run, a fresh secret one otherwise
+        # the personal model's batches: not behind any guarantee (nothing of the personal model leaves the
+        # site), so
+        # a seeded generator — the run's fifth seed of this site in a research run, a fresh secret one
+        # otherwise
         self.personal_sampler = torch.Generator().manual_seed(_personal_seed(self.settings.seed, self.cid))
 
     def on_receive_global(self, msg: Message) -> Message:
         reply = super().on_receive_global(msg)
         if int(msg.meta["round"]) == 0 and not reply.meta.get("rejected") and self.private is not None:
-            self.private.load_state_dict(self.shared.state_dict())  # the personal model starts from the global one
+            self.private.load_state_dict(
+                self.shared.state_dict()
+            )  # the personal model starts from the global one
         return reply
 
     def train(self, rnd: int) -> dict:
@@ -77,8 +90,17 @@ class DittoSite(CentralSite):
         stats = super().train(rnd)
         params = [p for p in self.private.parameters() if p.requires_grad]
         hook = proximal_hook(params, anchor, self.ditto_lambda) if self.ditto_lambda else None
-        poisson_steps(self.private, self.private_opt, self.x, self.y, sample_rate=self.sample_rate,
-                      steps=self.steps_per_round, sampler=self.personal_sampler, loss_fn=_ce, grad_hook=hook)
+        poisson_steps(
+            self.private,
+            self.private_opt,
+            self.x,
+            self.y,
+            sample_rate=self.sample_rate,
+            steps=self.steps_per_round,
+            sampler=self.personal_sampler,
+            loss_fn=_ce,
+            grad_hook=hook,
+        )
         return stats
 
     def state_dict(self) -> dict:
@@ -91,21 +113,41 @@ class DittoSite(CentralSite):
 
 
 def _personal_seed(seed: int | None, cid: int) -> int:
-    """The seed of site ``cid``'s personal batches: the fifth of its seeds in a research run, else a fresh secret one."""
+    """The seed of site ``cid``'s personal batches: the fifth of its seeds in a research run, else a fresh
+    secret one."""
     return party_seeds(seed, cid, 5)[4]
 
 
-@register("ditto", options=DittoOptions, headline="private_acc", exchange="server",
-          metrics=("private_acc", "global_acc"),
-          description="DP global model (FedAvg) + a personal model per client pulled towards it (λ), kept at the client")
+@register(
+    "ditto",
+    options=DittoOptions,
+    headline="private_acc",
+    exchange="server",
+    metrics=("private_acc", "global_acc"),
+    description="DP global model (FedAvg) + a personal model per client pulled towards it (λ), kept at the "
+    "client",
+)
 class Ditto(Method):
     opts: DittoOptions
 
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
-        return DittoSite(k, x, y, s, dpsgd_settings(self.cfg, k), private_spec=s, shared_field="global",
-                         ditto_lambda=self.opts.ditto_lambda)
+        return DittoSite(
+            k,
+            x,
+            y,
+            s,
+            dpsgd_settings(self.cfg, k),
+            private_spec=s,
+            shared_field="global",
+            ditto_lambda=self.opts.ditto_lambda,
+        )
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
-                           uniform=self.opts.aggregation == "uniform")
+        return Centralized(
+            self.cfg,
+            n_sites,
+            spec(self.opts.proxy_model, data),
+            device,
+            uniform=self.opts.aggregation == "uniform",
+        )

@@ -23,14 +23,27 @@ class FedAvgOptions(AveragingOptions, SharedModelOptions):
     """FedAvg: one DP model averaged by a server."""
 
 
-@register("fedavg", options=FedAvgOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
-          description="one DP model averaged by a central server")
+@register(
+    "fedavg",
+    options=FedAvgOptions,
+    headline="global_acc",
+    exchange="server",
+    metrics=("global_acc",),
+    description="one DP model averaged by a central server",
+)
 class FedAvg(Method):
     opts: FedAvgOptions
 
     def make_site(self, k, x, y, data):
-        return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
+        return CentralSite(
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+        )
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
-                           uniform=self.opts.aggregation == "uniform")
+        return Centralized(
+            self.cfg,
+            n_sites,
+            spec(self.opts.proxy_model, data),
+            device,
+            uniform=self.opts.aggregation == "uniform",
+        )

@@ -1,13 +1,15 @@
 """FedOpt for example-level FedAvg (Reddi et al., "Adaptive Federated Optimization", ICLR 2021): FedAdam and
 FedYogi server steps on the average of the sites' DP models.
 
-The sites are FedAvg's (DP-SGD, upload, replace by the broadcast). The server takes the average Δ̄ of the uploads
+The sites are FedAvg's (DP-SGD, upload, replace by the broadcast). The server takes the average Δ̄ of the
+uploads
 minus its current global model w as a pseudo-gradient and steps with Adam or Yogi
 (:class:`~silofl.training.server_opt.FedAdam`, :class:`~silofl.training.server_opt.FedYogi`):
 m ← β₁m + (1−β₁)Δ̄; Adam u ← β₂u + (1−β₂)Δ̄², Yogi u ← u − (1−β₂)Δ̄²·sign(u − Δ̄²); w ← w + η·m/(√u + τ).
 The server sees only the sites' DP uploads, so its optimizer is post-processing: ε is FedAvg's, per site.
 
-Two registrations, ``fedavg-adam`` and ``fedavg-yogi`` (``fedadam`` names the client-level non-DP upper bound);
+Two registrations, ``fedavg-adam`` and ``fedavg-yogi`` (``fedadam`` names the client-level non-DP upper
+bound);
 options ``server_lr`` η (default 0.03), ``adam_beta1``, ``adam_beta2``, ``server_tau`` τ, ``bias_correction``.
 """
 
@@ -44,8 +46,10 @@ class FedOptOptions(AveragingOptions, SharedModelOptions):
     def validate(self, run: Any) -> None:
         super().validate(run)
         if self.server_momentum != 0.0:
-            raise ConfigError("server_momentum is FedAvgM's; the adaptive server optimizers have their own first "
-                              "moment: set adam_beta1 instead")
+            raise ConfigError(
+                "server_momentum is FedAvgM's; the adaptive server optimizers have their own first "
+                "moment: set adam_beta1 instead"
+            )
         for name in ("adam_beta1", "adam_beta2"):
             unit_interval(name, getattr(self, name), open_hi=True)
         positive("server_tau", self.server_tau)
@@ -53,25 +57,46 @@ class FedOptOptions(AveragingOptions, SharedModelOptions):
 
 class FedOpt(Method):
     """FedAvg's sites, a server stepping with ``optimizer`` on the average of their DP models."""
+
     opts: FedOptOptions
 
     optimizer = "fedadam"
 
     def make_site(self, k, x, y, data):
-        return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
+        return CentralSite(
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+        )
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
-                           uniform=self.opts.aggregation == "uniform", server_optimizer=self.optimizer)
+        return Centralized(
+            self.cfg,
+            n_sites,
+            spec(self.opts.proxy_model, data),
+            device,
+            uniform=self.opts.aggregation == "uniform",
+            server_optimizer=self.optimizer,
+        )
 
 
-@register("fedavg-adam", options=FedOptOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
-          description="FedAvg's DP sites, FedAdam's server step on the average of their models")
+@register(
+    "fedavg-adam",
+    options=FedOptOptions,
+    headline="global_acc",
+    exchange="server",
+    metrics=("global_acc",),
+    description="FedAvg's DP sites, FedAdam's server step on the average of their models",
+)
 class FedAvgAdam(FedOpt):
     optimizer = "fedadam"
 
 
-@register("fedavg-yogi", options=FedOptOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
-          description="FedAvg's DP sites, FedYogi's server step on the average of their models")
+@register(
+    "fedavg-yogi",
+    options=FedOptOptions,
+    headline="global_acc",
+    exchange="server",
+    metrics=("global_acc",),
+    description="FedAvg's DP sites, FedYogi's server step on the average of their models",
+)
 class FedAvgYogi(FedOpt):
     optimizer = "fedyogi"

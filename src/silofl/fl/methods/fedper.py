@@ -1,15 +1,22 @@
-"""FedPer (Arivazhagan et al., "Federated Learning with Personalization Layers", 2019) with example-level DP: a shared
+"""FedPer (Arivazhagan et al., "Federated Learning with Personalization Layers", 2019) with example-level DP:
+a shared
 body averaged by the server, a head kept at every site.
 
-Every site trains its whole model (``proxy_model``; the head is the last layer with parameters, the body everything
+Every site trains its whole model (``proxy_model``; the head is the last layer with parameters, the body
+everything
 before it) with DP-SGD, as FedAvg does, then uploads **only the body**; the server averages the bodies
-(:mod:`silofl.fl.exchange.centralized` with ``shared_keys``) and broadcasts the average, and each site loads it under
+(:mod:`silofl.fl.exchange.centralized` with ``shared_keys``) and broadcasts the average, and each site loads
+it under
 its own head. The head never leaves the site.
 
-Why the head is trained with DP too: the body's per-example gradients flow through the head. A head trained without
-DP is a function of the whole local data set, so the body's DP-SGD step would then depend on other examples than the
-one it clips — the reason ProxyFL's ``paper`` mode is no formal guarantee. With the head inside the DP model, each
-step is DP-SGD on one model: the accountant counts exactly FedAvg's steps, the shared body is post-processing of the
+Why the head is trained with DP too: the body's per-example gradients flow through the head. A head trained
+without
+DP is a function of the whole local data set, so the body's DP-SGD step would then depend on other examples
+than the
+one it clips — the reason ProxyFL's ``paper`` mode is no formal guarantee. With the head inside the DP model,
+each
+step is DP-SGD on one model: the accountant counts exactly FedAvg's steps, the shared body is post-processing
+of the
 DP model, and the site's personalised model (body + head, ``private_acc``) is a DP model too.
 """
 
@@ -32,7 +39,8 @@ from silofl.models import ModelSpec
 
 
 def head_keys(model: torch.nn.Module) -> tuple[str, ...]:
-    """The state-dict keys of a model's head: its last module (in registration order) with parameters of its own."""
+    """The state-dict keys of a model's head: its last module (in registration order) with parameters of
+    its own."""
     last = None
     for name, m in model.named_modules():
         if any(True for _ in m.parameters(recurse=False)):
@@ -43,14 +51,19 @@ def head_keys(model: torch.nn.Module) -> tuple[str, ...]:
 
 
 def body_keys(s: ModelSpec) -> tuple[str, ...]:
-    """The state-dict keys of the body of architecture ``s`` (everything but the head); ConfigError if it has none."""
-    with torch.random.fork_rng(devices=[]):  # building a model to read its layout draws nothing from the run's streams
+    """The state-dict keys of the body of architecture ``s`` (everything but the head); ConfigError if it
+    has none."""
+    with torch.random.fork_rng(
+        devices=[]
+    ):  # building a model to read its layout draws nothing from the run's streams
         model = s.build()
     head = set(head_keys(model))
     body = tuple(k for k in model.state_dict() if k not in head)
     if not body:
-        raise ConfigError(f"FedPer shares a model's body and keeps its last layer; {s.name!r} has a single layer: "
-                          "choose a deeper proxy_model")
+        raise ConfigError(
+            f"FedPer shares a model's body and keeps its last layer; {s.name!r} has a single layer: "
+            "choose a deeper proxy_model"
+        )
     return body
 
 
@@ -72,14 +85,17 @@ class PersonalHeadSite(CentralSite):
         body.update(extra or {})
         return encode(body, meta={"round": rnd, "src": self.cid, "model": self.shared_spec.name, **meta})
 
-    def read(self, packet: Packet, extra_keys: tuple[str, ...] = (), rnd: int | None = None
-             ) -> tuple[dict, dict[str, float], dict]:
-        """A received body, validated against this site's body and probed under its own head: (the whole model's
+    def read(
+        self, packet: Packet, extra_keys: tuple[str, ...] = (), rnd: int | None = None
+    ) -> tuple[dict, dict[str, float], dict]:
+        """A received body, validated against this site's body and probed under its own head: (the whole
+        model's
         tensors, extras, meta). Raises PeerModelRejected."""
         expect = {"src": packet.src} if rnd is None else {"round": rnd, "src": packet.src}
         state = dict(self.shared.state_dict())
-        tensors, extras, meta = read_model(packet.data, {k: state[k] for k in self.shared_keys}, extra_keys,
-                                           expect=expect)
+        tensors, extras, meta = read_model(
+            packet.data, {k: state[k] for k in self.shared_keys}, extra_keys, expect=expect
+        )
         merged = {**{k: v.detach().clone() for k, v in state.items()}, **tensors}
         self.probe(merged)
         return merged, extras, meta
@@ -88,17 +104,25 @@ class PersonalHeadSite(CentralSite):
         super().replace_shared(state, token=None)  # every site's head differs: never one evaluation for all
 
 
-@register("fedper", options=FedPerOptions, headline="private_acc", exchange="server", metrics=("private_acc",),
-          description="one DP model per client; the server averages the bodies, each client keeps its head")
+@register(
+    "fedper",
+    options=FedPerOptions,
+    headline="private_acc",
+    exchange="server",
+    metrics=("private_acc",),
+    description="one DP model per client; the server averages the bodies, each client keeps its head",
+)
 class FedPer(Method):
     opts: FedPerOptions
 
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
-        return PersonalHeadSite(k, x, y, s, dpsgd_settings(self.cfg, k), shared_field="private",
-                                shared_keys=body_keys(s))
+        return PersonalHeadSite(
+            k, x, y, s, dpsgd_settings(self.cfg, k), shared_field="private", shared_keys=body_keys(s)
+        )
 
     def make_coordinator(self, n_sites, data, device):
         s = spec(self.opts.proxy_model, data)
-        return Centralized(self.cfg, n_sites, s, device, uniform=self.opts.aggregation == "uniform",
-                           shared_keys=body_keys(s))
+        return Centralized(
+            self.cfg, n_sites, s, device, uniform=self.opts.aggregation == "uniform", shared_keys=body_keys(s)
+        )

@@ -1,12 +1,17 @@
-"""FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020) with example-level DP-SGD.
+"""FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020) with example-level
+DP-SGD.
 
-FedAvg's round (:mod:`silofl.fl.exchange.centralized`: train, upload, average, broadcast, replace) with a proximal
+FedAvg's round (:mod:`silofl.fl.exchange.centralized`: train, upload, average, broadcast, replace) with a
+proximal
 term in every site's local objective, F_k(w) + (μ/2)·‖w − w_g‖², w_g the global model the site received (its
-weights when the round's training starts). Its gradient μ·(w − w_g) is added to the shared model's gradient after
+weights when the round's training starts). Its gradient μ·(w − w_g) is added to the shared model's gradient
+after
 DP-SGD has clipped and noised the data term, before the optimizer steps
-(:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): it depends on no example, only on the current iterate and
+(:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): it depends on no example, only on the current iterate
+and
 the received global — itself a DP release — so it is post-processing of the DP gradient. The mechanism, its
-accountant and ε are exactly FedAvg's; ``mu`` 0 is FedAvg. The server's ``server_lr``/``server_momentum`` apply as
+accountant and ε are exactly FedAvg's; ``mu`` 0 is FedAvg. The server's ``server_lr``/``server_momentum``
+apply as
 for FedAvg.
 """
 
@@ -33,8 +38,11 @@ def non_negative(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be a finite non-negative number, got {value}")
 
 
-def proximal_hook(params: list[torch.nn.Parameter], anchor: list[torch.Tensor], weight: float) -> Callable[[], None]:
-    """A ``grad_hook`` adding ``weight``·(p − anchor) to every ``p.grad``: the gradient of (weight/2)·‖p − anchor‖²."""
+def proximal_hook(
+    params: list[torch.nn.Parameter], anchor: list[torch.Tensor], weight: float
+) -> Callable[[], None]:
+    """A ``grad_hook`` adding ``weight``·(p − anchor) to every ``p.grad``: the gradient of (weight/2)·‖p −
+    anchor‖²."""
 
     def hook() -> None:
         with torch.no_grad():
@@ -79,15 +87,33 @@ class ProxSite(CentralSite):
         return proximal_hook(params, anchor, self.mu)
 
 
-@register("fedprox", options=FedProxOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
-          description="FedAvg with a proximal term μ/2·‖w − w_global‖² in the local DP-SGD objective")
+@register(
+    "fedprox",
+    options=FedProxOptions,
+    headline="global_acc",
+    exchange="server",
+    metrics=("global_acc",),
+    description="FedAvg with a proximal term μ/2·‖w − w_global‖² in the local DP-SGD objective",
+)
 class FedProx(Method):
     opts: FedProxOptions
 
     def make_site(self, k, x, y, data):
-        return ProxSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global",
-                        mu=self.opts.mu)
+        return ProxSite(
+            k,
+            x,
+            y,
+            spec(self.opts.proxy_model, data),
+            dpsgd_settings(self.cfg, k),
+            shared_field="global",
+            mu=self.opts.mu,
+        )
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
-                           uniform=self.opts.aggregation == "uniform")
+        return Centralized(
+            self.cfg,
+            n_sites,
+            spec(self.opts.proxy_model, data),
+            device,
+            uniform=self.opts.aggregation == "uniform",
+        )

@@ -22,16 +22,35 @@ class FMLOptions(AveragingOptions, MutualLearningOptions, SharedModelOptions):
     """FML: a private model, a DP meme, mutual learning, server averaging."""
 
 
-@register("fml", options=FMLOptions, headline="private_acc", exchange="server", mutual_learning=True,
-          metrics=("private_acc", "proxy_acc"), description="private + DP meme per client, memes averaged by a central server")
+@register(
+    "fml",
+    options=FMLOptions,
+    headline="private_acc",
+    exchange="server",
+    mutual_learning=True,
+    metrics=("private_acc", "proxy_acc"),
+    description="private + DP meme per client, memes averaged by a central server",
+)
 class FML(Method):
     opts: FMLOptions
 
     def make_site(self, k, x, y, data):
         o = self.opts
-        return CentralSite(k, x, y, spec(o.proxy_model, data), dpsgd_settings(self.cfg, k),
-                           private_spec=spec(o.private_model_of(k), data), shared_field="proxy")
+        return CentralSite(
+            k,
+            x,
+            y,
+            spec(o.proxy_model, data),
+            dpsgd_settings(self.cfg, k),
+            private_spec=spec(o.private_model_of(k), data),
+            shared_field="proxy",
+        )
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
-                           uniform=self.opts.aggregation == "uniform")
+        return Centralized(
+            self.cfg,
+            n_sites,
+            spec(self.opts.proxy_model, data),
+            device,
+            uniform=self.opts.aggregation == "uniform",
+        )

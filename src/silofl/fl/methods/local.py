@@ -26,14 +26,26 @@ class RegularOptions(PrivateModelOptions, DPSGDOptions):
     """Regular: each site trains its private architecture alone."""
 
 
-@register("regular", options=RegularOptions, headline="private_acc", exchange="none", metrics=("private_acc",),
-          description="each client trains its private architecture alone")
+@register(
+    "regular",
+    options=RegularOptions,
+    headline="private_acc",
+    exchange="none",
+    metrics=("private_acc",),
+    description="each client trains its private architecture alone",
+)
 class Regular(Method):
     opts: RegularOptions
 
     def make_site(self, k, x, y, data):
-        return LocalSite(k, x, y, spec(self.opts.private_model_of(k), data), dpsgd_settings(self.cfg, k),
-                         shared_field="private")
+        return LocalSite(
+            k,
+            x,
+            y,
+            spec(self.opts.private_model_of(k), data),
+            dpsgd_settings(self.cfg, k),
+            shared_field="private",
+        )
 
     def make_coordinator(self, n_sites, data, device):
         return Local(self.cfg, n_sites)
@@ -50,8 +62,15 @@ class JointOptions(DPSGDOptions):
         check_model(self.private_model)
 
 
-@register("joint", options=JointOptions, headline="global_acc", exchange="none", pooled=True, metrics=("global_acc",),
-          description="one model on the pooled data (non-federated upper bound)")
+@register(
+    "joint",
+    options=JointOptions,
+    headline="global_acc",
+    exchange="none",
+    pooled=True,
+    metrics=("global_acc",),
+    description="one model on the pooled data (non-federated upper bound)",
+)
 class Joint(Method):
     opts: JointOptions
 
@@ -59,7 +78,9 @@ class Joint(Method):
         return [(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))]
 
     def make_site(self, k, x, y, data):
-        return LocalSite(k, x, y, spec(self.opts.private_model, data), dpsgd_settings(self.cfg, k), shared_field="global")
+        return LocalSite(
+            k, x, y, spec(self.opts.private_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+        )
 
     def make_coordinator(self, n_sites, data, device):
         return Local(self.cfg, n_sites)

@@ -1,18 +1,29 @@
-"""MR-MTL, mean-regularised multi-task learning (Liu et al., "On Privacy and Personalization in Cross-Silo Federated
+"""MR-MTL, mean-regularised multi-task learning (Liu et al., "On Privacy and Personalization in Cross-Silo
+Federated
 Learning", NeurIPS 2022), with example-level DP: the silo-level setting that paper studies.
 
-Every site keeps its **own** model w_k (the shared architecture, ``proxy_model``) for the whole run and trains it
-with DP-SGD on F_k(w_k) + (λ/2)·‖w_k − w̄‖², w̄ the mean of the sites' models the server broadcast last. Each round
-every site uploads w_k (a DP release: DP-SGD's guarantee, accounted as FedAvg's), the server averages the uploads
-(:mod:`silofl.fl.exchange.centralized`) and broadcasts w̄; a site validates w̄ like any received model and keeps it
-as its regularisation target — it does **not** replace its own model (except once, before round 1, when every site
-starts from the server's initial model). The pull λ·(w_k − w̄) is added to the DP gradient after clipping and noise
-(:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): a function of the iterate and of w̄, a DP release, so it is
-post-processing. λ = 0 is each site alone with DP (Regular with the shared architecture); λ → ∞ approaches FedAvg.
+Every site keeps its **own** model w_k (the shared architecture, ``proxy_model``) for the whole run and trains
+it
+with DP-SGD on F_k(w_k) + (λ/2)·‖w_k − w̄‖², w̄ the mean of the sites' models the server broadcast last. Each
+round
+every site uploads w_k (a DP release: DP-SGD's guarantee, accounted as FedAvg's), the server averages the
+uploads
+(:mod:`silofl.fl.exchange.centralized`) and broadcasts w̄; a site validates w̄ like any received model and
+keeps it
+as its regularisation target — it does **not** replace its own model (except once, before round 1, when every
+site
+starts from the server's initial model). The pull λ·(w_k − w̄) is added to the DP gradient after clipping and
+noise
+(:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): a function of the iterate and of w̄, a DP release, so
+it is
+post-processing. λ = 0 is each site alone with DP (Regular with the shared architecture); λ → ∞ approaches
+FedAvg.
 
 The pull joins the gradient the optimizer sees. With SGD (the paper's) the step is lr·λ·(w_k − w̄), stable for
-lr·λ < 1; with Adam (silofl's default) it is normalised by Adam's moments like any gradient, so a large λ moves every
-coordinate by about lr per step towards w̄ whatever the distance — measured on digits (3 sites, 10 rounds, ε ≈ 12.5):
+lr·λ < 1; with Adam (silofl's default) it is normalised by Adam's moments like any gradient, so a large λ
+moves every
+coordinate by about lr per step towards w̄ whatever the distance — measured on digits (3 sites, 10 rounds, ε ≈
+12.5):
 λ = 0 0.821, λ = 0.1 0.792, λ = 1 0.351 with Adam. Hence the small default λ = 0.1; tune it (``silofl tune``).
 
 The method is judged by the sites' own models: ``private_acc`` (a DP model's accuracy, labelled DP).
@@ -39,7 +50,9 @@ class MRMTLOptions(SharedModelOptions):
     """MR-MTL: one DP model per site, pulled (λ) towards the server's mean of the sites' models."""
 
     aggregation: str = "size"  # the mean w̄: sites weighted by data size, or uniformly
-    mrmtl_lambda: float = 0.1  # λ (with Adam, the default optimizer, larger λ measured worse: see the module doc)
+    mrmtl_lambda: float = (
+        0.1  # λ (with Adam, the default optimizer, larger λ measured worse: see the module doc)
+    )
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -48,7 +61,8 @@ class MRMTLOptions(SharedModelOptions):
 
 
 class MeanRegularisedSite(CentralSite):
-    """A DP-SGD site that keeps its own model and takes the server's broadcast only as its regularisation target."""
+    """A DP-SGD site that keeps its own model and takes the server's broadcast only as its regularisation
+    target."""
 
     def __init__(self, *args: Any, mrmtl_lambda: float = 0.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -56,7 +70,8 @@ class MeanRegularisedSite(CentralSite):
         self.target: dict[str, torch.Tensor] | None = None  # w̄, the last mean received
 
     def take_global(self, tensors: dict[str, torch.Tensor], rnd: int) -> None:
-        """Round 0: start from the server's initial model; later rounds: keep the (validated) mean as the target."""
+        """Round 0: start from the server's initial model; later rounds: keep the (validated) mean as the
+        target."""
         if rnd == 0:
             self.replace_shared(tensors, token=("server", rnd))
         self.target = {k: v.detach().clone() for k, v in tensors.items()}
@@ -75,15 +90,33 @@ class MeanRegularisedSite(CentralSite):
         self.target = state.get("mrmtl_target")
 
 
-@register("mr-mtl", options=MRMTLOptions, headline="private_acc", exchange="server", metrics=("private_acc",),
-          description="one DP model per client, kept, pulled (λ) towards the server's mean of the clients' models")
+@register(
+    "mr-mtl",
+    options=MRMTLOptions,
+    headline="private_acc",
+    exchange="server",
+    metrics=("private_acc",),
+    description="one DP model per client, kept, pulled (λ) towards the server's mean of the clients' models",
+)
 class MRMTL(Method):
     opts: MRMTLOptions
 
     def make_site(self, k, x, y, data):
-        return MeanRegularisedSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k),
-                                   shared_field="private", mrmtl_lambda=self.opts.mrmtl_lambda)
+        return MeanRegularisedSite(
+            k,
+            x,
+            y,
+            spec(self.opts.proxy_model, data),
+            dpsgd_settings(self.cfg, k),
+            shared_field="private",
+            mrmtl_lambda=self.opts.mrmtl_lambda,
+        )
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
-                           uniform=self.opts.aggregation == "uniform")
+        return Centralized(
+            self.cfg,
+            n_sites,
+            spec(self.opts.proxy_model, data),
+            device,
+            uniform=self.opts.aggregation == "uniform",
+        )

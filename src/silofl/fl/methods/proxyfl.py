@@ -37,16 +37,31 @@ class ProxyFLOptions(GossipOptions, MutualLearningOptions, SharedModelOptions):
     """ProxyFL: a private model, a DP proxy, mutual learning, PushSum gossip."""
 
 
-@register("proxyfl", options=ProxyFLOptions, headline="private_acc", exchange="gossip", mutual_learning=True,
-          metrics=("private_acc", "proxy_acc"), description="private + DP proxy per client, proxies gossiped with PushSum")
+@register(
+    "proxyfl",
+    options=ProxyFLOptions,
+    headline="private_acc",
+    exchange="gossip",
+    mutual_learning=True,
+    metrics=("private_acc", "proxy_acc"),
+    description="private + DP proxy per client, proxies gossiped with PushSum",
+)
 class ProxyFL(Method):
     opts: ProxyFLOptions
 
     def make_site(self, k, x, y, data):
         o = self.opts
-        return GossipSite(k, x, y, spec(o.proxy_model, data), dpsgd_settings(self.cfg, k),
-                          private_spec=spec(o.private_model_of(k), data), shared_field="proxy",
-                          self_weight=o.self_weight, max_weight=self.cfg.clients)
+        return GossipSite(
+            k,
+            x,
+            y,
+            spec(o.proxy_model, data),
+            dpsgd_settings(self.cfg, k),
+            private_spec=spec(o.private_model_of(k), data),
+            shared_field="proxy",
+            self_weight=o.self_weight,
+            max_weight=self.cfg.clients,
+        )
 
     def make_coordinator(self, n_sites, data, device):
         return Gossip(self.cfg, n_sites, make_graph(self.opts.graph))

@@ -1,19 +1,28 @@
-"""SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020) with
+"""SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML
+2020) with
 example-level DP-SGD, its control variates computed from the DP gradients only.
 
-FedAvg's round (:mod:`silofl.fl.exchange.centralized`) with control variates: the server's c and each site's c_i
+FedAvg's round (:mod:`silofl.fl.exchange.centralized`) with control variates: the server's c and each site's
+c_i
 (zeros at the start). Every local step uses the corrected gradient g̃ − c_i + c, g̃ the step's DP-SGD gradient
 (clipped, summed, noised, divided — exactly FedAvg's mechanism; the correction joins it afterwards,
-:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`). After the round the site's new control variate is the mean of
+:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`). After the round the site's new control variate is the
+mean of
 the round's K **DP** gradients, c_i⁺ = (1/K)·Σ g̃ — for plain SGD exactly the paper's option II,
-c_i − c + (x − y)/(K·η) — and it uploads its model with Δc_i = c_i⁺ − c_i. The server averages the models (and steps,
-with ``server_lr``/``server_momentum``) and sets c ← c + (|S|/N)·mean(Δc_i) (weighted as the models are: exact while
+c_i − c + (x − y)/(K·η) — and it uploads its model with Δc_i = c_i⁺ − c_i. The server averages the models (and
+steps,
+with ``server_lr``/``server_momentum``) and sets c ← c + (|S|/N)·mean(Δc_i) (weighted as the models are: exact
+while
 every site takes part), then broadcasts the model and c.
 
-Why the guarantee is DP-SGD's, with no extra budget: c_i is a function of the noised gradients g̃ the mechanism
-released (the accountant counts each of them), never of an un-noised per-example quantity; c is a function of the
-sites' c_i; the correction −c_i + c added to a step depends on no example. Everything that leaves the site — the
-model and Δc_i — is post-processing of the DP releases, so the accountant's ε (FedAvg's, for the steps that ran)
+Why the guarantee is DP-SGD's, with no extra budget: c_i is a function of the noised gradients g̃ the
+mechanism
+released (the accountant counts each of them), never of an un-noised per-example quantity; c is a function of
+the
+sites' c_i; the correction −c_i + c added to a step depends on no example. Everything that leaves the site —
+the
+model and Δc_i — is post-processing of the DP releases, so the accountant's ε (FedAvg's, for the steps that
+ran)
 covers it.
 """
 
@@ -48,10 +57,14 @@ class ScaffoldSite(CentralSite):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cv_names = [n for n, p in self.shared.named_parameters() if p.requires_grad]
-        zeros = {n: torch.zeros_like(p.detach()) for n, p in self.shared.named_parameters() if p.requires_grad}
+        zeros = {
+            n: torch.zeros_like(p.detach()) for n, p in self.shared.named_parameters() if p.requires_grad
+        }
         self.c_local = {n: v.clone() for n, v in zeros.items()}
         self.c_global = {n: v.clone() for n, v in zeros.items()}
-        self.c_delta = {n: v.clone() for n, v in zeros.items()}  # the last round's Δc_i, uploaded with the model
+        self.c_delta = {
+            n: v.clone() for n, v in zeros.items()
+        }  # the last round's Δc_i, uploaded with the model
         self._g_sum: dict[str, torch.Tensor] = {}
         self._g_steps = 0
 
@@ -90,7 +103,8 @@ class ScaffoldSite(CentralSite):
         self.replace_shared(model, token=("server", rnd))
 
     def read_global(self, packet: Packet, rnd: int) -> tuple[dict, dict]:
-        """A broadcast's model and control variate, validated (names, shapes, dtypes, finite and bounded values,
+        """A broadcast's model and control variate, validated (names, shapes, dtypes, finite and bounded
+        values,
         round and sender; the model probed on local data). Raises PeerModelRejected."""
         reference = {**dict(self.shared.state_dict()), **{CV + n: v for n, v in self.c_global.items()}}
         tensors, _, _ = read_model(packet.data, reference, expect={"round": rnd, "src": packet.src})
@@ -99,8 +113,10 @@ class ScaffoldSite(CentralSite):
         return model, {n: tensors[CV + n].clone() for n in self.cv_names}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "scaffold": {"c_local": self.c_local, "c_global": self.c_global,
-                                                     "c_delta": self.c_delta}}
+        return {
+            **super().state_dict(),
+            "scaffold": {"c_local": self.c_local, "c_global": self.c_global, "c_delta": self.c_delta},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -115,8 +131,11 @@ class ScaffoldServer(AveragingServer):
     def __init__(self, *args: Any, n_sites: int, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.n_sites = n_sites
-        self.c = {n: torch.zeros_like(p.detach(), dtype=p.dtype) for n, p in self.model.named_parameters()
-                  if p.requires_grad}
+        self.c = {
+            n: torch.zeros_like(p.detach(), dtype=p.dtype)
+            for n, p in self.model.named_parameters()
+            if p.requires_grad
+        }
 
     def state(self) -> dict[str, torch.Tensor]:
         return {**super().state(), **{CV + n: v for n, v in self.c.items()}}
@@ -143,19 +162,32 @@ class ScaffoldCoordinator(Centralized):
     def __init__(self, cfg: Any, n_sites: int, spec_, device: torch.device, uniform: bool = False):
         super().__init__(cfg, n_sites, spec_, device, uniform=uniform)
         old = self.server
-        self.server = ScaffoldServer(n_sites, spec_, party_seeds(cfg.seed, n_sites)[0], device, old.opt,
-                                     n_sites=n_sites)
+        self.server = ScaffoldServer(
+            n_sites, spec_, party_seeds(cfg.seed, n_sites)[0], device, old.opt, n_sites=n_sites
+        )
 
 
-@register("scaffold", options=ScaffoldOptions, headline="global_acc", exchange="server", metrics=("global_acc",),
-          description="FedAvg with SCAFFOLD's control variates, computed from the DP gradients only")
+@register(
+    "scaffold",
+    options=ScaffoldOptions,
+    headline="global_acc",
+    exchange="server",
+    metrics=("global_acc",),
+    description="FedAvg with SCAFFOLD's control variates, computed from the DP gradients only",
+)
 class Scaffold(Method):
     opts: ScaffoldOptions
 
     def make_site(self, k, x, y, data):
-        return ScaffoldSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k),
-                            shared_field="global")
+        return ScaffoldSite(
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+        )
 
     def make_coordinator(self, n_sites, data, device):
-        return ScaffoldCoordinator(self.cfg, n_sites, spec(self.opts.proxy_model, data), device,
-                                   uniform=self.opts.aggregation == "uniform")
+        return ScaffoldCoordinator(
+            self.cfg,
+            n_sites,
+            spec(self.opts.proxy_model, data),
+            device,
+            uniform=self.opts.aggregation == "uniform",
+        )
