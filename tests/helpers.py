@@ -48,3 +48,24 @@ def spy_packets(engine: InProcessEngine) -> list[tuple[int, int, bytes]]:
 
     engine.call = call  # type: ignore[method-assign]
     return seen
+
+
+# a two-process ProxyFL run on digits, one round: what tests of torch.distributed runs launch
+TINY_LAUNCH = (
+    "launch --nproc-per-node 2 --method proxyfl --dataset digits --clients 2 --rounds 1 "
+    "--samples-per-client 100 --batch-size 25 --delta 1e-3 --test-limit 100 --threads 1 --quiet"
+).split()
+
+
+def launch_tiny(out, *extra: str):
+    """Run :data:`TINY_LAUNCH` into ``out`` (plus ``extra`` arguments) as a real `silofl launch`; the finished
+    process (its return code and output)."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "silofl.cli.main", *TINY_LAUNCH, "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

@@ -3,8 +3,6 @@ processes every record went to process 0, including the non-DP private model's a
 per-example gradient norms)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -68,40 +66,9 @@ def test_a_simulation_reports_everything_and_says_so(tiny_cfg, tmp_path):
 @pytest.mark.multiprocess
 def test_across_processes_sites_keep_nonprivate_figures_by_default(tmp_path):
     out = tmp_path / "d"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "silofl.cli.main",
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--method",
-            "proxyfl",
-            "--dataset",
-            "digits",
-            "--clients",
-            "2",
-            "--rounds",
-            "1",
-            "--samples-per-client",
-            "100",
-            "--batch-size",
-            "25",
-            "--delta",
-            "1e-3",
-            "--test-limit",
-            "100",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    from tests.helpers import launch_tiny
+
+    res = launch_tiny(out)
     assert res.returncode == 0, res.stderr[-3000:]
     sent = keys(out / "metrics.jsonl")
     assert "proxy_acc" in sent and not sent & NONPRIVATE

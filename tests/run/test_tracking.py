@@ -274,48 +274,12 @@ def test_a_backend_that_fails_mid_run_stops_tracking_with_one_warning_and_the_ru
 def test_labels_cross_the_process_boundary_of_a_torch_distributed_run(tmp_path):
     """Site 1 runs in process 1: its figures come with their labels in its evaluation reply; process 0
     tracks."""
-    import subprocess
-    import sys
-
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from tests.helpers import launch_tiny
+
     out, tb = tmp_path / "d", tmp_path / "tb"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "silofl.cli.main",
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--method",
-            "proxyfl",
-            "--dataset",
-            "digits",
-            "--clients",
-            "2",
-            "--rounds",
-            "1",
-            "--samples-per-client",
-            "100",
-            "--batch-size",
-            "25",
-            "--delta",
-            "1e-3",
-            "--test-limit",
-            "100",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-            "--quiet",
-            "--set",
-            f"track=[tensorboard, {tb}]",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = launch_tiny(out, "--set", f"track=[tensorboard, {tb}]")
     assert res.returncode == 0, res.stderr[-3000:]
     (logdir,) = tb.iterdir()
     ea = EventAccumulator(str(logdir))
