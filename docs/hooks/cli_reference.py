@@ -38,6 +38,8 @@ def _cell(text: str) -> str:
 def _default(param: Any) -> str:
     import click
 
+    if isinstance(getattr(param, "show_default", None), str):  # a generated flag: the configuration's default
+        return f"`{param.show_default.strip('()')}`"
     if getattr(param, "is_flag", False) and not getattr(param, "secondary_opts", None):
         return ""
     d = param.default
@@ -52,6 +54,11 @@ def _type(param: Any) -> str:
     import click
 
     t = param.type
+    mv = getattr(param, "metavar", None)  # a generated flag: its choices ([a|b]) or its form (A,B,…)
+    if mv and mv.startswith("[") and mv.endswith("]"):
+        return " \\| ".join(f"`{c}`" for c in mv[1:-1].split("|"))
+    if mv:
+        return " \\| ".join(f"`{part}`" for part in mv.split("|"))
     if isinstance(t, click.Choice):
         return " \\| ".join(f"`{c}`" for c in t.choices)
     if getattr(param, "is_flag", False):
