@@ -46,7 +46,7 @@ DEFAULT_SAMPLES_PER_CLIENT, DEFAULT_BATCH_SIZE = 1000, 250
 REMOVED = {"secure_noise": "secure_noise was removed: noise and sampling are secret unless a --seed is given"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     # what to run
     method: str = field(
@@ -338,7 +338,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.options is None and isinstance(self.method, str) and self.method in methods():
-            self.options = method_info(self.method).options()
+            object.__setattr__(self, "options", method_info(self.method).options())  # the method's defaults
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -444,28 +444,14 @@ class RunConfig:
 
     def resolve(self) -> RunConfig:
         """Validate and fill derived values; returns a new config. Idempotent."""
-        cfg = dataclasses.replace(
-            self, options=dataclasses.replace(self.options) if self.options is not None else None
-        )
-        cfg._coerce_types()
-        cfg.validate()
-        cfg.privacy = effective_mode(cfg.privacy, cfg.info.traits)
-        cfg.options = cfg.options.resolve(cfg)
-        cfg.options.validate(cfg)
-        return cfg
-
-    def _coerce_types(self) -> None:
         if self.options is None or not isinstance(self.options, MethodOptions):
             raise ConfigError(f"unknown method {self.method!r}")
-        for obj in (self, self.options):
-            for f in fields(obj):
-                if f.name == "options":
-                    continue
-                setattr(
-                    obj,
-                    f.name,
-                    _coerce(f.name, f.type if isinstance(f.type, str) else str(f.type), getattr(obj, f.name)),
-                )
+        cfg = dataclasses.replace(self, **_coerced(self), options=_coerced(self.options, replace=True))
+        cfg.validate()
+        cfg = dataclasses.replace(cfg, privacy=effective_mode(cfg.privacy, cfg.info.traits))
+        cfg = dataclasses.replace(cfg, options=cfg.options.resolve(cfg))
+        cfg.options.validate(cfg)
+        return cfg
 
     def validate(self) -> None:
         """Raise ConfigError for an invalid common setting (the method's own are checked by its options)."""
@@ -709,6 +695,17 @@ def _all_option_fields() -> dict[str, Any]:
         for k, v in info.options.defaults().items():
             out.setdefault(k, v)
     return out
+
+
+def _coerced(obj: Any, replace: bool = False) -> Any:
+    """``obj``'s fields (the method's section aside) as their declared types (from YAML or the command line),
+    or a ConfigError; with ``replace``, a copy of ``obj`` holding them."""
+    values = {
+        f.name: _coerce(f.name, f.type if isinstance(f.type, str) else str(f.type), getattr(obj, f.name))
+        for f in fields(obj)
+        if f.name != "options"
+    }
+    return dataclasses.replace(obj, **values) if replace else values
 
 
 def _plain(v: Any) -> Any:
