@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import os
 from pathlib import Path
 
 from cryptography import x509
@@ -23,22 +22,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa, x25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from silofl.site.folder import make_site_keys  # noqa: F401 - a site's keys are made by its folder module
+# a site's keys, and the key-file helpers the coordinator's keys share, live in the site folder module
+from silofl.site.folder import (  # noqa: F401 - re-exported for deploy's modules
+    _pkcs8,
+    load_private,
+    make_site_keys,
+    public_raw,
+    write_private,
+)
 
 PEM = serialization.Encoding.PEM
 RAW = serialization.Encoding.Raw
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write a secret readable by its owner only (created 0600, never world-readable in between)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _pkcs8(key) -> bytes:
-    return key.private_bytes(PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
 def make_ca(folder: Path, name: str = "silofl deployment CA", days: int = 365) -> None:
@@ -108,16 +102,6 @@ def make_server_cert(folder: Path, hosts: list[str], days: int = 365) -> None:
     )  # type: ignore[arg-type]
     write_private(folder / "server.key", _pkcs8(key))
     (folder / "server.crt").write_bytes(cert.public_bytes(PEM))
-
-
-def public_raw(key) -> bytes:
-    """The 32 raw bytes of an X25519 or Ed25519 public key."""
-    return key.public_bytes(RAW, serialization.PublicFormat.Raw)
-
-
-def load_private(path: Path):
-    """A PKCS#8 private key written by this module."""
-    return serialization.load_pem_private_key(path.read_bytes(), None)
 
 
 def make_coordinator_keys(folder: Path) -> dict:
