@@ -10,7 +10,7 @@ from silofl.core.errors import ConfigError
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.cycle import CWT, CycleSite
 from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.options import SharedModelOptions
+from silofl.fl.options import SharedModelOptions, option
 from silofl.fl.registry import register
 
 
@@ -18,7 +18,7 @@ from silofl.fl.registry import register
 class CWTOptions(SharedModelOptions):
     """CWT: one DP model travelling a cycle."""
 
-    cwt_visits: int | None = None  # sites that train per round (default all: one full cycle)
+    cwt_visits: int | None = option(None, "CWT: sites that train per round (default all: one full cycle).")
 
     def validate(self, run: Any) -> None:
         super().validate(run)

@@ -17,7 +17,7 @@ import torch
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.local import Local, LocalSite
 from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.options import DPSGDOptions, PrivateModelOptions, check_model
+from silofl.fl.options import DPSGDOptions, PrivateModelOptions, check_model, option
 from silofl.fl.registry import register
 
 
@@ -55,7 +55,7 @@ class Regular(Method):
 class JointOptions(DPSGDOptions):
     """Joint: one model of the private architecture on the pooled data."""
 
-    private_model: str = "lenet5"
+    private_model: str = option("lenet5", "The private model's architecture (never leaves the site).")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
