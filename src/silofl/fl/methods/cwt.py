@@ -39,8 +39,8 @@ class CyclicalWeightTransfer(Method):
 
     def make_site(self, k, x, y, data):
         return CycleSite(
-            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return CWT(self.cfg, n_sites, visits=self.opts.cwt_visits)
+        return CWT(self.plan, n_sites, visits=self.opts.cwt_visits)

@@ -137,7 +137,7 @@ class Ditto(Method):
             x,
             y,
             s,
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             private_spec=s,
             shared_field="global",
             ditto_lambda=self.opts.ditto_lambda,
@@ -145,7 +145,7 @@ class Ditto(Method):
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

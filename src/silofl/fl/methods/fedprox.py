@@ -104,14 +104,14 @@ class FedProx(Method):
             x,
             y,
             spec(self.opts.proxy_model, data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="global",
             mu=self.opts.mu,
         )
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

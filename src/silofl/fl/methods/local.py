@@ -43,12 +43,12 @@ class Regular(Method):
             x,
             y,
             spec(self.opts.private_model_of(k), data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="private",
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return Local(self.cfg, n_sites)
+        return Local(self.plan, n_sites)
 
 
 @dataclass
@@ -79,8 +79,8 @@ class Joint(Method):
 
     def make_site(self, k, x, y, data):
         return LocalSite(
-            k, x, y, spec(self.opts.private_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+            k, x, y, spec(self.opts.private_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return Local(self.cfg, n_sites)
+        return Local(self.plan, n_sites)

@@ -105,14 +105,14 @@ class MRMTL(Method):
             x,
             y,
             spec(self.opts.proxy_model, data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="private",
             mrmtl_lambda=self.opts.mrmtl_lambda,
         )
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,
