@@ -50,6 +50,13 @@ class MLP256(MLP):
         super().__init__(input_shape, num_classes, hidden=(256,))
 
 
+class MLP64(MLP):
+    """D-64-C: one hidden layer of 64 (PubSub-ML's federated baselines on the union feature space)."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__(input_shape, num_classes, hidden=(64,))
+
+
 class TabularMLP(MLP):
     """D-64-64-C for table rows (D = the one-hot encoded width): every layer Linear, so DP-SGD takes the fast
     per-example norm path."""
@@ -196,6 +203,7 @@ def register_model(
 for _name, _cls, _inputs in (
     ("mlp", MLP, "any"),
     ("mlp256", MLP256, "any"),
+    ("mlp64", MLP64, "any"),
     ("tabmlp", TabularMLP, "any"),
     ("logreg", LogisticRegression, "any"),
     ("lenet5", LeNet5, "images"),

@@ -67,6 +67,7 @@ class SubclientSettings:
     privacy_unit: str  # "hospital" | "subclient"
     normalise: bool  # DP-FedNova: updates scaled by τ̄/τ_j
     clip: float
+    prox_mu: float = 0.0  # FedProx's proximal weight μ in local SGD (0: off)
 
 
 class SubclientSite(Site):
@@ -125,6 +126,7 @@ class SubclientSite(Site):
             s.batch_size,
             s.local_lr,
             self.generator,
+            prox_mu=s.prox_mu,
         )
         total = torch.zeros_like(flat(start))
         unclipped = norm_sum = raw_norm_sum = 0.0

@@ -132,6 +132,7 @@ class ClientLevelOptions(MethodOptions):
     local_epochs: int = option(1, "Client-level DP: local SGD epochs.")
     local_lr: float = option(0.05, "Client-level DP: local SGD learning rate.")
     server_lr: float | None = option(None, "Client-level DP: server learning rate.")
+    mu: float = option(0.0, "Client-level DP: FedProx's proximal weight μ in local SGD (0: off).")
 
     default_server_lr: ClassVar[float] = 1.0  # the server optimizer's default learning rates (not options)
     nonprivate_server_lr: ClassVar[float | None] = None
@@ -177,6 +178,8 @@ class ClientLevelOptions(MethodOptions):
                 positive(name, v)
         if self.local_epochs < 1:
             raise ConfigError(f"local_epochs must be at least 1, got {self.local_epochs}")
+        if not (math.isfinite(self.mu) and self.mu >= 0):
+            raise ConfigError(f"mu must be a finite non-negative number, got {self.mu}")
         if self.max_intermediaries is not None and self.max_intermediaries < 1:
             raise ConfigError(f"max_intermediaries must be at least 1, got {self.max_intermediaries}")
 
