@@ -203,7 +203,6 @@ def register_model(
 for _name, _cls, _inputs in (
     ("mlp", MLP, "any"),
     ("mlp256", MLP256, "any"),
-    ("mlp64", MLP64, "any"),
     ("tabmlp", TabularMLP, "any"),
     ("logreg", LogisticRegression, "any"),
     ("lenet5", LeNet5, "images"),
@@ -212,6 +211,7 @@ for _name, _cls, _inputs in (
     ("vgg", VGG, "images"),
     ("resnet18", ResNet18, "images"),
     ("deepset", DeepSet, "bags"),
+    ("mlp64", MLP64, "any"),
 ):
     register_model(_name, _cls, inputs=_inputs)
 # heads for feature stages (silofl.features): a linear model over the flattened features (= logreg), and
