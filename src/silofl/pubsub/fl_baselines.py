@@ -30,8 +30,8 @@ registered sites' and server's own (secret, or from the research seed) randomnes
 noised sum by the number of sites and steps with its optimizer (FedAdam's defaults:
 silofl.training.server_opt).
 
-Measured side by side (``bench/identical.py --base main --head gap27``: the quick scenarios, one seed, tiny test
-sets): every PubSub-ML, PubSub-ML* and Own figure is unchanged and only the FL rows move — iid FedAvg-V/F
+Measured side by side (``bench/identical.py --base main --head gap27``: the quick scenarios, one seed, tiny
+test sets): every PubSub-ML, PubSub-ML* and Own figure is unchanged and only the FL rows move — iid FedAvg-V/F
 0.100/0.633 → 0.083/0.733, FedAdam-V/F 0.150/0.917 → 0.167/0.933; non-iid FedAvg-V 0.000 → 0.750, FedAdam-V
 0.000 → 0.350; distributed features (same population) FedAvg-V/F 0.652/0.870 → 0.348/0.739; regression MSE
 FedAvg-V 51575 → 1203, FedAdam-V/F 0.198/0.032 → 0.227/0.030. At ε = 1 over the rounds the server's noise
