@@ -46,6 +46,24 @@ def test_skellam_noise_follows_the_skellam_pmf(mu):
     assert chi2.pvalue > 1e-3
 
 
+def test_poisson_log_pmf_matches_scipy_where_scipy_is_exact():
+    for lam in (10.0, 57.3, 1e4):
+        k = np.arange(0, int(lam + 12 * math.sqrt(lam)), dtype=np.float64)
+        assert np.allclose(D._poisson_logpmf(k, lam), stats.poisson.logpmf(k, lam), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", D.KINDS)
+def test_an_encoding_of_zero_is_the_partys_noise(kind):
+    m = _mech(dim=1000, bits=30, parties=4, min_survivors=2, noise_multiplier=0.01, kind=kind)
+    rng = D.DiscreteRandom(seed=21)
+    noise = np.concatenate(
+        [D.centre(D.encode(np.zeros(1000), m, rotation_seed=r, rng=rng), 30) for r in range(5)]
+    )
+    assert noise.dtype == np.int64 and m.local_mu > 0
+    assert abs(noise.mean()) <= 5 * math.sqrt(m.local_mu / noise.size)
+    assert abs(noise.var() - m.local_mu) <= 5 * math.sqrt((2 * m.local_mu**2 + m.local_mu) / noise.size)
+
+
 def test_poisson_of_large_mean_matches_scipy_quantiles():
     lam = 2.0**39
     x = D.DiscreteRandom(seed=2).poisson(20_000, lam)
@@ -143,8 +161,7 @@ def test_sums_within_the_group_decode_exactly_and_beyond_it_wrap():
     half = 2 ** (m.bits - 1)
 
     def centred(v):
-        v = v.astype(np.int64)
-        return np.where(v >= half, v - 2 * half, v)
+        return D.centre(v, m.bits)
 
     encs = [D.encode(g.normal(size=64), m, rotation_seed=9, rng=rng) for _ in range(3)]
     rounded = [centred(e) for e in encs]  # no noise: the encodings are the rounded vectors
@@ -316,6 +333,87 @@ def test_the_bound_is_never_below_the_numerical_renyi_divergence(v, shift):
     assert epsilon_from_rdp(orders, bound, 1e-5)[0] >= epsilon_from_rdp(orders, exact, 1e-5)[0]
 
 
+# the distributed discrete Gaussian: port of the same file's compute_rdp_dgaussian and ddgauss_epsilon (q = 1;
+# their gamma is the float width of one integer step, 1/γ here; local_stddev in float units)
+def _ref_ddgauss_epsilon(gamma, local_stddev, num_clients, l2_sens, beta, dim, rounds, delta, orders):
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    scale = 1.0 / (gamma + 1e-22)
+    l2_sens = _ref_rounded_l2_norm_bound(l2_sens * scale, beta, dim) / scale
+    l1_sens = _ref_rounded_l1_norm_bound(l2_sens * scale, dim) / scale
+    tau = 0
+    for k in range(1, num_clients):
+        tau += math.exp(-2 * (math.pi * local_stddev * scale) ** 2 * (k / (k + 1)))
+    tau *= 10
+    l1_scale = l1_sens / (np.sqrt(num_clients) * local_stddev)
+    l2_scale = l2_sens / (np.sqrt(num_clients) * local_stddev)
+
+    def eps(order):
+        term_1 = (order / 2.0) * l2_scale**2 + tau * dim
+        term_2 = (order / 2.0) * (l2_scale**2 + 2 * l1_scale * tau + tau**2 * dim)
+        term_3 = (order / 2.0) * (l2_scale + np.sqrt(dim) * tau) ** 2
+        return min(term_1, term_2, term_3)
+
+    rdp = np.array([eps(int(o)) for o in orders]) * rounds
+    return compute_epsilon(list(orders), list(rdp), delta)[0]
+
+
+@pytest.mark.parametrize(
+    "dim,clip,bits,parties,survivors,z,rounds",
+    [(100, 1.0, 24, 4, 3, 1.0, 1), (1000, 0.1, 16, 10, 7, 0.7, 50), (5000, 3.0, 12, 8, 8, 2.0, 200)],
+)
+def test_ddgauss_epsilon_equals_the_reference_implementation(dim, clip, bits, parties, survivors, z, rounds):
+    m = D.calibrate(
+        dim=dim,
+        clip=clip,
+        bits=bits,
+        parties=parties,
+        min_survivors=survivors,
+        noise_multiplier=z,
+        kind="ddgauss",
+    )
+    sigma_float = math.sqrt(m.local_mu) / m.scale
+    for s in (survivors, 1):  # τ > 0 with several parties; one party: the plain discrete Gaussian
+        ref = _ref_ddgauss_epsilon(
+            1 / m.scale, sigma_float, s, m.clip, m.beta, m.padded_dim(), rounds, 1e-5, D.DISCRETE_ORDERS
+        )
+        assert D.epsilon([m], rounds=rounds, delta=1e-5, survivors=s) == pytest.approx(ref, rel=1e-9)
+    # with the local σ small enough for τ to matter, still equal
+    small = D.DiscreteMechanism(**{**m.to_dict(), "local_mu": 0.09, "scale": 3.0, "clip": 1.0})
+    ref = _ref_ddgauss_epsilon(1 / 3.0, 0.1, 5, 1.0, m.beta, small.padded_dim(), 1, 1e-5, D.DISCRETE_ORDERS)
+    assert D.epsilon([small], rounds=1, delta=1e-5, survivors=5) == pytest.approx(ref, rel=1e-9)
+
+
+@pytest.mark.parametrize("sigma2", [0.7, 2.5, 40.0])
+def test_discrete_gaussian_noise_follows_its_pmf(sigma2):
+    x = D.DiscreteRandom(seed=8).discrete_gaussian(20_000, sigma2)
+    assert x.dtype == np.int64
+    support = np.arange(-int(12 * math.sqrt(sigma2)) - 3, int(12 * math.sqrt(sigma2)) + 4)
+    pmf = np.exp(-(support**2) / (2 * sigma2))
+    pmf /= pmf.sum()
+    keep = pmf * x.size >= 5  # chi-square cells with enough mass; the rest pooled
+    observed = [(x == k).sum() for k in support[keep]] + [(~np.isin(x, support[keep])).sum()]
+    expected = list(pmf[keep] * x.size) + [pmf[~keep].sum() * x.size]
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    big = D.DiscreteRandom().discrete_gaussian(20_000, 1e6)  # secure source; variance σ² to within 1e-300
+    assert abs(big.var() - 1e6) <= 5 * math.sqrt(2 / big.size) * 1e6
+
+
+def test_ddgauss_encode_sum_decode():
+    m = _mech(dim=50, bits=32, parties=3, min_survivors=3, noise_multiplier=0.5, kind="ddgauss")
+    g, rng = np.random.default_rng(4), D.DiscreteRandom(seed=3)
+    xs = [g.normal(size=50) * 0.1 for _ in range(3)]
+    errs = []
+    for rseed in range(30):
+        total = np.zeros(m.padded_dim(), dtype=np.uint64)
+        for x in xs:
+            total = D.add_mod(total, D.encode(x, m, rotation_seed=rseed, rng=rng), m.bits)
+        errs.append(D.decode(total, m, rotation_seed=rseed) - np.sum(xs, axis=0))
+    err = np.concatenate(errs)
+    assert abs(err.std() - m.central_std(3)) <= 0.05 * m.central_std(3)  # z·c = 0.5 (+ rounding)
+    assert m.wrap_probability_bound(3) < 1e-6
+
+
 # -------------------------------------------------------------------------------------------- calibration
 @pytest.mark.parametrize(
     "dim,bits,parties,survivors,z", [(100, 16, 4, 3, 1.0), (10_000, 20, 16, 10, 0.8), (7, 32, 2, 2, 3.0)]
@@ -403,7 +501,7 @@ def test_from_dict_round_trips_and_refuses_hostile_input():
         ("min_survivors", 10**9),
         ("min_survivors", 5),  # more than the 4 parties
         ("parties", -1),
-        ("kind", "ddgauss"),
+        ("kind", "gauss"),
         ("kind", 3),
     ]
     for key, value in hostile:

@@ -40,6 +40,10 @@ clip's count, …) compose additively in RDP; (ε, δ) comes from
 :func:`silofl.privacy.analysis.epsilon_from_rdp`.
 No amplification by subsampling is claimed (the server sees which parties take part).
 
+``kind="ddgauss"`` replaces step 5 by a discrete Gaussian N_Z(0, σ²) per party (σ² = ``local_mu``; its
+variance is at most σ²) and the analysis by Kairouz et al.'s (:func:`ddgauss_rdp`): a sum of discrete
+Gaussians is not one, which costs the τ terms there; Skellam, closed under summation, is the default.
+
 Wrap-around (modular clipping) is post-processing of the integer sum, so it never weakens the guarantee;
 it costs accuracy. :func:`calibrate` picks the largest γ whose sum (``parties`` summands) keeps k standard
 deviations inside the group, and :meth:`DiscreteMechanism.wrap_probability_bound` gives a rigorous bound
@@ -60,8 +64,8 @@ import numpy as np
 from silofl.core.errors import ConfigError
 from silofl.core.randomness import SecureRandom
 
-KINDS = ("skellam",)
-"""The noise kinds implemented (the distributed discrete Gaussian, ``ddgauss``, is not)."""
+KINDS = ("skellam", "ddgauss")
+"""The noise kinds: ``skellam`` (the default) and ``ddgauss``, the distributed discrete Gaussian."""
 DEFAULT_BETA = math.exp(-0.5)
 """Conditional rounding's β (Kairouz et al.'s default): a try is accepted with probability ≥ 1 − β."""
 DEFAULT_K = 4.0
@@ -133,11 +137,49 @@ def skellam_rdp(orders: Iterable[float], *, l1: float, l2: float, variance: floa
     return first + second
 
 
+def ddgauss_rdp(
+    orders: Iterable[float], *, l1: float, l2: float, local_var: float, parties: int, dim: int
+) -> np.ndarray:
+    """RDP ε(α) at each integer order α ≥ 2 of the distributed discrete Gaussian: the sum of ``parties``
+    independent N_Z(0, σ²) per coordinate (σ² = ``local_var``, integer units) on a ``dim``-dimensional query
+    of L1 / L2 sensitivity ``l1`` / ``l2`` (Kairouz, Liu & Steinke 2021, Theorem 1 and Proposition 14, as
+    google-research/federated's ``compute_rdp_dgaussian``): with Δ̃ᵢ = Δᵢ/(√n·σ) and
+    τ = 10·Σ_{k=1}^{n−1} exp(−2π²σ²·k/(k+1)), ε(α) = min(α/2·Δ̃₂² + τd, α/2·(Δ̃₂² + 2Δ̃₁τ + τ²d),
+    α/2·(Δ̃₂ + √d·τ)²). Infinite where σ = 0."""
+    a = _check_orders(orders)
+    for name, v in (("l1", l1), ("l2", l2), ("local_var", local_var)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ConfigError(f"the discrete Gaussian bound needs a finite, non-negative {name}, got {v}")
+    if not _is_int(parties) or parties < 1 or not _is_int(dim) or dim < 1:
+        raise ConfigError(f"the discrete Gaussian bound needs parties ≥ 1 and dim ≥ 1, got {parties}, {dim}")
+    if l1 == 0 and l2 == 0:
+        return np.zeros_like(a)
+    if local_var == 0:
+        return np.full_like(a, math.inf)
+    n, sigma = int(parties), math.sqrt(local_var)
+    tau = 10.0 * sum(math.exp(-2.0 * (math.pi * sigma) ** 2 * (k / (k + 1))) for k in range(1, n))
+    s1, s2 = l1 / (math.sqrt(n) * sigma), l2 / (math.sqrt(n) * sigma)
+    term1 = a / 2 * s2**2 + tau * dim
+    term2 = a / 2 * (s2**2 + 2 * s1 * tau + tau**2 * dim)
+    term3 = a / 2 * (s2 + math.sqrt(dim) * tau) ** 2
+    return np.minimum(np.minimum(term1, term2), term3)
+
+
 def rdp(mech: DiscreteMechanism, orders: Iterable[float] = DISCRETE_ORDERS, *, survivors: int) -> np.ndarray:
     """RDP of one release of the sum of ``survivors`` parties' encodings under ``mech`` (one party's vector
-    replaced by zero), at integer ``orders`` ≥ 2."""
+    replaced by zero), at integer ``orders`` ≥ 2: :func:`skellam_rdp` of variance survivors·μ, or
+    :func:`ddgauss_rdp` of ``survivors`` discrete Gaussians of σ² = μ."""
     if isinstance(survivors, bool) or not isinstance(survivors, int | np.integer) or survivors < 1:
         raise ConfigError(f"survivors must be a positive integer, got {_show(survivors)}")
+    if mech.kind == "ddgauss":
+        return ddgauss_rdp(
+            orders,
+            l1=mech.l1_sensitivity(),
+            l2=mech.l2_sensitivity(),
+            local_var=mech.local_mu,
+            parties=int(survivors),
+            dim=mech.padded_dim(),
+        )
     return skellam_rdp(
         orders, l1=mech.l1_sensitivity(), l2=mech.l2_sensitivity(), variance=int(survivors) * mech.local_mu
     )
@@ -228,7 +270,8 @@ def _next_pow2(n: int) -> int:
 @dataclass(frozen=True)
 class DiscreteMechanism:
     """One party's encoding and the sum's analysis (see the module doc). Everything here is public: the
-    server and every party know it. ``parties``: the number of summands γ was calibrated for (0: not
+    server and every party know it. ``local_mu``: one party's noise variance in integer units (Skellam's
+    variance; σ² of the discrete Gaussian). ``parties``: the number of summands γ was calibrated for (0: not
     recorded)."""
 
     kind: str
@@ -286,7 +329,8 @@ class DiscreteMechanism:
         return rounded_l1_norm_bound(self.l2_sensitivity(), self.padded_dim())
 
     def central_std(self, parties: int) -> float:
-        """Standard deviation per coordinate of the noise in the sum of ``parties`` encodings, float units."""
+        """Standard deviation per coordinate of the noise in the sum of ``parties`` encodings, float units
+        (for ``ddgauss`` the σ of the discrete Gaussians, an upper bound on their standard deviation)."""
         if not _is_int(parties) or parties < 0:
             raise ConfigError(f"parties must be a non-negative integer, got {_show(parties)}")
         return math.sqrt(int(parties) * self.local_mu) / self.scale
@@ -300,12 +344,14 @@ class DiscreteMechanism:
         """A bound on the probability that one coordinate of the sum of ``parties`` encodings leaves
         [−2^(bits−1), 2^(bits−1)) and so wraps: the rotated sum of the clipped vectors is sub-Gaussian with
         variance proxy (n·γc)²/d' (random signs; ‖Σx‖ ≤ n·c), each rounding moves a coordinate by less than
-        1, the noise is Sk(nμ/2, nμ/2)."""
+        1, the noise is Sk(nμ/2, nμ/2) (or n discrete Gaussians, each σ²-sub-Gaussian)."""
         if not _is_int(parties) or parties < 1:
             raise ConfigError(f"parties must be a positive integer, got {_show(parties)}")
         n = int(parties)
         a = 2.0 ** (self.bits - 1) - n  # the rounding errors' deterministic share
         s = (n * self.scale * self.clip) ** 2 / self.padded_dim()
+        if self.kind == "ddgauss":  # N_Z(0, σ²) is σ²-sub-Gaussian (Canonne, Kamath & Steinke 2020)
+            return min(1.0, 2.0 * _chernoff_tail(a, s + n * self.local_mu, 0.0))
         return min(1.0, 2.0 * _chernoff_tail(a, s, n * self.local_mu))
 
     def wrap_probability_bound(self, parties: int) -> float:
@@ -478,6 +524,29 @@ class DiscreteRandom:
         """``n`` draws of Sk(μ/2, μ/2) = Poisson(μ/2) − Poisson(μ/2): integer, mean 0, variance ``mu``."""
         return self.poisson(n, mu / 2) - self.poisson(n, mu / 2)
 
+    def discrete_gaussian(self, n: int, sigma2: float) -> np.ndarray:
+        """``n`` draws of the discrete Gaussian N_Z(0, σ²) (P(x) ∝ exp(−x²/2σ²) on the integers; int64):
+        Canonne, Kamath & Steinke (2020), Algorithm 3 — a discrete Laplace of scale t = ⌊σ⌋ + 1 (the
+        difference of two geometrics), accepted with probability exp(−(|y| − σ²/t)²/2σ²) — in floating
+        point on this source's uniforms."""
+        if not (math.isfinite(sigma2) and 0 <= sigma2 <= MAX_LOCAL_MU):
+            raise ConfigError(f"discrete Gaussian σ² must lie in [0, {MAX_LOCAL_MU:g}], got {sigma2}")
+        out = np.zeros(int(n), dtype=np.int64)
+        if sigma2 == 0 or n == 0:
+            return out
+        t = math.floor(math.sqrt(sigma2)) + 1
+        todo = np.arange(out.size)
+        while todo.size:
+            m = todo.size
+            # geometric on {0, 1, …} with P(k) ∝ e^{−k/t}: ⌊−t·log U⌋ for U uniform in (0, 1]
+            g1 = np.floor(-t * np.log1p(-self.uniform(m)))
+            g2 = np.floor(-t * np.log1p(-self.uniform(m)))
+            y = g1 - g2
+            accept = self.uniform(m) < np.exp(-((np.abs(y) - sigma2 / t) ** 2) / (2 * sigma2))
+            out[todo[accept]] = y[accept].astype(np.int64)
+            todo = todo[~accept]
+        return out
+
     def state_dict(self) -> dict:
         """A seeded source's generator state (plain JSON); a secure source has none to save."""
         if self._gen is None:
@@ -591,7 +660,10 @@ def encode(x: np.ndarray, mech: DiscreteMechanism, *, rotation_seed: int, rng: D
         x = x * (mech.clip / norm)
     scaled = rotate(x, mech, rotation_seed=rotation_seed) * mech.scale
     rounded = conditional_round(scaled, mech.l2_sensitivity(), rng)
-    noisy = rounded + rng.skellam(rounded.size, mech.local_mu)
+    if mech.kind == "ddgauss":
+        noisy = rounded + rng.discrete_gaussian(rounded.size, mech.local_mu)
+    else:
+        noisy = rounded + rng.skellam(rounded.size, mech.local_mu)
     return (noisy & np.int64((1 << mech.bits) - 1)).astype(np.uint64)
 
 
@@ -613,13 +685,22 @@ def add_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
     return (a + b) & np.uint64((1 << bits) - 1)  # uint64 arithmetic wraps mod 2^64, a multiple of 2^bits
 
 
+def centre(total: np.ndarray, bits: int) -> np.ndarray:
+    """Group elements (uint64 in [0, 2^bits)) as the integers in [−2^(bits−1), 2^(bits−1)) they stand for
+    (int64)."""
+    if not _is_int(bits) or not MIN_BITS <= bits <= MAX_BITS:
+        raise ValueError(f"bits must be an integer in [{MIN_BITS}, {MAX_BITS}], got {_show(bits)}")
+    signed = _check_group(total, bits, "the group elements").astype(np.int64)
+    return np.where(signed >= 1 << (bits - 1), signed - (1 << bits), signed)
+
+
 def decode(total: np.ndarray, mech: DiscreteMechanism, *, rotation_seed: int) -> np.ndarray:
     """The modular sum of the parties' encodings (padded_dim,) uint64 → the float sum (dim,): centre into
     [−2^(bits−1), 2^(bits−1)), divide by γ, rotate back, crop the padding."""
     total = _check_group(_check_vector(total, mech.padded_dim(), "the sum to decode"), mech.bits, "the sum")
-    signed = total.astype(np.int64)
-    signed = np.where(signed >= 1 << (mech.bits - 1), signed - (1 << mech.bits), signed)
-    return unrotate(signed.astype(np.float64) / mech.scale, mech, rotation_seed=rotation_seed)
+    return unrotate(
+        centre(total, mech.bits).astype(np.float64) / mech.scale, mech, rotation_seed=rotation_seed
+    )
 
 
 def fresh_rotation_seed() -> int:
