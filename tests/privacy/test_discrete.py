@@ -444,6 +444,32 @@ def test_discrete_epsilon_approaches_the_gaussian_at_large_bits():
     assert gauss <= eps <= 1.001 * gauss
 
 
+def test_calibrate_for_epsilon_meets_the_budget_tightly():
+    kw = dict(delta=1e-5, rounds=30, dim=500, clip=1.0, bits=20, parties=6, min_survivors=4)
+    count = _mech(dim=1, clip=0.5, bits=20, parties=6, min_survivors=4, noise_multiplier=20.0)
+    for others in ((), (count,)):
+        m = D.calibrate_for_epsilon(3.0, others=others, **kw)
+        z = m.noise_multiplier()
+        assert D.epsilon([m, *others], rounds=30, delta=1e-5) <= 3.0
+        below = D.calibrate(
+            dim=500, clip=1.0, bits=20, parties=6, min_survivors=4, noise_multiplier=z * (1 - 2e-3)
+        )
+        assert D.epsilon([below, *others], rounds=30, delta=1e-5) > 3.0
+    # at large bits the discrete z is the Gaussian's at the same ε (integer orders) to within 1%
+    big = D.calibrate_for_epsilon(3.0, **{**kw, "bits": 40})
+    lo, hi = 0.1, 100.0
+    while hi - lo > 1e-4:  # bisection on the Gaussian's ε at the same orders
+        mid = (lo + hi) / 2
+        gauss = epsilon_from_rdp(D.DISCRETE_ORDERS, [30 * a / (2 * mid**2) for a in D.DISCRETE_ORDERS], 1e-5)[
+            0
+        ]
+        lo, hi = (lo, mid) if gauss <= 3.0 else (mid, hi)
+    zg = hi
+    assert big.noise_multiplier() == pytest.approx(zg, rel=0.01)
+    with pytest.raises(ConfigError, match="unreachable"):
+        D.calibrate_for_epsilon(1e-6, **kw)
+
+
 def test_calibrate_refuses_too_few_bits_and_bad_arguments():
     with pytest.raises(ConfigError, match="too few"):
         D.calibrate(dim=100, clip=1.0, bits=2, parties=16, min_survivors=8, noise_multiplier=1.0)

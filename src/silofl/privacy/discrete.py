@@ -450,6 +450,72 @@ def calibrate(
     return mech
 
 
+MAX_CALIBRATED_Z = 1e4
+
+
+def calibrate_for_epsilon(
+    target_epsilon: float,
+    *,
+    delta: float,
+    rounds: int,
+    dim: int,
+    clip: float,
+    bits: int,
+    parties: int,
+    min_survivors: int,
+    kind: str = "skellam",
+    beta: float = DEFAULT_BETA,
+    k: float = DEFAULT_K,
+    others: Sequence[DiscreteMechanism] = (),
+    tolerance: float = 1e-3,
+) -> DiscreteMechanism:
+    """Budget-first :func:`calibrate`: the mechanism with (to within ``tolerance``, relative) the smallest
+    noise multiplier z for which ``rounds`` rounds of it — together with ``others``, the round's other
+    releases — spend at most ``target_epsilon`` at ``delta`` against the server with ``min_survivors``
+    parties' noise. Raises ConfigError when no z up to 10⁴ meets the target or the bits are too few."""
+    if not _is_real(target_epsilon) or not target_epsilon > 0:
+        raise ConfigError(f"target_epsilon must be positive and finite, got {_show(target_epsilon)}")
+    if not _is_int(rounds) or rounds < 1:
+        raise ConfigError(f"rounds must be a positive integer, got {_show(rounds)}")
+
+    def build(z: float) -> DiscreteMechanism:
+        return calibrate(
+            dim=dim,
+            clip=clip,
+            bits=bits,
+            parties=parties,
+            min_survivors=min_survivors,
+            noise_multiplier=z,
+            kind=kind,
+            beta=beta,
+            k=k,
+        )
+
+    def spends(m: DiscreteMechanism) -> float:
+        return epsilon([m, *others], rounds=rounds, delta=delta, survivors=min_survivors)
+
+    hi = 1.0
+    mech = build(hi)
+    while spends(mech) > target_epsilon:
+        hi *= 2
+        if hi > MAX_CALIBRATED_Z:
+            raise ConfigError(
+                f"target_epsilon {target_epsilon:g} (δ={delta:g}) is unreachable in {rounds} rounds with "
+                f"{min_survivors} surviving parties' discrete noise, even at noise multiplier "
+                f"{MAX_CALIBRATED_Z:g}"
+            )
+        mech = build(hi)
+    lo = hi / 2 if hi > 1 else 0.0
+    while hi - lo > tolerance * hi:
+        mid = (lo + hi) / 2
+        m = build(mid)
+        if spends(m) <= target_epsilon:
+            hi, mech = mid, m
+        else:
+            lo = mid
+    return mech
+
+
 # ----------------------------------------------------------------------------------------------- randomness
 class DiscreteRandom:
     """A party's randomness for rounding and Skellam noise. No seed (the default): uniforms from
@@ -511,11 +577,10 @@ class DiscreteRandom:
             with np.errstate(divide="ignore", invalid="ignore"):
                 k = np.floor((2 * a / us + b) * u + lam + 0.43)
                 fast = (us >= 0.07) & (v <= vr)
-                ok = np.isfinite(k) & (k >= 0) & ~((us < 0.013) & (v > us))
-                lhs = np.log(v) + math.log(invalpha) - np.log(a / (us * us) + b)
-                rhs = np.full(todo.size, -np.inf)
-                rhs[ok] = _poisson_logpmf(k[ok], lam)
-            accept = fast | (ok & (lhs <= rhs))
+                slow = ~fast & np.isfinite(k) & (k >= 0) & ~((us < 0.013) & (v > us))
+                lhs = np.log(v[slow]) + math.log(invalpha) - np.log(a / (us[slow] * us[slow]) + b)
+            accept = fast.copy()
+            accept[slow] = lhs <= _poisson_logpmf(k[slow], lam)
             out[todo[accept]] = k[accept].astype(np.int64)
             todo = todo[~accept]
         return out
