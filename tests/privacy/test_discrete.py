@@ -193,6 +193,32 @@ def test_wrap_tail_bound_dominates_the_exact_skellam_tail():
     assert m.coordinate_wrap_probability(16) > p1  # more summands, more risk
 
 
+def test_wrap_bound_holds_for_real_sums_of_aligned_updates():
+    # a tight group (k = 2 standard deviations) so that coordinates do wrap; the same draws in a 62-bit
+    # group give the un-reduced integer sum, whose coordinates outside the 12-bit range are the wraps
+    n = 6
+    m = D.calibrate(dim=256, clip=1.0, bits=12, parties=n, min_survivors=n, noise_multiplier=0.3, k=2.0)
+    wide = D.DiscreteMechanism(**{**m.to_dict(), "bits": 62})
+    x = np.random.default_rng(5).normal(size=256)
+    x *= 1.0 / np.linalg.norm(x)  # every party sends the same update: the worst case of the bound
+    wrapped, total = 0, 0
+    for r in range(4):
+        s = np.zeros(m.padded_dim(), dtype=np.int64)
+        for p in range(n):
+            s += D.centre(D.encode(x, wide, rotation_seed=r, rng=D.DiscreteRandom(seed=1000 * r + p)), 62)
+        wrapped += int(np.sum((s >= 2**11) | (s < -(2**11))))
+        total += s.size
+        # the narrow group's sum is the wide one's reduced mod 2^12
+        narrow = np.zeros(m.padded_dim(), dtype=np.uint64)
+        for p in range(n):
+            narrow = D.add_mod(
+                narrow, D.encode(x, m, rotation_seed=r, rng=D.DiscreteRandom(seed=1000 * r + p)), 12
+            )
+        assert np.array_equal(D.centre(narrow, 12), ((s + 2**11) % 2**12) - 2**11)
+    rate, bound = wrapped / total, m.coordinate_wrap_probability(n)
+    assert 0 < rate <= bound  # it does wrap, and no more often than the bound says
+
+
 def test_encode_and_decode_refuse_bad_input():
     m = _mech(dim=10)
     rng = D.DiscreteRandom(seed=0)
