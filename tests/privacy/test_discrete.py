@@ -190,6 +190,7 @@ def test_wrap_tail_bound_dominates_the_exact_skellam_tail():
     m = _mech(dim=1000, bits=20, parties=8, min_survivors=6)
     p1 = m.coordinate_wrap_probability(8)
     assert 0 < p1 < 1e-3 and m.wrap_probability_bound(8) == pytest.approx(min(1.0, 1024 * p1))
+    assert m.expected_wrapped_coordinates(8) == pytest.approx(1024 * p1)
     assert m.coordinate_wrap_probability(16) > p1  # more summands, more risk
 
 

@@ -359,6 +359,11 @@ class DiscreteMechanism:
         (the union bound over the padded coordinates; at most 1). Wrapping costs accuracy, never privacy."""
         return min(1.0, self.padded_dim() * self.coordinate_wrap_probability(parties))
 
+    def expected_wrapped_coordinates(self, parties: int) -> float:
+        """A bound on the expected number of coordinates of the sum of ``parties`` encodings that wrap around
+        in one round (d' times :meth:`coordinate_wrap_probability`): the accuracy figure behind the bits."""
+        return self.padded_dim() * self.coordinate_wrap_probability(parties)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: every field."""
         d = asdict(self)
