@@ -220,6 +220,13 @@ def test_wrap_bound_holds_for_real_sums_of_aligned_updates():
     assert 0 < rate <= bound  # it does wrap, and no more often than the bound says
 
 
+def test_huge_finite_updates_are_clipped_not_zeroed():
+    m = _mech(dim=4, bits=40, noise_multiplier=0.0)
+    x = np.array([1e308, -1e308, 3.0, 0.0])  # its norm overflows a float64
+    out = D.decode(D.encode(x, m, rotation_seed=2, rng=D.DiscreteRandom(seed=1)), m, rotation_seed=2)
+    assert np.allclose(out, [m.clip / math.sqrt(2), -m.clip / math.sqrt(2), 0, 0], atol=1e-6)
+
+
 def test_encode_and_decode_refuse_bad_input():
     m = _mech(dim=10)
     rng = D.DiscreteRandom(seed=0)

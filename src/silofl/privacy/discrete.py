@@ -725,9 +725,12 @@ def encode(x: np.ndarray, mech: DiscreteMechanism, *, rotation_seed: int, rng: D
     x = x.astype(np.float64)
     if not np.all(np.isfinite(x)):
         raise ValueError("the vector to encode has non-finite values")
-    norm = float(np.linalg.norm(x))
-    if norm > mech.clip:
-        x = x * (mech.clip / norm)
+    peak = float(np.max(np.abs(x)))
+    if peak > 0:  # ‖x‖ = peak·‖x/peak‖: no overflow for huge finite values
+        unit = x / peak
+        unit_norm = float(np.linalg.norm(unit))
+        if peak * unit_norm > mech.clip:
+            x = unit * (mech.clip / unit_norm)
     scaled = rotate(x, mech, rotation_seed=rotation_seed) * mech.scale
     rounded = conditional_round(scaled, mech.l2_sensitivity(), rng)
     if mech.kind == "ddgauss":
