@@ -46,6 +46,18 @@ def test_skellam_noise_follows_the_skellam_pmf(mu):
     assert chi2.pvalue > 1e-3
 
 
+@pytest.mark.parametrize("lam", [0.05, 9.9, 10.0, 1000.0])  # both sides of the switch to PTRS at λ = 10
+def test_poisson_draws_follow_the_poisson_pmf(lam):
+    x = D.DiscreteRandom(seed=13).poisson(20_000, lam)
+    dist = stats.poisson(lam)
+    lo, hi = int(dist.ppf(0.001)), int(dist.ppf(0.999))
+    cells = np.arange(lo, hi + 1)
+    observed = np.array([(x < lo).sum()] + [(x == k).sum() for k in cells] + [(x > hi).sum()])
+    p = np.concatenate([[dist.cdf(lo - 1)], dist.pmf(cells), [dist.sf(hi)]])
+    keep = p > 0
+    assert stats.chisquare(observed[keep], p[keep] / p[keep].sum() * x.size).pvalue > 1e-3
+
+
 def test_poisson_log_pmf_matches_scipy_where_scipy_is_exact():
     for lam in (10.0, 57.3, 1e4):
         k = np.arange(0, int(lam + 12 * math.sqrt(lam)), dtype=np.float64)
