@@ -294,6 +294,20 @@ def _ref_skellam_rdp_curve(scale, central_stddev, l2_sens, beta, dim, orders):
     return np.array([_ref_skellam_rdp(l1_sens, l2_sens, central_stddev**2, scale, int(o)) for o in orders])
 
 
+def test_skellam_rdp_equals_the_reference_on_both_branches():
+    orders = list(range(2, 80))
+    branches = set()
+    for v in (2.0, 10.0, 1e3, 1e6):
+        for l2 in (1.0, 5.0, 100.0):
+            for d in (1, 100):
+                l1 = _ref_rounded_l1_norm_bound(l2, d)
+                ref = np.array([_ref_skellam_rdp(l1, l2, v, 1.0, a) for a in orders])
+                assert np.allclose(D.skellam_rdp(orders, l1=l1, l2=l2, variance=v), ref, rtol=1e-12, atol=0)
+                for a in orders:
+                    branches.add(((2 * a - 1) * l2**2 + 6 * l1) / (4 * v**2) < 3 * l1 / (2 * v))
+    assert branches == {True, False}  # both terms of the min were exercised
+
+
 def _ref_epsilon(parts, delta, orders):
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
