@@ -31,6 +31,7 @@ same way).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -502,20 +503,22 @@ class InversionAttack:
             iterations=s.inversion_iterations, restarts=s.inversion_restarts, seed=s.derived(8) % 2**62
         )
         start = params_of(model)
-        common = dict(lr=o.local_lr, steps=steps, subclient_clip=sub_clip, box=box, settings=opt)
-        clean = attack_update(model, start, x, y, noise_std=0.0, noise_seed=0, **common)  # type: ignore[arg-type]
+        attack = functools.partial(
+            attack_update,
+            model,
+            start,
+            x,
+            y,
+            lr=o.local_lr,
+            steps=steps,
+            subclient_clip=sub_clip,
+            box=box,
+            settings=opt,
+        )
+        clean = attack(noise_std=0.0, noise_seed=0)
         noisy = None
-        if rc.is_private:
-            assert unit_bound is not None
-            noisy = attack_update(
-                model,
-                start,
-                x,
-                y,
-                noise_std=z * unit_bound,
-                noise_seed=s.derived(9) % 2**62,
-                **common,  # type: ignore[arg-type]
-            )
+        if unit_bound is not None:
+            noisy = attack(noise_std=z * unit_bound, noise_seed=s.derived(9) % 2**62)
         base = baseline(x.numpy(), box[0], box[1], s.derived(10) % 2**62)
         eps = ctx.epsilon
         title = (
