@@ -15,6 +15,7 @@ from silofl.cli.main import app
 from silofl.core.errors import ConfigError
 from silofl.data.datasets import load_digits_dataset
 from silofl.run.config import RunConfig
+from tests import readme
 
 
 def reference_ssim(a, b, data_range):
@@ -141,41 +142,27 @@ def test_inversion_is_refused_where_it_does_not_apply(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_audit_with_inversion(tmp_path):
-    args = [
-        "audit",
-        *(x for k, v in CLIENT.items() for x in (f"--{k.replace('_', '-')}", str(v))),
-        "--noise-multiplier",
-        "1.0",
-        "--canaries",
-        "20",
-        "--reference-models",
-        "0",
-        "--seed",
-        "1",
-        "--attack",
-        "inversion",
-        "--inversion-iterations",
-        "300",
-        "--threads",
-        "1",
-        "--quiet",
-        "--out",
-        str(tmp_path / "a"),
-    ]
+def test_the_documented_inversion_audit_as_written(tmp_path, monkeypatch):
+    """docs/howto/audit.md's command: the clipped update gives the digit back to the server, σ = 1 leaves
+    nothing; audit.json, audit.md, the printed line and inversion.png carry it."""
+    (cmd,) = readme.commands(readme.INVERSION)
+    args = readme.argv(cmd)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SILOFL_NO_PROGRESS", "1")
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "gradient inversion by the server" in " ".join(r.output.split())
-    a = json.loads((tmp_path / "a" / "audit.json").read_text())
+    out = tmp_path / args[args.index("--out") + 1]
+    a = json.loads((out / "audit.json").read_text())
     inv = a["inversion"]
     assert a["attacks_run"] == ["inversion"] and "inversion.png" in a["files"]
-    assert (tmp_path / "a" / "inversion.png").stat().st_size > 1000
+    assert (out / "inversion.png").stat().st_size > 1000
     assert inv["attacker"].startswith("the server") and "un-noised" in inv["server_sees"]
     assert inv["epsilon_accountant"] == a["epsilon_accountant"] and inv["noise_multiplier"] == 1.0
     assert inv["noise_std"] == pytest.approx(inv["update_noise_multiplier"] * inv["subclient_clip"])
-    assert inv["without_noise"]["ssim"] > 0.9  # the clipped update alone gives the image back
+    assert inv["without_noise"]["ssim"] > 0.9 and inv["without_noise"]["labels_correct"] == 1
     assert inv["with_noise"]["ssim"] < inv["random_baseline"]["ssim"] + 0.3  # σ = 1 leaves nothing
-    md = (tmp_path / "a" / "audit.md").read_text()
+    md = (out / "audit.md").read_text()
     assert "Gradient inversion" in md and "random images (the floor)" in md
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "already holds an audit" in r.output

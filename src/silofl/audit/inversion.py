@@ -44,8 +44,15 @@ from torch.func import functional_call
 from silofl.core.errors import ConfigError
 
 # secure aggregation with distributed noise (issue 28) would hide the un-noised update from the server: the
-# client-level audit reads this to say which update the server sees (False: the clipped, un-noised one)
+# client-level audit reads noise_before_server(cfg) to say which update the server sees
 NOISE_BEFORE_SERVER = False
+
+
+def noise_before_server(cfg) -> bool:
+    """Whether the server of run ``cfg`` receives a hospital's update only with noise on it (secure
+    aggregation with distributed noise): the hook that setting fills in. Today never: the noise is central."""
+    return NOISE_BEFORE_SERVER
+
 
 WINDOW, SIGMA, K1, K2 = 11, 1.5, 0.01, 0.03
 
@@ -541,7 +548,7 @@ class InversionAttack:
             "attacker": ATTACKER,
             "server_sees": (
                 "the update only after the noise (secure aggregation with distributed noise)"
-                if NOISE_BEFORE_SERVER
+                if noise_before_server(rc)
                 else "each hospital's clipped, un-noised update (central DP)"
             ),
             "method": "inverting gradients (Geiping et al. 2020): cosine similarity of the updates + "
@@ -587,13 +594,14 @@ class InversionAttack:
         eps = "—" if r["epsilon_accountant"] is None else f"{r['epsilon_accountant']:.3f}"
         sigma = "—" if r["noise_multiplier"] is None else f"{r['noise_multiplier']:g}"
         return [
-            f"Gradient inversion (`--attack inversion`), the attacker is {r['attacker']}. Target: "
+            f"Gradient inversion (`--attack inversion`), the attacker is {r['attacker']}. The server sees "
+            f"{r['server_sees']}. Target: "
             f"{r['subclient']}. σ = {sigma}, ε (hospital) = {eps}. Reconstructions: inversion.png.",
             "",
             "| update attacked | SSIM | PSNR (dB) | labels right | labels |",
             "|---|---|---|---|---|",
-            row("clipped, without noise (what the server sees)", r["without_noise"]),
-            row("with the server's noise", r["with_noise"]),
+            row("clipped, without noise", r["without_noise"]),
+            row("clipped, with the server's noise", r["with_noise"]),
             f"| random images (the floor) | {r['random_baseline']['ssim']:.3f} | "
             f"{r['random_baseline']['psnr']:.1f} | — | — |",
             "",
