@@ -479,7 +479,6 @@ class InversionAttack:
         spec = ModelSpec(o.proxy_model, split.input_shape, split.num_classes)
         model = spec.build().float()
         model.load_state_dict({k: v.float() for k, v in rec.state.items()})
-        model.train(False)
         x_a, y_a = split.parts[ctx.site]
         if s.inversion_images > len(y_a):
             raise ConfigError(
@@ -592,6 +591,7 @@ class InversionAttack:
             )
 
         eps = "—" if r["epsilon_accountant"] is None else f"{r['epsilon_accountant']:.3f}"
+        clipped = "clipped, " if r["subclient_clip"] is not None else "not clipped (no DP), "
         sigma = "—" if r["noise_multiplier"] is None else f"{r['noise_multiplier']:g}"
         return [
             f"Gradient inversion (`--attack inversion`), the attacker is {r['attacker']}. The server sees "
@@ -600,8 +600,8 @@ class InversionAttack:
             "",
             "| update attacked | SSIM | PSNR (dB) | labels right | labels |",
             "|---|---|---|---|---|",
-            row("clipped, without noise", r["without_noise"]),
-            row("clipped, with the server's noise", r["with_noise"]),
+            row(f"{clipped}without noise", r["without_noise"]),
+            row(f"{clipped}with the server's noise", r["with_noise"]),
             f"| random images (the floor) | {r['random_baseline']['ssim']:.3f} | "
             f"{r['random_baseline']['psnr']:.1f} | — | — |",
             "",
