@@ -649,8 +649,9 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         summary["lost_processes"] = dict(getattr(engine, "lost_processes", {}))
         summary["receive_seconds"] = dict(getattr(engine, "receive_seconds", {}))
     if getattr(cfg, "id_column", None) and cfg.is_private:  # person-level DP (silofl.privacy.person)
+        where = "the pooled data set" if info.traits.pooled else "one client"
         summary["privacy"]["unit"] = (
-            f"one person of one client: every row with the same {cfg.id_column} (privacy unit: person "
+            f"one person of {where}: every row with the same {cfg.id_column} (privacy unit: person "
             f"(column {cfg.id_column}); example-level DP-SGD with persons sampled and clipped as one)"
         )
         summary["privacy"]["id_column"] = cfg.id_column
