@@ -56,9 +56,9 @@ def test_a_persons_rows_are_summed_then_clipped_together_as_by_hand(clipper):
     assert not torch.allclose(flat(rows, model), want)
 
 
-def test_ghost_and_vmap_agree_on_an_mlp_and_the_dp_gradient_divides_by_expected_persons():
+def test_ghost_and_vmap_agree_on_an_mlp_with_groupnorm_and_the_dp_gradient_divides_by_expected_persons():
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = nn.Sequential(nn.Linear(5, 8), nn.GroupNorm(2, 8), nn.ReLU(), nn.Linear(8, 3))
     x, y = torch.randn(9, 5), torch.randint(0, 3, (9,))
     groups = torch.tensor([2, 0, 1, 0, 2, 2, 1, 3, 0])
     _, g1, s1 = GhostClipper(model).clipped_sum(x, ce, (y,), 0.3, groups=groups)

@@ -204,13 +204,16 @@ class GhostClipper:
         c_row = c[groups]
         grads: dict[nn.Parameter, torch.Tensor] = {}
         for mod, kind, (u, v) in prepared:
+            weight, bias = cast(nn.Parameter, mod.weight), cast(nn.Parameter | None, mod.bias)
             if kind == "linear":
                 gc = v * c_row[:, None]
-                grads[mod.weight] = (gc.t() @ u).view_as(mod.weight)
-                if mod.bias is not None:
-                    grads[mod.bias] = gc.sum(0)
+                grads[weight] = (gc.t() @ u).view_as(weight)
+                if bias is not None:
+                    grads[bias] = gc.sum(0)
             else:
-                grads[mod.weight], grads[mod.bias] = c @ u, c @ v
+                grads[weight] = c @ u
+                if bias is not None:
+                    grads[bias] = c @ v
         return logits.detach(), grads, sq
 
 

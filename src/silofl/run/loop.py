@@ -689,10 +689,11 @@ def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:
     on (:func:`silofl.run.plan.calibration_report`; a run has it in its plan)."""
     if not cfg.calibrates:
         return None
+    from silofl.run.data import unit_sizes
     from silofl.run.plan import calibration_report as report
-    from silofl.run.plan import party_plans, sizes_of_sites
+    from silofl.run.plan import party_plans
 
-    return report(cfg, cfg.noise_multiplier, party_plans(cfg, sizes_of_sites(cfg, split.parts)))
+    return report(cfg, cfg.noise_multiplier, party_plans(cfg, unit_sizes(cfg, split)))
 
 
 def calibration_line(cal: dict) -> str:
