@@ -147,6 +147,12 @@ def load_site_tables(
     training rows come with their persons. Without it, a column that looks like a repeated person id is
     flagged (``unit_warning``)."""
     schema = Schema.load(schema_path)
+    if schema.task == "survival":
+        raise DataError(
+            f"schema {schema_path}: a survival target trains a Cox head without DP only "
+            "(silofl.training.survival: the Cox loss couples the rows of a batch, so per-example clipping "
+            "bounds nothing); the federated methods train classifiers"
+        )
     if schema.task != "classification":
         raise DataError(
             f"schema {schema_path}: the federated methods train classifiers; a regression target is for "

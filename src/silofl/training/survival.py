@@ -1,0 +1,93 @@
+"""Survival targets: a Cox proportional-hazards head and Harrell's C-index — without DP.
+
+A table's schema may name a survival target, ``target: {type: survival, time: COL, event: COL}``
+(:mod:`silofl.data.schema`): per row a time and whether the event happened then (1) or the row was censored
+then (0). A model with one output gives each row a *risk score* r = f(x) (a linear f is the Cox model).
+
+* :func:`cox_loss`: the negative Cox partial log-likelihood with Breslow's handling of tied times,
+  −(1/d) Σ_{i: event} [r_i − log Σ_{j: t_j ≥ t_i} exp(r_j)], d the number of events;
+* :func:`fit_cox`: a site's own model fitted on its own rows by full-batch L-BFGS on that loss;
+* :func:`c_index`: Harrell's concordance index of risk scores (1 = perfect ranking, 0.5 = random).
+
+**Why there is no DP-SGD here.** DP-SGD's guarantee rests on per-example clipping: each example's loss
+depends on that example only, so removing it changes the clipped gradient sum by at most C. The Cox loss
+is not separable: row j sits in the risk set (the denominator) of every i with t_i ≤ t_j, so removing j
+changes the gradient of *every* such ℓ_i, and the sum of clipped per-row gradients can move by far more
+than C — per-row clipping of the batch's Cox loss bounds nothing. A sound DP variant needs a bounded
+per-example surrogate (e.g. a Poisson/discrete-time likelihood on fixed public time bins) or a sensitivity
+analysis of the coupled loss; neither is implemented. So the Cox head here is the **non-private**,
+going-alone path: what :func:`fit_cox` returns is a model trained without DP, and the federated DP methods
+refuse a survival schema with a one-line error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+PAIR_BLOCK = 2048  # rows per block of the C-index's pair comparison (memory: block × n booleans)
+
+
+def cox_loss(risk: torch.Tensor, time: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
+    """The negative Cox partial log-likelihood (Breslow ties), averaged over the events (0 without events):
+    each event's risk set is every row whose time is at least its own, tied rows included."""
+    risk, time, event = risk.reshape(-1), time.reshape(-1).to(risk.dtype), event.reshape(-1).to(torch.bool)
+    n = len(risk)
+    if n == 0 or not bool(event.any()):
+        return risk.sum() * 0.0
+    order = torch.argsort(time, descending=True, stable=True)
+    lse = torch.logcumsumexp(risk[order], 0)  # log Σ exp(r) over the rows with the largest times first
+    ascending = torch.sort(time).values
+    at_least = n - torch.searchsorted(ascending, time, right=False)  # rows with t_j ≥ t_i, per row i
+    denominator = lse[at_least - 1]
+    return -(risk - denominator)[event].sum() / event.sum()
+
+
+def c_index(risk, time, event) -> float:
+    """Harrell's C: over the comparable pairs — i had the event and j outlived it (t_j > t_i, or t_j = t_i
+    with j censored) — the share where i's risk is higher, a tie in risk counting ½. NaN without comparable
+    pairs."""
+    r = np.asarray(risk, dtype=np.float64).reshape(-1)
+    t = np.asarray(time, dtype=np.float64).reshape(-1)
+    e = np.asarray(event).reshape(-1).astype(bool)
+    good = ties = pairs = 0.0
+    events = np.flatnonzero(e)
+    for k in range(0, len(events), PAIR_BLOCK):
+        rows = events[k : k + PAIR_BLOCK]
+        ti, ri = t[rows, None], r[rows, None]
+        comparable = (t[None, :] > ti) | ((t[None, :] == ti) & ~e[None, :])
+        pairs += comparable.sum()
+        good += (comparable & (ri > r[None, :])).sum()
+        ties += (comparable & (ri == r[None, :])).sum()
+    return float((good + 0.5 * ties) / pairs) if pairs else float("nan")
+
+
+def fit_cox(
+    x: torch.Tensor,
+    time: torch.Tensor,
+    event: torch.Tensor,
+    model: nn.Module | None = None,
+    l2: float = 0.0,
+    iterations: int = 200,
+) -> nn.Module:
+    """A risk model (default: linear, no bias — the Cox model) fitted WITHOUT DP to (x, time, event) by
+    full-batch L-BFGS on :func:`cox_loss` + ``l2``·‖w‖²/2. Non-private: see the module doc."""
+    if model is None:
+        model = nn.Linear(x.shape[1], 1, bias=False)
+        nn.init.zeros_(model.weight)
+    x = x.to(torch.float64)
+    model = model.to(torch.float64)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.LBFGS(params, max_iter=iterations, tolerance_grad=1e-10, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = cox_loss(model(x), time, event)
+        if l2:
+            loss = loss + 0.5 * l2 * sum(p.pow(2).sum() for p in params)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return model
