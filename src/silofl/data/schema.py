@@ -220,7 +220,7 @@ class Schema:
 
     def to_dict(self) -> dict[str, Any]:
         """The schema as plain data (what the file holds, defaults filled)."""
-        target = (
+        target: dict[str, Any] = (
             {"name": self.target, "bounds": list(self.target_bounds)}
             if self.target_bounds is not None
             else {"name": self.target, "levels": list(self.classes)}
