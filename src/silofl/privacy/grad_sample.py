@@ -188,8 +188,9 @@ class GhostClipper:
                 g = torch.zeros_like(z)
             if isinstance(mod, nn.Linear):
                 has_bias = mod.bias is not None
-                dots = (a[pi] * a[pj]).sum(1) + (1.0 if has_bias else 0.0)
-                sq.index_add_(0, gid, dots * (g[pi] * g[pj]).sum(1))
+                # index_select: several times faster than advanced indexing on the CPU
+                dots = (a.index_select(0, pi) * a.index_select(0, pj)).sum(1) + (1.0 if has_bias else 0.0)
+                sq.index_add_(0, gid, dots * (g.index_select(0, pi) * g.index_select(0, pj)).sum(1))
                 prepared.append((mod, "linear", (a, g)))
             else:  # GroupNorm: C numbers per row, summed per unit
                 C = a.shape[1]
