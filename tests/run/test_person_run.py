@@ -65,3 +65,17 @@ def test_proxyfl_with_an_id_column_spends_per_person_and_without_it_flags_the_re
     w = s["privacy_unit_warning"]
     assert w["column"] == "patient_id" and w["max_rows_per_value"] == 4 and w["epsilon_unit"] == "row"
     assert "looks like a person id" in caplog.text and "one training example" in s["privacy"]["unit"]
+
+
+def test_a_pooling_site_numbers_every_tables_persons_apart():
+    import torch
+
+    from silofl.data import SplitData
+    from silofl.run.loop import site_persons
+
+    split = SplitData.__new__(SplitData)
+    split.persons = [torch.tensor([0, 1, 0]), torch.tensor([1, 0])]
+    assert [p.tolist() for p in site_persons(split, 2)] == [[0, 1, 0], [1, 0]]
+    assert site_persons(split, 1)[0].tolist() == [0, 1, 0, 3, 2]  # Joint: the second table's persons 2, 3
+    split.persons = None
+    assert site_persons(split, 2) is None
