@@ -370,6 +370,9 @@ def _privacy(loaded: LoadedModel, summary: dict | None) -> dict:
     )
     if not formal:
         statement = "NOT a formal guarantee: " + statement
+    warning = summary.get("privacy_unit_warning")  # a repeated person id without --id-column: ε is per row
+    if warning:
+        statement += f" Per row, not per person: {warning.get('message')}."
     return {
         "differentially_private": True,
         "formal_guarantee": formal,

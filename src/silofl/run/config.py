@@ -99,6 +99,16 @@ class RunConfig:
             "help": "With --site-data: each site's internal test share of its own rows.",
         },
     )
+    # dataset "table": the column naming each row's person — the privacy unit becomes the person
+    # (silofl.privacy.person: persons Poisson-sampled, a person's rows clipped together, splits by person)
+    id_column: str | None = field(
+        default=None,
+        metadata={
+            "panel": "privacy",
+            "help": "--dataset table: the column naming each row's person; the privacy unit becomes the "
+            "person (all of their rows sampled, clipped and held out together; ε per person).",
+        },
+    )
     clients: int = field(default=8, metadata={"panel": "data", "help": "Number of clients K."})
     rounds: int = field(default=300, metadata={"panel": "method", "help": "Number of rounds R."})
     # a reproducible research run's seed; None: secret randomness (see core.randomness)
@@ -547,6 +557,7 @@ class RunConfig:
                     ("--site-data", self.site_data),
                     ("--schema", self.schema),
                     ("--test-data", self.test_data),
+                    ("--id-column", self.id_column),
                 )
                 if v
             ]
@@ -588,6 +599,30 @@ class RunConfig:
         elif self.test_data:
             raise ConfigError(
                 "--test-data goes with --site-data (the shared external test set of per-site sources)"
+            )
+        self._validate_id_column(meta)
+
+    def _validate_id_column(self, meta: dict) -> None:
+        """``--id-column`` (person-level DP) names a column of per-site tables, for a method whose sites
+        train with example-level DP-SGD (a client-level method's unit is already a hospital or sub-client)."""
+        if self.id_column is None:
+            return
+        if not self.id_column.strip():
+            raise ConfigError("--id-column needs a column name")
+        if not meta["schema"]:
+            raise ConfigError(
+                f"--id-column names a column of a table (--dataset table); dataset {self.dataset!r} has no "
+                "id column"
+            )
+        if self.is_client_level:
+            raise ConfigError(
+                f"--id-column makes the person the unit of example-level DP-SGD; {self.method} is "
+                "client-level DP (its unit is a hospital or sub-client, and sub-clients are not drawn by "
+                "person): leave --id-column out"
+            )
+        if self.combine != "none":
+            raise ConfigError(
+                "--id-column does not yet go with --combine (its held-out rows are not by person)"
             )
 
     def _validate_features(self) -> None:

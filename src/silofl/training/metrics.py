@@ -250,3 +250,13 @@ def classification_metrics(
 def finite_or_none(v: float) -> float | None:
     """``v``, or None where it is NaN or infinite (what JSON and the reports hold for an undefined metric)."""
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def c_index(risk, y) -> float:
+    """Harrell's C-index of risk scores ``risk`` (n,) (higher: the event comes sooner) against a survival
+    target ``y`` (n, 2): [time, event] per row (:mod:`silofl.training.survival`); NaN without a comparable
+    pair. Higher is better."""
+    from silofl.training.survival import c_index as harrell
+
+    y = _np(y).reshape(-1, 2)
+    return harrell(_np(risk).reshape(-1), y[:, 0], y[:, 1])
