@@ -221,8 +221,20 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
     if cfg.dataset == "table":
         assert cfg.schema is not None
         src = load_site_tables(cfg.schema, cfg.site_data, cfg.test_data, cfg.test_fraction, cfg.data_seed)
-    else:
+    elif cfg.dataset == "folder":
         src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)
+    else:  # another registered per-site loader (segmentation, a plug-in's)
+        from silofl.data.datasets import load_sites
+
+        src = load_sites(
+            cfg.dataset,
+            cfg.site_data,
+            schema=cfg.schema,
+            image_size=cfg.image_size,
+            test_data=cfg.test_data,
+            test_fraction=cfg.test_fraction,
+            seed=cfg.data_seed,
+        )
     sizes = [len(y) for _, y in src.parts]
     cfg = _with_sizes(cfg, sum(sizes), smallest=min(sizes))
     check_against_data(cfg, sizes)
