@@ -51,7 +51,12 @@ def _read_image_file(path: Path) -> np.ndarray:
         try:
             with open(path, "rb") as f:
                 version = np.lib.format.read_magic(f)
-                shape, _, dtype = np.lib.format._read_array_header(f, version)  # type: ignore[attr-defined]
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read_header(f)
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read {path}: {e}") from None
         if len(shape) not in (2, 3) or max(shape[:2], default=0) > MAX_SIDE or dtype.hasobject:
