@@ -1,4 +1,4 @@
-"""The multi-site segmentation loader and generator (silofl.data.segmentation): layouts, exact masks, refusals."""
+"""The multi-site segmentation loader and generator (silofl.data.segmentation): layouts, masks, refusals."""
 
 from __future__ import annotations
 

@@ -57,8 +57,12 @@ def test_against_scikit_learn_per_image():
     y[5] = 0
     pred[5] = 0  # both empty: 1 by convention (scikit-learn's zero_division=1.0)
     m = segmentation_metrics(_logits_for(pred), y)
-    ref_dice = np.mean([f1_score(t.ravel(), p.ravel(), zero_division=1.0) for t, p in zip(y, pred)])
-    ref_iou = np.mean([jaccard_score(t.ravel(), p.ravel(), zero_division=1.0) for t, p in zip(y, pred)])
+    ref_dice = np.mean(
+        [f1_score(t.ravel(), p.ravel(), zero_division=1.0) for t, p in zip(y, pred, strict=True)]
+    )
+    ref_iou = np.mean(
+        [jaccard_score(t.ravel(), p.ravel(), zero_division=1.0) for t, p in zip(y, pred, strict=True)]
+    )
     assert m["dice"] == pytest.approx(ref_dice, abs=1e-12)
     assert m["iou"] == pytest.approx(ref_iou, abs=1e-12)
     assert m["acc"] == pytest.approx(float((pred == y).float().mean()))
@@ -71,7 +75,7 @@ def test_multiclass_is_the_mean_over_foreground_classes():
     m = segmentation_metrics(_logits_for(pred, 3), y)
     per_image = [
         np.mean([f1_score(t.ravel() == c, p.ravel() == c, zero_division=1.0) for c in (1, 2)])
-        for t, p in zip(y.numpy(), pred.numpy())
+        for t, p in zip(y.numpy(), pred.numpy(), strict=True)
     ]
     assert m["dice"] == pytest.approx(np.mean(per_image), abs=1e-12)
 
