@@ -97,7 +97,7 @@ def test_loss_is_per_image_dice_plus_bce():
     assert torch.allclose(segmentation_dml_loss(logits, y, logp, 0.5), 0.5 * loss, atol=1e-6)
 
 
-@pytest.mark.slow  # ~2 s (vmap over two UNets)
+@pytest.mark.slow  # ~2 s (two UNets)
 def test_scores_of_a_unet_equal_the_metrics_of_its_logits():
     from silofl.models import build_model
 
@@ -108,6 +108,6 @@ def test_scores_of_a_unet_equal_the_metrics_of_its_logits():
     with torch.no_grad():
         ref = [segmentation_metrics(m.eval()(x), y) for m in models]
     assert scores(models[0], x, y, batch_size=3) == pytest.approx(ref[0])
-    stacked = all_scores(models, x, y)  # one vectorised pass over both models
+    stacked = all_scores(models, x, y)  # the engine's path for several models
     for s, r in zip(stacked, ref, strict=True):
         assert s == pytest.approx(r, abs=1e-6)

@@ -255,8 +255,9 @@ def all_scores(
 def _stacked_scores(
     models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> list[dict[str, float | None]]:
-    if y.dim() == 3:  # masks (silofl.training.segmentation)
-        return _segmentation_scores(models, x, y, batch_size, _vmap_forward(models))
+    if y.dim() == 3:  # masks (silofl.training.segmentation): model by model (group_norm has no vmap rule for
+        # every memory layout, and the per-pixel logits of K models at once would not be cache-sized anyway)
+        return _segmentation_scores(models, x, y, batch_size)
     forward = _stacked_forward(models) or _vmap_forward(models)
     batch_size = _chunk(models, x, batch_size)
     logits = torch.cat(
