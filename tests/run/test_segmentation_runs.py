@@ -110,6 +110,26 @@ def test_proxyfl_distils_per_pixel(sites, tmp_path):
         for m in ("acc", "dice", "iou"):
             assert 0.0 <= s["final"][f"{role}_{m}"]["mean"] <= 1.0
     assert s["final"]["private_dice"]["mean"] > _all_background_dice(sites) + 0.2
+    # predict writes one mask per input image, scored against the site's masks; export describes the output
+    from PIL import Image
+
+    res = CliRunner().invoke(
+        app,
+        ["predict", str(tmp_path / "p"), "--client", "0", "--model", "shared"]
+        + ["--data", sites[1], "--out", str(tmp_path / "masks")],
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "Dice" in res.output
+    written = sorted((tmp_path / "masks").iterdir())
+    assert len(written) == 40 and written[0].name == "0000.png"
+    m = np.asarray(Image.open(written[0]))
+    assert m.shape == (32, 32) and set(np.unique(m).tolist()) <= {0, 255}
+    res = CliRunner().invoke(
+        app, ["export", str(tmp_path / "p"), "--client", "0", "--out", str(tmp_path / "x")]
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    card = json.loads((tmp_path / "x" / "model_card.json").read_text())
+    assert card["model"]["onnx"]["output"].startswith("per-pixel probabilities")
 
 
 @pytest.mark.slow  # ~2 s: each refusal is one in-process CLI call

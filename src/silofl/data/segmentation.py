@@ -169,6 +169,53 @@ def read_site(source: str | Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return (x / 255.0 if is_uint8 else x), np.stack(ys), names
 
 
+def read_inputs(source: str | Path) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[str]]:
+    """New images for prediction, each H×W×C float32 at its own size ([0, 1] for uint8 ones), their masks when
+    the source has them, and names: a site folder (``images/``, optional ``masks/``), a folder of images or
+    .npy arrays, or an npz with ``x`` (optional ``y``)."""
+    p = Path(source)
+    if p.is_file() and p.suffix == ".npz":
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                has_y = "y" in z.files
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read {p}: {e}") from None
+        if has_y:
+            x, y, names = _read_npz(p)
+            return list(x), list(y), names
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                x = z["x"]
+        except (KeyError, OSError, ValueError) as e:
+            raise DataError(f"cannot read {p}: {e}") from None
+        if x.ndim not in (3, 4) or len(x) == 0 or len(x) > MAX_IMAGES or max(x.shape[1:3]) > MAX_SIDE:
+            raise DataError(f"{p}: x must be N×H×W or N×H×W×C with 1 … {MAX_IMAGES} images, got {x.shape}")
+        imgs, is_uint8 = _images_to_tensor(list(x), str(p))
+        return list(imgs / 255.0 if is_uint8 else imgs), None, [f"{i:06d}" for i in range(len(x))]
+    if p.is_dir() and (p / "images").is_dir() and (p / "masks").is_dir():
+        x, y, names = read_site(p)
+        return list(x), list(y), names
+    d = p / "images" if (p / "images").is_dir() else p
+    if not d.is_dir():
+        raise DataError(f"{source} not found: give a folder of images, a site folder or an .npz")
+    from silofl.data.formats import IMAGE_SUFFIXES
+
+    files = sorted(
+        f for f in d.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES | ARRAY_SUFFIXES
+    )
+    if not files:
+        raise DataError(f"{d}: no images (PNG, JPEG, … or .npy)")
+    if len(files) > MAX_IMAGES:
+        raise DataError(f"{d}: more than {MAX_IMAGES} images")
+    out = []
+    for f in files:
+        a = _read_image_file(f)
+        a = a[..., None] if a.ndim == 2 else a
+        x, is_uint8 = _images_to_tensor([a], str(f))
+        out.append((x / 255.0 if is_uint8 else x)[0])
+    return out, None, [f.stem for f in files]
+
+
 def _read_npz(p: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     try:
         with zipfile.ZipFile(p) as zf:
