@@ -61,6 +61,7 @@ def test_dp_fedavg_and_client_level_dp_with_intermediaries_segment(sites, tmp_pa
         + _common(sites, tmp_path / "a")
     )
     assert s["headline"] == "global_dice" and s["metric"] == "dice"
+    assert s["metrics"]["computed"] == ["accuracy", "dice", "iou"]
     assert s["final"]["global_dice"]["mean"] > trivial + 0.4, s["final"]["global_dice"]
     assert 0 < s["final"]["global_iou"]["mean"] < s["final"]["global_dice"]["mean"]
     assert all(a["epsilon"] is not None and 0 < a["epsilon"] <= 8.0 + 1e-6 for a in s["accounting"])
