@@ -647,6 +647,13 @@ def predict(
         if res["accuracy"] is not None
         else ""
     )
+    if res.get("masks"):  # a segmentation model: one mask per input (silofl.inference.predict.predict_masks)
+        acc = (
+            f"; pixel accuracy {res['accuracy']:.4f}, Dice {res['dice']:.4f}, IoU {res['iou']:.4f} against "
+            "the masks in the data"
+            if res["dice"] is not None
+            else ""
+        )
     nan = (
         f"; [yellow]{res['nan_rows']} rows have missing values the schema does not impute (probabilities "
         f"NaN)[/]"

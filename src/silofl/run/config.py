@@ -473,6 +473,7 @@ class RunConfig:
         choice("device", self.device, DEVICES)
         choice("eval_split", self.eval_split, EVAL_SPLITS)
         choice("metric", self.metric, tuple(METRICS))
+        self._validate_task()
         self._validate_combine()
         self._validate_track()
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
@@ -546,6 +547,23 @@ class RunConfig:
         kind, where = self.track
         check_available(kind)  # a known kind whose package is installed
         check_out_path(where, flag=f"--track {kind} DIR")
+
+    def _validate_task(self) -> None:
+        """--metric against the data set's task (Dice/IoU for masks; AUROC, F1, … for class labels), and the
+        methods a segmentation run refuses."""
+        from silofl.training.metrics import metric_task
+
+        task = dataset_meta(self.dataset).get("task", "classification")
+        wanted = metric_task(self.metric)
+        if wanted not in ("any", task):
+            raise ConfigError(
+                f"--metric {self.metric} scores {wanted} runs; dataset {self.dataset!r} is a {task} task"
+                + (" (choose accuracy, dice or iou)" if task == "segmentation" else "")
+            )
+        if task == "segmentation" and self.combine != "none":
+            raise ConfigError(
+                "--combine fits a classifier over the models' class scores; a segmentation run has none"
+            )
 
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:

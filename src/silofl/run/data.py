@@ -241,8 +241,20 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
         src = load_site_tables(
             cfg.schema, cfg.site_data, cfg.test_data, cfg.test_fraction, cfg.data_seed, cfg.id_column
         )
-    else:
+    elif cfg.dataset == "folder":
         src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)
+    else:  # another registered per-site loader (segmentation, a plug-in's)
+        from silofl.data.datasets import load_sites
+
+        src = load_sites(
+            cfg.dataset,
+            cfg.site_data,
+            schema=cfg.schema,
+            image_size=cfg.image_size,
+            test_data=cfg.test_data,
+            test_fraction=cfg.test_fraction,
+            seed=cfg.data_seed,
+        )
     sizes = [len(y) for _, y in src.parts]
     # the privacy unit's count per site: persons with --id-column (the batch size counts persons), else rows
     units = [int(p.max()) + 1 for p in src.persons] if src.persons is not None else sizes

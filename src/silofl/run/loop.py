@@ -583,7 +583,7 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         "method": cfg.method,
         "headline": metric_field(info.headline, cfg.metric),  # the method's judged model, scored by --metric
         "metric": cfg.metric,
-        "metrics": metrics_note(),
+        "metrics": metrics_note(cfg.dataset),
         "dataset": cfg.dataset,
         "data_source": split.source,
         "test_set": split.test_set,
@@ -665,10 +665,25 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
     return summary
 
 
-def metrics_note() -> dict:
-    """What summary.json says about its metrics (silofl.training.metrics)."""
+def metrics_note(dataset: str | None = None) -> dict:
+    """What summary.json says about its metrics (silofl.training.metrics); a segmentation data set's runs
+    compute pixel accuracy, Dice and IoU (silofl.training.segmentation)."""
+    from silofl.data.datasets import dataset_meta
+    from silofl.training.metrics import metric_task
+
+    task = dataset_meta(dataset).get("task", "classification") if dataset else "classification"
+    if task == "segmentation":
+        return {
+            "computed": [m for m in METRICS if metric_task(m) in ("any", task)],
+            "fields": "<role>_acc (pixel accuracy), <role>_dice, <role>_iou (role: private, proxy, global; "
+            "_internal: on the site's own held-out images)",
+            "dice": "2|P∩G| / (|P| + |G|) of the predicted foreground P and the mask G, per image, averaged "
+            "over the images (several foreground classes: their mean per image); 1 when both are empty",
+            "iou": "|P∩G| / |P∪G|, per image, averaged; 1 when both are empty",
+            "privacy": "each figure is labelled and released like the accuracy of the same model",
+        }
     return {
-        "computed": list(METRICS),
+        "computed": [m for m in METRICS if metric_task(m) != "segmentation"],
         "fields": "<role>_acc, <role>_auroc, <role>_balanced_accuracy, <role>_f1, "
         "<role>_ece (role: private, proxy, global, combined; _internal: on the site's own held-out rows)",
         "auroc": "binary: AUROC of class 1's probability; more classes: one-vs-rest, macro over the classes "

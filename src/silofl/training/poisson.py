@@ -34,7 +34,12 @@ LossFn = Callable[..., torch.Tensor]  # (logits, y, partner log-probs or a (B, 1
 def dml_loss(
     logits: torch.Tensor, y: torch.Tensor, other_logp: torch.Tensor | None, weight: float
 ) -> torch.Tensor:
-    """Per-example (1-w)·CE + w·KL(other ‖ model) with the other model's log-probs detached."""
+    """Per-example (1-w)·CE + w·KL(other ‖ model) with the other model's log-probs detached (masks: per image
+    Dice + CE and the per-pixel KL, :func:`silofl.training.segmentation.segmentation_dml_loss`)."""
+    if logits.dim() == 4 and y.dim() == 3:
+        from silofl.training.segmentation import segmentation_dml_loss
+
+        return segmentation_dml_loss(logits, y, other_logp, weight)
     ce = F.cross_entropy(logits, y, reduction="none")
     if weight == 0.0 or other_logp is None:
         return ce
