@@ -224,6 +224,7 @@ class InversionSettings:
     seed: int = 0
 
     def validate(self) -> None:
+        """Refuse settings below 1 (a ConfigError naming the flag)."""
         if self.iterations < 1:
             raise ConfigError(f"--inversion-iterations must be at least 1, got {self.iterations}")
         if self.restarts < 1:
