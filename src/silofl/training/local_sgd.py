@@ -54,6 +54,10 @@ def local_updates(
 
     def loss(params, xb, yb):
         out = functional_call(model, (params, buffers), (xb,))
+        if yb.dim() == 3:  # masks: the mean per-image Dice + CE (silofl.training.segmentation)
+            from silofl.training.segmentation import segmentation_loss
+
+            return segmentation_loss(out, yb).mean()
         return F.mse_loss(out.squeeze(-1), yb) if regression else F.cross_entropy(out, yb)
 
     single_grad, step_grad = grad(loss), vmap(grad(loss))
