@@ -1,0 +1,163 @@
+"""Secure aggregation wired into the client-level methods: the server sees masked vectors and noisy sums
+only, dropouts are survived or the round releases nothing, hostile steps are refused, and the figures
+equal the central-noise run's within the discretisation error."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from silofl.comm.messages import Message, Packet
+from silofl.core.errors import ConfigError
+from silofl.privacy import discrete
+from silofl.run.config import RunConfig
+from silofl.secure.messages import MASKED, unpack_masked
+from silofl.training.local_sgd import flat
+from tests.helpers import build_run, spy_packets
+
+
+def config(tmp_path, **kw):
+    """A seconds-long client-level config on digits: 4 hospitals × 160 examples, MLP 64-256-10."""
+    base = dict(
+        method="dp-fedavg",
+        dataset="digits",
+        partition="iid",
+        clients=4,
+        samples_per_client=160,
+        batch_size=16,
+        rounds=2,
+        delta=1e-3,
+        proxy_model="mlp256",
+        test_limit=200,
+        seed=0,
+        secure_aggregation=True,
+        out=str(tmp_path / "run"),
+    )
+    return RunConfig.from_dict({**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(method="proxyfl"), "client-level methods"),
+        (dict(privacy="off"), "without DP"),
+        (dict(adaptive_clip=True), "adaptive_clip"),
+        (dict(intermediaries="adaptive"), "adaptive"),
+        (dict(client_rate=0.5), "client_rate"),
+        (dict(secagg_min_survivors=5), "min_survivors"),
+        (dict(secagg_threshold=1), "threshold"),
+        (dict(secagg_bits=4), "secagg_bits"),
+    ],
+)
+def test_unsupported_settings_are_config_errors(tmp_path, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        config(tmp_path, **kw).resolve()
+
+
+def weights(server):
+    return flat({k: p.detach().clone() for k, p in server.model.named_parameters()})
+
+
+@pytest.mark.slow
+def test_the_server_sees_only_masked_vectors_and_the_round_matches_central_noise(tmp_path):
+    """One round with negligible noise and 40 bits: the model moves by the plain mean of the clipped updates
+    (within the discretisation error); every upload the server receives is a masked group vector."""
+    kw = dict(noise_multiplier=1e-6, secagg_bits=40, clip=0.05)
+    central = build_run(config(tmp_path / "c", secure_aggregation=False, **kw))
+    secure = build_run(config(tmp_path / "s", **kw))
+    moves = []
+    for b in (central, secure):
+        b.coordinator.start()
+        before = weights(b.coordinator.server)
+        packets = spy_packets(b.engine)
+        b.coordinator.run_round(1)
+        moves.append(weights(b.coordinator.server) - before)
+        if b is secure:
+            srv = b.coordinator.server
+            mech = srv.secure_mechanism(4)
+            uploads = [d for s, dst, d in packets if dst == b.coordinator.server_id]
+            assert len(uploads) == 4
+            for data in uploads:
+                y, sealed = unpack_masked(data, mech.padded_dim(), 40, {"secagg": True})
+                assert y.dtype == np.uint64 and int(y.max()) < 1 << 40 and len(sealed) == 3
+                # a masked vector is spread over the group, not a small update near 0 or 2**40
+                assert 0.3 < float(np.mean(y < (1 << 39))) < 0.7
+            h = srv.history[-1]
+            assert h["survivors"] == 4 and "abandoned" not in h
+            assert h["epsilon_vs_server"] == pytest.approx(
+                discrete.epsilon([mech], rounds=1, delta=1e-3), rel=1e-12
+            )
+    err = float((moves[0] - moves[1]).abs().max())
+    assert float(moves[0].abs().max()) > 1e-3  # the round moved the model
+    assert err < 1e-6
+
+
+@pytest.mark.slow
+def test_dropouts_are_survived_and_too_many_release_nothing(tmp_path, caplog):
+    b = build_run(config(tmp_path, secagg_min_survivors=3))
+    proto = b.coordinator
+    proto.start()
+    srv = proto.server
+    site2 = b.engine.sites[2]
+    real_unmask = site2.on_secagg_unmask
+    site2.on_secagg_unmask = lambda msg: Message({"refused": "gone"})  # survives step 1, not step 2
+    before = weights(srv)
+    proto.run_round(1)
+    h = srv.history[-1]
+    assert h["survivors"] == 4 and "abandoned" not in h and len(srv.secure_released) == 1
+    assert float((weights(srv) - before).abs().max()) > 0
+    site2.on_secagg_unmask = real_unmask
+    # two sites lost before masking: 2 survivors < 3 → abandoned, nothing released or recorded
+    for k in (1, 3):
+        b.engine.sites[k].on_train_upload = lambda msg: Message({"refused": "offline"})
+    before, eps = weights(srv), srv.epsilon_vs_server()
+    ledger = len(srv.accounts.accountants["hospital"].history)
+    with caplog.at_level(logging.WARNING, logger="silofl"):
+        proto.run_round(2)
+    assert srv.history[-1]["abandoned"] and srv.secure_abandoned == 1
+    assert torch.equal(weights(srv), before)
+    assert srv.epsilon_vs_server() == eps and len(srv.accounts.accountants["hospital"].history) == ledger
+    assert any("nothing released" in r.message for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_hostile_secure_steps_are_refused_and_the_site_stays_intact(tmp_path, caplog):
+    b = build_run(config(tmp_path))
+    proto = b.coordinator
+    proto.start()
+    proto.run_round(1)
+    proto.flush()
+    site = b.engine.sites[0]
+    session = site.party.session
+    with caplog.at_level(logging.WARNING, logger="silofl"):
+        for meta in ({}, {"session": "zz" * 16, "keys": {}}, {"session": "00" * 16, "keys": {"0": "x"}}):
+            assert "refused" in site.handle("secagg_setup", Message(meta)).meta
+        assert site.party.session == session
+        for sec in (None, {"participants": "all"}, {"participants": [0, 1], "graph_seed": "00" * 16}):
+            r = site.handle("train_upload", Message({"round": 5, "server": 4, "secagg": sec}))
+            assert "refused" in r.meta and not r.packets
+        junk = Message({"round": 1, "survivors": [0, 1, 2, 3]}, [Packet(4, 0, b"\0" * 100)])
+        assert "refused" in site.handle("secagg_unmask", junk).meta
+    # the site still takes part: the next round releases a sum
+    proto.run_round(2)
+    assert proto.server.history[-1]["survivors"] == 4
+    assert sum("refused secure aggregation" in r.message for r in caplog.records) >= 7
+
+
+@pytest.mark.slow
+def test_a_run_reports_the_epsilon_against_the_server(tmp_path):
+    import json
+
+    from silofl.run.loop import run as simulate
+
+    cfg = config(tmp_path, rounds=2)
+    simulate(cfg)
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    p = s["privacy"]
+    assert p["secure_aggregation"] is True and p["noise_placement"] == "site"
+    assert p["min_survivors"] == 3 and p["bits_per_coordinate"] == 20 and p["rounds_released"] == 2
+    assert 0 < p["epsilon_vs_server"] < float("inf")
+    # no un-noised diagnostics: the server never had the plain sum
+    assert all("xi" not in h for h in s.get("rounds", []))
+    assert MASKED  # the wire name the server parses
