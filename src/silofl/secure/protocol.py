@@ -386,10 +386,9 @@ class Server:
             for u in self.nbrs[v]:
                 if u not in surv:
                     continue
-                seed = seeds.get((u, v))
-                if seed is None:
+                if (u, v) not in seeds:
                     self.reason = f"party {u} did not reveal its pairwise mask with dropped party {v}"
                     return None
-                total = _apply(total, seed, -_sign(u, v), bits)
+                total = _apply(total, seeds[(u, v)], -_sign(u, v), bits)
         self._round = None
         return total

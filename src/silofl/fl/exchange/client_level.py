@@ -94,7 +94,92 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------- options
 @dataclass
-class ClientLevelOptions(MethodOptions):
+class SecureAggregationOptions(MethodOptions):
+    """Secure aggregation's settings (used with the run's ``secure_aggregation``; :mod:`silofl.secure`)."""
+
+    secagg_bits: int = dataclasses.field(
+        default=20,
+        metadata={
+            "help": "--secure-aggregation: bits per coordinate; the sum lives in Z_(2^bits).",
+            "panel": "privacy",
+        },
+    )
+    secagg_min_survivors: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: the least number of sites whose noise must reach the sum; fewer "
+            "survivors and the round releases nothing (default K − 1).",
+            "panel": "privacy",
+        },
+    )
+    secagg_neighbours: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: SecAgg+ neighbours per site (default: all up to 10 sites, then "
+            "about 3·log2 K).",
+            "panel": "privacy",
+        },
+    )
+    secagg_threshold: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: Shamir threshold t among the neighbours, above half of them "
+            "(default: a majority).",
+            "panel": "privacy",
+        },
+    )
+
+    supports_secure_aggregation: ClassVar[bool] = True
+
+    def validate_secure(self, run: Any) -> None:
+        """What secure aggregation supports so far; the settings' ranges."""
+        unsupported = [
+            (self.adaptive_clip, "adaptive_clip"),
+            (self.fixed_intermediaries is None, "intermediaries adaptive"),
+            (self.privacy_unit != "hospital", "privacy_unit subclient"),
+            (self.client_rate < 1.0, "client_rate below 1"),
+        ]
+        for bad, what in unsupported:
+            if bad:
+                raise ConfigError(f"--secure-aggregation does not support {what} yet")
+        if not 8 <= self.secagg_bits <= 62:
+            raise ConfigError(f"secagg_bits must lie in [8, 62], got {self.secagg_bits}")
+        m = self.min_survivors(run)
+        if not 2 <= m <= run.clients:
+            raise ConfigError(f"secagg_min_survivors must lie in [2, clients = {run.clients}], got {m}")
+        for name in ("secagg_neighbours", "secagg_threshold"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be at least 1, got {v}")
+        try:
+            self.secure_settings(run).protocol().check_round(run.clients)
+        except ValueError as e:
+            raise ConfigError(f"secure aggregation with {run.clients} sites: {e}") from None
+
+    def min_survivors(self, run: Any) -> int:
+        """The least number of sites whose noise the sum must carry (default K − 1, at least 2)."""
+        if self.secagg_min_survivors is not None:
+            return self.secagg_min_survivors
+        return max(2, run.clients - 1)
+
+    def secure_settings(self, run: Any):
+        """A site's secure aggregation settings (None when off)."""
+        if not getattr(run, "secure_aggregation", False):
+            return None
+        from silofl.site.subclients import SecureSiteSettings
+
+        return SecureSiteSettings(
+            bits=self.secagg_bits,
+            min_survivors=self.min_survivors(run),
+            neighbours=self.secagg_neighbours,
+            threshold=self.secagg_threshold,
+            # without DP: no noise, the update clipped to the announced bound only to fit the group
+            noise_multiplier=run.noise_multiplier if run.privacy != "off" else 0.0,
+        )
+
+
+@dataclass
+class ClientLevelOptions(SecureAggregationOptions):
     """Options of every client-level method (the server optimizers add theirs)."""
 
     proxy_model: str = "mlp"  # the global model
@@ -110,15 +195,7 @@ class ClientLevelOptions(MethodOptions):
     local_epochs: int = 1
     local_lr: float = 0.05  # local SGD learning rate of (sub-)clients
     server_lr: float | None = None  # default per server optimizer (and without DP)
-    # secure aggregation (the run's secure_aggregation): the group Z_{2**bits}, the least number of sites
-    # whose noise must reach the sum (default K − 1: one dropout tolerated), SecAgg+ neighbours k and
-    # Shamir threshold t (defaults: silofl.secure.graph)
-    secagg_bits: int = 20
-    secagg_min_survivors: int | None = None
-    secagg_neighbours: int | None = None
-    secagg_threshold: int | None = None
 
-    supports_secure_aggregation: ClassVar[bool] = True
     default_server_lr: ClassVar[float] = 1.0  # the server optimizer's default learning rates (not options)
     nonprivate_server_lr: ClassVar[float | None] = None
 
@@ -166,57 +243,7 @@ class ClientLevelOptions(MethodOptions):
         if self.max_intermediaries is not None and self.max_intermediaries < 1:
             raise ConfigError(f"max_intermediaries must be at least 1, got {self.max_intermediaries}")
         if getattr(run, "secure_aggregation", False):
-            self._validate_secure(run)
-
-    def _validate_secure(self, run: Any) -> None:
-        """What secure aggregation supports so far; the settings' ranges."""
-        if run.privacy == "off":
-            raise ConfigError(
-                "--secure-aggregation adds the DP noise at the sites; without DP (--privacy off) it is not "
-                "available yet"
-            )
-        unsupported = [
-            (self.adaptive_clip, "adaptive_clip"),
-            (self.fixed_intermediaries is None, "intermediaries adaptive"),
-            (self.privacy_unit != "hospital", "privacy_unit subclient"),
-            (self.client_rate < 1.0, "client_rate below 1"),
-        ]
-        for bad, what in unsupported:
-            if bad:
-                raise ConfigError(f"--secure-aggregation does not support {what} yet")
-        if not 8 <= self.secagg_bits <= 62:
-            raise ConfigError(f"secagg_bits must lie in [8, 62], got {self.secagg_bits}")
-        m = self.min_survivors(run)
-        if not 2 <= m <= run.clients:
-            raise ConfigError(f"secagg_min_survivors must lie in [2, clients = {run.clients}], got {m}")
-        for name in ("secagg_neighbours", "secagg_threshold"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ConfigError(f"{name} must be at least 1, got {v}")
-        try:
-            self.secure_settings(run).protocol().check_round(run.clients)
-        except ValueError as e:
-            raise ConfigError(f"secure aggregation with {run.clients} sites: {e}") from None
-
-    def min_survivors(self, run: Any) -> int:
-        """The least number of sites whose noise the sum must carry (default K − 1, at least 2)."""
-        if self.secagg_min_survivors is not None:
-            return self.secagg_min_survivors
-        return max(2, run.clients - 1)
-
-    def secure_settings(self, run: Any):
-        """A site's secure aggregation settings (None when off)."""
-        if not getattr(run, "secure_aggregation", False):
-            return None
-        from silofl.site.subclients import SecureSiteSettings
-
-        return SecureSiteSettings(
-            bits=self.secagg_bits,
-            min_survivors=self.min_survivors(run),
-            neighbours=self.secagg_neighbours,
-            threshold=self.secagg_threshold,
-            noise_multiplier=run.noise_multiplier,
-        )
+            self.validate_secure(run)
 
     @property
     def fixed_intermediaries(self) -> int | None:
@@ -748,16 +775,22 @@ class DPServer:
         """The discrete mechanism of this round's update sum (the sites compute the same: public inputs — the
         hospital's bound is the announced sub-client clip times v, as each site computes it)."""
         assert self.secure is not None
-        sub_clip = subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit)
+        sub_clip = (
+            subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit)
+            if self.cfg.is_private
+            else self.clip_bound
+        )
         return self.secure.mechanism(
             self.d, float(torch.tensor(sub_clip, dtype=torch.float64)) * self.v, parties
         )
 
-    def epsilon_vs_server(self) -> float:
+    def epsilon_vs_server(self) -> float | None:
         """ε against the server: every sum it saw, each a Skellam release with the minimum survivors'
         noise (silofl.privacy.discrete's analysis)."""
         from silofl.privacy.discrete import DiscreteMechanism, epsilon
 
+        if not self.cfg.is_private:
+            return None
         if not self.secure_released:
             return 0.0
         mechs = [DiscreteMechanism.from_dict(m) for m in self.secure_released]
@@ -789,7 +822,8 @@ class DPServer:
         )
         if info.get("step", True):
             self._step(released / D)
-        stats.update({f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()})
+        if self.cfg.is_private:
+            stats.update({f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()})
         self.history.append(stats)
 
     def _diagnostics(self, total: torch.Tensor, noise_norm: float, norm_sum: float, updates: list) -> dict:
@@ -1041,7 +1075,7 @@ class ClientLevelDP(Coordinator):
     def privacy_summary(self) -> dict:
         cfg, o, led = self.cfg, self.cfg.options, self.accounts
         if not cfg.is_private:
-            return {"unit": "none (no DP)", "privacy_unit": o.privacy_unit}
+            return {"unit": "none (no DP)", "privacy_unit": o.privacy_unit, **self.secure_summary()}
         eps = led.epsilons()
         other = "subclient" if led.unit == "hospital" else "hospital"
         return {
@@ -1084,8 +1118,12 @@ class ClientLevelDP(Coordinator):
         k = s.protocol().degree(n)
         return {
             "secure_aggregation": True,
-            "noise_placement": "site",
-            "noise": "Skellam, each site's share from its own randomness (silofl.privacy.discrete)",
+            "noise_placement": "site" if self.cfg.is_private else "none (no DP)",
+            "noise": (
+                "Skellam, each site's share from its own randomness (silofl.privacy.discrete)"
+                if self.cfg.is_private
+                else "none: updates clipped to --clip only to fit the group"
+            ),
             "min_survivors": s.min_survivors,
             "bits_per_coordinate": s.bits,
             "secagg_neighbours": k,
