@@ -32,6 +32,7 @@ DEPLOY = ("docs/howto/deploy.md", "Deploying between institutions")
 METRIC = ("docs/howto/run.md", "Metrics: `--metric`")
 FIRST_RUN = ("README.md", "A 30-second run")
 PYTHON = ("README.md", "From Python")
+SECURE = ("docs/concepts/secure_aggregation.md", "Running it")
 SECTIONS = {
     PUBSUB: "tests/cli/test_readme_commands.py (pubsub)",
     TABLES: "tests/cli/test_readme_commands.py (tables, predict)",
@@ -40,6 +41,7 @@ SECTIONS = {
     METRIC: "tests/run/test_metrics_run.py",
     FIRST_RUN: "tests/docs/test_readme.py",
     PYTHON: "tests/docs/test_readme.py (python)",
+    SECURE: "tests/secure/test_cli.py",
 }
 
 
