@@ -4,6 +4,7 @@ client-level clipping) and the guarantee a privacy mode gives a method."""
 
 from silofl.privacy.accountant import Accountant, Budget, MechanismRun
 from silofl.privacy.analysis import ACCOUNTANT_NAMES, epsilon_of, max_steps_within, noise_multiplier_for
+from silofl.privacy.discrete import DiscreteMechanism, DiscreteRandom
 from silofl.privacy.dpsgd import DPGradient, StepStats
 from silofl.privacy.grad_sample import GhostClipper, VmapClipper, clip_factors, make_clipper
 from silofl.privacy.guarantee import Guarantee, MethodTraits, effective_mode, guarantee
@@ -30,4 +31,6 @@ __all__ = [
     "guarantee",
     "NoiseSource",
     "poisson_batch",
+    "DiscreteMechanism",
+    "DiscreteRandom",
 ]
