@@ -41,8 +41,7 @@ def config(tmp_path, **kw):
     "kw, match",
     [
         (dict(method="proxyfl"), "client-level methods"),
-        (dict(adaptive_clip=True), "adaptive_clip"),
-        (dict(intermediaries="adaptive"), "adaptive"),
+        (dict(privacy_unit="subclient"), "subclient"),
         (dict(client_rate=0.5), "client_rate"),
         (dict(secagg_min_survivors=5), "min_survivors"),
         (dict(secagg_threshold=1), "threshold"),
@@ -90,6 +89,30 @@ def test_the_server_sees_only_masked_vectors_and_the_round_matches_central_noise
     err = float((moves[0] - moves[1]).abs().max())
     assert float(moves[0].abs().max()) > 1e-3  # the round moved the model
     assert err < 1e-6
+
+
+@pytest.mark.slow
+def test_adaptive_clip_and_intermediaries_travel_the_same_way(tmp_path):
+    """The unclipped count and the norm sum are encoded (own mechanisms, own noise) and masked with the
+    update; with negligible noise the clip moves as in the central run; the accountant composes all three."""
+    kw = dict(noise_multiplier=1e-6, secagg_bits=40, adaptive_clip=True, intermediaries="adaptive", clip=0.05)
+    clips = []
+    for secure in (False, True):
+        b = build_run(config(tmp_path / str(secure), secure_aggregation=secure, **kw))
+        b.coordinator.start()
+        b.coordinator.run_round(1)
+        srv = b.coordinator.server
+        clips.append(srv.clip.clip)
+        h = srv.history[-1]
+        assert h["v_next"] >= 1 and -0.01 <= h["unclipped_fraction_noisy"] <= 1.01
+        if secure:
+            mechs = [discrete.DiscreteMechanism.from_dict(m) for m in srv.secure_released]
+            assert [m.dim for m in mechs] == [srv.d, 1, 1]  # the round's, at the clip before it moved
+            assert [m.clip for m in mechs] == [pytest.approx(0.05), 0.5, pytest.approx(0.05)]
+            assert h["epsilon_vs_server"] == pytest.approx(
+                discrete.epsilon(mechs, rounds=1, delta=1e-3), rel=1e-12
+            )
+    assert clips[0] != 0.05 and clips[1] == pytest.approx(clips[0], rel=1e-6)
 
 
 @pytest.mark.slow

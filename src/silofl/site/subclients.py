@@ -84,7 +84,9 @@ class SecureSiteSettings:
     min_survivors: int
     neighbours: int | None
     threshold: int | None
-    noise_multiplier: float
+    noise_multiplier: float  # of the update sum (z_Δ: what the auxiliary releases leave of z)
+    count_noise_multiplier: float | None = None  # adaptive clip: σ_b / ½ of the centred unclipped fraction
+    norm_noise_multiplier: float | None = None  # adaptive v: z_n of the clipped norm sum
 
     def protocol(self):
         from silofl.secure import SecAggSettings
@@ -93,16 +95,31 @@ class SecureSiteSettings:
 
     def mechanism(self, dim: int, clip: float, parties: int):
         """The discrete mechanism of one hospital's update (the same the server computes: public inputs)."""
+        return self.mechanisms(dim, clip, parties)[0]
+
+    def mechanisms(self, dim: int, clip: float, parties: int) -> list:
+        """The round's discrete mechanisms, in the order their encodings are concatenated before masking:
+        the update (``dim`` coordinates, bound ``clip``), then with adaptive clipping the centred unclipped
+        fraction (one coordinate, bound ½), then with adaptive intermediaries the clipped norm sum (bound
+        ``clip``)."""
         from silofl.privacy.discrete import calibrate
 
-        return calibrate(
-            dim=dim,
-            clip=clip,
-            bits=self.bits,
-            parties=parties,
-            min_survivors=self.min_survivors,
-            noise_multiplier=self.noise_multiplier,
-        )
+        def one(d: int, c: float, z: float):
+            return calibrate(
+                dim=d,
+                clip=c,
+                bits=self.bits,
+                parties=parties,
+                min_survivors=self.min_survivors,
+                noise_multiplier=z,
+            )
+
+        out = [one(dim, clip, self.noise_multiplier)]
+        if self.count_noise_multiplier is not None:
+            out.append(one(1, 0.5, self.count_noise_multiplier))
+        if self.norm_noise_multiplier is not None:
+            out.append(one(1, clip, self.norm_noise_multiplier))
+        return out
 
 
 class SubclientSite(Site):

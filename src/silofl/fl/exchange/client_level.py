@@ -39,6 +39,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from silofl.comm.messages import Message, Packet
@@ -134,8 +135,6 @@ class SecureAggregationOptions(MethodOptions):
     def validate_secure(self, run: Any) -> None:
         """What secure aggregation supports so far; the settings' ranges."""
         unsupported = [
-            (self.adaptive_clip, "adaptive_clip"),
-            (self.fixed_intermediaries is None, "intermediaries adaptive"),
             (self.privacy_unit != "hospital", "privacy_unit subclient"),
             (self.client_rate < 1.0, "client_rate below 1"),
         ]
@@ -174,7 +173,23 @@ class SecureAggregationOptions(MethodOptions):
             neighbours=self.secagg_neighbours,
             threshold=self.secagg_threshold,
             # without DP: no noise, the update clipped to the announced bound only to fit the group
-            noise_multiplier=run.noise_multiplier if run.privacy != "off" else 0.0,
+            noise_multiplier=self.update_noise(run),
+            count_noise_multiplier=(
+                count / COUNT_SENSITIVITY["hospital"] if (count := self.count_noise_std(run)) else None
+            ),
+            norm_noise_multiplier=self.norm_noise_multiplier(run),
+        )
+
+    def update_noise(self, run: Any) -> float:
+        """z_Δ: the update sum's noise multiplier once the auxiliary releases have their share (0 without
+        DP)."""
+        if run.privacy == "off":
+            return 0.0
+        return update_noise_multiplier(
+            run.noise_multiplier,
+            self.count_noise_std(run),
+            self.norm_noise_multiplier(run),
+            COUNT_SENSITIVITY[self.privacy_unit],
         )
 
 
@@ -377,7 +392,7 @@ class ClientLevelSite(SubclientSite):
             from silofl.core.errors import ConfigError
 
             try:
-                mech = sec_settings.mechanism(
+                mechs = sec_settings.mechanisms(
                     sum(p.numel() for p in self.model.parameters()), self.clip * self.v, len(parts)
                 )
             except ConfigError as e:
@@ -385,14 +400,22 @@ class ClientLevelSite(SubclientSite):
             self.party.settings.check_round(len(parts))  # refuse before training
             from silofl.privacy.discrete import encode as discrete_encode
 
-            total = self.train_vectors(rnd)[0]
-            x = discrete_encode(
-                total.detach().double().cpu().numpy(), mech, rotation_seed=int(rseed), rng=self.secure_rng
+            total, unclipped, norm_sum, _, _ = self.train_vectors(rnd)
+            vectors = [total.detach().double().cpu().numpy()]
+            if sec_settings.count_noise_multiplier is not None:  # hospital unit: the fraction, centred
+                vectors.append(np.array([unclipped - 0.5]))
+            if sec_settings.norm_noise_multiplier is not None:
+                vectors.append(np.array([norm_sum]))
+            x = np.concatenate(
+                [
+                    discrete_encode(v, m, rotation_seed=int(rseed), rng=self.secure_rng)
+                    for v, m in zip(vectors, mechs, strict=True)
+                ]
             )
             y, sealed = self.party.mask(rnd, x, sorted(parts), graph_seed)
         except (SecAggRefused, ValueError) as e:
             return self._refuse("mask", rnd, str(e))
-        data = pack_masked(y, sealed, mech.bits, {"round": rnd, "src": self.cid, "secagg": True})
+        data = pack_masked(y, sealed, sec_settings.bits, {"round": rnd, "src": self.cid, "secagg": True})
         return Message(packets=[Packet(self.cid, server, data)])
 
     def on_secagg_unmask(self, msg: Message) -> Message:
@@ -570,7 +593,10 @@ class DPServer:
 
             from silofl.secure import Server
 
-            self.secagg = Server(self.secure.protocol(), 1 << max(0, (self.d - 1).bit_length()))
+            extras = (self.secure.count_noise_multiplier is not None) + (
+                self.secure.norm_noise_multiplier is not None
+            )
+            self.secagg = Server(self.secure.protocol(), (1 << max(0, (self.d - 1).bit_length())) + extras)
             self.rotation_rng = random.Random(seed_noise) if seeded else random.SystemRandom()
 
     # ------------------------------------------------------------------ checkpoints
@@ -736,20 +762,7 @@ class DPServer:
             if o.fixed_intermediaries is None:  # privatised norm sum sets the next v
                 z_n = o.norm_noise_multiplier(cfg)
                 noisy_sum = norm_sum + float(self.noise.normal((1,), z_n * per_unit_bound, torch.float64)[0])
-                # mean clipped norm per unit relative to its bound: in [0, 1] before noise, so clamping
-                # and smoothing it (post-processing) keep one noisy round from throwing v to an extreme
-                ratio = min(1.0, max(RATIO_FLOOR, noisy_sum / (D * per_unit_bound)))
-                self.norm_ratio = (
-                    ratio
-                    if self.norm_ratio is None
-                    else RATIO_SMOOTHING * self.norm_ratio + (1 - RATIO_SMOOTHING) * ratio
-                )
-                lam = noise_norm / (self.norm_ratio * D * per_unit_bound)
-                v_next = int(min(self.v_cap, max(1, round(math.sqrt(len(self.sizes) * lam)))))
-                stats.update(
-                    {"norm_ratio_privatised": self.norm_ratio, "lambda_privatised": lam, "v_next": v_next}
-                )
-                self.v = v_next
+                stats.update(self._next_v(noisy_sum, noise_norm, D, per_unit_bound))
         else:
             released = total
             stats.update(self._diagnostics(total, 0.0, norm_sum, updates))
@@ -759,6 +772,21 @@ class DPServer:
         )
         self.history.append(stats)
         return rejected
+
+    def _next_v(self, noisy_sum: float, noise_norm: float, D: float, per_unit_bound: float) -> dict:
+        """Adaptive intermediaries: the next v from the noised norm sum and the noise's norm."""
+        # mean clipped norm per unit relative to its bound: in [0, 1] before noise, so clamping
+        # and smoothing it (post-processing) keep one noisy round from throwing v to an extreme
+        ratio = min(1.0, max(RATIO_FLOOR, noisy_sum / (D * per_unit_bound)))
+        self.norm_ratio = (
+            ratio
+            if self.norm_ratio is None
+            else RATIO_SMOOTHING * self.norm_ratio + (1 - RATIO_SMOOTHING) * ratio
+        )
+        lam = noise_norm / (self.norm_ratio * D * per_unit_bound)
+        v_next = int(min(self.v_cap, max(1, round(math.sqrt(len(self.sizes) * lam)))))
+        self.v = v_next
+        return {"norm_ratio_privatised": self.norm_ratio, "lambda_privatised": lam, "v_next": v_next}
 
     def _step(self, mean: torch.Tensor) -> None:
         """The server optimizer's step with the released mean update."""
@@ -772,15 +800,20 @@ class DPServer:
 
     # ------------------------------------------------------------------ secure aggregation
     def secure_mechanism(self, parties: int):
-        """The discrete mechanism of this round's update sum (the sites compute the same: public inputs — the
-        hospital's bound is the announced sub-client clip times v, as each site computes it)."""
+        """The discrete mechanism of this round's update sum."""
+        return self.secure_mechanisms(parties)[0]
+
+    def secure_mechanisms(self, parties: int) -> list:
+        """The round's discrete mechanisms (update; unclipped count; norm sum), as the sites compute them from
+        public inputs — the hospital's bound is the announced sub-client clip times v, as each site computes
+        it."""
         assert self.secure is not None
         sub_clip = (
             subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit)
             if self.cfg.is_private
             else self.clip_bound
         )
-        return self.secure.mechanism(
+        return self.secure.mechanisms(
             self.d, float(torch.tensor(sub_clip, dtype=torch.float64)) * self.v, parties
         )
 
@@ -796,11 +829,16 @@ class DPServer:
         mechs = [DiscreteMechanism.from_dict(m) for m in self.secure_released]
         return epsilon(mechs, rounds=1, delta=self.cfg.delta)
 
-    def secure_release(self, rnd: int, released: torch.Tensor | None, mech, info: dict) -> None:
-        """Record a round of secure aggregation: ``released`` is the decoded noisy sum the server saw (None:
-        the round was abandoned before any sum was revealed — nothing released, nothing recorded). With
-        ``info["step"]`` False the sum was seen but not used (implausible: a wrong mask or a wrap-around)."""
+    def secure_release(
+        self, rnd: int, released: torch.Tensor | None, mechs: list | None, info: dict, aux: list[float] = ()
+    ) -> None:
+        """Record a round of secure aggregation: ``released`` is the decoded noisy update sum the server
+        saw and ``aux`` the decoded auxiliary sums (the centred unclipped count, the norm sum: those the run
+        releases, in that order); None: the round was abandoned before any sum was revealed — nothing
+        released, nothing recorded. With ``info["step"]`` False the sums were seen but not used (implausible:
+        a wrong mask or a wrap-around)."""
         D = self.expected_units()
+        per_unit_bound = self.clip_bound
         stats: dict = {"round": rnd, "v": self.v, "clip": self.clip_bound, "expected_units": D, **info}
         if released is None:
             self.secure_abandoned += 1
@@ -808,7 +846,9 @@ class DPServer:
             self.history.append(stats)
             return
         survivors = int(info["survivors"])
-        self.secure_released.append(mech.to_dict())  # the server saw it: accounted, used or not
+        assert mechs is not None
+        mech = mechs[0]
+        self.secure_released += [m.to_dict() for m in mechs]  # the server saw them: accounted, used or not
         zs = self.accounts.record(self.z_total, self.v)
         stats.update(
             {
@@ -822,6 +862,14 @@ class DPServer:
         )
         if info.get("step", True):
             self._step(released / D)
+            rest = list(aux)
+            if self.clip is not None:  # the privatised quantile estimate moves the clip
+                b = rest.pop(0) / D + 0.5
+                stats["unclipped_fraction_noisy"] = b
+                self.clip.update(b)
+            if self.opts.fixed_intermediaries is None:  # the privatised norm sum sets the next v
+                noise_norm = math.sqrt(self.d) * mech.central_std(survivors)  # of the noise, not the data
+                stats.update(self._next_v(rest.pop(0), noise_norm, D, per_unit_bound))
         if self.cfg.is_private:
             stats.update({f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()})
         self.history.append(stats)
@@ -968,13 +1016,14 @@ class ClientLevelDP(Coordinator):
             self.secure_setup(active, events)
         chosen = sorted(server.selected & set(active) & set(sec.keys))
         info: dict = {"participants": len(chosen)}
-        mech = None
+        mechs = None
         try:
-            mech = server.secure_mechanism(len(chosen))
+            mechs = server.secure_mechanisms(len(chosen))
+            mech = mechs[0]
             graph_seed = sec.begin(rnd, chosen)
         except (ConfigError, ValueError, SecAggRefused) as e:
             info["reason"] = str(e)
-            server.secure_release(rnd, None, mech, info)
+            server.secure_release(rnd, None, mechs, info)
             log.warning("secure aggregation abandoned round %d: %s", rnd, e)
             return
         rseed = server.rotation_rng.getrandbits(128)
@@ -993,7 +1042,7 @@ class ClientLevelDP(Coordinator):
                     sec.receive(k, y, sealed)
                 except (PeerModelRejected, SecAggRefused) as e:
                     self._refused(rnd, k, f"masked upload refused: {e}", events)
-        released = None
+        released, aux = None, []
         surv = sec.survivors()
         if surv is not None:
             requests = {
@@ -1011,13 +1060,18 @@ class ClientLevelDP(Coordinator):
                     self._refused(rnd, k, f"refused to unmask: {r.meta.get('refused', 'no reveal')}", events)
             total = sec.finish(reveals)
             if total is not None:
-                released = torch.from_numpy(decode(total, mech, rotation_seed=rseed))
+                d = mech.padded_dim()
+                released = torch.from_numpy(decode(total[:d], mech, rotation_seed=rseed))
+                aux = [
+                    float(decode(total[d + i : d + i + 1], m, rotation_seed=rseed)[0])
+                    for i, m in enumerate(mechs[1:])
+                ]
                 info["survivors"] = len(surv)
                 info["step"] = self._plausible(released, mech, len(surv), rnd)
         if released is None:
             info["reason"] = sec.reason
             log.warning("secure aggregation abandoned round %d: %s — nothing released", rnd, sec.reason)
-        server.secure_release(rnd, released, mech, info)
+        server.secure_release(rnd, released, mechs, info, aux if released is not None else [])
 
     def _plausible(self, released: torch.Tensor, mech, survivors: int, rnd: int) -> bool:
         """Whether the decoded sum is within what ``survivors`` clipped, rounded, noisy updates can add up
