@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from silofl.comm.messages import Message, Packet
-from silofl.core.errors import ConfigError
+from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.privacy import discrete
 from silofl.run.config import RunConfig
 from silofl.secure.messages import unpack_masked
@@ -113,6 +113,14 @@ def test_adaptive_clip_and_intermediaries_travel_the_same_way(tmp_path):
                 discrete.epsilon(mechs, rounds=1, delta=1e-3), rel=1e-12
             )
     assert clips[0] != 0.05 and clips[1] == pytest.approx(clips[0], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_budget_counts_the_discrete_mechanism(tmp_path):
+    """A target between one round's Gaussian ε (3.537) and its discrete ε against the server: the run
+    cannot start, and says the discrete figure."""
+    with pytest.raises(BudgetExhausted, match=r"single round \(3\.55"):
+        build_run(config(tmp_path, target_epsilon=3.545, noise_multiplier=1.0))
 
 
 @pytest.mark.slow

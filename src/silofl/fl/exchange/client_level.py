@@ -817,6 +817,21 @@ class DPServer:
             self.d, float(torch.tensor(sub_clip, dtype=torch.float64)) * self.v, parties
         )
 
+    def secure_allows_round(self, parties: int) -> bool:
+        """Whether one more round's discrete releases keep ε against the server within the target (cached per
+        round: asked once per site)."""
+        cfg = self.cfg
+        if cfg.target_epsilon is None or not cfg.is_private:
+            return True
+        key = (len(self.secure_released), self.clip_bound, self.v)
+        if getattr(self, "_allows", (None, True))[0] != key:
+            from silofl.privacy.discrete import DiscreteMechanism, epsilon
+
+            mechs = [DiscreteMechanism.from_dict(m) for m in self.secure_released]
+            nxt = epsilon([*mechs, *self.secure_mechanisms(parties)], rounds=1, delta=cfg.delta)
+            self._allows = (key, nxt <= cfg.target_epsilon)
+        return self._allows[1]
+
     def epsilon_vs_server(self) -> float | None:
         """ε against the server: every sum it saw, each a Skellam release with the minimum survivors'
         noise (silofl.privacy.discrete's analysis)."""
@@ -933,13 +948,21 @@ class ClientLevelDP(Coordinator):
         self.accounts.open(folder)
 
     def may_continue(self, k: int) -> bool:
-        return super().may_continue(k) and self.accounts.allows_round()
+        ok = super().may_continue(k) and self.accounts.allows_round()
+        if ok and self.server is not None and self.server.secagg is not None:
+            ok = self.server.secure_allows_round(self.n_sites)
+        return ok
 
     def budget_message(self) -> str:
         led, cfg = self.accounts, self.cfg
         one = led.accountants[led.unit].epsilon_after(
             cfg.noise_multiplier, cfg.options.client_rate, 1, cfg.delta
         )
+        if self.server is not None and self.server.secagg is not None:  # the discrete mechanism's ε
+            from silofl.privacy.discrete import epsilon
+
+            mechs = self.server.secure_mechanisms(self.n_sites)
+            one = max(one, epsilon(mechs, rounds=1, delta=cfg.delta))
         return (
             f"target_epsilon {led.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
             f"δ={cfg.delta:g}, {led.unit} level): raise the budget or the noise multiplier"
