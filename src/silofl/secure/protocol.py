@@ -146,6 +146,11 @@ class Party:
     def public_key(self) -> bytes:
         return keys.public_bytes(self._sk)
 
+    @property
+    def awaiting(self) -> set[int]:
+        """The neighbours of the round awaiting unmasking (whose sealed shares may be forwarded to it)."""
+        return set(self._pending.nbrs) if self._pending is not None else set()
+
     # ------------------------------------------------------------------ once per run
     def setup(self, session: bytes, peer_keys: dict[int, bytes]) -> None:
         """Take the session id and everyone's public key (as relayed by the server)."""

@@ -431,7 +431,7 @@ class ClientLevelSite(SubclientSite):
             if not isinstance(rnd, int) or not isinstance(surv, list) or len(msg.packets) != 1:
                 raise SecAggRefused("malformed unmask request")
             p = msg.packets[0]
-            sealed = unpack_shares(p.data, {"round": rnd, "dst": self.cid}, set(range(1 << 16)))
+            sealed = unpack_shares(p.data, {"round": rnd, "dst": self.cid}, self.party.awaiting)
             reveal = self.party.unmask(rnd, surv, sealed)
         except (SecAggRefused, PeerModelRejected, ValueError) as e:
             return self._refuse("unmask", rnd, str(e))
