@@ -413,7 +413,7 @@ class ClientLevelSite(SubclientSite):
                 ]
             )
             y, sealed = self.party.mask(rnd, x, sorted(parts), graph_seed)
-        except (SecAggRefused, ValueError) as e:
+        except (SecAggRefused, ValueError, RuntimeError) as e:  # RuntimeError: rounding never fit the bound
             return self._refuse("mask", rnd, str(e))
         data = pack_masked(y, sealed, sec_settings.bits, {"round": rnd, "src": self.cid, "secagg": True})
         return Message(packets=[Packet(self.cid, server, data)])
