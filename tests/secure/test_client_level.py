@@ -124,6 +124,35 @@ def test_the_budget_counts_the_discrete_mechanism(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_wrong_mask_is_detected_and_the_model_does_not_move(tmp_path, monkeypatch):
+    """A site whose masked vector is garbage (uniform in the group): the decoded sum is implausibly long, the
+    model does not move — and the sum is accounted, since the server saw it."""
+    from silofl.secure import Party
+
+    b = build_run(config(tmp_path))
+    proto = b.coordinator
+    proto.start()
+    srv = proto.server
+    real = Party.mask
+
+    def garbage(self, rnd, x, parts, seed):
+        y, sealed = real(self, rnd, x, parts, seed)
+        if self.pid == 1:
+            y = np.random.default_rng(0).integers(0, 1 << 20, len(y), dtype=np.uint64)
+        return y, sealed
+
+    monkeypatch.setattr(Party, "mask", garbage)
+    before = weights(srv)
+    proto.run_round(1)
+    h = srv.history[-1]
+    assert h["step"] is False and h["survivors"] == 4
+    assert torch.equal(weights(srv), before) and len(srv.secure_released) == 1
+    monkeypatch.setattr(Party, "mask", real)
+    proto.run_round(2)
+    assert srv.history[-1]["step"] is True and not torch.equal(weights(srv), before)
+
+
+@pytest.mark.slow
 def test_dropouts_are_survived_and_too_many_release_nothing(tmp_path, caplog):
     b = build_run(config(tmp_path, secagg_min_survivors=3))
     proto = b.coordinator

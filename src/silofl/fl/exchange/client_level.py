@@ -1099,11 +1099,13 @@ class ClientLevelDP(Coordinator):
     def _plausible(self, released: torch.Tensor, mech, survivors: int, rnd: int) -> bool:
         """Whether the decoded sum is within what ``survivors`` clipped, rounded, noisy updates can add up
         to (a wrong mask or a wrap-around gives a vector of the group's size); the server saw it either
-        way."""
+        way. The noise's norm concentrates at √d′·σ (its spread is about σ/√2): eight σ of slack on top of
+        every update at its bound and every rounding at its largest. A uniform vector of the group (what a
+        wrong mask leaves) is about 2.3 times as long as the noise alone, since the group holds k = 4
+        standard deviations of a coordinate of the sum (silofl.privacy.discrete.calibrate)."""
         d = mech.padded_dim()
-        bound = survivors * (mech.clip + math.sqrt(d) / mech.scale) + 4 * math.sqrt(d) * mech.central_std(
-            survivors
-        )
+        std = mech.central_std(survivors)
+        bound = survivors * (mech.clip + math.sqrt(d) / mech.scale) + std * (math.sqrt(d) + 8)
         norm = float(torch.linalg.vector_norm(released))
         if norm > bound:
             log.warning(
