@@ -220,6 +220,7 @@ def test_a_run_reports_the_epsilon_against_the_server(tmp_path):
     # no un-noised diagnostics: the server never had the plain sum
     assert len(s["server_rounds"]) == 2
     assert all("xi" not in h and h["epsilon_vs_server"] > 0 for h in s["server_rounds"])
+    assert all(h["step"] for h in s["server_rounds"])  # real noise passes the plausibility bound
     assert s["server_rounds"][-1]["epsilon_vs_server"] == p["epsilon_vs_server"]
 
 
