@@ -30,6 +30,7 @@ TABLES = ("docs/howto/own-data.md", "A site's own data: tables and per-site fold
 PREDICT = ("docs/howto/own-data.md", "Using the model: `silofl predict` and `silofl export`")
 DEPLOY = ("docs/howto/deploy.md", "Deploying between institutions")
 METRIC = ("docs/howto/run.md", "Metrics: `--metric`")
+INVERSION = ("docs/howto/audit.md", "Gradient inversion: `--attack inversion`")
 FIRST_RUN = ("README.md", "A 30-second run")
 PYTHON = ("README.md", "From Python")
 SECURE = ("docs/concepts/secure_aggregation.md", "Running it")
@@ -39,6 +40,7 @@ SECTIONS = {
     PREDICT: "tests/cli/test_readme_commands.py (tables, predict)",
     DEPLOY: "tests/deploy/test_readme_site_commands.py",
     METRIC: "tests/run/test_metrics_run.py",
+    INVERSION: "tests/audit/test_inversion.py",
     FIRST_RUN: "tests/docs/test_readme.py",
     PYTHON: "tests/docs/test_readme.py (python)",
     SECURE: "tests/secure/test_cli.py",

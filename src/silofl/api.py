@@ -404,8 +404,9 @@ def audit(
     run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and membership
     inference.
     ``settings``: a :class:`silofl.audit.AuditSettings`, or its fields as keywords (``canaries=1000``,
-    ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``). Given as a mapping, the config
-    evaluates only at the last round unless it says ``eval_every``."""
+    ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``; ``attacks=("inversion",)``: the
+    server's gradient inversion of a hospital's update, client-level methods on images). Given as a mapping,
+    the config evaluates only at the last round unless it says ``eval_every``."""
     from silofl.audit import AuditSettings, run_audit
 
     if isinstance(config, Mapping):

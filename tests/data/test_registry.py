@@ -162,5 +162,9 @@ def test_registry_loaders_build_what_the_loaders_build():
 
     a, b = load_dataset("digits"), load_digits_dataset()
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
-    assert [n for n in DATASETS.names() if dataset_meta(n)["site_data"]] == ["folder", "table"]
+    assert [n for n in DATASETS.names() if dataset_meta(n)["site_data"]] == [
+        "folder",
+        "table",
+        "segmentation",
+    ]
     assert [n for n in DATASETS.names() if not dataset_meta(n)["images"]] == ["bags", "table"]

@@ -46,6 +46,18 @@ def test_skellam_noise_follows_the_skellam_pmf(mu):
     assert chi2.pvalue > 1e-3
 
 
+@pytest.mark.parametrize("lam", [0.05, 9.9, 10.0, 1000.0])  # both sides of the switch to PTRS at λ = 10
+def test_poisson_draws_follow_the_poisson_pmf(lam):
+    x = D.DiscreteRandom(seed=13).poisson(20_000, lam)
+    dist = stats.poisson(lam)
+    lo, hi = int(dist.ppf(0.001)), int(dist.ppf(0.999))
+    cells = np.arange(lo, hi + 1)
+    observed = np.array([(x < lo).sum()] + [(x == k).sum() for k in cells] + [(x > hi).sum()])
+    p = np.concatenate([[dist.cdf(lo - 1)], dist.pmf(cells), [dist.sf(hi)]])
+    keep = p > 0
+    assert stats.chisquare(observed[keep], p[keep] / p[keep].sum() * x.size).pvalue > 1e-3
+
+
 def test_poisson_log_pmf_matches_scipy_where_scipy_is_exact():
     for lam in (10.0, 57.3, 1e4):
         k = np.arange(0, int(lam + 12 * math.sqrt(lam)), dtype=np.float64)
@@ -190,6 +202,7 @@ def test_wrap_tail_bound_dominates_the_exact_skellam_tail():
     m = _mech(dim=1000, bits=20, parties=8, min_survivors=6)
     p1 = m.coordinate_wrap_probability(8)
     assert 0 < p1 < 1e-3 and m.wrap_probability_bound(8) == pytest.approx(min(1.0, 1024 * p1))
+    assert m.expected_wrapped_coordinates(8) == pytest.approx(1024 * p1)
     assert m.coordinate_wrap_probability(16) > p1  # more summands, more risk
 
 
@@ -217,6 +230,13 @@ def test_wrap_bound_holds_for_real_sums_of_aligned_updates():
         assert np.array_equal(D.centre(narrow, 12), ((s + 2**11) % 2**12) - 2**11)
     rate, bound = wrapped / total, m.coordinate_wrap_probability(n)
     assert 0 < rate <= bound  # it does wrap, and no more often than the bound says
+
+
+def test_huge_finite_updates_are_clipped_not_zeroed():
+    m = _mech(dim=4, bits=40, noise_multiplier=0.0)
+    x = np.array([1e308, -1e308, 3.0, 0.0])  # its norm overflows a float64
+    out = D.decode(D.encode(x, m, rotation_seed=2, rng=D.DiscreteRandom(seed=1)), m, rotation_seed=2)
+    assert np.allclose(out, [m.clip / math.sqrt(2), -m.clip / math.sqrt(2), 0, 0], atol=1e-6)
 
 
 def test_encode_and_decode_refuse_bad_input():
@@ -272,6 +292,20 @@ def _ref_skellam_rdp_curve(scale, central_stddev, l2_sens, beta, dim, orders):
     l2_sens = _ref_rounded_l2_norm_bound(l2_sens * scale, beta, dim) / scale
     l1_sens = _ref_rounded_l1_norm_bound(l2_sens * scale, dim) / scale
     return np.array([_ref_skellam_rdp(l1_sens, l2_sens, central_stddev**2, scale, int(o)) for o in orders])
+
+
+def test_skellam_rdp_equals_the_reference_on_both_branches():
+    orders = list(range(2, 80))
+    branches = set()
+    for v in (2.0, 10.0, 1e3, 1e6):
+        for l2 in (1.0, 5.0, 100.0):
+            for d in (1, 100):
+                l1 = _ref_rounded_l1_norm_bound(l2, d)
+                ref = np.array([_ref_skellam_rdp(l1, l2, v, 1.0, a) for a in orders])
+                assert np.allclose(D.skellam_rdp(orders, l1=l1, l2=l2, variance=v), ref, rtol=1e-12, atol=0)
+                for a in orders:
+                    branches.add(((2 * a - 1) * l2**2 + 6 * l1) / (4 * v**2) < 3 * l1 / (2 * v))
+    assert branches == {True, False}  # both terms of the min were exercised
 
 
 def _ref_epsilon(parts, delta, orders):

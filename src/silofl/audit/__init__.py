@@ -55,6 +55,18 @@ def run_audit(
     from silofl.audit.gradient import GRADIENT_KINDS
 
     settings.validate()
+    if settings.attacks:  # extra attacks (--attack): each says up front whether it applies to this audit
+        from silofl.audit.settings import AUDIT_ATTACKS
+
+        kind = (
+            "pubsub"
+            if settings.pubsub_model is not None
+            else "client-level"
+            if cfg.resolve().is_client_level
+            else "example-level"
+        )
+        for name in settings.attacks:
+            AUDIT_ATTACKS.get(name).check(cfg, settings, kind)
     out = Path(out)
     report.check_out(out, overwrite)
     if overwrite:

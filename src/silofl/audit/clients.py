@@ -176,6 +176,9 @@ def audit(
         cfg.replace(out=str(out / "run"), seed=s.seed), checkpoint_every=None, report_nonprivate=nonprivate
     )
     coins = np.random.default_rng(np.random.SeedSequence(s.derived(2))).random(s.canaries) < 0.5
+    from silofl.audit.settings import AUDIT_ATTACKS, AttackContext
+
+    extra_attacks = {name: AUDIT_ATTACKS.get(name)(s) for name in s.attacks}  # --attack NAME
     held: dict = {}
 
     def keep_split(run_cfg: RunConfig, split: SplitData) -> SplitData:
@@ -212,7 +215,8 @@ def audit(
 
     def engine_factory(make, n_sites):
         obs = GlobalModelObserver(n_sites, held["names"], held["dirs"])
-        engine = TappedEngine({k: make(k) for k in range(n_sites)}, [obs])
+        more = [o for a in extra_attacks.values() for o in a.observers(n_sites)]
+        engine = TappedEngine({k: make(k) for k in range(n_sites)}, [obs, *more])
         held.update(engine=engine, observer=obs)
         return engine
 
@@ -283,6 +287,8 @@ def audit(
     g = rc.guarantee()  # the run's (not formal when seeded)
     mech = dataclasses.replace(rc, seed=None).guarantee()  # the mechanism's, with secret randomness
     eps_h = priv.get("epsilon_hospital") if rc.is_private else None
+    ctx = AttackContext(cfg=rc, split=split, site=s.site, out=out, epsilon=eps_h)
+    extra_results = {name: a.run(ctx) for name, a in extra_attacks.items()}
     notes = list(data.notes)
     if rc.is_private and o.privacy_unit == "subclient":
         notes.append(
@@ -356,6 +362,8 @@ def audit(
         "run_folder": "run",
         "seconds": {"run": run_s, "attacks": attack_s},
         "notes": notes,
+        "attacks_run": list(extra_results),
+        **extra_results,
     }
     split_json = {
         "members": members.ids(),

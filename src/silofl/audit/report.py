@@ -19,13 +19,14 @@ from silofl.core.errors import ConfigError
 from silofl.run.folder import clean_json
 
 FILES = ("audit.json", "audit.md", "attacks.csv", "canary_scores.csv", "split.json", "audit.png")
+EXTRA_FILES = ("inversion.png",)  # written by the attacks asked for with --attack (silofl.audit.settings)
 
 
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse a folder that holds another audit (unless ``overwrite``), or a file."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any((out / f).exists() for f in (*FILES, "run")) and not overwrite:
+    if out.is_dir() and any((out / f).exists() for f in (*FILES, *EXTRA_FILES, "run")) and not overwrite:
         raise ConfigError(
             f"{out} already holds an audit; choose another --out or replace it with --overwrite"
         )
@@ -35,7 +36,7 @@ def clear(out: Path) -> None:
     """Remove a previous audit's files (for --overwrite)."""
     import shutil
 
-    for f in FILES:
+    for f in (*FILES, *EXTRA_FILES):
         (out / f).unlink(missing_ok=True)
     if (out / "run").is_dir():
         shutil.rmtree(out / "run")
@@ -130,6 +131,10 @@ def markdown(audit: dict) -> str:
             for r in rows
         ]
         lines.append("")
+    for name in audit.get("attacks_run", []):  # the attacks asked for with --attack
+        from silofl.audit.settings import AUDIT_ATTACKS
+
+        lines += AUDIT_ATTACKS.get(name).markdown(audit[name])
     for note in audit.get("notes", []):
         lines.append(f"- {note}")
     return "\n".join(lines) + "\n"
@@ -193,7 +198,7 @@ def write(
 ) -> None:
     """Write the audit's files into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    audit["files"] = list(FILES)
+    audit["files"] = list(FILES) + [f for f in EXTRA_FILES if (out / f).exists()]
     (out / "audit.json").write_text(json.dumps(clean_json(audit), indent=2, allow_nan=False) + "\n")
     (out / "audit.md").write_text(markdown(audit))
     rows = attack_rows(audit.get("membership_inference", {}))

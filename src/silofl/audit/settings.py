@@ -4,8 +4,34 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from silofl.core.errors import ConfigError
+from silofl.core.registry import Registry
+
+AUDIT_ATTACKS: Registry = Registry(
+    "audit attack", "silofl.audit_attacks", builtins=("silofl.audit.inversion",)
+)
+"""Attacks an audit runs on request (``--attack NAME``) besides its canaries and membership inference. An
+entry's object is a class built with the :class:`AuditSettings`; it has ``check(cfg, settings, kind)`` (a
+one-line ConfigError before the run where it does not apply; ``kind``: client-level, example-level, pubsub),
+``observers(server)`` (observers at the engine seam during the run), ``run(ctx)`` (after it, with an
+:class:`AttackContext`: audit.json's entry under its name), ``markdown(result)`` (audit.md's lines),
+``summary(result)`` (the CLI's line) and ``files`` (what it writes into the audit folder); its metadata
+``kinds`` says which audits take it."""
+
+
+@dataclass
+class AttackContext:
+    """What an audit attack gets after the run: the resolved run config, its split, the audited client, the
+    audit folder and the accountant's ε of the audited unit (None without DP)."""
+
+    cfg: Any
+    split: Any
+    site: int
+    out: Any
+    epsilon: float | None
+
 
 RESEARCH_NOTE = (
     "seeded research run (seed {seed}): the canaries, their coins, the reference models, the run's noise "
@@ -36,6 +62,11 @@ class AuditSettings:
     pubsub_model: str | None = None  # audit a PubSub-ML published model of this kind instead of a run
     epsilon: float | None = None  # the published model's ε (PubSub)
     pubsub_epochs: int = 20  # dp-nn epochs (PubSub)
+    attacks: tuple[str, ...] = ()  # extra attacks by name (AUDIT_ATTACKS), e.g. ("inversion",)
+    inversion_images: int = 1  # --attack inversion: images of the attacked sub-client
+    inversion_round: int = 1  # --attack inversion: the round whose update is attacked
+    inversion_iterations: int = 1500  # --attack inversion: optimisation steps per restart
+    inversion_restarts: int = 2  # --attack inversion: random restarts (lowest loss kept)
 
     def validate(self) -> None:
         """Raise ConfigError on settings no audit can run with."""
@@ -65,6 +96,16 @@ class AuditSettings:
             raise ConfigError(f"--confidence must lie in [0.5, 1), got {self.confidence}")
         if self.pubsub_epochs < 1:
             raise ConfigError(f"--epochs must be at least 1, got {self.pubsub_epochs}")
+        for name in self.attacks:
+            AUDIT_ATTACKS.entry(name)  # a one-line error naming the choices
+        for opt, v in (
+            ("--inversion-images", self.inversion_images),
+            ("--inversion-round", self.inversion_round),
+            ("--inversion-iterations", self.inversion_iterations),
+            ("--inversion-restarts", self.inversion_restarts),
+        ):
+            if v < 1:
+                raise ConfigError(f"{opt} must be at least 1, got {v}")
 
     @property
     def seeded(self) -> bool:

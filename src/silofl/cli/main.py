@@ -660,6 +660,13 @@ def predict(
         if res["accuracy"] is not None
         else ""
     )
+    if res.get("masks"):  # a segmentation model: one mask per input (silofl.inference.predict.predict_masks)
+        acc = (
+            f"; pixel accuracy {res['accuracy']:.4f}, Dice {res['dice']:.4f}, IoU {res['iou']:.4f} against "
+            "the masks in the data"
+            if res["dice"] is not None
+            else ""
+        )
     nan = (
         f"; [yellow]{res['nan_rows']} rows have missing values the schema does not impute (probabilities "
         f"NaN)[/]"
@@ -743,6 +750,22 @@ def audit(
     ),
     epsilon: float | None = typer.Option(None, "--epsilon", help="The published model's ε (--pubsub-model)."),
     epochs: int = typer.Option(20, "--epochs", help="dp-nn training epochs (--pubsub-model)."),
+    attack: list[str] = typer.Option(
+        [],
+        "--attack",
+        help="A further attack to run, repeatable: inversion (client-level methods on images: the server "
+        "reconstructs a hospital's images from its clipped update, with and without the noise; SSIM/PSNR, "
+        "inversion.png).",
+    ),
+    inversion_images: int = typer.Option(
+        1, "--inversion-images", help="--attack inversion: images of the attacked sub-client (1 or a few)."
+    ),
+    inversion_round: int = typer.Option(
+        1, "--inversion-round", help="--attack inversion: the round whose update the server inverts."
+    ),
+    inversion_iterations: int = typer.Option(
+        1500, "--inversion-iterations", help="--attack inversion: optimisation steps per restart."
+    ),
     seed: int | None = typer.Option(
         None,
         rich_help_panel="Privacy",
@@ -790,6 +813,10 @@ def audit(
         pubsub_model=pubsub_model,
         epsilon=epsilon,
         pubsub_epochs=epochs,
+        attacks=tuple(attack),
+        inversion_images=inversion_images,
+        inversion_round=inversion_round,
+        inversion_iterations=inversion_iterations,
     )
     what = f"published {pubsub_model}" if pubsub_model else f"{cfg.method} ({cfg.resolve().privacy})"
     how = (
@@ -832,6 +859,11 @@ def audit(
             f"{k} AUC {f['auc']:.3f} TPR@1% {f['tpr_at_1%_fpr']:.3f}" for k, f in t["attacks"].items()
         )
         console.print(f"membership inference on {target} ({t['model']}): {figs}")
+    if a.get("attacks_run"):
+        from silofl.audit.settings import AUDIT_ATTACKS
+
+        for name in a["attacks_run"]:
+            console.print(AUDIT_ATTACKS.get(name).summary(a[name]), markup=False, highlight=False)
     console.print(f"report: {Path(out) / 'audit.md'}")
 
 

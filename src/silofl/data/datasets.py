@@ -229,6 +229,7 @@ DATASET_META = {
     "schema": "it takes a collaboration's schema (--schema), and needs one",
     "seeded": "its train/test split depends on the data seed (compare keeps one load per seed)",
     "description": "one line for help texts and docs",
+    "task": "what its targets are: 'classification' (class indices) or 'segmentation' (H×W masks)",
 }
 DEFAULTS = {
     "images": True,
@@ -237,6 +238,7 @@ DEFAULTS = {
     "schema": False,
     "seeded": False,
     "description": "",
+    "task": "classification",
 }
 
 
@@ -346,6 +348,29 @@ register_dataset(
     schema=True,
     sites=_tables_of_sites,
     description="one CSV or Parquet file per site (--site-data) and a schema (--schema)",
+)
+
+
+def _segmentation(data_dir=None, **_: Any) -> Dataset:
+    raise ConfigError(
+        "dataset 'segmentation' is read per site: give --site-data (one folder with images/ and masks/, or "
+        "one .npz with x and y, per site); `python -m silofl.data.segmentation OUT` writes generated sites"
+    )
+
+
+def _segmentation_sites(paths, *, schema=None, image_size=32, test_data=None, test_fraction=0.2, seed=0):
+    from silofl.data.segmentation import load_segmentation_sites
+
+    return load_segmentation_sites(paths, image_size, test_data, test_fraction, seed)
+
+
+register_dataset(
+    "segmentation",
+    _segmentation,
+    pooled=False,
+    sites=_segmentation_sites,
+    task="segmentation",
+    description="2-D images with binary masks, one folder (images/, masks/) or .npz per site (--site-data)",
 )
 
 

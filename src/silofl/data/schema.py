@@ -80,10 +80,16 @@ class Schema:
     missing: str = "error"  # the default policy (features may override it)
     source: str = field(default="", compare=False)
     target_bounds: tuple[float, float] | None = None  # a regression target's declared public range
+    # a survival target {type: survival, time: COL, event: COL}: (time column, event column); ``target`` is
+    # then the time column (silofl.training.survival: a Cox head, C-index)
+    survival: tuple[str, str] | None = None
 
     @property
     def task(self) -> str:
-        """``classification`` (the target has levels) or ``regression`` (it has bounds)."""
+        """``classification`` (the target has levels), ``regression`` (it has bounds) or ``survival`` (a time
+        and an event column)."""
+        if self.survival is not None:
+            return "survival"
         return "regression" if self.target_bounds is not None else "classification"
 
     # ------------------------------------------------------------------ the schema file
@@ -128,6 +134,9 @@ class Schema:
         if missing not in MISSING:
             raise DataError(f"{where}: missing must be one of {', '.join(MISSING)}, got {missing!r}")
         target = data.get("target")
+        survival = _survival_target(target, where)
+        if survival is not None:  # the time column stands for the target where one column is asked for
+            target = {"name": survival[0], "bounds": [0.0, 1.0]}
         if isinstance(target, str) or not isinstance(target, dict) or "name" not in target:
             raise DataError(
                 f"{where}: target must be a mapping {{name: COLUMN, levels: [CLASS, ...]}} (or, for "
@@ -176,6 +185,8 @@ class Schema:
             raise DataError(f"{where}: feature {dup[0]!r} is declared twice")
         if str(target["name"]) in names:
             raise DataError(f"{where}: the target {target['name']!r} is also declared as a feature")
+        if survival is not None and survival[1] in names:
+            raise DataError(f"{where}: the event column {survival[1]!r} is also declared as a feature")
         numeric = [f for f in features if f.kind == "numeric"]
         scaling = data.get("scaling", "bounds" if all(f.bounds is not None for f in numeric) else "site")
         if scaling not in SCALINGS:
@@ -203,16 +214,19 @@ class Schema:
             tuple(str(v) for v in na),
             missing,
             source,
-            target_bounds,
+            None if survival is not None else target_bounds,
+            survival,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The schema as plain data (what the file holds, defaults filled)."""
-        target = (
+        target: dict[str, Any] = (
             {"name": self.target, "bounds": list(self.target_bounds)}
             if self.target_bounds is not None
             else {"name": self.target, "levels": list(self.classes)}
         )
+        if self.survival is not None:
+            target = {"type": "survival", "time": self.survival[0], "event": self.survival[1]}
         return {
             "format": FORMAT,
             "target": target,
@@ -241,12 +255,13 @@ class Schema:
         if n == 0:
             raise DataError(f"{source}: the file has a header but no data rows")
         cols = [str(c) for c in df.columns]
-        need = self.names + ([self.target] if need_target else [])
+        event = [self.survival[1]] if self.survival is not None else []
+        need = self.names + ([self.target, *event] if need_target else [])
         absent = [c for c in need if c not in cols]
         if absent:
             more = f" (and {len(absent) - 1} more: {', '.join(absent[1:4])})" if len(absent) > 1 else ""
             raise DataError(f"{source}: column {absent[0]!r} of the schema is missing{more}")
-        known = set(self.names) | {self.target} | set(self.ignore) | set(extra)
+        known = set(self.names) | {self.target} | set(event) | set(self.ignore) | set(extra)
         unexpected = [c for c in cols if c not in known]
         if unexpected:
             raise DataError(
@@ -273,7 +288,19 @@ class Schema:
                 if f.missing == "drop":
                     drop |= na
         y = None
-        if self.target in cols:
+        if self.survival is not None and all(c in cols for c in self.survival):
+            times, na = self._survival(df, source)
+            if na.any() and need_target:
+                if self.missing != "drop":
+                    i = int(np.flatnonzero(na)[0])
+                    raise DataError(
+                        f"{source}: the time or event of row {i + 1} is empty ({int(na.sum())} rows); a "
+                        "training row needs both (missing: drop skips such rows)"
+                    )
+                drop |= na
+            if need_target or not na.any():
+                y = times
+        elif self.survival is None and self.target in cols:
             col = df[self.target]
             na = self._missing(col)
             if na.any() and need_target:
@@ -301,8 +328,28 @@ class Schema:
         if kept is not None:
             kept.extend(np.flatnonzero(keep).tolist())
         if y is not None:
-            y = y[keep] if self.target_bounds is not None else y[keep].astype(np.int64)
+            y = y[keep] if self.target_bounds is not None or self.survival else y[keep].astype(np.int64)
         return raw, y, int(drop.sum())
+
+    def _survival(self, df, source: str) -> tuple[np.ndarray, np.ndarray]:
+        """((n, 2) float64 [time, event] per row, NaN where missing; which rows miss either): a time is a
+        finite number ≥ 0, an event is 1 (the event happened at that time) or 0 (censored then)."""
+        assert self.survival is not None
+        t_col, e_col = self.survival
+        t_na, e_na = self._missing(df[t_col]), self._missing(df[e_col])
+        times = self._numeric(df[t_col], t_na, Feature(t_col, "numeric", bounds=(0.0, math.inf)), source)
+        events = np.full(len(df), np.nan)
+        for i, v in enumerate(df[e_col].to_numpy(dtype=object)):
+            if e_na[i]:
+                continue
+            word = _level(v).lower()
+            if word not in ("0", "1", "true", "false"):
+                raise DataError(
+                    f"{source}: the event column {e_col!r} holds {v!r} in row {i + 1}; an event is 1 (it "
+                    "happened) or 0 (censored)"
+                )
+            events[i] = 1.0 if word in ("1", "true") else 0.0
+        return np.stack([times, events], axis=1), t_na | e_na
 
     def _missing(self, col) -> np.ndarray:
         import pandas as pd
@@ -365,6 +412,21 @@ class Schema:
                 )
             out[i] = index[v]
         return out
+
+
+def _survival_target(target: Any, where: str) -> tuple[str, str] | None:
+    """(time column, event column) of a survival target ``{type: survival, time: COL, event: COL}``; None for
+    another target."""
+    if not isinstance(target, dict) or target.get("type") != "survival":
+        return None
+    unknown = sorted(set(target) - {"type", "time", "event"})
+    t, e = target.get("time"), target.get("event")
+    if unknown or not isinstance(t, str) or not isinstance(e, str) or not t or not e or t == e:
+        raise DataError(
+            f"{where}: a survival target is {{type: survival, time: COLUMN, event: COLUMN}} (two different "
+            "columns)"
+        )
+    return t, e
 
 
 def _level(v: Any) -> str:

@@ -42,6 +42,10 @@ class SiteSources:
     test_set: str
     sources: list[str]
     dropped: list[int]
+    # --id-column (person-level DP, silofl.privacy.person): each site's training rows' person, 0 … P−1
+    persons: list[np.ndarray] | None = None
+    # without --id-column: a column that looks like a person id and repeats (UnitWarning.to_dict), or None
+    unit_warning: dict | None = None
 
 
 def site_names(paths: list[str]) -> list[str]:
@@ -69,31 +73,121 @@ def holdout(n: int, fraction: float, seed: int, site: int, source: str) -> tuple
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
+def holdout_groups(
+    persons: np.ndarray, fraction: float, seed: int, site: int, source: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`holdout` by person (``persons``: each row's person 0 … P−1): a seeded ``fraction`` of the
+    persons is held out with all of their rows, so no person has rows on both sides."""
+    P = int(persons.max()) + 1
+    n_test = int(round(P * fraction))
+    if n_test < 1 or P - n_test < 1:
+        raise DataError(
+            f"{source}: {P} persons are too few to hold out {fraction:g} of them as the site's internal "
+            "test set and train on the rest"
+        )
+    test_persons = np.zeros(P, dtype=bool)
+    test_persons[np.random.default_rng([seed, site]).permutation(P)[:n_test]] = True
+    is_test = test_persons[persons]
+    return np.flatnonzero(~is_test), np.flatnonzero(is_test)
+
+
+def person_ids(df, schema: Schema, id_column: str, source: str) -> np.ndarray:
+    """The ``id_column`` of a site's table as strings, one per row; a DataError when the column is absent,
+    is a feature or the target, or has a missing value."""
+    if id_column not in df.columns:
+        raise DataError(
+            f"{source}: no id column {id_column!r} (--id-column names a column of every site's file)"
+        )
+    if id_column in schema.names or id_column == schema.target:
+        raise DataError(
+            f"{source}: the id column {id_column!r} is a feature or the target of the schema; list it under "
+            "'ignore' instead"
+        )
+    na = schema._missing(df[id_column])
+    if na.any():
+        i = int(np.flatnonzero(na)[0])
+        raise DataError(
+            f"{source}: the id column {id_column!r} is empty in row {i + 1} ({int(na.sum())} rows); every "
+            "row needs its person"
+        )
+    return np.asarray([str(v).strip() for v in df[id_column].to_numpy(dtype=object)])
+
+
+def repeated_id_warning(schema: Schema, tables: list, names: list[str]):
+    """Without ``--id-column``: the column of the sites' tables that looks like a person id and repeats the
+    most (:func:`silofl.privacy.person.id_like`: any non-feature column by its name or its cardinality, a
+    feature by its name), as a :class:`~silofl.privacy.person.UnitWarning`; None when there is none."""
+    from silofl.privacy.person import UnitWarning, id_like
+
+    found: dict[str, tuple[int, list[str]]] = {}
+    for df, name in zip(tables, names, strict=True):
+        for col in df.columns:
+            if col == schema.target:
+                continue
+            k = id_like(col, df[col].to_numpy(dtype=object), by_name_only=col in schema.names)
+            if k:
+                best, sites = found.get(col, (0, []))
+                found[col] = (max(best, k), [*sites, name])
+    if not found:
+        return None
+    col = max(found, key=lambda c: (found[c][0], c))
+    return UnitWarning(col, found[col][0], found[col][1])
+
+
 def load_site_tables(
     schema_path: str,
     paths: list[str],
     test_path: str | None = None,
     test_fraction: float = 0.2,
     seed: int = 0,
+    id_column: str | None = None,
 ) -> SiteSources:
-    """Every site's table, checked against the schema at ``schema_path`` (see the module doc)."""
+    """Every site's table, checked against the schema at ``schema_path`` (see the module doc). ``id_column``
+    (person-level DP): each row's person; the internal test set then holds out whole persons and each site's
+    training rows come with their persons. Without it, a column that looks like a repeated person id is
+    flagged (``unit_warning``)."""
     schema = Schema.load(schema_path)
+    if schema.task == "survival":
+        raise DataError(
+            f"schema {schema_path}: a survival target trains a Cox head without DP only "
+            "(silofl.training.survival: the Cox loss couples the rows of a batch, so per-example clipping "
+            "bounds nothing); the federated methods train classifiers"
+        )
     if schema.task != "classification":
         raise DataError(
             f"schema {schema_path}: the federated methods train classifiers; a regression target is for "
             "PubSub-ML (silofl pubsub publish --schema)"
         )
     names = site_names(paths)
-    raws, ys, dropped, splits = [], [], [], []
+    raws, ys, dropped, splits, tables, persons = [], [], [], [], [], []
     for k, p in enumerate(paths):
         if not is_table(p):
             raise DataError(f"{p}: dataset 'table' reads .csv, .tsv or .parquet files, one per site")
-        raw, y, n_drop = schema.check(read_table(p), p)
+        df = read_table(p)
+        if id_column is None:
+            raw, y, n_drop = schema.check(df, p)
+            tables.append(df)
+        else:
+            ids = person_ids(df, schema, id_column, p)
+            kept: list[int] = []
+            raw, y, n_drop = schema.check(df, p, extra=(id_column,), kept=kept)
+            _, index = np.unique(ids[kept], return_inverse=True)
+            persons.append(index.reshape(-1))
         assert y is not None
         raws.append(raw)
         ys.append(y)
         dropped.append(n_drop)
-        splits.append(holdout(len(y), test_fraction, seed, k, p))
+        if id_column is None:
+            splits.append(holdout(len(y), test_fraction, seed, k, p))
+        else:
+            splits.append(holdout_groups(persons[-1], test_fraction, seed, k, p))
+    warning = repeated_id_warning(schema, tables, names) if id_column is None else None
+    train_persons = None
+    if id_column is not None:  # each site's training rows' persons, renumbered 0 … P−1
+        train_persons = [
+            np.unique(idx[tr], return_inverse=True)[1].reshape(-1)
+            for idx, (tr, _) in zip(persons, splits, strict=True)
+        ]
     preps = [
         TablePreprocessing.fit(schema, raw[tr], site=names[k])
         for k, (raw, (tr, _)) in enumerate(zip(raws, splits, strict=True))
@@ -127,6 +221,8 @@ def load_site_tables(
         test_set,
         list(paths),
         dropped,
+        train_persons,
+        warning.to_dict() if warning is not None else None,
     )
 
 

@@ -56,6 +56,11 @@ class SplitData:
     # tensors above then hold features, ``dataset`` the raw inputs
     feature_shape: tuple[int, ...] | None = None
     features: dict | None = None
+    # person-level DP (--id-column, silofl.privacy.person): each client's training rows' person 0 … P−1, and
+    # the column; without it, a column that looks like a repeated person id (summary's privacy_unit_warning)
+    persons: list[torch.Tensor] | None = None
+    id_column: str | None = None
+    privacy_unit_warning: dict | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

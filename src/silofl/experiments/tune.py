@@ -309,7 +309,7 @@ def planned_curves(
     (the mixture over the grid; see :mod:`silofl.privacy.tuning`). Loads the data set, trains nothing."""
     import torch
 
-    from silofl.run.data import load_dataset, prepare_data, site_sizes
+    from silofl.run.data import load_dataset, prepare_data, unit_sizes
 
     loaded: dict[tuple, Any] = {}
     curves: dict[str, np.ndarray] = {}
@@ -337,7 +337,7 @@ def planned_curves(
                 )
             data = loaded[key]
         cfg, split = prepare_data(cfg, torch.device("cpu"), data)
-        for p in cfg.calibration_plan(site_sizes(cfg, split.parts)):
+        for p in cfg.calibration_plan(unit_sizes(cfg, split)):  # persons with --id-column
             curve = rdp_curve(((cfg.noise_multiplier, p["sample_rate"], p["steps"]),), orders)
             party = str(p["party"])
             curves[party] = np.maximum(curves[party], curve) if party in curves else curve

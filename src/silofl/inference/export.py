@@ -201,7 +201,7 @@ def model_card(loaded: LoadedModel, onnx_path: Path | None = None, graph: str = 
                 + ", ".join(str(s) for s in _raw_shape(loaded))
                 + "] — "
                 + prep.to_dict()["input"],
-                "output": "probabilities: float32 [batch, classes]",
+                "output": _output_note(loaded),
                 "preprocessing": "inside the graph: " + prep.to_dict()["steps"],
             },
         },
@@ -239,6 +239,18 @@ def model_card(loaded: LoadedModel, onnx_path: Path | None = None, graph: str = 
             "privacy_mode": summary["privacy"]["mode"],
         }
     return card
+
+
+def _output_note(loaded: LoadedModel) -> str:
+    """What the graph returns: class probabilities, or per-pixel ones for a segmentation model."""
+    with torch.no_grad():
+        out = loaded.pipeline(example_input(loaded, 1))
+    if out.dim() == 4:
+        return (
+            f"per-pixel probabilities: float32 [batch, classes, {out.shape[2]}, {out.shape[3]}] (the mask "
+            "is the arg-max over classes)"
+        )
+    return "probabilities: float32 [batch, classes]"
 
 
 def _raw_shape(loaded: LoadedModel) -> list[int]:
@@ -370,6 +382,9 @@ def _privacy(loaded: LoadedModel, summary: dict | None) -> dict:
     )
     if not formal:
         statement = "NOT a formal guarantee: " + statement
+    warning = summary.get("privacy_unit_warning")  # a repeated person id without --id-column: ε is per row
+    if warning:
+        statement += f" Per row, not per person: {warning.get('message')}."
     return {
         "differentially_private": True,
         "formal_guarantee": formal,

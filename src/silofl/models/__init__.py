@@ -160,6 +160,7 @@ class ScatterCNN(nn.Module):
 
 
 from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
+from silofl.models.unet import UNet  # noqa: E402
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model", "silofl.models")
 """Every architecture by name. An entry's object builds it, ``build(input_shape, num_classes) -> nn.Module``
@@ -210,6 +211,13 @@ for _name, _cls, _inputs in (
 # Tramèr & Boneh's small CNN over scattering channels
 register_model("linear", LogisticRegression, head=True, description="a linear head over flattened features")
 register_model("scattercnn", ScatterCNN, inputs="images", head=True)
+# segmentation (per-pixel logits for mask targets; silofl.models.unet)
+register_model(
+    "unet",
+    UNet,
+    inputs="images",
+    description="a small GroupNorm UNet for 2-D segmentation (masks as targets)",
+)
 
 
 def model_names() -> tuple[str, ...]:

@@ -359,6 +359,11 @@ class DiscreteMechanism:
         (the union bound over the padded coordinates; at most 1). Wrapping costs accuracy, never privacy."""
         return min(1.0, self.padded_dim() * self.coordinate_wrap_probability(parties))
 
+    def expected_wrapped_coordinates(self, parties: int) -> float:
+        """A bound on the expected number of coordinates of the sum of ``parties`` encodings that wrap around
+        in one round (d' times :meth:`coordinate_wrap_probability`): the accuracy figure behind the bits."""
+        return self.padded_dim() * self.coordinate_wrap_probability(parties)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: every field."""
         d = asdict(self)
@@ -720,9 +725,12 @@ def encode(x: np.ndarray, mech: DiscreteMechanism, *, rotation_seed: int, rng: D
     x = x.astype(np.float64)
     if not np.all(np.isfinite(x)):
         raise ValueError("the vector to encode has non-finite values")
-    norm = float(np.linalg.norm(x))
-    if norm > mech.clip:
-        x = x * (mech.clip / norm)
+    peak = float(np.max(np.abs(x)))
+    if peak > 0:  # ‖x‖ = peak·‖x/peak‖: no overflow for huge finite values
+        unit = x / peak
+        unit_norm = float(np.linalg.norm(unit))
+        if peak * unit_norm > mech.clip:
+            x = unit * (mech.clip / unit_norm)
     scaled = rotate(x, mech, rotation_seed=rotation_seed) * mech.scale
     rounded = conditional_round(scaled, mech.l2_sensitivity(), rng)
     if mech.kind == "ddgauss":

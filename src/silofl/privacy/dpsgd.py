@@ -56,6 +56,9 @@ class DPGradient:
         # the
         # noise, like examples; None (the default) leaves the mechanism untouched
         self.canaries: CanaryHook | None = None
+        # person-level DP (silofl.privacy.person): every step must say each row's person (``groups``); the
+        # sample rate and expected batch size are then over persons
+        self.person_level = False
 
     def take_run(self) -> MechanismRun:
         """The steps this mechanism ran since the last call, with its (σ, q); the count restarts."""
@@ -69,7 +72,12 @@ class DPGradient:
         return "ghost" if isinstance(self.clipper, GhostClipper) else "vmap"
 
     def compute(
-        self, x: torch.Tensor, loss_fn: LossFn, *extras: torch.Tensor, views: int = 1
+        self,
+        x: torch.Tensor,
+        loss_fn: LossFn,
+        *extras: torch.Tensor,
+        views: int = 1,
+        groups: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, StepStats]:
         """Set ``p.grad`` to the DP gradient of Σ_i loss_fn(model(x), *extras)_i; return the logits. ``views``
         > 1
@@ -77,23 +85,31 @@ class DPGradient:
         examples
         of ``extras``; example i's loss is the mean over its views, so its clipped gradient — the sensitivity
         —
-        is still at most C."""
+        is still at most C. ``groups`` (person-level DP): each row's person 0 … b−1 among the batch's b
+        persons; a person's rows' gradients are summed and clipped together, so one person moves the sum
+        by at most C (the statistics are then per person)."""
         if views < 1 or x.shape[0] % views:
             raise ValueError(f"{x.shape[0]} inputs are not {views} views of each example")
+        if self.person_level and groups is None:
+            raise ValueError("a person-level DP step needs each row's person (groups)")
+        if groups is not None and (views != 1 or len(groups) != x.shape[0]):
+            raise ValueError("groups gives one person per row (one view each)")
         B = x.shape[0] // views
         if B == 0:
             grads, sq = {}, torch.zeros(0)
             with torch.no_grad():
                 logits = self.model(x) if x.dim() > 1 else torch.zeros(0)
         else:
+            kw = {} if groups is None else {"groups": groups}
             try:
-                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views)
+                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views, **kw)
             except GhostUnsupported:
                 if self.backend == "ghost":
                     raise
                 self.clipper.close()
                 self.clipper = VmapClipper(self.model)
-                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views)
+                logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views, **kw)
+            B = len(sq)
         if self.canaries is not None:
             grads = self.canaries.add(grads, self.params, self.clip)
         std = self.noise_multiplier * self.clip

@@ -96,13 +96,24 @@ class GhostClipper:
         for h in self._handles:
             h.remove()
 
-    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float, views: int = 1):
+    def clipped_sum(
+        self,
+        x: torch.Tensor,
+        loss_fn: LossFn,
+        extras: tuple,
+        clip: float,
+        views: int = 1,
+        groups: torch.Tensor | None = None,
+    ):
         """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms). ``views`` >
         1:
         ``x`` holds that many consecutive views of each example (augmentation multiplicity); an example's loss
         is
         the mean of its views' and its gradient — the sum over views in every layer's identity — is
-        clipped."""
+        clipped. ``groups`` (person-level DP, :mod:`silofl.privacy.person`): each row's unit 0 … P−1; a
+        unit's rows' gradients are summed and the sum clipped (sq_norms then has one entry per unit)."""
+        if groups is not None:
+            return self._grouped_sum(x, loss_fn, extras, clip, views, groups)
         self._records = []
         try:
             logits = self.model(x)
@@ -142,6 +153,68 @@ class GhostClipper:
             grads[mod.weight] = w.view_as(mod.weight)
             if mod.bias is not None:
                 grads[mod.bias] = b
+        return logits.detach(), grads, sq
+
+    def _grouped_sum(self, x, loss_fn, extras, clip, views, groups):
+        """:meth:`clipped_sum` with per-unit clipping: Linear layers on 2-D inputs by the pair identity
+        ‖Σ_{i∈p} g_i a_iᵀ‖² = Σ_{i,j∈p} (g_i·g_j)(a_i·a_j) (+ the bias term), GroupNorm by summing its rows'
+        per-example gradients; anything else is left to the vmap backend (GhostUnsupported)."""
+        from silofl.privacy.person import group_pairs
+
+        if views != 1:
+            raise GhostUnsupported("per-person clipping takes one view per row")
+        self._records = []
+        try:
+            logits = self.model(x)
+        finally:
+            records, self._records = self._records, None
+        if len({id(r[0]) for r in records}) != len(records):
+            raise GhostUnsupported("a layer ran more than once in one forward pass")
+        if any(r[2]._version != r[3] for r in records):
+            raise GhostUnsupported("a layer output was modified in place")
+        if any(
+            isinstance(r[0], nn.Conv2d) or (isinstance(r[0], nn.Linear) and r[1].dim() != 2) for r in records
+        ):
+            raise GhostUnsupported("per-person clipping by norms covers Linear layers on 2-D inputs")
+        losses = loss_fn(logits, *extras)
+        gouts = torch.autograd.grad(losses.sum(), [r[2] for r in records], allow_unused=True)
+        P = int(groups.max()) + 1
+        pi, pj = group_pairs(groups)
+        gid = groups[pi]
+        sq = torch.zeros(P, dtype=logits.dtype, device=logits.device)
+        prepared = []
+        for (mod, a, z, _), g in zip(records, gouts, strict=True):
+            if g is None:
+                g = torch.zeros_like(z)
+            if isinstance(mod, nn.Linear):
+                has_bias = mod.bias is not None
+                # index_select: several times faster than advanced indexing on the CPU
+                dots = (a.index_select(0, pi) * a.index_select(0, pj)).sum(1) + (1.0 if has_bias else 0.0)
+                sq.index_add_(0, gid, dots * (g.index_select(0, pi) * g.index_select(0, pj)).sum(1))
+                prepared.append((mod, "linear", (a, g)))
+            else:  # GroupNorm: C numbers per row, summed per unit
+                C = a.shape[1]
+                xhat = F.group_norm(a, mod.num_groups, eps=mod.eps)
+                gw = torch.zeros(P, C, dtype=g.dtype, device=g.device)
+                gw.index_add_(0, groups, (g * xhat).reshape(a.shape[0], C, -1).sum(2))
+                gb = torch.zeros(P, C, dtype=g.dtype, device=g.device)
+                gb.index_add_(0, groups, g.reshape(a.shape[0], C, -1).sum(2))
+                sq += gw.pow(2).sum(1) + gb.pow(2).sum(1)
+                prepared.append((mod, "groupnorm", (gw, gb)))
+        c = clip_factors(sq, clip)
+        c_row = c[groups]
+        grads: dict[nn.Parameter, torch.Tensor] = {}
+        for mod, kind, (u, v) in prepared:
+            weight, bias = cast(nn.Parameter, mod.weight), cast(nn.Parameter | None, mod.bias)
+            if kind == "linear":
+                gc = v * c_row[:, None]
+                grads[weight] = (gc.t() @ u).view_as(weight)
+                if bias is not None:
+                    grads[bias] = gc.sum(0)
+            else:
+                grads[weight] = c @ u
+                if bias is not None:
+                    grads[bias] = c @ v
         return logits.detach(), grads, sq
 
 
@@ -260,10 +333,25 @@ class VmapClipper:
 
         return vmap(grad(one), in_dims=(None, 0, *([0] * len(extras))))(params, x, *extras)
 
-    def clipped_sum(self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, clip: float, views: int = 1):
+    def clipped_sum(
+        self,
+        x: torch.Tensor,
+        loss_fn: LossFn,
+        extras: tuple,
+        clip: float,
+        views: int = 1,
+        groups: torch.Tensor | None = None,
+    ):
         """Forward + per-example norms + clipped gradient sum: (logits, grads, squared norms); ``views`` as in
-        :meth:`per_example_grads`."""
+        :meth:`per_example_grads`; ``groups`` as in :meth:`GhostClipper.clipped_sum` (each unit's rows'
+        per-example gradients summed before the clip)."""
         per = self.per_example_grads(x, loss_fn, extras, views)
+        if groups is not None:
+            P = int(groups.max()) + 1
+            per = {
+                n: torch.zeros(P, *g.shape[1:], dtype=g.dtype, device=g.device).index_add_(0, groups, g)
+                for n, g in per.items()
+            }
         sq = cast(torch.Tensor, sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in per.values()))
         c = clip_factors(sq, clip)
         named = dict(self.model.named_parameters())

@@ -34,7 +34,7 @@ NOTES = {
     "client": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) for the "
     "global "
     "model and everything the server releases; the server is trusted to add the noise (central DP)",
-    "single": "formal (ε, δ)-DP guarantee for each client's DP model (DP-SGD on cross-entropy; the privacy "
+    "single": "formal (ε, δ)-DP guarantee for each client's DP model (DP-SGD on its own loss; the privacy "
     "mode's β does not apply to a method without mutual learning)",
 }
 

@@ -173,6 +173,12 @@ class Ledger:
             if e["kind"] == "dp-sgd" and (run is None or e["run"] == run)
         ]
 
+    def units(self) -> list[str]:
+        """The privacy units of the recorded DP-SGD step blocks, sorted (``row`` where an entry names none;
+        a person-level block, ``--id-column``, names ``person (column X)``). Row-level blocks protect a
+        person with k rows only at group-privacy level, so a ledger that mixes units says so."""
+        return sorted({str(e.get("unit", "row")) for e in self.entries if e["kind"] == "dp-sgd"})
+
     # ------------------------------------------------------------------ releases of records
     def record_digest(self, record_id: Any) -> str:
         """A keyed digest of a record id (the ledger never stores the ids themselves)."""

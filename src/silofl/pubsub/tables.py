@@ -89,6 +89,11 @@ def read(path: str, schema_path: str, id_column: str | None = None) -> PubSubTab
     from silofl.data.schema import read_table
 
     schema = Schema.load(schema_path)
+    if schema.task == "survival":
+        raise DataError(
+            f"schema {schema_path}: PubSub-ML publishes classifiers and regressors; a survival target is "
+            "for the non-DP Cox head (silofl.training.survival)"
+        )
     df = read_table(path)
     if id_column is not None and id_column not in df.columns:
         raise DataError(f"{path}: no id column {id_column!r}")

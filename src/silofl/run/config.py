@@ -99,6 +99,16 @@ class RunConfig:
             "help": "With --site-data: each site's internal test share of its own rows.",
         },
     )
+    # dataset "table": the column naming each row's person — the privacy unit becomes the person
+    # (silofl.privacy.person: persons Poisson-sampled, a person's rows clipped together, splits by person)
+    id_column: str | None = field(
+        default=None,
+        metadata={
+            "panel": "privacy",
+            "help": "--dataset table: the column naming each row's person; the privacy unit becomes the "
+            "person (all of their rows sampled, clipped and held out together; ε per person).",
+        },
+    )
     clients: int = field(default=8, metadata={"panel": "data", "help": "Number of clients K."})
     rounds: int = field(default=300, metadata={"panel": "method", "help": "Number of rounds R."})
     # a reproducible research run's seed; None: secret randomness (see core.randomness)
@@ -474,6 +484,7 @@ class RunConfig:
         choice("device", self.device, DEVICES)
         choice("eval_split", self.eval_split, EVAL_SPLITS)
         choice("metric", self.metric, tuple(METRICS))
+        self._validate_task()
         self._validate_combine()
         self._validate_track()
         if self.secure_aggregation and not getattr(self.options, "supports_secure_aggregation", False):
@@ -553,6 +564,23 @@ class RunConfig:
         check_available(kind)  # a known kind whose package is installed
         check_out_path(where, flag=f"--track {kind} DIR")
 
+    def _validate_task(self) -> None:
+        """--metric against the data set's task (Dice/IoU for masks; AUROC, F1, … for class labels), and the
+        methods a segmentation run refuses."""
+        from silofl.training.metrics import metric_task
+
+        task = dataset_meta(self.dataset).get("task", "classification")
+        wanted = metric_task(self.metric)
+        if wanted not in ("any", task):
+            raise ConfigError(
+                f"--metric {self.metric} scores {wanted} runs; dataset {self.dataset!r} is a {task} task"
+                + (" (choose accuracy, dice or iou)" if task == "segmentation" else "")
+            )
+        if task == "segmentation" and self.combine != "none":
+            raise ConfigError(
+                "--combine fits a classifier over the models' class scores; a segmentation run has none"
+            )
+
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must lie in (0, 1), got {self.test_fraction}")
@@ -563,6 +591,7 @@ class RunConfig:
                     ("--site-data", self.site_data),
                     ("--schema", self.schema),
                     ("--test-data", self.test_data),
+                    ("--id-column", self.id_column),
                 )
                 if v
             ]
@@ -604,6 +633,30 @@ class RunConfig:
         elif self.test_data:
             raise ConfigError(
                 "--test-data goes with --site-data (the shared external test set of per-site sources)"
+            )
+        self._validate_id_column(meta)
+
+    def _validate_id_column(self, meta: dict) -> None:
+        """``--id-column`` (person-level DP) names a column of per-site tables, for a method whose sites
+        train with example-level DP-SGD (a client-level method's unit is already a hospital or sub-client)."""
+        if self.id_column is None:
+            return
+        if not self.id_column.strip():
+            raise ConfigError("--id-column needs a column name")
+        if not meta["schema"]:
+            raise ConfigError(
+                f"--id-column names a column of a table (--dataset table); dataset {self.dataset!r} has no "
+                "id column"
+            )
+        if self.is_client_level:
+            raise ConfigError(
+                f"--id-column makes the person the unit of example-level DP-SGD; {self.method} is "
+                "client-level DP (its unit is a hospital or sub-client, and sub-clients are not drawn by "
+                "person): leave --id-column out"
+            )
+        if self.combine != "none":
+            raise ConfigError(
+                "--id-column does not yet go with --combine (its held-out rows are not by person)"
             )
 
     def _validate_features(self) -> None:

@@ -6,6 +6,7 @@ the run
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 import time
 
@@ -42,8 +43,25 @@ def prepare_run(
         chosen.split_seed,
         chosen.samples_per_client,
         chosen.batch_size,
-        sizes_of_sites(chosen, split.parts),
+        unit_sizes(chosen, split),
     ), split
+
+
+def unit_sizes(cfg: RunConfig, split: SplitData) -> list[int]:
+    """Each site's count of privacy units, as its sampling rate and steps are planned from: training examples
+    (:func:`silofl.run.plan.sizes_of_sites`), or with ``--id-column`` persons (a site pooling several clients'
+    rows counts each client's persons apart: a person is a unit of one site's table)."""
+    if split.persons is None:
+        return sizes_of_sites(cfg, split.parts)
+    counts = [int(p.max()) + 1 if len(p) else 0 for p in split.persons]
+    rows = sizes_of_sites(cfg, split.parts)
+    if len(rows) == len(counts):
+        return counts
+    if len(rows) == 1:  # one site pooling every client's rows (Joint)
+        return [sum(counts)]
+    from silofl.core.errors import ConfigError
+
+    raise ConfigError(f"--id-column: {cfg.method} builds {len(rows)} sites from {len(counts)} tables")
 
 
 def prepare_data(
@@ -220,12 +238,30 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
     assert cfg.site_data is not None
     if cfg.dataset == "table":
         assert cfg.schema is not None
-        src = load_site_tables(cfg.schema, cfg.site_data, cfg.test_data, cfg.test_fraction, cfg.data_seed)
-    else:
+        src = load_site_tables(
+            cfg.schema, cfg.site_data, cfg.test_data, cfg.test_fraction, cfg.data_seed, cfg.id_column
+        )
+    elif cfg.dataset == "folder":
         src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)
+    else:  # another registered per-site loader (segmentation, a plug-in's)
+        from silofl.data.datasets import load_sites
+
+        src = load_sites(
+            cfg.dataset,
+            cfg.site_data,
+            schema=cfg.schema,
+            image_size=cfg.image_size,
+            test_data=cfg.test_data,
+            test_fraction=cfg.test_fraction,
+            seed=cfg.data_seed,
+        )
     sizes = [len(y) for _, y in src.parts]
-    cfg = _with_sizes(cfg, sum(sizes), smallest=min(sizes))
-    check_against_data(cfg, sizes)
+    # the privacy unit's count per site: persons with --id-column (the batch size counts persons), else rows
+    units = [int(p.max()) + 1 for p in src.persons] if src.persons is not None else sizes
+    cfg = _with_sizes(cfg, sum(units), smallest=min(units))
+    check_against_data(cfg, units)
+    if src.unit_warning is not None:
+        logging.getLogger("silofl").warning("privacy unit: %s", src.unit_warning["message"])
 
     def dev(pair, limit=None):
         x, y = pair
@@ -256,6 +292,9 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
         external=external,
         preprocessing=[p.to_dict() for p in src.preprocessing],
         indices=_site_rows(sizes),
+        persons=[torch.from_numpy(p) for p in src.persons] if src.persons is not None else None,
+        id_column=cfg.id_column,
+        privacy_unit_warning=src.unit_warning,
     )
 
 

@@ -85,6 +85,8 @@ class SiteInputs:
     external: tuple[torch.Tensor, torch.Tensor] | None
     internal: tuple[torch.Tensor, torch.Tensor] | None = None
     preprocessing: dict | None = None
+    persons: torch.Tensor | None = None  # --id-column: each training row's person (silofl.privacy.person)
+    id_column: str | None = None
 
 
 def site_inputs(method: Method, split: SplitData) -> list[SiteInputs]:
@@ -100,6 +102,7 @@ def site_inputs(method: Method, split: SplitData) -> list[SiteInputs]:
         per_site(split.internal),
         per_site(split.preprocessing),
     )
+    persons = site_persons(split, len(data))
     return [
         SiteInputs(
             x,
@@ -107,9 +110,29 @@ def site_inputs(method: Method, split: SplitData) -> list[SiteInputs]:
             external[k] if external is not None else split.test,
             internal[k] if internal is not None else None,
             prep[k] if prep is not None else None,
+            persons[k] if persons is not None else None,
+            getattr(split, "id_column", None),
         )
         for k, (x, y) in enumerate(data)
     ]
+
+
+def site_persons(split: SplitData, n_sites: int) -> list[torch.Tensor] | None:
+    """Each site's training rows' person (``--id-column``), or None: the clients' own where every client is a
+    site, renumbered apart where one site pools every client's rows (Joint: a person is a unit of one
+    table)."""
+    persons = getattr(split, "persons", None)
+    if persons is None:
+        return None
+    if n_sites == len(persons):
+        return list(persons)
+    if n_sites == 1:
+        out, offset = [], 0
+        for p in persons:
+            out.append(p + offset)
+            offset += int(p.max()) + 1 if len(p) else 0
+        return [torch.cat(out)]
+    raise ConfigError(f"--id-column: {n_sites} sites built from {len(persons)} tables")
 
 
 def make_site(
@@ -131,6 +154,13 @@ def make_site(
     )  # rows held out for the combiner, if on
     site = method.make_site(k, x, y, shape)
     site.combination = combination
+    if inputs.persons is not None:  # person-level DP: the sampling, clipping and accountant's q are by person
+        use = getattr(site, "use_persons", None)
+        if use is None:
+            raise ConfigError(
+                f"--id-column: {method.cfg.method}'s sites do not train with example-level DP-SGD"
+            )
+        use(inputs.persons.to(x.device), inputs.id_column or "id")
     if inputs.external is not None:
         site.tests["external"] = inputs.external
     if inputs.internal is not None:
@@ -553,7 +583,7 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         "method": cfg.method,
         "headline": metric_field(info.headline, cfg.metric),  # the method's judged model, scored by --metric
         "metric": cfg.metric,
-        "metrics": metrics_note(),
+        "metrics": metrics_note(cfg.dataset),
         "dataset": cfg.dataset,
         "data_source": split.source,
         "test_set": split.test_set,
@@ -618,6 +648,16 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
     if engine.processes > 1:  # measured between processes
         summary["lost_processes"] = dict(getattr(engine, "lost_processes", {}))
         summary["receive_seconds"] = dict(getattr(engine, "receive_seconds", {}))
+    if getattr(cfg, "id_column", None) and cfg.is_private:  # person-level DP (silofl.privacy.person)
+        where = "the pooled data set" if info.traits.pooled else "one client"
+        summary["privacy"]["unit"] = (
+            f"one person of {where}: every row with the same {cfg.id_column} (privacy unit: person "
+            f"(column {cfg.id_column}); example-level DP-SGD with persons sampled and clipped as one)"
+        )
+        summary["privacy"]["id_column"] = cfg.id_column
+    warning = getattr(split, "privacy_unit_warning", None)
+    if warning is not None:  # no --id-column, but a column looks like a repeated person id: ε is per row
+        summary["privacy_unit_warning"] = warning
     history = coordinator.round_history()
     if history:
         summary["server_rounds"] = history
@@ -625,10 +665,25 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
     return summary
 
 
-def metrics_note() -> dict:
-    """What summary.json says about its metrics (silofl.training.metrics)."""
+def metrics_note(dataset: str | None = None) -> dict:
+    """What summary.json says about its metrics (silofl.training.metrics); a segmentation data set's runs
+    compute pixel accuracy, Dice and IoU (silofl.training.segmentation)."""
+    from silofl.data.datasets import dataset_meta
+    from silofl.training.metrics import metric_task
+
+    task = dataset_meta(dataset).get("task", "classification") if dataset else "classification"
+    if task == "segmentation":
+        return {
+            "computed": [m for m in METRICS if metric_task(m) in ("any", task)],
+            "fields": "<role>_acc (pixel accuracy), <role>_dice, <role>_iou (role: private, proxy, global; "
+            "_internal: on the site's own held-out images)",
+            "dice": "2|P∩G| / (|P| + |G|) of the predicted foreground P and the mask G, per image, averaged "
+            "over the images (several foreground classes: their mean per image); 1 when both are empty",
+            "iou": "|P∩G| / |P∪G|, per image, averaged; 1 when both are empty",
+            "privacy": "each figure is labelled and released like the accuracy of the same model",
+        }
     return {
-        "computed": list(METRICS),
+        "computed": [m for m in METRICS if metric_task(m) != "segmentation"],
         "fields": "<role>_acc, <role>_auroc, <role>_balanced_accuracy, <role>_f1, "
         "<role>_ece (role: private, proxy, global, combined; _internal: on the site's own held-out rows)",
         "auroc": "binary: AUROC of class 1's probability; more classes: one-vs-rest, macro over the classes "
@@ -649,10 +704,11 @@ def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:
     on (:func:`silofl.run.plan.calibration_report`; a run has it in its plan)."""
     if not cfg.calibrates:
         return None
+    from silofl.run.data import unit_sizes
     from silofl.run.plan import calibration_report as report
-    from silofl.run.plan import party_plans, sizes_of_sites
+    from silofl.run.plan import party_plans
 
-    return report(cfg, cfg.noise_multiplier, party_plans(cfg, sizes_of_sites(cfg, split.parts)))
+    return report(cfg, cfg.noise_multiplier, party_plans(cfg, unit_sizes(cfg, split)))
 
 
 def calibration_line(cal: dict) -> str:

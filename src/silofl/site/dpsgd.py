@@ -46,6 +46,7 @@ from silofl.core.errors import ConfigError, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within
+from silofl.privacy.person import PersonIndex
 from silofl.privacy.sampling import load_sampler_state, make_sampler, sampler_state
 from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
 from silofl.training import Partner, dml_loss, poisson_steps
@@ -187,6 +188,8 @@ class DPSGDSite(Site):
             )
             self.accountant = Accountant(s.accountant)
             self.budget = Budget(self.accountant, s.target_epsilon, s.delta)
+        self.persons: PersonIndex | None = None  # person-level DP (use_persons)
+        self.privacy_unit = "row"
         self.rounds_trained = 0
         self.empty_batches = 0
         self._probe_model: torch.nn.Module | None = None
@@ -197,6 +200,28 @@ class DPSGDSite(Site):
     @property
     def n(self) -> int:
         return len(self.y)
+
+    def use_persons(self, persons: torch.Tensor, column: str) -> None:
+        """Make the person the privacy unit (``--id-column``, :mod:`silofl.privacy.person`): ``persons`` gives
+        each training row's person (0 … P−1). Poisson sampling is then of persons (q over the P persons, the
+        batch size counting persons), each person's rows are clipped together, and the accountant is told q
+        over persons. Called once, before the first round."""
+        if self.rounds_trained:
+            raise ConfigError("the privacy unit is set before the first round")
+        if len(persons) != self.n:
+            raise ConfigError(f"client {self.cid}: {len(persons)} person ids for {self.n} training rows")
+        if self.augment is not None:
+            raise ConfigError("--id-column (person-level DP) is for tables; augmult augments images")
+        s = self.settings
+        self.persons = PersonIndex(persons).to(self.x.device)
+        self.sample_rate, self.steps_per_round = round_schedule(
+            self.persons.count, s.batch_size, s.sample_rate, s.local_steps
+        )
+        self.privacy_unit = f"person (column {column})"
+        if self.dp is not None:
+            self.dp.person_level = True
+            self.dp.sample_rate = self.sample_rate
+            self.dp.expected_batch_size = self.sample_rate * self.persons.count
 
     # ---------------------------------------------------------------- local training
     def _shared_loss(self, logits, y, private_logp):
@@ -243,12 +268,16 @@ class DPSGDSite(Site):
             partner=partner,
             augment=self.augment,
             grad_hook=self.shared_grad_hook(),
+            persons=self.persons,
         )
         self.empty_batches += stats.pop("empty_batches")
         if self.dp is not None and self.accountant is not None:
             run = self.dp.take_run()
             if self.ledger is not None:  # durably first: the spend survives a crash right after this round
-                self.ledger.record_steps(self.run_label, run.noise_multiplier, run.sample_rate, run.steps)
+                unit = {} if self.persons is None else {"unit": self.privacy_unit}
+                self.ledger.record_steps(
+                    self.run_label, run.noise_multiplier, run.sample_rate, run.steps, **unit
+                )
             self.accountant.record(run)
         self.rounds_trained += 1
         self.shared_token = object()  # locally trained weights: unique to this site
@@ -464,6 +493,11 @@ class DPSGDSite(Site):
             "empty_batches": self.empty_batches,
             "clip": s.clip,
             "dp_model": self.shared_field if s.private else None,
+            **(
+                {"privacy_unit": self.privacy_unit, "persons": self.persons.count}
+                if self.persons is not None
+                else {}
+            ),
         }
         if self.accountant is None or self.budget is None or self.dp is None:
             return {**base, "accountant": None, "epsilon": None, "delta": None}
@@ -480,6 +514,8 @@ class DPSGDSite(Site):
                 step_block=self.steps_per_round,
             )
             rounds_within = steps // self.steps_per_round
+        if self.ledger is not None and self.persons is not None:
+            base["ledger_units"] = self.ledger.units()  # every unit this site's ledger has composed
         return {
             **base,
             **rep,

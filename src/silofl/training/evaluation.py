@@ -232,6 +232,8 @@ def scores(
     was_training = model.training
     model.eval()
     try:
+        if y.dim() == 3:  # masks: segmentation metrics, reduced chunk by chunk (no image's logits are kept)
+            return _segmentation_scores([model], x, y, batch_size)[0]
         if len(y) == 0:
             return _metrics(torch.zeros(0, 1, device=y.device), y)
         logits = torch.cat([model(x[i : i + batch_size]) for i in range(0, len(y), batch_size)])
@@ -253,9 +255,41 @@ def all_scores(
 def _stacked_scores(
     models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> list[dict[str, float | None]]:
+    if y.dim() == 3:  # masks (silofl.training.segmentation): model by model (group_norm has no vmap rule for
+        # every memory layout, and the per-pixel logits of K models at once would not be cache-sized anyway)
+        return _segmentation_scores(models, x, y, batch_size)
     forward = _stacked_forward(models) or _vmap_forward(models)
     batch_size = _chunk(models, x, batch_size)
     logits = torch.cat(
         [forward(x[i : i + batch_size]) for i in range(0, len(y), batch_size)], dim=1
     )  # (K, n, C)
     return [_metrics(logits[j], y) for j in range(len(models))]
+
+
+def _segmentation_scores(
+    models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int, forward=None
+) -> list[dict[str, float | None]]:
+    """``{acc, dice, iou}`` (:mod:`silofl.training.segmentation`) of each model on (x, masks y): each chunk's
+    (K, n, classes, H, W) logits — from ``forward`` over the stacked models, else model by model — reduced to
+    per-image counts at once."""
+    from silofl.training.metrics import finite_or_none
+    from silofl.training.segmentation import metrics_from_counts, segmentation_counts
+
+    counts: list[list[torch.Tensor]] = [[] for _ in models]
+    step = max(1, min(batch_size, 64))  # images per pass: their logits are H·W times a classifier's
+    with torch.no_grad():
+        for i in range(0, len(y), step):
+            xb, yb = x[i : i + step], y[i : i + step]
+            outs = forward(xb) if forward is not None else [m(xb) for m in models]
+            for j in range(len(models)):
+                counts[j].append(segmentation_counts(outs[j], yb).cpu())
+    pixels = int(y.shape[1] * y.shape[2])
+    return [
+        {
+            k: finite_or_none(v)
+            for k, v in metrics_from_counts(
+                torch.cat(c) if c else torch.zeros(0, 2, dtype=torch.float64), pixels
+            ).items()
+        }
+        for c in counts
+    ]

@@ -48,7 +48,12 @@ def local_updates(
     buffers = {k: b for k, b in model.named_buffers()}
 
     def loss(params, xb, yb):
-        return F.cross_entropy(functional_call(model, (params, buffers), (xb,)), yb)
+        out = functional_call(model, (params, buffers), (xb,))
+        if yb.dim() == 3:  # masks: the mean per-image Dice + CE (silofl.training.segmentation)
+            from silofl.training.segmentation import segmentation_loss
+
+            return segmentation_loss(out, yb).mean()
+        return F.cross_entropy(out, yb)
 
     single_grad, step_grad = grad(loss), vmap(grad(loss))
 

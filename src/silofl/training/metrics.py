@@ -47,6 +47,9 @@ METRICS = {
     "balanced_accuracy": "balanced_accuracy",
     "f1": "f1",
     "ece": "ece",
+    # segmentation (silofl.training.segmentation): per-image Dice and IoU of the foreground, averaged
+    "dice": "dice",
+    "iou": "iou",
 }
 LOWER_IS_BETTER = frozenset({"ece"})
 ECE_BINS = 15
@@ -85,9 +88,14 @@ def higher_is_better(metric: str) -> bool:
 def metric_label(metric: str) -> str:
     """How ``metric`` is named in tables: ``accuracy``, ``AUROC``, ``balanced accuracy``, ``F1 (macro)``,
     ``ECE``."""
-    return {"auroc": "AUROC", "balanced_accuracy": "balanced accuracy", "f1": "F1 (macro)", "ece": "ECE"}.get(
-        metric, metric
-    )
+    return {
+        "auroc": "AUROC",
+        "balanced_accuracy": "balanced accuracy",
+        "f1": "F1 (macro)",
+        "ece": "ECE",
+        "dice": "Dice",
+        "iou": "IoU",
+    }.get(metric, metric)
 
 
 def _np(a) -> np.ndarray:
@@ -250,3 +258,25 @@ def classification_metrics(
 def finite_or_none(v: float) -> float | None:
     """``v``, or None where it is NaN or infinite (what JSON and the reports hold for an undefined metric)."""
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def c_index(risk, y) -> float:
+    """Harrell's C-index of risk scores ``risk`` (n,) (higher: the event comes sooner) against a survival
+    target ``y`` (n, 2): [time, event] per row (:mod:`silofl.training.survival`); NaN without a comparable
+    pair. Higher is better."""
+    from silofl.training.survival import c_index as harrell
+
+    y = _np(y).reshape(-1, 2)
+    return harrell(_np(risk).reshape(-1), y[:, 0], y[:, 1])
+
+
+# segmentation (silofl.training.segmentation): the metrics a run on masks computes (``acc``: pixel accuracy)
+SEGMENTATION_METRICS = ("accuracy", "dice", "iou")
+
+
+def metric_task(metric: str) -> str:
+    """The task whose runs compute ``metric``: ``segmentation`` (Dice, IoU), ``any`` (accuracy) or
+    ``classification`` (AUROC, balanced accuracy, F1, ECE)."""
+    if metric == "accuracy":
+        return "any"
+    return "segmentation" if metric in SEGMENTATION_METRICS else "classification"

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from silofl.privacy.dpsgd import DPGradient
+from silofl.privacy.person import PersonIndex
 from silofl.privacy.sampling import Sampler, poisson_batch
 from silofl.training.augment import AugMult
 
@@ -33,7 +34,12 @@ LossFn = Callable[..., torch.Tensor]  # (logits, y, partner log-probs or a (B, 1
 def dml_loss(
     logits: torch.Tensor, y: torch.Tensor, other_logp: torch.Tensor | None, weight: float
 ) -> torch.Tensor:
-    """Per-example (1-w)·CE + w·KL(other ‖ model) with the other model's log-probs detached."""
+    """Per-example (1-w)·CE + w·KL(other ‖ model) with the other model's log-probs detached (masks: per image
+    Dice + CE and the per-pixel KL, :func:`silofl.training.segmentation.segmentation_dml_loss`)."""
+    if logits.dim() == 4 and y.dim() == 3:
+        from silofl.training.segmentation import segmentation_dml_loss
+
+        return segmentation_dml_loss(logits, y, other_logp, weight)
     ce = F.cross_entropy(logits, y, reduction="none")
     if weight == 0.0 or other_logp is None:
         return ce
@@ -64,6 +70,7 @@ def poisson_steps(
     partner: Partner | None = None,
     augment: AugMult | None = None,
     grad_hook: Callable[[], None] | None = None,
+    persons: PersonIndex | None = None,
 ) -> dict:
     """Run ``steps`` Poisson-sampled steps on (x, y); returns what was seen (examples, empty batches, and
     under DP the mean per-example gradient norm and the fraction clipped — per-example statistics of the
@@ -72,14 +79,24 @@ def poisson_steps(
     trains on the un-augmented batch. ``grad_hook``: called after every step's gradient is in ``p.grad``
     (under DP:
     the noised one) and before the optimizer steps — a data-independent term such as a proximal pull towards a
-    received model (FedProx, Ditto, MR-MTL) added there is post-processing of the DP gradient."""
+    received model (FedProx, Ditto, MR-MTL) added there is post-processing of the DP gradient. ``persons``
+    (person-level DP, :mod:`silofl.privacy.person`): Poisson sampling of persons at rate ``sample_rate``, each
+    with all of their rows, and under DP each person's rows clipped together (the statistics are then per
+    person)."""
     model.train()
     if partner is not None:
         partner.model.train()
     n = len(y)
-    clipped, norms, seen, empty = 0.0, 0.0, 0, 0
+    if persons is not None and augment is not None:
+        raise ValueError("person-level sampling does not take augmentation multiplicity")
+    clipped, norms, seen, empty, units = 0.0, 0.0, 0, 0, 0
     for _ in range(steps):
-        idx = poisson_batch(n, sample_rate, sampler).to(x.device)
+        groups = None
+        if persons is not None:
+            idx, groups = persons.batch(sample_rate, sampler)
+            idx, groups = idx.to(x.device), groups.to(x.device)
+        else:
+            idx = poisson_batch(n, sample_rate, sampler).to(x.device)
         xb, yb = x[idx], y[idx]
         B = len(idx)
         opt.zero_grad(set_to_none=True)
@@ -87,7 +104,7 @@ def poisson_steps(
         if B == 0:
             empty += 1
             if dp is not None:  # a noise-only step, still counted by the mechanism
-                dp.compute(xb, loss_fn, yb, no_logp)
+                dp.compute(xb, loss_fn, yb, no_logp, groups=groups)
                 if grad_hook is not None:
                     grad_hook()
                 opt.step()
@@ -103,10 +120,12 @@ def poisson_steps(
             if ast is not None:
                 clipped += ast.clipped_fraction * B
                 norms += ast.mean_norm * B
+                units += B
         elif dp is not None:
-            logits, st = dp.compute(xb, loss_fn, yb, partner_logp)
-            clipped += st.clipped_fraction * B
-            norms += st.mean_norm * B
+            logits, st = dp.compute(xb, loss_fn, yb, partner_logp, groups=groups)
+            clipped += st.clipped_fraction * st.batch_size
+            norms += st.mean_norm * st.batch_size
+            units += st.batch_size
         else:
             out = model(xb)
             loss_fn(out, yb, partner_logp).mean().backward()
@@ -123,8 +142,8 @@ def poisson_steps(
     return {
         "examples_seen": seen,
         "empty_batches": empty,
-        "clipped_fraction": clipped / seen if seen else 0.0,
-        "mean_grad_norm": norms / seen if seen else 0.0,
+        "clipped_fraction": clipped / units if units else 0.0,
+        "mean_grad_norm": norms / units if units else 0.0,
     }
 
 

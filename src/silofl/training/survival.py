@@ -1,0 +1,135 @@
+"""Survival targets: a Cox proportional-hazards head and Harrell's C-index — without DP.
+
+A table's schema may name a survival target, ``target: {type: survival, time: COL, event: COL}``
+(:mod:`silofl.data.schema`): per row a time and whether the event happened then (1) or the row was censored
+then (0). A model with one output gives each row a *risk score* r = f(x) (a linear f is the Cox model).
+
+* :func:`cox_loss`: the negative Cox partial log-likelihood with Breslow's handling of tied times,
+  −(1/d) Σ_{i: event} [r_i − log Σ_{j: t_j ≥ t_i} exp(r_j)], d the number of events;
+* :func:`fit_cox`: a site's own model fitted on its own rows by full-batch L-BFGS on that loss;
+* :func:`c_index`: Harrell's concordance index of risk scores (1 = perfect ranking, 0.5 = random).
+
+**Why there is no DP-SGD here.** DP-SGD's guarantee rests on per-example clipping: each example's loss
+depends on that example only, so removing it changes the clipped gradient sum by at most C. The Cox loss
+is not separable: row j sits in the risk set (the denominator) of every i with t_i ≤ t_j, so removing j
+changes the gradient of *every* such ℓ_i, and the sum of clipped per-row gradients can move by far more
+than C — per-row clipping of the batch's Cox loss bounds nothing. A sound DP variant needs a bounded
+per-example surrogate (e.g. a Poisson/discrete-time likelihood on fixed public time bins) or a sensitivity
+analysis of the coupled loss. So the Cox head here is the **non-private**, going-alone path: what
+:func:`fit_cox` returns is a model trained without DP, and the federated DP methods refuse a survival schema
+with a one-line error.
+
+The per-example surrogate is here as a building block: :class:`PiecewiseHazard` with
+:func:`piecewise_loss`, the piecewise-exponential proportional-hazards likelihood on public time bins, whose
+per-row loss depends on that row alone, so :class:`~silofl.privacy.DPGradient` trains it with the usual
+guarantee (tested: a DP-SGD fit ranks held-out rows). It is not wired into ``silofl run`` yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+PAIR_BLOCK = 2048  # rows per block of the C-index's pair comparison (memory: block × n booleans)
+
+
+def cox_loss(risk: torch.Tensor, time: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
+    """The negative Cox partial log-likelihood (Breslow ties), averaged over the events (0 without events):
+    each event's risk set is every row whose time is at least its own, tied rows included."""
+    risk, time, event = risk.reshape(-1), time.reshape(-1).to(risk.dtype), event.reshape(-1).to(torch.bool)
+    n = len(risk)
+    if n == 0 or not bool(event.any()):
+        return risk.sum() * 0.0
+    order = torch.argsort(time, descending=True, stable=True)
+    lse = torch.logcumsumexp(risk[order], 0)  # log Σ exp(r) over the rows with the largest times first
+    ascending = torch.sort(time).values
+    at_least = n - torch.searchsorted(ascending, time, right=False)  # rows with t_j ≥ t_i, per row i
+    denominator = lse[at_least - 1]
+    return -(risk - denominator)[event].sum() / event.sum()
+
+
+def c_index(risk, time, event) -> float:
+    """Harrell's C: over the comparable pairs — i had the event and j outlived it (t_j > t_i, or t_j = t_i
+    with j censored) — the share where i's risk is higher, a tie in risk counting ½. NaN without comparable
+    pairs."""
+    r = np.asarray(risk, dtype=np.float64).reshape(-1)
+    t = np.asarray(time, dtype=np.float64).reshape(-1)
+    e = np.asarray(event).reshape(-1).astype(bool)
+    good = ties = pairs = 0.0
+    events = np.flatnonzero(e)
+    for k in range(0, len(events), PAIR_BLOCK):
+        rows = events[k : k + PAIR_BLOCK]
+        ti, ri = t[rows, None], r[rows, None]
+        comparable = (t[None, :] > ti) | ((t[None, :] == ti) & ~e[None, :])
+        pairs += comparable.sum()
+        good += (comparable & (ri > r[None, :])).sum()
+        ties += (comparable & (ri == r[None, :])).sum()
+    return float((good + 0.5 * ties) / pairs) if pairs else float("nan")
+
+
+def fit_cox(
+    x: torch.Tensor,
+    time: torch.Tensor,
+    event: torch.Tensor,
+    model: nn.Module | None = None,
+    l2: float = 0.0,
+    iterations: int = 200,
+) -> nn.Module:
+    """A risk model (default: linear, no bias — the Cox model) fitted WITHOUT DP to (x, time, event) by
+    full-batch L-BFGS on :func:`cox_loss` + ``l2``·‖w‖²/2. Non-private: see the module doc."""
+    if model is None:
+        model = nn.Linear(x.shape[1], 1, bias=False)
+        nn.init.zeros_(model.weight)
+    x = x.to(torch.float64)
+    model = model.to(torch.float64)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.LBFGS(params, max_iter=iterations, tolerance_grad=1e-10, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = cox_loss(model(x), time, event)
+        if l2:
+            loss = loss + 0.5 * l2 * sum(p.pow(2).sum() for p in params)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return model
+
+
+# ------------------------------------------------------------------ a per-example surrogate DP-SGD can train
+class PiecewiseHazard(nn.Module):
+    """A proportional-hazards model DP-SGD can train: hazard h(t | x) = exp(b_k + f(x)) in public time bin k
+    (the piecewise-exponential model; with fine bins it approaches Cox). Its output, per row, is the risk
+    f(x) followed by the K log baseline hazards b (the same for every row), so a loss sees both:
+    :func:`piecewise_loss`. ``edges``: the bins' inner boundaries, fixed in advance and public (never
+    quantiles of a site's times)."""
+
+    def __init__(self, risk: nn.Module, edges) -> None:
+        super().__init__()
+        e = [float(v) for v in edges]
+        if any(b <= a for a, b in zip(e, e[1:], strict=False)) or (e and e[0] <= 0):
+            raise ValueError("the bin edges must be positive and increasing")
+        self.risk = risk
+        self.register_buffer("edges", torch.tensor(e, dtype=torch.float32))
+        self.log_base = nn.Parameter(torch.zeros(len(e) + 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.risk(x).reshape(x.shape[0], 1)
+        return torch.cat([r, self.log_base.to(r.dtype).expand(x.shape[0], -1)], 1)
+
+
+def piecewise_loss(out: torch.Tensor, time: torch.Tensor, event: torch.Tensor, edges: torch.Tensor):
+    """Per-row negative log-likelihood of the piecewise-exponential model (``out`` from
+    :class:`PiecewiseHazard`): ℓ_i = Σ_k exp(b_k + r_i)·exposure_ik − e_i·(b_{k(i)} + r_i), exposure_ik the
+    time row i spent in bin k, k(i) the bin of its time. Row i's loss depends on row i alone (and the
+    parameters), so DP-SGD's per-example clipping bounds what one row changes — unlike :func:`cox_loss`."""
+    r, b = out[:, :1], out[:, 1:]
+    t = time.reshape(-1, 1).to(out.dtype)
+    lo = torch.cat([torch.zeros(1, dtype=out.dtype, device=out.device), edges.to(out.dtype)])
+    hi = torch.cat([edges.to(out.dtype), torch.full((1,), float("inf"), dtype=out.dtype, device=out.device)])
+    exposure = (torch.minimum(t, hi[None, :]) - lo[None, :]).clamp(min=0.0)
+    k = torch.bucketize(t.reshape(-1), edges.to(out.dtype), right=True)
+    at_event = (b.gather(1, k.reshape(-1, 1)) + r).reshape(-1)
+    return (torch.exp(b + r) * exposure).sum(1) - event.reshape(-1).to(out.dtype) * at_event
