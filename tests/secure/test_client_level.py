@@ -241,3 +241,25 @@ def test_the_nonprivate_twin_aggregates_securely_without_noise(tmp_path):
             assert b.coordinator.privacy_summary()["epsilon_vs_server"] is None
     assert float(moves[0].abs().max()) > 1e-4
     assert float((moves[0] - moves[1]).abs().max()) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_resumed_run_agrees_on_new_keys_and_keeps_its_accounting(tmp_path):
+    """Keys are never checkpointed: the resumed coordinator runs key agreement again; the server's record of
+    the sums it saw carries over."""
+    a = build_run(config(tmp_path / "a"))
+    a.coordinator.start()
+    a.coordinator.run_round(1)
+    a.coordinator.flush()
+    state = a.coordinator.state_dict()
+    sites = {k: s.state_dict() for k, s in a.engine.sites.items()}
+    assert not any("party" in str(k) for s in sites.values() for k in s)
+    b = build_run(config(tmp_path / "b"))
+    b.coordinator.load_state_dict(state)
+    for k, s in b.engine.sites.items():
+        s.load_state_dict(sites[k])
+    assert not b.coordinator.keys_ready
+    b.coordinator.run_round(2)
+    srv = b.coordinator.server
+    assert srv.history[-1]["survivors"] == 4 and len(srv.secure_released) == 2
+    assert srv.epsilon_vs_server() > a.coordinator.server.epsilon_vs_server() > 0
