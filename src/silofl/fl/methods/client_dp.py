@@ -39,6 +39,7 @@ class ClientLevelMethod(Method):
             privacy_unit=o.privacy_unit,
             normalise=self.normalise,
             clip=self.cfg.clip,
+            secure=o.secure_settings(self.cfg),
         )
         return ClientLevelSite(k, x, y, spec(o.proxy_model, data), settings)
 
