@@ -33,6 +33,7 @@ METRIC = ("docs/howto/run.md", "Metrics: `--metric`")
 INVERSION = ("docs/howto/audit.md", "Gradient inversion: `--attack inversion`")
 FIRST_RUN = ("README.md", "A 30-second run")
 PYTHON = ("README.md", "From Python")
+SECURE = ("docs/concepts/secure_aggregation.md", "Running it")
 SECTIONS = {
     PUBSUB: "tests/cli/test_readme_commands.py (pubsub)",
     TABLES: "tests/cli/test_readme_commands.py (tables, predict)",
@@ -42,6 +43,7 @@ SECTIONS = {
     INVERSION: "tests/audit/test_inversion.py",
     FIRST_RUN: "tests/docs/test_readme.py",
     PYTHON: "tests/docs/test_readme.py (python)",
+    SECURE: "tests/secure/test_cli.py",
 }
 
 

@@ -407,6 +407,19 @@ def print_summary(summary: dict) -> None:
                 f"client-level ε at δ={priv['delta']:g}: hospital {priv['epsilon_hospital']:.3f}, "
                 f"sub-client {priv['epsilon_subclient']:.3f} — {priv['note_units']}"
             )
+    if priv.get("secure_aggregation"):
+        eps = priv.get("epsilon_vs_server")
+        console.print(
+            "secure aggregation: on — the server saw masked vectors and sums only; "
+            + (
+                f"ε against the server {eps:.3f} at δ={priv['delta']:g} (noise placement: "
+                f"{priv['noise_placement']}, at least {priv['min_survivors']} sites' noise per sum); "
+                if eps is not None
+                else "no DP noise; "
+            )
+            + f"{priv['bits_per_coordinate']} bits per coordinate, {priv['rounds_released']} rounds "
+            f"released, {priv['rounds_abandoned']} abandoned."
+        )
     console.print(
         f"wall time {summary['wall_time_s']:.1f} s, {summary['seconds_per_round']:.2f} s/round "
         f"({summary['threads']} threads, {summary['device']})"

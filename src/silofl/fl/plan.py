@@ -194,6 +194,11 @@ class RunPlan:
         """Whether DP is on (``plan.config.is_private``)."""
         return bool(self.config.is_private)
 
+    @property
+    def secure_aggregation(self) -> bool:
+        """Whether the client-level sum is securely aggregated (``plan.config.secure_aggregation``)."""
+        return bool(getattr(self.config, "secure_aggregation", False))
+
     # ------------------------------------------------------------------ plan.json
     def to_dict(self) -> dict[str, Any]:
         """plan.json's content (the derived values; the config is config.yaml's)."""

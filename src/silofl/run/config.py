@@ -343,6 +343,17 @@ class RunConfig:
     # round's figures are logged there with their labels (dp / public / non-private — the last only where
     # the sites release them)
     track: tuple[str, str] | None = None
+    # secure aggregation (silofl.secure) with distributed discrete noise added at each site: the client-level
+    # methods' ε then holds against the server too (settings: the method's secagg_* options)
+    secure_aggregation: bool = field(
+        default=False,
+        metadata={
+            "panel": "privacy",
+            "help": "Client-level methods: secure aggregation (SecAgg+) with discrete noise added at each "
+            "site, "
+            "so the ε holds against the server (settings: --secagg-bits, --secagg-min-survivors, …).",
+        },
+    )
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -476,6 +487,11 @@ class RunConfig:
         self._validate_task()
         self._validate_combine()
         self._validate_track()
+        if self.secure_aggregation and not getattr(self.options, "supports_secure_aggregation", False):
+            raise ConfigError(
+                f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
+                f"dp-fednova, dp2-rmsprop), not {self.method}"
+            )
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
             raise ConfigError(
                 "eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "

@@ -8,6 +8,11 @@ that needed no clipping and the sum of the clipped norms. For DP-FedNova each up
 normalised to Δ_j·τ̄/τ_j (τ_j its local steps, τ̄ the announced mean) so sites with more steps do not
 dominate. The noise is the server's (central DP): the server role lives in
 :mod:`silofl.fl.exchange.client_level`.
+
+With secure aggregation (``settings.secure``) the site instead encodes its clipped sum into the group
+Z_{2**bits} with its own share of the discrete (Skellam) noise, drawn from its own secret randomness
+(:func:`silofl.privacy.discrete.encode`), and masks it (:class:`silofl.secure.Party`): the server sees only
+the masked vector, and the noisy sum of the survivors once they unmask it.
 """
 
 from __future__ import annotations
@@ -67,7 +72,55 @@ class SubclientSettings:
     privacy_unit: str  # "hospital" | "subclient"
     normalise: bool  # DP-FedNova: updates scaled by τ̄/τ_j
     clip: float
+    secure: SecureSiteSettings | None = None  # secure aggregation with noise at the site (None: off)
     prox_mu: float = 0.0  # FedProx's proximal weight μ in local SGD (0: off)
+
+
+@dataclass(frozen=True)
+class SecureSiteSettings:
+    """A site's side of secure aggregation: the group, the thresholds and the noise it calibrates itself
+    (its share of the target z·C, assuming only ``min_survivors`` sites' noise reaches the sum)."""
+
+    bits: int
+    min_survivors: int
+    neighbours: int | None
+    threshold: int | None
+    noise_multiplier: float  # of the update sum (z_Δ: what the auxiliary releases leave of z)
+    count_noise_multiplier: float | None = None  # adaptive clip: σ_b / ½ of the centred unclipped fraction
+    norm_noise_multiplier: float | None = None  # adaptive v: z_n of the clipped norm sum
+
+    def protocol(self):
+        from silofl.secure import SecAggSettings
+
+        return SecAggSettings(self.bits, self.min_survivors, self.neighbours, self.threshold)
+
+    def mechanism(self, dim: int, clip: float, parties: int):
+        """The discrete mechanism of one hospital's update (the same the server computes: public inputs)."""
+        return self.mechanisms(dim, clip, parties)[0]
+
+    def mechanisms(self, dim: int, clip: float, parties: int) -> list:
+        """The round's discrete mechanisms, in the order their encodings are concatenated before masking:
+        the update (``dim`` coordinates, bound ``clip``), then with adaptive clipping the centred unclipped
+        fraction (one coordinate, bound ½), then with adaptive intermediaries the clipped norm sum (bound
+        ``clip``)."""
+        from silofl.privacy.discrete import calibrate
+
+        def one(d: int, c: float, z: float):
+            return calibrate(
+                dim=d,
+                clip=c,
+                bits=self.bits,
+                parties=parties,
+                min_survivors=self.min_survivors,
+                noise_multiplier=z,
+            )
+
+        out = [one(dim, clip, self.noise_multiplier)]
+        if self.count_noise_multiplier is not None:
+            out.append(one(1, 0.5, self.count_noise_multiplier))
+        if self.norm_noise_multiplier is not None:
+            out.append(one(1, clip, self.norm_noise_multiplier))
+        return out
 
 
 class SubclientSite(Site):
@@ -89,6 +142,13 @@ class SubclientSite(Site):
         self.eps = {"hospital": 0.0, "subclient": 0.0}
         self.token: object = None
         self.rounds_trained = 0
+        self.secure_rng = None
+        if settings.secure is not None:
+            from silofl.privacy.discrete import DiscreteRandom
+
+            # the site's own noise: secret unless this is a seeded research run
+            seed_noise = None if settings.seed is None else party_seeds(settings.seed, cid)[2]
+            self.secure_rng = DiscreteRandom(seed_noise)
 
     @property
     def n(self) -> int:
@@ -113,6 +173,21 @@ class SubclientSite(Site):
 
     def train(self, rnd: int) -> bytes:
         """One round of local SGD on every sub-client; the update message (wire bytes)."""
+        total, unclipped, norm_sum, units, steps = self.train_vectors(rnd)
+        return encode(
+            {
+                "update": total,
+                UNCLIPPED: torch.tensor(unclipped, dtype=torch.float64),
+                NORM_SUM: torch.tensor(norm_sum, dtype=torch.float64),
+                UNITS: torch.tensor(float(units), dtype=torch.float64),
+                STEPS: torch.tensor(float(steps), dtype=torch.float64),
+            },
+            meta={"round": rnd, "src": self.cid, "v": self.v},
+        )
+
+    def train_vectors(self, rnd: int) -> tuple[torch.Tensor, float, float, int, int]:
+        """One round of local SGD on every sub-client: the sum of the clipped updates, the unclipped count
+        (hospital unit: fraction), the clipped norm sum, the privacy units and the local steps."""
         s = self.settings
         start = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         shards = subclient_shards(self.perm, self.v)
@@ -153,16 +228,7 @@ class SubclientSite(Site):
             "local_steps": steps,
             "update_norm_mean": raw_norm_sum / self.v,
         }
-        return encode(
-            {
-                "update": total,
-                UNCLIPPED: torch.tensor(unclipped, dtype=torch.float64),
-                NORM_SUM: torch.tensor(norm_sum, dtype=torch.float64),
-                UNITS: torch.tensor(float(units), dtype=torch.float64),
-                STEPS: torch.tensor(float(steps), dtype=torch.float64),
-            },
-            meta={"round": rnd, "src": self.cid, "v": self.v},
-        )
+        return total, unclipped, norm_sum, units, steps
 
     def reject(self, rnd: int, packet: Packet, err: Exception) -> dict:
         """A broadcast that fails validation: log it and sit the next round out."""
@@ -184,6 +250,7 @@ class SubclientSite(Site):
             "eps": self.eps,
             "rounds_trained": self.rounds_trained,
             "last_train": self.last_train,
+            **({"secure_rng": self.secure_rng.state_dict()} if self.secure_rng is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -194,6 +261,8 @@ class SubclientSite(Site):
         self.v, self.clip, self.tau = int(state["v"]), float(state["clip"]), float(state["tau"])
         self.selected, self.eps = bool(state["selected"]), dict(state["eps"])
         self.rounds_trained, self.last_train = int(state["rounds_trained"]), dict(state["last_train"])
+        if self.secure_rng is not None and "secure_rng" in state:
+            self.secure_rng.load_state_dict(state["secure_rng"])
         self.token = object()
 
     # ------------------------------------------------------------------ reporting

@@ -39,6 +39,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from silofl.comm.messages import Message, Packet
@@ -102,7 +103,106 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------- options
 @dataclass
-class ClientLevelOptions(MethodOptions):
+class SecureAggregationOptions(MethodOptions):
+    """Secure aggregation's settings (used with the run's ``secure_aggregation``; :mod:`silofl.secure`)."""
+
+    secagg_bits: int = dataclasses.field(
+        default=20,
+        metadata={
+            "help": "--secure-aggregation: bits per coordinate; the sum lives in Z_(2^bits).",
+            "panel": "privacy",
+        },
+    )
+    secagg_min_survivors: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: the least number of sites whose noise must reach the sum; fewer "
+            "survivors and the round releases nothing (default K − 1).",
+            "panel": "privacy",
+        },
+    )
+    secagg_neighbours: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: SecAgg+ neighbours per site (default: all up to 10 sites, then "
+            "about 3·log2 K).",
+            "panel": "privacy",
+        },
+    )
+    secagg_threshold: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: Shamir threshold t among the neighbours, above half of them "
+            "(default: a majority).",
+            "panel": "privacy",
+        },
+    )
+
+    supports_secure_aggregation: ClassVar[bool] = True
+
+    def validate_secure(self, run: Any) -> None:
+        """What secure aggregation supports so far; the settings' ranges."""
+        unsupported = [
+            (self.privacy_unit != "hospital", "privacy_unit subclient"),
+            (self.client_rate < 1.0, "client_rate below 1"),
+        ]
+        for bad, what in unsupported:
+            if bad:
+                raise ConfigError(f"--secure-aggregation does not support {what} yet")
+        if not 8 <= self.secagg_bits <= 62:
+            raise ConfigError(f"secagg_bits must lie in [8, 62], got {self.secagg_bits}")
+        m = self.min_survivors(run)
+        if not 2 <= m <= run.clients:
+            raise ConfigError(f"secagg_min_survivors must lie in [2, clients = {run.clients}], got {m}")
+        for name in ("secagg_neighbours", "secagg_threshold"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be at least 1, got {v}")
+        try:
+            self.secure_settings(run).protocol().check_round(run.clients)
+        except ValueError as e:
+            raise ConfigError(f"secure aggregation with {run.clients} sites: {e}") from None
+
+    def min_survivors(self, run: Any) -> int:
+        """The least number of sites whose noise the sum must carry (default K − 1, at least 2)."""
+        if self.secagg_min_survivors is not None:
+            return self.secagg_min_survivors
+        return max(2, run.clients - 1)
+
+    def secure_settings(self, run: Any):
+        """A site's secure aggregation settings (None when off)."""
+        if not getattr(run, "secure_aggregation", False):
+            return None
+        from silofl.site.subclients import SecureSiteSettings
+
+        return SecureSiteSettings(
+            bits=self.secagg_bits,
+            min_survivors=self.min_survivors(run),
+            neighbours=self.secagg_neighbours,
+            threshold=self.secagg_threshold,
+            # without DP: no noise, the update clipped to the announced bound only to fit the group
+            noise_multiplier=self.update_noise(run),
+            count_noise_multiplier=(
+                count / COUNT_SENSITIVITY["hospital"] if (count := self.count_noise_std(run)) else None
+            ),
+            norm_noise_multiplier=self.norm_noise_multiplier(run),
+        )
+
+    def update_noise(self, run: Any) -> float:
+        """z_Δ: the update sum's noise multiplier once the auxiliary releases have their share (0 without
+        DP)."""
+        if run.privacy == "off":
+            return 0.0
+        return update_noise_multiplier(
+            run.noise_multiplier,
+            self.count_noise_std(run),
+            self.norm_noise_multiplier(run),
+            COUNT_SENSITIVITY[self.privacy_unit],
+        )
+
+
+@dataclass
+class ClientLevelOptions(SecureAggregationOptions):
     """Options of every client-level method (the server optimizers add theirs)."""
 
     proxy_model: str = option(
@@ -182,6 +282,8 @@ class ClientLevelOptions(MethodOptions):
             raise ConfigError(f"mu must be a finite non-negative number, got {self.mu}")
         if self.max_intermediaries is not None and self.max_intermediaries < 1:
             raise ConfigError(f"max_intermediaries must be at least 1, got {self.max_intermediaries}")
+        if getattr(run, "secure_aggregation", False):
+            self.validate_secure(run)
 
     @property
     def fixed_intermediaries(self) -> int | None:
@@ -249,13 +351,120 @@ class DP2Options(ClientLevelOptions):
 class ClientLevelSite(SubclientSite):
     """A hospital's steps in the client-level round."""
 
+    party: Any = None  # secure aggregation: this site's side of the protocol (silofl.secure.Party)
+
     def on_train_upload(self, msg: Message) -> Message:
-        """Train every sub-client and upload the clipped sum (only if the last broadcast selected it)."""
+        """Train every sub-client and upload the clipped sum (only if the last broadcast selected it); with
+        secure aggregation, its noisy encoding, masked, and the sealed shares of its self-mask."""
         if not self.selected:
             return Message()
-        return Message(
-            packets=[Packet(self.cid, int(msg.meta["server"]), self.train(int(msg.meta["round"])))]
-        )
+        rnd, server = int(msg.meta["round"]), int(msg.meta["server"])
+        if self.settings.secure is not None:
+            return self._secure_upload(rnd, server, msg.meta.get("secagg"))
+        return Message(packets=[Packet(self.cid, server, self.train(rnd))])
+
+    # ------------------------------------------------------------------ secure aggregation
+    def _refuse(self, step: str, rnd: Any, why: str) -> Message:
+        log.warning("client %d refused secure aggregation step %s in round %s: %s", self.cid, step, rnd, why)
+        return Message({"refused": why[:300]})
+
+    def on_secagg_keys(self, msg: Message) -> Message:
+        """A fresh key pair (a new session follows): its public half."""
+        from silofl.secure import Party
+
+        if self.settings.secure is None:
+            return self._refuse("keys", None, "secure aggregation is off at this site")
+        self.party = Party(self.cid, self.settings.secure.protocol())
+        return Message({"public_key": self.party.public_key().hex()})
+
+    def on_secagg_setup(self, msg: Message) -> Message:
+        """The session id and everyone's public key, as the server relays them."""
+        from silofl.secure import SecAggRefused
+
+        if self.party is None:
+            return self._refuse("setup", None, "no key pair yet")
+        try:
+            session, table = msg.meta.get("session"), msg.meta.get("keys")
+            if not isinstance(session, str) or len(session) != 32 or not isinstance(table, dict):
+                raise SecAggRefused("malformed setup")
+            if len(table) > 1 << 16 or not all(
+                isinstance(k, str) and k.isdigit() and len(k) <= 6 and isinstance(v, str) and len(v) == 64
+                for k, v in table.items()
+            ):
+                raise SecAggRefused("malformed key table")
+            self.party.setup(bytes.fromhex(session), {int(k): bytes.fromhex(v) for k, v in table.items()})
+        except (SecAggRefused, ValueError) as e:
+            return self._refuse("setup", None, str(e))
+        return Message({"ok": True})
+
+    def _secure_upload(self, rnd: int, server: int, sec: Any) -> Message:
+        from silofl.secure import SecAggRefused
+        from silofl.secure.messages import pack_masked
+
+        if self.party is None or self.party.session is None:
+            return self._refuse("mask", rnd, "no key agreement yet")
+        try:
+            if not isinstance(sec, dict):
+                raise SecAggRefused("no secure aggregation parameters")
+            parts, gseed, rseed = sec.get("participants"), sec.get("graph_seed"), sec.get("rotation_seed")
+            if not isinstance(parts, list) or len(parts) > 1 << 16:
+                raise SecAggRefused("participants: not a bounded list")
+            if not isinstance(gseed, str) or len(gseed) != 32:
+                raise SecAggRefused("graph seed: not 16 bytes of hex")
+            if not isinstance(rseed, str) or not rseed.isdigit() or len(rseed) > 40:
+                raise SecAggRefused("rotation seed: not a decimal integer")
+            graph_seed = bytes.fromhex(gseed)
+            if not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
+                raise SecAggRefused("participants: not integers")
+            sec_settings = self.settings.secure
+            assert sec_settings is not None
+            from silofl.core.errors import ConfigError
+
+            try:
+                mechs = sec_settings.mechanisms(
+                    sum(p.numel() for p in self.model.parameters()), self.clip * self.v, len(parts)
+                )
+            except ConfigError as e:
+                raise SecAggRefused(str(e)) from None
+            self.party.settings.check_round(len(parts))  # refuse before training
+            from silofl.privacy.discrete import encode as discrete_encode
+
+            total, unclipped, norm_sum, _, _ = self.train_vectors(rnd)
+            vectors = [total.detach().double().cpu().numpy()]
+            if sec_settings.count_noise_multiplier is not None:  # hospital unit: the fraction, centred
+                vectors.append(np.array([unclipped - 0.5]))
+            if sec_settings.norm_noise_multiplier is not None:
+                vectors.append(np.array([norm_sum]))
+            x = np.concatenate(
+                [
+                    discrete_encode(v, m, rotation_seed=int(rseed), rng=self.secure_rng)
+                    for v, m in zip(vectors, mechs, strict=True)
+                ]
+            )
+            y, sealed = self.party.mask(rnd, x, sorted(parts), graph_seed)
+        except (SecAggRefused, ValueError, RuntimeError) as e:  # RuntimeError: rounding never fit the bound
+            return self._refuse("mask", rnd, str(e))
+        data = pack_masked(y, sealed, sec_settings.bits, {"round": rnd, "src": self.cid, "secagg": True})
+        return Message(packets=[Packet(self.cid, server, data)])
+
+    def on_secagg_unmask(self, msg: Message) -> Message:
+        """Reveal, for each neighbour, its self-mask share (it survived) or the pairwise seed (it did not)."""
+        from silofl.secure import SecAggRefused
+        from silofl.secure.messages import unpack_shares
+
+        rnd = msg.meta.get("round")
+        if self.party is None:
+            return self._refuse("unmask", rnd, "no key agreement yet")
+        try:
+            surv = msg.meta.get("survivors")
+            if not isinstance(rnd, int) or not isinstance(surv, list) or len(msg.packets) != 1:
+                raise SecAggRefused("malformed unmask request")
+            p = msg.packets[0]
+            sealed = unpack_shares(p.data, {"round": rnd, "dst": self.cid}, self.party.awaiting)
+            reveal = self.party.unmask(rnd, surv, sealed)
+        except (SecAggRefused, PeerModelRejected, ValueError) as e:
+            return self._refuse("unmask", rnd, str(e))
+        return Message({"reveal": reveal})
 
     def on_receive_global(self, msg: Message) -> Message:
         """Take the server's broadcast; a broadcast that fails validation means sitting the next round out."""
@@ -402,6 +611,22 @@ class DPServer:
         self.norm_ratio: float | None = None
         self.history: list[dict] = []
         self._announced: tuple | None = None
+        # secure aggregation: the protocol's server role, the mechanisms whose sums it saw (the accountant
+        # against the server), and the public per-round rotation seeds (seeded research runs: reproducible)
+        self.secure = o.secure_settings(cfg)
+        self.secagg = None
+        self.secure_released: list[dict] = []
+        self.secure_abandoned = 0
+        if self.secure is not None:
+            import random
+
+            from silofl.secure import Server
+
+            extras = (self.secure.count_noise_multiplier is not None) + (
+                self.secure.norm_noise_multiplier is not None
+            )
+            self.secagg = Server(self.secure.protocol(), (1 << max(0, (self.d - 1).bit_length())) + extras)
+            self.rotation_rng = random.Random(seed_noise) if seeded else random.SystemRandom()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -418,6 +643,8 @@ class DPServer:
             "history": self.history,
             "accountants": {u: a.state_dict() for u, a in self.accounts.accountants.items()},
             "ledger_head": self.accounts.ledger.head.to_dict() if self.accounts.ledger is not None else None,
+            "secure_released": self.secure_released,
+            "secure_abandoned": self.secure_abandoned,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -433,6 +660,8 @@ class DPServer:
             self.clip.clip = float(state["clip"])
         self.v, self.norm_ratio = int(state["v"]), state["norm_ratio"]
         self.selected, self.history = set(state["selected"]), list(state["history"])
+        self.secure_released = list(state.get("secure_released", []))
+        self.secure_abandoned = int(state.get("secure_abandoned", 0))
         if self.accounts.ledger is not None:  # what ran, from the ledger — never a number from the checkpoint
             self.accounts.ledger.check_head(state["ledger_head"])
             self.accounts.restore()
@@ -562,34 +791,132 @@ class DPServer:
             if o.fixed_intermediaries is None:  # privatised norm sum sets the next v
                 z_n = o.norm_noise_multiplier(cfg)
                 noisy_sum = norm_sum + float(self.noise.normal((1,), z_n * per_unit_bound, torch.float64)[0])
-                # mean clipped norm per unit relative to its bound: in [0, 1] before noise, so clamping
-                # and smoothing it (post-processing) keep one noisy round from throwing v to an extreme
-                ratio = min(1.0, max(RATIO_FLOOR, noisy_sum / (D * per_unit_bound)))
-                self.norm_ratio = (
-                    ratio
-                    if self.norm_ratio is None
-                    else RATIO_SMOOTHING * self.norm_ratio + (1 - RATIO_SMOOTHING) * ratio
-                )
-                lam = noise_norm / (self.norm_ratio * D * per_unit_bound)
-                v_next = int(min(self.v_cap, max(1, round(math.sqrt(len(self.sizes) * lam)))))
-                stats.update(
-                    {"norm_ratio_privatised": self.norm_ratio, "lambda_privatised": lam, "v_next": v_next}
-                )
-                self.v = v_next
+                stats.update(self._next_v(noisy_sum, noise_norm, D, per_unit_bound))
         else:
             released = total
             stats.update(self._diagnostics(total, 0.0, norm_sum, updates))
-        mean = (released / D).to(device=params[self.names[0]].device, dtype=ref["update"].dtype)
-        step = self.opt.step(mean)
-        with torch.no_grad():
-            new = flat({k: p.detach() for k, p in params.items()}) + step
-            for k, val in unflat(new, {k: p for k, p in params.items()}).items():
-                params[k].copy_(val)
+        self._step(released / D)
         stats.update(
             {f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()} if cfg.is_private else {}
         )
         self.history.append(stats)
         return rejected
+
+    def _next_v(self, noisy_sum: float, noise_norm: float, D: float, per_unit_bound: float) -> dict:
+        """Adaptive intermediaries: the next v from the noised norm sum and the noise's norm."""
+        # mean clipped norm per unit relative to its bound: in [0, 1] before noise, so clamping
+        # and smoothing it (post-processing) keep one noisy round from throwing v to an extreme
+        ratio = min(1.0, max(RATIO_FLOOR, noisy_sum / (D * per_unit_bound)))
+        self.norm_ratio = (
+            ratio
+            if self.norm_ratio is None
+            else RATIO_SMOOTHING * self.norm_ratio + (1 - RATIO_SMOOTHING) * ratio
+        )
+        lam = noise_norm / (self.norm_ratio * D * per_unit_bound)
+        v_next = int(min(self.v_cap, max(1, round(math.sqrt(len(self.sizes) * lam)))))
+        self.v = v_next
+        return {"norm_ratio_privatised": self.norm_ratio, "lambda_privatised": lam, "v_next": v_next}
+
+    def _step(self, mean: torch.Tensor) -> None:
+        """The server optimizer's step with the released mean update."""
+        params = dict(self.model.named_parameters())
+        p0 = params[self.names[0]]
+        step = self.opt.step(mean.to(device=p0.device, dtype=p0.dtype))
+        with torch.no_grad():
+            new = flat({k: p.detach() for k, p in params.items()}) + step
+            for k, val in unflat(new, {k: p for k, p in params.items()}).items():
+                params[k].copy_(val)
+
+    # ------------------------------------------------------------------ secure aggregation
+    def secure_mechanism(self, parties: int):
+        """The discrete mechanism of this round's update sum."""
+        return self.secure_mechanisms(parties)[0]
+
+    def secure_mechanisms(self, parties: int) -> list:
+        """The round's discrete mechanisms (update; unclipped count; norm sum), as the sites compute them from
+        public inputs — the hospital's bound is the announced sub-client clip times v, as each site computes
+        it."""
+        assert self.secure is not None
+        sub_clip = (
+            subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit)
+            if self.cfg.is_private
+            else self.clip_bound
+        )
+        return self.secure.mechanisms(
+            self.d, float(torch.tensor(sub_clip, dtype=torch.float64)) * self.v, parties
+        )
+
+    def secure_allows_round(self, parties: int) -> bool:
+        """Whether one more round's discrete releases keep ε against the server within the target (cached per
+        round: asked once per site)."""
+        cfg = self.cfg
+        if cfg.target_epsilon is None or not cfg.is_private:
+            return True
+        key = (len(self.secure_released), self.clip_bound, self.v)
+        if getattr(self, "_allows", (None, True))[0] != key:
+            from silofl.privacy.discrete import DiscreteMechanism, epsilon
+
+            mechs = [DiscreteMechanism.from_dict(m) for m in self.secure_released]
+            nxt = epsilon([*mechs, *self.secure_mechanisms(parties)], rounds=1, delta=cfg.delta)
+            self._allows = (key, nxt <= cfg.target_epsilon)
+        return self._allows[1]
+
+    def epsilon_vs_server(self) -> float | None:
+        """ε against the server: every sum it saw, each a Skellam release with the minimum survivors'
+        noise (silofl.privacy.discrete's analysis)."""
+        from silofl.privacy.discrete import DiscreteMechanism, epsilon
+
+        if not self.cfg.is_private:
+            return None
+        if not self.secure_released:
+            return 0.0
+        mechs = [DiscreteMechanism.from_dict(m) for m in self.secure_released]
+        return epsilon(mechs, rounds=1, delta=self.cfg.delta)
+
+    def secure_release(
+        self, rnd: int, released: torch.Tensor | None, mechs: list | None, info: dict, aux: list[float] = ()
+    ) -> None:
+        """Record a round of secure aggregation: ``released`` is the decoded noisy update sum the server
+        saw and ``aux`` the decoded auxiliary sums (the centred unclipped count, the norm sum: those the run
+        releases, in that order); None: the round was abandoned before any sum was revealed — nothing
+        released, nothing recorded. With ``info["step"]`` False the sums were seen but not used (implausible:
+        a wrong mask or a wrap-around)."""
+        D = self.expected_units()
+        per_unit_bound = self.clip_bound
+        stats: dict = {"round": rnd, "v": self.v, "clip": self.clip_bound, "expected_units": D, **info}
+        if released is None:
+            self.secure_abandoned += 1
+            stats["abandoned"] = True
+            self.history.append(stats)
+            return
+        survivors = int(info["survivors"])
+        assert mechs is not None
+        mech = mechs[0]
+        self.secure_released += [m.to_dict() for m in mechs]  # the server saw them: accounted, used or not
+        zs = self.accounts.record(self.z_total, self.v)
+        stats.update(
+            {
+                "noise_std": mech.central_std(survivors),
+                "noise_std_min_survivors": mech.central_std(mech.min_survivors),
+                "z_update": self.z_update,
+                "z_hospital": zs.get("hospital"),
+                "z_subclient": zs.get("subclient"),
+                "epsilon_vs_server": self.epsilon_vs_server(),
+            }
+        )
+        if info.get("step", True):
+            self._step(released / D)
+            rest = list(aux)
+            if self.clip is not None:  # the privatised quantile estimate moves the clip
+                b = rest.pop(0) / D + 0.5
+                stats["unclipped_fraction_noisy"] = b
+                self.clip.update(b)
+            if self.opts.fixed_intermediaries is None:  # the privatised norm sum sets the next v
+                noise_norm = math.sqrt(self.d) * mech.central_std(survivors)  # of the noise, not the data
+                stats.update(self._next_v(rest.pop(0), noise_norm, D, per_unit_bound))
+        if self.cfg.is_private:
+            stats.update({f"epsilon_{u}": e for u, e in self.accounts.epsilons().items()})
+        self.history.append(stats)
 
     def _diagnostics(self, total: torch.Tensor, noise_norm: float, norm_sum: float, updates: list) -> dict:
         """ξ, φ, λ and the spread of cosines — measured on the un-noised sum (NOT privatised)."""
@@ -620,6 +947,7 @@ class ClientLevelDP(Coordinator):
         self.spec, self.device, self.optimizer = spec, device, optimizer
         self.accounts = UnitAccountants(cfg)
         self.server: DPServer | None = None
+        self.keys_ready = False  # secure aggregation: the current session's keys reached every site
 
     def setup(self) -> None:
         cfg, o = self.cfg, self.cfg.options
@@ -649,13 +977,21 @@ class ClientLevelDP(Coordinator):
         self.accounts.open(folder)
 
     def may_continue(self, k: int) -> bool:
-        return super().may_continue(k) and self.accounts.allows_round()
+        ok = super().may_continue(k) and self.accounts.allows_round()
+        if ok and self.server is not None and self.server.secagg is not None:
+            ok = self.server.secure_allows_round(self.n_sites)
+        return ok
 
     def budget_message(self) -> str:
         led, cfg = self.accounts, self.cfg
         one = led.accountants[led.unit].epsilon_after(
             cfg.noise_multiplier, cfg.options.client_rate, 1, cfg.delta
         )
+        if self.server is not None and self.server.secagg is not None:  # the discrete mechanism's ε
+            from silofl.privacy.discrete import epsilon
+
+            mechs = self.server.secure_mechanisms(self.n_sites)
+            one = max(one, epsilon(mechs, rounds=1, delta=cfg.delta))
         return (
             f"target_epsilon {led.budget.target_epsilon:g} is below the ε of a single round ({one:.3f} at "
             f"δ={cfg.delta:g}, {led.unit} level): raise the budget or the noise multiplier"
@@ -675,6 +1011,10 @@ class ClientLevelDP(Coordinator):
         active = self.retire(rnd, events)
         if not active:
             return events
+        if self.server.secagg is not None:
+            self._secure_round(rnd, active, events)
+            self.broadcast(rnd, active, events)
+            return events
         chosen = sorted(self.server.selected & set(active))
         uploads = self.call(
             "train_upload", {k: Message({"round": rnd, "server": self.server_id}) for k in chosen}
@@ -686,11 +1026,138 @@ class ClientLevelDP(Coordinator):
         self.broadcast(rnd, active, events)
         return events
 
+    # ------------------------------------------------------------------ secure aggregation
+    def _refused(self, rnd: int, k: int, why: str, events: RoundEvents) -> None:
+        log.warning("secure aggregation, round %d: site %d: %s", rnd, k, why)
+        events.rejected.append({"round": rnd, "client": self.server_id, "src": k, "reason": str(why)[:300]})
+
+    def secure_setup(self, sites: list[int], events: RoundEvents) -> None:
+        """Key agreement (once per run, again after a site rejoins or the run resumes): every site makes a
+        fresh key pair; the server relays the public keys with a fresh session id."""
+        sec = self.server.secagg
+        got = self.call("secagg_keys", {k: Message({}) for k in sites})
+        table = {}
+        for k, r in sorted(got.items()):
+            pk = r.meta.get("public_key")
+            if isinstance(pk, str) and len(pk) == 64:
+                try:
+                    table[k] = bytes.fromhex(pk)
+                    continue
+                except ValueError:
+                    pass
+            self._refused(-1, k, f"no valid public key ({r.meta.get('refused', 'malformed')})", events)
+        sec.setup(table)
+        meta = {"session": sec.session.hex(), "keys": {str(k): v.hex() for k, v in table.items()}}
+        done = self.call("secagg_setup", {k: Message(meta) for k in sorted(table)})
+        for k in sorted(table):
+            if not done.get(k, Message()).meta.get("ok"):
+                sec.keys.pop(k, None)
+                self._refused(-1, k, "key agreement refused or lost", events)
+        self.keys_ready = True
+
+    def _secure_round(self, rnd: int, active: list[int], events: RoundEvents) -> None:
+        """One round with secure aggregation: masked noisy uploads, unmasking by the survivors, the decoded
+        sum released — or the round abandoned with nothing released (see silofl.secure)."""
+        from silofl.comm.messages import Packet as P
+        from silofl.privacy.discrete import decode
+        from silofl.secure import SecAggRefused
+        from silofl.secure.messages import pack_shares, unpack_masked
+
+        server, sec = self.server, self.server.secagg
+        if events.rejoined or not self.keys_ready:
+            self.secure_setup(active, events)
+        chosen = sorted(server.selected & set(active) & set(sec.keys))
+        info: dict = {"participants": len(chosen)}
+        mechs = None
+        try:
+            mechs = server.secure_mechanisms(len(chosen))
+            mech = mechs[0]
+            graph_seed = sec.begin(rnd, chosen)
+        except (ConfigError, ValueError, SecAggRefused) as e:
+            info["reason"] = str(e)
+            server.secure_release(rnd, None, mechs, info)
+            log.warning("secure aggregation abandoned round %d: %s", rnd, e)
+            return
+        rseed = server.rotation_rng.getrandbits(128)
+        meta = {"participants": chosen, "graph_seed": graph_seed.hex(), "rotation_seed": str(rseed)}
+        uploads = self.call(
+            "train_upload",
+            {k: Message({"round": rnd, "server": self.server_id, "secagg": meta}) for k in chosen},
+        )
+        for k in sorted(uploads):
+            if "refused" in uploads[k].meta:
+                self._refused(rnd, k, f"refused to mask: {uploads[k].meta['refused']}", events)
+            for p in self.routable(rnd, k, uploads, {self.server_id}, events):
+                try:
+                    expect = {"round": rnd, "src": k, "secagg": True}
+                    y, sealed = unpack_masked(p.data, sec.dim, mech.bits, expect, max_shares=len(chosen))
+                    sec.receive(k, y, sealed)
+                except (PeerModelRejected, SecAggRefused) as e:
+                    self._refused(rnd, k, f"masked upload refused: {e}", events)
+        released, aux = None, []
+        surv = sec.survivors()
+        if surv is not None:
+            requests = {
+                k: Message(
+                    {"round": rnd, "survivors": surv},
+                    [P(self.server_id, k, pack_shares(sec.forwarded(k), {"round": rnd, "dst": k}))],
+                )
+                for k in surv
+            }
+            reveals = {}
+            for k, r in sorted(self.call("secagg_unmask", requests).items()):
+                if isinstance(r.meta.get("reveal"), dict):
+                    reveals[k] = r.meta["reveal"]
+                else:
+                    self._refused(rnd, k, f"refused to unmask: {r.meta.get('refused', 'no reveal')}", events)
+            total = sec.finish(reveals)
+            if total is not None:
+                d = mech.padded_dim()
+                released = torch.from_numpy(decode(total[:d], mech, rotation_seed=rseed))
+                aux = [
+                    float(decode(total[d + i : d + i + 1], m, rotation_seed=rseed)[0])
+                    for i, m in enumerate(mechs[1:])
+                ]
+                info["survivors"] = len(surv)
+                info["step"] = self._plausible(released, mech, len(surv), rnd)
+        if released is None:
+            info["reason"] = sec.reason
+            log.warning("secure aggregation abandoned round %d: %s — nothing released", rnd, sec.reason)
+        server.secure_release(rnd, released, mechs, info, aux if released is not None else [])
+
+    def _plausible(self, released: torch.Tensor, mech, survivors: int, rnd: int) -> bool:
+        """Whether the decoded sum is within what ``survivors`` clipped, rounded, noisy updates can add up
+        to (a wrong mask or a wrap-around gives a vector of the group's size); the server saw it either
+        way. The noise's norm concentrates at √d′·σ (its spread is about σ/√2): eight σ of slack on top of
+        every update at its bound and every rounding at its largest. A uniform vector of the group (what a
+        wrong mask leaves) is about 2.3 times as long as the noise alone, since the group holds k = 4
+        standard deviations of a coordinate of the sum (silofl.privacy.discrete.calibrate)."""
+        d = mech.padded_dim()
+        std = mech.central_std(survivors)
+        bound = survivors * (mech.clip + math.sqrt(d) / mech.scale) + std * (math.sqrt(d) + 8)
+        norm = float(torch.linalg.vector_norm(released))
+        if norm > bound:
+            log.warning(
+                "secure aggregation, round %d: the decoded sum's norm %.4g exceeds %.4g (a wrong mask or a "
+                "wrap-around): the model does not move",
+                rnd,
+                norm,
+                bound,
+            )
+            return False
+        return True
+
     def extra_metrics(self, k: int) -> dict:
         if self.server is None or not self.server.history:
             return {}
         h = self.server.history[-1]
-        keys = ["v", "clip", "epsilon_hospital", "epsilon_subclient"]  # privatised or public
+        keys = [
+            "v",
+            "clip",
+            "epsilon_hospital",
+            "epsilon_subclient",
+            "epsilon_vs_server",
+        ]  # privatised or public
         if self.release_nonprivate:  # diagnostics of the un-noised sum
             keys = ["xi", "phi", "lambda", "cos_std", *keys]
         return {key: h[key] for key in keys if key in h}
@@ -711,11 +1178,12 @@ class ClientLevelDP(Coordinator):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.server.load_state_dict(state["server"])
+        self.keys_ready = False  # sites resumed from checkpoints hold no keys: agree on new ones
 
     def privacy_summary(self) -> dict:
         cfg, o, led = self.cfg, self.cfg.options, self.accounts
         if not cfg.is_private:
-            return {"unit": "none (no DP)", "privacy_unit": o.privacy_unit}
+            return {"unit": "none (no DP)", "privacy_unit": o.privacy_unit, **self.secure_summary()}
         eps = led.epsilons()
         other = "subclient" if led.unit == "hospital" else "hospital"
         return {
@@ -745,4 +1213,38 @@ class ClientLevelDP(Coordinator):
             "privatised_inputs": "v from the noised norm sum, C from the noised unclipped count; data sizes "
             "public",
             "not_privatised_diagnostics": ["xi", "phi", "lambda", "cos_std"],
+            **self.secure_summary(),
+        }
+
+    def secure_summary(self) -> dict:
+        """summary.json's secure aggregation entries (``secure_aggregation: false`` when off)."""
+        server = self.server
+        if server is None or server.secagg is None or server.secure is None:
+            return {"secure_aggregation": False}
+        s = server.secure
+        n = self.n_sites
+        k = s.protocol().degree(n)
+        return {
+            "secure_aggregation": True,
+            "noise_placement": "site" if self.cfg.is_private else "none (no DP)",
+            "noise": (
+                "Skellam, each site's share from its own randomness (silofl.privacy.discrete)"
+                if self.cfg.is_private
+                else "none: updates clipped to --clip only to fit the group"
+            ),
+            "min_survivors": s.min_survivors,
+            "bits_per_coordinate": s.bits,
+            "secagg_neighbours": k,
+            "secagg_threshold": s.protocol().shares_needed(k),
+            "rounds_released": len(server.secure_released),
+            "rounds_abandoned": server.secure_abandoned,
+            "epsilon_vs_server": server.epsilon_vs_server(),
+            "note_secure_aggregation": (
+                "epsilon_vs_server holds against everyone including the server: the server saw only masked "
+                "vectors and the noisy sums it decoded (each with the noise of at least min_survivors "
+                "sites), "
+                "accounted with the Skellam mechanism's own RDP bound (rounding and the group included); "
+                "epsilon_hospital is the central Gaussian accountant at the same noise multiplier, kept for "
+                "comparison — the discrete mechanism is what ran. Abandoned rounds released nothing."
+            ),
         }

@@ -39,6 +39,7 @@ class ClientLevelMethod(Method):
             privacy_unit=o.privacy_unit,
             normalise=self.normalise,
             clip=self.plan.config.clip,
+            secure=o.secure_settings(self.plan),
             prox_mu=o.mu,
         )
         return ClientLevelSite(k, x, y, spec(o.proxy_model, data), settings)
