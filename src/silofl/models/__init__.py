@@ -210,6 +210,10 @@ for _name, _cls, _inputs in (
 # Tramèr & Boneh's small CNN over scattering channels
 register_model("linear", LogisticRegression, head=True, description="a linear head over flattened features")
 register_model("scattercnn", ScatterCNN, inputs="images", head=True)
+# a small CNN with GroupNorm (FedBN keeps its normalisation layers at each site: silofl.fl.methods.fedbn)
+from silofl.models.gn import CNNGN  # noqa: E402
+
+register_model("cnn-gn", CNNGN, inputs="images")
 
 
 def model_names() -> tuple[str, ...]:
