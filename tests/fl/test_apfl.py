@@ -1,6 +1,6 @@
-"""APFL: the mixture α·v + (1 − α)·w, α's gradient ⟨softmax(m) − onehot(y), v(x) − w(x)⟩ and the local model's
-step against a hand computation; only the global model's DP steps are counted; the mixture is exported as one
-model whose class probabilities are the mixture's."""
+"""APFL: the mixture α·v + (1 − α)·w, α's gradient ⟨softmax(m) − onehot(y), v(x) − w(x)⟩ and the local
+model's step against a hand computation; only the global model's DP steps are counted; the mixture is
+exported as one model whose class probabilities are the mixture's."""
 
 import json
 
@@ -38,7 +38,7 @@ def test_alphas_gradient_and_the_local_step_follow_the_mixtures_cross_entropy():
     # the local model: one SGD step on the mixture's loss, ∂L/∂v = α·∂CE/∂m·∂v/∂v; the global model untouched
     F.cross_entropy(0.3 * ref_v(x) + 0.7 * lw, y).backward()
     with torch.no_grad():
-        for n, p in ref_v.named_parameters():
+        for p in ref_v.parameters():
             p -= 0.5 * p.grad
     torch.testing.assert_close(v.state_dict(), ref_v.state_dict())
     assert all(torch.equal(w.state_dict()[k], w_before[k]) for k in w_before)

@@ -1,6 +1,6 @@
-"""FedBN: the normalisation layers stay at each site (never sent, never averaged), everything else is averaged;
-a BatchNorm model is refused under DP with the GroupNorm variant named; the norm parameters train inside the DP
-model."""
+"""FedBN: the normalisation layers stay at each site (never sent, never averaged), everything else is
+averaged; a BatchNorm model is refused under DP with the GroupNorm variant named; the norm parameters
+train inside the DP model."""
 
 from types import SimpleNamespace
 

@@ -1,6 +1,7 @@
-"""FedBN, FedRep and APFL end to end on digits: they learn (above chance), every ε they report is the accountant's
-for the DP-SGD steps that ran (FedAvg's count: FedRep's head steps are among them, APFL's local steps are not),
-APFL's mixture is saved as one loadable model, and a resumed APFL run equals a straight one."""
+"""FedBN, FedRep and APFL end to end on digits: they learn (above chance), every ε they report is the
+accountant's for the DP-SGD steps that ran (FedAvg's count: FedRep's head steps are among them, APFL's
+local steps are not), APFL's mixture is saved as one loadable model, and a resumed APFL run equals a
+straight one."""
 
 import json
 
