@@ -77,3 +77,39 @@ def test_a_resumed_apfl_run_continues_exactly_where_it_stopped(tmp_path):
     straight = simulate(cfg.replace(rounds=3, out=str(tmp_path / "straight")), progress=False)
     assert resumed["final"]["per_client"] == straight["final"]["per_client"]
     assert resumed["accounting"] == straight["accounting"]
+
+
+def test_compare_runs_them_side_by_side_and_refuses_fedbn_without_norm_layers_before_running(tmp_path):
+    from typer.testing import CliRunner
+
+    from silofl.cli.main import app
+
+    tiny = ["--dataset", "digits", "--seeds", "0", "--rounds", "1", "--clients", "2"]
+    tiny += [
+        "--samples-per-client",
+        "100",
+        "--batch-size",
+        "25",
+        "--set",
+        "delta=0.001",
+        "--test-limit",
+        "100",
+    ]
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(
+        app, ["compare", "--methods", "fedbn,fedrep,apfl", *tiny, "--out", str(out), "--quiet"]
+    )
+    assert r.exit_code == 0, r.output
+    rows = {row["method"]: row for row in json.loads((out / "results.json").read_text())["rows"]}
+    assert {m: rows[m]["headline"] for m in rows} == {
+        "fedbn": "private_acc",
+        "fedrep": "private_acc",
+        "apfl": "combined_acc",
+    }
+    bad = tmp_path / "bad"
+    r = CliRunner().invoke(
+        app,
+        ["compare", "--methods", "fedavg,fedbn", "--proxy-model", "mlp", *tiny, "--out", str(bad), "--quiet"],
+    )
+    assert r.exit_code == 2 and "'mlp' has none: use --proxy-model cnn-gn" in r.output, r.output
+    assert not (bad / "runs").exists()

@@ -31,6 +31,7 @@ post-processing. So ε is exactly FedAvg's for the steps that ran, and the site'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,6 +97,26 @@ class FedBNOptions(AveragingOptions, SharedModelOptions):
         default=GN_MODEL,
         metadata={"help": "The model's architecture; FedBN needs normalisation layers (GroupNorm under DP)."},
     )
+
+    def validate(self, run: Any) -> None:
+        super().validate(run)
+        check_layout(self.proxy_model, bool(getattr(run, "is_private", True)))
+
+
+def check_layout(name: str, private: bool) -> None:
+    """:func:`shared_keys`' refusals before any data is read (a comparison fails before anything runs): the
+    architecture built for a stand-in input of its kind; the data's own shape decides where it cannot be."""
+    from silofl.models import MODELS, build_model
+
+    inputs = MODELS.entry(name).meta.get("inputs", "any")
+    if inputs == "bags":
+        return
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(name, (16,) if inputs == "rows" else (1, 32, 32), 2)
+    except ConfigError:
+        return
+    shared_keys(model, name, private)
 
 
 @register(
