@@ -57,6 +57,13 @@ def test_the_method_learns_on_digits_and_reports_the_accountants_epsilon(method,
             w = model.combiner.weight.detach()
             torch.testing.assert_close(w[:, :10], meta["alpha"] * torch.eye(10))
             torch.testing.assert_close(w[:, 10:], (1 - meta["alpha"]) * torch.eye(10))
+        # `silofl evaluate` reloads the saved mixture and finds the accuracy the run recorded
+        from silofl.experiments.evaluate import evaluate_run
+
+        got = {r["model"]: r for r in evaluate_run(out)}
+        for k in range(3):
+            r = got[f"client{k}_combined"]
+            assert r["recorded"] is not None and r["accuracy"] == pytest.approx(r["recorded"])
 
 
 def test_a_resumed_apfl_run_continues_exactly_where_it_stopped(tmp_path):
