@@ -155,7 +155,9 @@ class APFLSite(CentralSite):
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
         out = super().evaluate(x, y, cache)
-        out.update(prefixed("combined_acc", self.cached_scores(None, self.mixture, x, y, None)))
+        assert self.private is not None
+        mixed = APFLMixture(self.private, self.released(), self.mix_weight)  # the global model as saved (EMA)
+        out.update(prefixed("combined_acc", self.cached_scores(None, mixed, x, y, None)))
         return out
 
     def extra_metrics(self) -> dict:
