@@ -51,3 +51,12 @@ def test_the_head_trains_first_then_the_body_and_the_accountant_counts_every_ste
     if private:
         assert site.accountant.steps == 5  # the head's 2 DP steps and the body's 3: one mechanism
     assert set(decode(site.payload(1))[0]) == set(body)  # the head never leaves
+
+
+def test_a_model_that_is_all_head_is_refused_before_any_data_is_read():
+    from silofl.core.errors import ConfigError
+    from silofl.run.config import RunConfig
+
+    with pytest.raises(ConfigError, match="'logreg' has a single layer"):
+        RunConfig.from_dict({"method": "fedrep", "proxy_model": "logreg"}).resolve()
+    assert RunConfig.from_dict({"method": "fedrep", "proxy_model": "cnn-gn"}).resolve().method == "fedrep"

@@ -104,19 +104,27 @@ class FedBNOptions(AveragingOptions, SharedModelOptions):
 
 
 def check_layout(name: str, private: bool) -> None:
-    """:func:`shared_keys`' refusals before any data is read (a comparison fails before anything runs): the
-    architecture built for a stand-in input of its kind; the data's own shape decides where it cannot be."""
+    """:func:`shared_keys`' refusals before any data is read (a comparison fails before anything runs), on
+    :func:`stand_in` ``name``."""
+    model = stand_in(name)
+    if model is not None:
+        shared_keys(model, name, private)
+
+
+def stand_in(name: str) -> nn.Module | None:
+    """Architecture ``name`` built for a stand-in input of its kind (to read its layers before the data is
+    loaded), drawing nothing from the run's random streams; None where only the data's own shape can build
+    it."""
     from silofl.models import MODELS, build_model
 
     inputs = MODELS.entry(name).meta.get("inputs", "any")
     if inputs == "bags":
-        return
+        return None
     try:
         with torch.random.fork_rng(devices=[]):
-            model = build_model(name, (16,) if inputs == "rows" else (1, 32, 32), 2)
-    except ConfigError:
-        return
-    shared_keys(model, name, private)
+            return build_model(name, (16,) if inputs == "rows" else (1, 32, 32), 2)
+    except (ConfigError, ValueError, RuntimeError):  # not buildable for a stand-in: the data decides later
+        return None
 
 
 @register(

@@ -40,10 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from silofl.core.errors import ConfigError
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized
 from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.methods.fedper import PersonalHeadSite, body_keys
+from silofl.fl.methods.fedbn import stand_in
+from silofl.fl.methods.fedper import PersonalHeadSite, body_keys, head_keys
 from silofl.fl.options import AveragingOptions, SharedModelOptions, unit_interval
 from silofl.fl.registry import register
 
@@ -70,6 +72,12 @@ class FedRepOptions(AveragingOptions, SharedModelOptions):
     def validate(self, run: Any) -> None:
         super().validate(run)
         unit_interval("fedrep_head_share", self.fedrep_head_share, open_hi=True)
+        model = stand_in(self.proxy_model)  # refused before any data is read: a model that is all head
+        if model is not None and set(head_keys(model)) == set(model.state_dict()):
+            raise ConfigError(
+                f"FedRep shares a model's body and keeps its last layer; {self.proxy_model!r} has a single "
+                "layer: choose a deeper proxy_model"
+            )
 
 
 class RepresentationSite(PersonalHeadSite):
