@@ -16,10 +16,10 @@ from silofl.core.errors import ConfigError
 
 
 class CNNGN(nn.Module):
-    """A small CNN with GroupNorm: conv3×3 → 16, GroupNorm(4), relu, maxpool(2); conv3×3 → 32, GroupNorm(4),
+    """A small CNN with GroupNorm: conv3×3 → 8, GroupNorm(4), relu, maxpool(2); conv3×3 → 16, GroupNorm(4),
     relu, maxpool(2); Linear → 64, relu; Linear → classes."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels=(16, 32), hidden: int = 64):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels=(8, 16), hidden: int = 64):
         super().__init__()
         if len(input_shape) != 3:
             raise ConfigError(
