@@ -36,6 +36,7 @@ EXTRA = {
     "dp-fedavg": {"intermediaries": "adaptive", "adaptive_clip": True, "client_rate": 0.7},
     "cwt": {"checkpoint_every": 2},
     "proxyfl": {"self_weight": 0.5},
+    "fedbn": {"proxy_model": "cnn-gn"},  # FedBN keeps normalisation layers: a model with GroupNorm
 }
 
 

@@ -82,6 +82,7 @@ EXTRA = {
     "dp-fedadam": CLIENT_LEVEL,
     "dp-fednova": CLIENT_LEVEL,
     "dp2-rmsprop": CLIENT_LEVEL,
+    "fedbn": {"proxy_model": "cnn-gn"},  # FedBN keeps normalisation layers: a model with GroupNorm
 }
 
 

@@ -166,6 +166,7 @@ class ScatterCNN(nn.Module):
         return self.out(torch.tanh(self.fc(self._features(x))))
 
 
+from silofl.models.gn import CNNGN  # noqa: E402
 from silofl.models.large import VGG, DeepSet, ResNet18  # noqa: E402
 from silofl.models.unet import UNet  # noqa: E402
 
@@ -226,6 +227,8 @@ register_model(
     inputs="images",
     description="a small GroupNorm UNet for 2-D segmentation (masks as targets)",
 )
+# a small CNN with GroupNorm (FedBN keeps its normalisation layers at each site: silofl.fl.methods.fedbn)
+register_model("cnn-gn", CNNGN, inputs="images")
 
 
 def model_names() -> tuple[str, ...]:

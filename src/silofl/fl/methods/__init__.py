@@ -1,14 +1,17 @@
 """The built-in methods; importing this package registers them (:mod:`silofl.fl.registry`)."""
 
 from silofl.fl.methods import (  # noqa: F401
+    apfl,
     avgpush,
     client_dp,
     cwt,
     ditto,
     fedavg,
+    fedbn,
     fedopt,
     fedper,
     fedprox,
+    fedrep,
     fml,
     local,
     mrmtl,
@@ -38,4 +41,7 @@ ORDER = (
     "mr-mtl",
     "fedper",
     "scaffold",
+    "fedbn",
+    "fedrep",
+    "apfl",
 )
