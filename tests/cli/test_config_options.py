@@ -14,7 +14,13 @@ import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from silofl.cli.config_options import config_command, generated_flags, run_options
+from silofl.cli.config_options import (
+    config_command,
+    generated_flags,
+    missing_help,
+    option_fallback_help,
+    run_options,
+)
 from silofl.cli.main import app
 from silofl.fl import registry
 from silofl.fl.methods.fedavg import FedAvg, FedAvgOptions
@@ -134,6 +140,17 @@ def test_a_plug_in_methods_options_become_flags(knob_method):
     assert flags["knob"].methods == ("knobavg",) and flags["pair"].kind == "pair"
     r = runner.invoke(app, ["run", "--method", "fedavg", "--knob", "2", "--out", "x"])  # not fedavg's option
     assert r.exit_code == 2 and "option knob does not apply to method 'fedavg'" in " ".join(r.output.split())
+
+
+def test_every_built_in_option_says_its_help_and_a_plug_in_gets_a_fallback(knob_method):
+    # every built-in method's option carries its help in its field (silofl.fl.options.option), none in a table
+    assert missing_help() == []
+    flags = generated_flags()
+    assert flags["lr"].help == "DP-SGD methods: the DP model's learning rate."
+    # an option two kinds of method define with different texts shows both
+    assert "FedAvg/FML" in flags["server_lr"].help and "Client-level DP" in flags["server_lr"].help
+    # a plug-in's field without metadata: the generic line (and it is not a built-in's missing help)
+    assert flags["pair"].help == option_fallback_help("pair") == "The pair option."
 
 
 @pytest.mark.slow  # one tiny run (about 1 s of CPU)

@@ -42,11 +42,11 @@ class MedianServer(AveragingServer):
           metrics=("global_acc",), description="FedAvg's sites with a coordinate-wise median at the server")
 class FedMedian(Method):
     def make_site(self, k, x, y, data):
-        return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k),
+        return CentralSite(k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k),
                            shared_field="global")
 
     def make_coordinator(self, n_sites, data, device):
-        c = Centralized(self.cfg, n_sites, spec(self.opts.proxy_model, data), device)
+        c = Centralized(self.plan, n_sites, spec(self.opts.proxy_model, data), device)
         c.server.__class__ = MedianServer
         return c
 '''

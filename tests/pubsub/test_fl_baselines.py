@@ -28,8 +28,11 @@ def test_noise_is_calibrated_and_dp_accounting_agrees():
 
 def test_methods_differ_and_fine_tuning_uses_only_local_data():
     sites = _sites()
-    a, _ = run_fl("fedavg", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1)
-    p, _ = run_fl("fedprox", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1, mu=1.0)
+    # batches of 16: several local steps a round, so FedProx's proximal term acts (it is 0 at a round's first)
+    a, _ = run_fl("fedavg", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1, batch=16)
+    p, _ = run_fl(
+        "fedprox", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1, mu=1.0, batch=16
+    )
     m, info = run_fl(
         "fedadam", sites, "classification", 2, epsilon=5.0, delta=1e-5, rounds=3, seed=1, nonprivate=True
     )

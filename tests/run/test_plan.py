@@ -8,6 +8,7 @@ import torch
 import yaml
 
 from silofl.core.errors import ConfigError
+from silofl.fl.methods.common import dpsgd_settings
 from silofl.privacy.analysis import CALIBRATION_TOLERANCE
 from silofl.run.checkpoint import RunState, load_run, saved_rounds
 from silofl.run.config import RunConfig
@@ -17,6 +18,7 @@ from silofl.run.plan import (
     as_run,
     auto_sizes,
     calibrated_sigma,
+    config_with_plan,
     party_plans,
     plan,
     read_plan,
@@ -60,9 +62,22 @@ def test_the_plan_derives_q_and_steps_as_the_sites_do():
             2.0,
         )
     assert not p.noise_calibrated and p.noise_multiplier == 0.8 and calibrated_sigma(cfg, sizes, 20) is None
-    # the config stays what was asked; the config as it runs has the plan's values
-    assert cfg.batch_size is None and cfg.split_seed is None
-    ran = p.config_as_run()
+    # the config stays what was asked (plan.config); the plan holds the derived values, and a method built
+    # from the plan reads both, typed, with no config rewritten
+    assert cfg.batch_size is None and cfg.split_seed is None and p.config is cfg
+    method = cfg.info.cls(p)
+    assert method.plan is p and method.opts is cfg.options
+    s = dpsgd_settings(p, 1)
+    assert (s.batch_size, s.noise_multiplier, s.clip, s.delta, s.target_epsilon) == (
+        20,
+        0.8,
+        cfg.clip,
+        1e-3,
+        2.0,
+    )
+    assert p.party(2) == p.parties[2] and p.party(3) is None
+    # consumers outside the methods that read one flat config get the values written in
+    ran = config_with_plan(p)
     assert (ran.split_seed, ran.samples_per_client, ran.batch_size, ran.noise_multiplier) == (
         11,
         100,
@@ -85,7 +100,7 @@ def test_a_given_sigma_is_kept_and_budgets_only_stop_clients():
     p = plan(cfg, _Split([50, 40]), split_seed=None, samples_per_client=50, batch_size=10)
     assert not p.noise_calibrated and p.noise_multiplier == 0.9 and p.calibration is None
     assert [x.target_epsilon for x in p.parties] == [1.0, 3.0] and p.target_epsilon_of(1) == 3.0
-    assert p.config_as_run().calibrate_noise is False
+    assert config_with_plan(p).calibrate_noise is False
     client = RunConfig.from_dict(dict(method="dp-fedavg", clients=2, client_rate=0.5, rounds=7)).resolve()
     [server] = party_plans(client, [50, 40])
     assert (server.party, server.sample_rate, server.steps) == ("server", 0.5, 7)

@@ -10,11 +10,10 @@ editing silofl:
   ``--name/--no-name``), its type from the annotation (``int``, ``float``, ``str``, ``bool``, comma-separated
   ``list[float]`` / ``list[int]`` / ``list[str]``, ``tuple[str, str]`` → two values);
 * the help text and help panel (data / privacy / method / engine / output) from the field's
-  ``metadata={"help": …, "panel": …}`` (method options without metadata: :data:`OPTION_HELP`, else the methods
-  that
-  have them), the choices from the registries (one function per kind of choice: :data:`CHOICES`), and the
-  default
-  the configuration would use;
+  ``metadata={"help": …, "panel": …}`` (:func:`silofl.fl.options.option` writes it for every built-in option;
+  an option several methods define with different texts shows them all; a plug-in's field without metadata
+  gets a generic line), the choices from the registries (one function per kind of choice: :data:`CHOICES`),
+  and the default the configuration would use;
 * a method option several methods share (``lr``, ``dml_alpha``) is one flag.
 
 Every generated flag defaults to "not given": :func:`config_flags` returns only the flags the user gave, so
@@ -131,65 +130,6 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "optimizer": _from("silofl.fl.options", "DP_OPTIMIZERS"),
     "privacy_unit": _from("silofl.fl.options", "PRIVACY_UNITS"),
     "intermediaries": _const("none", "V", "adaptive"),
-}
-
-# help of the built-in methods' options (a plug-in's options say theirs in their field's metadata["help"])
-OPTION_HELP = {
-    "lr": "DP-SGD methods: the DP model's learning rate.",
-    "weight_decay": "DP-SGD methods: weight decay.",
-    "private_model": "The private model's architecture (never leaves the site).",
-    "private_models": "One private architecture per client, comma-separated.",
-    "proxy_model": "The shared model's architecture (ProxyFL's proxy, FedAvg's global model).",
-    "dml_alpha": "α, private model's KL weight.",
-    "dml_beta": "β, proxy's KL weight (0 in strict mode).",
-    "self_weight": "PushSum self weight (0: replace).",
-    "aggregation": "FedAvg/FML server weights.",
-    "optimizer_state": "Keep or reset Adam moments on proxy replacement.",
-    "privacy_unit": "Client-level DP: whose contribution --clip bounds.",
-    "intermediaries": "Client-level DP: sub-clients per client: none | V | adaptive.",
-    "client_rate": "Client-level DP: Poisson rate of clients per round.",
-    "server_lr": "Client-level DP: server learning rate; FedAvg/FML: step on the average of the sites' DP "
-    "models "
-    "(default 1).",
-    "local_epochs": "Client-level DP: local SGD epochs.",
-    "local_lr": "Client-level DP: local SGD learning rate.",
-    "optimizer": "DP-SGD methods: the DP model's optimizer.",
-    "momentum": "--optimizer sgd: momentum.",
-    "nesterov": "--optimizer sgd: Nesterov momentum.",
-    "ema_decay": "DP-SGD methods: evaluate and save an EMA of the DP model's round-end weights with this "
-    "decay (0: off).",
-    "augmult": "DP-SGD methods, images: K augmented views per sampled example, averaged before clipping (0: "
-    "off).",
-    "aug_pad": "--augmult: random-crop padding in pixels.",
-    "aug_flip": "--augmult: random horizontal flips.",
-    "sample_rate": "DP-SGD methods: Poisson rate q per step, up to 1 (default: batch size / n).",
-    "local_steps": "DP-SGD methods: DP steps per round (default: one epoch).",
-    "server_momentum": "FedAvg/FML: server momentum on the average of the sites' DP models.",
-    "mu": "FedProx: the proximal weight μ of μ/2·‖w − w_global‖² (0: FedAvg).",
-    "ditto_lambda": "Ditto: the personal model's pull λ towards the received global model.",
-    "mrmtl_lambda": "MR-MTL: each site's pull λ towards the mean of the sites' DP models.",
-    "private_lr": "DP-SGD methods: the non-DP models' Adam learning rate (a private model, --combine's own "
-    "model, "
-    "--vs-alone; default: --lr).",
-    "adaptive_clip": "Client-level DP: the clip follows a privately estimated quantile of update norms (or "
-    "--clip "
-    "adaptive[:C0]).",
-    "cwt_visits": "CWT: sites that train per round (default all: one full cycle).",
-    "dp_backend": "DP-SGD methods: how per-example gradients are computed.",
-    "graph": "Gossip methods: the time-varying directed graph.",
-    "max_intermediaries": "Client-level DP, --intermediaries adaptive: the cap on v (default ⌊min_i n_i / "
-    "batch size⌋).",
-    "clip_quantile": "Client-level DP, adaptive clip: the update-norm quantile the clip follows.",
-    "clip_lr": "Client-level DP, adaptive clip: the clip's geometric learning rate.",
-    "clip_count_noise": "Client-level DP, adaptive clip: σ_b of the unclipped count (default 2.5·z).",
-    "norm_noise": "Client-level DP, --intermediaries adaptive: noise multiplier of the norm sum (default "
-    "5·z).",
-    "adam_beta1": "Adaptive server optimizers: β1.",
-    "adam_beta2": "Adaptive server optimizers: β2 (DP²-RMSProp: the preconditioner's decay).",
-    "server_tau": "Adaptive server optimizers: the adaptivity τ.",
-    "bias_correction": "FedAdam: Adam's bias correction.",
-    "dp2_delay": "DP²-RMSProp: rounds per SGD / adaptive phase.",
-    "dp2_lr_sgd": "DP²-RMSProp: the server learning rate of the SGD phases.",
 }
 
 
@@ -314,6 +254,7 @@ def generated_flags() -> dict[str, Flag]:
     owners: dict[str, list[str]] = {}
     first: dict[str, dataclasses.Field] = {}
     defaults: dict[str, set] = {}
+    helps: dict[str, list[str]] = {}
     registered = methods()
     for name, info in registered.items():
         for f in dataclasses.fields(info.options):
@@ -322,14 +263,39 @@ def generated_flags() -> dict[str, Flag]:
             owners.setdefault(f.name, []).append(name)
             first.setdefault(f.name, f)
             defaults.setdefault(f.name, set()).add(repr(_default(f)))
+            said = helps.setdefault(f.name, [])
+            if f.metadata.get("help") and f.metadata["help"] not in said:
+                said.append(f.metadata["help"])
     for name, f in first.items():
         kind = _kind(f.type)
         if kind is None:
             continue
-        help_text = f.metadata.get("help") or OPTION_HELP.get(name) or f"The {name.replace('_', ' ')} option."
+        help_text = " ".join(helps[name]) or option_fallback_help(name)
         few = tuple(owners[name]) if len(owners[name]) <= max(3, len(registered) // 3) else ()
         default = _default(f) if len(defaults[name]) == 1 else None
         out[name] = Flag(name, kind, help_text, f.metadata.get("panel", "method"), default, few)
+    return out
+
+
+def option_fallback_help(name: str) -> str:
+    """The help of a method option whose field says none (a plug-in's without ``metadata={"help": …}``; every
+    built-in option has its own: :func:`silofl.fl.options.option`)."""
+    return f"The {name.replace('_', ' ')} option."
+
+
+def missing_help() -> list[str]:
+    """``method.option`` for every option of a built-in method (a class of a ``silofl.`` module) whose field
+    has no ``metadata["help"]`` — empty when every built-in option says what it does."""
+    from silofl.fl.registry import methods
+
+    out = []
+    for name, info in methods().items():
+        for f in dataclasses.fields(info.options):
+            owner = next(
+                (c for c in info.options.__mro__ if f.name in getattr(c, "__annotations__", {})), info.options
+            )
+            if owner.__module__.startswith("silofl.") and not f.metadata.get("help"):
+                out.append(f"{name}.{f.name}")
     return out
 
 

@@ -233,7 +233,7 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
     import torch.distributed as dist
 
     from silofl.comm.torchdist import serve, shutdown
-    from silofl.run.data import prepare_data
+    from silofl.run.data import prepare_run
     from silofl.run.loop import ledger_root, releases_nonprivate, resolve_device, site_factory
 
     if dist.get_rank() == 0:
@@ -248,9 +248,9 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
         import torch
 
         torch.set_num_threads(cfg.threads)
-    cfg, split = prepare_data(cfg, resolve_device(cfg.device))
+    plan, split = prepare_run(cfg.resolve(), resolve_device(cfg.device))
     make, n_sites = site_factory(
-        cfg.info.cls(cfg), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False)
+        cfg.info.cls(plan), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False)
     )
     try:
         serve(make, n_sites)

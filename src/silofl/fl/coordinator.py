@@ -22,6 +22,7 @@ import torch
 from silofl.comm.engine import Engine
 from silofl.comm.messages import Message, Packet
 from silofl.core.errors import BudgetExhausted, PeerModelRejected
+from silofl.fl.plan import RunPlan, as_plan
 from silofl.site.base import Site
 
 log = logging.getLogger("silofl")
@@ -281,11 +282,18 @@ class Coordinator(ABC):
 
 
 class Method(ABC):
-    """A method: the site every institution runs and the coordinator (see the module doc)."""
+    """A method: the site every institution runs and the coordinator (see the module doc).
 
-    def __init__(self, cfg: Any):
-        self.cfg = cfg
-        self.opts = cfg.options
+    Built from the run's plan (:class:`silofl.fl.plan.RunPlan`): ``self.plan.config`` is what the user asked,
+    ``self.plan`` what the run derived (batch size, σ, each party's q and steps); ``self.opts`` the method's
+    options. A config given in full (every derived value filled in: a checkpoint's, a deployed site's) is
+    taken as its plan (:func:`silofl.fl.plan.given`). ``self.cfg`` is the same plan, under the name methods
+    written before plans used (its read-only settings are ``plan.config``'s: see :mod:`silofl.fl.plan`)."""
+
+    def __init__(self, plan: Any):
+        self.plan: RunPlan = as_plan(plan)
+        self.cfg: RunPlan = self.plan
+        self.opts = self.plan.config.options
 
     def site_data(
         self, parts: list[tuple[torch.Tensor, torch.Tensor]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from silofl.core.errors import ConfigError
@@ -24,6 +24,14 @@ DP_OPTIMIZERS = ("adam", "sgd")
 MAX_STEPS_PER_ROUND = 100_000  # a round's DP steps (local_steps, or ⌊1/q⌋ from sample_rate)
 IMAGE_DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "npz", "folder")
 PRIVACY_UNITS = ("hospital", "subclient")
+
+
+def option(default: Any, help: str, panel: str = "method") -> Any:
+    """A method option's dataclass field: its default, and the help text and help panel (data / privacy /
+    method / engine / output) of the flag :mod:`silofl.cli.config_options` generates for it —
+    ``field(default=…, metadata={"help": …, "panel": …})``, as a plug-in method's options may also write.
+    Every built-in option has its help here, with the option (a test checks)."""
+    return field(default=default, metadata={"help": help, "panel": panel})
 
 
 def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -78,21 +86,33 @@ class MethodOptions:
 class DPSGDOptions(MethodOptions):
     """Sites that train with Poisson-sampled (DP-)SGD and Adam."""
 
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    dp_backend: str = "auto"
+    lr: float = option(1e-3, "DP-SGD methods: the DP model's learning rate.")
+    weight_decay: float = option(1e-4, "DP-SGD methods: weight decay.")
+    dp_backend: str = option("auto", "DP-SGD methods: how per-example gradients are computed.")
     # the DP-SGD recipe (silofl.site.dpsgd; defaults: today's Adam, one epoch of batch_size per round)
-    optimizer: str = "adam"  # the DP model's optimizer: adam | sgd (post-processing of the DP gradients)
-    momentum: float = 0.0  # sgd: heavy-ball momentum
-    nesterov: bool = False  # sgd: Nesterov momentum (needs momentum > 0)
-    ema_decay: float = 0.0  # > 0: the DP model evaluated and saved is an EMA of its round-end weights
-    augmult: int = 0  # images: K augmented views per sampled example, gradients averaged before clipping
-    aug_pad: int = 4  # augmult: random crop after reflect-padding this many pixels per side
-    aug_flip: bool = False  # augmult: random horizontal flips too
-    sample_rate: float | None = None  # Poisson rate q per DP step (None: batch_size / n); 1 = full batch
-    local_steps: int | None = None  # DP steps per round (None: one epoch, n // batch_size or 1 / q)
+    optimizer: str = option("adam", "DP-SGD methods: the DP model's optimizer.")
+    momentum: float = option(0.0, "--optimizer sgd: momentum.")  # sgd: heavy-ball momentum
+    nesterov: bool = option(False, "--optimizer sgd: Nesterov momentum.")
+    ema_decay: float = option(
+        0.0,
+        "DP-SGD methods: evaluate and save an EMA of the DP model's round-end weights with this decay "
+        "(0: off).",
+    )
+    augmult: int = option(
+        0, "DP-SGD methods, images: K augmented views per sampled example, averaged before clipping (0: off)."
+    )
+    aug_pad: int = option(4, "--augmult: random-crop padding in pixels.")
+    aug_flip: bool = option(False, "--augmult: random horizontal flips.")
+    sample_rate: float | None = option(
+        None, "DP-SGD methods: Poisson rate q per step, up to 1 (default: batch size / n)."
+    )
+    local_steps: int | None = option(None, "DP-SGD methods: DP steps per round (default: one epoch).")
     # the non-DP models' Adam learning rate (a private model, combination's own model, going alone): None: lr
-    private_lr: float | None = None
+    private_lr: float | None = option(
+        None,
+        "DP-SGD methods: the non-DP models' Adam learning rate (a private model, --combine's own model, "
+        "--vs-alone; default: --lr).",
+    )
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -145,8 +165,10 @@ class DPSGDOptions(MethodOptions):
 class SharedModelOptions(DPSGDOptions):
     """A model that leaves the site (ProxyFL's proxy, FedAvg's global model)."""
 
-    proxy_model: str = "mlp"
-    optimizer_state: str = "reset"  # Adam's moments when received weights replace the shared model
+    proxy_model: str = option(
+        "mlp", "The shared model's architecture (ProxyFL's proxy, FedAvg's global model)."
+    )
+    optimizer_state: str = option("reset", "Keep or reset Adam moments on proxy replacement.")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -158,8 +180,8 @@ class SharedModelOptions(DPSGDOptions):
 class PrivateModelOptions(MethodOptions):
     """A model that never leaves the site, one architecture for all sites or one each."""
 
-    private_model: str = "lenet5"
-    private_models: list[str] | None = None
+    private_model: str = option("lenet5", "The private model's architecture (never leaves the site).")
+    private_models: list[str] | None = option(None, "One private architecture per client, comma-separated.")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -179,8 +201,8 @@ class PrivateModelOptions(MethodOptions):
 class MutualLearningOptions(PrivateModelOptions):
     """Deep mutual learning between the private model (KL weight α) and the shared one (β)."""
 
-    dml_alpha: float = 0.5
-    dml_beta: float | None = None  # default: 0 in strict mode, 0.5 in paper mode
+    dml_alpha: float = option(0.5, "α, private model's KL weight.")
+    dml_beta: float | None = option(None, "β, proxy's KL weight (0 in strict mode).")
 
     def resolve(self, run: Any) -> MethodOptions:
         if self.dml_beta is not None:
@@ -203,8 +225,8 @@ class MutualLearningOptions(PrivateModelOptions):
 class GossipOptions(MethodOptions):
     """PushSum gossip on a time-varying directed graph."""
 
-    graph: str = "exponential"
-    self_weight: float = 0.0
+    graph: str = option("exponential", "Gossip methods: the time-varying directed graph.")
+    self_weight: float = option(0.0, "PushSum self weight (0: replace).")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -218,10 +240,14 @@ class GossipOptions(MethodOptions):
 class AveragingOptions(MethodOptions):
     """A server averaging the sites' shared models."""
 
-    aggregation: str = "size"  # weight sites by data size, or uniformly
+    aggregation: str = option("size", "FedAvg/FML server weights.")  # weight sites by data size, or uniformly
     # the server's step on the average Δ̄ of the uploads (post-processing): w ← w + server_lr·m, m ← μ·m + Δ̄
-    server_lr: float | None = None  # None: 1 (the global model is the average)
-    server_momentum: float = 0.0  # μ
+    server_lr: float | None = option(
+        None, "FedAvg/FML: step on the average of the sites' DP models (default 1)."
+    )
+    server_momentum: float = option(
+        0.0, "FedAvg/FML: server momentum on the average of the sites' DP models."
+    )
 
     def resolve(self, run: Any) -> MethodOptions:
         if self.server_lr is not None:

@@ -50,6 +50,13 @@ class MLP256(MLP):
         super().__init__(input_shape, num_classes, hidden=(256,))
 
 
+class MLP64(MLP):
+    """D-64-C: one hidden layer of 64 (PubSub-ML's federated baselines on the union feature space)."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__(input_shape, num_classes, hidden=(64,))
+
+
 class TabularMLP(MLP):
     """D-64-64-C for table rows (D = the one-hot encoded width): every layer Linear, so DP-SGD takes the fast
     per-example norm path."""
@@ -206,6 +213,7 @@ for _name, _cls, _inputs in (
     ("vgg", VGG, "images"),
     ("resnet18", ResNet18, "images"),
     ("deepset", DeepSet, "bags"),
+    ("mlp64", MLP64, "any"),
 ):
     register_model(_name, _cls, inputs=_inputs)
 # heads for feature stages (silofl.features): a linear model over the flattened features (= logreg), and

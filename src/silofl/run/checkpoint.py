@@ -47,9 +47,9 @@ class RunState:
     started: float = field(default_factory=time.perf_counter)  # this process's start (not saved)
 
     def to_record(self, cfg: Any, plan: Any, sites: int) -> dict[str, Any]:
-        """``run.json``'s content (the round is written by :func:`save_run`): the config as it runs (what a
-        resume is
-        checked against), the plan, and the loop's state."""
+        """``run.json``'s content (the round is written by :func:`save_run`): the config with its plan's
+        values written in (what a resume is checked against; :func:`silofl.run.plan.config_with_plan`), the
+        plan, and the loop's state."""
         return {
             "config": cfg.to_dict(),
             "plan": plan.to_dict() if plan is not None else None,

@@ -16,7 +16,7 @@ import torch
 from silofl.data import Dataset, SplitData, load_dataset, partition
 from silofl.data.formats import site_split
 from silofl.run.config import RunConfig, check_against_data
-from silofl.run.plan import RunPlan, auto_sizes, plan, sizes_of_sites
+from silofl.run.plan import RunPlan, auto_sizes, config_with_plan, plan, sizes_of_sites
 
 
 def prepare_run(
@@ -67,11 +67,12 @@ def unit_sizes(cfg: RunConfig, split: SplitData) -> list[int]:
 def prepare_data(
     cfg: RunConfig, device: torch.device, data: Dataset | None = None, features: bool = True
 ) -> tuple[RunConfig, SplitData]:
-    """:func:`prepare_run` with the plan's values filled into the config (:meth:`RunPlan.config_as_run`): (the
+    """:func:`prepare_run` with the plan's values written into a flat config (:func:`config_with_plan`, for a
+    consumer outside the methods that reads one config): (the
     config
     as it runs, the split)."""
     p, split = prepare_run(cfg, device, data, features)
-    return p.config_as_run(), split
+    return config_with_plan(p), split
 
 
 def with_features(cfg: RunConfig, split: SplitData) -> SplitData:

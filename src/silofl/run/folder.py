@@ -133,7 +133,9 @@ class RunFolder:
         (plan.json)."""
         (self.path / "config.yaml").write_text(cfg.to_yaml())
         if plan is not None:
-            plan.write(self.path)
+            from silofl.run.plan import write_plan
+
+            write_plan(plan, self.path)
 
     def add_metrics(self, records: list[dict]) -> None:
         """Append evaluation records to metrics.jsonl."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -40,7 +40,7 @@ from silofl.run.checkpoint import RunState, load_run, save_run, saved_rounds
 from silofl.run.config import RunConfig
 from silofl.run.data import prepare_run
 from silofl.run.folder import RunFolder, Stash, check_out, mean_std
-from silofl.run.plan import RunPlan
+from silofl.run.plan import RunPlan, config_with_plan
 from silofl.run.plan import given as given_plan
 from silofl.run.tracking import open_tracker
 from silofl.site.base import Site
@@ -149,16 +149,16 @@ def make_site(
     figures it does not release in ``folder`` when given."""
     from silofl.site.combine import combination_for
 
-    x, y, combination = combination_for(
-        method.cfg, k, inputs.x, inputs.y
-    )  # rows held out for the combiner, if on
+    x, y, combination = combination_for(  # rows held out for the combiner, if on
+        method.plan.config, k, inputs.x, inputs.y, batch_size=method.plan.batch_size
+    )
     site = method.make_site(k, x, y, shape)
     site.combination = combination
     if inputs.persons is not None:  # person-level DP: the sampling, clipping and accountant's q are by person
         use = getattr(site, "use_persons", None)
         if use is None:
             raise ConfigError(
-                f"--id-column: {method.cfg.method}'s sites do not train with example-level DP-SGD"
+                f"--id-column: {method.plan.config.method}'s sites do not train with example-level DP-SGD"
             )
         use(inputs.persons.to(x.device), inputs.id_column or "id")
     if inputs.external is not None:
@@ -191,7 +191,7 @@ def site_factory(
             inputs[k],
             split,
             ledgers / f"client{k}" if ledgers is not None else None,
-            Path(method.cfg.out).name,
+            Path(cast(RunConfig, method.plan.config).out).name,
             release_nonprivate,
         )
 
@@ -200,10 +200,9 @@ def site_factory(
 
 @dataclass
 class Built:
-    """A run ready for its rounds: the plan (what was derived from the config and the data), the config as it
-    runs
-    (:meth:`RunPlan.config_as_run`), the split, the coordinator connected to its sites over an engine, the
-    device."""
+    """A run ready for its rounds: the plan (what was derived from the config and the data: the method was
+    built from it), the config as asked (resolved; ``plan.config``), the split, the coordinator connected to
+    its sites over an engine, the device."""
 
     plan: RunPlan
     cfg: RunConfig
@@ -236,18 +235,16 @@ def build_run(
     release = releases_nonprivate(cfg, engine_factory is None)
     if remote is not None:
         the_plan = given_plan(cfg)  # the deployment filled the sizes from the sites' hellos
-        cfg = the_plan.config_as_run()
-        method = cfg.info.cls(cfg)
+        method = cfg.info.cls(the_plan)
         if engine_factory is None:
             raise ConfigError("a run on remote sites needs their engine")
         split, n_sites = remote, len(remote.sites)
         engine = engine_factory(None, n_sites)
     else:
         the_plan, split = prepare_run(cfg, device, data)
-        cfg = the_plan.config_as_run()
         if hooks is not None and hooks.split is not None:
-            split = hooks.split(cfg, split)
-        method = cfg.info.cls(cfg)
+            split = hooks.split(config_with_plan(the_plan), split)
+        method = cfg.info.cls(the_plan)
         make, n_sites = site_factory(method, split, root, release)
         if hooks is not None and hooks.sites is not None:
             make, n_sites = hooks.sites(make, n_sites)
@@ -273,9 +270,10 @@ def build(
     hooks: RunHooks | None = None,
     remote=None,
 ) -> tuple[RunConfig, SplitData, Coordinator, Engine]:
-    """:func:`build_run` as (the config as it runs, the split, the coordinator, the engine)."""
+    """:func:`build_run` as (the config with the plan's values written in — :func:`config_with_plan`, for a
+    caller that reads one flat config —, the split, the coordinator, the engine)."""
     b = build_run(cfg, device, engine_factory, data, ledgers, hooks, remote)
-    return b.cfg, b.split, b.coordinator, b.engine
+    return config_with_plan(b.plan), b.split, b.coordinator, b.engine
 
 
 def releases_nonprivate(cfg: RunConfig, in_process: bool) -> bool:
@@ -496,7 +494,13 @@ def _save(built: Built, root: Path, state: RunState) -> None:
     )
     state.bytes_sent, state.bytes_received = dict(engine.bytes_sent), dict(engine.bytes_received)
     parties = {**coordinator.state_dict(), "torch_rng": torch.get_rng_state()}
-    save_run(root, rnd, parties, state.to_record(built.cfg, built.plan, coordinator.n_sites), keep=keep)
+    save_run(
+        root,
+        rnd,
+        parties,
+        state.to_record(config_with_plan(built.plan), built.plan, coordinator.n_sites),
+        keep=keep,
+    )
 
 
 def _resume(built: Built, root: Path, state: RunState) -> RunState:
@@ -519,8 +523,8 @@ def _resume(built: Built, root: Path, state: RunState) -> RunState:
         raise ConfigError(f"no round of {root} has a checkpoint of every site to resume from")
     rnd = max(rounds)
     parties, record = load_run(root, rnd)
-    saved = RunConfig.from_dict(record["config"], strict=False).to_flat()
-    want = cfg.to_flat()
+    saved = RunConfig.from_dict(record["config"], strict=False).to_flat()  # the config with its plan's values
+    want = config_with_plan(built.plan).to_flat()
     diff = sorted(k for k in want if k not in (*RESUMABLE_CHANGES, "out") and saved.get(k) != want[k])
     if diff:
         raise ConfigError(

@@ -1,125 +1,59 @@
-"""What a run derived from its config and its data, computed once: :class:`RunPlan`.
+"""What a run derived from its config and its data, computed once: :class:`~silofl.fl.plan.RunPlan`.
 
 :class:`~silofl.run.config.RunConfig` holds what the user asked (resolved: defaults and the effective privacy
-mode
-filled in); a :class:`RunPlan` holds what was derived from it and the data before the first round — the
-simulated
-split's seed, the examples per client and batch size left to ``auto``, each site's size, σ (given, or
-calibrated
-from the budget: :func:`calibrated_sigma`), each party's Poisson rate q, DP steps per round and target ε
-(:func:`calibration_plan`, with the sites' own :func:`silofl.site.dpsgd.round_schedule`), and the feature
-stage.
-The plan is written next to ``config.yaml`` as ``plan.json``; :meth:`RunPlan.config_as_run` is the config with
-the
-derived values filled in — what the sites, the coordinator and the accountants read.
+mode filled in), frozen; a :class:`~silofl.fl.plan.RunPlan` holds it (``plan.config``) and what was derived
+from it and the data before the first round — the simulated split's seed, the examples per client and batch
+size left to ``auto``, each site's size, σ (given, or calibrated from the budget: :func:`calibrated_sigma`),
+each party's Poisson rate q, DP steps per round and target ε (:func:`party_plans`, with the sites' own
+:func:`silofl.site.dpsgd.round_schedule`), and the feature stage. This module computes it; the dataclass
+lives in :mod:`silofl.fl.plan`, below the run layer, because methods are built from it (``Method(plan)``) and
+read it typed: asked values as ``plan.config.X``, derived ones as ``plan.X``.
+
+The plan is written next to ``config.yaml`` as ``plan.json`` (:func:`write_plan`; :func:`read_plan`,
+:func:`as_run` read a run folder back). :func:`config_with_plan` writes the derived values into a flat config
+for the few consumers outside the methods that read one config; methods never see it.
 
 Everything here is a pure function of its arguments (no data loading, no randomness: the split seed is drawn
-by
-:mod:`silofl.run.data` and handed in).
+by :mod:`silofl.run.data` and handed in).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from silofl.core.errors import ConfigError
+from silofl.fl.plan import FORMAT, PartyPlan, RunPlan, as_plan
 from silofl.run.config import DEFAULT_BATCH_SIZE, DEFAULT_SAMPLES_PER_CLIENT, RunConfig
 
+__all__ = [
+    "DERIVED",
+    "FORMAT",
+    "PLAN_FILE",
+    "PartyPlan",
+    "RunPlan",
+    "as_plan",
+    "as_run",
+    "auto_sizes",
+    "calibrated_sigma",
+    "calibrates",
+    "calibration_plan",
+    "calibration_report",
+    "config_with_plan",
+    "given",
+    "party_plans",
+    "plan",
+    "read_plan",
+    "sizes_of_sites",
+    "target_epsilon_of",
+    "write_plan",
+]
+
 PLAN_FILE = "plan.json"
-FORMAT = "silofl.plan/1"
 # the config's settings a plan fills (config.yaml keeps them as asked; plan.json holds what ran)
 DERIVED = ("split_seed", "samples_per_client", "batch_size", "noise_multiplier", "calibrate_noise")
-
-
-@dataclass(frozen=True)
-class PartyPlan:
-    """What one party's accountant will see: example level, a site of ``examples`` training examples taking
-    ``steps_per_round`` DP steps at rate ``sample_rate`` a round; client level, the server's one mechanism a
-    round at
-    the client rate."""
-
-    party: str  # "client<k>" or "server"
-    sample_rate: float
-    steps_per_round: int
-    rounds: int
-    target_epsilon: float | None
-    examples: int | None = None
-
-    @property
-    def steps(self) -> int:
-        """The DP steps of the planned rounds."""
-        return self.rounds * self.steps_per_round
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """What a run derived from its (resolved) config and its data (see the module doc)."""
-
-    config: RunConfig  # what the user asked, resolved
-    split_seed: (
-        int | None
-    )  # the simulated split's seed (not a secret; drawn fresh when neither seed was given)
-    samples_per_client: int | None
-    batch_size: int | None
-    site_sizes: tuple[
-        int, ...
-    ]  # training examples of each site the method builds (the combiner's rows set aside)
-    noise_multiplier: float  # σ: given, or calibrated from the budget
-    noise_calibrated: bool
-    privacy: str  # the effective privacy mode (silofl.privacy.guarantee.effective_mode)
-    parties: tuple[PartyPlan, ...] = ()  # under DP (example level: one per site; client level: the server)
-    features: str = "none"  # the feature stage (silofl.features)
-    feature_shape: tuple[int, ...] | None = None
-    calibration: dict | None = (
-        None  # how a budget-first run chose σ (summary.json's privacy.noise_calibration)
-    )
-
-    def config_as_run(self) -> RunConfig:
-        """The config with every derived value filled in (what the sites, coordinator and accountants
-        read)."""
-        cfg = self.config
-        changes: dict[str, Any] = {
-            "split_seed": self.split_seed,
-            "samples_per_client": self.samples_per_client,
-            "batch_size": self.batch_size,
-            "noise_multiplier": self.noise_multiplier,
-        }
-        if self.noise_calibrated:
-            changes["calibrate_noise"] = True
-        changes = {k: v for k, v in changes.items() if getattr(cfg, k) != v}
-        return dataclasses.replace(cfg, **changes) if changes else cfg
-
-    def target_epsilon_of(self, client: int) -> float | None:
-        """Client ``client``'s budget."""
-        return target_epsilon_of(self.config, client)
-
-    def to_dict(self) -> dict[str, Any]:
-        """plan.json's content (the derived values; the config is config.yaml's)."""
-        return {
-            "format": FORMAT,
-            "method": self.config.method,
-            "split_seed": self.split_seed,
-            "samples_per_client": self.samples_per_client,
-            "batch_size": self.batch_size,
-            "site_sizes": list(self.site_sizes),
-            "noise_multiplier": self.noise_multiplier,
-            "noise_calibrated": self.noise_calibrated,
-            "privacy": self.privacy,
-            "parties": [{**dataclasses.asdict(p), "steps": p.steps} for p in self.parties],
-            "features": self.features,
-            "feature_shape": list(self.feature_shape) if self.feature_shape else None,
-            "calibration": self.calibration,
-        }
-
-    def write(self, folder: str | Path) -> Path:
-        """Write ``folder/plan.json``."""
-        p = Path(folder) / PLAN_FILE
-        p.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return p
 
 
 # ---------------------------------------------------------------------------------------------------- pure
@@ -275,20 +209,35 @@ def plan(
 
 
 def given(cfg: RunConfig) -> RunPlan:
-    """The plan of a config whose derived values are already filled in (a config as run: a checkpoint's, an
-    old run
-    folder's, or a deployed run's whose sites hold the data): every value as the config has it."""
-    return RunPlan(
-        config=cfg,
-        split_seed=cfg.split_seed,
-        samples_per_client=cfg.samples_per_client,
-        batch_size=cfg.batch_size,
-        site_sizes=(),
-        noise_multiplier=cfg.noise_multiplier,
-        noise_calibrated=False,
-        privacy=cfg.privacy,
-        features=cfg.features,
-    )
+    """The plan of a config whose derived values are already filled in (a checkpoint's, an old run folder's,
+    or a deployed run's whose sites hold the data): every value as the config has it."""
+    from silofl.fl.plan import given as given_plan
+
+    return given_plan(cfg)
+
+
+def write_plan(p: RunPlan, folder: str | Path) -> Path:
+    """Write ``folder/plan.json``."""
+    out = Path(folder) / PLAN_FILE
+    out.write_text(json.dumps(p.to_dict(), indent=2) + "\n")
+    return out
+
+
+def config_with_plan(p: RunPlan) -> RunConfig:
+    """A flat RunConfig with the plan's derived values written in — for the consumers outside the methods that
+    read one config (an experiment that shares one split between runs, the audit's own training loops, the
+    torch.distributed worker's site factory). Methods never get this: they get the plan."""
+    cfg = cast(RunConfig, p.config)  # a run's plan holds its RunConfig
+    changes: dict[str, Any] = {
+        "split_seed": p.split_seed,
+        "samples_per_client": p.samples_per_client,
+        "batch_size": p.batch_size,
+        "noise_multiplier": p.noise_multiplier,
+    }
+    if p.noise_calibrated:
+        changes["calibrate_noise"] = True
+    changes = {k: v for k, v in changes.items() if getattr(cfg, k) != v}
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def sizes_of_sites(cfg: RunConfig, parts: list) -> list[int]:

@@ -279,10 +279,11 @@ def train_own(spec: ModelSpec, x: torch.Tensor, y: torch.Tensor, s: CombineSetti
 
 
 def combination_for(
-    cfg, k: int, x: torch.Tensor, y: torch.Tensor
+    cfg, k: int, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, Combination | None]:
     """(the rows site ``k`` trains on, their labels, its Combination) under ``cfg``'s ``combine`` options: the
-    site's rows unchanged and None when combination is off."""
+    site's rows unchanged and None when combination is off. ``batch_size``: the run's planned batch size
+    (default: ``cfg``'s)."""
     mode = getattr(cfg, "combine", "none")
     if mode == "none":
         return x, y, None
@@ -296,7 +297,7 @@ def combination_for(
         mode=mode,
         epochs=cfg.combine_epochs or cfg.rounds,
         lr=float(own_lr),
-        batch_size=int(cfg.batch_size or 64),
+        batch_size=int((batch_size if batch_size is not None else cfg.batch_size) or 64),
         l2=cfg.combine_l2,
         seed=seed,
         balance=bool(cfg.combine_balance),

@@ -73,6 +73,7 @@ class SubclientSettings:
     normalise: bool  # DP-FedNova: updates scaled by τ̄/τ_j
     clip: float
     secure: SecureSiteSettings | None = None  # secure aggregation with noise at the site (None: off)
+    prox_mu: float = 0.0  # FedProx's proximal weight μ in local SGD (0: off)
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ class SubclientSite(Site):
             s.batch_size,
             s.local_lr,
             self.generator,
+            prox_mu=s.prox_mu,
         )
         total = torch.zeros_like(flat(start))
         unclipped = norm_sum = raw_norm_sum = 0.0

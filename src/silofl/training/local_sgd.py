@@ -5,7 +5,9 @@ starting from the same weights. Copies whose shards give the same number of batc
 stacked and trained together with ``torch.func.vmap`` over ``grad`` — one batched matmul per layer
 instead of v small ones — with exactly the arithmetic of training them one by one (tested).
 Each epoch reshuffles a shard and drops its last incomplete batch, so a copy takes
-``epochs · ⌊n_j / B⌋`` steps of plain SGD on the mean cross-entropy of B examples.
+``epochs · ⌊n_j / B⌋`` steps of plain SGD on the mean cross-entropy of B examples — or, for a regression
+target (floating-point ``y``, a model with one output), their mean squared error — plus, with ``prox_mu`` > 0,
+FedProx's proximal term μ/2·‖w − w_start‖² (its gradient μ·(w − w_start) joins every step).
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ def local_updates(
     lr: float,
     generator: torch.Generator,
     chunk: int = 64,
+    prox_mu: float = 0.0,
 ) -> list[tuple[torch.Tensor, int]]:
-    """(flat update w_j − w_start, steps taken) for each shard (an index tensor into x, y), in order."""
+    """(flat update w_j − w_start, steps taken) for each shard (an index tensor into x, y), in order.
+    ``prox_mu``: FedProx's proximal weight μ (0: plain local SGD)."""
     buffers = {k: b for k, b in model.named_buffers()}
+    regression = y.is_floating_point()
 
     def loss(params, xb, yb):
         out = functional_call(model, (params, buffers), (xb,))
@@ -53,7 +58,7 @@ def local_updates(
             from silofl.training.segmentation import segmentation_loss
 
             return segmentation_loss(out, yb).mean()
-        return F.cross_entropy(out, yb)
+        return F.mse_loss(out.squeeze(-1), yb) if regression else F.cross_entropy(out, yb)
 
     single_grad, step_grad = grad(loss), vmap(grad(loss))
 
@@ -96,6 +101,8 @@ def local_updates(
                     b = idx[:, step]
                     g = batched_grad(params, x[b], y[b])
                     for k in params:
+                        if prox_mu:  # μ·(w − w_start), w_start the same for every copy
+                            g[k] = g[k] + prox_mu * (params[k] - start[k].unsqueeze(0))
                         params[k].sub_(g[k], alpha=lr)
             for i, j in enumerate(ids):
                 w = torch.cat([params[k][i].reshape(-1) for k in start])

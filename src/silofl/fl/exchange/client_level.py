@@ -47,7 +47,15 @@ from silofl.comm.wire import encode, read_model
 from silofl.core.errors import ConfigError, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Coordinator, RoundEvents
-from silofl.fl.options import PRIVACY_UNITS, MethodOptions, check_model, choice, positive, unit_interval
+from silofl.fl.options import (
+    PRIVACY_UNITS,
+    MethodOptions,
+    check_model,
+    choice,
+    option,
+    positive,
+    unit_interval,
+)
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, NoiseSource
 from silofl.privacy.analysis import (
@@ -197,19 +205,34 @@ class SecureAggregationOptions(MethodOptions):
 class ClientLevelOptions(SecureAggregationOptions):
     """Options of every client-level method (the server optimizers add theirs)."""
 
-    proxy_model: str = "mlp"  # the global model
-    privacy_unit: str = "hospital"  # whose contribution is bounded by `clip`: hospital | subclient
-    intermediaries: str = "none"  # sub-clients per client: none | V (an integer) | adaptive
-    max_intermediaries: int | None = None  # cap for adaptive v (default ⌊min_i n_i / batch_size⌋)
-    adaptive_clip: bool = False  # clip follows a privately estimated quantile of update norms
-    clip_quantile: float = 0.5
-    clip_lr: float = 0.2
-    clip_count_noise: float | None = None  # σ_b of the unclipped count (default 2.5·z: 4% of the budget)
-    norm_noise: float | None = None  # noise multiplier of the norm sum for adaptive v (default 5·z)
-    client_rate: float = 1.0  # Poisson sampling rate of clients per round (1: all take part)
-    local_epochs: int = 1
-    local_lr: float = 0.05  # local SGD learning rate of (sub-)clients
-    server_lr: float | None = None  # default per server optimizer (and without DP)
+    proxy_model: str = option(
+        "mlp", "The shared model's architecture (ProxyFL's proxy, FedAvg's global model)."
+    )
+    privacy_unit: str = option("hospital", "Client-level DP: whose contribution --clip bounds.")
+    intermediaries: str = option("none", "Client-level DP: sub-clients per client: none | V | adaptive.")
+    max_intermediaries: int | None = option(
+        None, "Client-level DP, --intermediaries adaptive: the cap on v (default ⌊min_i n_i / batch size⌋)."
+    )
+    adaptive_clip: bool = option(
+        False,
+        "Client-level DP: the clip follows a privately estimated quantile of update norms "
+        "(or --clip adaptive[:C0]).",
+    )
+    clip_quantile: float = option(
+        0.5, "Client-level DP, adaptive clip: the update-norm quantile the clip follows."
+    )
+    clip_lr: float = option(0.2, "Client-level DP, adaptive clip: the clip's geometric learning rate.")
+    clip_count_noise: float | None = option(
+        None, "Client-level DP, adaptive clip: σ_b of the unclipped count (default 2.5·z)."
+    )
+    norm_noise: float | None = option(
+        None, "Client-level DP, --intermediaries adaptive: noise multiplier of the norm sum (default 5·z)."
+    )
+    client_rate: float = option(1.0, "Client-level DP: Poisson rate of clients per round.")
+    local_epochs: int = option(1, "Client-level DP: local SGD epochs.")
+    local_lr: float = option(0.05, "Client-level DP: local SGD learning rate.")
+    server_lr: float | None = option(None, "Client-level DP: server learning rate.")
+    mu: float = option(0.0, "Client-level DP: FedProx's proximal weight μ in local SGD (0: off).")
 
     default_server_lr: ClassVar[float] = 1.0  # the server optimizer's default learning rates (not options)
     nonprivate_server_lr: ClassVar[float | None] = None
@@ -255,6 +278,8 @@ class ClientLevelOptions(SecureAggregationOptions):
                 positive(name, v)
         if self.local_epochs < 1:
             raise ConfigError(f"local_epochs must be at least 1, got {self.local_epochs}")
+        if not (math.isfinite(self.mu) and self.mu >= 0):
+            raise ConfigError(f"mu must be a finite non-negative number, got {self.mu}")
         if self.max_intermediaries is not None and self.max_intermediaries < 1:
             raise ConfigError(f"max_intermediaries must be at least 1, got {self.max_intermediaries}")
         if getattr(run, "secure_aggregation", False):
@@ -283,10 +308,12 @@ class ClientLevelOptions(SecureAggregationOptions):
 class FedAdamOptions(ClientLevelOptions):
     """FedAdam's server optimizer (Reddi et al.)."""
 
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    server_tau: float = 1e-3  # adaptivity τ
-    bias_correction: bool = False
+    adam_beta1: float = option(0.9, "Adaptive server optimizers: β1.")
+    adam_beta2: float = option(
+        0.99, "Adaptive server optimizers: β2 (DP²-RMSProp: the preconditioner's decay)."
+    )
+    server_tau: float = option(1e-3, "Adaptive server optimizers: the adaptivity τ.")  # adaptivity τ
+    bias_correction: bool = option(False, "FedAdam: Adam's bias correction.")
 
     default_server_lr = 0.03
 
@@ -301,10 +328,12 @@ class FedAdamOptions(ClientLevelOptions):
 class DP2Options(ClientLevelOptions):
     """DP²-RMSProp's server optimizer (delayed preconditioner, SGD/adaptive phases)."""
 
-    adam_beta2: float = 0.99  # the preconditioner's decay
-    server_tau: float = 1e-3
-    dp2_delay: int = 5  # rounds per SGD / adaptive phase
-    dp2_lr_sgd: float = 1.0  # server learning rate of the SGD phases
+    adam_beta2: float = option(
+        0.99, "Adaptive server optimizers: β2 (DP²-RMSProp: the preconditioner's decay)."
+    )
+    server_tau: float = option(1e-3, "Adaptive server optimizers: the adaptivity τ.")
+    dp2_delay: int = option(5, "DP²-RMSProp: rounds per SGD / adaptive phase.")
+    dp2_lr_sgd: float = option(1.0, "DP²-RMSProp: the server learning rate of the SGD phases.")
 
     default_server_lr = 0.03
     nonprivate_server_lr = 0.003  # without noise DP²'s preconditioner is small: a smaller step

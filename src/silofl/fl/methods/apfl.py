@@ -240,7 +240,7 @@ class APFL(Method):
             x,
             y,
             s,
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             private_spec=s,
             shared_field="global",
             alpha=self.opts.apfl_alpha,
@@ -249,7 +249,7 @@ class APFL(Method):
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

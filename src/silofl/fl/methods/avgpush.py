@@ -39,11 +39,11 @@ class AvgPush(Method):
             x,
             y,
             spec(self.opts.proxy_model, data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="global",
             self_weight=self.opts.self_weight,
-            max_weight=self.cfg.clients,
+            max_weight=self.plan.config.clients,
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return Gossip(self.cfg, n_sites, make_graph(self.opts.graph))
+        return Gossip(self.plan, n_sites, make_graph(self.opts.graph))

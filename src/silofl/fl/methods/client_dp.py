@@ -31,20 +31,21 @@ class ClientLevelMethod(Method):
     def make_site(self, k, x, y, data):
         o = self.opts
         settings = SubclientSettings(
-            seed=self.cfg.seed,
-            batch_size=self.cfg.batch_size,
+            seed=self.plan.config.seed,
+            batch_size=self.plan.batch_size,
             local_epochs=o.local_epochs,
             local_lr=o.local_lr,
-            private=self.cfg.is_private,
+            private=self.plan.config.is_private,
             privacy_unit=o.privacy_unit,
             normalise=self.normalise,
-            clip=self.cfg.clip,
-            secure=o.secure_settings(self.cfg),
+            clip=self.plan.config.clip,
+            secure=o.secure_settings(self.plan),
+            prox_mu=o.mu,
         )
         return ClientLevelSite(k, x, y, spec(o.proxy_model, data), settings)
 
     def make_coordinator(self, n_sites, data, device):
-        return ClientLevelDP(self.cfg, n_sites, spec(self.opts.proxy_model, data), device, self.optimizer)
+        return ClientLevelDP(self.plan, n_sites, spec(self.opts.proxy_model, data), device, self.optimizer)
 
 
 def _register(

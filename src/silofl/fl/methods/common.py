@@ -1,55 +1,40 @@
-"""What the built-in example-level methods share: a DP-SGD site's settings from the run as it runs."""
+"""What the built-in example-level methods share: a DP-SGD site's settings from the run's plan."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from silofl.fl.options import DPSGDOptions, MutualLearningOptions, SharedModelOptions
+from silofl.fl.plan import RunPlan, as_plan
 from silofl.models import ModelSpec
 from silofl.site.dpsgd import DPSGDSettings
 
-
-class PlannedRun(Protocol):
-    """What a method reads of its run: the config as it runs — the user's settings with the values the run
-    planned
-    from the data filled in (:meth:`silofl.run.plan.RunPlan.config_as_run`: batch size, σ given or calibrated)
-    — and
-    the method's own options."""
-
-    seed: int | None
-    batch_size: int | None
-    noise_multiplier: float
-    clip: float
-    delta: float
-    accountant: str
-    clients: int
-    options: Any
-
-    @property
-    def is_private(self) -> bool:
-        """Whether DP is on."""
-        ...
-
-    def target_epsilon_of(self, client: int) -> float | None:
-        """Client ``client``'s budget."""
-        ...
+# what a method reads of its run (the name of the protocol methods were typed against before plans)
+PlannedRun = RunPlan
 
 
-def dpsgd_settings(cfg: PlannedRun, k: int) -> DPSGDSettings:
-    """The settings of site ``k`` of an example-level method (its own budget: ``target_epsilon_of(k)``)."""
+def dpsgd_settings(plan: RunPlan | Any, k: int) -> DPSGDSettings:
+    """The settings of site ``k`` of an example-level method: the asked settings from ``plan.config``, the
+    derived ones (batch size, σ) from the plan, its own budget ``plan.target_epsilon_of(k)``. ``plan``: the
+    method's :class:`~silofl.fl.plan.RunPlan` (a config given in full is taken as its plan)."""
+    p = as_plan(plan)
+    cfg = p.config  # what the user asked
     o: DPSGDOptions = cfg.options  # an example-level method's options hold the DP-SGD recipe
-    batch: int = cfg.batch_size  # type: ignore[assignment]  # planned from the data before any site is built
+    if p.batch_size is None:
+        raise ValueError(
+            "a DP-SGD site needs the planned batch size (silofl.run.plan fills it from the data)"
+        )
     return DPSGDSettings(
         seed=cfg.seed,
-        batch_size=batch,
+        batch_size=p.batch_size,
         lr=o.lr,
         weight_decay=o.weight_decay,
         private=cfg.is_private,
-        noise_multiplier=cfg.noise_multiplier,
+        noise_multiplier=p.noise_multiplier,
         clip=cfg.clip,
         delta=cfg.delta,
         accountant=cfg.accountant,
-        target_epsilon=cfg.target_epsilon_of(k),
+        target_epsilon=p.target_epsilon_of(k),
         dp_backend=o.dp_backend,
         optimizer_state=o.optimizer_state if isinstance(o, SharedModelOptions) else "reset",
         dml_alpha=o.dml_alpha if isinstance(o, MutualLearningOptions) else 0.5,

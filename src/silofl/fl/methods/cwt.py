@@ -10,7 +10,7 @@ from silofl.core.errors import ConfigError
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.cycle import CWT, CycleSite
 from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.options import SharedModelOptions
+from silofl.fl.options import SharedModelOptions, option
 from silofl.fl.registry import register
 
 
@@ -18,7 +18,7 @@ from silofl.fl.registry import register
 class CWTOptions(SharedModelOptions):
     """CWT: one DP model travelling a cycle."""
 
-    cwt_visits: int | None = None  # sites that train per round (default all: one full cycle)
+    cwt_visits: int | None = option(None, "CWT: sites that train per round (default all: one full cycle).")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -39,8 +39,8 @@ class CyclicalWeightTransfer(Method):
 
     def make_site(self, k, x, y, data):
         return CycleSite(
-            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return CWT(self.cfg, n_sites, visits=self.opts.cwt_visits)
+        return CWT(self.plan, n_sites, visits=self.opts.cwt_visits)

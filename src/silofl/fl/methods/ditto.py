@@ -39,7 +39,7 @@ from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized, CentralSite
 from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.methods.fedprox import non_negative, proximal_hook, snapshot
-from silofl.fl.options import AveragingOptions, SharedModelOptions
+from silofl.fl.options import AveragingOptions, SharedModelOptions, option
 from silofl.fl.registry import register
 from silofl.training import dml_loss, poisson_steps
 
@@ -48,7 +48,7 @@ from silofl.training import dml_loss, poisson_steps
 class DittoOptions(AveragingOptions, SharedModelOptions):
     """Ditto: a DP global model (FedAvg) and a personal model pulled towards it with weight λ."""
 
-    ditto_lambda: float = 0.1  # λ: the personal model's pull towards the received global model
+    ditto_lambda: float = option(0.1, "Ditto: the personal model's pull λ towards the received global model.")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -137,7 +137,7 @@ class Ditto(Method):
             x,
             y,
             s,
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             private_spec=s,
             shared_field="global",
             ditto_lambda=self.opts.ditto_lambda,
@@ -145,7 +145,7 @@ class Ditto(Method):
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

@@ -36,12 +36,12 @@ class FedAvg(Method):
 
     def make_site(self, k, x, y, data):
         return CentralSite(
-            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

@@ -146,18 +146,18 @@ class FedBN(Method):
             x,
             y,
             s,
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="private",
-            shared_keys=fedbn_keys(s, self.cfg.is_private),
+            shared_keys=fedbn_keys(s, self.plan.config.is_private),
         )
 
     def make_coordinator(self, n_sites, data, device):
         s = spec(self.opts.proxy_model, data)
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             s,
             device,
             uniform=self.opts.aggregation == "uniform",
-            shared_keys=fedbn_keys(s, self.cfg.is_private),
+            shared_keys=fedbn_keys(s, self.plan.config.is_private),
         )

@@ -23,7 +23,14 @@ from silofl.core.errors import ConfigError
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized, CentralSite
 from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.options import AveragingOptions, MethodOptions, SharedModelOptions, positive, unit_interval
+from silofl.fl.options import (
+    AveragingOptions,
+    MethodOptions,
+    SharedModelOptions,
+    option,
+    positive,
+    unit_interval,
+)
 from silofl.fl.registry import register
 
 DEFAULT_SERVER_LR = 0.03  # as client-level FedAdam's (dp-fedadam)
@@ -33,10 +40,12 @@ DEFAULT_SERVER_LR = 0.03  # as client-level FedAdam's (dp-fedadam)
 class FedOptOptions(AveragingOptions, SharedModelOptions):
     """FedAvg's sites with an adaptive server optimizer (FedAdam / FedYogi)."""
 
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    server_tau: float = 1e-3  # adaptivity τ
-    bias_correction: bool = False
+    adam_beta1: float = option(0.9, "Adaptive server optimizers: β1.")
+    adam_beta2: float = option(
+        0.99, "Adaptive server optimizers: β2 (DP²-RMSProp: the preconditioner's decay)."
+    )
+    server_tau: float = option(1e-3, "Adaptive server optimizers: the adaptivity τ.")  # adaptivity τ
+    bias_correction: bool = option(False, "FedAdam: Adam's bias correction.")
 
     def resolve(self, run: Any) -> MethodOptions:
         if self.server_lr is None:
@@ -64,12 +73,12 @@ class FedOpt(Method):
 
     def make_site(self, k, x, y, data):
         return CentralSite(
-            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

@@ -118,11 +118,16 @@ class FedPer(Method):
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
         return PersonalHeadSite(
-            k, x, y, s, dpsgd_settings(self.cfg, k), shared_field="private", shared_keys=body_keys(s)
+            k, x, y, s, dpsgd_settings(self.plan, k), shared_field="private", shared_keys=body_keys(s)
         )
 
     def make_coordinator(self, n_sites, data, device):
         s = spec(self.opts.proxy_model, data)
         return Centralized(
-            self.cfg, n_sites, s, device, uniform=self.opts.aggregation == "uniform", shared_keys=body_keys(s)
+            self.plan,
+            n_sites,
+            s,
+            device,
+            uniform=self.opts.aggregation == "uniform",
+            shared_keys=body_keys(s),
         )

@@ -28,7 +28,7 @@ from silofl.core.errors import ConfigError
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized, CentralSite
 from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.options import AveragingOptions, SharedModelOptions
+from silofl.fl.options import AveragingOptions, SharedModelOptions, option
 from silofl.fl.registry import register
 
 
@@ -66,7 +66,7 @@ def snapshot(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[tor
 class FedProxOptions(AveragingOptions, SharedModelOptions):
     """FedProx: FedAvg with a proximal term μ/2·‖w − w_global‖² in the sites' local objective."""
 
-    mu: float = 0.01  # the proximal weight μ (0: FedAvg)
+    mu: float = option(0.01, "FedProx: the proximal weight μ of μ/2·‖w − w_global‖² (0: FedAvg).")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -104,14 +104,14 @@ class FedProx(Method):
             x,
             y,
             spec(self.opts.proxy_model, data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="global",
             mu=self.opts.mu,
         )
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

@@ -128,7 +128,7 @@ class FedRep(Method):
             x,
             y,
             s,
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="private",
             shared_keys=body_keys(s),
             head_share=self.opts.fedrep_head_share,
@@ -137,5 +137,10 @@ class FedRep(Method):
     def make_coordinator(self, n_sites, data, device):
         s = spec(self.opts.proxy_model, data)
         return Centralized(
-            self.cfg, n_sites, s, device, uniform=self.opts.aggregation == "uniform", shared_keys=body_keys(s)
+            self.plan,
+            n_sites,
+            s,
+            device,
+            uniform=self.opts.aggregation == "uniform",
+            shared_keys=body_keys(s),
         )

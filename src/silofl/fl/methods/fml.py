@@ -41,14 +41,14 @@ class FML(Method):
             x,
             y,
             spec(o.proxy_model, data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             private_spec=spec(o.private_model_of(k), data),
             shared_field="proxy",
         )
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

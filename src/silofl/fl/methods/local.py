@@ -17,7 +17,7 @@ import torch
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.local import Local, LocalSite
 from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.options import DPSGDOptions, PrivateModelOptions, check_model
+from silofl.fl.options import DPSGDOptions, PrivateModelOptions, check_model, option
 from silofl.fl.registry import register
 
 
@@ -43,19 +43,19 @@ class Regular(Method):
             x,
             y,
             spec(self.opts.private_model_of(k), data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="private",
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return Local(self.cfg, n_sites)
+        return Local(self.plan, n_sites)
 
 
 @dataclass
 class JointOptions(DPSGDOptions):
     """Joint: one model of the private architecture on the pooled data."""
 
-    private_model: str = "lenet5"
+    private_model: str = option("lenet5", "The private model's architecture (never leaves the site).")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -79,8 +79,8 @@ class Joint(Method):
 
     def make_site(self, k, x, y, data):
         return LocalSite(
-            k, x, y, spec(self.opts.private_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+            k, x, y, spec(self.opts.private_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return Local(self.cfg, n_sites)
+        return Local(self.plan, n_sites)

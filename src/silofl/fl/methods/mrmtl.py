@@ -41,7 +41,7 @@ from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized, CentralSite
 from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.methods.fedprox import non_negative, proximal_hook
-from silofl.fl.options import AGGREGATIONS, SharedModelOptions, choice
+from silofl.fl.options import AGGREGATIONS, SharedModelOptions, choice, option
 from silofl.fl.registry import register
 
 
@@ -49,10 +49,8 @@ from silofl.fl.registry import register
 class MRMTLOptions(SharedModelOptions):
     """MR-MTL: one DP model per site, pulled (λ) towards the server's mean of the sites' models."""
 
-    aggregation: str = "size"  # the mean w̄: sites weighted by data size, or uniformly
-    mrmtl_lambda: float = (
-        0.1  # λ (with Adam, the default optimizer, larger λ measured worse: see the module doc)
-    )
+    aggregation: str = option("size", "FedAvg/FML server weights.")
+    mrmtl_lambda: float = option(0.1, "MR-MTL: each site's pull λ towards the mean of the sites' DP models.")
 
     def validate(self, run: Any) -> None:
         super().validate(run)
@@ -107,14 +105,14 @@ class MRMTL(Method):
             x,
             y,
             spec(self.opts.proxy_model, data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             shared_field="private",
             mrmtl_lambda=self.opts.mrmtl_lambda,
         )
 
     def make_coordinator(self, n_sites, data, device):
         return Centralized(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,

@@ -56,12 +56,12 @@ class ProxyFL(Method):
             x,
             y,
             spec(o.proxy_model, data),
-            dpsgd_settings(self.cfg, k),
+            dpsgd_settings(self.plan, k),
             private_spec=spec(o.private_model_of(k), data),
             shared_field="proxy",
             self_weight=o.self_weight,
-            max_weight=self.cfg.clients,
+            max_weight=self.plan.config.clients,
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return Gossip(self.cfg, n_sites, make_graph(self.opts.graph))
+        return Gossip(self.plan, n_sites, make_graph(self.opts.graph))

@@ -180,12 +180,12 @@ class Scaffold(Method):
 
     def make_site(self, k, x, y, data):
         return ScaffoldSite(
-            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.cfg, k), shared_field="global"
+            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
 
     def make_coordinator(self, n_sites, data, device):
         return ScaffoldCoordinator(
-            self.cfg,
+            self.plan,
             n_sites,
             spec(self.opts.proxy_model, data),
             device,
