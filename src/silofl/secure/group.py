@@ -10,12 +10,14 @@ MAX_BITS = 62  # sums of up to 2**(64-62) masks stay exact in uint64 before the 
 
 
 def check_bits(bits: int) -> int:
+    """``bits`` if it is an integer in [1, MAX_BITS], else ValueError."""
     if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= MAX_BITS:
         raise ValueError(f"bits must be an integer in [1, {MAX_BITS}], got {bits!r}")
     return bits
 
 
 def modulus_mask(bits: int) -> np.uint64:
+    """2**bits − 1 as a uint64 (reducing mod 2**bits is a bitwise and with it)."""
     return np.uint64((1 << check_bits(bits)) - 1)
 
 

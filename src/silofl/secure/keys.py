@@ -19,14 +19,17 @@ LABEL = b"silofl secagg v1"
 
 
 def new_private_key() -> X25519PrivateKey:
+    """A fresh X25519 private key from the operating system's randomness."""
     return X25519PrivateKey.generate()
 
 
 def public_bytes(sk: X25519PrivateKey) -> bytes:
+    """The raw 32 bytes of ``sk``'s public key."""
     return sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
 def load_public(raw: bytes) -> X25519PublicKey:
+    """An X25519 public key from its raw 32 bytes (ValueError on any other input)."""
     if not isinstance(raw, bytes | bytearray) or len(raw) != PUBLIC_KEY_BYTES:
         raise ValueError("an X25519 public key is 32 bytes")
     return X25519PublicKey.from_public_bytes(bytes(raw))
@@ -49,10 +52,13 @@ def derive(shared: bytes, session: bytes, purpose: bytes, a: int, b: int, rnd: i
 
 
 def associated_data(session: bytes, rnd: int, src: int, dst: int) -> bytes:
+    """What a sealed share is bound to: the session, the round, its sender and its addressee."""
     return LABEL + session + rnd.to_bytes(8, "big") + src.to_bytes(4, "big") + dst.to_bytes(4, "big")
 
 
 def seal(key: bytes, plaintext: bytes, ad: bytes) -> bytes:
+    """ChaCha20-Poly1305 of ``plaintext`` under ``key`` bound to ``ad``: a fresh random nonce, then the
+    ciphertext with its tag."""
     nonce = os.urandom(NONCE_BYTES)
     return nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, ad)
 

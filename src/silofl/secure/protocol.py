@@ -144,6 +144,7 @@ class Party:
         self._last_round = -1  # rounds are masked once each, in increasing order
 
     def public_key(self) -> bytes:
+        """This party's X25519 public key (raw bytes), which the server relays to the others."""
         return keys.public_bytes(self._sk)
 
     @property

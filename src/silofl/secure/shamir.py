@@ -65,10 +65,12 @@ def combine(shares: dict[int, int], threshold: int) -> int:
 
 
 def to_bytes(y: int) -> bytes:
+    """A share's value as SHARE_BYTES big-endian bytes."""
     return int(y).to_bytes(SHARE_BYTES, "big")
 
 
 def from_bytes(b: bytes) -> int:
+    """A share's value from its bytes (ShareError unless SHARE_BYTES long and below the prime)."""
     if len(b) != SHARE_BYTES:
         raise ShareError(f"a share is {SHARE_BYTES} bytes, got {len(b)}")
     y = int.from_bytes(b, "big")

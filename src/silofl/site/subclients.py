@@ -90,6 +90,7 @@ class SecureSiteSettings:
     norm_noise_multiplier: float | None = None  # adaptive v: z_n of the clipped norm sum
 
     def protocol(self):
+        """These settings as the protocol's :class:`~silofl.secure.SecAggSettings`."""
         from silofl.secure import SecAggSettings
 
         return SecAggSettings(self.bits, self.min_survivors, self.neighbours, self.threshold)

@@ -129,6 +129,7 @@ class APFLSite(CentralSite):
 
     @property
     def mix_weight(self) -> float:
+        """The site's current α (the local model's weight in the mixture)."""
         return float(self.mixture.alpha.detach())
 
     def on_receive_global(self, msg: Message) -> Message:

@@ -94,6 +94,7 @@ class RepresentationSite(PersonalHeadSite):
 
     @property
     def head_steps(self) -> int:
+        """This site's head-phase steps per round (:func:`head_steps` of its steps and share)."""
         return head_steps(self.steps_per_round, self.head_share)
 
     def shared_grad_hook(self) -> Callable[[], None] | None:
