@@ -37,10 +37,7 @@ import torch
 from torch import nn
 
 from silofl.core.errors import ConfigError
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized
-from silofl.fl.methods.common import dpsgd_settings, spec
-from silofl.fl.methods.fedper import PersonalHeadSite
+from silofl.fl.methods.fedper import SharedKeysMethod
 from silofl.fl.options import AveragingOptions, SharedModelOptions
 from silofl.fl.registry import register
 from silofl.models import ModelSpec
@@ -136,28 +133,9 @@ def stand_in(name: str) -> nn.Module | None:
     description="one DP model per client; the server averages all but the normalisation layers (GroupNorm), "
     "which each client keeps",
 )
-class FedBN(Method):
+class FedBN(SharedKeysMethod):
     opts: FedBNOptions
 
-    def make_site(self, k, x, y, data):
-        s = spec(self.opts.proxy_model, data)
-        return PersonalHeadSite(
-            k,
-            x,
-            y,
-            s,
-            dpsgd_settings(self.plan, k),
-            shared_field="private",
-            shared_keys=fedbn_keys(s, self.plan.config.is_private),
-        )
-
-    def make_coordinator(self, n_sites, data, device):
-        s = spec(self.opts.proxy_model, data)
-        return Centralized(
-            self.plan,
-            n_sites,
-            s,
-            device,
-            uniform=self.opts.aggregation == "uniform",
-            shared_keys=fedbn_keys(s, self.plan.config.is_private),
-        )
+    def shared_keys(self, s: ModelSpec) -> tuple[str, ...]:
+        """All but the normalisation layers (and, without DP, BatchNorm's running statistics)."""
+        return fedbn_keys(s, self.plan.config.is_private)

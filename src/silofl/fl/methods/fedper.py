@@ -104,21 +104,33 @@ class PersonalHeadSite(CentralSite):
         super().replace_shared(state, token=None)  # every site's head differs: never one evaluation for all
 
 
-@register(
-    "fedper",
-    options=FedPerOptions,
-    headline="private_acc",
-    exchange="server",
-    metrics=("private_acc",),
-    description="one DP model per client; the server averages the bodies, each client keeps its head",
-)
-class FedPer(Method):
-    opts: FedPerOptions
+class SharedKeysMethod(Method):
+    """A method whose clients keep part of one DP model and share the rest (FedPer, FedBN, FedRep): a
+    :class:`PersonalHeadSite` (or :attr:`site_cls`) per client and a :class:`Centralized` server, both told
+    the shared parameters by :meth:`shared_keys`."""
+
+    opts: Any
+    site_cls: type[PersonalHeadSite] = PersonalHeadSite
+
+    def shared_keys(self, s: ModelSpec) -> tuple[str, ...]:
+        """The parameters the server averages (the rest stays at each client)."""
+        return body_keys(s)
+
+    def site_options(self) -> dict[str, Any]:
+        """Extra keyword arguments of :attr:`site_cls`."""
+        return {}
 
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
-        return PersonalHeadSite(
-            k, x, y, s, dpsgd_settings(self.plan, k), shared_field="private", shared_keys=body_keys(s)
+        return self.site_cls(
+            k,
+            x,
+            y,
+            s,
+            dpsgd_settings(self.plan, k),
+            shared_field="private",
+            shared_keys=self.shared_keys(s),
+            **self.site_options(),
         )
 
     def make_coordinator(self, n_sites, data, device):
@@ -129,5 +141,17 @@ class FedPer(Method):
             s,
             device,
             uniform=self.opts.aggregation == "uniform",
-            shared_keys=body_keys(s),
+            shared_keys=self.shared_keys(s),
         )
+
+
+@register(
+    "fedper",
+    options=FedPerOptions,
+    headline="private_acc",
+    exchange="server",
+    metrics=("private_acc",),
+    description="one DP model per client; the server averages the bodies, each client keeps its head",
+)
+class FedPer(SharedKeysMethod):
+    opts: FedPerOptions

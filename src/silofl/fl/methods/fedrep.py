@@ -41,11 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from silofl.core.errors import ConfigError
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized
-from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.methods.fedbn import stand_in
-from silofl.fl.methods.fedper import PersonalHeadSite, body_keys, head_keys
+from silofl.fl.methods.fedper import PersonalHeadSite, SharedKeysMethod, head_keys
 from silofl.fl.options import AveragingOptions, SharedModelOptions, unit_interval
 from silofl.fl.registry import register
 
@@ -119,29 +116,10 @@ class RepresentationSite(PersonalHeadSite):
     description="one DP model per client; each round its head's DP steps, then its body's; the server "
     "averages the bodies, each client keeps its head",
 )
-class FedRep(Method):
+class FedRep(SharedKeysMethod):
     opts: FedRepOptions
+    site_cls = RepresentationSite
 
-    def make_site(self, k, x, y, data):
-        s = spec(self.opts.proxy_model, data)
-        return RepresentationSite(
-            k,
-            x,
-            y,
-            s,
-            dpsgd_settings(self.plan, k),
-            shared_field="private",
-            shared_keys=body_keys(s),
-            head_share=self.opts.fedrep_head_share,
-        )
-
-    def make_coordinator(self, n_sites, data, device):
-        s = spec(self.opts.proxy_model, data)
-        return Centralized(
-            self.plan,
-            n_sites,
-            s,
-            device,
-            uniform=self.opts.aggregation == "uniform",
-            shared_keys=body_keys(s),
-        )
+    def site_options(self) -> dict[str, Any]:
+        """The head phase's share of each round's DP steps."""
+        return {"head_share": self.opts.fedrep_head_share}
