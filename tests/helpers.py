@@ -69,3 +69,8 @@ def launch_tiny(out, *extra: str):
         text=True,
         timeout=300,
     )
+
+
+MODEL_FOR = {"fedbn": {"proxy_model": "cnn-gn"}}
+"""What a method needs on top of a shared test config: FedBN keeps normalisation layers, so a model with
+GroupNorm (the shared configs' ``mlp`` has none, and FedBN refuses it)."""

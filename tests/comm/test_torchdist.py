@@ -14,6 +14,7 @@ from silofl.comm.launcher import launch_processes
 from silofl.fl.registry import methods
 from silofl.run.config import RunConfig
 from silofl.run.loop import run as simulate
+from tests.helpers import MODEL_FOR
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -36,7 +37,7 @@ EXTRA = {
     "dp-fedavg": {"intermediaries": "adaptive", "adaptive_clip": True, "client_rate": 0.7},
     "cwt": {"checkpoint_every": 2},
     "proxyfl": {"self_weight": 0.5},
-    "fedbn": {"proxy_model": "cnn-gn"},  # FedBN keeps normalisation layers: a model with GroupNorm
+    "fedbn": MODEL_FOR["fedbn"],  # FedBN keeps normalisation layers: a model with GroupNorm
 }
 
 

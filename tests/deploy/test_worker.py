@@ -15,6 +15,7 @@ from silofl.deploy.local import make_site_folders
 from silofl.deploy.site import ERROR, HELLO, SETUP, SiteConfig, SiteWorker
 from silofl.run.data import prepare_data
 from silofl.run.loop import run as simulate
+from tests.helpers import MODEL_FOR
 
 
 class Loopback(FlowerEngine):
@@ -82,7 +83,7 @@ EXTRA = {
     "dp-fedadam": CLIENT_LEVEL,
     "dp-fednova": CLIENT_LEVEL,
     "dp2-rmsprop": CLIENT_LEVEL,
-    "fedbn": {"proxy_model": "cnn-gn"},  # FedBN keeps normalisation layers: a model with GroupNorm
+    "fedbn": MODEL_FOR["fedbn"],  # FedBN keeps normalisation layers: a model with GroupNorm
 }
 
 

@@ -8,7 +8,7 @@ from silofl.comm.wire import decode, encode
 from silofl.fl.exchange.centralized import WEIGHT_KEY
 from silofl.fl.registry import methods
 from silofl.run.loop import run as simulate
-from tests.helpers import build_run, spy_packets
+from tests.helpers import MODEL_FOR, build_run, spy_packets
 
 pytestmark = pytest.mark.slow  # every test here is a whole run
 
@@ -19,7 +19,9 @@ EXAMPLE_LEVEL = [m for m, i in METHODS.items() if not i.client_level]
 @pytest.mark.parametrize("method", EXAMPLE_LEVEL)
 def test_every_example_level_method_runs_end_to_end_and_writes_its_run_folder(method, tiny_cfg, tmp_path):
     out = tmp_path / method
-    s = simulate(tiny_cfg.replace(method=method, rounds=2, out=str(out)), progress=False)
+    s = simulate(
+        tiny_cfg.replace(method=method, rounds=2, out=str(out), **MODEL_FOR.get(method, {})), progress=False
+    )
     info = METHODS[method]
     assert s["headline"] == info.headline and s["final"][info.headline]["mean"] is not None
     for f in ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "accuracy_epsilon.png"):

@@ -415,7 +415,11 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
                 },
                 strict=False,
             )
-            _, _, coordinator, engine = build(cfg, data=data)
+            try:
+                _, _, coordinator, engine = build(cfg, data=data)
+            except ConfigError as e:  # a method that cannot take the base's models (FedBN and an MLP)
+                log.warning("communication sweep: %s left out at K = %d: %s", m, k, e)
+                continue
             coordinator.start()
             sid = coordinator.server_id
             before, server_before = (

@@ -409,10 +409,12 @@ def _evaluation(loaded: LoadedModel, summary: dict | None) -> dict:
     from silofl.training.metrics import METRICS, metric_field
 
     key = f"{loaded.role}_acc"
-    # every metric of the run's last evaluation of this model (silofl.training.metrics); null where not
-    # recorded
-    metrics = {m: row.get(metric_field(key, m)) for m in METRICS}
-    metrics_internal = {m: row.get(metric_field(key, m) + "_internal") for m in METRICS}
+    # every metric the run's task computes (summary.json's "computed"; silofl.training.metrics) of its last
+    # evaluation of this model; null where not recorded
+    computed = (summary.get("metrics") or {}).get("computed") or list(METRICS)
+    names = [m for m in METRICS if m in computed]
+    metrics = {m: row.get(metric_field(key, m)) for m in names}
+    metrics_internal = {m: row.get(metric_field(key, m) + "_internal") for m in names}
     return {
         "test_set": summary.get("test_set"),
         "accuracy_external": row.get(key),
