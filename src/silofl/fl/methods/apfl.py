@@ -45,9 +45,8 @@ from torch import nn
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
 from silofl.core.randomness import party_seeds
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized, CentralSite
-from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.exchange.centralized import CentralSite
+from silofl.fl.methods.ditto import PersonalizedMethod
 from silofl.fl.methods.fedprox import non_negative
 from silofl.fl.options import AveragingOptions, SharedModelOptions, unit_interval
 from silofl.fl.registry import register
@@ -231,28 +230,10 @@ class APFLSite(CentralSite):
     description="DP global model (FedAvg) + a local model mixed with it by a learned α, kept at the client "
     "(mixture exported as the combined model)",
 )
-class APFL(Method):
+class APFL(PersonalizedMethod):
     opts: APFLOptions
+    site_cls = APFLSite
 
-    def make_site(self, k, x, y, data):
-        s = spec(self.opts.proxy_model, data)
-        return APFLSite(
-            k,
-            x,
-            y,
-            s,
-            dpsgd_settings(self.plan, k),
-            private_spec=s,
-            shared_field="global",
-            alpha=self.opts.apfl_alpha,
-            alpha_lr=self.opts.apfl_alpha_lr,
-        )
-
-    def make_coordinator(self, n_sites, data, device):
-        return Centralized(
-            self.plan,
-            n_sites,
-            spec(self.opts.proxy_model, data),
-            device,
-            uniform=self.opts.aggregation == "uniform",
-        )
+    def site_options(self) -> dict[str, Any]:
+        """The mixture weight α's start and learning rate."""
+        return {"alpha": self.opts.apfl_alpha, "alpha_lr": self.opts.apfl_alpha_lr}

@@ -118,21 +118,21 @@ def _personal_seed(seed: int | None, cid: int) -> int:
     return party_seeds(seed, cid, 5)[4]
 
 
-@register(
-    "ditto",
-    options=DittoOptions,
-    headline="private_acc",
-    exchange="server",
-    metrics=("private_acc", "global_acc"),
-    description="DP global model (FedAvg) + a personal model per client pulled towards it (λ), kept at the "
-    "client",
-)
-class Ditto(Method):
-    opts: DittoOptions
+class PersonalizedMethod(Method):
+    """A method whose clients train a DP global model averaged by a :class:`Centralized` server, and a
+    personal model of the same architecture that never leaves the client (Ditto, APFL): a :attr:`site_cls`
+    per client, told its own options by :meth:`site_options`."""
+
+    opts: Any
+    site_cls: type[CentralSite] = CentralSite
+
+    def site_options(self) -> dict[str, Any]:
+        """Keyword arguments of :attr:`site_cls` beyond the shared ones."""
+        return {}
 
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
-        return DittoSite(
+        return self.site_cls(
             k,
             x,
             y,
@@ -140,7 +140,7 @@ class Ditto(Method):
             dpsgd_settings(self.plan, k),
             private_spec=s,
             shared_field="global",
-            ditto_lambda=self.opts.ditto_lambda,
+            **self.site_options(),
         )
 
     def make_coordinator(self, n_sites, data, device):
@@ -151,3 +151,21 @@ class Ditto(Method):
             device,
             uniform=self.opts.aggregation == "uniform",
         )
+
+
+@register(
+    "ditto",
+    options=DittoOptions,
+    headline="private_acc",
+    exchange="server",
+    metrics=("private_acc", "global_acc"),
+    description="DP global model (FedAvg) + a personal model per client pulled towards it (λ), kept at the "
+    "client",
+)
+class Ditto(PersonalizedMethod):
+    opts: DittoOptions
+    site_cls = DittoSite
+
+    def site_options(self) -> dict[str, Any]:
+        """The pull λ of the personal model towards the global one."""
+        return {"ditto_lambda": self.opts.ditto_lambda}
