@@ -83,6 +83,46 @@ GOSSIP = {**SGD, "local_steps": 1}  # ProxyFL, AvgPush, CWT: one local DP step a
 SCATTER_ROUNDS = [50, 100]
 SCATTER_LR = [3.0, 10.0]  # the server methods' and Joint's (the sites' noise is averaged every step)
 GOSSIP_LR = [1.0, 3.0]  # one site's noise per step: smaller steps
+# The example-level methods hospital teams get elsewhere (issue 29), on the same features and recipe: the
+# server methods as FedAvg (one local DP step a round, SGD, clip 0.1, q = 0.5; FedAdam steps the server with
+# Adam instead of momentum); MR-MTL's sites each keep their own DP model (one site's noise per step, as the
+# gossip methods). FedPer, FedRep and FedBN split a model into body and head or keep its normalisation layers
+# private: a linear head has neither, so they are not in this stage.
+SERVER_NO_M = {k: v for k, v in SERVER.items() if k != "server_momentum"}
+SERVER_GRID = {"rounds": [50], "lr": SCATTER_LR}
+# ProxyFL with every proxy sent to every other site (K − 1 times the exponential graph's bytes; PushSum
+# self-weight 1/K: each site holds the exact average of the round's proxies) and the momentum buffer kept
+# across the replacement (with one local step a round, 'reset' clears it every round): the proxies step as
+# FedAvg's global model does, without a server.
+PROXYFL_COMPLETE = (
+    "ProxyFL (strict, complete graph)",
+    "proxyfl",
+    {
+        **GOSSIP,
+        "graph": "complete",
+        "self_weight": 1.0 / BASE["clients"],
+        "optimizer_state": "keep",
+        "lr": 10.0,
+        "combine": "weights",
+    },
+    {"rounds": [50], "dml_alpha": [0.5, 0.9]},
+)
+PERSONALIZED_SCATTER: list[tuple[str, str, dict, dict]] = [
+    PROXYFL_COMPLETE,
+    ("FedProx", "fedprox", {**SERVER, "combine": "weights"}, SERVER_GRID),
+    ("SCAFFOLD", "scaffold", {**SERVER, "combine": "weights"}, SERVER_GRID),
+    (
+        "FedAdam",
+        "fedavg-adam",
+        {**SERVER_NO_M, "lr": 3.0, "combine": "weights"},
+        {"rounds": [50], "server_lr": [0.01, 0.03]},
+    ),
+    ("Ditto", "ditto", {**SERVER, "combine": "weights"}, SERVER_GRID),
+    ("APFL", "apfl", dict(SERVER), SERVER_GRID),
+    ("MR-MTL", "mr-mtl", dict(GOSSIP), {"rounds": [100], "lr": GOSSIP_LR}),
+]
+PERSONALIZED_LABELS = tuple(x[0] for x in PERSONALIZED_SCATTER)
+PROXYFL_LABELS = ("ProxyFL (strict)", PROXYFL_COMPLETE[0])
 METHODS_SCATTER: list[tuple[str, str, dict, dict]] = [
     (
         "ProxyFL (strict)",
@@ -98,6 +138,7 @@ METHODS_SCATTER: list[tuple[str, str, dict, dict]] = [
     ("Joint", "joint", dict(SGD), {"rounds": SCATTER_ROUNDS, "lr": SCATTER_LR}),
     ("DP-FedAvg (no intermediaries)", "dp-fedavg", {"intermediaries": "none"}, {"rounds": ROUNDS}),
     ("DP-FedAvg (adaptive intermediaries)", "dp-fedavg", {"intermediaries": "adaptive"}, {"rounds": ROUNDS}),
+    *PERSONALIZED_SCATTER,
 ]
 FEATURE_SETS: dict[str, tuple[dict, list[tuple[str, str, dict, dict]]]] = {
     "none": ({}, METHODS_NONE),
@@ -110,6 +151,12 @@ ALONE = ("Regular, no DP (go it alone)", "regular", {"privacy": "off", "rounds":
 ALONE_SCATTER = (
     "Regular, no DP (go it alone)",
     "regular",
+    {"privacy": "off", "rounds": max(SCATTER_ROUNDS), "sample_rate": 0.5, "lr": PRIVATE_LR},
+)
+# the ceiling on these features: every site's rows pooled, no DP (Joint's training; not going alone)
+CEILING = (
+    "Joint without DP (pooled ceiling)",
+    "joint",
     {"privacy": "off", "rounds": max(SCATTER_ROUNDS), "sample_rate": 0.5, "lr": PRIVATE_LR},
 )
 OWN = "own logistic regression (go it alone)"
@@ -171,6 +218,34 @@ def _job(
         row["seconds"] = time.perf_counter() - t0
         return row
     if (
+        kind == "refinal"
+    ):  # settings an earlier generation's tuning chose (``grid`` holds them and its record)
+        final = folder / "final"
+        settings, record = grid["settings"], grid["record"]
+        if not (final / "summary.json").exists():
+            cfg = RunConfig.from_dict(
+                {
+                    **BASE,
+                    **fixed,
+                    **settings,
+                    "method": method,
+                    "seed": seed,
+                    "target_epsilon": eps,
+                    "eval_split": "test",
+                    "out": str(final),
+                },
+                strict=False,
+            )
+            run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
+        s = json.loads((final / "summary.json").read_text())
+        row.update(
+            settings=settings,
+            validation=record.get("validation"),
+            tuning={"trials": record.get("trials") or 0, "seconds": 0.0, "max": record.get("max")},
+            tuned_on=TUNE_SEED,
+            retuned=False,
+        )
+    elif (
         kind == "final"
     ):  # the settings tuned on TUNE_SEED, run once on this seed's split and scored on the test split
         final = folder / "final"
@@ -285,29 +360,49 @@ PUBSUB = ("PubSub-ML (untuned)", "pubsub", {"epochs": 10, "hidden": 64})
 
 
 def jobs(
-    seeds: list[int], features: tuple[str, ...] = tuple(FEATURE_SETS), budgets: tuple[float, ...] = BUDGETS
+    seeds: list[int],
+    features: tuple[str, ...] = tuple(FEATURE_SETS),
+    budgets: tuple[float, ...] = BUDGETS,
+    labels: tuple[str, ...] | None = None,
+    refinal: dict | None = None,
 ) -> list[tuple]:
     """Every (kind, label, method, fixed, grid, ε, seed, features), the cheap budgets first: the go-it-alone
     runs, the
     tuning on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait for their
-    tuning)."""
+    tuning). ``labels``: only these rows (None: all). ``refinal``: {(features, label, ε): settings} — rows
+    re-run on every seed with the settings an earlier generation's tuning chose (``refinal`` jobs), not tuned
+    again."""
+
+    def want(label: str) -> bool:
+        return labels is None or label in labels
+
     out: list[tuple] = []
     for f in features:
         alone = ALONE_SCATTER if f != "none" else ALONE
-        out += [("alone", alone[0], alone[1], alone[2], {}, None, s, f) for s in seeds]
-        out += [("own", OWN, "logreg", {}, {}, None, s, f) for s in seeds]
+        out += [("alone", alone[0], alone[1], alone[2], {}, None, s, f) for s in seeds if want(alone[0])]
+        out += [("own", OWN, "logreg", {}, {}, None, s, f) for s in seeds if want(OWN)]
+        if f != "none":
+            out += [
+                ("alone", CEILING[0], CEILING[1], CEILING[2], {}, None, s, f)
+                for s in seeds
+                if want(CEILING[0])
+            ]
     order = sorted(budgets, reverse=True)
     for f in features:
         for eps in order:
             for label, method, fixed, grid in FEATURE_SETS[f][1]:
-                out += (
-                    [("tuned", label, method, fixed, grid, eps, TUNE_SEED, f)] if TUNE_SEED in seeds else []
-                )
-            out += [("pubsub", PUBSUB[0], PUBSUB[1], PUBSUB[2], {}, eps, s, f) for s in seeds]
+                settings = (refinal or {}).get((f, label, eps))
+                if settings is not None:
+                    out += [("refinal", label, method, fixed, settings, eps, s, f) for s in seeds]
+                elif want(label) and TUNE_SEED in seeds:
+                    out.append(("tuned", label, method, fixed, grid, eps, TUNE_SEED, f))
+            if want(PUBSUB[0]):
+                out += [("pubsub", PUBSUB[0], PUBSUB[1], PUBSUB[2], {}, eps, s, f) for s in seeds]
     for f in features:
         for eps in order:
             for label, method, fixed, grid in FEATURE_SETS[f][1]:
-                out += [("final", label, method, fixed, grid, eps, s, f) for s in seeds if s != TUNE_SEED]
+                if want(label) and (f, label, eps) not in (refinal or {}):
+                    out += [("final", label, method, fixed, grid, eps, s, f) for s in seeds if s != TUNE_SEED]
     return out
 
 
@@ -322,6 +417,8 @@ def run_all(
     workers: int,
     features: tuple[str, ...],
     budgets: tuple[float, ...] = BUDGETS,
+    labels: tuple[str, ...] | None = None,
+    refinal: dict | None = None,
 ) -> list[dict]:
     """Run (or pick up) every job; rows as they finish, also appended to ROOT/rows.jsonl. A seed's run of
     tuned
@@ -329,7 +426,7 @@ def run_all(
     from concurrent.futures import FIRST_COMPLETED, wait
 
     rows = []
-    todo = jobs(seeds, features, budgets)
+    todo = jobs(seeds, features, budgets, labels, refinal)
     tuned_done = {
         (j[1], j[5], j[7])
         for j in todo
@@ -375,10 +472,16 @@ def run_all(
     return rows
 
 
-def collect(root: Path, seeds: list[int], features: tuple[str, ...]) -> list[dict]:
+def collect(
+    root: Path,
+    seeds: list[int],
+    features: tuple[str, ...],
+    labels: tuple[str, ...] | None = None,
+    refinal: dict | None = None,
+) -> list[dict]:
     """The rows of every finished job (read back from the run folders, without running anything)."""
     rows = []
-    for j in jobs(seeds, features):
+    for j in jobs(seeds, features, BUDGETS, labels, refinal):
         folder = _folder(root, j)
         if any(
             (folder / f).exists() for f in ("final/summary.json", "final.json", "pubsub.json", "own.json")
@@ -642,12 +745,20 @@ FEATURE_TEXT = {
         "parameters: a fixed function of each image, no budget); linear heads; SGD with momentum 0.9, clip "
         "0.1, q = 0.5 (the non-DP models: Adam, lr 0.003); FedAvg and FML one local DP step per round with "
         "server momentum 0.9; ProxyFL, AvgPush and CWT one local DP step a round (ProxyFL with push-sum "
-        "self-weight 0.5); each site also "
+        "self-weight 0.5) — for these three the momentum buffer is cleared whenever a received model "
+        "replaces the shared one (`optimizer_state` reset, the default), so with one step a round they step "
+        "without momentum; ProxyFL on the complete graph keeps it; each site also "
         "combines its own non-DP model with the DP model(s) it holds on 20 % of its rows, set aside before "
         "training — every model of those methods trains on the other 80 % (`combined`, non-private: stays at "
-        "the site)"
+        "the site); FedProx, SCAFFOLD, FedAdam, Ditto and APFL take FedAvg's recipe (FedAdam: Adam at the "
+        "server instead of momentum, its server lr tuned), MR-MTL the gossip methods' (each site keeps its "
+        "own DP model); FedPer, FedRep and FedBN need a body/head split or normalisation layers that a "
+        "linear head does not have, so they are not in this stage"
     ),
 }
+
+
+NONPRIVATE_PERSONAL = (*PROXYFL_LABELS, "Ditto")  # their private models are trained without DP (site-kept)
 
 
 class _Rows:
@@ -706,7 +817,7 @@ def document(
     import matplotlib.pyplot as plt
 
     R = _Rows(rows)
-    labels = [m[0] for m in METHODS] + [PUBSUB[0]]
+    labels = [m[0] for m in METHODS] + list(PERSONALIZED_LABELS) + [PUBSUB[0]]
     lines = [
         "# Privacy–utility: every method at ε = 1, 3, 8 per site, on pixels and on DP-friendly features",
         "",
@@ -734,16 +845,38 @@ def document(
         "",
     ]
     lines += [f"- **{f}**: {FEATURE_TEXT[f]}." for f in features]
-    old = sorted({r.get("features", "none") for r in rows if r.get("carried")})
+    stages = sorted({r.get("features", "none") for r in rows})
+    fresh = {r.get("features", "none") for r in rows if not r.get("carried")}
+    old = [f for f in stages if f not in fresh]  # stages this generation did not run at all
     if old:
         lines += [
             "",
             f"**Not re-run in this generation: features {', '.join(old)}.** Those rows are carried over "
-            "unchanged from the previous generation of this document (its CSV; same study, same split, grid "
+            "unchanged from an earlier generation of this document (its CSV; same study, same split, grid "
             f"rounds ∈ {ROUNDS} and ProxyFL's α, the papers' recipe), with their headline figure only: that "
             "generation did not search the DP-SGD recipe. Re-running them: the command above with "
             "`--features none,scatter`.",
         ]
+    for f in (f for f in stages if f in fresh):
+        kept = sorted({r["label"] for r in rows if r.get("carried") and r.get("features", "none") == f})
+        again = sorted(
+            {r["label"] for r in rows if r.get("retuned") is False and r.get("features", "none") == f}
+        )
+        if kept:
+            lines += [
+                "",
+                f"**Features {f}, rows not re-run in this generation: {', '.join(kept)}.** They are carried "
+                "over unchanged from the previous generation's CSV (the same study, split, seeds and grid), "
+                "with the figures that CSV kept.",
+            ]
+        if again:
+            lines += [
+                "",
+                f"**Features {f}, re-run with the previous generation's tuned settings: "
+                f"{', '.join(again)}** (`--refinal`: every seed's final run again, with the settings the "
+                f"previous generation's tuning on seed {TUNE_SEED} chose; its validation figure and tuning "
+                "record are that tuning's).",
+            ]
     missing = []  # cells of this generation's feature stages with fewer seeds than asked
     for f in (f for f in features if f not in old):
         for eps in BUDGETS:
@@ -797,7 +930,7 @@ def document(
                     if m is not None and (best is None or m > best[0]):
                         best = (m, label, k, *_gain(rs, vals, ref))
                 for key in ("combined_acc", "private_acc"):
-                    if key == "private_acc" and label != "ProxyFL (strict)":
+                    if key == "private_acc" and label not in NONPRIVATE_PERSONAL:
                         continue
                     vals = [r["accs"].get(key) for r in rs]
                     m = _mean(vals)
@@ -824,8 +957,9 @@ def document(
         "",
         "*Shared DP model*: a model that leaves the site under the per-site (ε, δ) (ProxyFL's proxy, FML's, "
         "FedAvg's, AvgPush's, CWT's and DP-FedAvg's global model). *Combined / private*: what a site keeps "
-        "— its own non-DP model fused with the DP model(s) it holds on its own held-out rows, or ProxyFL's "
-        "private model — non-private, it never leaves the site. Joint (pooled data) is the upper reference "
+        "— its own non-DP model fused with the DP model(s) it holds on its own held-out rows (APFL: its "
+        "mixture of its own and the global model), or ProxyFL's private or Ditto's personal model — "
+        "non-private, it never leaves the site. Joint (pooled data) is the upper reference "
         "and "
         "not counted.",
         "",
@@ -839,12 +973,17 @@ def document(
             "| method | ε = 1 | ε = 3 | ε = 8 | tuned settings (1 / 3 / 8) |",
             "|---|---|---|---|---|",
         ]
-        for label in [ALONE[0], OWN]:
+        for label in [ALONE[0], OWN, CEILING[0]]:
             rs = R.get(f, label, None)
             if rs:
+                what = (
+                    "no DP; every site's rows pooled — not a going-alone reference"
+                    if label == CEILING[0]
+                    else "no DP"
+                )
                 lines.append(
                     f"| {label} | {_pm(_mean([r['test'] for r in rs]), _sd([r['test'] for r in rs]))} "
-                    "(no DP) | | | |"
+                    f"({what}) | | | |"
                 )
         for label in labels:
             cells, sets = [], []
@@ -932,13 +1071,13 @@ def document(
             return out
 
         b3, b8 = best_shared(3.0), best_shared(8.0)
-        p8 = R.get(f, "ProxyFL (strict)", 8.0)
         pm = max(
             [
                 v
+                for lab in PROXYFL_LABELS
                 for v in (
-                    _mean([r["accs"].get("private_acc") for r in p8]),
-                    _mean([r["accs"].get("combined_acc") for r in p8]),
+                    _mean([r["accs"].get("private_acc") for r in R.get(f, lab, 8.0)]),
+                    _mean([r["accs"].get("combined_acc") for r in R.get(f, lab, 8.0)]),
                 )
                 if v is not None
             ],
@@ -985,6 +1124,25 @@ def document(
         lines.append(
             f"- ε = 1: federated methods at or above going alone: {', '.join(fed1) if fed1 else 'none'}."
         )
+        ceil = _mean([r["test"] for r in R.get(f, CEILING[0], None)])
+        joint = {eps: _mean([r["test"] for r in R.get(f, "Joint", eps)]) for eps in BUDGETS}
+        if ceil is not None and all(v is not None for v in joint.values()):
+            lines.append(
+                f"- What limits the shared models: every site's rows pooled without DP reach {ceil:.3f} on "
+                "these features; Joint — the same pooled rows under one DP-SGD mechanism at the same ε — "
+                + " / ".join(f"{joint[e]:.3f}" for e in BUDGETS)
+                + f" at ε = {' / '.join(f'{e:g}' for e in BUDGETS)}. FedAvg's round (one local DP step per "
+                "site) is Joint's step with every site adding its own noise: each site protects its rows "
+                "against everyone who sees its upload, the server included, so the average of K = "
+                f"{BASE['clients']} sites' noise has √{BASE['clients']} ≈ {BASE['clients'] ** 0.5:.1f} times "
+                "the standard deviation of one pooled mechanism's. The ε = 8 target (0.85) is "
+                + ("above" if joint[8.0] < 0.85 else "at or below")
+                + f" Joint's {joint[8.0]:.3f}, and ε = 3's (0.80) "
+                + ("above" if joint[3.0] < 0.80 else "below")
+                + f" Joint's {joint[3.0]:.3f}. The sites' noise can only shrink to Joint's if it is added "
+                "once for all sites, which needs secure aggregation with distributed noise (no party sees "
+                "one site's update)."
+            )
         lines.append("")
     # tuning cost
     tc = [r for r in R.ok if r.get("tuning", {}).get("trials")]
@@ -1099,6 +1257,7 @@ def _write_csv(rows: list[dict], path: Path) -> None:
         "tuning_epsilon",
         "features",
         "carried_from",
+        "accs",
     ]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -1122,6 +1281,7 @@ def _write_csv(rows: list[dict], path: Path) -> None:
                     t.get("max"),
                     r.get("features", "none"),
                     r.get("carried"),
+                    json.dumps(r.get("accs") or {}),
                 ]
             )
 
@@ -1131,12 +1291,15 @@ CARRIED = (
 )
 
 
-def carried_rows(csv_path: Path, features: tuple[str, ...]) -> list[dict]:
+def carried_rows(
+    csv_path: Path, features: tuple[str, ...], labels: tuple[str, ...] | None = None
+) -> list[dict]:
     """The rows of ``csv_path`` (an earlier generation's CSV) whose feature stage is not among ``features``:
     kept as
     they were (headline figure, ε, σ, settings), marked ``carried``; a CSV without a ``features`` column is of
     the
-    pixel stage (``none``)."""
+    pixel stage (``none``). With ``labels``, a row of a feature stage in ``features`` is carried too when its
+    label is not among them (the rows this generation did not run)."""
     import csv
 
     if not csv_path.is_file():
@@ -1145,7 +1308,7 @@ def carried_rows(csv_path: Path, features: tuple[str, ...]) -> list[dict]:
     with open(csv_path, newline="") as f:
         for r in csv.DictReader(f):
             feats = r.get("features") or "none"
-            if feats in features or r.get("carried") == "no":
+            if (feats in features and (labels is None or r["label"] in labels)) or r.get("carried") == "no":
                 continue
 
             def num(k, r=r):
@@ -1165,7 +1328,7 @@ def carried_rows(csv_path: Path, features: tuple[str, ...]) -> list[dict]:
                     "rounds": int(float(r["rounds"])) if r.get("rounds") else None,
                     "settings": json.loads(r["settings"]) if r.get("settings") else {},
                     "validation": num("validation"),
-                    "accs": {r["headline"]: num("test")},
+                    "accs": {r["headline"]: num("test"), **json.loads(r.get("accs") or "{}")},
                     "tuning": {
                         "trials": int(float(r["tuning_trials"])) if r.get("tuning_trials") else 0,
                         "max": num("tuning_epsilon"),
@@ -1174,6 +1337,34 @@ def carried_rows(csv_path: Path, features: tuple[str, ...]) -> list[dict]:
                     "carried": r.get("carried_from") or "the previous generation of this document",
                 }
             )
+    return out
+
+
+def tuned_settings(csv_path: Path, features: tuple[str, ...], labels: tuple[str, ...]) -> dict:
+    """{(features, label, ε): {"settings", "record"}} of ``labels`` from an earlier generation's CSV: the
+    settings its tuning on TUNE_SEED chose and that tuning's record (validation figure, trials, tuning ε)."""
+    import csv
+
+    if not labels:
+        return {}
+    if not csv_path.is_file():
+        raise SystemExit(f"--refinal needs the previous generation's CSV ({csv_path}); there is none")
+    out: dict = {}
+    with open(csv_path, newline="") as f:
+        for r in csv.DictReader(f):
+            feats = r.get("features") or "none"
+            if r["label"] not in labels or feats not in features or not r.get("budget"):
+                continue
+            if int(r["seed"]) != TUNE_SEED:
+                continue
+            out[(feats, r["label"], float(r["budget"]))] = {
+                "settings": json.loads(r["settings"]),
+                "record": {
+                    "validation": float(r["validation"]) if r.get("validation") else None,
+                    "trials": int(float(r["tuning_trials"])) if r.get("tuning_trials") else 0,
+                    "max": float(r["tuning_epsilon"]) if r.get("tuning_epsilon") else None,
+                },
+            }
     return out
 
 
@@ -1194,6 +1385,18 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(f"{b:g}" for b in BUDGETS),
         help="the budgets to run, comma-separated (default: all); the document shows every finished one",
     )
+    ap.add_argument(
+        "--labels",
+        default=None,
+        help="only these rows (labels, comma-separated; default: all); the others are carried over from the "
+        "previous generation's CSV",
+    )
+    ap.add_argument(
+        "--refinal",
+        default="",
+        help="rows (labels, comma-separated) re-run on every seed with the settings the previous "
+        "generation's tuning chose (its CSV), without tuning again",
+    )
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
     features = tuple(f.strip() for f in a.features.split(","))
@@ -1206,13 +1409,26 @@ def main(argv: list[str] | None = None) -> None:
     budgets = tuple(float(b) for b in a.budgets.split(","))
     if not set(budgets) <= set(BUDGETS):
         ap.error(f"budgets must be among {BUDGETS}")
+    csv_path = Path(a.doc).parent / "data" / "privacy_utility.csv"
+    fresh = tuple(x.strip() for x in a.labels.split(",")) if a.labels else None
+    again = tuple(x.strip() for x in a.refinal.split(",") if x.strip())
+    known = {m[0] for f in features for m in FEATURE_SETS[f][1]} | {ALONE[0], OWN, PUBSUB[0], CEILING[0]}
+    bad = [x for x in (*(fresh or ()), *again) if x not in known]
+    if bad:
+        ap.error(f"unknown label(s) {bad}; choose from {sorted(known)}")
+    refinal = tuned_settings(csv_path, features, again)
+    ran = None if fresh is None and not again else (*(fresh or ()), *again)
     rows = (
-        collect(root, seeds, features) if a.report_only else run_all(root, seeds, a.jobs, features, budgets)
+        collect(root, seeds, features, fresh, refinal)
+        if a.report_only
+        else run_all(root, seeds, a.jobs, features, budgets, fresh, refinal)
     )
-    carried = carried_rows(Path(a.doc).parent / "data" / "privacy_utility.csv", features)
+    carried = carried_rows(csv_path, features, ran)
     cmd = (
         f"python -m studies.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
         f"--features {','.join(features)}"
+        + (f" --labels '{','.join(fresh)}'" if fresh else "")
+        + (f" --refinal '{','.join(again)}'" if again else "")
     )
     document(rows + carried, root, Path(a.doc), seeds, cmd, tuple(FEATURE_SETS) if carried else features)
     print(f"wrote {a.doc}", file=sys.stderr)

@@ -71,6 +71,18 @@ def test_recipe_options_are_validated():
         assert message in str(e.value), (opts, str(e.value))
 
 
+def test_momentum_that_a_replaced_model_would_clear_every_round_is_flagged(caplog):
+    base = {"method": "proxyfl", "optimizer": "sgd", "momentum": 0.9, "local_steps": 1}
+    with caplog.at_level("WARNING", logger="silofl"):
+        RunConfig.from_dict(base).resolve()
+    assert "momentum 0.9 does nothing here" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="silofl"):
+        RunConfig.from_dict({**base, "optimizer_state": "keep"}).resolve()
+        RunConfig.from_dict({**base, "local_steps": 4}).resolve()
+    assert "does nothing" not in caplog.text
+
+
 def test_augmult_on_a_table_is_refused():
     cfg = RunConfig.from_dict(
         dict(method="fedavg", dataset="table", site_data=["a.csv", "b.csv"], schema="s.yaml", augmult=2)

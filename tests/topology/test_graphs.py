@@ -36,3 +36,14 @@ def test_ring_and_static():
     assert RingGraph().out_neighbors(0, [1, 2, 3]) == {1: [2], 2: [3], 3: [1]}
     g = StaticGraph({0: [1, 2], 1: [2], 2: [0]})
     assert g.out_neighbors(0, [0, 2]) == {0: [2], 2: [0]}
+
+
+def test_complete_graph_sends_to_every_other_active_client_and_graphs_are_one_registry():
+    from silofl.fl.options import GRAPHS
+    from silofl.topology.graphs import GRAPH_TYPES, CompleteGraph, make_graph
+
+    assert CompleteGraph().out_neighbors(3, [0, 2, 5]) == {0: [2, 5], 2: [0, 5], 5: [0, 2]}
+    assert set(GRAPHS) == set(GRAPH_TYPES)  # the CLI's choices are the registered graphs
+    assert isinstance(make_graph("complete"), CompleteGraph)
+    with pytest.raises(Exception, match="unknown graph 'star'"):
+        make_graph("star")

@@ -49,3 +49,16 @@ def test_nothing_received_and_nothing_kept_keeps_own():
 
 def test_in_neighbors():
     assert in_neighbors({0: [1], 1: [0, 2], 2: []}) == {0: [1], 1: [0], 2: [1]}
+
+
+def test_complete_graph_with_self_weight_one_over_k_gives_every_site_the_exact_average_in_one_round():
+    from silofl.topology.graphs import CompleteGraph
+
+    torch.manual_seed(1)
+    K = 5
+    states = [{"w": torch.randn(4, dtype=torch.float64)} for _ in range(K)]
+    avg = sum(s["w"] for s in states) / K
+    new, weights = mix(states, [1.0] * K, CompleteGraph(), self_weight=1.0 / K)
+    for s, w in zip(new, weights, strict=True):
+        torch.testing.assert_close(s["w"], avg, rtol=1e-12, atol=1e-12)
+        assert abs(w - 1.0) < 1e-12

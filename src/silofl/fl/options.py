@@ -10,13 +10,14 @@ idempotent; :meth:`MethodOptions.validate` raises a one-line ConfigError.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from silofl.core.errors import ConfigError
 
-GRAPHS = ("exponential", "ring")
+GRAPHS = ("exponential", "ring", "complete")  # silofl.topology.graphs.GRAPH_TYPES
 DP_BACKENDS = ("auto", "ghost", "vmap")
 OPTIMIZER_STATE = ("keep", "reset")
 AGGREGATIONS = ("size", "uniform")
@@ -168,12 +169,28 @@ class SharedModelOptions(DPSGDOptions):
     proxy_model: str = option(
         "mlp", "The shared model's architecture (ProxyFL's proxy, FedAvg's global model)."
     )
-    optimizer_state: str = option("reset", "Keep or reset Adam moments on proxy replacement.")
+    optimizer_state: str = option(
+        "reset",
+        "Keep or reset the shared model's optimizer state (Adam's moments, SGD's momentum) when a received "
+        "model replaces it.",
+    )
 
     def validate(self, run: Any) -> None:
         super().validate(run)
         check_model(self.proxy_model)
         choice("optimizer_state", self.optimizer_state, OPTIMIZER_STATE)
+        if (
+            self.optimizer == "sgd"
+            and self.momentum
+            and self.optimizer_state == "reset"
+            and self.local_steps == 1
+        ):
+            logging.getLogger("silofl").warning(
+                "momentum %g does nothing here: with one local step a round and optimizer_state 'reset' the "
+                "momentum buffer is cleared every time a received model replaces the shared one; set "
+                "optimizer_state keep (or server_momentum for FedAvg/FML)",
+                self.momentum,
+            )
 
 
 @dataclass

@@ -70,10 +70,23 @@ def in_neighbors(out: dict[int, list[int]]) -> dict[int, list[int]]:
     return inn
 
 
+class CompleteGraph:
+    """Every client sends to every other active client each round (K − 1 peers: K − 1 times the exponential
+    graph's bytes). With PushSum self-weight 1/K every live site holds the exact average of the round's
+    models, so the proxies mix as a server's average would, without a server."""
+
+    name = "complete"
+
+    def out_neighbors(self, round_: int, active: Sequence[int]) -> dict[int, list[int]]:
+        """Each active client's out-neighbours in this round: all the others."""
+        return {c: [d for d in active if d != c] for c in active}
+
+
+GRAPH_TYPES = {g.name: g for g in (ExponentialGraph, RingGraph, CompleteGraph)}
+
+
 def make_graph(name: str):
-    """A graph by name: exponential or ring."""
-    if name == "exponential":
-        return ExponentialGraph()
-    if name == "ring":
-        return RingGraph()
-    raise ConfigError(f"unknown graph {name!r}; choose one of: exponential, ring")
+    """A graph by name (one of :data:`GRAPH_TYPES`)."""
+    if name not in GRAPH_TYPES:
+        raise ConfigError(f"unknown graph {name!r}; choose one of: {', '.join(GRAPH_TYPES)}")
+    return GRAPH_TYPES[name]()
