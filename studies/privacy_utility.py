@@ -1388,13 +1388,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--labels",
         default=None,
-        help="only these rows (labels, comma-separated; default: all); the others are carried over from the "
-        "previous generation's CSV",
+        help="only these rows (labels separated by ';', as labels hold commas; default: all); the others are "
+        "carried over from the previous generation's CSV",
     )
     ap.add_argument(
         "--refinal",
         default="",
-        help="rows (labels, comma-separated) re-run on every seed with the settings the previous "
+        help="rows (labels separated by ';') re-run on every seed with the settings the previous "
         "generation's tuning chose (its CSV), without tuning again",
     )
     ap.add_argument("--report-only", action="store_true")
@@ -1410,8 +1410,8 @@ def main(argv: list[str] | None = None) -> None:
     if not set(budgets) <= set(BUDGETS):
         ap.error(f"budgets must be among {BUDGETS}")
     csv_path = Path(a.doc).parent / "data" / "privacy_utility.csv"
-    fresh = tuple(x.strip() for x in a.labels.split(",")) if a.labels else None
-    again = tuple(x.strip() for x in a.refinal.split(",") if x.strip())
+    fresh = tuple(x.strip() for x in a.labels.split(";") if x.strip()) if a.labels else None
+    again = tuple(x.strip() for x in a.refinal.split(";") if x.strip())
     known = {m[0] for f in features for m in FEATURE_SETS[f][1]} | {ALONE[0], OWN, PUBSUB[0], CEILING[0]}
     bad = [x for x in (*(fresh or ()), *again) if x not in known]
     if bad:
@@ -1427,8 +1427,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd = (
         f"python -m studies.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
         f"--features {','.join(features)}"
-        + (f" --labels '{','.join(fresh)}'" if fresh else "")
-        + (f" --refinal '{','.join(again)}'" if again else "")
+        + (f" --labels '{';'.join(fresh)}'" if fresh else "")
+        + (f" --refinal '{';'.join(again)}'" if again else "")
     )
     document(rows + carried, root, Path(a.doc), seeds, cmd, tuple(FEATURE_SETS) if carried else features)
     print(f"wrote {a.doc}", file=sys.stderr)
