@@ -490,7 +490,7 @@ class RunConfig:
         if self.secure_aggregation and not getattr(self.options, "supports_secure_aggregation", False):
             raise ConfigError(
                 f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
-                f"dp-fednova, dp2-rmsprop), not {self.method}"
+                f"dp-fednova, dp2-rmsprop), fedavg and fml, not {self.method}"
             )
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
             raise ConfigError(
