@@ -520,6 +520,11 @@ class SiteWorker:
             resumed = rounds[-1]
             site.on_load(Message({"root": str(root), "round": resumed}))
         self.site, self.run_id, self.order, self.index = site, run_id, list(order), k
+        if hasattr(site, "identity"):  # secure aggregation: its relayed key signed, the others' checked
+            from silofl.fl.exchange.secure_round import SecAggIdentity
+
+            roster = {i: self.sign_pub[name] for i, name in enumerate(order)}
+            site.identity = SecAggIdentity(self.sign_key, roster, run_id)
         self.has_server = has_server
         kept = self.state.runs.get(run_id, {}).get("round")
         known = [r for r in (kept, resumed) if r is not None]

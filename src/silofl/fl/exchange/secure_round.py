@@ -30,7 +30,50 @@ from silofl.core.errors import PeerModelRejected
 
 log = logging.getLogger("silofl")
 
-__all__ = ["SecureParty", "SecureResult", "SecureRound", "plausible"]
+__all__ = ["SecAggIdentity", "SecureParty", "SecureResult", "SecureRound", "plausible"]
+
+KEY_LABEL = b"silofl secagg public key v1"
+SIGNATURE_HEX = 128  # an Ed25519 signature, hex
+
+
+def key_text(run_id: str, pid: int, public_key: bytes) -> bytes:
+    """What a site signs when it hands the server its key-agreement public key: the purpose, the run, its
+    index in the run and the key."""
+    return KEY_LABEL + b"|" + run_id.encode() + b"|" + int(pid).to_bytes(4, "big") + bytes(public_key)
+
+
+@dataclass
+class SecAggIdentity:
+    """A deployed site's identity for secure aggregation: its Ed25519 signing key (the one it seals with)
+    and the run's roster, index → the pinned Ed25519 key of that site. With it a site signs the X25519
+    public key it hands the server and checks every relayed key against the roster: a coordinator that
+    substitutes a key (an active man in the middle of the pairwise key agreement, and so of the channels
+    the Shamir shares travel in) is detected, the site refuses the session and releases nothing."""
+
+    sign_key: Any  # cryptography's Ed25519PrivateKey
+    roster: dict[int, Any]  # index -> Ed25519PublicKey
+    run_id: str
+
+    def sign(self, pid: int, public_key: bytes) -> str:
+        return self.sign_key.sign(key_text(self.run_id, pid, public_key)).hex()
+
+    def verify(self, pid: int, public_key: bytes, signature: Any) -> None:
+        """SecAggRefused unless ``signature`` is party ``pid``'s pinned identity's over its key."""
+        from cryptography.exceptions import InvalidSignature
+
+        from silofl.secure import SecAggRefused
+
+        if pid not in self.roster:
+            raise SecAggRefused(f"party {pid} is not in the run's roster")
+        if not isinstance(signature, str) or len(signature) != SIGNATURE_HEX:
+            raise SecAggRefused(f"the public key of party {pid} comes without its signature")
+        try:
+            self.roster[pid].verify(bytes.fromhex(signature), key_text(self.run_id, pid, public_key))
+        except (InvalidSignature, ValueError):
+            raise SecAggRefused(
+                f"the public key of party {pid} is not signed by its pinned identity (a substituted key): "
+                "no session, nothing released"
+            ) from None
 
 
 # ---------------------------------------------------------------------------------------------- site side
@@ -39,6 +82,7 @@ class SecureParty:
     accepts through :meth:`secure_protocol`)."""
 
     party: Any = None  # this site's side of the protocol (silofl.secure.Party)
+    identity: SecAggIdentity | None = None  # deployed: sign own key, verify the relayed ones
     cid: int
 
     def secure_protocol(self):
@@ -57,7 +101,9 @@ class SecureParty:
         if settings is None:
             return self._refuse("keys", None, "secure aggregation is off at this site")
         self.party = Party(self.cid, settings)
-        return Message({"public_key": self.party.public_key().hex()})
+        pk = self.party.public_key()
+        signed = {"signature": self.identity.sign(self.cid, pk)} if self.identity is not None else {}
+        return Message({"public_key": pk.hex(), **signed})
 
     def on_secagg_setup(self, msg: Message) -> Message:
         """The session id and everyone's public key, as the server relays them."""
@@ -74,7 +120,14 @@ class SecureParty:
                 for k, v in table.items()
             ):
                 raise SecAggRefused("malformed key table")
-            self.party.setup(bytes.fromhex(session), {int(k): bytes.fromhex(v) for k, v in table.items()})
+            peer_keys = {int(k): bytes.fromhex(v) for k, v in table.items()}
+            if self.identity is not None:  # every relayed key, own included, as its owner signed it
+                sigs = msg.meta.get("signatures")
+                if not isinstance(sigs, dict) or len(sigs) > len(table):
+                    raise SecAggRefused("the relayed keys come without their signatures")
+                for i, pk in sorted(peer_keys.items()):
+                    self.identity.verify(i, pk, sigs.get(str(i)))
+            self.party.setup(bytes.fromhex(session), peer_keys)
         except (SecAggRefused, ValueError) as e:
             return self._refuse("setup", None, str(e))
         return Message({"ok": True})
@@ -175,18 +228,22 @@ class SecureRound:
         fresh key pair; the server relays the public keys with a fresh session id."""
         sec = self.server
         got = coord.call("secagg_keys", {k: Message({}) for k in sites})
-        table = {}
+        table, sigs = {}, {}
         for k, r in sorted(got.items()):
-            pk = r.meta.get("public_key")
+            pk, sig = r.meta.get("public_key"), r.meta.get("signature")
             if isinstance(pk, str) and len(pk) == 64:
                 try:
                     table[k] = bytes.fromhex(pk)
+                    if isinstance(sig, str) and len(sig) == SIGNATURE_HEX:  # a deployed site's: relayed
+                        sigs[str(k)] = sig
                     continue
                 except ValueError:
                     pass
             self.refused(coord, -1, k, f"no valid public key ({r.meta.get('refused', 'malformed')})", events)
         sec.setup(table)
-        meta = {"session": sec.session.hex(), "keys": {str(k): v.hex() for k, v in table.items()}}
+        meta: dict = {"session": sec.session.hex(), "keys": {str(k): v.hex() for k, v in table.items()}}
+        if sigs:
+            meta["signatures"] = {k: v for k, v in sigs.items() if int(k) in table}
         done = coord.call("secagg_setup", {k: Message(meta) for k in sorted(table)})
         for k in sorted(table):
             if not done.get(k, Message()).meta.get("ok"):
