@@ -349,8 +349,64 @@ class DP2Options(ClientLevelOptions):
 
 
 # ---------------------------------------------------------------------------------------------- site steps
+@dataclass(frozen=True)
+class SecureFloor:
+    """A deployed hospital's own floor on secure aggregation (its site.json and lifetime budget): it masks
+    no round whose update noise multiplier is below ``min_noise`` or whose minimum survivors is below
+    ``min_survivors``, nor one that would take its own ε against the server — the discrete accountant over
+    every secure round its ledger records, computed by the site from the mechanisms it ran — above
+    ``lifetime_epsilon`` at ``delta``."""
+
+    min_noise: float | None
+    min_survivors: int | None
+    lifetime_epsilon: float
+    delta: float
+
+
+LEDGER_KIND = (
+    "secagg-discrete"  # a site's ledger entry: the discrete mechanisms of one secure round it masked
+)
+
+
 class ClientLevelSite(SecureParty, SubclientSite):
     """A hospital's steps in the client-level round (secure aggregation's steps: :class:`SecureParty`)."""
+
+    secure_floor: SecureFloor | None = (
+        None  # deployed: the site's own floor, and its ledger records its spend
+    )
+
+    def secure_spent(self) -> list:
+        """The discrete mechanisms of every secure round this site's ledger records (all runs)."""
+        from silofl.privacy.discrete import DiscreteMechanism
+
+        if self.ledger is None:
+            return []
+        return [
+            DiscreteMechanism.from_dict(m)
+            for e in self.ledger.entries
+            if e.get("kind") == LEDGER_KIND
+            for m in e["mechanisms"]
+        ]
+
+    def _check_floor(self, mechs: list, z: float, m: int) -> None:
+        """SecAggRefused (before training: nothing is released) when the requested round gives less
+        protection than this site's floor."""
+        from silofl.privacy.discrete import epsilon
+        from silofl.secure import SecAggRefused
+
+        f = self.secure_floor
+        if f is None or not self.settings.private:
+            return
+        if f.min_noise is not None and z < f.min_noise:
+            raise SecAggRefused(f"noise multiplier {z:.4g} is below this site's floor {f.min_noise:g}")
+        if f.min_survivors is not None and m < f.min_survivors:
+            raise SecAggRefused(f"minimum survivors {m} is below this site's floor {f.min_survivors}")
+        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta)
+        if eps > f.lifetime_epsilon:
+            raise SecAggRefused(
+                f"this round would take the site's own ε against the server to {eps:.4g}, above its lifetime "
+                f"ε {f.lifetime_epsilon:g}"
+            )
 
     def secure_protocol(self):
         return self.settings.secure.protocol() if self.settings.secure is not None else None
@@ -380,6 +436,7 @@ class ClientLevelSite(SecureParty, SubclientSite):
             except ConfigError as e:
                 raise SecAggRefused(str(e)) from None
             self.party.settings.check_round(len(parts))  # refuse before training
+            self._check_floor(mechs, sec_settings.noise_multiplier, sec_settings.min_survivors)
             total, unclipped, norm_sum, _, _ = self.train_vectors(rnd)
             vectors = [total.detach().double().cpu().numpy()]
             if sec_settings.count_noise_multiplier is not None:  # hospital unit: the fraction, centred
@@ -392,9 +449,16 @@ class ClientLevelSite(SecureParty, SubclientSite):
                     for v, m in zip(vectors, mechs, strict=True)
                 ]
             )
-            return self.secure_upload(rnd, server, x, parts, graph_seed)
+            out = self.secure_upload(rnd, server, x, parts, graph_seed)
         except (SecAggRefused, ValueError, RuntimeError) as e:  # RuntimeError: rounding never fit the bound
             return self._refuse("mask", rnd, str(e))
+        if self.secure_floor is not None and self.ledger is not None and self.settings.private:
+            # the site's own record of what it released (masked, and counted whether or not the server
+            # decodes the sum: it can only over-count)
+            self.ledger.append(
+                LEDGER_KIND, run=self.run_label, round=rnd, mechanisms=[m.to_dict() for m in mechs]
+            )
+        return out
 
     def on_receive_global(self, msg: Message) -> Message:
         """Take the server's broadcast; a broadcast that fails validation means sitting the next round out."""
