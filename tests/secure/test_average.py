@@ -135,3 +135,32 @@ def test_dropouts_range_clipping_and_refusals(tmp_path, caplog):
     assert "refused" in r.meta and not r.packets
     bad = {"round": 6, "server": 4, "weight_scale": 1.0, "secagg": {}}
     assert "refused" in site.handle("train_upload", Message(bad)).meta
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fml_with_secure_aggregation_on_torch_distributed_equals_the_simulator(tmp_path):
+    """`silofl launch` (two processes) runs the same steps and gives the simulator's figures (seeded)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import TINY_LAUNCH, launch_tiny
+
+    extra = ["--method", "fml", "--secure-aggregation", "--seed", "0"]
+    r = launch_tiny(tmp_path / "l", *extra)
+    assert r.returncode == 0, r.stderr[-3000:]
+    args = TINY_LAUNCH[3:]  # without "launch --nproc-per-node 2"
+    sim = subprocess.run(
+        [sys.executable, "-m", "silofl.cli.main", "run", *args, "--out", str(tmp_path / "s"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    runs = [json.loads((tmp_path / k / "summary.json").read_text()) for k in ("l", "s")]
+    assert runs[0]["processes"] == 2
+    for s in runs:
+        assert s["privacy"]["secure_aggregation"] is True and s["privacy"]["rounds_released"] == 1
+    rows = [[(c["client"], c["proxy_acc"], c["epsilon"]) for c in s["final"]["per_client"]] for s in runs]
+    assert rows[0] == rows[1]
