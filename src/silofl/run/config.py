@@ -351,7 +351,8 @@ class RunConfig:
             "panel": "privacy",
             "help": "Client-level methods: secure aggregation (SecAgg+) with discrete noise added at each "
             "site, "
-            "so the ε holds against the server (settings: --secagg-bits, --secagg-min-survivors, …).",
+            "so the ε holds against the server (settings: --secagg-bits, --secagg-min-survivors, …). "
+            "FedAvg/FML: the server sees only the sum of the sites' model moves (--secagg-range).",
         },
     )
     # the method's own section (silofl.fl.options)
