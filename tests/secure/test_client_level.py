@@ -258,7 +258,7 @@ def test_a_resumed_run_agrees_on_new_keys_and_keeps_its_accounting(tmp_path):
     b.coordinator.load_state_dict(state)
     for k, s in b.engine.sites.items():
         s.load_state_dict(sites[k])
-    assert not b.coordinator.keys_ready
+    assert not b.coordinator.server.secagg.keys_ready
     b.coordinator.run_round(2)
     srv = b.coordinator.server
     assert srv.history[-1]["survivors"] == 4 and len(srv.secure_released) == 2

@@ -407,7 +407,14 @@ def print_summary(summary: dict) -> None:
                 f"client-level ε at δ={priv['delta']:g}: hospital {priv['epsilon_hospital']:.3f}, "
                 f"sub-client {priv['epsilon_subclient']:.3f} — {priv['note_units']}"
             )
-    if priv.get("secure_aggregation"):
+    if priv.get("secure_aggregation") and priv.get("server_sees"):  # FedAvg / FML: uploads DP at the site
+        console.print(
+            f"secure aggregation: on — the server saw {priv['server_sees']}; the example-level ε is "
+            f"unchanged (noise placement: {priv['noise_placement']}); {priv['bits_per_coordinate']} bits per "
+            f"coordinate, range {priv['secagg_range']:g}, {priv['rounds_released']} rounds released, "
+            f"{priv['rounds_abandoned']} abandoned."
+        )
+    elif priv.get("secure_aggregation"):
         eps = priv.get("epsilon_vs_server")
         console.print(
             "secure aggregation: on — the server saw masked vectors and sums only; "

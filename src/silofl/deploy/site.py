@@ -520,6 +520,18 @@ class SiteWorker:
             resumed = rounds[-1]
             site.on_load(Message({"root": str(root), "round": resumed}))
         self.site, self.run_id, self.order, self.index = site, run_id, list(order), k
+        if hasattr(site, "identity"):  # secure aggregation: its relayed key signed, the others' checked
+            from silofl.fl.exchange.secure_round import SecAggIdentity
+
+            roster = {i: self.sign_pub[name] for i, name in enumerate(order)}
+            site.identity = SecAggIdentity(self.sign_key, roster, run_id)
+        if hasattr(site, "secure_floor"):  # client-level secure aggregation: this site's own noise floor
+            from silofl.fl.exchange.client_level import SecureFloor
+
+            c = self.cfg
+            site.secure_floor = SecureFloor(
+                c.secagg_min_noise, c.secagg_min_survivors, self.lifetime[0], min(cfg.delta, self.lifetime[1])
+            )
         self.has_server = has_server
         kept = self.state.runs.get(run_id, {}).get("round")
         known = [r for r in (kept, resumed) if r is not None]

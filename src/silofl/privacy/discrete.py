@@ -455,6 +455,42 @@ def calibrate(
     return mech
 
 
+def exact_range(
+    *, dim: int, clip: float, bits: int, parties: int, min_survivors: int = 1
+) -> DiscreteMechanism:
+    """The noiseless mechanism whose sum of ``parties`` encodings can never wrap around the group (secure
+    aggregation of uploads that are DP already, e.g. FedAvg's example-level DP-SGD models): every rotated
+    coordinate of a vector of norm ≤ c is at most c, so after scaling and rounding at most γc + 1, and n of
+    them at most n(γc + 1) ≤ 2^(bits−1) − 1 with γ = (2^(bits−1) − 1 − n)/(n·c) — inside the centred range
+    whatever the data (no k-standard-deviation bet as in :func:`calibrate`). A vector longer than c is
+    clipped to c by :func:`encode` (the site's documented range bound). Raises ConfigError when the bits are
+    too few for one integer step per c."""
+    if not _is_int(parties) or not 1 <= parties <= MAX_PARTIES:
+        raise ConfigError(f"parties must be an integer in [1, {MAX_PARTIES}], got {_show(parties)}")
+    if not _is_real(clip) or not clip > 0:
+        raise ConfigError(f"the range bound must be positive and finite, got {_show(clip)}")
+    if not _is_int(bits) or not MIN_BITS <= bits <= MAX_BITS:
+        raise ConfigError(f"bits must be an integer in [{MIN_BITS}, {MAX_BITS}], got {_show(bits)}")
+    n, c = int(parties), float(clip)
+    room = (1 << (bits - 1)) - 1 - n
+    gamma = min(room / (n * c) * (1 - 1e-12), MAX_SCALED_CLIP / c) if room > 0 else 0.0
+    if gamma * c < 1:
+        raise ConfigError(
+            f"{bits} bits are too few to sum {n} vectors of norm ≤ {c:g} without wrap-around; raise the bits"
+        )
+    return DiscreteMechanism(
+        kind="skellam",
+        dim=int(dim),
+        clip=c,
+        bits=int(bits),
+        scale=gamma,
+        beta=DEFAULT_BETA,
+        local_mu=0.0,
+        min_survivors=int(min(max(1, min_survivors), n)),
+        parties=n,
+    )
+
+
 MAX_CALIBRATED_Z = 1e4
 
 

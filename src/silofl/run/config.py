@@ -351,7 +351,8 @@ class RunConfig:
             "panel": "privacy",
             "help": "Client-level methods: secure aggregation (SecAgg+) with discrete noise added at each "
             "site, "
-            "so the ε holds against the server (settings: --secagg-bits, --secagg-min-survivors, …).",
+            "so the ε holds against the server (settings: --secagg-bits, --secagg-min-survivors, …). "
+            "FedAvg/FML: the server sees only the sum of the sites' model moves (--secagg-range).",
         },
     )
     # the method's own section (silofl.fl.options)
@@ -490,7 +491,7 @@ class RunConfig:
         if self.secure_aggregation and not getattr(self.options, "supports_secure_aggregation", False):
             raise ConfigError(
                 f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
-                f"dp-fednova, dp2-rmsprop), not {self.method}"
+                f"dp-fednova, dp2-rmsprop), fedavg and fml, not {self.method}"
             )
         if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
             raise ConfigError(

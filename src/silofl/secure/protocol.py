@@ -35,7 +35,9 @@ shares of b_u (from neighbours told u survived) *and* the pairwise seeds of u wi
 (from u, told they dropped): that needs at least t of u's neighbours claimed dropped, which u refuses
 because t > k − t (t > k/2). Fewer than t neighbours colluding with the server learn nothing either. Public
 keys are relayed by the server: a server that substitutes keys (an active man in the middle) is out of
-this model unless the keys are authenticated (deployed sites can sign them with their Ed25519 identity).
+this model unless the keys are authenticated — deployed sites sign theirs with their pinned Ed25519
+identity and check every relayed key against the run's roster
+(:class:`silofl.fl.exchange.secure_round.SecAggIdentity`); in the simulator no identities exist.
 """
 
 from __future__ import annotations

@@ -172,6 +172,10 @@ class SiteConfig:
     report_test_figures: bool = False
     allow_research_seed: bool = False
     allow_non_formal: bool = False  # runs whose ε is not a formal guarantee (paper mode, no DP)
+    # secure aggregation, client-level methods: the least noise multiplier of the discrete noise and the least
+    # minimum survivors this site accepts (None: no floor beyond its lifetime budget; silofl.fl.exchange)
+    secagg_min_noise: float | None = None
+    secagg_min_survivors: int | None = None
 
     def to_dict(self) -> dict:
         """The JSON of ``site.json``."""
@@ -191,6 +195,12 @@ class SiteConfig:
         check_site_name(c.name)
         if not (math.isfinite(c.lifetime_epsilon) and c.lifetime_epsilon > 0 and 0 <= c.lifetime_delta < 1):
             raise ConfigError(f"{where}: the lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1")
+        if c.secagg_min_noise is not None and not (
+            math.isfinite(c.secagg_min_noise) and c.secagg_min_noise >= 0
+        ):
+            raise ConfigError(f"{where}: secagg_min_noise must be a finite non-negative number")
+        if c.secagg_min_survivors is not None and c.secagg_min_survivors < 2:
+            raise ConfigError(f"{where}: secagg_min_survivors must be at least 2")
         return c
 
     @classmethod

@@ -47,6 +47,7 @@ from silofl.comm.wire import encode, read_model
 from silofl.core.errors import ConfigError, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Coordinator, RoundEvents
+from silofl.fl.exchange.secure_round import SecureParty, SecureRound, plausible
 from silofl.fl.options import (
     PRIVACY_UNITS,
     MethodOptions,
@@ -348,10 +349,67 @@ class DP2Options(ClientLevelOptions):
 
 
 # ---------------------------------------------------------------------------------------------- site steps
-class ClientLevelSite(SubclientSite):
-    """A hospital's steps in the client-level round."""
+@dataclass(frozen=True)
+class SecureFloor:
+    """A deployed hospital's own floor on secure aggregation (its site.json and lifetime budget): it masks
+    no round whose update noise multiplier is below ``min_noise`` or whose minimum survivors is below
+    ``min_survivors``, nor one that would take its own ε against the server — the discrete accountant over
+    every secure round its ledger records, computed by the site from the mechanisms it ran — above
+    ``lifetime_epsilon`` at ``delta``."""
 
-    party: Any = None  # secure aggregation: this site's side of the protocol (silofl.secure.Party)
+    min_noise: float | None
+    min_survivors: int | None
+    lifetime_epsilon: float
+    delta: float
+
+
+LEDGER_KIND = (
+    "secagg-discrete"  # a site's ledger entry: the discrete mechanisms of one secure round it masked
+)
+
+
+class ClientLevelSite(SecureParty, SubclientSite):
+    """A hospital's steps in the client-level round (secure aggregation's steps: :class:`SecureParty`)."""
+
+    secure_floor: SecureFloor | None = (
+        None  # deployed: the site's own floor, and its ledger records its spend
+    )
+
+    def secure_spent(self) -> list:
+        """The discrete mechanisms of every secure round this site's ledger records (all runs)."""
+        from silofl.privacy.discrete import DiscreteMechanism
+
+        if self.ledger is None:
+            return []
+        return [
+            DiscreteMechanism.from_dict(m)
+            for e in self.ledger.entries
+            if e.get("kind") == LEDGER_KIND
+            for m in e["mechanisms"]
+        ]
+
+    def _check_floor(self, mechs: list, z: float, m: int) -> None:
+        """SecAggRefused (before training: nothing is released) when the requested round gives less
+        protection than this site's floor."""
+        from silofl.privacy.discrete import epsilon
+        from silofl.secure import SecAggRefused
+
+        f = self.secure_floor
+        if f is None or not self.settings.private:
+            return
+        if f.min_noise is not None and z < f.min_noise:
+            raise SecAggRefused(f"noise multiplier {z:.4g} is below this site's floor {f.min_noise:g}")
+        if f.min_survivors is not None and m < f.min_survivors:
+            raise SecAggRefused(f"minimum survivors {m} is below this site's floor {f.min_survivors}")
+        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta)
+        if eps > f.lifetime_epsilon:
+            raise SecAggRefused(
+                f"this round would take the site's own ε against the server to {eps:.4g}, above its lifetime "
+                f"ε {f.lifetime_epsilon:g}"
+            )
+
+    def secure_protocol(self):
+        return self.settings.secure.protocol() if self.settings.secure is not None else None
 
     def on_train_upload(self, msg: Message) -> Message:
         """Train every sub-client and upload the clipped sum (only if the last broadcast selected it); with
@@ -363,63 +421,14 @@ class ClientLevelSite(SubclientSite):
             return self._secure_upload(rnd, server, msg.meta.get("secagg"))
         return Message(packets=[Packet(self.cid, server, self.train(rnd))])
 
-    # ------------------------------------------------------------------ secure aggregation
-    def _refuse(self, step: str, rnd: Any, why: str) -> Message:
-        log.warning("client %d refused secure aggregation step %s in round %s: %s", self.cid, step, rnd, why)
-        return Message({"refused": why[:300]})
-
-    def on_secagg_keys(self, msg: Message) -> Message:
-        """A fresh key pair (a new session follows): its public half."""
-        from silofl.secure import Party
-
-        if self.settings.secure is None:
-            return self._refuse("keys", None, "secure aggregation is off at this site")
-        self.party = Party(self.cid, self.settings.secure.protocol())
-        return Message({"public_key": self.party.public_key().hex()})
-
-    def on_secagg_setup(self, msg: Message) -> Message:
-        """The session id and everyone's public key, as the server relays them."""
-        from silofl.secure import SecAggRefused
-
-        if self.party is None:
-            return self._refuse("setup", None, "no key pair yet")
-        try:
-            session, table = msg.meta.get("session"), msg.meta.get("keys")
-            if not isinstance(session, str) or len(session) != 32 or not isinstance(table, dict):
-                raise SecAggRefused("malformed setup")
-            if len(table) > 1 << 16 or not all(
-                isinstance(k, str) and k.isdigit() and len(k) <= 6 and isinstance(v, str) and len(v) == 64
-                for k, v in table.items()
-            ):
-                raise SecAggRefused("malformed key table")
-            self.party.setup(bytes.fromhex(session), {int(k): bytes.fromhex(v) for k, v in table.items()})
-        except (SecAggRefused, ValueError) as e:
-            return self._refuse("setup", None, str(e))
-        return Message({"ok": True})
-
     def _secure_upload(self, rnd: int, server: int, sec: Any) -> Message:
+        from silofl.privacy.discrete import encode as discrete_encode
         from silofl.secure import SecAggRefused
-        from silofl.secure.messages import pack_masked
 
-        if self.party is None or self.party.session is None:
-            return self._refuse("mask", rnd, "no key agreement yet")
         try:
-            if not isinstance(sec, dict):
-                raise SecAggRefused("no secure aggregation parameters")
-            parts, gseed, rseed = sec.get("participants"), sec.get("graph_seed"), sec.get("rotation_seed")
-            if not isinstance(parts, list) or len(parts) > 1 << 16:
-                raise SecAggRefused("participants: not a bounded list")
-            if not isinstance(gseed, str) or len(gseed) != 32:
-                raise SecAggRefused("graph seed: not 16 bytes of hex")
-            if not isinstance(rseed, str) or not rseed.isdigit() or len(rseed) > 40:
-                raise SecAggRefused("rotation seed: not a decimal integer")
-            graph_seed = bytes.fromhex(gseed)
-            if not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
-                raise SecAggRefused("participants: not integers")
+            parts, graph_seed, rseed = self.secure_round_meta(sec)
             sec_settings = self.settings.secure
             assert sec_settings is not None
-            from silofl.core.errors import ConfigError
-
             try:
                 mechs = sec_settings.mechanisms(
                     sum(p.numel() for p in self.model.parameters()), self.clip * self.v, len(parts)
@@ -427,8 +436,7 @@ class ClientLevelSite(SubclientSite):
             except ConfigError as e:
                 raise SecAggRefused(str(e)) from None
             self.party.settings.check_round(len(parts))  # refuse before training
-            from silofl.privacy.discrete import encode as discrete_encode
-
+            self._check_floor(mechs, sec_settings.noise_multiplier, sec_settings.min_survivors)
             total, unclipped, norm_sum, _, _ = self.train_vectors(rnd)
             vectors = [total.detach().double().cpu().numpy()]
             if sec_settings.count_noise_multiplier is not None:  # hospital unit: the fraction, centred
@@ -437,34 +445,20 @@ class ClientLevelSite(SubclientSite):
                 vectors.append(np.array([norm_sum]))
             x = np.concatenate(
                 [
-                    discrete_encode(v, m, rotation_seed=int(rseed), rng=self.secure_rng)
+                    discrete_encode(v, m, rotation_seed=rseed, rng=self.secure_rng)
                     for v, m in zip(vectors, mechs, strict=True)
                 ]
             )
-            y, sealed = self.party.mask(rnd, x, sorted(parts), graph_seed)
+            out = self.secure_upload(rnd, server, x, parts, graph_seed)
         except (SecAggRefused, ValueError, RuntimeError) as e:  # RuntimeError: rounding never fit the bound
             return self._refuse("mask", rnd, str(e))
-        data = pack_masked(y, sealed, sec_settings.bits, {"round": rnd, "src": self.cid, "secagg": True})
-        return Message(packets=[Packet(self.cid, server, data)])
-
-    def on_secagg_unmask(self, msg: Message) -> Message:
-        """Reveal, for each neighbour, its self-mask share (it survived) or the pairwise seed (it did not)."""
-        from silofl.secure import SecAggRefused
-        from silofl.secure.messages import unpack_shares
-
-        rnd = msg.meta.get("round")
-        if self.party is None:
-            return self._refuse("unmask", rnd, "no key agreement yet")
-        try:
-            surv = msg.meta.get("survivors")
-            if not isinstance(rnd, int) or not isinstance(surv, list) or len(msg.packets) != 1:
-                raise SecAggRefused("malformed unmask request")
-            p = msg.packets[0]
-            sealed = unpack_shares(p.data, {"round": rnd, "dst": self.cid}, self.party.awaiting)
-            reveal = self.party.unmask(rnd, surv, sealed)
-        except (SecAggRefused, PeerModelRejected, ValueError) as e:
-            return self._refuse("unmask", rnd, str(e))
-        return Message({"reveal": reveal})
+        if self.secure_floor is not None and self.ledger is not None and self.settings.private:
+            # the site's own record of what it released (masked, and counted whether or not the server
+            # decodes the sum: it can only over-count)
+            self.ledger.append(
+                LEDGER_KIND, run=self.run_label, round=rnd, mechanisms=[m.to_dict() for m in mechs]
+            )
+        return out
 
     def on_receive_global(self, msg: Message) -> Message:
         """Take the server's broadcast; a broadcast that fails validation means sitting the next round out."""
@@ -614,19 +608,20 @@ class DPServer:
         # secure aggregation: the protocol's server role, the mechanisms whose sums it saw (the accountant
         # against the server), and the public per-round rotation seeds (seeded research runs: reproducible)
         self.secure = o.secure_settings(cfg)
-        self.secagg = None
+        self.secagg: SecureRound | None = None
         self.secure_released: list[dict] = []
         self.secure_abandoned = 0
         if self.secure is not None:
             import random
 
-            from silofl.secure import Server
-
             extras = (self.secure.count_noise_multiplier is not None) + (
                 self.secure.norm_noise_multiplier is not None
             )
-            self.secagg = Server(self.secure.protocol(), (1 << max(0, (self.d - 1).bit_length())) + extras)
-            self.rotation_rng = random.Random(seed_noise) if seeded else random.SystemRandom()
+            self.secagg = SecureRound(
+                self.secure.protocol(),
+                (1 << max(0, (self.d - 1).bit_length())) + extras,
+                random.Random(seed_noise) if seeded else random.SystemRandom(),
+            )
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -947,7 +942,6 @@ class ClientLevelDP(Coordinator):
         self.spec, self.device, self.optimizer = spec, device, optimizer
         self.accounts = UnitAccountants(cfg)
         self.server: DPServer | None = None
-        self.keys_ready = False  # secure aggregation: the current session's keys reached every site
 
     def setup(self) -> None:
         cfg, o = self.cfg, self.cfg.options
@@ -1027,125 +1021,44 @@ class ClientLevelDP(Coordinator):
         return events
 
     # ------------------------------------------------------------------ secure aggregation
-    def _refused(self, rnd: int, k: int, why: str, events: RoundEvents) -> None:
-        log.warning("secure aggregation, round %d: site %d: %s", rnd, k, why)
-        events.rejected.append({"round": rnd, "client": self.server_id, "src": k, "reason": str(why)[:300]})
-
-    def secure_setup(self, sites: list[int], events: RoundEvents) -> None:
-        """Key agreement (once per run, again after a site rejoins or the run resumes): every site makes a
-        fresh key pair; the server relays the public keys with a fresh session id."""
-        sec = self.server.secagg
-        got = self.call("secagg_keys", {k: Message({}) for k in sites})
-        table = {}
-        for k, r in sorted(got.items()):
-            pk = r.meta.get("public_key")
-            if isinstance(pk, str) and len(pk) == 64:
-                try:
-                    table[k] = bytes.fromhex(pk)
-                    continue
-                except ValueError:
-                    pass
-            self._refused(-1, k, f"no valid public key ({r.meta.get('refused', 'malformed')})", events)
-        sec.setup(table)
-        meta = {"session": sec.session.hex(), "keys": {str(k): v.hex() for k, v in table.items()}}
-        done = self.call("secagg_setup", {k: Message(meta) for k in sorted(table)})
-        for k in sorted(table):
-            if not done.get(k, Message()).meta.get("ok"):
-                sec.keys.pop(k, None)
-                self._refused(-1, k, "key agreement refused or lost", events)
-        self.keys_ready = True
-
     def _secure_round(self, rnd: int, active: list[int], events: RoundEvents) -> None:
-        """One round with secure aggregation: masked noisy uploads, unmasking by the survivors, the decoded
-        sum released — or the round abandoned with nothing released (see silofl.secure)."""
-        from silofl.comm.messages import Packet as P
+        """One round with secure aggregation (:class:`SecureRound`): masked noisy uploads, unmasking by the
+        survivors, the decoded sum released — or the round abandoned with nothing released."""
         from silofl.privacy.discrete import decode
         from silofl.secure import SecAggRefused
-        from silofl.secure.messages import pack_shares, unpack_masked
 
         server, sec = self.server, self.server.secagg
-        if events.rejoined or not self.keys_ready:
-            self.secure_setup(active, events)
-        chosen = sorted(server.selected & set(active) & set(sec.keys))
+        chosen = sorted(server.selected & set(sec.participants(self, active, events)))
         info: dict = {"participants": len(chosen)}
         mechs = None
         try:
             mechs = server.secure_mechanisms(len(chosen))
-            mech = mechs[0]
-            graph_seed = sec.begin(rnd, chosen)
         except (ConfigError, ValueError, SecAggRefused) as e:
             info["reason"] = str(e)
             server.secure_release(rnd, None, mechs, info)
             log.warning("secure aggregation abandoned round %d: %s", rnd, e)
             return
-        rseed = server.rotation_rng.getrandbits(128)
-        meta = {"participants": chosen, "graph_seed": graph_seed.hex(), "rotation_seed": str(rseed)}
-        uploads = self.call(
-            "train_upload",
-            {k: Message({"round": rnd, "server": self.server_id, "secagg": meta}) for k in chosen},
-        )
-        for k in sorted(uploads):
-            if "refused" in uploads[k].meta:
-                self._refused(rnd, k, f"refused to mask: {uploads[k].meta['refused']}", events)
-            for p in self.routable(rnd, k, uploads, {self.server_id}, events):
-                try:
-                    expect = {"round": rnd, "src": k, "secagg": True}
-                    y, sealed = unpack_masked(p.data, sec.dim, mech.bits, expect, max_shares=len(chosen))
-                    sec.receive(k, y, sealed)
-                except (PeerModelRejected, SecAggRefused) as e:
-                    self._refused(rnd, k, f"masked upload refused: {e}", events)
+        mech = mechs[0]
+        res = sec.run(self, rnd, chosen, events)
+        if res.total is None and res.rotation_seed is None:  # refused before any upload
+            info["reason"] = res.reason
+            server.secure_release(rnd, None, mechs, info)
+            log.warning("secure aggregation abandoned round %d: %s", rnd, res.reason)
+            return
         released, aux = None, []
-        surv = sec.survivors()
-        if surv is not None:
-            requests = {
-                k: Message(
-                    {"round": rnd, "survivors": surv},
-                    [P(self.server_id, k, pack_shares(sec.forwarded(k), {"round": rnd, "dst": k}))],
-                )
-                for k in surv
-            }
-            reveals = {}
-            for k, r in sorted(self.call("secagg_unmask", requests).items()):
-                if isinstance(r.meta.get("reveal"), dict):
-                    reveals[k] = r.meta["reveal"]
-                else:
-                    self._refused(rnd, k, f"refused to unmask: {r.meta.get('refused', 'no reveal')}", events)
-            total = sec.finish(reveals)
-            if total is not None:
-                d = mech.padded_dim()
-                released = torch.from_numpy(decode(total[:d], mech, rotation_seed=rseed))
-                aux = [
-                    float(decode(total[d + i : d + i + 1], m, rotation_seed=rseed)[0])
-                    for i, m in enumerate(mechs[1:])
-                ]
-                info["survivors"] = len(surv)
-                info["step"] = self._plausible(released, mech, len(surv), rnd)
+        if res.total is not None:
+            total, rseed, d = res.total, res.rotation_seed, mech.padded_dim()
+            released = torch.from_numpy(decode(total[:d], mech, rotation_seed=rseed))
+            aux = [
+                float(decode(total[d + i : d + i + 1], m, rotation_seed=rseed)[0])
+                for i, m in enumerate(mechs[1:])
+            ]
+            info["survivors"] = len(res.survivors)
+            info["step"] = plausible(released, mech, len(res.survivors), rnd)
         if released is None:
-            info["reason"] = sec.reason
-            log.warning("secure aggregation abandoned round %d: %s — nothing released", rnd, sec.reason)
+            info["reason"] = res.reason
+            log.warning("secure aggregation abandoned round %d: %s — nothing released", rnd, res.reason)
         server.secure_release(rnd, released, mechs, info, aux if released is not None else [])
-
-    def _plausible(self, released: torch.Tensor, mech, survivors: int, rnd: int) -> bool:
-        """Whether the decoded sum is within what ``survivors`` clipped, rounded, noisy updates can add up
-        to (a wrong mask or a wrap-around gives a vector of the group's size); the server saw it either
-        way. The noise's norm concentrates at √d′·σ (its spread is about σ/√2): eight σ of slack on top of
-        every update at its bound and every rounding at its largest. A uniform vector of the group (what a
-        wrong mask leaves) is about 2.3 times as long as the noise alone, since the group holds k = 4
-        standard deviations of a coordinate of the sum (silofl.privacy.discrete.calibrate)."""
-        d = mech.padded_dim()
-        std = mech.central_std(survivors)
-        bound = survivors * (mech.clip + math.sqrt(d) / mech.scale) + std * (math.sqrt(d) + 8)
-        norm = float(torch.linalg.vector_norm(released))
-        if norm > bound:
-            log.warning(
-                "secure aggregation, round %d: the decoded sum's norm %.4g exceeds %.4g (a wrong mask or a "
-                "wrap-around): the model does not move",
-                rnd,
-                norm,
-                bound,
-            )
-            return False
-        return True
 
     def extra_metrics(self, k: int) -> dict:
         if self.server is None or not self.server.history:
@@ -1178,7 +1091,8 @@ class ClientLevelDP(Coordinator):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.server.load_state_dict(state["server"])
-        self.keys_ready = False  # sites resumed from checkpoints hold no keys: agree on new ones
+        if self.server.secagg is not None:  # sites resumed from checkpoints hold no keys: agree on new ones
+            self.server.secagg.keys_ready = False
 
     def privacy_summary(self) -> dict:
         cfg, o, led = self.cfg, self.cfg.options, self.accounts

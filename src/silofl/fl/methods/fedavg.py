@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized, CentralSite
+from silofl.fl.exchange.secure_average import SecureAveragingOptions, SecureCentralized, SecureCentralSite
 from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.options import AveragingOptions, SharedModelOptions
 from silofl.fl.registry import register
 
 
 @dataclass
-class FedAvgOptions(AveragingOptions, SharedModelOptions):
+class FedAvgOptions(SecureAveragingOptions, AveragingOptions, SharedModelOptions):
     """FedAvg: one DP model averaged by a server."""
 
 
@@ -35,15 +36,18 @@ class FedAvg(Method):
     opts: FedAvgOptions
 
     def make_site(self, k, x, y, data):
-        return CentralSite(
+        secure = self.opts.secure_average(self.plan)
+        site = (SecureCentralSite if secure is not None else CentralSite)(
             k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
         )
+        if secure is not None:
+            site.enable_secure(secure, self.plan.seed)
+        return site
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(
-            self.plan,
-            n_sites,
-            spec(self.opts.proxy_model, data),
-            device,
-            uniform=self.opts.aggregation == "uniform",
-        )
+        args = (self.plan, n_sites, spec(self.opts.proxy_model, data), device)
+        uniform = self.opts.aggregation == "uniform"
+        secure = self.opts.secure_average(self.plan)
+        if secure is not None:  # the server sees only the sum (silofl.fl.exchange.secure_average)
+            return SecureCentralized(*args, secure, uniform=uniform)
+        return Centralized(*args, uniform=uniform)

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import Centralized, CentralSite
+from silofl.fl.exchange.secure_average import SecureAveragingOptions, SecureCentralized, SecureCentralSite
 from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.options import AveragingOptions, MutualLearningOptions, SharedModelOptions
 from silofl.fl.registry import register
 
 
 @dataclass
-class FMLOptions(AveragingOptions, MutualLearningOptions, SharedModelOptions):
+class FMLOptions(SecureAveragingOptions, AveragingOptions, MutualLearningOptions, SharedModelOptions):
     """FML: a private model, a DP meme, mutual learning, server averaging."""
 
 
@@ -36,7 +37,8 @@ class FML(Method):
 
     def make_site(self, k, x, y, data):
         o = self.opts
-        return CentralSite(
+        secure = o.secure_average(self.plan)
+        site = (SecureCentralSite if secure is not None else CentralSite)(
             k,
             x,
             y,
@@ -45,12 +47,14 @@ class FML(Method):
             private_spec=spec(o.private_model_of(k), data),
             shared_field="proxy",
         )
+        if secure is not None:
+            site.enable_secure(secure, self.plan.seed)
+        return site
 
     def make_coordinator(self, n_sites, data, device):
-        return Centralized(
-            self.plan,
-            n_sites,
-            spec(self.opts.proxy_model, data),
-            device,
-            uniform=self.opts.aggregation == "uniform",
-        )
+        args = (self.plan, n_sites, spec(self.opts.proxy_model, data), device)
+        uniform = self.opts.aggregation == "uniform"
+        secure = self.opts.secure_average(self.plan)
+        if secure is not None:  # the memes' sum only (silofl.fl.exchange.secure_average)
+            return SecureCentralized(*args, secure, uniform=uniform)
+        return Centralized(*args, uniform=uniform)
