@@ -749,7 +749,14 @@ def _describe(info, records: list[dict]) -> str:
     accs = " ".join(
         f"{k.removesuffix('_acc')} {statistics.fmean(r[k] for r in records):.3f}"
         for k in ACC_FIELDS
-        if all(k in r for r in records)
+        if all(r.get(k) is not None for r in records)
+    )
+    # a survival run has no accuracy (None): its C-index instead (silofl.training.tasks)
+    accs += "".join(
+        f" {k.removesuffix('_acc')} C {statistics.fmean(r[c] for r in records):.3f}"
+        for k in ACC_FIELDS
+        for c in [k.removesuffix("_acc") + "_c_index"]
+        if all(r.get(c) is not None for r in records)
     )
     eps = [r["epsilon"] for r in records if r["epsilon"] is not None]
     e = f" ε {max(eps):.2f}" if eps else ""

@@ -40,6 +40,11 @@ def dml_loss(
         from silofl.training.segmentation import segmentation_dml_loss
 
         return segmentation_dml_loss(logits, y, other_logp, weight)
+    from silofl.training.tasks import target_task
+
+    own = target_task(y)  # a task with its own per-example loss (a survival target): no partner to distil
+    if own is not None and own.loss is not None:
+        return own.loss(logits, y)
     ce = F.cross_entropy(logits, y, reduction="none")
     if weight == 0.0 or other_logp is None:
         return ce
