@@ -77,10 +77,13 @@ MODEL_FOR = {"fedbn": {"proxy_model": "cnn-gn"}}
 GroupNorm (the shared configs' ``mlp`` has none, and FedBN refuses it)."""
 
 
-def write_survival_sites(root, sites: int = 3, rows: int = 300, seed: int = 0, bins=(0.5, 1.0, 2.0, 4.0)):
+def write_survival_sites(
+    root, sites: int = 3, rows: int = 300, seed: int = 0, bins=(0.5, 1.0, 2.0, 4.0), persons: bool = False
+):
     """Generated multi-site survival tables under ``root`` (site{k}.csv and schema.yaml): two numeric features
-    and a categorical one, exponential event times with hazard exp(0.9·x1 − 0.6·x2 + 0.5·[grp = b]) and uniform
-    censoring on [0, 5]; each site's x1 shifted. Returns (schema path, site paths, true β)."""
+    and a categorical one, exponential event times with hazard exp(0.9·x1 − 0.6·x2 + 0.5·[grp = b]) and
+    uniform censoring on [0, 5]; each site's x1 shifted. ``persons``: a ``pid`` column (two rows per person,
+    listed under ``ignore``). Returns (schema path, site paths, true β)."""
     import numpy as np
     import pandas as pd
     import yaml
@@ -106,6 +109,8 @@ def write_survival_sites(root, sites: int = 3, rows: int = 300, seed: int = 0, b
                 "died": (t_event <= t_cens).astype(int),
             }
         )
+        if persons:
+            df["pid"] = [f"p{k}-{i // 2}" for i in range(rows)]
         p = root / f"site{k}.csv"
         df.to_csv(p, index=False)
         paths.append(str(p))
@@ -116,6 +121,7 @@ def write_survival_sites(root, sites: int = 3, rows: int = 300, seed: int = 0, b
             "x2": {"type": "numeric", "bounds": [-3, 3]},
             "grp": {"type": "categorical", "levels": ["a", "b"]},
         },
+        **({"ignore": ["pid"]} if persons else {}),
     }
     sp = root / "schema.yaml"
     sp.write_text(yaml.safe_dump(schema))

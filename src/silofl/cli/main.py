@@ -358,6 +358,10 @@ def print_summary(summary: dict) -> None:
     fin = summary["final"]
     rows = fin["per_client"]
     acc_keys = [k for k in ACC_KEYS if k in fin]
+    # a survival run has no accuracy (all null): only its headline's column
+    acc_keys = [
+        k for k in acc_keys if not isinstance(fin[k], dict) or fin[k].get("mean") is not None
+    ] or acc_keys
     metric = summary.get("metric", "accuracy")
     if metric != "accuracy":  # the headline metric of every model next to its accuracy
         acc_keys += [metric_field(k, metric) for k in ACC_KEYS if metric_field(k, metric) in fin]
@@ -665,6 +669,12 @@ def predict(
             f"; pixel accuracy {res['accuracy']:.4f}, Dice {res['dice']:.4f}, IoU {res['iou']:.4f} against "
             "the masks in the data"
             if res["dice"] is not None
+            else ""
+        )
+    if "c_index" in res:  # a survival model: one risk score per row (silofl.inference.predict.predict_risk)
+        acc = (
+            f"; C-index {res['c_index']:.4f} against the times and events in the data"
+            if res["c_index"] is not None
             else ""
         )
     nan = (

@@ -83,8 +83,9 @@ class Schema:
     # a survival target {type: survival, time: COL, event: COL}: (time column, event column); ``target`` is
     # then the time column (silofl.training.survival: a Cox head, C-index)
     survival: tuple[str, str] | None = None
-    # a survival target's public time bins (its inner edges, ``bins: [30, 90, 180]``): what a run's DP-trainable
-    # piecewise-exponential model is fitted on (silofl.training.survival.encode_target); () when not declared
+    # a survival target's public time bins (its inner edges, ``bins: [30, 90, 180]``): what a run's
+    # DP-trainable piecewise-exponential model is fitted on (silofl.training.survival.encode_target); ()
+    # when not declared
     survival_bins: tuple[float, ...] = ()
 
     @property
@@ -138,7 +139,7 @@ class Schema:
             raise DataError(f"{where}: missing must be one of {', '.join(MISSING)}, got {missing!r}")
         target = data.get("target")
         survival = _survival_target(target, where)
-        bins = _survival_bins(target, where) if survival is not None else ()
+        bins = _survival_bins(target, where) if survival is not None and isinstance(target, dict) else ()
         if survival is not None:  # the time column stands for the target where one column is asked for
             target = {"name": survival[0], "bounds": [0.0, 1.0]}
         if isinstance(target, str) or not isinstance(target, dict) or "name" not in target:

@@ -246,9 +246,9 @@ def survival_edges(schema: Schema, schema_path: str, time_bins: list[float] | No
     given = time_bins if time_bins else schema.survival_bins
     if not given:
         raise DataError(
-            f"schema {schema_path}: a survival target trains a piecewise-exponential model on public time bins; "
-            "declare them in the target (bins: [EDGE, ...]) or pass --time-bins A,B,... (never quantiles of a "
-            "site's times)"
+            f"schema {schema_path}: a survival target trains a piecewise-exponential model on public time "
+            "bins; declare them in the target (bins: [EDGE, ...]) or pass --time-bins A,B,... (never "
+            "quantiles of a site's times)"
         )
     try:
         return check_edges(given)

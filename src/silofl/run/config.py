@@ -625,7 +625,9 @@ class RunConfig:
                 f"{self.method} does not train a survival target: {t.refusal} {', '.join(t.methods)}"
             )
         if self.combine != "none":
-            raise ConfigError("--combine fits a classifier over the models' class scores; a survival run has none")
+            raise ConfigError(
+                "--combine fits a classifier over the models' class scores; a survival run has none"
+            )
         return check_metric(kind, self.metric, f"the survival target of {self.schema}")
 
     def _validate_sources(self) -> None:

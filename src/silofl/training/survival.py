@@ -22,8 +22,8 @@ with a one-line error.
 The per-example surrogate is here as a building block: :class:`PiecewiseHazard` with
 :func:`piecewise_loss`, the piecewise-exponential proportional-hazards likelihood on public time bins, whose
 per-row loss depends on that row alone, so :class:`~silofl.privacy.DPGradient` trains it with the usual
-guarantee (tested: a DP-SGD fit ranks held-out rows). ``silofl run`` trains it on a survival schema with public
-time bins (:func:`encode_target` and below).
+guarantee (tested: a DP-SGD fit ranks held-out rows). ``silofl run`` trains it on a survival schema with
+public time bins (:func:`encode_target` and below).
 """
 
 from __future__ import annotations
@@ -139,9 +139,9 @@ def piecewise_loss(out: torch.Tensor, time: torch.Tensor, event: torch.Tensor, e
 # ------------------------------------------------------------------ the survival target in a run (silofl run)
 # In a run a survival target travels as one float row per example, [time, event, k, exposure_0 … exposure_K]
 # (K + 1 bins from K public inner edges): the bin k of its time and the time spent in each bin are computed
-# once at load from the public edges, so the loss needs nothing but the row and the model's output. A model for
-# it has 1 + (K + 1) outputs: a risk r and one log hazard per bin b_k (for a linear or MLP model b_k may depend
-# on x too: a piecewise-exponential model with bin-specific effects; its proportional special case is
+# once at load from the public edges, so the loss needs nothing but the row and the model's output. A model
+# for it has 1 + (K + 1) outputs: a risk r and one log hazard per bin b_k (for a linear or MLP model b_k may
+# depend on x too: a piecewise-exponential model with bin-specific effects; its proportional special case is
 # :class:`PiecewiseHazard`). Row i's loss ℓ_i = Σ_k exp(b_k + r)·exposure_ik − e_i·(b_{k(i)} + r) depends on
 # row i alone, so DP-SGD's per-example (or per-person) clipping bounds what one unit changes.
 TARGET_HEAD = 3  # time, event, bin index; the per-bin exposures follow
@@ -185,11 +185,14 @@ def bins_of_target(y: torch.Tensor) -> int:
 
 
 def encoded_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-row negative log-likelihood of the piecewise-exponential model on encoded rows (:func:`encode_target`):
-    ``out`` (B, 1 + bins) = [r, b_0 … b_K]. Equals :func:`piecewise_loss` on the raw times (tested)."""
+    """Per-row negative log-likelihood of the piecewise-exponential model on encoded rows
+    (:func:`encode_target`): ``out`` (B, 1 + bins) = [r, b_0 … b_K]. Equals :func:`piecewise_loss` on the
+    raw times (tested)."""
     bins = y.shape[1] - TARGET_HEAD
     if out.shape[1] != bins + 1:
-        raise ValueError(f"a survival model for {bins} time bins has {bins + 1} outputs, this one {out.shape[1]}")
+        raise ValueError(
+            f"a survival model for {bins} time bins has {bins + 1} outputs, this one {out.shape[1]}"
+        )
     r, b = out[:, :1], out[:, 1:]
     y = y.to(out.dtype)
     event, k, exposure = y[:, 1], y[:, 2].long(), y[:, TARGET_HEAD:]

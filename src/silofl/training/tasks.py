@@ -4,14 +4,14 @@ A run's task is read from its data — a data set's ``task`` metadata (:mod:`sil
 table's schema (:attr:`silofl.data.schema.Schema.task`) — and decides which ``--metric`` names it computes,
 which headline it defaults to and which methods train it. The built-in tasks:
 
-==============  =================================================  ==================  ========================
-task            targets                                            metrics             methods
-==============  =================================================  ==================  ========================
-classification  class indices (n,)                                 accuracy, auroc, …  all
-segmentation    H×W masks (n, H, W)                                accuracy, dice, iou  all (no --combine)
-survival        encoded [time, event, bin, exposures] rows          c_index             no DML, no personalised
-                (:func:`silofl.training.survival.encode_target`)
-==============  =================================================  ==================  ========================
+==============  ========================================  ===================  =======================
+task            targets                                   metrics              methods
+==============  ========================================  ===================  =======================
+classification  class indices (n,)                        accuracy, auroc, …   all
+segmentation    H×W masks (n, H, W)                       accuracy, dice, iou  all (no --combine)
+survival        [time, event, bin, exposures] rows        c_index              no DML, no personalised
+                (:func:`~silofl.training.survival.encode_target`)
+==============  ========================================  ===================  =======================
 
 A task with its own per-example loss and figures (``survival``) recognises its target tensors
 (``accepts``); the training loop (:func:`silofl.training.poisson.dml_loss`) and the evaluation
@@ -73,9 +73,7 @@ def _survival_scores(out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     return survival_metrics(out, y)
 
 
-register_task(
-    Task("classification", ("accuracy", "auroc", "balanced_accuracy", "f1", "ece"), "accuracy")
-)
+register_task(Task("classification", ("accuracy", "auroc", "balanced_accuracy", "f1", "ece"), "accuracy"))
 register_task(Task("segmentation", ("accuracy", "dice", "iou"), "accuracy"))
 register_task(
     Task(
@@ -83,8 +81,22 @@ register_task(
         ("c_index",),
         "c_index",
         methods=(
-            "regular", "joint", "fedavg", "avgpush", "cwt", "fedprox", "scaffold", "fedavg-adam", "fedavg-yogi",
-            "fedadam", "fednova", "rmsprop", "dp-fedavg", "dp-fedadam", "dp-fednova", "dp2-rmsprop",
+            "regular",
+            "joint",
+            "fedavg",
+            "avgpush",
+            "cwt",
+            "fedprox",
+            "scaffold",
+            "fedavg-adam",
+            "fedavg-yogi",
+            "fedadam",
+            "fednova",
+            "rmsprop",
+            "dp-fedavg",
+            "dp-fedadam",
+            "dp-fednova",
+            "dp2-rmsprop",
         ),
         refusal="deep mutual learning and the personalised methods distil or split a classifier's class "
         "scores; a survival target trains in",
@@ -123,8 +135,8 @@ def metric_task(metric: str) -> str:
 
 def check_metric(task_name: str, metric: str, where: str) -> str:
     """The headline metric of a run of task ``task_name`` asked for ``metric``: ``metric`` itself, or the
-    task's default for ``accuracy`` where accuracy is not defined; ConfigError (one line) for a metric the task
-    does not compute."""
+    task's default for ``accuracy`` where accuracy is not defined; ConfigError (one line) for a metric the
+    task does not compute."""
     t = task(task_name)
     if metric == "accuracy" and t.no_accuracy:
         return t.default_metric
