@@ -604,8 +604,8 @@ class RunConfig:
 
             try:
                 kind = Schema.load(self.schema).task
-            except DataError as e:
-                raise ConfigError(str(e)) from None
+            except DataError:  # reported, with its reason, when the run reads its data
+                return task
             if kind == "survival":
                 return kind
         return task
