@@ -108,6 +108,14 @@ def test_fedavg_and_cwt_train_a_survival_target_with_dp_and_report_the_c_index(t
     assert card["evaluation"]["headline_metric"] == "c_index"
     assert card["evaluation"]["metrics_external"]["c_index"] > 0.65
     assert "C-index" in (tmp_path / "exp" / "model_card.md").read_text()
+    # silofl compare judges the runs by the C-index (the survival target's default headline)
+    cmp = tmp_path / "cmp"
+    args = _args(schema, sites, cmp, "--methods", "cwt", "--seeds", "0")[1:]
+    args = [a for a in args if a not in ("--seed", "1")] + ["--quiet"]
+    r = runner.invoke(app, ["compare", *args])
+    assert r.exit_code == 0, r.output
+    row = json.loads((cmp / "results.json").read_text())["rows"][0]
+    assert row["headline"] == "global_c_index" and "global C-index" in (cmp / "report.md").read_text()
 
 
 @pytest.mark.slow  # CLI start-ups; every refusal comes before anything is written
