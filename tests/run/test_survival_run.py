@@ -108,6 +108,11 @@ def test_fedavg_and_cwt_train_a_survival_target_with_dp_and_report_the_c_index(t
     assert card["evaluation"]["headline_metric"] == "c_index"
     assert card["evaluation"]["metrics_external"]["c_index"] > 0.65
     assert "C-index" in (tmp_path / "exp" / "model_card.md").read_text()
+    # silofl evaluate reloads the saved models and finds the C-index the run recorded
+    r = runner.invoke(app, ["evaluate", str(tmp_path / "fedavg")])
+    assert r.exit_code == 0 and "test C-index" in r.output, r.output
+    for row in json.loads((tmp_path / "fedavg" / "evaluation.json").read_text()):
+        assert row["metrics"]["c_index"] == pytest.approx(row["recorded"], abs=1e-9)
     # silofl compare judges the runs by the C-index (the survival target's default headline)
     cmp = tmp_path / "cmp"
     args = _args(schema, sites, cmp, "--methods", "cwt", "--seeds", "0")[1:]

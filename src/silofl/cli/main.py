@@ -616,6 +616,15 @@ def evaluate(
 
     results = evaluate_run(run_dir, data_dir=data_dir)
     t = Table(title=f"evaluate {run_dir}")
+    if results and all(r.get("metrics", {}).get("c_index") is not None for r in results):
+        # a survival run (silofl.training.survival): the C-index, no accuracy
+        for col in ("model", "architecture", "test C-index", "in summary"):
+            t.add_column(col, justify="right")
+        for r in results:
+            t.add_row(r["model"], r["architecture"], _f(r["metrics"]["c_index"]), _f(r["recorded"]))
+        console.print(t)
+        (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
+        return
     for col in ("model", "architecture", "test accuracy", "in summary", "AUROC", "balanced acc", "F1", "ECE"):
         t.add_column(col, justify="right")
     for r in results:
