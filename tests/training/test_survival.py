@@ -182,3 +182,22 @@ def test_the_piecewise_hazard_surrogate_is_per_row_and_dp_sgd_trains_it_to_rank_
     dp_c = c_index(risk, time[test], event[test])
     oracle = c_index(x[test] @ beta, time[test], event[test])
     assert dp_c > 0.6 and dp_c > oracle - 0.08, (dp_c, oracle)
+
+
+def test_survival_mutual_learning_pulls_the_log_hazards_together_row_by_row():
+    from silofl.training.poisson import dml_loss
+    from silofl.training.survival import encode_target, encoded_loss
+
+    g = torch.Generator().manual_seed(5)
+    y = torch.from_numpy(encode_target(torch.rand(6, 2, generator=g).mul(3).round(decimals=2).numpy(), [1.0]))
+    out = torch.randn(6, 3, generator=g, requires_grad=True)
+    other = torch.randn(6, 3, generator=g)
+    base = encoded_loss(out, y)
+    assert torch.equal(dml_loss(out, y, other, 0.0), base)  # w = 0: the likelihood alone
+    assert torch.allclose(dml_loss(out, y, out.detach(), 0.3), 0.7 * base)  # the same hazards: no pull
+    h, h2 = out[:, :1] + out[:, 1:], other[:, :1] + other[:, 1:]
+    want = 0.7 * base + 0.3 * 0.5 * (h - h2).pow(2).mean(1)
+    got = dml_loss(out, y, other, 0.3)
+    assert torch.allclose(got, want)
+    got[2].backward()  # row 2's loss moves row 2's outputs only
+    assert out.grad[[0, 1, 3, 4, 5]].abs().sum() == 0 and out.grad[2].abs().sum() > 0

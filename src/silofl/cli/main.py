@@ -359,9 +359,7 @@ def print_summary(summary: dict) -> None:
     rows = fin["per_client"]
     acc_keys = [k for k in ACC_KEYS if k in fin]
     # a survival run has no accuracy (all null): only its headline's column
-    acc_keys = [
-        k for k in acc_keys if not isinstance(fin[k], dict) or fin[k].get("mean") is not None
-    ] or acc_keys
+    acc_keys = [k for k in acc_keys if not isinstance(fin[k], dict) or fin[k].get("mean") is not None]
     metric = summary.get("metric", "accuracy")
     if metric != "accuracy":  # the headline metric of every model next to its accuracy
         acc_keys += [metric_field(k, metric) for k in ACC_KEYS if metric_field(k, metric) in fin]

@@ -217,3 +217,19 @@ def survival_metrics(out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         "acc": float("nan"),
         "c_index": c_index(risk_score(out).cpu().numpy(), y64[:, 0].cpu().numpy(), y64[:, 1].cpu().numpy()),
     }
+
+
+def distill_loss(
+    out: torch.Tensor, y: torch.Tensor, other: torch.Tensor | None, weight: float
+) -> torch.Tensor:
+    """Per-row deep-mutual-learning loss of a survival model (ProxyFL, FML): ``(1 − w)·ℓ_i + w·d_i`` with ℓ
+    the piecewise-exponential loss (:func:`encoded_loss`) and d_i = ½·mean_k (h_ik − h'_ik)² the squared
+    distance of the two models' log hazards h_k = r + b_k in every bin, ``other`` the partner's detached
+    outputs (the survival counterpart of the classifier's KL: 0 exactly when the two hazard functions agree
+    on the row). Row i's term depends on row i alone."""
+    base = encoded_loss(out, y)
+    if weight == 0.0 or other is None or other.shape != out.shape:
+        return base
+    h = out[:, :1] + out[:, 1:]
+    h_other = (other[:, :1] + other[:, 1:]).to(out.dtype)
+    return (1.0 - weight) * base + weight * 0.5 * (h - h_other).pow(2).mean(1)

@@ -9,7 +9,7 @@ task            targets                                   metrics              m
 ==============  ========================================  ===================  =======================
 classification  class indices (n,)                        accuracy, auroc, …   all
 segmentation    H×W masks (n, H, W)                       accuracy, dice, iou  all (no --combine)
-survival        [time, event, bin, exposures] rows        c_index              no DML, no personalised
+survival        [time, event, bin, exposures] rows        c_index              not the personalised
                 (:func:`~silofl.training.survival.encode_target`)
 ==============  ========================================  ===================  =======================
 
@@ -42,6 +42,10 @@ class Task:
     accepts: Callable[[torch.Tensor], bool] | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # per-example, (B,)
     scores: Callable[[torch.Tensor, torch.Tensor], dict[str, float]] | None = None  # from (outputs, targets)
+    # deep mutual learning (ProxyFL, FML): what a model's partner sees of its (detached) outputs, and the
+    # per-example loss (1 − w)·loss + w·divergence from it (None: log-softmax and KL, the classifier's)
+    partner_view: Callable[[torch.Tensor], torch.Tensor] | None = None
+    distill: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor] | None = None
     # "accuracy" (the configuration's default) stands for the default metric: accuracy is not defined here
     no_accuracy: bool = False
 
@@ -67,6 +71,14 @@ def _survival_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return encoded_loss(out, y)
 
 
+def _survival_distill(
+    out: torch.Tensor, y: torch.Tensor, other: torch.Tensor | None, weight: float
+) -> torch.Tensor:
+    from silofl.training.survival import distill_loss
+
+    return distill_loss(out, y, other, weight)
+
+
 def _survival_scores(out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     from silofl.training.survival import survival_metrics
 
@@ -81,6 +93,8 @@ register_task(
         ("c_index",),
         "c_index",
         methods=(
+            "proxyfl",
+            "fml",
             "regular",
             "joint",
             "fedavg",
@@ -98,11 +112,13 @@ register_task(
             "dp-fednova",
             "dp2-rmsprop",
         ),
-        refusal="deep mutual learning and the personalised methods distil or split a classifier's class "
-        "scores; a survival target trains in",
+        refusal="the personalised methods mix or split a classifier's class scores; a survival target "
+        "trains in",
         accepts=_survival_accepts,
         loss=_survival_loss,
         scores=_survival_scores,
+        partner_view=lambda out: out.detach(),  # the partner's raw outputs: its log hazards
+        distill=_survival_distill,
         no_accuracy=True,
     )
 )
