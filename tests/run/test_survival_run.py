@@ -210,3 +210,22 @@ def test_a_fitted_piecewise_model_ranks_like_lifelines_coxphfitter():
     r_cox = np.log(cox.predict_partial_hazard(pd.DataFrame(x, columns=["a", "b", "c"])).to_numpy())
     rank = lambda v: np.argsort(np.argsort(v))  # noqa: E731
     assert np.corrcoef(rank(r_ours), rank(r_cox))[0, 1] > 0.999
+
+
+def test_a_survival_schema_makes_the_c_index_the_headline_of_run_compare_and_tune(tmp_path):
+    from silofl.experiments.tune import _run_metric
+    from silofl.run.config import RunConfig
+
+    schema, sites, _ = write_survival_sites(tmp_path, sites=2, rows=20)
+    cfg = RunConfig.from_dict(
+        {
+            "method": "fedavg",
+            "dataset": "table",
+            "schema": schema,
+            "site_data": sites,
+            "clients": 2,
+            "partition": "site",
+        }
+    )
+    assert cfg.data_task() == "survival" and _run_metric(cfg) == "c_index"  # tune selects on it
+    assert cfg.resolve().metric == "c_index"  # accuracy, the default, stands for the C-index
