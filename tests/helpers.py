@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from silofl.comm.engine import InProcessEngine
 from silofl.data import SplitData
@@ -74,3 +75,54 @@ def launch_tiny(out, *extra: str):
 MODEL_FOR = {"fedbn": {"proxy_model": "cnn-gn"}}
 """What a method needs on top of a shared test config: FedBN keeps normalisation layers, so a model with
 GroupNorm (the shared configs' ``mlp`` has none, and FedBN refuses it)."""
+
+
+def write_survival_sites(
+    root, sites: int = 3, rows: int = 300, seed: int = 0, bins=(0.5, 1.0, 2.0, 4.0), persons: bool = False
+):
+    """Generated multi-site survival tables under ``root`` (site{k}.csv and schema.yaml): two numeric features
+    and a categorical one, exponential event times with hazard exp(0.9·x1 − 0.6·x2 + 0.5·[grp = b]) and
+    uniform censoring on [0, 5]; each site's x1 shifted. ``persons``: a ``pid`` column (two rows per person,
+    listed under ``ignore``). Returns (schema path, site paths, true β)."""
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    beta = np.array([0.9, -0.6, 0.5])
+    paths = []
+    for k in range(sites):
+        x1 = np.clip(rng.normal(0.3 * (k - 1), 1.0, rows), -3, 3)
+        x2 = np.clip(rng.normal(0.0, 1.0, rows), -3, 3)
+        grp = rng.integers(0, 2, rows)
+        lin = beta[0] * x1 + beta[1] * x2 + beta[2] * grp
+        t_event = rng.exponential(1.0 / np.exp(lin))
+        t_cens = rng.uniform(0.0, 5.0, rows)
+        df = pd.DataFrame(
+            {
+                "x1": x1.round(4),
+                "x2": x2.round(4),
+                "grp": np.where(grp == 1, "b", "a"),
+                "days": np.minimum(t_event, t_cens).round(5),
+                "died": (t_event <= t_cens).astype(int),
+            }
+        )
+        if persons:
+            df["pid"] = [f"p{k}-{i // 2}" for i in range(rows)]
+        p = root / f"site{k}.csv"
+        df.to_csv(p, index=False)
+        paths.append(str(p))
+    schema = {
+        "target": {"type": "survival", "time": "days", "event": "died", "bins": list(bins)},
+        "features": {
+            "x1": {"type": "numeric", "bounds": [-3, 3]},
+            "x2": {"type": "numeric", "bounds": [-3, 3]},
+            "grp": {"type": "categorical", "levels": ["a", "b"]},
+        },
+        **({"ignore": ["pid"]} if persons else {}),
+    }
+    sp = root / "schema.yaml"
+    sp.write_text(yaml.safe_dump(schema))
+    return str(sp), paths, beta

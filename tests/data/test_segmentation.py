@@ -48,7 +48,7 @@ def _site(root, names_img, names_mask, mask_values=(0, 255), size=(6, 6), mask_s
 def test_refusals_name_the_problem(tmp_path):
     cases = {
         "names do not match": _site(tmp_path / "a", ["x1", "x2"], ["x1", "x3"]),
-        "not binary": _site(tmp_path / "b", ["x1"], ["x1"], mask_values=(0, 7)),
+        "not binary": _site(tmp_path / "b", ["x1"], ["x1"], mask_values=(0, 70)),
         "differ in size": _site(tmp_path / "c", ["x1"], ["x1"], mask_size=(5, 6)),
         "no images": _site(tmp_path / "d", [], []),
     }
@@ -62,7 +62,7 @@ def test_refusals_name_the_problem(tmp_path):
     for message, path in cases.items():
         with pytest.raises(DataError, match=message):
             read_site(path)
-    assert "(values 0, 7)" in str(pytest.raises(DataError, read_site, tmp_path / "b").value)
+    assert "(values 0, 70)" in str(pytest.raises(DataError, read_site, tmp_path / "b").value)
 
 
 def test_generator_refuses_a_used_folder(tmp_path):
@@ -71,3 +71,31 @@ def test_generator_refuses_a_used_folder(tmp_path):
     with pytest.raises(DataError, match="not empty"):
         generate_sites(tmp_path / "d")
     assert [p.name for p in (tmp_path / "d").iterdir()] == ["keep"]
+
+
+def test_integer_label_masks_are_read_as_classes_and_the_run_takes_the_largest_label(tmp_path):
+    from silofl.data.segmentation import class_names
+
+    a = _site(tmp_path / "a", ["x1"], ["x1"], mask_values=(0, 2))  # labels 0, 2 (class 1 absent here)
+    m = read_site(a)[1]
+    assert m.dtype == np.int64 and set(np.unique(m).tolist()) == {0, 2}
+    assert set(np.unique(read_site(_site(tmp_path / "b", ["x1"], ["x1"], mask_values=(0, 255)))[1])) == {0, 1}
+    np.savez(tmp_path / "c.npz", x=np.zeros((2, 6, 6), np.uint8), y=np.full((2, 6, 6), 3, np.uint8))
+    np.savez(tmp_path / "d.npz", x=np.zeros((2, 6, 6), np.uint8), y=np.full((2, 6, 6), -1, np.int8))
+    with pytest.raises(DataError, match="nor integer labels 0 … 63 .values -1"):
+        read_site(tmp_path / "d.npz")
+    np.savez(tmp_path / "e.npz", x=np.zeros((2, 6, 6), np.uint8), y=np.full((2, 6, 6), 0.5))
+    with pytest.raises(DataError, match="values 0.5"):
+        read_site(tmp_path / "e.npz")
+    src = load_segmentation_sites(
+        [str(tmp_path / "c.npz"), str(tmp_path / "c.npz")], image_size=6, test_fraction=0.5
+    )
+    assert src.classes == class_names(4) == ["background", "class1", "class2", "class3"]
+    assert int(src.parts[0][1].max()) == 3
+    assert class_names(2) == ["background", "foreground"]
+    paths = generate_sites(tmp_path / "gen", sites=2, per_site=6, size=16, classes=3)
+    labels = set(np.unique(read_site(paths[0])[1]).tolist()) | set(np.unique(read_site(paths[1])[1]).tolist())
+    assert labels == {0, 1, 2}
+    with pytest.raises(DataError, match="classes must lie in 2"):
+        generate_sites(tmp_path / "gen2", classes=1)
+    assert not (tmp_path / "gen2").exists()

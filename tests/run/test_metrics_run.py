@@ -44,7 +44,11 @@ def test_the_readme_metric_command_as_written(tmp_path):
     out = tmp_path / args[args.index("--out") + 1]
     s = json.loads((out / "summary.json").read_text())
     assert s["metric"] == "auroc" and s["headline"] == "private_auroc"
-    assert set(s["metrics"]["computed"]) == set(METRICS) - {"dice", "iou"}  # Dice, IoU: segmentation runs
+    assert set(s["metrics"]["computed"]) == set(METRICS) - {
+        "dice",
+        "iou",
+        "c_index",
+    }  # segmentation, survival
     for role in ("private", "proxy"):
         for m in ("acc", *EXTRA):
             v = s["final"][f"{role}_{m}"]["mean"]

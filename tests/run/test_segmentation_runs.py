@@ -139,7 +139,7 @@ def test_cli_refusals_exit_2_and_write_nothing(sites, tmp_path):
     (bad / "images").mkdir(parents=True)
     (bad / "masks").mkdir()
     np.save(bad / "images" / "a.npy", np.zeros((32, 32), np.uint8))
-    np.save(bad / "masks" / "a.npy", np.full((32, 32), 3, np.uint8))
+    np.save(bad / "masks" / "a.npy", np.full((32, 32), 200, np.uint8))  # labels stop at 63
     cases = [
         (["--method", "fedavg", "--metric", "auroc"], "--metric auroc scores classification runs"),
         (["--method", "fedavg", "--site-data", f"{sites[0]},{sites[1]},{bad}"], "the mask is not binary"),
@@ -154,3 +154,30 @@ def test_cli_refusals_exit_2_and_write_nothing(sites, tmp_path):
         app, ["run", "--dataset", "digits", "--metric", "dice", "--out", str(tmp_path / "out2")]
     )
     assert res.exit_code == 2 and "dataset 'digits' is a classification task" in res.stderr
+
+
+@pytest.mark.slow  # ~5 s: Regular without DP on 3-class label masks, 3 rounds, then predict
+def test_label_masks_train_a_multiclass_unet_and_predict_writes_label_masks(tmp_path):
+    from PIL import Image
+
+    sites = generate_sites(tmp_path / "sites", sites=2, per_site=24, size=32, seed=1, classes=3)
+    out = tmp_path / "mc"
+    args = _common(sites, out)
+    args[args.index("--proxy-model")] = "--private-model"
+    args[args.index("--batch-size") + 1] = "4"
+    s = _run(
+        args
+        + ["--method", "regular", "--rounds", "20", "--eval-every", "20", "--lr", "0.03", "--privacy", "off"]
+    )
+    spec = json.loads((out / "models" / "client0_private.json").read_text())
+    assert spec["num_classes"] == 3  # background and two labels: a 3-channel softmax head
+    assert 0.0 <= s["final"]["private_dice"]["mean"] <= 1.0 and s["metric"] == "dice"
+    res = CliRunner().invoke(
+        app,
+        ["predict", str(out), "--client", "0", "--data", sites[0], "--out", str(tmp_path / "masks")],
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    values = set()
+    for f in sorted((tmp_path / "masks").iterdir()):
+        values |= set(np.unique(np.asarray(Image.open(f))).tolist())
+    assert values <= {0, 1, 2} and len(values) >= 2  # label values, not 0/255

@@ -80,6 +80,22 @@ def test_multiclass_is_the_mean_over_foreground_classes():
     assert m["dice"] == pytest.approx(np.mean(per_image), abs=1e-12)
 
 
+def test_multiclass_dice_and_iou_by_hand_skip_the_classes_absent_from_mask_and_prediction():
+    y = torch.zeros(3, 3, 3, dtype=torch.long)
+    pred = torch.zeros(3, 3, 3, dtype=torch.long)
+    y[0, 0, 0] = y[0, 0, 1] = 1
+    y[0, 1, 1] = 2
+    pred[0, 0, 0] = 1
+    pred[0, 1, 1] = pred[0, 1, 2] = 2
+    pred[1, 2, 2] = 3  # a class the mask lacks: 0 for the image
+    m = segmentation_metrics(_logits_for(pred, 4), y)
+    # image 0: class 1 Dice 2·1/(1+2) = 2/3, IoU 1/2; class 2 the same; class 3 absent from both: left out
+    # image 1: class 3 predicted, not in the mask: Dice 0, IoU 0; image 2: nothing anywhere: 1, 1
+    assert m["dice"] == pytest.approx((2 / 3 + 0 + 1) / 3, abs=1e-12)
+    assert m["iou"] == pytest.approx((1 / 2 + 0 + 1) / 3, abs=1e-12)
+    assert m["acc"] == pytest.approx((7 + 8 + 9) / 27)
+
+
 def test_loss_is_per_image_dice_plus_bce():
     torch.manual_seed(0)
     logits = torch.randn(3, 2, 5, 5)

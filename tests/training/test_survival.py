@@ -83,13 +83,60 @@ def test_a_survival_target_in_the_schema(tmp_path):
         s.check(df.drop(columns="died"), "f.csv")
     with pytest.raises(DataError, match="a survival target is"):
         Schema.from_dict({"target": {"type": "survival", "time": "t"}, "features": {"age": "numeric"}})
-    # the federated DP methods refuse it (the Cox loss is not per-example separable: no DP-SGD on it)
+    # a run needs public time bins for the piecewise-exponential model: never quantiles of a site's times
     from silofl.data.sites import load_site_tables
 
     (tmp_path / "s.json").write_text(json.dumps(s.to_dict()))
     df.to_csv(tmp_path / "a.csv", index=False)
-    with pytest.raises(DataError, match="a survival target trains a Cox head without DP only"):
+    with pytest.raises(DataError, match="declare them in the target .bins"):
         load_site_tables(str(tmp_path / "s.json"), [str(tmp_path / "a.csv")])
+    with pytest.raises(DataError, match="must be positive, finite and increasing"):
+        Schema.from_dict(
+            {
+                "target": {"type": "survival", "time": "t", "event": "e", "bins": [2, 1]},
+                "features": {"age": "numeric"},
+            }
+        )
+    with pytest.raises(DataError, match="--time-bins: time bins must be"):
+        load_site_tables(str(tmp_path / "s.json"), [str(tmp_path / "a.csv")], time_bins=[0.0, 1.0])
+    binned = Schema.from_dict({**s.to_dict(), "target": {**s.to_dict()["target"], "bins": [5, 10]}})
+    assert binned.survival_bins == (5.0, 10.0) and binned.to_dict()["target"]["bins"] == [5.0, 10.0]
+
+
+def test_the_encoded_target_gives_the_piecewise_likelihood_of_the_raw_times():
+    from silofl.training.survival import encode_target, encoded_loss, piecewise_loss, risk_score
+
+    g = torch.Generator().manual_seed(3)
+    edges = [0.5, 1.0, 2.0]
+    time = torch.cat([torch.rand(40, generator=g) * 4, torch.tensor([0.5, 1.0, 2.0, 0.0])])  # edges hit too
+    event = (torch.rand(44, generator=g) < 0.6).float()
+    out = torch.randn(44, 1 + len(edges) + 1, generator=g, dtype=torch.float64)
+    y = torch.from_numpy(encode_target(torch.stack([time, event], 1).numpy(), edges)).double()
+    assert y.shape == (44, 3 + 4) and y[:, 0].allclose(time.double()) and y[:, 1].equal(event.double())
+    want = piecewise_loss(out, time.double(), event, torch.tensor(edges))
+    assert torch.allclose(encoded_loss(out, y), want, atol=1e-5)
+    # a proportional-hazards output (the same b for every row) ranks rows by r alone
+    ph = torch.cat([out[:, :1], out[:1, 1:].expand(44, -1)], 1)
+    assert torch.equal(torch.argsort(risk_score(ph)), torch.argsort(out[:, 0]))
+
+
+def test_the_task_registry_decides_a_survival_runs_metric():
+    from silofl.core.errors import ConfigError
+    from silofl.training.metrics import metric_task
+    from silofl.training.tasks import check_metric, target_task
+
+    assert metric_task("c_index") == "survival" and metric_task("accuracy") == "any"
+    assert metric_task("dice") == "segmentation" and metric_task("auroc") == "classification"
+    assert check_metric("survival", "accuracy", "x") == "c_index"  # the default stands for the C-index
+    assert check_metric("survival", "c_index", "x") == "c_index"
+    with pytest.raises(
+        ConfigError, match="--metric auroc is not computed for x .a survival task.; choose c_index"
+    ):
+        check_metric("survival", "auroc", "x")
+    with pytest.raises(ConfigError, match="--metric c_index is not computed"):
+        check_metric("classification", "c_index", "x")
+    assert target_task(torch.zeros(4, 6)).name == "survival"
+    assert target_task(torch.zeros(4, dtype=torch.long)) is None and target_task(torch.zeros(4)) is None
 
 
 @pytest.mark.slow  # 150 DP-SGD steps with per-example gradients
@@ -135,3 +182,22 @@ def test_the_piecewise_hazard_surrogate_is_per_row_and_dp_sgd_trains_it_to_rank_
     dp_c = c_index(risk, time[test], event[test])
     oracle = c_index(x[test] @ beta, time[test], event[test])
     assert dp_c > 0.6 and dp_c > oracle - 0.08, (dp_c, oracle)
+
+
+def test_survival_mutual_learning_pulls_the_log_hazards_together_row_by_row():
+    from silofl.training.poisson import dml_loss
+    from silofl.training.survival import encode_target, encoded_loss
+
+    g = torch.Generator().manual_seed(5)
+    y = torch.from_numpy(encode_target(torch.rand(6, 2, generator=g).mul(3).round(decimals=2).numpy(), [1.0]))
+    out = torch.randn(6, 3, generator=g, requires_grad=True)
+    other = torch.randn(6, 3, generator=g)
+    base = encoded_loss(out, y)
+    assert torch.equal(dml_loss(out, y, other, 0.0), base)  # w = 0: the likelihood alone
+    assert torch.allclose(dml_loss(out, y, out.detach(), 0.3), 0.7 * base)  # the same hazards: no pull
+    h, h2 = out[:, :1] + out[:, 1:], other[:, :1] + other[:, 1:]
+    want = 0.7 * base + 0.3 * 0.5 * (h - h2).pow(2).mean(1)
+    got = dml_loss(out, y, other, 0.3)
+    assert torch.allclose(got, want)
+    got[2].backward()  # row 2's loss moves row 2's outputs only
+    assert out.grad[[0, 1, 3, 4, 5]].abs().sum() == 0 and out.grad[2].abs().sum() > 0

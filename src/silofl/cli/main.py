@@ -358,6 +358,8 @@ def print_summary(summary: dict) -> None:
     fin = summary["final"]
     rows = fin["per_client"]
     acc_keys = [k for k in ACC_KEYS if k in fin]
+    # a survival run has no accuracy (all null): only its headline's column
+    acc_keys = [k for k in acc_keys if not isinstance(fin[k], dict) or fin[k].get("mean") is not None]
     metric = summary.get("metric", "accuracy")
     if metric != "accuracy":  # the headline metric of every model next to its accuracy
         acc_keys += [metric_field(k, metric) for k in ACC_KEYS if metric_field(k, metric) in fin]
@@ -619,6 +621,15 @@ def evaluate(
 
     results = evaluate_run(run_dir, data_dir=data_dir)
     t = Table(title=f"evaluate {run_dir}")
+    if results and all(r.get("metrics", {}).get("c_index") is not None for r in results):
+        # a survival run (silofl.training.survival): the C-index, no accuracy
+        for col in ("model", "architecture", "test C-index", "in summary"):
+            t.add_column(col, justify="right")
+        for r in results:
+            t.add_row(r["model"], r["architecture"], _f(r["metrics"]["c_index"]), _f(r["recorded"]))
+        console.print(t)
+        (Path(run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2) + "\n")
+        return
     for col in ("model", "architecture", "test accuracy", "in summary", "AUROC", "balanced acc", "F1", "ECE"):
         t.add_column(col, justify="right")
     for r in results:
@@ -672,6 +683,12 @@ def predict(
             f"; pixel accuracy {res['accuracy']:.4f}, Dice {res['dice']:.4f}, IoU {res['iou']:.4f} against "
             "the masks in the data"
             if res["dice"] is not None
+            else ""
+        )
+    if "c_index" in res:  # a survival model: one risk score per row (silofl.inference.predict.predict_risk)
+        acc = (
+            f"; C-index {res['c_index']:.4f} against the times and events in the data"
+            if res["c_index"] is not None
             else ""
         )
     nan = (

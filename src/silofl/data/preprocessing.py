@@ -186,6 +186,8 @@ class TablePreprocessing:
             schema.na_values,
             "error",
             schema.source,
+            survival=schema.survival,  # a survival target: y is [time, event] where the file has both
+            survival_bins=schema.survival_bins,
         )
         raw, y, _ = strict.check(read_table(path), str(path), need_target=False)
         return torch.as_tensor(raw, dtype=torch.float32), y, [str(i + 1) for i in range(len(raw))]

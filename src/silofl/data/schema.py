@@ -83,6 +83,10 @@ class Schema:
     # a survival target {type: survival, time: COL, event: COL}: (time column, event column); ``target`` is
     # then the time column (silofl.training.survival: a Cox head, C-index)
     survival: tuple[str, str] | None = None
+    # a survival target's public time bins (its inner edges, ``bins: [30, 90, 180]``): what a run's
+    # DP-trainable piecewise-exponential model is fitted on (silofl.training.survival.encode_target); ()
+    # when not declared
+    survival_bins: tuple[float, ...] = ()
 
     @property
     def task(self) -> str:
@@ -135,6 +139,7 @@ class Schema:
             raise DataError(f"{where}: missing must be one of {', '.join(MISSING)}, got {missing!r}")
         target = data.get("target")
         survival = _survival_target(target, where)
+        bins = _survival_bins(target, where) if survival is not None and isinstance(target, dict) else ()
         if survival is not None:  # the time column stands for the target where one column is asked for
             target = {"name": survival[0], "bounds": [0.0, 1.0]}
         if isinstance(target, str) or not isinstance(target, dict) or "name" not in target:
@@ -216,6 +221,7 @@ class Schema:
             source,
             None if survival is not None else target_bounds,
             survival,
+            bins,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,6 +233,8 @@ class Schema:
         )
         if self.survival is not None:
             target = {"type": "survival", "time": self.survival[0], "event": self.survival[1]}
+            if self.survival_bins:
+                target["bins"] = list(self.survival_bins)
         return {
             "format": FORMAT,
             "target": target,
@@ -419,7 +427,7 @@ def _survival_target(target: Any, where: str) -> tuple[str, str] | None:
     another target."""
     if not isinstance(target, dict) or target.get("type") != "survival":
         return None
-    unknown = sorted(set(target) - {"type", "time", "event"})
+    unknown = sorted(set(target) - {"type", "time", "event", "bins"})
     t, e = target.get("time"), target.get("event")
     if unknown or not isinstance(t, str) or not isinstance(e, str) or not t or not e or t == e:
         raise DataError(
@@ -427,6 +435,22 @@ def _survival_target(target: Any, where: str) -> tuple[str, str] | None:
             "columns)"
         )
     return t, e
+
+
+def _survival_bins(target: dict, where: str) -> tuple[float, ...]:
+    """A survival target's public time bins (``bins: [EDGE, ...]``, inner edges, positive and increasing);
+    () when not declared."""
+    if "bins" not in target:
+        return ()
+    from silofl.training.survival import check_edges
+
+    raw = target["bins"]
+    if not isinstance(raw, list) or any(isinstance(v, bool) for v in raw):
+        raise DataError(f"{where}: a survival target's bins are a list of times [EDGE, ...], got {raw!r}")
+    try:
+        return check_edges(raw)
+    except ValueError as e:
+        raise DataError(f"{where}: {e}") from None
 
 
 def _level(v: Any) -> str:

@@ -9,7 +9,9 @@
   The seed paper's published code reads the prostate volumes (NIfTI) itself and slices them; this is the 2-D
   slice layout silofl accepts for such data once sliced (``np.savez(site.npz, x=slices, y=masks)``).
 
-A mask is binary: its values are {0, 1} or {0, 255} (foreground 1 after reading). Images are resized
+A mask is binary — its values are {0, 1} or {0, 255} (foreground 1 after reading) — or holds integer labels
+0 … C−1 (0 the background; at most :data:`MAX_CLASSES` classes): the classes of a run are 0 … the largest
+label any site's (or the test set's) masks hold, at least two (background and foreground). Images are resized
 (bilinear) and masks (nearest) to ``--image-size``; uint8 images are scaled by 1/255, float ones taken as
 they are. Each site holds out a seeded ``--test-fraction`` of its images as its internal test set, fits its
 own per-channel mean and std on its training images (a statistic that stays at the site, as for image
@@ -18,7 +20,8 @@ held-out images: a simulation figure) through its own preprocessing.
 
 Bad input is refused before anything is written, with one line naming the file: an empty or missing
 folder, image and mask names that do not match, shapes that differ, a non-binary mask, a non-finite image,
-more than :data:`MAX_IMAGES` images or an image above :data:`MAX_SIDE` pixels a side.
+a mask that is neither binary nor integer labels 0 … C−1, more than :data:`MAX_IMAGES` images or an image
+above :data:`MAX_SIDE` pixels a side.
 
 :func:`generate_sites` writes generated sites with known masks (noisy images with elliptic objects whose
 masks are exact; sites differ in intensity, contrast, noise and object size) for tests, presets and
@@ -41,6 +44,7 @@ MAX_IMAGES = 200_000  # per site
 MAX_SIDE = 4096  # pixels a side of one image
 MAX_NPZ_BYTES = 8 << 30  # uncompressed bytes of one array of a site's npz
 CLASSES = ["background", "foreground"]
+MAX_CLASSES = 64  # labels 0 … 63 in a multi-class mask (the model's per-pixel outputs)
 ARRAY_SUFFIXES = {".npy"}
 
 
@@ -81,6 +85,8 @@ def _read_image_file(path: Path) -> np.ndarray:
 
 
 def _binary_mask(m: np.ndarray, what: str, ndim: int = 2) -> np.ndarray:
+    """A mask as int64 class indices: binary ({0, 1}, or {0, 255} → {0, 1}) or integer labels 0 … C−1
+    (C ≤ :data:`MAX_CLASSES`); a DataError naming the values else."""
     if ndim == 2 and m.ndim == 3 and m.shape[-1] == 1:
         m = m[..., 0]
     if m.ndim != ndim:
@@ -90,8 +96,20 @@ def _binary_mask(m: np.ndarray, what: str, ndim: int = 2) -> np.ndarray:
         return m.astype(np.int64)
     if set(values.tolist()) <= {0, 255}:
         return (m == 255).astype(np.int64)
-    shown = ", ".join(f"{v:g}" for v in values[:6].astype(np.float64))
-    raise DataError(f"{what}: the mask is not binary (values {shown}{', …' if len(values) > 6 else ''})")
+    v = values.astype(np.float64)
+    if bool(np.all(np.isfinite(v) & (v == np.round(v)) & (v >= 0) & (v < MAX_CLASSES))):
+        return m.astype(np.int64)  # integer labels 0 … C−1: a multi-class mask
+    shown = ", ".join(f"{x:g}" for x in v[:6])
+    raise DataError(
+        f"{what}: the mask is not binary (0/1 or 0/255) nor integer labels 0 … {MAX_CLASSES - 1} (values "
+        f"{shown}{', …' if len(values) > 6 else ''})"
+    )
+
+
+def class_names(classes: int) -> list[str]:
+    """The class names of a run with ``classes`` mask labels: background and foreground for two, else
+    background, class1, … (the label values)."""
+    return list(CLASSES) if classes <= 2 else ["background", *(f"class{c}" for c in range(1, classes))]
 
 
 def _images_to_tensor(arrs: list[np.ndarray], what: str) -> tuple[np.ndarray, bool]:
@@ -282,11 +300,14 @@ def load_segmentation_sites(
     ext = to_tensors(*read_site(test_path)[:2], image_size) if test_path else None
     if ext is not None and ext[0].shape[1] != next(iter(channels)):
         raise DataError(f"{test_path}: its images have {ext[0].shape[1]} channels, the sites' {channels}")
+    # the classes: 0 … the largest label of any mask (binary masks: background and foreground)
+    largest = max(int(y.max()) if y.numel() else 0 for _, y in [*read, *([ext] if ext is not None else [])])
+    names_c = class_names(max(2, largest + 1))
     preps, parts, internal, held = [], [], [], []
     for k, (x, y) in enumerate(read):
         tr, te = holdout(len(y), test_fraction, seed, k, paths[k])
         tr_t, te_t = torch.from_numpy(tr), torch.from_numpy(te)
-        prep = ImagePreprocessing.fit(x[tr_t], image_size, mode, CLASSES, site=names[k])
+        prep = ImagePreprocessing.fit(x[tr_t], image_size, mode, names_c, site=names[k])
         preps.append(prep)
         parts.append((prep.transform(x[tr_t]), y[tr_t]))
         internal.append((prep.transform(x[te_t]), y[te_t]))
@@ -306,7 +327,7 @@ def load_segmentation_sites(
         internal,
         external,
         list(preps),
-        list(CLASSES),
+        names_c,
         preps[0].input_shape,
         test_set,
         list(paths),
@@ -316,12 +337,18 @@ def load_segmentation_sites(
 
 # ---------------------------------------------------------------------------------------------- generating
 def generate_images(
-    n: int, size: int, rng: np.random.Generator, site: int = 0, empty_fraction: float = 0.1
+    n: int,
+    size: int,
+    rng: np.random.Generator,
+    site: int = 0,
+    empty_fraction: float = 0.1,
+    classes: int = 2,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``n`` uint8 images (n, size, size) and their exact binary masks: Gaussian noise around a site's
     background intensity, one or two filled ellipses brighter by a site's contrast; site ``site`` shifts the
     intensity, contrast, noise and object size (site heterogeneity). A fraction ``empty_fraction`` of the
-    images has no object (an empty mask)."""
+    images has no object (an empty mask). ``classes`` > 2: each ellipse has a label 1 … classes − 1 (drawn
+    at random, a later ellipse over an earlier one) and a brightness rising with its label: label masks."""
     bg = 60.0 + 25.0 * (site % 4)
     contrast = 70.0 - 10.0 * (site % 3)
     noise = 18.0 + 6.0 * (site % 2)
@@ -331,6 +358,7 @@ def generate_images(
     masks = np.zeros((n, size, size), dtype=np.uint8)
     for i in range(n):
         m = np.zeros((size, size), dtype=bool)
+        labels = np.zeros((size, size), dtype=np.uint8)
         if rng.random() >= empty_fraction:
             for _ in range(1 + int(rng.random() < 0.3)):
                 a, b = rng.uniform(0.12, 0.25, size=2) * size * scale
@@ -338,7 +366,15 @@ def generate_images(
                 t = rng.uniform(0, np.pi)
                 dy, dx = yy - cy, xx - cx
                 u, v = dx * np.cos(t) + dy * np.sin(t), -dx * np.sin(t) + dy * np.cos(t)
-                m |= (u / a) ** 2 + (v / b) ** 2 <= 1.0
+                inside = (u / a) ** 2 + (v / b) ** 2 <= 1.0
+                m |= inside
+                if classes > 2:  # binary runs draw nothing more: their images stay as they were
+                    labels[inside] = int(rng.integers(1, classes))
+        if classes > 2:
+            masks[i] = labels
+            img = bg + contrast * labels / (classes - 1) + rng.normal(0.0, noise, size=(size, size))
+            imgs[i] = np.clip(np.rint(img), 0, 255).astype(np.uint8)
+            continue
         img = bg + contrast * m + rng.normal(0.0, noise, size=(size, size))
         imgs[i] = np.clip(np.rint(img), 0, 255).astype(np.uint8)
         masks[i] = m
@@ -352,9 +388,11 @@ def generate_sites(
     size: int = 32,
     seed: int = 0,
     fmt: str = "png",
+    classes: int = 2,
 ) -> list[str]:
     """Write ``sites`` generated sites under ``out`` (``site<k>/images`` + ``site<k>/masks`` as PNG or
-    .npy, or ``site<k>.npz``) and return their paths, in site order; refuses an existing non-empty ``out``."""
+    .npy, or ``site<k>.npz``) and return their paths, in site order; refuses an existing non-empty ``out``.
+    ``classes`` > 2: label masks 0 … classes − 1 (PNG masks then hold the labels, not 0/255)."""
     root = Path(out)
     if fmt not in ("png", "npy", "npz"):
         raise DataError(f"format must be png, npy or npz, got {fmt!r}")
@@ -363,10 +401,12 @@ def generate_sites(
     counts = per_site if isinstance(per_site, list) else [per_site] * sites
     if len(counts) != sites or min(counts) < 2:
         raise DataError(f"give at least 2 images for each of the {sites} sites, got {counts}")
+    if not 2 <= classes <= MAX_CLASSES:
+        raise DataError(f"classes must lie in 2 … {MAX_CLASSES}, got {classes}")
     root.mkdir(parents=True, exist_ok=True)
     paths = []
     for k in range(sites):
-        x, y = generate_images(counts[k], size, np.random.default_rng([seed, k]), site=k)
+        x, y = generate_images(counts[k], size, np.random.default_rng([seed, k]), site=k, classes=classes)
         if fmt == "npz":
             p = root / f"site{k}.npz"
             np.savez_compressed(p, x=x, y=y)
@@ -382,13 +422,14 @@ def generate_sites(
                     from PIL import Image
 
                     Image.fromarray(x[i]).save(p / "images" / f"{i:04d}.png")
-                    Image.fromarray(y[i] * 255).save(p / "masks" / f"{i:04d}.png")
+                    Image.fromarray(y[i] * 255 if classes == 2 else y[i]).save(p / "masks" / f"{i:04d}.png")
         paths.append(str(p))
     return paths
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m silofl.data.segmentation OUT [--sites K] [--per-site N] [--size S] [--seed R] [--format]``:
+    """``python -m silofl.data.segmentation OUT [--sites K] [--per-site N] [--size S] [--seed R] [--format]
+    [--classes C]``:
     write generated sites and print their paths (comma-separated, for ``--site-data``)."""
     ap = argparse.ArgumentParser(prog="python -m silofl.data.segmentation", description=main.__doc__)
     ap.add_argument("out")
@@ -397,9 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--format", choices=("png", "npy", "npz"), default="png")
+    ap.add_argument("--classes", type=int, default=2, help="mask labels 0 … C−1 (2: binary masks)")
     a = ap.parse_args(argv)
     try:
-        print(",".join(generate_sites(a.out, a.sites, a.per_site, a.size, a.seed, a.format)))
+        print(",".join(generate_sites(a.out, a.sites, a.per_site, a.size, a.seed, a.format, a.classes)))
     except DataError as e:
         print(f"error: {e}")
         return 2

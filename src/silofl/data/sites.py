@@ -46,6 +46,10 @@ class SiteSources:
     persons: list[np.ndarray] | None = None
     # without --id-column: a column that looks like a person id and repeats (UnitWarning.to_dict), or None
     unit_warning: dict | None = None
+    # what the targets are (silofl.training.tasks) and, where it is not the number of classes, the number of
+    # model outputs (a survival target: 1 + its time bins, silofl.training.survival.encode_target)
+    task: str = "classification"
+    outputs: int | None = None
 
 
 def site_names(paths: list[str]) -> list[str]:
@@ -141,19 +145,19 @@ def load_site_tables(
     test_fraction: float = 0.2,
     seed: int = 0,
     id_column: str | None = None,
+    time_bins: list[float] | None = None,
 ) -> SiteSources:
     """Every site's table, checked against the schema at ``schema_path`` (see the module doc). ``id_column``
     (person-level DP): each row's person; the internal test set then holds out whole persons and each site's
     training rows come with their persons. Without it, a column that looks like a repeated person id is
-    flagged (``unit_warning``)."""
+    flagged (``unit_warning``). A survival target (``{type: survival, time, event}``) is encoded on its public
+    time bins — ``time_bins`` (``--time-bins``), else the schema's ``bins`` — for the piecewise-exponential
+    model (:func:`silofl.training.survival.encode_target`); never bins computed from a site's times."""
     schema = Schema.load(schema_path)
+    edges: tuple[float, ...] = ()
     if schema.task == "survival":
-        raise DataError(
-            f"schema {schema_path}: a survival target trains a Cox head without DP only "
-            "(silofl.training.survival: the Cox loss couples the rows of a batch, so per-example clipping "
-            "bounds nothing); the federated methods train classifiers"
-        )
-    if schema.task != "classification":
+        edges = survival_edges(schema, schema_path, time_bins)
+    elif schema.task != "classification":
         raise DataError(
             f"schema {schema_path}: the federated methods train classifiers; a regression target is for "
             "PubSub-ML (silofl pubsub publish --schema)"
@@ -188,6 +192,10 @@ def load_site_tables(
             np.unique(idx[tr], return_inverse=True)[1].reshape(-1)
             for idx, (tr, _) in zip(persons, splits, strict=True)
         ]
+    if edges:
+        from silofl.training.survival import encode_target
+
+        ys = [encode_target(y, edges) for y in ys]
     preps = [
         TablePreprocessing.fit(schema, raw[tr], site=names[k])
         for k, (raw, (tr, _)) in enumerate(zip(raws, splits, strict=True))
@@ -195,6 +203,8 @@ def load_site_tables(
     if test_path:
         ext_raw, ext_y, _ = schema.check(read_table(test_path), test_path)
         assert ext_y is not None
+        if edges:
+            ext_y = encode_target(ext_y, edges)
         test_set = f"external: {test_path} (no site trains on it)"
     else:
         ext_raw = np.concatenate([raw[te] for raw, (_, te) in zip(raws, splits, strict=True)])
@@ -223,7 +233,27 @@ def load_site_tables(
         dropped,
         train_persons,
         warning.to_dict() if warning is not None else None,
+        schema.task,
+        len(edges) + 2 if edges else None,
     )
+
+
+def survival_edges(schema: Schema, schema_path: str, time_bins: list[float] | None) -> tuple[float, ...]:
+    """The public inner time-bin edges of a survival run: ``--time-bins``, else the schema's ``bins``; a
+    one-line DataError when neither gives any (they are never computed from a site's times)."""
+    from silofl.training.survival import check_edges
+
+    given = time_bins if time_bins else schema.survival_bins
+    if not given:
+        raise DataError(
+            f"schema {schema_path}: a survival target trains a piecewise-exponential model on public time "
+            "bins; declare them in the target (bins: [EDGE, ...]) or pass --time-bins A,B,... (never "
+            "quantiles of a site's times)"
+        )
+    try:
+        return check_edges(given)
+    except ValueError as e:
+        raise DataError(f"--time-bins: {e}" if time_bins else f"schema {schema_path}: {e}") from None
 
 
 def load_site_images(

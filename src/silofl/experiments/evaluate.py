@@ -40,6 +40,8 @@ def evaluate_run(
         for r in json.loads((run_dir / "summary.json").read_text())["final"]["per_client"]:
             for role in ("private", "proxy", "global", "combined"):
                 recorded[f"client{r['client']}_{role}"] = r.get(f"{role}_acc")
+                if r.get(f"{role}_c_index") is not None:  # a survival run: its C-index (no accuracy)
+                    recorded[f"client{r['client']}_{role}"] = r[f"{role}_c_index"]
     specs = sorted((run_dir / "models").glob("*.json"))
     if not specs:
         raise ConfigError(f"no models found under {run_dir / 'models'}")

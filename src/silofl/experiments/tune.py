@@ -160,7 +160,7 @@ def tune(
     else:
         count = parse_trial_count(random_trials) if isinstance(random_trials, str) else random_trials
         picks, random_part = _draw_random_trials(base, combos, count, max_trials)
-    metric = getattr(base, "metric", "accuracy")  # --metric: the validation figure trials are selected on
+    metric = _run_metric(base)  # --metric: the validation figure trials are selected on
     headline = metric_field(base.info.headline, metric)
     score_field = random_part["selection"] if random_part else headline
     rows, summaries = [], []
@@ -370,7 +370,7 @@ def _draw_random_trials(
     picks = [min(int(u * len(combos)), len(combos) - 1) for u in uniforms(k)]
     selection = metric_field(
         "proxy_acc" if cfg.info.traits.mutual_learning else cfg.info.headline,
-        getattr(cfg, "metric", "accuracy"),
+        _run_metric(cfg),
     )
     return picks, {
         "count": count,
@@ -504,3 +504,10 @@ def markdown(result: dict) -> str:
             f"over {c['trials']} trials."
         )
     return "\n".join(lines) + "\n"
+
+
+def _run_metric(cfg) -> str:
+    """The headline a run of ``cfg`` is judged by: --metric, or its task's default where accuracy is not
+    defined (a survival target: the C-index, silofl.training.tasks)."""
+    resolve = getattr(cfg, "_task_metric", None)
+    return resolve() if resolve is not None else getattr(cfg, "metric", "accuracy")

@@ -245,6 +245,11 @@ def _output_note(loaded: LoadedModel) -> str:
     """What the graph returns: class probabilities, or per-pixel ones for a segmentation model."""
     with torch.no_grad():
         out = loaded.pipeline(example_input(loaded, 1))
+    if getattr(loaded.pipeline, "risk", False):
+        return (
+            "risk scores: float32 [batch] — log of the summed piecewise-exponential bin hazards (higher: the "
+            "event sooner; silofl.training.survival.risk_score)"
+        )
     if out.dim() == 4:
         return (
             f"per-pixel probabilities: float32 [batch, classes, {out.shape[2]}, {out.shape[3]}] (the mask "
@@ -473,8 +478,12 @@ def card_markdown(card: dict) -> str:
     ]
     if data["kind"] == "table":
         sch = data["schema"]
+        tgt = sch["target"]
         lines += [
-            f"- target: `{sch['target']['name']}` ∈ {{{', '.join(sch['target']['levels'])}}}",
+            f"- target: survival, time `{tgt['time']}`, event `{tgt['event']}`, public time bins (inner "
+            f"edges) {tgt.get('bins', [])}"
+            if tgt.get("type") == "survival"
+            else f"- target: `{tgt['name']}` ∈ {{{', '.join(tgt['levels'])}}}",
             "",
             "| feature | type | levels / bounds | missing |",
             "|---|---|---|---|",
@@ -496,11 +505,15 @@ def card_markdown(card: dict) -> str:
             f"- accuracy on the site's own held-out rows: {_fmt(ev['accuracy_internal'])}",
             f"- after round {ev['round']}",
         ]
+        if ev.get("headline_metric") == "c_index":  # a survival model: accuracy is not defined
+            lines = lines[:-3] + lines[-1:]
         for where, ms in (
             ("on " + str(ev["test_set"]), ev.get("metrics_external")),
             ("on the site's own held-out rows", ev.get("metrics_internal")),
         ):
-            if ms and any(v is not None for k, v in ms.items() if k != "accuracy"):
+            if ms and ms.get("c_index") is not None:  # a survival model (silofl.training.survival)
+                lines.append(f"- {where}: C-index {_fmt(ms['c_index'])} (Harrell's, of the risk scores)")
+            elif ms and any(v is not None for k, v in ms.items() if k != "accuracy"):
                 lines.append(
                     f"- {where}: AUROC {_fmt(ms.get('auroc'))}, balanced accuracy "
                     f"{_fmt(ms.get('balanced_accuracy'))}, F1 (macro) {_fmt(ms.get('f1'))}, ECE (15 bins) "

@@ -18,15 +18,22 @@ SHARED_ROLES = ("proxy", "global")  # the model that left the site, by method
 
 class Pipeline(nn.Module):
     """``softmax(model(features(preprocess(x))))`` (``features``: the run's feature stage, identity without
-    one)."""
+    one); ``risk``: a survival model's risk score per row instead
+    (:func:`silofl.training.survival.risk_score`, shape (batch,))."""
 
-    def __init__(self, preprocess: nn.Module, model: nn.Module, features: nn.Module | None = None):
+    def __init__(
+        self, preprocess: nn.Module, model: nn.Module, features: nn.Module | None = None, risk: bool = False
+    ):
         super().__init__()
         self.preprocess, self.model = preprocess, model
         self.features = features if features is not None else nn.Identity()
+        self.risk = risk
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.model(self.features(self.preprocess(x))), dim=1)
+        out = self.model(self.features(self.preprocess(x)))
+        if self.risk:
+            return out[:, 0] + torch.logsumexp(out[:, 1:], dim=1)  # = silofl.training.survival.risk_score
+        return torch.softmax(out, dim=1)
 
 
 class Combined(nn.Module):
@@ -168,7 +175,8 @@ def load_pipeline(path: str | Path, client: int, model: str = "private") -> Load
             f"client{client}_{role} expects inputs {tuple(spec.input_shape)} but its preprocessing"
             f"{' and features' if rec else ''} give {shape}"
         )
-    pipe = Pipeline(prep.module(), net, feats).eval()
+    survival = getattr(getattr(prep, "schema", None), "task", "") == "survival"
+    pipe = Pipeline(prep.module(), net, feats, risk=survival).eval()
     run_dir = d.parent if d.name == "models" and (d.parent / "config.yaml").is_file() else None
     return LoadedModel(pipe, spec, prep, role, client, d, run_dir, rec)
 

@@ -30,6 +30,8 @@ def predict(
     if _segments(loaded):
         return predict_masks(loaded, data, out, overwrite)
     prep = loaded.preprocessing
+    if getattr(getattr(prep, "schema", None), "task", "") == "survival":
+        return predict_risk(loaded, data, out)
     x, y, ids = prep.read(data)
     with torch.no_grad():
         probs = torch.cat([loaded.pipeline(x[i : i + 4096]) for i in range(0, len(x), 4096)]).numpy()
@@ -50,6 +52,33 @@ def predict(
         "architecture": loaded.spec.name,
         "out": str(out),
         "nan_rows": int(np.isnan(probs).any(1).sum()),
+    }
+
+
+def predict_risk(loaded, data: str | Path, out: Path) -> dict:
+    """A survival model on new rows: one ``risk`` per row (:func:`silofl.training.survival.risk_score`, log
+    of the summed bin hazards — higher, the event sooner), with ``time`` and ``event`` when the file has them,
+    and then the C-index of the risks."""
+    from silofl.training.survival import c_index
+
+    x, y, ids = loaded.preprocessing.read(data)
+    with torch.no_grad():  # the pipeline returns risk_score of the model's outputs for a survival model
+        risk = torch.cat([loaded.pipeline(x[i : i + 4096]) for i in range(0, len(x), 4096)]).numpy()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "risk", *(["time", "event"] if y is not None else [])])
+        for i in range(len(risk)):
+            w.writerow([ids[i], f"{risk[i]:.6g}", *([f"{y[i, 0]:g}", int(y[i, 1])] if y is not None else [])])
+    ci = c_index(risk, y[:, 0], y[:, 1]) if y is not None else None
+    return {
+        "rows": int(len(risk)),
+        "accuracy": None,
+        "c_index": ci if ci is None or np.isfinite(ci) else None,
+        "model": f"client{loaded.client}_{loaded.role}",
+        "architecture": loaded.spec.name,
+        "out": str(out),
+        "nan_rows": int(np.isnan(risk).sum()),
     }
 
 

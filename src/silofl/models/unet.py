@@ -8,8 +8,9 @@ transposed convolution), so any input of at least 2^depth pixels a side works.
 
 ``unet``: widths 8 · 2^l at depth l = 0 … 3 (about 0.3 M parameters), small enough for CPU tests on 32×32 or
 64×64 images; the seed paper trains a wider one on 256×256 prostate slices — build
-``UNet(shape, 2, width=32)`` for that. The output is (n, num_classes, H, W) logits: num_classes = 2
-for a binary mask.
+``UNet(shape, 2, width=32)`` for that. The output is (n, num_classes, H, W) logits — a softmax head over
+the classes: num_classes = 2 for a binary mask, C for label masks 0 … C−1
+(:mod:`silofl.data.segmentation`; the loss and the metrics take the softmax / arg-max over them).
 """
 
 from __future__ import annotations

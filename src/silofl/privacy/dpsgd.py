@@ -59,6 +59,11 @@ class DPGradient:
         # person-level DP (silofl.privacy.person): every step must say each row's person (``groups``); the
         # sample rate and expected batch size are then over persons
         self.person_level = False
+        # the parameters a step updates, when not all (FedRep's phases, silofl.fl.methods.fedrep): only
+        # their per-example gradient is clipped to C and noised; the others' p.grad is None (not released,
+        # not moved). Each step is still one Gaussian mechanism of sensitivity C and noise σC: the
+        # accountant's count holds
+        self.only: list[nn.Parameter] | None = None
 
     def take_run(self) -> MechanismRun:
         """The steps this mechanism ran since the last call, with its (σ, q); the count restarts."""
@@ -100,7 +105,9 @@ class DPGradient:
             with torch.no_grad():
                 logits = self.model(x) if x.dim() > 1 else torch.zeros(0)
         else:
-            kw = {} if groups is None else {"groups": groups}
+            kw: dict = {} if groups is None else {"groups": groups}
+            if self.only is not None:
+                kw["only"] = frozenset(id(p) for p in self.only)
             try:
                 logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views, **kw)
             except GhostUnsupported:
@@ -110,10 +117,17 @@ class DPGradient:
                 self.clipper = VmapClipper(self.model)
                 logits, grads, sq = self.clipper.clipped_sum(x, loss_fn, extras, self.clip, views, **kw)
             B = len(sq)
+        released = self.params
+        if self.only is not None:
+            chosen = {id(p) for p in self.only}
+            released = [p for p in self.params if id(p) in chosen]
+            for p in self.params:
+                if id(p) not in chosen:
+                    p.grad = None
         if self.canaries is not None:
-            grads = self.canaries.add(grads, self.params, self.clip)
+            grads = self.canaries.add(grads, released, self.clip)
         std = self.noise_multiplier * self.clip
-        for p in self.params:
+        for p in released:
             g = grads.get(p)
             total = self.noise.normal(tuple(p.shape), std, dtype=p.dtype)
             if g is not None:

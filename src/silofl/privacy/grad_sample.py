@@ -104,8 +104,11 @@ class GhostClipper:
         clip: float,
         views: int = 1,
         groups: torch.Tensor | None = None,
+        only: frozenset[int] | None = None,
     ):
-        """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms). ``views`` >
+        """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms). ``only``:
+        the ids of the parameters whose gradient is clipped and returned (None: all; the others' layers add
+        nothing to the norm — a step that updates only those). ``views`` >
         1:
         ``x`` holds that many consecutive views of each example (augmentation multiplicity); an example's loss
         is
@@ -113,12 +116,13 @@ class GhostClipper:
         clipped. ``groups`` (person-level DP, :mod:`silofl.privacy.person`): each row's unit 0 … P−1; a
         unit's rows' gradients are summed and the sum clipped (sq_norms then has one entry per unit)."""
         if groups is not None:
-            return self._grouped_sum(x, loss_fn, extras, clip, views, groups)
+            return self._grouped_sum(x, loss_fn, extras, clip, views, groups, only)
         self._records = []
         try:
             logits = self.model(x)
         finally:
             records, self._records = self._records, None
+        records = _restricted(records, only)
         if views > 1:
             extras = tuple(e.repeat_interleave(views, 0) for e in extras)
         losses = loss_fn(logits, *extras)
@@ -155,7 +159,7 @@ class GhostClipper:
                 grads[mod.bias] = b
         return logits.detach(), grads, sq
 
-    def _grouped_sum(self, x, loss_fn, extras, clip, views, groups):
+    def _grouped_sum(self, x, loss_fn, extras, clip, views, groups, only=None):
         """:meth:`clipped_sum` with per-unit clipping: Linear layers on 2-D inputs by the pair identity
         ‖Σ_{i∈p} g_i a_iᵀ‖² = Σ_{i,j∈p} (g_i·g_j)(a_i·a_j) (+ the bias term), GroupNorm by summing its rows'
         per-example gradients; anything else is left to the vmap backend (GhostUnsupported)."""
@@ -172,6 +176,7 @@ class GhostClipper:
             raise GhostUnsupported("a layer ran more than once in one forward pass")
         if any(r[2]._version != r[3] for r in records):
             raise GhostUnsupported("a layer output was modified in place")
+        records = _restricted(records, only)
         if any(
             isinstance(r[0], nn.Conv2d) or (isinstance(r[0], nn.Linear) and r[1].dim() != 2) for r in records
         ):
@@ -216,6 +221,21 @@ class GhostClipper:
                 if bias is not None:
                     grads[bias] = c @ v
         return logits.detach(), grads, sq
+
+
+def _restricted(records: list, only: frozenset[int] | None) -> list:
+    """The forward records of the layers whose parameters are all in ``only`` (ids; None: every layer); a
+    layer with some of its parameters in ``only`` and some not is refused (the vmap backend takes it)."""
+    if only is None:
+        return records
+    out = []
+    for r in records:
+        ids = {id(p) for p in r[0].parameters(recurse=False)}
+        if ids <= only:
+            out.append(r)
+        elif ids & only:
+            raise GhostUnsupported("a layer's parameters are partly in the step's clipped set")
+    return out
 
 
 def _linear_norms(mod: nn.Linear, a: torch.Tensor, g: torch.Tensor, views: int = 1):
@@ -309,15 +329,26 @@ class VmapClipper:
         pass
 
     def per_example_grads(
-        self, x: torch.Tensor, loss_fn: LossFn, extras: tuple, views: int = 1
+        self,
+        x: torch.Tensor,
+        loss_fn: LossFn,
+        extras: tuple,
+        views: int = 1,
+        only: frozenset[int] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Per-example gradients of the summed losses (torch.func vmap over grad); with ``views`` > 1 (``x``:
         that
         many consecutive views of each example) the gradient of the mean of an example's views' losses."""
         from torch.func import functional_call, grad, vmap
 
-        params = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        params = {
+            n: p.detach()
+            for n, p in self.model.named_parameters()
+            if p.requires_grad and (only is None or id(p) in only)
+        }
         buffers = dict(self.model.named_buffers())
+        if only is not None:  # the parameters outside ``only`` enter as constants (no gradient, no graph)
+            buffers.update({n: p.detach() for n, p in self.model.named_parameters() if n not in params})
         if views > 1:
 
             def mean_of_views(prm, xi, *ex):
@@ -341,11 +372,12 @@ class VmapClipper:
         clip: float,
         views: int = 1,
         groups: torch.Tensor | None = None,
+        only: frozenset[int] | None = None,
     ):
         """Forward + per-example norms + clipped gradient sum: (logits, grads, squared norms); ``views`` as in
-        :meth:`per_example_grads`; ``groups`` as in :meth:`GhostClipper.clipped_sum` (each unit's rows'
-        per-example gradients summed before the clip)."""
-        per = self.per_example_grads(x, loss_fn, extras, views)
+        :meth:`per_example_grads`; ``groups`` and ``only`` as in :meth:`GhostClipper.clipped_sum` (each unit's
+        rows' per-example gradients summed before the clip)."""
+        per = self.per_example_grads(x, loss_fn, extras, views, only)
         if groups is not None:
             P = int(groups.max()) + 1
             per = {

@@ -30,14 +30,18 @@ def plot_run(
 ) -> Path:
     """Two panels: accuracy vs round, ε vs round (one line per client). Returns the PNG path."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    # a survival run has no accuracy: its C-index instead (silofl.training.tasks)
+    survival = not any(r.get(k) is not None for r in records for k in ACC_KEYS) and any(
+        r.get(k.removesuffix("_acc") + "_c_index") is not None for r in records for k in ACC_KEYS
+    )
     for key in ACC_KEYS:
-        rounds, mean, std = series(records, key)
+        rounds, mean, std = series(records, key.removesuffix("_acc") + "_c_index" if survival else key)
         if len(rounds) == 0:
             continue
         ax1.plot(rounds, mean, label=key.replace("_acc", ""))
         ax1.fill_between(rounds, mean - std, mean + std, alpha=0.2)
     ax1.set_xlabel("round")
-    ax1.set_ylabel("test accuracy (mean ± std over clients)")
+    ax1.set_ylabel(f"test {'C-index' if survival else 'accuracy'} (mean ± std over clients)")
     ax1.grid(alpha=0.3)
     ax1.legend()
     clients = sorted({r["client"] for r in records})

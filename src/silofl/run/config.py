@@ -355,6 +355,16 @@ class RunConfig:
             "FedAvg/FML: the server sees only the sum of the sites' model moves (--secagg-range).",
         },
     )
+    # a survival target's public time bins (inner edges), overriding the schema's ``bins``
+    # (silofl.training.survival.encode_target)
+    time_bins: list[float] | None = field(
+        default=None,
+        metadata={
+            "panel": "data",
+            "help": "--dataset table with a survival target: the public time bins' inner edges of the "
+            "piecewise-exponential model (e.g. 30,90,180; default: the schema's bins).",
+        },
+    )
     # the method's own section (silofl.fl.options)
     options: Any = field(default=None, compare=True)
 
@@ -470,6 +480,7 @@ class RunConfig:
             raise ConfigError(f"unknown method {self.method!r}")
         cfg = dataclasses.replace(self, **_coerced(self), options=_coerced(self.options, replace=True))
         cfg.validate()
+        cfg = dataclasses.replace(cfg, metric=cfg._task_metric())
         cfg = dataclasses.replace(cfg, privacy=effective_mode(cfg.privacy, cfg.info.traits))
         cfg = dataclasses.replace(cfg, options=cfg.options.resolve(cfg))
         cfg.options.validate(cfg)
@@ -572,6 +583,8 @@ class RunConfig:
 
         task = dataset_meta(self.dataset).get("task", "classification")
         wanted = metric_task(self.metric)
+        if wanted == "survival" and self.data_task() == "survival":
+            return
         if wanted not in ("any", task):
             raise ConfigError(
                 f"--metric {self.metric} scores {wanted} runs; dataset {self.dataset!r} is a {task} task"
@@ -581,6 +594,42 @@ class RunConfig:
             raise ConfigError(
                 "--combine fits a classifier over the models' class scores; a segmentation run has none"
             )
+
+    def data_task(self) -> str:
+        """The task of this run's targets (silofl.training.tasks): the data set's, or a table schema's
+        (``survival`` for a ``{type: survival, …}`` target)."""
+        task = dataset_meta(self.dataset).get("task", "classification")
+        if self.schema and dataset_meta(self.dataset)["schema"] and not self.data_at_sites:
+            from silofl.core.errors import DataError
+            from silofl.data.schema import Schema
+
+            try:
+                kind = Schema.load(self.schema).task
+            except DataError:  # reported, with its reason, when the run reads its data
+                return task
+            if kind == "survival":
+                return kind
+        return task
+
+    def _task_metric(self) -> str:
+        """--metric checked against a survival target (silofl.training.tasks): its headline is the C-index
+        (``accuracy``, the default, stands for it); a classification metric, and a method that does not train
+        it, refused with one line."""
+        from silofl.training.tasks import check_metric, task
+
+        kind = self.data_task()
+        if kind != "survival":
+            return self.metric
+        t = task(kind)
+        if t.methods is not None and self.method not in t.methods:
+            raise ConfigError(
+                f"{self.method} does not train a survival target: {t.refusal} {', '.join(t.methods)}"
+            )
+        if self.combine != "none":
+            raise ConfigError(
+                "--combine fits a classifier over the models' class scores; a survival run has none"
+            )
+        return check_metric(kind, self.metric, f"the survival target of {self.schema}")
 
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:

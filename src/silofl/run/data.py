@@ -240,7 +240,13 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
     if cfg.dataset == "table":
         assert cfg.schema is not None
         src = load_site_tables(
-            cfg.schema, cfg.site_data, cfg.test_data, cfg.test_fraction, cfg.data_seed, cfg.id_column
+            cfg.schema,
+            cfg.site_data,
+            cfg.test_data,
+            cfg.test_fraction,
+            cfg.data_seed,
+            cfg.id_column,
+            getattr(cfg, "time_bins", None),
         )
     elif cfg.dataset == "folder":
         src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)
@@ -278,7 +284,7 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
         y_train=y_all,
         x_test=src.external[0][0],
         y_test=src.external[0][1],
-        num_classes=len(src.classes),
+        num_classes=src.outputs or len(src.classes),
         source=", ".join(src.sources),
         class_names=src.classes,
         groups=groups,

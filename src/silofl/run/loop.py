@@ -587,7 +587,7 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         "method": cfg.method,
         "headline": metric_field(info.headline, cfg.metric),  # the method's judged model, scored by --metric
         "metric": cfg.metric,
-        "metrics": metrics_note(cfg.dataset),
+        "metrics": metrics_note(cfg.dataset, cfg.data_task() if hasattr(cfg, "data_task") else None),
         "dataset": cfg.dataset,
         "data_source": split.source,
         "test_set": split.test_set,
@@ -669,13 +669,24 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
     return summary
 
 
-def metrics_note(dataset: str | None = None) -> dict:
+def metrics_note(dataset: str | None = None, task: str | None = None) -> dict:
     """What summary.json says about its metrics (silofl.training.metrics); a segmentation data set's runs
-    compute pixel accuracy, Dice and IoU (silofl.training.segmentation)."""
+    compute pixel accuracy, Dice and IoU (silofl.training.segmentation), a survival target's the C-index
+    (``task``: the run's, :meth:`RunConfig.data_task`)."""
     from silofl.data.datasets import dataset_meta
     from silofl.training.metrics import metric_task
 
-    task = dataset_meta(dataset).get("task", "classification") if dataset else "classification"
+    if task is None:
+        task = dataset_meta(dataset).get("task", "classification") if dataset else "classification"
+    if task == "survival":
+        return {
+            "computed": ["c_index"],
+            "fields": "<role>_c_index (role: private, proxy, global; _internal: on the site's own held-out "
+            "rows); <role>_acc is null (accuracy is not defined for a survival target)",
+            "c_index": "Harrell's C over the comparable pairs (i had the event, j outlived it) of the risk "
+            "scores log Σ_k h_k(x), ties in risk counting 1/2 (silofl.training.survival)",
+            "privacy": "each figure is labelled and released like the accuracy of the same model",
+        }
     if task == "segmentation":
         return {
             "computed": [m for m in METRICS if metric_task(m) in ("any", task)],
@@ -687,7 +698,7 @@ def metrics_note(dataset: str | None = None) -> dict:
             "privacy": "each figure is labelled and released like the accuracy of the same model",
         }
     return {
-        "computed": [m for m in METRICS if metric_task(m) != "segmentation"],
+        "computed": [m for m in METRICS if metric_task(m) not in ("segmentation", "survival")],
         "fields": "<role>_acc, <role>_auroc, <role>_balanced_accuracy, <role>_f1, "
         "<role>_ece (role: private, proxy, global, combined; _internal: on the site's own held-out rows)",
         "auroc": "binary: AUROC of class 1's probability; more classes: one-vs-rest, macro over the classes "
@@ -749,7 +760,14 @@ def _describe(info, records: list[dict]) -> str:
     accs = " ".join(
         f"{k.removesuffix('_acc')} {statistics.fmean(r[k] for r in records):.3f}"
         for k in ACC_FIELDS
-        if all(k in r for r in records)
+        if all(r.get(k) is not None for r in records)
+    )
+    # a survival run has no accuracy (None): its C-index instead (silofl.training.tasks)
+    accs += "".join(
+        f" {k.removesuffix('_acc')} C {statistics.fmean(r[c] for r in records):.3f}"
+        for k in ACC_FIELDS
+        for c in [k.removesuffix("_acc") + "_c_index"]
+        if all(r.get(c) is not None for r in records)
     )
     eps = [r["epsilon"] for r in records if r["epsilon"] is not None]
     e = f" ε {max(eps):.2f}" if eps else ""

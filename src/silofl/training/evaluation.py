@@ -217,7 +217,11 @@ def _stacked_accuracies(
 # metric
 def _metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float | None]:
     from silofl.training.metrics import classification_metrics, finite_or_none
+    from silofl.training.tasks import target_task
 
+    own = target_task(y)  # a task with its own figures (a survival target: the C-index)
+    if own is not None and own.scores is not None:
+        return {k: finite_or_none(v) for k, v in own.scores(logits, y).items()}
     return {k: finite_or_none(v) for k, v in classification_metrics(logits, y).items()}
 
 

@@ -51,9 +51,14 @@ def local_updates(
     ``prox_mu``: FedProx's proximal weight μ (0: plain local SGD)."""
     buffers = {k: b for k, b in model.named_buffers()}
     regression = y.is_floating_point()
+    from silofl.training.tasks import target_task
+
+    own = target_task(y)  # a task with its own per-example loss (a survival target)
 
     def loss(params, xb, yb):
         out = functional_call(model, (params, buffers), (xb,))
+        if own is not None and own.loss is not None:
+            return own.loss(out, yb).mean()
         if yb.dim() == 3:  # masks: the mean per-image Dice + CE (silofl.training.segmentation)
             from silofl.training.segmentation import segmentation_loss
 

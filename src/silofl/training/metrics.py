@@ -50,6 +50,8 @@ METRICS = {
     # segmentation (silofl.training.segmentation): per-image Dice and IoU of the foreground, averaged
     "dice": "dice",
     "iou": "iou",
+    # a survival target (silofl.training.survival): Harrell's C-index of the model's risk scores
+    "c_index": "c_index",
 }
 LOWER_IS_BETTER = frozenset({"ece"})
 ECE_BINS = 15
@@ -95,6 +97,7 @@ def metric_label(metric: str) -> str:
         "ece": "ECE",
         "dice": "Dice",
         "iou": "IoU",
+        "c_index": "C-index",
     }.get(metric, metric)
 
 
@@ -275,8 +278,9 @@ SEGMENTATION_METRICS = ("accuracy", "dice", "iou")
 
 
 def metric_task(metric: str) -> str:
-    """The task whose runs compute ``metric``: ``segmentation`` (Dice, IoU), ``any`` (accuracy) or
-    ``classification`` (AUROC, balanced accuracy, F1, ECE)."""
-    if metric == "accuracy":
-        return "any"
-    return "segmentation" if metric in SEGMENTATION_METRICS else "classification"
+    """The task whose runs compute ``metric``: ``segmentation`` (Dice, IoU), ``any`` (accuracy),
+    ``survival`` (C-index) or ``classification`` (AUROC, balanced accuracy, F1, ECE): the task registry's
+    answer (:func:`silofl.training.tasks.metric_task`)."""
+    from silofl.training.tasks import metric_task as of_registry
+
+    return of_registry(metric)

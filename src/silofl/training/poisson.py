@@ -40,6 +40,13 @@ def dml_loss(
         from silofl.training.segmentation import segmentation_dml_loss
 
         return segmentation_dml_loss(logits, y, other_logp, weight)
+    from silofl.training.tasks import target_task
+
+    own = target_task(y)  # a task with its own per-example loss (a survival target) and distillation
+    if own is not None and own.distill is not None:
+        return own.distill(logits, y, other_logp, weight)
+    if own is not None and own.loss is not None:
+        return own.loss(logits, y)
     ce = F.cross_entropy(logits, y, reduction="none")
     if weight == 0.0 or other_logp is None:
         return ce
@@ -110,9 +117,7 @@ def poisson_steps(
                 opt.step()
             continue
         partner_logits = partner.model(xb) if partner is not None else None
-        partner_logp = (
-            F.log_softmax(partner_logits.detach(), dim=1) if partner_logits is not None else no_logp
-        )
+        partner_logp = _partner_view(partner_logits.detach(), yb) if partner_logits is not None else no_logp
         if augment is not None:
             logits, ast = _augmented_step(
                 model, augment, xb, yb, partner_logp, loss_fn, dp, partner is not None
@@ -135,7 +140,7 @@ def poisson_steps(
         opt.step()
         seen += B
         if partner is not None and partner_logits is not None:
-            loss = dml_loss(partner_logits, yb, F.log_softmax(logits, dim=1), partner.alpha).mean()
+            loss = dml_loss(partner_logits, yb, _partner_view(logits, yb), partner.alpha).mean()
             partner.opt.zero_grad(set_to_none=True)
             loss.backward()
             partner.opt.step()
@@ -145,6 +150,17 @@ def poisson_steps(
         "clipped_fraction": clipped / units if units else 0.0,
         "mean_grad_norm": norms / units if units else 0.0,
     }
+
+
+def _partner_view(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """What a mutual-learning partner sees of a model's (detached) outputs: its log-probabilities, or its
+    task's own view (a survival model's log hazards, :mod:`silofl.training.tasks`)."""
+    from silofl.training.tasks import target_task
+
+    own = target_task(y)
+    if own is not None and own.partner_view is not None:
+        return own.partner_view(out)
+    return F.log_softmax(out, dim=1)
 
 
 def _augmented_step(

@@ -16,10 +16,13 @@ over the pixels of the image.
 Metrics (``silofl.training.metrics``' ``dice`` and ``iou``), per image and then averaged over the images:
 
 - ``dice`` = 2|P ∩ G| / (|P| + |G|) and ``iou`` = |P ∩ G| / |P ∪ G| of the predicted foreground P (arg-max
-  class) and the mask G; with several foreground classes the mean over the classes 1 … K−1 of the image.
-- Empty prediction **and** empty mask (|P| + |G| = 0): 1 — the model is exactly right about an image without
-  foreground (the convention of e.g. scikit-learn's ``f1_score(zero_division=1)``). An empty mask with a
-  non-empty prediction, or the reverse, scores 0.
+  class) and the mask G; with several foreground classes (label masks 0 … K−1) the macro mean over the
+  foreground classes 1 … K−1 **present in the image's mask or prediction** (a class absent from both says
+  nothing about the image and is left out, as scikit-learn's macro F1 leaves out absent labels).
+- Empty prediction **and** empty mask (no foreground class in either): 1 — the model is exactly right about
+  an image without foreground (the convention of e.g. scikit-learn's ``f1_score(zero_division=1)``). An
+  empty mask with a non-empty prediction, or the reverse, scores 0. With K = 2 both rules give the binary
+  Dice of the foreground.
 - ``acc``: the pixel accuracy (correct pixels / all pixels), kept under the name every model's figures are
   keyed by (``<role>_acc``).
 """
@@ -100,10 +103,15 @@ def metrics_from_counts(counts: torch.Tensor, pixels_per_image: int) -> dict[str
     inter, p, g = stats[..., 0], stats[..., 1], stats[..., 2]
     union = p + g - inter
     empty = (p + g) == 0  # empty prediction and empty mask: 1 by convention
-    dice = torch.where(empty, torch.ones_like(inter), 2.0 * inter / (p + g).clamp(min=1.0))
-    iou = torch.where(empty, torch.ones_like(inter), inter / union.clamp(min=1.0))
+    dice = 2.0 * inter / (p + g).clamp(min=1.0)
+    iou = inter / union.clamp(min=1.0)
+    present = (~empty).to(dice.dtype)  # per image, the foreground classes in its mask or its prediction
+    k = present.sum(1)
+    one = torch.ones_like(k)
+    dice_img = torch.where(k > 0, (dice * present).sum(1) / k.clamp(min=1.0), one)  # no class at all: 1
+    iou_img = torch.where(k > 0, (iou * present).sum(1) / k.clamp(min=1.0), one)
     acc = float(counts[:, -1].sum()) / (n * pixels_per_image)
-    return {"acc": acc, "dice": float(dice.mean(1).mean()), "iou": float(iou.mean(1).mean())}
+    return {"acc": acc, "dice": float(dice_img.mean()), "iou": float(iou_img.mean())}
 
 
 def segmentation_metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:

@@ -22,7 +22,8 @@ with a one-line error.
 The per-example surrogate is here as a building block: :class:`PiecewiseHazard` with
 :func:`piecewise_loss`, the piecewise-exponential proportional-hazards likelihood on public time bins, whose
 per-row loss depends on that row alone, so :class:`~silofl.privacy.DPGradient` trains it with the usual
-guarantee (tested: a DP-SGD fit ranks held-out rows). It is not wired into ``silofl run`` yet.
+guarantee (tested: a DP-SGD fit ranks held-out rows). ``silofl run`` trains it on a survival schema with
+public time bins (:func:`encode_target` and below).
 """
 
 from __future__ import annotations
@@ -133,3 +134,102 @@ def piecewise_loss(out: torch.Tensor, time: torch.Tensor, event: torch.Tensor, e
     k = torch.bucketize(t.reshape(-1), edges.to(out.dtype), right=True)
     at_event = (b.gather(1, k.reshape(-1, 1)) + r).reshape(-1)
     return (torch.exp(b + r) * exposure).sum(1) - event.reshape(-1).to(out.dtype) * at_event
+
+
+# ------------------------------------------------------------------ the survival target in a run (silofl run)
+# In a run a survival target travels as one float row per example, [time, event, k, exposure_0 … exposure_K]
+# (K + 1 bins from K public inner edges): the bin k of its time and the time spent in each bin are computed
+# once at load from the public edges, so the loss needs nothing but the row and the model's output. A model
+# for it has 1 + (K + 1) outputs: a risk r and one log hazard per bin b_k (for a linear or MLP model b_k may
+# depend on x too: a piecewise-exponential model with bin-specific effects; its proportional special case is
+# :class:`PiecewiseHazard`). Row i's loss ℓ_i = Σ_k exp(b_k + r)·exposure_ik − e_i·(b_{k(i)} + r) depends on
+# row i alone, so DP-SGD's per-example (or per-person) clipping bounds what one unit changes.
+TARGET_HEAD = 3  # time, event, bin index; the per-bin exposures follow
+
+
+def check_edges(edges) -> tuple[float, ...]:
+    """The public inner bin edges as a tuple: positive, finite, strictly increasing, at least one; ValueError
+    with a one-line reason else."""
+    try:
+        e = tuple(float(v) for v in edges)
+    except (TypeError, ValueError):
+        raise ValueError(f"time bins must be numbers, got {edges!r}") from None
+    if not e:
+        raise ValueError("time bins need at least one inner edge (two bins)")
+    if any(not np.isfinite(v) or v <= 0 for v in e) or any(b <= a for a, b in zip(e, e[1:], strict=False)):
+        raise ValueError(f"time bins must be positive, finite and increasing, got {list(e)}")
+    return e
+
+
+def encode_target(time_event: np.ndarray, edges) -> np.ndarray:
+    """(n, 3 + K + 1) float32 rows [time, event, k, exposure per bin] of (n, 2) [time, event] rows for the
+    public inner ``edges`` (K of them): what a run trains and scores on (see above)."""
+    e = np.asarray(check_edges(edges), dtype=np.float64)
+    te = np.asarray(time_event, dtype=np.float64).reshape(-1, 2)
+    t = te[:, :1]
+    lo = np.concatenate([[0.0], e])[None, :]
+    hi = np.concatenate([e, [np.inf]])[None, :]
+    exposure = np.clip(np.minimum(t, hi) - lo, 0.0, None)
+    k = np.searchsorted(e, te[:, 0], side="right").astype(np.float64)  # = torch.bucketize(right=True)
+    return np.concatenate([te, k[:, None], exposure], axis=1).astype(np.float32)
+
+
+def is_survival_target(y: torch.Tensor) -> bool:
+    """Whether ``y`` holds encoded survival rows (:func:`encode_target`): float, two-dimensional."""
+    return y.is_floating_point() and y.dim() == 2 and y.shape[1] > TARGET_HEAD
+
+
+def bins_of_target(y: torch.Tensor) -> int:
+    """The number of time bins of encoded survival rows (the model has one output more)."""
+    return int(y.shape[1]) - TARGET_HEAD
+
+
+def encoded_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-row negative log-likelihood of the piecewise-exponential model on encoded rows
+    (:func:`encode_target`): ``out`` (B, 1 + bins) = [r, b_0 … b_K]. Equals :func:`piecewise_loss` on the
+    raw times (tested)."""
+    bins = y.shape[1] - TARGET_HEAD
+    if out.shape[1] != bins + 1:
+        raise ValueError(
+            f"a survival model for {bins} time bins has {bins + 1} outputs, this one {out.shape[1]}"
+        )
+    r, b = out[:, :1], out[:, 1:]
+    y = y.to(out.dtype)
+    event, k, exposure = y[:, 1], y[:, 2].long(), y[:, TARGET_HEAD:]
+    at_event = (b.gather(1, k.reshape(-1, 1)) + r).reshape(-1)
+    return (torch.exp((b + r).clamp(max=60.0)) * exposure).sum(1) - event * at_event
+
+
+def risk_score(out: torch.Tensor) -> torch.Tensor:
+    """Each row's risk from the model's output (B, 1 + bins): log Σ_k h_k(x) = r + logsumexp(b) — higher, the
+    event sooner; for a proportional-hazards model (b the same for every row) it ranks rows as r does."""
+    return out[:, 0] + torch.logsumexp(out[:, 1:], dim=1)
+
+
+def survival_metrics(out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """The figures of a survival model on encoded rows: ``c_index`` (Harrell's, of :func:`risk_score`) and
+    ``acc`` NaN (accuracy is not defined for a survival target: reported as null)."""
+    if len(y) == 0:
+        return {"acc": float("nan"), "c_index": float("nan")}
+    out = out.detach().to(torch.float64)
+    y64 = y.detach().to(torch.float64)
+    return {
+        "acc": float("nan"),
+        "c_index": c_index(risk_score(out).cpu().numpy(), y64[:, 0].cpu().numpy(), y64[:, 1].cpu().numpy()),
+    }
+
+
+def distill_loss(
+    out: torch.Tensor, y: torch.Tensor, other: torch.Tensor | None, weight: float
+) -> torch.Tensor:
+    """Per-row deep-mutual-learning loss of a survival model (ProxyFL, FML): ``(1 − w)·ℓ_i + w·d_i`` with ℓ
+    the piecewise-exponential loss (:func:`encoded_loss`) and d_i = ½·mean_k (h_ik − h'_ik)² the squared
+    distance of the two models' log hazards h_k = r + b_k in every bin, ``other`` the partner's detached
+    outputs (the survival counterpart of the classifier's KL: 0 exactly when the two hazard functions agree
+    on the row). Row i's term depends on row i alone."""
+    base = encoded_loss(out, y)
+    if weight == 0.0 or other is None or other.shape != out.shape:
+        return base
+    h = out[:, :1] + out[:, 1:]
+    h_other = (other[:, :1] + other[:, 1:]).to(out.dtype)
+    return (1.0 - weight) * base + weight * 0.5 * (h - h_other).pow(2).mean(1)

@@ -11,9 +11,12 @@ fixed. The site then uploads only the body; the server averages the bodies
 (:mod:`silofl.fl.exchange.centralized` with ``shared_keys``) and broadcasts the average, which each site
 loads under its own head. The head never leaves the site.
 
-Each step is one DP-SGD step of the whole model: every sampled example's whole gradient is clipped to C,
-the sum noised with N(0, σ²C²), and the phase's frozen part of that DP gradient is then dropped (``p.grad
-= None``, so the optimizer does not move it — post-processing). Hence:
+Each step is one DP-SGD step of the phase's part of the model: every sampled example's gradient **of the
+part the phase updates** (the head's parameters in the head phase, the body's in the body phase) is clipped
+to C and the sum noised with N(0, σ²C²) (:attr:`silofl.privacy.DPGradient.only`); the frozen part's gradient
+is neither computed into the clip nor released (``p.grad = None``: the optimizer does not move it). Each
+step is therefore one Gaussian mechanism of sensitivity C and noise σC on what it releases — the same
+per-step privacy loss as a whole-model step, so the accountant's count is exact. Hence:
 
 * **the accountant counts every step of both phases** — K a round, exactly FedAvg's count, so a
   budget-first run's planned σ holds. The head phase must be DP too, although the head is never released:
@@ -22,8 +25,10 @@ the sum noised with N(0, σ²C²), and the phase's frozen part of that DP gradie
   sensitivity would no longer be C (FedPer's argument, :mod:`silofl.fl.methods.fedper`). With both phases
   inside one DP-SGD mechanism, adaptive composition over all K steps covers every model the site computes,
   and sending the body is post-processing.
-* the head phase clips the whole per-example gradient (body part included), slightly more than a head-only
-  clip would: the price of one mechanism whose count the plan knows.
+* the head phase clips the head's per-example gradient alone: the body's part, which the step would drop
+  anyway, no longer shrinks the head's share of the clip budget C (nor does the head's shrink the body's in
+  the body phase). Before, every step clipped the whole gradient and dropped the frozen part afterwards:
+  the same ε, but the kept part was scaled down by the dropped part's norm.
 
 ``fedrep_head_share`` (default 0.2) sets the split; 0 leaves the head at its initial weights (only the body
 learns). The paper trains the head for more local epochs than the body, which costs nothing without DP;
@@ -98,11 +103,19 @@ class RepresentationSite(PersonalHeadSite):
         n_head = self.head_steps
         self.phases = []
 
+        def phase(step: int) -> list:  # the parameters step ``step`` of the round updates
+            return self.head_params if step < n_head else self.body_params
+
+        if self.dp is not None:  # the first step's clipped set (each hook sets the next step's)
+            self.dp.only = phase(0)
+
         def hook() -> None:  # after the step's DP gradient is in p.grad, before the optimizer steps
             head = len(self.phases) < n_head
             for p in self.body_params if head else self.head_params:
-                p.grad = None  # the frozen part: dropped (post-processing), the optimizer skips it
+                p.grad = None  # the frozen part: not released (DPGradient.only), the optimizer skips it
             self.phases.append("head" if head else "body")
+            if self.dp is not None:
+                self.dp.only = phase(len(self.phases))
 
         return hook
 
