@@ -55,6 +55,7 @@ class SecAggIdentity:
     run_id: str
 
     def sign(self, pid: int, public_key: bytes) -> str:
+        """This site's signature (hex) of party ``pid``'s key-agreement ``public_key``, bound to the run."""
         return self.sign_key.sign(key_text(self.run_id, pid, public_key)).hex()
 
     def verify(self, pid: int, public_key: bytes, signature: Any) -> None:
@@ -220,6 +221,7 @@ class SecureRound:
         return self.server.keys
 
     def refused(self, coord, rnd: int, k: int, why: str, events) -> None:
+        """Log and record that site ``k``'s part of round ``rnd`` was refused (``why``)."""
         log.warning("secure aggregation, round %d: site %d: %s", rnd, k, why)
         events.rejected.append({"round": rnd, "client": coord.server_id, "src": k, "reason": str(why)[:300]})
 
