@@ -478,10 +478,11 @@ def collect(
     features: tuple[str, ...],
     labels: tuple[str, ...] | None = None,
     refinal: dict | None = None,
+    budgets: tuple[float, ...] = BUDGETS,
 ) -> list[dict]:
     """The rows of every finished job (read back from the run folders, without running anything)."""
     rows = []
-    for j in jobs(seeds, features, BUDGETS, labels, refinal):
+    for j in jobs(seeds, features, budgets, labels, refinal):
         folder = _folder(root, j)
         if any(
             (folder / f).exists() for f in ("final/summary.json", "final.json", "pubsub.json", "own.json")
@@ -858,7 +859,19 @@ def document(
             "`--features none,scatter`.",
         ]
     for f in (f for f in stages if f in fresh):
-        kept = sorted({r["label"] for r in rows if r.get("carried") and r.get("features", "none") == f})
+        fresh_budgets = {
+            (r["label"], r["budget"]) for r in rows if not r.get("carried") and r.get("features", "none") == f
+        }
+        kept_by: dict[str, set] = {}
+        for r in rows:
+            if r.get("carried") and r.get("features", "none") == f:
+                kept_by.setdefault(r["label"], set()).add(r["budget"])
+        kept = sorted(
+            lab
+            if not any((lab, b) in fresh_budgets for b in (*BUDGETS, None))
+            else f"{lab} at ε = {', '.join(f'{b:g}' for b in sorted(x for x in bs if x is not None))}"
+            for lab, bs in kept_by.items()
+        )
         again = sorted(
             {r["label"] for r in rows if r.get("retuned") is False and r.get("features", "none") == f}
         )
@@ -879,7 +892,8 @@ def document(
             ]
     missing = []  # cells of this generation's feature stages with fewer seeds than asked
     for f in (f for f in features if f not in old):
-        for eps in BUDGETS:
+        run_eps = {r["budget"] for r in rows if not r.get("carried") and r.get("features", "none") == f}
+        for eps in (e for e in BUDGETS if e in run_eps):  # the budgets this generation ran
             short = [lab for lab in labels if len(R.get(f, lab, eps)) < len(seeds)]
             if short:
                 missing.append(
@@ -1292,14 +1306,18 @@ CARRIED = (
 
 
 def carried_rows(
-    csv_path: Path, features: tuple[str, ...], labels: tuple[str, ...] | None = None
+    csv_path: Path,
+    features: tuple[str, ...],
+    labels: tuple[str, ...] | None = None,
+    budgets: tuple[float, ...] = BUDGETS,
 ) -> list[dict]:
     """The rows of ``csv_path`` (an earlier generation's CSV) whose feature stage is not among ``features``:
     kept as
     they were (headline figure, ε, σ, settings), marked ``carried``; a CSV without a ``features`` column is of
     the
     pixel stage (``none``). With ``labels``, a row of a feature stage in ``features`` is carried too when its
-    label is not among them (the rows this generation did not run)."""
+    label is not among them, and so is a row whose budget is not among ``budgets`` (the rows this generation
+    did not run)."""
     import csv
 
     if not csv_path.is_file():
@@ -1308,7 +1326,12 @@ def carried_rows(
     with open(csv_path, newline="") as f:
         for r in csv.DictReader(f):
             feats = r.get("features") or "none"
-            if (feats in features and (labels is None or r["label"] in labels)) or r.get("carried") == "no":
+            ran = (
+                feats in features
+                and (labels is None or r["label"] in labels)
+                and (not r.get("budget") or float(r["budget"]) in budgets)
+            )
+            if ran or r.get("carried") == "no":
                 continue
 
             def num(k, r=r):
@@ -1419,14 +1442,15 @@ def main(argv: list[str] | None = None) -> None:
     refinal = tuned_settings(csv_path, features, again)
     ran = None if fresh is None and not again else (*(fresh or ()), *again)
     rows = (
-        collect(root, seeds, features, fresh, refinal)
+        collect(root, seeds, features, fresh, refinal, budgets)
         if a.report_only
         else run_all(root, seeds, a.jobs, features, budgets, fresh, refinal)
     )
-    carried = carried_rows(csv_path, features, ran)
+    carried = carried_rows(csv_path, features, ran, budgets)
     cmd = (
         f"python -m studies.privacy_utility --out {a.out} --seeds {a.seeds} --jobs {a.jobs} "
         f"--features {','.join(features)}"
+        + (f" --budgets {a.budgets}" if set(budgets) != set(BUDGETS) else "")
         + (f" --labels '{';'.join(fresh)}'" if fresh else "")
         + (f" --refinal '{';'.join(again)}'" if again else "")
     )
