@@ -71,7 +71,10 @@ def test_recipe_options_are_validated():
         assert message in str(e.value), (opts, str(e.value))
 
 
-def test_momentum_that_a_replaced_model_would_clear_every_round_is_flagged(caplog):
+def test_momentum_that_a_replaced_model_would_clear_every_round_is_flagged(caplog, monkeypatch):
+    from silofl.fl import options
+
+    monkeypatch.setattr(options, "_WARNED", set())  # warned once per process
     base = {"method": "proxyfl", "optimizer": "sgd", "momentum": 0.9, "local_steps": 1}
     with caplog.at_level("WARNING", logger="silofl"):
         RunConfig.from_dict(base).resolve()

@@ -53,6 +53,16 @@ def unit_interval(name: str, value: float, open_hi: bool = False) -> None:
         raise ConfigError(f"{name} must lie in [0, 1{')' if open_hi else ']'}, got {value}")
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log ``message`` as a warning once per process (options are validated more than once per run)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger("silofl").warning(message)
+
+
 @dataclass
 class MethodOptions:
     """Base of every method's options."""
@@ -185,11 +195,10 @@ class SharedModelOptions(DPSGDOptions):
             and self.optimizer_state == "reset"
             and self.local_steps == 1
         ):
-            logging.getLogger("silofl").warning(
-                "momentum %g does nothing here: with one local step a round and optimizer_state 'reset' the "
-                "momentum buffer is cleared every time a received model replaces the shared one; set "
-                "optimizer_state keep (or server_momentum for FedAvg/FML)",
-                self.momentum,
+            _warn_once(
+                f"momentum {self.momentum:g} does nothing here: with one local step a round and "
+                "optimizer_state 'reset' the momentum buffer is cleared every time a received model replaces "
+                "the shared one; set optimizer_state keep (or server_momentum for FedAvg/FML)"
             )
 
 
