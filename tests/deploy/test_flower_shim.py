@@ -27,7 +27,9 @@ def test_the_pacer_polls_fast_while_a_run_is_on_and_backs_off_to_flowers_3_s_whe
     c = Clock()
     p = shim.Pacer(clock=c, sleep=c.sleep)
     assert p.delay(0.5) == shim.REPLY_S  # the reply checks
-    idle = [p.delay(3) for _ in range(10)]  # no run yet: doubling from the active pace up to 3 s
+    assert p.delay(3) == shim.ACTIVE_S  # just started: a run is about to be submitted
+    c.t += shim.IDLE_AFTER_S + 1
+    idle = [p.delay(3) for _ in range(10)]  # no run: doubling from the active pace up to 3 s
     assert idle[0] == 2 * shim.ACTIVE_S and idle[-1] == 3 and idle == sorted(idle)
     p.pulled()
     assert [p.delay(3) for _ in range(5)] == [shim.ACTIVE_S] * 5  # a run is on
