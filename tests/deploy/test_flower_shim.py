@@ -80,3 +80,20 @@ def test_fast_pulls_lowers_flowers_object_pull_backoff_in_this_process():
     finally:
         for f, kw in zip(fns, before, strict=True):
             f.__kwdefaults__.update(kw)
+
+
+@pytest.mark.slow  # starts a Python that imports Flower (seconds)
+@pytest.mark.deploy
+def test_the_supernode_process_imports_flower_but_not_silofl_or_torch():
+    import subprocess
+
+    cmd = shim.command()
+    r = subprocess.run(
+        [cmd[0], "-X", "importtime", *cmd[1:], "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.strip() == f"Flower version: {shim.SUPPORTED}", r.stderr[-2000:]
+    imported = {
+        line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time")
+    }
+    assert "flwr.supernode.cli.flower_supernode" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("silofl", "torch")}

@@ -319,6 +319,7 @@ def run_site(
             for s, h in previous.items():
                 signal.signal(s, h)
     if exit_now:  # stopped as asked: everything the site keeps is on disk (ledger, checkpoints, logs written)
+        worker.lock.acquire(timeout=60)  # never in the middle of a step (its ledger and state writes)
         log.info("site %s stopped", worker.cfg.name)
         logging.shutdown()
         sys.stdout.flush()
