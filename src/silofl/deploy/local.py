@@ -307,9 +307,8 @@ def run_site(
         stop.set()
         if not stock:
             flower_shim.ring(str(sock_dir / "bell"))  # the executor wakes to stop now, not at its next poll
-        for t in threads[
-            1:
-        ]:  # the executor first: its connection closed, the SuperNode's server stops at once
+        # the executor first: its connection closed, the SuperNode's runtime server stops at once
+        for t in threads[1:]:
             t.join(5)
         node.stop()
         for t in threads[:1]:
