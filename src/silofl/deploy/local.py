@@ -449,6 +449,19 @@ def register_node(pub: Path, env: dict[str, str]) -> int:
 _REGISTER_LOCK = threading.Lock()
 
 
+def _import_flower_cli() -> None:
+    """Import the parts of Flower's CLI that :func:`register_node` and :func:`submit` use in-process (while
+    the SuperLink starts); a failure is theirs to report."""
+    try:
+        import flwr.cli.build  # noqa: F401
+        import flwr.cli.config_utils  # noqa: F401
+        import flwr.cli.flower_config  # noqa: F401
+        import flwr.cli.supernode.register  # noqa: F401
+        import flwr.cli.utils  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - see the doc
+        log.debug("importing Flower's CLI failed: %s", e)
+
+
 def submit(coordinator_json: Path, env: dict[str, str]) -> int:
     """Submit silofl's Flower app for the coordinator folder; the Flower run id.
 
@@ -597,6 +610,8 @@ class LocalDeployment:
             self.procs.append(
                 start_superlink(dep, port, insecure, poll_s, wait=False)
             )  # the sites start meanwhile
+            # and this process imports what registering the nodes and submitting the run use (seconds)
+            threading.Thread(target=_import_flower_cli, daemon=True, name="silofl-import").start()
             self.env = cli_env(dep, address, insecure)
             site_address = address
             if float(os.environ.get(LATENCY_ENV, "0") or 0) > 0:  # the benchmark's wide-area stand-in
