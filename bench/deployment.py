@@ -179,9 +179,9 @@ def write_doc(result: dict, path: Path) -> None:
         "Every engine ran the same seeded configuration and gave the same per-site accuracy and ε (last "
         "columns).",
         "",
-        "| K | engine | s / round | × torch.distributed | set-up s | payload kB / site / round | "
+        "| K | engine | s / round | × torch.distributed | set-up s | command s | payload kB / site / round | "
         "frame kB / site / round | proxy acc | ε |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         frame = f"{r['frame_bytes_per_site_round'] / 1e3:.1f}" if "frame_bytes_per_site_round" in r else "—"
@@ -189,6 +189,7 @@ def write_doc(result: dict, path: Path) -> None:
         setup = f"{r['setup_s']:.1f}" if "setup_s" in r else "—"
         lines.append(
             f"| {r['k']} | {r['engine']} | {r['seconds_per_round']:.2f} | {ratio} | {setup} | "
+            f"{r['command_wall_s']:.1f} | "
             f"{r['payload_bytes_per_site_round'] / 1e3:.1f} | {frame} | {r['proxy_acc']:.4f} | "
             f"{r['epsilon']:.3f} |"
         )
@@ -259,6 +260,14 @@ def write_doc(result: dict, path: Path) -> None:
         "SuperNode; *work*: the site's own step (training, sealing); *reply*: pushing the reply and the "
         "task's "
         "status. On this machine all K sites, the SuperLink and the coordinator share its cores.",
+        "- *set-up*: from `deploy local`'s start of the deployment (keys, site folders) until every "
+        "site's SuperNode is connected; *command*: the whole command, its own start, the run, writing "
+        "the run folder and stopping every process included. A paced SuperNode process imports Flower "
+        "only (not silofl, not torch); each site's worker imports what a run's set-up step needs (the "
+        "run loop, Opacus' accountants, torch's dynamo, which torch.optim loads at the first optimizer) "
+        "while it waits for the run; the run is submitted in `deploy local`'s own process; at the end "
+        "the sites stop together and a stopped site's process ends without the interpreter's teardown of"
+        " torch and Flower.",
     ]
     if result.get("note"):
         lines.append(f"- {result['note']}")

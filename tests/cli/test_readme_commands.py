@@ -251,6 +251,13 @@ def _breast_cancer_files(cwd: Path) -> None:
 BROKER_PORT = 8443  # the README's, as written
 
 
+def _listening(port: int) -> bool:
+    """Whether something accepts connections on localhost:``port`` (the broker, once it serves)."""
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _port_is_free(port: int) -> None:
     with socket.socket() as s:
         try:
@@ -303,10 +310,9 @@ def test_the_readme_pubsub_commands_as_written(tmp_path):
                     )
                 )
                 deadline = time.monotonic() + 120
-                while not (tmp_path / "broker-state" / "admin.json").is_file():
+                while not (tmp_path / "broker-state" / "admin.json").is_file() or not _listening(BROKER_PORT):
                     assert procs[-1].poll() is None and time.monotonic() < deadline
                     time.sleep(0.2)
-                time.sleep(2)
             elif kind == "each site":  # once per site (the README shows site a)
                 for site in sites:
                     silofl(

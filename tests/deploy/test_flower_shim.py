@@ -27,7 +27,9 @@ def test_the_pacer_polls_fast_while_a_run_is_on_and_backs_off_to_flowers_3_s_whe
     c = Clock()
     p = shim.Pacer(clock=c, sleep=c.sleep)
     assert p.delay(0.5) == shim.REPLY_S  # the reply checks
-    idle = [p.delay(3) for _ in range(10)]  # no run yet: doubling from the active pace up to 3 s
+    assert p.delay(3) == shim.ACTIVE_S  # just started: a run is about to be submitted
+    c.t += shim.IDLE_AFTER_S + 1
+    idle = [p.delay(3) for _ in range(10)]  # no run: doubling from the active pace up to 3 s
     assert idle[0] == 2 * shim.ACTIVE_S and idle[-1] == 3 and idle == sorted(idle)
     p.pulled()
     assert [p.delay(3) for _ in range(5)] == [shim.ACTIVE_S] * 5  # a run is on
@@ -78,3 +80,20 @@ def test_fast_pulls_lowers_flowers_object_pull_backoff_in_this_process():
     finally:
         for f, kw in zip(fns, before, strict=True):
             f.__kwdefaults__.update(kw)
+
+
+@pytest.mark.slow  # starts a Python that imports Flower (seconds)
+@pytest.mark.deploy
+def test_the_supernode_process_imports_flower_but_not_silofl_or_torch():
+    import subprocess
+
+    cmd = shim.command()
+    r = subprocess.run(
+        [cmd[0], "-X", "importtime", *cmd[1:], "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.strip() == f"Flower version: {shim.SUPPORTED}", r.stderr[-2000:]
+    imported = {
+        line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time")
+    }
+    assert "flwr.supernode.cli.flower_supernode" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("silofl", "torch")}

@@ -93,7 +93,7 @@ EXTRA = {
 )
 @pytest.mark.deploy
 def test_every_method_runs_on_deployed_sites_with_the_simulators_numbers(method, tiny_cfg, tmp_path):
-    cfg = tiny_cfg.replace(method=method, clients=3, rounds=2, seed=0, **EXTRA.get(method, {}))
+    cfg = tiny_cfg.replace(method=method, clients=3, rounds=2, eval_every=2, seed=0, **EXTRA.get(method, {}))
     s, engine, workers, _ = deployed_run(cfg, tmp_path)
     sim = simulate(cfg.replace(out=str(tmp_path / "sim")), progress=False)
     keys = sorted(k for k in s["final"]["per_client"][0] if k.endswith("_acc"))

@@ -82,7 +82,10 @@ class WarmExecutor:
         stop: threading.Event,
     ):
         self.address, self.secret, self.handle, self.name, self.stop = address, secret, handle, name, stop
-        self.mine = own_fab_hash(fab_dir)
+        self.fab_dir = fab_dir
+        self.mine = (
+            ""  # the hash of this site's own FAB: computed as run() starts (beside the SuperNode's start)
+        )
         self.checked: dict[str, str | None] = {}  # FAB hash → None (this site's own) or why it is refused
         self.tasks = 0
         self.bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -122,6 +125,7 @@ class WarmExecutor:
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
         from flwr.supercore.constant import TaskType
 
+        self.mine = own_fab_hash(self.fab_dir)
         client = self._client()
         try:
             while not self.stop.is_set():

@@ -10,7 +10,8 @@ takes ``flower-supernode``'s arguments) with two module globals of that file rep
 
 - ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` (0.1 s)
 while a
-  run is on (a message was pulled within the last :data:`IDLE_AFTER_S`), then backs off by doubling up to
+  run is on (a message was pulled within the last :data:`IDLE_AFTER_S`, or the SuperNode started within it),
+  then backs off by doubling up to
   Flower's 3 s when idle, so K idle sites do not flood the SuperLink; the reply check waits :data:`REPLY_S`;
 - ``_pull_and_store_message``: the same function, which also rings the site's *doorbell* (a datagram on the
   Unix socket named by ``SILOFL_DOORBELL``, if set) after a message is stored, so the site's warm executor
@@ -21,7 +22,12 @@ ServerApp), :func:`fast_pulls` lowers the backoff of Flower's object pulls — a
 after the message, and Flower's first retry waits 1 s, doubling to 10 s — to :data:`PULL_BACKOFF_S`.
 
 Only flwr 1.41.0's loop is known; on any other version the SuperNode runs stock (with a warning), slower but
-correct (the executor then finds tasks by polling)."""
+correct (the executor then finds tasks by polling).
+
+The SuperNode process loads this file by its path (:func:`command`), not as ``silofl.deploy.flower_shim``:
+importing the ``silofl`` package imports torch (about a second of CPU per site at start-up, on cores the
+other sites' start-ups share), which a SuperNode never uses — so this module imports nothing of silofl at its
+top."""
 
 from __future__ import annotations
 
@@ -31,8 +37,6 @@ import sys
 import time
 import types
 import warnings
-
-from silofl.core.extras import require
 
 SUPPORTED = "1.41.0"
 # an empty pull while a run is on waits this long (SILOFL_SUPERNODE_POLL_S): each pull costs the SuperLink and
@@ -47,15 +51,26 @@ PULL_BACKOFF_S = (0.01, 1.0)  # first retry, cap (Flower: 1 s, 10 s; up to 500 t
 
 
 def supported() -> bool:
-    """Whether this is the Flower whose internals this module knows."""
+    """Whether this is the Flower whose internals this module knows (MissingExtra without Flower)."""
+    from silofl.core.extras import require
+
     flwr = require("flwr", "deploy")
     return bool(flwr.__version__ == SUPPORTED)
+
+
+def command(python: str = sys.executable) -> list[str]:
+    """The command line of a paced SuperNode, before ``flower-supernode``'s arguments: this file run by its
+    path, so the process never imports the ``silofl`` package (and torch with it)."""
+    run = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"  # argv[0]: this file
+    return [python, "-c", run, __file__]
 
 
 def fast_pulls() -> bool:
     """Lower the retry backoff of Flower's object pulls in this process (see the module doc); whether it
     did."""
-    if not supported():
+    import flwr
+
+    if flwr.__version__ != SUPPORTED:
         return False
     from flwr.supercore.inflatable import inflatable_utils as iu
 
@@ -72,7 +87,9 @@ class Pacer:
 
     def __init__(self, clock=time.monotonic, sleep=time.sleep):
         self.clock, self._sleep = clock, sleep
-        self.last_message = -float("inf")
+        # a SuperNode that just connected is about to be asked (a run is submitted once the sites are up):
+        # it starts at the active pace, as if a message had just come
+        self.last_message = clock()
         self.idle_s = ACTIVE_S
 
     def pulled(self) -> None:
@@ -125,11 +142,11 @@ def patch(module: types.ModuleType, pacer: Pacer, doorbell: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``flower-supernode ARGS``, paced (see the module doc)."""
-    flwr = require("flwr", "deploy")
+    import flwr
     from flwr.supernode import start_client_internal as sci
     from flwr.supernode.cli import flower_supernode
 
-    if supported() and hasattr(sci, "_pull_and_store_message") and hasattr(sci, "time"):
+    if flwr.__version__ == SUPPORTED and hasattr(sci, "_pull_and_store_message") and hasattr(sci, "time"):
         patch(sci, Pacer(), os.environ.get(DOORBELL_ENV))
         fast_pulls()
     else:

@@ -134,19 +134,37 @@ class Proc:
                 raise SiloflError(f"{self.name}: not ready within {timeout_s:g} s: {self.text()[-1500:]}")
             time.sleep(0.1)
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM to its group, then SIGKILL if it lingers."""
+    def stop(self, timeout_s: float = 15.0, signalled: bool = False) -> None:
+        """SIGTERM to its group (unless ``signalled``: :meth:`terminate` sent it), then SIGKILL if it
+        lingers."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.p.pid, sig)
-            except ProcessLookupError:
-                break
+            if not signalled or sig == signal.SIGKILL:
+                try:
+                    os.killpg(self.p.pid, sig)
+                except ProcessLookupError:
+                    break
             try:
                 self.p.wait(timeout_s)
                 break
             except subprocess.TimeoutExpired:
                 continue
         self._log.close()
+
+    def terminate(self) -> None:
+        """SIGTERM to its group, without waiting (:meth:`stop` with ``signalled`` then waits)."""
+        try:
+            os.killpg(self.p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def stop_all(procs: list[Proc], timeout_s: float = 15.0) -> None:
+    """Stop ``procs`` together: SIGTERM to all, then wait for each (SIGKILL what lingers) — their graceful
+    exits (a SuperNode leaving the SuperLink, a worker closing its executor) overlap instead of adding up."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.stop(timeout_s, signalled=True)
 
 
 # ---------------------------------------------------------------------------------------------- a site
@@ -159,9 +177,10 @@ def run_site(
     ready: threading.Event | None = None,
     stop: threading.Event | None = None,
     stock: bool = False,
+    exit_now: bool = False,
 ) -> None:
     """``silofl site run``: the site's worker, and its SuperNode connecting out to ``superlink``, until
-    stopped.
+    stopped; with ``exit_now`` (the command) the process then ends at once (:func:`os._exit`, status 0).
 
     The SuperNode runs with Flower's process isolation, paced (:mod:`silofl.deploy.flower_shim`), and its
     tasks
@@ -171,6 +190,7 @@ def run_site(
     import secrets as _secrets
 
     require("flwr", "deploy")
+    from silofl.deploy import flower_shim
     from silofl.deploy.executor import WarmExecutor
     from silofl.deploy.flower_shim import DOORBELL_ENV, fast_pulls
     from silofl.deploy.site import SiteWorker
@@ -217,9 +237,7 @@ def run_site(
         bell = sock_dir / "bell"
         env[DOORBELL_ENV] = str(bell)
         cmd = [
-            sys.executable,
-            "-m",
-            "silofl.deploy.flower_shim",
+            *flower_shim.command(),
             "--superlink",
             superlink,
             "--isolation",
@@ -244,6 +262,7 @@ def run_site(
     else:
         cmd += ["--root-certificates", str(ca), "--auth-supernode-private-key", str(folder / "keys" / "node")]
     node = Proc("supernode", cmd, env, folder / "logs", die_with_parent=True)
+    threading.Thread(target=warm_up, daemon=True, name="silofl-warm-up").start()
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, frame):  # noqa: ARG001
@@ -286,13 +305,39 @@ def run_site(
             stop.wait(0.5)
     finally:
         stop.set()
+        if not stock:
+            flower_shim.ring(str(sock_dir / "bell"))  # the executor wakes to stop now, not at its next poll
+        # the executor first: its connection closed, the SuperNode's runtime server stops at once
+        for t in threads[1:]:
+            t.join(5)
         node.stop()
-        for t in threads:
+        for t in threads[:1]:
             t.join(5)
         shutil.rmtree(sock_dir, ignore_errors=True)
         if threading.current_thread() is threading.main_thread():
             for s, h in previous.items():
                 signal.signal(s, h)
+    if exit_now:  # stopped as asked: everything the site keeps is on disk (ledger, checkpoints, logs written)
+        worker.lock.acquire(timeout=60)  # never in the middle of a step (its ledger and state writes)
+        log.info("site %s stopped", worker.cfg.name)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # skip the interpreter's teardown of torch and Flower (seconds, nothing to save)
+
+
+def warm_up() -> None:
+    """Import, while the site waits for its SuperNode and for a run, what a run's set-up step imports on first
+    use: the run loop, Opacus' accountants and torch's dynamo (which torch.optim imports when the first
+    optimizer is made) — seconds of CPU off the path of the run's set-up. A failure here is the set-up's to
+    report, when it imports the same."""
+    try:
+        import opacus.accountants.analysis.rdp  # noqa: F401
+        import torch._dynamo  # noqa: F401
+
+        import silofl.run.loop  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - see the doc
+        log.debug("warm-up import failed: %s", e)
 
 
 # ---------------------------------------------------------------------------------------------- the
@@ -404,10 +449,71 @@ def register_node(pub: Path, env: dict[str, str]) -> int:
 _REGISTER_LOCK = threading.Lock()
 
 
+def _import_flower_cli() -> None:
+    """Import the parts of Flower's CLI that :func:`register_node` and :func:`submit` use in-process (while
+    the SuperLink starts); a failure is theirs to report."""
+    try:
+        import flwr.cli.build  # noqa: F401
+        import flwr.cli.config_utils  # noqa: F401
+        import flwr.cli.flower_config  # noqa: F401
+        import flwr.cli.supernode.register  # noqa: F401
+        import flwr.cli.utils  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - see the doc
+        log.debug("importing Flower's CLI failed: %s", e)
+
+
 def submit(coordinator_json: Path, env: dict[str, str]) -> int:
-    """Submit silofl's Flower app for the coordinator folder; the Flower run id."""
-    out = flwr(["run", str(FAB_DIR), FEDERATION, "--run-config", f'coordinator="{coordinator_json}"'], env)
-    return int(out["run-id"])
+    """Submit silofl's Flower app for the coordinator folder; the Flower run id.
+
+    What ``flwr run APP FEDERATION --run-config …`` does (build the FAB, StartRun on the Control API), in this
+    process (the CLI process cost seconds of imports); through the CLI on any Flower but the one whose
+    internals :mod:`silofl.deploy.flower_shim` knows."""
+    from silofl.deploy.flower_shim import supported
+
+    override = f'coordinator="{coordinator_json}"'
+    require("flwr", "deploy")
+    if not supported():
+        return int(flwr(["run", str(FAB_DIR), FEDERATION, "--run-config", override], env)["run-id"])
+    import hashlib
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.config_utils import load_and_validate
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.common.config import parse_config_args
+    from flwr.common.constant import FAB_CONFIG_FILE
+    from flwr.common.serde import fab_to_proto, user_config_to_proto
+    from flwr.proto.control_pb2 import StartRunRequest
+    from flwr.supercore.fab import Fab
+
+    with _REGISTER_LOCK:
+        old = os.environ.get("FLWR_HOME")
+        os.environ["FLWR_HOME"] = env["FLWR_HOME"]
+        try:
+            load_and_validate(FAB_DIR / FAB_CONFIG_FILE)  # as `flwr run` checks the app (ValueError if not)
+            conn = read_superlink_connection(FEDERATION)
+            fab_bytes = build_fab_from_disk(FAB_DIR)
+            req = StartRunRequest(
+                fab=fab_to_proto(Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})),
+                override_config=user_config_to_proto(parse_config_args([override])),
+                federation=conn.federation or "",
+                app_spec="",
+            )
+            client = init_http_client_from_connection(conn)
+            try:
+                res = client.StartRun(req)
+            finally:
+                client.close()
+        except Exception as e:  # noqa: BLE001 - Flower's errors, as one line
+            raise SiloflError(f"submitting the run to the SuperLink failed: {e}") from None
+        finally:
+            if old is None:
+                os.environ.pop("FLWR_HOME", None)
+            else:
+                os.environ["FLWR_HOME"] = old
+    if not res.HasField("run_id"):
+        raise SiloflError("the SuperLink did not start the run")
+    return int(res.run_id)
 
 
 # ---------------------------------------------------------------------------------------------- deploy local
@@ -504,6 +610,8 @@ class LocalDeployment:
             self.procs.append(
                 start_superlink(dep, port, insecure, poll_s, wait=False)
             )  # the sites start meanwhile
+            # and this process imports what registering the nodes and submitting the run use (seconds)
+            threading.Thread(target=_import_flower_cli, daemon=True, name="silofl-import").start()
             self.env = cli_env(dep, address, insecure)
             site_address = address
             if float(os.environ.get(LATENCY_ENV, "0") or 0) > 0:  # the benchmark's wide-area stand-in
@@ -588,9 +696,9 @@ class LocalDeployment:
         )
 
     def close(self) -> None:
-        """Stop every process."""
-        for p in reversed(self.procs):
-            p.stop()
+        """Stop every process: the sites together, then the SuperLink (the sites leave it first)."""
+        stop_all(self.procs[1:])
+        stop_all(self.procs[:1], 2.0)  # the SuperLink keeps nothing: not its SuperExec's 1 s grace and more
         if self.relay is not None:
             self.relay.close()
 
