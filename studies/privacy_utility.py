@@ -754,7 +754,11 @@ FEATURE_TEXT = {
         "the site); FedProx, SCAFFOLD, FedAdam, Ditto and APFL take FedAvg's recipe (FedAdam: Adam at the "
         "server instead of momentum, its server lr tuned), MR-MTL the gossip methods' (each site keeps its "
         "own DP model); FedPer, FedRep and FedBN need a body/head split or normalisation layers that a "
-        "linear head does not have, so they are not in this stage"
+        "linear head does not have, so they are not in this stage. With one local DP step a round FedProx's "
+        "pull is zero at that step (the model is the one just received) and SCAFFOLD's corrections average "
+        "out at the server, so both equal FedAvg exactly; they differ only with several local steps. APFL "
+        "does not hold rows out for a combiner (its mixture is its own), so its global model trains on all of "
+        "a site's rows, the others' on 80 %"
     ),
 }
 
@@ -999,7 +1003,8 @@ def document(
                     f"| {label} | {_pm(_mean([r['test'] for r in rs]), _sd([r['test'] for r in rs]))} "
                     f"({what}) | | | |"
                 )
-        for label in labels:
+        staged = [lab for lab in labels if any(R.get(f, lab, eps) for eps in BUDGETS)]  # rows this stage has
+        for label in staged:
             cells, sets = [], []
             for eps in BUDGETS:
                 rs = R.get(f, label, eps)
@@ -1041,7 +1046,7 @@ def document(
                 "| method | ε = 1 | ε = 3 | ε = 8 |",
                 "|---|---|---|---|",
             ]
-            for label in labels:
+            for label in staged:
                 cells = []
                 for eps in BUDGETS:
                     rs = R.get(f, label, eps)
