@@ -757,8 +757,8 @@ FEATURE_TEXT = {
         "linear head does not have, so they are not in this stage. With one local DP step a round FedProx's "
         "pull is zero at that step (the model is the one just received) and SCAFFOLD's corrections average "
         "out at the server, so both equal FedAvg exactly; they differ only with several local steps. APFL "
-        "does not hold rows out for a combiner (its mixture is its own), so its global model trains on all of "
-        "a site's rows, the others' on 80 %"
+        "does not hold rows out for a combiner (its mixture is its own), so its global model trains on all "
+        "of a site's rows, the others' on 80 %"
     ),
 }
 
