@@ -18,6 +18,9 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def missing(monkeypatch, name):
+    """``name`` and its submodules fail to import (submodules an earlier test imported included)."""
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")] or [name]:
+        monkeypatch.setitem(sys.modules, mod, None)
     monkeypatch.setitem(sys.modules, name, None)
 
 
