@@ -222,22 +222,7 @@ def _job(
     ):  # settings an earlier generation's tuning chose (``grid`` holds them and its record)
         final = folder / "final"
         settings, record = grid["settings"], grid["record"]
-        if not (final / "summary.json").exists():
-            cfg = RunConfig.from_dict(
-                {
-                    **BASE,
-                    **fixed,
-                    **settings,
-                    "method": method,
-                    "seed": seed,
-                    "target_epsilon": eps,
-                    "eval_split": "test",
-                    "out": str(final),
-                },
-                strict=False,
-            )
-            run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
-        s = json.loads((final / "summary.json").read_text())
+        s = _final_run(final, {**fixed, **settings}, method, seed, eps)
         row.update(
             settings=settings,
             validation=record.get("validation"),
@@ -249,27 +234,9 @@ def _job(
         kind == "final"
     ):  # the settings tuned on TUNE_SEED, run once on this seed's split and scored on the test split
         final = folder / "final"
-        if not (final / "summary.json").exists():
-            tuned = folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json"
-            settings = json.loads(tuned.read_text())["best"]["settings"]
-            cfg = RunConfig.from_dict(
-                {
-                    **BASE,
-                    **fixed,
-                    **settings,
-                    "method": method,
-                    "seed": seed,
-                    "target_epsilon": eps,
-                    "eval_split": "test",
-                    "out": str(final),
-                },
-                strict=False,
-            )
-            run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
-        s = json.loads((final / "summary.json").read_text())
-        settings = json.loads((folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json").read_text())[
-            "best"
-        ]["settings"]
+        tuned = folder.parent / f"seed{TUNE_SEED}" / "tune" / "tune.json"
+        settings = json.loads(tuned.read_text())["best"]["settings"]
+        s = _final_run(final, {**fixed, **settings}, method, seed, eps)
         row.update(settings=settings, tuning={"trials": 0, "seconds": 0.0, "max": None}, tuned_on=TUNE_SEED)
     elif kind == "alone":
         final = folder / "final"
@@ -330,6 +297,29 @@ def _job(
         test_set=s["test_set"],
     )
     return row
+
+
+def _final_run(final: Path, settings: dict, method: str, seed: int, eps: float | None) -> dict:
+    """Run ``settings`` on seed ``seed``'s split at budget ``eps``, scored on the test split at the last
+    round, into ``final`` (unless it finished already); its summary."""
+    from silofl.run.config import RunConfig
+    from silofl.run.loop import run
+
+    if not (final / "summary.json").exists():
+        cfg = RunConfig.from_dict(
+            {
+                **BASE,
+                **settings,
+                "method": method,
+                "seed": seed,
+                "target_epsilon": eps,
+                "eval_split": "test",
+                "out": str(final),
+            },
+            strict=False,
+        )
+        run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
+    return json.loads((final / "summary.json").read_text())
 
 
 def score_on_test(trial: Path) -> dict:
