@@ -47,7 +47,7 @@ from silofl.comm.wire import encode, read_model
 from silofl.core.errors import ConfigError, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Coordinator, RoundEvents
-from silofl.fl.exchange.secure_round import SecureParty, SecureRound, plausible
+from silofl.fl.exchange.secure_round import SecAggOptions, SecureParty, SecureRound, plausible
 from silofl.fl.options import (
     PRIVACY_UNITS,
     MethodOptions,
@@ -104,42 +104,8 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------- options
 @dataclass
-class SecureAggregationOptions(MethodOptions):
-    """Secure aggregation's settings (used with the run's ``secure_aggregation``; :mod:`silofl.secure`)."""
-
-    secagg_bits: int = dataclasses.field(
-        default=20,
-        metadata={
-            "help": "--secure-aggregation: bits per coordinate; the sum lives in Z_(2^bits).",
-            "panel": "privacy",
-        },
-    )
-    secagg_min_survivors: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "--secure-aggregation: the least number of sites whose noise must reach the sum; fewer "
-            "survivors and the round releases nothing (default K − 1).",
-            "panel": "privacy",
-        },
-    )
-    secagg_neighbours: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "--secure-aggregation: SecAgg+ neighbours per site (default: all up to 10 sites, then "
-            "about 3·log2 K).",
-            "panel": "privacy",
-        },
-    )
-    secagg_threshold: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "--secure-aggregation: Shamir threshold t among the neighbours, above half of them "
-            "(default: a majority).",
-            "panel": "privacy",
-        },
-    )
-
-    supports_secure_aggregation: ClassVar[bool] = True
+class SecureAggregationOptions(SecAggOptions):
+    """Secure aggregation's settings for the client-level methods (shared: :class:`SecAggOptions`)."""
 
     def validate_secure(self, run: Any) -> None:
         """What secure aggregation supports so far; the settings' ranges."""
@@ -150,25 +116,7 @@ class SecureAggregationOptions(MethodOptions):
         for bad, what in unsupported:
             if bad:
                 raise ConfigError(f"--secure-aggregation does not support {what} yet")
-        if not 8 <= self.secagg_bits <= 62:
-            raise ConfigError(f"secagg_bits must lie in [8, 62], got {self.secagg_bits}")
-        m = self.min_survivors(run)
-        if not 2 <= m <= run.clients:
-            raise ConfigError(f"secagg_min_survivors must lie in [2, clients = {run.clients}], got {m}")
-        for name in ("secagg_neighbours", "secagg_threshold"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ConfigError(f"{name} must be at least 1, got {v}")
-        try:
-            self.secure_settings(run).protocol().check_round(run.clients)
-        except ValueError as e:
-            raise ConfigError(f"secure aggregation with {run.clients} sites: {e}") from None
-
-    def min_survivors(self, run: Any) -> int:
-        """The least number of sites whose noise the sum must carry (default K − 1, at least 2)."""
-        if self.secagg_min_survivors is not None:
-            return self.secagg_min_survivors
-        return max(2, run.clients - 1)
+        self.check_secure(run, lambda: self.secure_settings(run))
 
     def secure_settings(self, run: Any):
         """A site's secure aggregation settings (None when off)."""

@@ -27,7 +27,7 @@ import logging
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,8 +37,7 @@ from silofl.core.errors import ConfigError
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import RoundEvents
 from silofl.fl.exchange.centralized import Centralized, CentralSite
-from silofl.fl.exchange.secure_round import SecureParty, SecureRound, plausible
-from silofl.fl.options import MethodOptions
+from silofl.fl.exchange.secure_round import SecAggOptions, SecureParty, SecureRound, plausible
 
 log = logging.getLogger("silofl")
 
@@ -71,38 +70,15 @@ class SecureAverageSettings:
 
 
 @dataclass
-class SecureAveragingOptions(MethodOptions):
-    """FedAvg's and FML's secure aggregation settings (used with the run's ``secure_aggregation``)."""
+class SecureAveragingOptions(SecAggOptions):
+    """FedAvg's and FML's secure aggregation settings (used with the run's ``secure_aggregation``; the shared
+    ones: :class:`SecAggOptions`)."""
 
     secagg_bits: int = dataclasses.field(
         default=32,
         metadata={
             "help": "--secure-aggregation, FedAvg/FML: bits per coordinate (default 32: the wire carries 32 "
             "bits per coordinate up to 32).",
-            "panel": "privacy",
-        },
-    )
-    secagg_min_survivors: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "--secure-aggregation: the least number of sites whose noise must reach the sum; fewer "
-            "survivors and the round releases nothing (default K − 1).",
-            "panel": "privacy",
-        },
-    )
-    secagg_neighbours: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "--secure-aggregation: SecAgg+ neighbours per site (default: all up to 10 sites, then "
-            "about 3·log2 K).",
-            "panel": "privacy",
-        },
-    )
-    secagg_threshold: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "--secure-aggregation: Shamir threshold t among the neighbours, above half of them "
-            "(default: a majority).",
             "panel": "privacy",
         },
     )
@@ -115,21 +91,13 @@ class SecureAveragingOptions(MethodOptions):
         },
     )
 
-    supports_secure_aggregation: ClassVar[bool] = True
-
-    def secure_min_survivors(self, run: Any) -> int:
-        """The least number of surviving sites whose sum may be released (default K − 1, at least 2)."""
-        if self.secagg_min_survivors is not None:
-            return self.secagg_min_survivors
-        return max(2, run.clients - 1)
-
     def secure_average(self, run: Any) -> SecureAverageSettings | None:
         """The sites' and the server's settings (None when secure aggregation is off)."""
         if not getattr(run, "secure_aggregation", False):
             return None
         return SecureAverageSettings(
             bits=self.secagg_bits,
-            min_survivors=self.secure_min_survivors(run),
+            min_survivors=self.min_survivors(run),
             neighbours=self.secagg_neighbours,
             threshold=self.secagg_threshold,
             range=float(self.secagg_range),
@@ -139,23 +107,9 @@ class SecureAveragingOptions(MethodOptions):
         super().validate(run)
         if not getattr(run, "secure_aggregation", False):
             return
-        if not 8 <= self.secagg_bits <= 62:
-            raise ConfigError(f"secagg_bits must lie in [8, 62], got {self.secagg_bits}")
         if not (math.isfinite(self.secagg_range) and self.secagg_range > 0):
             raise ConfigError(f"secagg_range must be positive and finite, got {self.secagg_range}")
-        m = self.secure_min_survivors(run)
-        if not 2 <= m <= run.clients:
-            raise ConfigError(f"secagg_min_survivors must lie in [2, clients = {run.clients}], got {m}")
-        for name in ("secagg_neighbours", "secagg_threshold"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ConfigError(f"{name} must be at least 1, got {v}")
-        settings = self.secure_average(run)
-        assert settings is not None
-        try:
-            settings.protocol().check_round(run.clients)
-        except ValueError as e:
-            raise ConfigError(f"secure aggregation with {run.clients} sites: {e}") from None
+        self.check_secure(run, lambda: self.secure_average(run))
 
 
 def _float_keys(state: dict[str, torch.Tensor]) -> list[str]:

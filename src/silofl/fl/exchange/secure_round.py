@@ -20,19 +20,85 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from silofl.comm.messages import Message, Packet
-from silofl.core.errors import PeerModelRejected
+from silofl.core.errors import ConfigError, PeerModelRejected
+from silofl.fl.options import MethodOptions
 
 log = logging.getLogger("silofl")
 
-__all__ = ["SecAggIdentity", "SecureParty", "SecureResult", "SecureRound", "plausible"]
+__all__ = ["SecAggIdentity", "SecAggOptions", "SecureParty", "SecureResult", "SecureRound", "plausible"]
 
 KEY_LABEL = b"silofl secagg public key v1"
+
+
+@dataclass
+class SecAggOptions(MethodOptions):
+    """The secure-aggregation settings every server method shares (used with the run's
+    ``secure_aggregation``; :mod:`silofl.secure`). A method's options add what it encodes."""
+
+    secagg_bits: int = field(
+        default=20,
+        metadata={
+            "help": "--secure-aggregation: bits per coordinate; the sum lives in Z_(2^bits).",
+            "panel": "privacy",
+        },
+    )
+    secagg_min_survivors: int | None = field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: the least number of sites whose noise must reach the sum; fewer "
+            "survivors and the round releases nothing (default K − 1).",
+            "panel": "privacy",
+        },
+    )
+    secagg_neighbours: int | None = field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: SecAgg+ neighbours per site (default: all up to 10 sites, then "
+            "about 3·log2 K).",
+            "panel": "privacy",
+        },
+    )
+    secagg_threshold: int | None = field(
+        default=None,
+        metadata={
+            "help": "--secure-aggregation: Shamir threshold t among the neighbours, above half of them "
+            "(default: a majority).",
+            "panel": "privacy",
+        },
+    )
+
+    supports_secure_aggregation: ClassVar[bool] = True
+
+    def min_survivors(self, run: Any) -> int:
+        """The least number of surviving sites whose sum may be released (default K − 1, at least 2)."""
+        if self.secagg_min_survivors is not None:
+            return self.secagg_min_survivors
+        return max(2, run.clients - 1)
+
+    def check_secure(self, run: Any, settings: Any) -> None:
+        """The shared settings' ranges, then that the protocol of ``settings()`` (built only once the ranges
+        hold) can run with the run's sites: one-line ConfigErrors."""
+        if not 8 <= self.secagg_bits <= 62:
+            raise ConfigError(f"secagg_bits must lie in [8, 62], got {self.secagg_bits}")
+        m = self.min_survivors(run)
+        if not 2 <= m <= run.clients:
+            raise ConfigError(f"secagg_min_survivors must lie in [2, clients = {run.clients}], got {m}")
+        for name in ("secagg_neighbours", "secagg_threshold"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be at least 1, got {v}")
+        try:
+            settings().protocol().check_round(run.clients)
+        except ValueError as e:
+            raise ConfigError(f"secure aggregation with {run.clients} sites: {e}") from None
+
+
 SIGNATURE_HEX = 128  # an Ed25519 signature, hex
 
 
