@@ -1133,6 +1133,39 @@ def document(
         lines.append(
             f"- ε = 1: federated methods at or above going alone: {', '.join(fed1) if fed1 else 'none'}."
         )
+        why_proxyfl = []
+        for lab in PROXYFL_LABELS:
+            rs = R.get(f, lab, 8.0)
+            figs = {
+                k: _mean([r["accs"].get(f"{k}_acc") for r in rs]) for k in ("proxy", "private", "combined")
+            }
+            if rs and all(v is not None for v in figs.values()):
+                why_proxyfl.append(
+                    f"{lab}: proxy {figs['proxy']:.3f}, private {figs['private']:.3f}, combined "
+                    f"{figs['combined']:.3f}"
+                )
+        if pm is not None and pm < ref_mean + 0.08 and why_proxyfl:
+            tried = [
+                f"α {t['settings'].get('dml_alpha')}: {t['validation']:.3f}"
+                for lab in PROXYFL_LABELS
+                for r in R.get(f, lab, 8.0)
+                for t in r.get("trials") or []
+                if t.get("validation") is not None
+                and "dml_alpha" in t.get("settings", {})
+                and lab != "ProxyFL (strict)"
+            ]
+            lines.append(
+                "- What limits ProxyFL's site models at ε = 8 ("
+                + "; ".join(why_proxyfl)
+                + "): a private model learns from the proxy only through distillation on its own site's "
+                "rows (80 % of them one class), so it keeps the site's skew, and the combination is fitted "
+                "on that site's held-out rows, which have the same skew, while the test set is balanced."
+                + (
+                    f" The complete graph's tuning (private model, validation split): {', '.join(tried)}."
+                    if tried
+                    else ""
+                )
+            )
         ceil = _mean([r["test"] for r in R.get(f, CEILING[0], None)])
         joint = {eps: _mean([r["test"] for r in R.get(f, "Joint", eps)]) for eps in BUDGETS}
         if ceil is not None and all(v is not None for v in joint.values()):
