@@ -1166,6 +1166,22 @@ def document(
                     else ""
                 )
             )
+        for lab in ("DP-FedAvg (no intermediaries)",):  # one update per hospital: the plain mechanism
+            rs = R.get(f, lab, 8.0)
+            if f == "scatter" and rs and rs[0].get("sigma"):
+                from silofl.models import build_model
+
+                z, K = rs[0]["sigma"], BASE["clients"]
+                d = sum(p.numel() for p in build_model("linear", (81, 7, 7), 10).parameters())
+                lines.append(
+                    f"- What limits client-level {lab} at ε = 8 ({_mean([r['test'] for r in rs]):.3f}, σ "
+                    f"{z:.2f}, {rs[0]['rounds']} rounds, K = {K} hospitals): the unit is a whole hospital, "
+                    "so every round the server adds noise of standard deviation σ·C to the sum of K clipped "
+                    "updates (norm ≤ C each); on the average that is σ·C/K per coordinate over the linear "
+                    f"head's d = {d:,} coordinates, a noise vector of norm about σ·C·√d/K = "
+                    f"{z * d**0.5 / K:.0f}·C against updates of norm at most C. More rounds need a larger σ "
+                    "at the same ε; only many more hospitals (K in the hundreds or more) average it out."
+                )
         ceil = _mean([r["test"] for r in R.get(f, CEILING[0], None)])
         joint = {eps: _mean([r["test"] for r in R.get(f, "Joint", eps)]) for eps in BUDGETS}
         if ceil is not None and all(v is not None for v in joint.values()):
