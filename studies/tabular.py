@@ -81,6 +81,16 @@ def write_sites(out: Path) -> tuple[Path, list[Path]]:
 
 
 # ---------------------------------------------------------------------------------------------- FL methods
+RECIPE = {
+    "target_epsilon": 8.0,
+    "optimizer": "sgd",
+    "lr": 0.5,
+    "clip": 1.0,
+    "sample_rate": 0.5,
+    "local_steps": 1,
+}
+
+
 def fl_methods(rounds: int, noise: float) -> dict[str, dict]:
     """Label -> run options (common: the study's data, seed, δ, threads)."""
     dp = {"noise_multiplier": noise}
@@ -89,6 +99,25 @@ def fl_methods(rounds: int, noise: float) -> dict[str, dict]:
         "ProxyFL": {"method": "proxyfl", "private_model": "tabmlp", "proxy_model": "logreg", **dp},
         "FedAvg": {"method": "fedavg", "proxy_model": "tabmlp", **dp},
         "FedAvg (no DP)": {"method": "fedavg", "proxy_model": "tabmlp", "privacy": "off"},
+        # issue 24's DP-SGD recipe, budget first at ε ≤ 8 per site (σ set by the budget, not given): one DP
+        # step a round with SGD, FedAvg's server momentum, ProxyFL's proxies on the complete graph (momentum
+        # kept)
+        "FedAvg (ε ≤ 8, recipe)": {
+            "method": "fedavg",
+            "proxy_model": "tabmlp",
+            **RECIPE,
+            "server_momentum": 0.9,
+        },
+        "ProxyFL (ε ≤ 8, recipe)": {
+            "method": "proxyfl",
+            "private_model": "tabmlp",
+            "proxy_model": "logreg",
+            **RECIPE,
+            "momentum": 0.9,
+            "optimizer_state": "keep",
+            "graph": "complete",
+            "self_weight": 1.0 / 3,
+        },
         "DP-FedAvg": {
             "method": "dp-fedavg",
             "proxy_model": "tabmlp",
