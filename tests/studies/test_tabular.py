@@ -31,7 +31,12 @@ def test_quick_study_and_its_doc(tmp_path):
         "FedAvg (no DP)",
         "DP-FedAvg",
         "PubSub-ML",
+        "FedAvg (ε ≤ 8, recipe)",
+        "ProxyFL (ε ≤ 8, recipe)",
+        "ProxyFL (ε ≤ 8, recipe) (proxy)",
     }
+    for label in ("FedAvg (ε ≤ 8, recipe)", "ProxyFL (ε ≤ 8, recipe)"):  # budget first: every site ends ≤ 8
+        assert res["summary"][label]["epsilon_max"] <= 8.0 + 1e-9
     for label, s in res["summary"].items():
         assert 0 <= s["internal"]["mean"] <= 1 and 0 <= s["all"]["mean"] <= 1
         assert (s["epsilon_max"] is None) == label.endswith("(no DP)")
