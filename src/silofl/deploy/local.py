@@ -10,6 +10,7 @@ submits the run, waits for the coordinator's ServerApp to write the run folder, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from silofl.core.errors import ConfigError, SiloflError
@@ -425,28 +427,36 @@ def register_node(pub: Path, env: dict[str, str]) -> int:
     from flwr.cli.utils import init_http_client_from_connection
     from flwr.proto.control_pb2 import RegisterNodeRequest
 
-    with _REGISTER_LOCK:
-        old = os.environ.get("FLWR_HOME")
-        os.environ["FLWR_HOME"] = env["FLWR_HOME"]
+    with _control_api(env, f"registering {pub} with the SuperLink"):
+        client = init_http_client_from_connection(read_superlink_connection(FEDERATION))
         try:
-            client = init_http_client_from_connection(read_superlink_connection(FEDERATION))
-            try:
-                res = client.RegisterNode(RegisterNodeRequest(public_key=try_load_public_key(Path(pub))))
-            finally:
-                client.close()
-        except Exception as e:  # noqa: BLE001 - Flower's errors, as one line
-            raise SiloflError(f"registering {pub} with the SuperLink failed: {e}") from None
+            res = client.RegisterNode(RegisterNodeRequest(public_key=try_load_public_key(Path(pub))))
         finally:
-            if old is None:
-                os.environ.pop("FLWR_HOME", None)
-            else:
-                os.environ["FLWR_HOME"] = old
+            client.close()
     if not res.node_id:
         raise SiloflError(f"the SuperLink did not register {pub}")
     return int(res.node_id)
 
 
 _REGISTER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _control_api(env: dict[str, str], what: str) -> Iterator[None]:
+    """Call Flower's Control API in this process with the deployment's ``FLWR_HOME`` (one caller at a time:
+    it is process-wide, put back afterwards); any of Flower's errors becomes one line naming ``what``."""
+    with _REGISTER_LOCK:
+        old = os.environ.get("FLWR_HOME")
+        os.environ["FLWR_HOME"] = env["FLWR_HOME"]
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - Flower's errors, as one line
+            raise SiloflError(f"{what} failed: {e}") from None
+        finally:
+            if old is None:
+                os.environ.pop("FLWR_HOME", None)
+            else:
+                os.environ["FLWR_HOME"] = old
 
 
 def _import_flower_cli() -> None:
@@ -486,31 +496,21 @@ def submit(coordinator_json: Path, env: dict[str, str]) -> int:
     from flwr.proto.control_pb2 import StartRunRequest
     from flwr.supercore.fab import Fab
 
-    with _REGISTER_LOCK:
-        old = os.environ.get("FLWR_HOME")
-        os.environ["FLWR_HOME"] = env["FLWR_HOME"]
+    with _control_api(env, "submitting the run to the SuperLink"):
+        load_and_validate(FAB_DIR / FAB_CONFIG_FILE)  # as `flwr run` checks the app (ValueError if not)
+        conn = read_superlink_connection(FEDERATION)
+        fab_bytes = build_fab_from_disk(FAB_DIR)
+        req = StartRunRequest(
+            fab=fab_to_proto(Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})),
+            override_config=user_config_to_proto(parse_config_args([override])),
+            federation=conn.federation or "",
+            app_spec="",
+        )
+        client = init_http_client_from_connection(conn)
         try:
-            load_and_validate(FAB_DIR / FAB_CONFIG_FILE)  # as `flwr run` checks the app (ValueError if not)
-            conn = read_superlink_connection(FEDERATION)
-            fab_bytes = build_fab_from_disk(FAB_DIR)
-            req = StartRunRequest(
-                fab=fab_to_proto(Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})),
-                override_config=user_config_to_proto(parse_config_args([override])),
-                federation=conn.federation or "",
-                app_spec="",
-            )
-            client = init_http_client_from_connection(conn)
-            try:
-                res = client.StartRun(req)
-            finally:
-                client.close()
-        except Exception as e:  # noqa: BLE001 - Flower's errors, as one line
-            raise SiloflError(f"submitting the run to the SuperLink failed: {e}") from None
+            res = client.StartRun(req)
         finally:
-            if old is None:
-                os.environ.pop("FLWR_HOME", None)
-            else:
-                os.environ["FLWR_HOME"] = old
+            client.close()
     if not res.HasField("run_id"):
         raise SiloflError("the SuperLink did not start the run")
     return int(res.run_id)
