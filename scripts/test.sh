@@ -15,4 +15,6 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
 fi
 export SILOFL_NO_PROGRESS=1
 .venv/bin/mypy  # the files named in pyproject.toml: privacy, comm, site, core
-exec .venv/bin/python -m pytest -q "$@"
+# two workers (pytest-xdist), whole files each (a file's deployments share their fixtures); the fast tier as
+# `pytest -m "not slow"` stays one process
+exec .venv/bin/python -m pytest -q -n "${SILOFL_TEST_WORKERS:-2}" --dist loadfile "$@"

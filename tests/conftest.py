@@ -4,7 +4,9 @@ import pytest
 import torch
 
 os.environ.setdefault("SILOFL_NO_PROGRESS", "1")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# one intra-op thread per core: under pytest-xdist (scripts/test.sh) the workers share the cores
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
 
 
 @pytest.fixture
@@ -26,3 +28,18 @@ def tiny_cfg(tmp_path):
             test_limit=200,
         )
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n``, scripts/test.sh), the test files with deployments and process groups go
+    first: ``--dist loadfile`` hands out whole files in collection order, so the longest start early and the
+    run does not end waiting on one of them. A serial run keeps pytest's order."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    weight = {"deploy": 0, "multiprocess": 1, "slow": 2}
+    rank: dict[str, int] = {}
+    for item in items:
+        f = item.nodeid.split("::")[0]
+        marks = [weight[m.name] for m in item.iter_markers() if m.name in weight]
+        rank[f] = min(rank.get(f, 3), *marks) if marks else rank.get(f, 3)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a file's tests stay in order

@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from schemathesis import GenerationMode  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from silofl.pubsub.service import admin_credential_path, create_app  # noqa: E402
@@ -108,13 +110,26 @@ SCHEMA = _schema()
 HUGE = 10**23
 
 
+OPERATIONS = [r.ok() for r in SCHEMA.get_all_operations()]
+
+
 @pytest.mark.slow
-@SCHEMA.parametrize()
-@settings(
-    max_examples=10, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
-)
-def test_every_route_fuzzed_answers_4xx_with_a_reason_and_a_refusal_changes_nothing(case, broker):
-    broker.check(lambda headers: case.call(app=broker.app, headers=headers))
+@pytest.mark.parametrize("operation", OPERATIONS, ids=[op.label for op in OPERATIONS])
+def test_every_route_fuzzed_answers_4xx_with_a_reason_and_a_refusal_changes_nothing(operation, broker):
+    # valid and invalid cases of one route per test id (schemathesis' own parametrize gives every route the
+    # same id, which pytest-xdist collapses into one)
+    @given(case=st.one_of(*(operation.as_strategy(mode) for mode in GenerationMode)))
+    @settings(
+        max_examples=10,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def fuzz(case):
+        broker.check(lambda headers: case.call(app=broker.app, headers=headers))
+
+    fuzz()
 
 
 MALFORMED = [  # (method, path, JSON body): each answered 500 (or dropped) before
