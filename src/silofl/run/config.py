@@ -504,10 +504,13 @@ class RunConfig:
                 f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
                 f"dp-fednova, dp2-rmsprop), fedavg and fml, not {self.method}"
             )
-        if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
+        if self.eval_split == "validation" and (
+            (self.site_data and self.dataset != "table") or (not self.site_data and self.partition == "site")
+        ):
             raise ConfigError(
-                "eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "
-                "sources (partition 'site') have none"
+                "eval_split 'validation' takes unassigned training examples of a pooled data set, or each "
+                "site's own validation rows of per-site tables (--dataset table --site-data); other per-site "
+                "sources (partition 'site', image folders) have none"
             )
         for name in ("clients", "rounds", "eval_every", "image_size", "max_bag_size"):
             if getattr(self, name) < 1:
