@@ -29,7 +29,9 @@ def test_validation_rows_come_from_each_sites_training_rows_never_its_test_rows(
         assert not set(held) & test and not set(fit) & test  # ... and no test row is used at all
         assert held == _times(again.internal[k]) and held != _times(other.internal[k])  # seeded
     # the union of the sites' validation rows is the headline's set; the test rows are not in it
-    assert sorted(val.external[0][1][:, 0].tolist()) == sorted(_times(val.internal[0]) + _times(val.internal[1]))
+    assert sorted(val.external[0][1][:, 0].tolist()) == sorted(
+        _times(val.internal[0]) + _times(val.internal[1])
+    )
     assert val.test_set.startswith("validation: 10, 10 rows carved from the sites' own training rows")
     capped = load_site_tables(schema, sites, None, 0.2, 5, validation=4)  # validation_size caps each site
     assert [len(y) for _, y in capped.internal] == [4, 4]

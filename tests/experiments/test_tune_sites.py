@@ -63,7 +63,10 @@ def test_tune_on_per_site_tables_selects_on_each_sites_validation_rows(tmp_path)
     for i in range(2):  # each trial trained on 77 of a site's 96 training rows and scored on the other 19
         s = json.loads((out / "trials" / f"trial{i}" / "summary.json").read_text())
         assert s["test_set"] == res["validation_split"]
-        assert yaml.safe_load((out / "trials" / f"trial{i}" / "config.yaml").read_text())["eval_split"] == "validation"
+        assert (
+            yaml.safe_load((out / "trials" / f"trial{i}" / "config.yaml").read_text())["eval_split"]
+            == "validation"
+        )
         assert s["final"]["global_c_index"]["mean"] == pytest.approx(scores[i])
         assert s["final"]["epsilon"]["mean"] <= 3.0 + 1e-9
     best = yaml.safe_load((out / "best.yaml").read_text())
