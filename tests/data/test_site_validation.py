@@ -1,5 +1,5 @@
-"""Per-site tables' validation rows (``--eval-split validation``, what `silofl tune` selects on): carved from each
-site's own training rows with the site's seeded stream, never from its test rows; whole persons with
+"""Per-site tables' validation rows (``--eval-split validation``, what `silofl tune` selects on): carved from
+each site's own training rows with the site's seeded stream, never from its test rows; whole persons with
 --id-column; a site with too few rows refused in one line."""
 
 import pytest
@@ -10,7 +10,7 @@ from tests.helpers import write_survival_sites
 
 
 def _times(pair) -> list[float]:
-    """A site's rows by their event time (column 0 of the encoded survival target; unique in generated data)."""
+    """A site's rows by their event time (column 0 of the encoded survival target; unique when generated)."""
     return sorted(pair[1][:, 0].tolist())
 
 

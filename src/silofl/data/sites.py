@@ -234,7 +234,13 @@ def load_site_tables(
         TablePreprocessing.fit(schema, raw[tr], site=names[k])
         for k, (raw, (tr, _)) in enumerate(zip(raws, splits, strict=True))
     ]
-    if validation is not None:
+    if test_path:  # (None with validation rows)
+        ext_raw, ext_y, _ = schema.check(read_table(test_path), test_path)
+        assert ext_y is not None
+        if edges:
+            ext_y = encode_target(ext_y, edges)
+        test_set = f"external: {test_path} (no site trains on it)"
+    elif validation is not None:
         ext_raw = np.concatenate([raw[va] for raw, (_, va) in zip(raws, splits, strict=True)])
         ext_y = np.concatenate([y[va] for y, (_, va) in zip(ys, splits, strict=True)])
         test_set = (
@@ -242,12 +248,6 @@ def load_site_tables(
             "training rows (seeded; no site trains on them; each site's own are its internal set, their "
             "union the headline's; the test rows are not read)"
         )
-    elif test_path:
-        ext_raw, ext_y, _ = schema.check(read_table(test_path), test_path)
-        assert ext_y is not None
-        if edges:
-            ext_y = encode_target(ext_y, edges)
-        test_set = f"external: {test_path} (no site trains on it)"
     else:
         ext_raw = np.concatenate([raw[te] for raw, (_, te) in zip(raws, splits, strict=True)])
         ext_y = np.concatenate([y[te] for y, (_, te) in zip(ys, splits, strict=True)])

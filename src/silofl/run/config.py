@@ -339,6 +339,9 @@ class RunConfig:
     # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data
     # here)
     data_at_sites: bool = False
+    # a deployed run: the task the sites declared for their targets in their hellos (silofl.training.tasks,
+    # e.g. survival; None: the data set's), set by the coordinator from them (it reads no schema); no flag
+    sites_task: str | None = None
     # experiment tracking (silofl.run.tracking): (KIND, DIR), KIND tensorboard | mlflow; each evaluated
     # round's figures are logged there with their labels (dp / public / non-private — the last only where
     # the sites release them)
@@ -602,6 +605,10 @@ class RunConfig:
         """The task of this run's targets (silofl.training.tasks): the data set's, or a table schema's
         (``survival`` for a ``{type: survival, …}`` target)."""
         task = dataset_meta(self.dataset).get("task", "classification")
+        if self.data_at_sites and self.sites_task is not None:  # what the sites declared (a deployed run)
+            from silofl.training.tasks import task as registered
+
+            return registered(self.sites_task).name
         if self.schema and dataset_meta(self.dataset)["schema"] and not self.data_at_sites:
             from silofl.core.errors import DataError
             from silofl.data.schema import Schema
@@ -632,7 +639,9 @@ class RunConfig:
             raise ConfigError(
                 "--combine fits a classifier over the models' class scores; a survival run has none"
             )
-        return check_metric(kind, self.metric, f"the survival target of {self.schema}")
+        return check_metric(
+            kind, self.metric, f"the survival target of {self.schema or 'the sites (their schemas)'}"
+        )
 
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
