@@ -235,7 +235,8 @@ class RunConfig:
         default=2000,
         metadata={
             "panel": "output",
-            "help": "--eval-split validation: examples held out as the validation split.",
+            "help": "--eval-split validation: examples held out as the validation split (per-site tables: "
+            "at most this many of each site's training rows).",
         },
     )
     # the headline figure of a run's summary, --vs-alone, compare tables and tune's selection
