@@ -45,8 +45,8 @@ split.
 Per-site tables (``dataset: table`` with ``site_data``) have no training rows that no site holds: each site's
 validation rows are carved from its own training rows (:func:`silofl.data.sites.validation_rows`: a seeded
 ``test_fraction`` of them, at most ``validation_size``), its test rows never read; a survival target selects
-on the C-index. Those rows are the sites' private rows, so ``tune.json`` carries ``validation_note`` saying the
-scores and the choice are computed from them without DP (:data:`SITE_VALIDATION_NOTE`).
+on the C-index. Those rows are the sites' private rows, so ``tune.json`` carries ``validation_note`` saying
+the scores and the choice are computed from them without DP (:data:`SITE_VALIDATION_NOTE`).
 
 Axes. Any run option is an axis (``--grid KEY=V1,V2``, values read as YAML): the DP-SGD recipe's ``lr``,
 ``clip``,
