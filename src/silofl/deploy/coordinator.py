@@ -518,7 +518,7 @@ def join(engine: FlowerEngine, spec: dict):
     from silofl.training.tasks import agreed_task
 
     declared = agreed_task([h.meta.get("task") for h in hellos.values()])  # e.g. survival: the C-index
-    config = {**spec["config"], "sites_task": declared} if declared else spec["config"]
+    config = {**spec["config"], "sites_task": declared}  # only ever what the sites declared
     cfg = RunConfig.from_dict(config).resolve().with_data(sum(sizes), smallest=min(sizes))
     run_id = spec.get("run_id") or secrets.token_hex(8)
     names = [s["name"] for s in sites]
