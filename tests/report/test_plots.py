@@ -66,6 +66,19 @@ def test_without_dp_the_epsilon_panel_says_so(tmp_path, unrendered):
     assert eps.get_lines() == [] and eps.get_title() == "no DP: ε not defined" and eps.get_ylabel() == "ε"
 
 
+def test_sites_without_a_shared_test_set_plot_their_own_held_out_figures(tmp_path, unrendered):
+    # a deployed survival run: each site scores only its own held-out rows, by the C-index
+    recs = [
+        {"round": t, "client": c, "global_acc_internal": None, "global_c_index_internal": v, "epsilon": 1.0}
+        for t, c, v in ((1, 0, 0.6), (1, 1, 0.8), (2, 0, 0.7), (2, 1, 0.9))
+    ]
+    plots.plot_run(recs, tmp_path / "c.png")
+    acc = unrendered[0].axes[0]
+    (line,) = acc.get_lines()
+    assert line.get_label() == "global" and np.asarray(line.get_ydata()) == pytest.approx([0.7, 0.8])
+    assert acc.get_ylabel() == "C-index on each site's own held-out rows (mean ± std over clients)"
+
+
 def test_server_rounds_panels_and_log_scale_only_for_positive_diagnostics(tmp_path, unrendered):
     history = [
         {"round": 1, "xi": 0.5, "phi": 0.0, "v": 2, "clip": 1.0},

@@ -42,7 +42,7 @@ from silofl.core.errors import ConfigError
 
 FLAGS_KEY = "silofl.config_flags"
 PANELS = {"data": "Data", "privacy": "Privacy", "method": "Method", "engine": "Engine", "output": "Output"}
-NOT_FLAGS = ("options", "data_at_sites")  # set by silofl itself (data_at_sites: `silofl deploy start`)
+NOT_FLAGS = ("options", "data_at_sites", "sites_task")  # set by silofl itself (`silofl deploy start`)
 
 
 # ---------------------------------------------------------------------------------------------- choices

@@ -489,8 +489,8 @@ def tune(
 ):
     """Search settings for a budget (--target-epsilon, required) on the validation split (training data no
     client
-    holds, as public data) — never the test set; write the best config to OUT/best.yaml and the
-    tuning-inclusive ε to
+    holds, as public data; per-site tables: each site's own validation rows) — never the test set; write the
+    best config to OUT/best.yaml and the tuning-inclusive ε to
     tune.json."""
     from silofl import api
     from silofl.run.config import RunConfig

@@ -63,34 +63,57 @@ def site_names(paths: list[str]) -> list[str]:
     return [s if stems.count(s) == 1 else f"{s}#{i}" for i, s in enumerate(stems)]
 
 
-def holdout(n: int, fraction: float, seed: int, site: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+def holdout(
+    n: int,
+    fraction: float,
+    seed: int,
+    site: int,
+    source: str,
+    salt: int | None = None,
+    cap: int | None = None,
+    what: str = "internal test set",
+) -> tuple[np.ndarray, np.ndarray]:
     """(training rows, internal test rows) of a site with ``n`` rows: a seeded random ``fraction`` held out,
     drawn
-    from the site's own stream (seed, site index), so it does not depend on the other sites."""
+    from the site's own stream (seed, site index), so it does not depend on the other sites. ``salt``: another
+    stream of the same seed and site (the validation rows, :data:`VALIDATION_SALT`); ``cap``: hold out at most
+    that many; ``what``: the held-out rows' name in the refusal."""
     n_test = int(round(n * fraction))
+    if cap is not None:
+        n_test = min(n_test, cap)
     if n_test < 1 or n - n_test < 1:
         raise DataError(
-            f"{source}: {n} rows are too few to hold out {fraction:g} of them as the site's internal "
-            "test set and train on the rest"
+            f"{source}: {n} rows are too few to hold out {fraction:g} of them as the site's {what} "
+            "and train on the rest"
         )
-    perm = np.random.default_rng([seed, site]).permutation(n)
+    perm = np.random.default_rng([seed, site] if salt is None else [seed, site, salt]).permutation(n)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
 def holdout_groups(
-    persons: np.ndarray, fraction: float, seed: int, site: int, source: str
+    persons: np.ndarray,
+    fraction: float,
+    seed: int,
+    site: int,
+    source: str,
+    salt: int | None = None,
+    cap: int | None = None,
+    what: str = "internal test set",
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`holdout` by person (``persons``: each row's person 0 … P−1): a seeded ``fraction`` of the
     persons is held out with all of their rows, so no person has rows on both sides."""
-    P = int(persons.max()) + 1
+    P = int(persons.max()) + 1 if len(persons) else 0
     n_test = int(round(P * fraction))
+    if cap is not None:
+        n_test = min(n_test, cap)
     if n_test < 1 or P - n_test < 1:
         raise DataError(
-            f"{source}: {P} persons are too few to hold out {fraction:g} of them as the site's internal "
-            "test set and train on the rest"
+            f"{source}: {P} persons are too few to hold out {fraction:g} of them as the site's {what} "
+            "and train on the rest"
         )
     test_persons = np.zeros(P, dtype=bool)
-    test_persons[np.random.default_rng([seed, site]).permutation(P)[:n_test]] = True
+    rng = np.random.default_rng([seed, site] if salt is None else [seed, site, salt])
+    test_persons[rng.permutation(P)[:n_test]] = True
     is_test = test_persons[persons]
     return np.flatnonzero(~is_test), np.flatnonzero(is_test)
 
@@ -146,8 +169,13 @@ def load_site_tables(
     seed: int = 0,
     id_column: str | None = None,
     time_bins: list[float] | None = None,
+    validation: int | None = None,
 ) -> SiteSources:
-    """Every site's table, checked against the schema at ``schema_path`` (see the module doc). ``id_column``
+    """Every site's table, checked against the schema at ``schema_path`` (see the module doc). ``validation``
+    (``--eval-split validation``, what ``silofl tune`` selects on): at most that many of each site's training
+    rows (a seeded ``test_fraction`` of them, :func:`validation_rows`) take the place of its test rows — the
+    site trains on the rest, its internal figure and the union's are on them — and no test row nor
+    ``test_path`` is read. ``id_column``
     (person-level DP): each row's person; the internal test set then holds out whole persons and each site's
     training rows come with their persons. Without it, a column that looks like a repeated person id is
     flagged (``unit_warning``). A survival target (``{type: survival, time, event}``) is encoded on its public
@@ -185,6 +213,12 @@ def load_site_tables(
             splits.append(holdout(len(y), test_fraction, seed, k, p))
         else:
             splits.append(holdout_groups(persons[-1], test_fraction, seed, k, p))
+    if validation is not None:  # the validation rows stand in for the test rows, which are never used
+        splits = [
+            validation_rows(tr, test_fraction, seed, k, paths[k], validation, persons[k] if persons else None)
+            for k, (tr, _) in enumerate(splits)
+        ]
+        test_path = None
     warning = repeated_id_warning(schema, tables, names) if id_column is None else None
     train_persons = None
     if id_column is not None:  # each site's training rows' persons, renumbered 0 … P−1
@@ -200,12 +234,20 @@ def load_site_tables(
         TablePreprocessing.fit(schema, raw[tr], site=names[k])
         for k, (raw, (tr, _)) in enumerate(zip(raws, splits, strict=True))
     ]
-    if test_path:
+    if test_path:  # (None with validation rows)
         ext_raw, ext_y, _ = schema.check(read_table(test_path), test_path)
         assert ext_y is not None
         if edges:
             ext_y = encode_target(ext_y, edges)
         test_set = f"external: {test_path} (no site trains on it)"
+    elif validation is not None:
+        ext_raw = np.concatenate([raw[va] for raw, (_, va) in zip(raws, splits, strict=True)])
+        ext_y = np.concatenate([y[va] for y, (_, va) in zip(ys, splits, strict=True)])
+        test_set = (
+            f"validation: {', '.join(str(len(va)) for _, va in splits)} rows carved from the sites' own "
+            "training rows (seeded; no site trains on them; each site's own are its internal set, their "
+            "union the headline's; the test rows are not read)"
+        )
     else:
         ext_raw = np.concatenate([raw[te] for raw, (_, te) in zip(raws, splits, strict=True)])
         ext_y = np.concatenate([y[te] for y, (_, te) in zip(ys, splits, strict=True)])
@@ -236,6 +278,31 @@ def load_site_tables(
         schema.task,
         len(edges) + 2 if edges else None,
     )
+
+
+VALIDATION_SALT = 7919  # the validation rows' stream of a site's seed (silofl.run.data.validation_split's)
+
+
+def validation_rows(
+    train: np.ndarray,
+    fraction: float,
+    seed: int,
+    site: int,
+    source: str,
+    cap: int | None = None,
+    persons: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows, validation rows) carved from a site's training rows ``train`` (indices into its table):
+    a seeded ``fraction`` of them, at most ``cap``, drawn from the site's own validation stream (seed, site,
+    :data:`VALIDATION_SALT`), so it depends neither on the other sites nor on the test rows; with ``persons``
+    (each table row's person) whole persons. A site with too few rows: a one-line DataError."""
+    what = "validation split (carved from its training rows)"
+    if persons is None:
+        keep, val = holdout(len(train), fraction, seed, site, source, VALIDATION_SALT, cap, what)
+    else:
+        own = np.unique(persons[train], return_inverse=True)[1].reshape(-1)
+        keep, val = holdout_groups(own, fraction, seed, site, source, VALIDATION_SALT, cap, what)
+    return train[keep], train[val]
 
 
 def survival_edges(schema: Schema, schema_path: str, time_bins: list[float] | None) -> tuple[float, ...]:

@@ -515,7 +515,11 @@ def join(engine: FlowerEngine, spec: dict):
     if len(shapes) != 1:
         raise ConfigError(f"the sites' data differ in input shape or classes: {sorted(shapes)}")
     ((input_shape, num_classes),) = shapes
-    cfg = RunConfig.from_dict(spec["config"]).resolve().with_data(sum(sizes), smallest=min(sizes))
+    from silofl.training.tasks import agreed_task
+
+    declared = agreed_task([h.meta.get("task") for h in hellos.values()])  # e.g. survival: the C-index
+    config = {**spec["config"], "sites_task": declared}  # only ever what the sites declared
+    cfg = RunConfig.from_dict(config).resolve().with_data(sum(sizes), smallest=min(sizes))
     run_id = spec.get("run_id") or secrets.token_hex(8)
     names = [s["name"] for s in sites]
     engine.cards = sites

@@ -204,7 +204,7 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
         None,
         src.internal[0] if src.internal else None,
         tuple(x.shape[1:]),
-        len(src.classes),
+        src.outputs or len(src.classes),  # a survival target: its model's outputs (1 + its time bins)
         list(src.classes),
         src.preprocessing[0].to_dict() if src.preprocessing else None,
         str(path),
@@ -433,6 +433,8 @@ class SiteWorker:
         head = self._head()
         sig = self.sign_key.sign(hello_text(nonce, self.cfg.name, head)).hex()
         d = self.data
+        from silofl.training.tasks import declared_task
+
         return Message(
             {
                 "name": self.cfg.name,
@@ -443,6 +445,7 @@ class SiteWorker:
                 "ledger_head": head,
                 "internal": d.internal is not None,
                 "test": d.test is not None,
+                **declared_task(d.y),  # e.g. survival: the run's headline follows it (the C-index)
             }
         )
 

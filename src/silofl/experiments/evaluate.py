@@ -36,9 +36,11 @@ def evaluate_run(
     )  # the run's own test set (e.g. external sites)
     x, y = split.test
     recorded = {}
+    rows: dict[str, dict] = {}  # model stem → its site's final row of summary.json, for every metric recorded
     if (run_dir / "summary.json").is_file():
         for r in json.loads((run_dir / "summary.json").read_text())["final"]["per_client"]:
             for role in ("private", "proxy", "global", "combined"):
+                rows[f"client{r['client']}_{role}"] = {"role": role, "row": r}
                 recorded[f"client{r['client']}_{role}"] = r.get(f"{role}_acc")
                 if r.get(f"{role}_c_index") is not None:  # a survival run: its C-index (no accuracy)
                     recorded[f"client{r['client']}_{role}"] = r[f"{role}_c_index"]
@@ -70,6 +72,7 @@ def evaluate_run(
         figures = scores(
             model, xk, yk
         )  # accuracy and the other metrics of one pass (silofl.training.metrics)
+        own = rows.get(spec_file.stem)
         results.append(
             {
                 "model": spec_file.stem,
@@ -77,6 +80,11 @@ def evaluate_run(
                 "accuracy": figures["acc"],
                 "recorded": recorded.get(spec_file.stem),
                 "metrics": figures,
+                # summary.json's figure of the same model for each metric (None where it recorded none)
+                "recorded_metrics": {
+                    m: own["row"].get(f"{own['role']}_{'acc' if m == 'acc' else m}") if own else None
+                    for m in figures
+                },
             }
         )
     return results

@@ -42,6 +42,12 @@ mutual
 learning, whose private models are not DP, the headline otherwise. Every trial of a tuning run uses one data
 split.
 
+Per-site tables (``dataset: table`` with ``site_data``) have no training rows that no site holds: each site's
+validation rows are carved from its own training rows (:func:`silofl.data.sites.validation_rows`: a seeded
+``test_fraction`` of them, at most ``validation_size``), its test rows never read; a survival target selects
+on the C-index. Those rows are the sites' private rows, so ``tune.json`` carries ``validation_note`` saying
+the scores and the choice are computed from them without DP (:data:`SITE_VALIDATION_NOTE`).
+
 Axes. Any run option is an axis (``--grid KEY=V1,V2``, values read as YAML): the DP-SGD recipe's ``lr``,
 ``clip``,
 ``batch_size`` or ``sample_rate`` (q), ``optimizer``/``momentum``, ``local_steps``, ``ema_decay``,
@@ -66,7 +72,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from silofl.core.errors import ConfigError
+from silofl.core.errors import ConfigError, DataError
 from silofl.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, epsilon_of, rdp_curve
 from silofl.privacy.tuning import SOURCE, TrialCount, parse_trial_count, repeat_and_select_epsilon
 from silofl.run.config import RunConfig
@@ -155,6 +161,7 @@ def tune(
     check_combinations(base, combos)
     # one data split (and so one validation split) for every trial, recorded like any run's split seed
     base = base.replace(split_seed=base.data_seed if base.data_seed is not None else secrets.randbits(32))
+    check_site_validation(base, combos)
     if random_trials is None:
         picks, random_part = list(range(len(combos))), None
     else:
@@ -201,6 +208,8 @@ def tune(
     }
     if random_part is not None:
         result["random_trials"] = _random_cost(random_part, summaries)
+    if base.site_data:
+        result["validation_note"] = SITE_VALIDATION_NOTE
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune.json").write_text(json.dumps(result, indent=1, default=str))
     if best is not None:
@@ -238,6 +247,38 @@ def check_combinations(base: RunConfig, combos: list[dict[str, Any]]) -> None:
             base.replace(**combo).resolve()
         except ConfigError as e:
             raise ConfigError(f"grid setting {_label(combo)}: {e}") from None
+
+
+SITE_VALIDATION_NOTE = (
+    "Per-site tables: each site's validation rows are its own (private) training rows held out of every "
+    "trial, not public data. The scores — of the DP models — and the choice of the best trial are computed "
+    "from them without DP, like any run's test figures: the ε above covers the trials' training, not what "
+    "the choice reveals about the validation rows."
+)
+SITE_SPLIT_KEYS = ("site_data", "schema", "test_fraction", "validation_size", "id_column", "time_bins")
+
+
+def check_site_validation(base: RunConfig, combos: list[dict[str, Any]]) -> None:
+    """Per-site tables: carve every site's validation rows (:func:`silofl.data.sites.validation_rows`) once
+    for each distinct data setting of the grid, before any trial runs — a site with too few rows refuses
+    (one line) with nothing written. Pooled data sets: nothing to check here."""
+    import torch
+
+    from silofl.run.data import prepare_data
+
+    seen: set[str] = set()
+    for combo in combos:
+        cfg = base.replace(**combo).resolve()
+        if not cfg.site_data:
+            continue
+        key = json.dumps([getattr(cfg, k, None) for k in SITE_SPLIT_KEYS], default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            prepare_data(cfg, torch.device("cpu"), features=False)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _run_trial(
@@ -464,6 +505,7 @@ def markdown(result: dict) -> str:
         "",
         f"Validation split: {result['validation_split']}.",
         "",
+        *([result["validation_note"], ""] if result.get("validation_note") else []),
         "| trial | settings | σ | validation | ε (run) |",
         "|---|---|---|---|---|",
     ]

@@ -30,20 +30,31 @@ def plot_run(
 ) -> Path:
     """Two panels: accuracy vs round, ε vs round (one line per client). Returns the PNG path."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    # a survival run has no accuracy: its C-index instead (silofl.training.tasks)
-    survival = not any(r.get(k) is not None for r in records for k in ACC_KEYS) and any(
-        r.get(k.removesuffix("_acc") + "_c_index") is not None for r in records for k in ACC_KEYS
+    # sites without a shared test set (a deployed run) score only their own held-out rows: those figures
+    sfx = (
+        ""
+        if any(r.get(k) is not None or r.get(_c_index(k)) is not None for r in records for k in ACC_KEYS)
+        else "_internal"
     )
+    # a survival run has no accuracy: its C-index instead (silofl.training.tasks)
+    survival = not any(r.get(k + sfx) is not None for r in records for k in ACC_KEYS) and any(
+        r.get(_c_index(k) + sfx) is not None for r in records for k in ACC_KEYS
+    )
+    drawn = False
     for key in ACC_KEYS:
-        rounds, mean, std = series(records, key.removesuffix("_acc") + "_c_index" if survival else key)
+        rounds, mean, std = series(records, (_c_index(key) if survival else key) + sfx)
         if len(rounds) == 0:
             continue
+        drawn = True
         ax1.plot(rounds, mean, label=key.replace("_acc", ""))
         ax1.fill_between(rounds, mean - std, mean + std, alpha=0.2)
     ax1.set_xlabel("round")
-    ax1.set_ylabel(f"test {'C-index' if survival else 'accuracy'} (mean ± std over clients)")
+    name = "C-index" if survival else "accuracy"
+    shown = f"{name} on each site's own held-out rows" if sfx else f"test {name}"
+    ax1.set_ylabel(f"{shown} (mean ± std over clients)")
     ax1.grid(alpha=0.3)
-    ax1.legend()
+    if drawn:
+        ax1.legend()
     clients = sorted({r["client"] for r in records})
     any_eps = False
     for c in clients:
@@ -66,6 +77,12 @@ def plot_run(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _c_index(acc_key: str) -> str:
+    """The C-index field of the model whose accuracy field is ``acc_key`` (``global_acc`` →
+    ``global_c_index``)."""
+    return acc_key.removesuffix("_acc") + "_c_index"
 
 
 SERVER_PANELS = (

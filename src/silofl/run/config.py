@@ -235,7 +235,8 @@ class RunConfig:
         default=2000,
         metadata={
             "panel": "output",
-            "help": "--eval-split validation: examples held out as the validation split.",
+            "help": "--eval-split validation: examples held out as the validation split (per-site tables: "
+            "at most this many of each site's training rows).",
         },
     )
     # the headline figure of a run's summary, --vs-alone, compare tables and tune's selection
@@ -339,6 +340,9 @@ class RunConfig:
     # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data
     # here)
     data_at_sites: bool = False
+    # a deployed run: the task the sites declared for their targets in their hellos (silofl.training.tasks,
+    # e.g. survival; None: the data set's), set by the coordinator from them (it reads no schema); no flag
+    sites_task: str | None = None
     # experiment tracking (silofl.run.tracking): (KIND, DIR), KIND tensorboard | mlflow; each evaluated
     # round's figures are logged there with their labels (dp / public / non-private — the last only where
     # the sites release them)
@@ -504,10 +508,13 @@ class RunConfig:
                 f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
                 f"dp-fednova, dp2-rmsprop), fedavg and fml, not {self.method}"
             )
-        if self.eval_split == "validation" and (self.site_data or self.partition == "site"):
+        if self.eval_split == "validation" and (
+            (self.site_data and self.dataset != "table") or (not self.site_data and self.partition == "site")
+        ):
             raise ConfigError(
-                "eval_split 'validation' takes unassigned training examples of a pooled data set; per-site "
-                "sources (partition 'site') have none"
+                "eval_split 'validation' takes unassigned training examples of a pooled data set, or each "
+                "site's own validation rows of per-site tables (--dataset table --site-data); other per-site "
+                "sources (partition 'site', image folders) have none"
             )
         for name in ("clients", "rounds", "eval_every", "image_size", "max_bag_size"):
             if getattr(self, name) < 1:
@@ -599,6 +606,10 @@ class RunConfig:
         """The task of this run's targets (silofl.training.tasks): the data set's, or a table schema's
         (``survival`` for a ``{type: survival, …}`` target)."""
         task = dataset_meta(self.dataset).get("task", "classification")
+        if self.data_at_sites and self.sites_task is not None:  # what the sites declared (a deployed run)
+            from silofl.training.tasks import task as registered
+
+            return registered(self.sites_task).name
         if self.schema and dataset_meta(self.dataset)["schema"] and not self.data_at_sites:
             from silofl.core.errors import DataError
             from silofl.data.schema import Schema
@@ -629,7 +640,9 @@ class RunConfig:
             raise ConfigError(
                 "--combine fits a classifier over the models' class scores; a survival run has none"
             )
-        return check_metric(kind, self.metric, f"the survival target of {self.schema}")
+        return check_metric(
+            kind, self.metric, f"the survival target of {self.schema or 'the sites (their schemas)'}"
+        )
 
     def _validate_sources(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:

@@ -247,6 +247,7 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
             cfg.data_seed,
             cfg.id_column,
             getattr(cfg, "time_bins", None),
+            cfg.validation_size if cfg.eval_split == "validation" else None,  # carved from training rows
         )
     elif cfg.dataset == "folder":
         src = load_site_images(cfg.site_data, cfg.image_size, cfg.test_data, cfg.test_fraction, cfg.data_seed)

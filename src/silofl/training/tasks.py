@@ -162,3 +162,33 @@ def check_metric(task_name: str, metric: str, where: str) -> str:
             + " or ".join(m for m in t.metrics if not (t.no_accuracy and m == "accuracy"))
         )
     return metric
+
+
+def declared_task(y: torch.Tensor) -> dict[str, str]:
+    """What a deployed site says of its targets in its hello: ``{"task": name}`` for a registered task with
+    its own loss and figures (:func:`target_task`, e.g. ``survival``), nothing for the built-in paths. A
+    public fact about the target's kind (the schema's), no statistic of the data; the coordinator, which
+    reads no schema, sets the run's headline from it (:func:`agreed_task`)."""
+    t = target_task(y)
+    return {"task": t.name} if t is not None else {}
+
+
+MAX_TASK_NAME = 64
+
+
+def agreed_task(declared: list[object]) -> str | None:
+    """The one task every site declared (:func:`declared_task`; None where none declared one); ConfigError
+    (one line) for a name that is no registered task or sites that disagree."""
+    names = set()
+    for d in declared:
+        if d is not None and not (isinstance(d, str) and 0 < len(d) <= MAX_TASK_NAME and d in TASKS):
+            shown = repr(d)[:80]
+            raise ConfigError(f"a site's hello is malformed: task {shown} is no registered task")
+        names.add(d)
+    if len(names) > 1:
+        shown = ", ".join(
+            sorted(str(n) if n is not None else "classification (none declared)" for n in names)
+        )
+        raise ConfigError(f"the sites' targets differ in task: {shown}")
+    (name,) = names or {None}
+    return name
