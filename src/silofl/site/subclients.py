@@ -95,15 +95,19 @@ class SecureSiteSettings:
 
         return SecAggSettings(self.bits, self.min_survivors, self.neighbours, self.threshold)
 
-    def mechanism(self, dim: int, clip: float, parties: int):
+    def mechanism(self, dim: int, clip: float, parties: int, per_party: int = 1):
         """The discrete mechanism of one hospital's update (the same the server computes: public inputs)."""
-        return self.mechanisms(dim, clip, parties)[0]
+        return self.mechanisms(dim, clip, parties, per_party)[0]
 
-    def mechanisms(self, dim: int, clip: float, parties: int) -> list:
+    def mechanisms(self, dim: int, clip: float, parties: int, per_party: int = 1) -> list:
         """The round's discrete mechanisms, in the order their encodings are concatenated before masking:
         the update (``dim`` coordinates, bound ``clip``), then with adaptive clipping the centred unclipped
         fraction (one coordinate, bound ½), then with adaptive intermediaries the clipped norm sum (bound
-        ``clip``)."""
+        ``clip``). ``per_party`` > 1 (the sub-client privacy unit, v sub-clients): ``clip`` is one
+        sub-client's bound C and each sub-client's update, centred unclipped indicator (bound ½) and clipped
+        norm is a summand of its own, rounded on its own (:func:`silofl.privacy.discrete.encode_parts`): one
+        sub-client moves the hospital's integer sum by one rounded summand, the sensitivity the noise is
+        calibrated to and the accountant uses."""
         from silofl.privacy.discrete import calibrate
 
         def one(d: int, c: float, z: float):
@@ -114,6 +118,7 @@ class SecureSiteSettings:
                 parties=parties,
                 min_survivors=self.min_survivors,
                 noise_multiplier=z,
+                per_party=per_party,
             )
 
         out = [one(dim, clip, self.noise_multiplier)]
@@ -143,6 +148,7 @@ class SubclientSite(Site):
         self.eps = {"hospital": 0.0, "subclient": 0.0}
         self.token: object = None
         self.rounds_trained = 0
+        self.last_parts: list[tuple[torch.Tensor, float, float]] = []
         self.secure_rng = None
         if settings.secure is not None:
             from silofl.privacy.discrete import DiscreteRandom
@@ -207,19 +213,27 @@ class SubclientSite(Site):
         total = torch.zeros_like(flat(start))
         unclipped = norm_sum = raw_norm_sum = 0.0
         steps = 0
+        # secure aggregation, sub-client unit: every sub-client's clipped update, centred unclipped indicator
+        # and clipped norm, encoded as summands of their own (SecureSiteSettings.mechanisms)
+        keep = s.secure is not None and s.privacy_unit == "subclient"
+        parts: list[tuple[torch.Tensor, float, float]] = []
         for delta, tau_j in results:
             if s.normalise:
                 delta = delta * (self.tau / tau_j)
             if s.private:
                 delta, norm = clip_update(delta, self.clip)
-                unclipped += float(norm <= self.clip)
-                norm_sum += min(norm, self.clip)
+                flag, clipped_norm = float(norm <= self.clip), min(norm, self.clip)
             else:
                 norm = float(torch.linalg.vector_norm(delta))
-                norm_sum += norm
+                flag, clipped_norm = 0.0, norm
+            unclipped += flag
+            norm_sum += clipped_norm
+            if keep:
+                parts.append((delta, flag - 0.5, clipped_norm))
             raw_norm_sum += norm
             total += delta
             steps += tau_j
+        self.last_parts = parts
         units = 1 if s.privacy_unit == "hospital" else self.v
         if s.privacy_unit == "hospital":
             unclipped /= self.v  # the fraction: one hospital moves the count by at most 1
