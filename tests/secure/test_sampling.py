@@ -17,7 +17,8 @@ from tests.secure.test_subclient_unit import ORDERS, _ref_gamma, weights
 
 def _ref_epsilon(rounds, delta, beta=D.DEFAULT_BETA):
     """ε at ``delta`` of released rounds, each (γ, d, C, z, survivors, group): the Skellam RDP bound of one
-    group of summands' rounded vectors with the noise variance (z·C·γ)², summed, converted by dp_accounting."""
+    group of summands' rounded vectors with the noise variance (z·C·γ)², summed, converted by
+    dp_accounting."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
     total = [0.0] * len(ORDERS)

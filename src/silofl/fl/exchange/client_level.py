@@ -1052,7 +1052,8 @@ class ClientLevelDP(Coordinator):
             info.update(
                 {
                     "skipped": True,
-                    "reason": f"{len(chosen)} hospital(s) sampled with keys, fewer than the {need} whose noise "
+                    "reason": f"{len(chosen)} hospital(s) sampled with keys, fewer than the {need} whose "
+                    "noise "
                     "each sum needs (min_survivors): round skipped, no hospital trained, nothing released",
                 }
             )
@@ -1204,14 +1205,15 @@ class ClientLevelDP(Coordinator):
                 "epsilon_hospital is the central Gaussian accountant at the same noise multiplier, kept for "
                 "comparison — the discrete mechanism is what ran. Abandoned rounds released nothing."
             ),
-            "note_sampling": self.sampling_note(),
+            **({"note_sampling": self.sampling_note()} if self.cfg.is_private else {}),
         }
 
     def sampling_note(self) -> str:
         """What the ε against the server holds against, with client sampling: no amplification claimed."""
         unit = self.cfg.options.privacy_unit
         return (
-            f"ε against the server (one {unit}): holds against everyone, the server included; each hospital's "
+            f"ε against the server (one {unit}): holds against everyone, the server included; each "
+            "hospital's "
             "own composes the rounds whose sum held its input (epsilon_vs_server_per_hospital), the headline "
             "is the largest; no amplification by sampling claimed (the server picks the sample and sees who "
             "takes part)"
