@@ -86,3 +86,13 @@ def test_sampled_rounds_skip_small_samples_and_each_hospital_accounts_its_own(tm
     assert p["epsilon_vs_server_hospital"] == srv.epsilon_vs_server_of(0, "hospital")
     assert "no amplification by sampling claimed" in p["note_sampling"]
     assert proto.extra_metrics(1)["epsilon_vs_server"] == srv.epsilon_vs_server_of(1)
+
+
+def test_a_budget_first_plan_claims_no_amplification_by_sampling(tmp_path):
+    """σ from --target-epsilon is planned at sampling rate 1 with secure aggregation (the server picks the
+    sample), at the client rate without it."""
+    from silofl.run.plan import party_plans
+
+    for secure, rate in ((True, 1.0), (False, 0.5)):
+        cfg = config(tmp_path, client_rate=0.5, target_epsilon=10.0, secure_aggregation=secure).resolve()
+        assert [p.sample_rate for p in party_plans(cfg, [160] * 4)] == [rate]

@@ -627,6 +627,18 @@ class DPServer:
         self.selected, self.history = set(state["selected"]), list(state["history"])
         self.secure_released = list(state.get("secure_released", []))
         self.secure_rounds = list(state.get("secure_rounds", []))
+        if "secure_rounds" not in state and self.secure_released and self.secure is not None:
+            # a checkpoint from before per-hospital accounting: every hospital in every released round
+            per = (
+                1
+                + (self.secure.count_noise_multiplier is not None)
+                + (self.secure.norm_noise_multiplier is not None)
+            )
+            rel = self.secure_released
+            self.secure_rounds = [
+                {"round": None, "survivors": list(range(len(self.sizes))), "mechanisms": rel[i : i + per]}
+                for i in range(0, len(rel), per)
+            ]
         self.secure_abandoned = int(state.get("secure_abandoned", 0))
         self.secure_skipped = int(state.get("secure_skipped", 0))
         if self.accounts.ledger is not None:  # what ran, from the ledger — never a number from the checkpoint
