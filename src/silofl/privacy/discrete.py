@@ -33,7 +33,11 @@ form of google-research/federated's ``distributed_dp/accounting_utils._skellam_r
 
 evaluated at integer orders α ≥ 2 (as that reference does). The neighbouring relation is one party's
 vector replaced by zero (its data removed; who takes part in a round is public to the server), so the
-sensitivities are those of one rounded vector. The noise counted is that of the parties who survive the
+sensitivities are those of one rounded vector. A party's vector may be the sum of ``per_party`` summands
+(the sub-client privacy unit: one per sub-client), each clipped and rounded on its own by
+:func:`encode_parts` with the party's noise added once: the unit is then one summand, whose removal moves the
+sum by its own rounded vector (the same sensitivities), and the party as a whole has v times them
+(``whole_party``). The noise counted is that of the parties who survive the
 round: a mechanism is calibrated for ``min_survivors``; fewer survivors mean less noise and a larger ε,
 which :func:`epsilon` computes when told. Rounds and the mechanisms of a round (the update, the adaptive
 clip's count, …) compose additively in RDP; (ε, δ) comes from

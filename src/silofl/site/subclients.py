@@ -12,7 +12,9 @@ dominate. The noise is the server's (central DP): the server role lives in
 With secure aggregation (``settings.secure``) the site instead encodes its clipped sum into the group
 Z_{2**bits} with its own share of the discrete (Skellam) noise, drawn from its own secret randomness
 (:func:`silofl.privacy.discrete.encode`), and masks it (:class:`silofl.secure.Party`): the server sees only
-the masked vector, and the noisy sum of the survivors once they unmask it.
+the masked vector, and the noisy sum of the survivors once they unmask it. With the sub-client privacy unit
+each sub-client's clipped update is a summand rounded on its own and the site's noise is added once
+(:func:`silofl.privacy.discrete.encode_parts`), so one sub-client's sensitivity is one rounded summand.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ in ``hello``) and hence τ̄ and the cap on v are public; v, C and the model are
 releases only; ‖noise‖ is a property of the noise, not of the data. The diagnostics ξ, φ, λ and the
 spread of cosine similarities in the metrics use the un-noised sum and are NOT privatised: they are
 measurements for the researcher, never fed back into the protocol.
+
+With secure aggregation (``SecureRound``) the sampled hospitals add their own discrete noise and mask; a
+sample smaller than ``min_survivors`` skips the round (nothing released). Each hospital's ε against the server
+composes the rounds whose sum held its input, with no amplification by sampling (the server picks the
+sample); with the sub-client unit each sub-client is a summand of its own (``per_party``).
 """
 
 from __future__ import annotations
