@@ -355,7 +355,8 @@ class ClientLevelSite(SecureParty, SubclientSite):
             raise SecAggRefused(f"noise multiplier {z:.4g} is below this site's floor {f.min_noise:g}")
         if f.min_survivors is not None and m < f.min_survivors:
             raise SecAggRefused(f"minimum survivors {m} is below this site's floor {f.min_survivors}")
-        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta)
+        # the whole hospital (all its sub-clients' summands in a sub-client unit run): its institution's spend
+        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta, whole_party=True)
         if eps > f.lifetime_epsilon:
             raise SecAggRefused(
                 f"this round would take the site's own ε against the server to {eps:.4g}, above its lifetime "
