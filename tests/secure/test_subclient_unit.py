@@ -120,18 +120,22 @@ def weights(server):
 @pytest.mark.slow
 def test_the_subclient_unit_matches_central_noise_and_accounts_per_subclient(tmp_path):
     """One round, 2 sub-clients per hospital, negligible noise and 40 bits: the model moves as in the
-    central-noise run (within the discretisation error); the mechanism is the one per sub-client."""
+    central-noise run (within the discretisation error), and so does the adaptive clip; the mechanisms are
+    per sub-client."""
     kw = dict(noise_multiplier=1e-6, secagg_bits=40, clip=0.05, privacy_unit="subclient", intermediaries="2")
-    moves = []
+    kw["adaptive_clip"] = True  # each sub-client's centred unclipped indicator is a summand too
+    moves, clips = [], []
     for secure in (False, True):
         b = build_run(config(tmp_path / str(secure), secure_aggregation=secure, **kw))
         b.coordinator.start()
         before = weights(b.coordinator.server)
         b.coordinator.run_round(1)
         moves.append(weights(b.coordinator.server) - before)
+        clips.append(b.coordinator.server.clip.clip)
         if secure:
             srv = b.coordinator.server
-            (mech,) = [D.DiscreteMechanism.from_dict(x) for x in srv.secure_released]
+            mech, count = [D.DiscreteMechanism.from_dict(x) for x in srv.secure_released]
+            assert (count.dim, count.clip, count.per_party) == (1, 0.5, 2)
             assert mech.per_party == 2 and mech.clip == pytest.approx(0.05) and mech.parties == 4
             assert srv.history[-1]["survivors"] == 4 and srv.history[-1]["step"] is True
             gamma, _ = _ref_gamma(srv.d, 0.05, 40, 4, 3, 1e-6, 2)
@@ -141,6 +145,7 @@ def test_the_subclient_unit_matches_central_noise_and_accounts_per_subclient(tmp
             summary = b.coordinator.privacy_summary()
             assert summary["epsilon_vs_server"] == sub and summary["epsilon_vs_server_hospital"] == hosp
             assert "one subclient" in summary["note_sampling"]
+    assert clips[0] != 0.05 and clips[1] == pytest.approx(clips[0], rel=1e-6)
     assert float(moves[0].abs().max()) > 1e-3
     assert float((moves[0] - moves[1]).abs().max()) < 1e-6
     assert torch.isfinite(moves[1]).all()
