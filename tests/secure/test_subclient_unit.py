@@ -149,3 +149,17 @@ def test_the_subclient_unit_matches_central_noise_and_accounts_per_subclient(tmp
     assert float(moves[0].abs().max()) > 1e-3
     assert float((moves[0] - moves[1]).abs().max()) < 1e-6
     assert torch.isfinite(moves[1]).all()
+
+
+@pytest.mark.slow
+def test_too_few_bits_for_the_model_is_a_config_error_before_any_round(tmp_path):
+    """The group cannot hold the sum: a one-line ConfigError at setup (not a run of abandoned rounds); with
+    the sub-client unit and adaptive v, checked at the largest v the run may reach."""
+    from silofl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="secure aggregation: 8 bits are too few"):
+        build_run(config(tmp_path / "a", secagg_bits=8))
+    with pytest.raises(ConfigError, match="secure aggregation: 8 bits are too few"):
+        build_run(config(tmp_path / "b", secagg_bits=8, privacy_unit="subclient", intermediaries="adaptive"))
+    b = build_run(config(tmp_path / "c", secagg_bits=12, privacy_unit="subclient", intermediaries="adaptive"))
+    assert b.coordinator.server.v == 1  # the check leaves the run's v as it was

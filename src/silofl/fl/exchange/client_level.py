@@ -832,6 +832,20 @@ class DPServer:
             return self.secure.mechanisms(self.d, c, parties, self.v)
         return self.secure.mechanisms(self.d, c * self.v, parties)
 
+    def check_secure_group(self, parties: int) -> None:
+        """ConfigError now, not an abandoned round later, when the group cannot hold a round of ``parties``
+        hospitals (the bits are too few for the model; with the sub-client unit, at the most sub-clients v
+        may reach)."""
+        v = self.v
+        if self.opts.privacy_unit == "subclient" and self.opts.fixed_intermediaries is None:
+            self.v = max(1, self.v_cap)
+        try:
+            self.secure_mechanisms(parties)
+        except ConfigError as e:
+            raise ConfigError(f"secure aggregation: {e}") from None
+        finally:
+            self.v = v
+
     def secure_allows_round(self, parties: int) -> bool:
         """Whether one more round's discrete releases keep ε against the server within the target (cached per
         round: asked once per site)."""
@@ -1002,6 +1016,8 @@ class ClientLevelDP(Coordinator):
         self.server = DPServer(
             self.server_id, self.spec, cfg, sizes, self.accounts, self.device, self.optimizer
         )
+        if self.server.secure is not None:
+            self.server.check_secure_group(self.n_sites)
 
     def open_ledger(self, folder) -> None:
         self.accounts.open(folder)
