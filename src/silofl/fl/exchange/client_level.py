@@ -1087,8 +1087,8 @@ class ClientLevelDP(Coordinator):
                 {
                     "skipped": True,
                     "reason": f"{len(chosen)} hospital(s) sampled with keys, fewer than the {need} whose "
-                    "noise "
-                    "each sum needs (min_survivors): round skipped, no hospital trained, nothing released",
+                    "noise each sum needs (min_survivors): round skipped, no hospital trained, nothing "
+                    "released",
                 }
             )
             server.secure_skipped += 1
