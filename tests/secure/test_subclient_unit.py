@@ -135,7 +135,9 @@ def test_the_subclient_unit_matches_central_noise_and_accounts_per_subclient(tmp
         if secure:
             srv = b.coordinator.server
             mech, count = [D.DiscreteMechanism.from_dict(x) for x in srv.secure_released]
-            assert (count.dim, count.clip, count.per_party) == (1, 0.5, 2)
+            assert (count.dim, count.clip, count.per_party) == (1, 1.0, 2)  # indicators, sensitivity 1
+            # the count's noise std is the central run's σ_b (2.5·z by default) with min_survivors' shares
+            assert count.central_std(3) == pytest.approx(2.5e-6, rel=1e-9)
             assert mech.per_party == 2 and mech.clip == pytest.approx(0.05) and mech.parties == 4
             assert srv.history[-1]["survivors"] == 4 and srv.history[-1]["step"] is True
             gamma, _ = _ref_gamma(srv.d, 0.05, 40, 4, 3, 1e-6, 2)

@@ -90,6 +90,7 @@ class SecureSiteSettings:
     noise_multiplier: float  # of the update sum (z_Δ: what the auxiliary releases leave of z)
     count_noise_multiplier: float | None = None  # adaptive clip: σ_b / ½ of the centred unclipped fraction
     norm_noise_multiplier: float | None = None  # adaptive v: z_n of the clipped norm sum
+    privacy_unit: str = "hospital"  # subclient: every sub-client a summand (mechanisms' per_party)
 
     def protocol(self):
         """These settings as the protocol's :class:`~silofl.secure.SecAggSettings`."""
@@ -105,11 +106,12 @@ class SecureSiteSettings:
         """The round's discrete mechanisms, in the order their encodings are concatenated before masking:
         the update (``dim`` coordinates, bound ``clip``), then with adaptive clipping the centred unclipped
         fraction (one coordinate, bound ½), then with adaptive intermediaries the clipped norm sum (bound
-        ``clip``). ``per_party`` > 1 (the sub-client privacy unit, v sub-clients): ``clip`` is one
-        sub-client's bound C and each sub-client's update, centred unclipped indicator (bound ½) and clipped
-        norm is a summand of its own, rounded on its own (:func:`silofl.privacy.discrete.encode_parts`): one
-        sub-client moves the hospital's integer sum by one rounded summand, the sensitivity the noise is
-        calibrated to and the accountant uses."""
+        ``clip``). The sub-client privacy unit (``per_party`` = v sub-clients): ``clip`` is one sub-client's
+        bound C and each sub-client's update, unclipped indicator (0 or 1, bound 1: the central analysis's
+        sub-client count sensitivity, so a sub-client replaced by one that needs no clipping is covered too;
+        the same noise std σ_b) and clipped norm is a summand of its own, rounded on its own
+        (:func:`silofl.privacy.discrete.encode_parts`): one sub-client moves the hospital's integer sum by one
+        rounded summand, the sensitivity the noise is calibrated to and the accountant uses."""
         from silofl.privacy.discrete import calibrate
 
         def one(d: int, c: float, z: float):
@@ -124,8 +126,11 @@ class SecureSiteSettings:
             )
 
         out = [one(dim, clip, self.noise_multiplier)]
-        if self.count_noise_multiplier is not None:
-            out.append(one(1, 0.5, self.count_noise_multiplier))
+        if self.count_noise_multiplier is not None:  # relative to ½; per sub-client: the indicator, bound 1
+            if self.privacy_unit == "subclient":
+                out.append(one(1, 1.0, self.count_noise_multiplier / 2))
+            else:
+                out.append(one(1, 0.5, self.count_noise_multiplier))
         if self.norm_noise_multiplier is not None:
             out.append(one(1, clip, self.norm_noise_multiplier))
         return out
@@ -215,8 +220,8 @@ class SubclientSite(Site):
         total = torch.zeros_like(flat(start))
         unclipped = norm_sum = raw_norm_sum = 0.0
         steps = 0
-        # secure aggregation, sub-client unit: every sub-client's clipped update, centred unclipped indicator
-        # and clipped norm, encoded as summands of their own (SecureSiteSettings.mechanisms)
+        # secure aggregation, sub-client unit: every sub-client's clipped update, unclipped indicator and
+        # clipped norm, encoded as summands of their own (SecureSiteSettings.mechanisms)
         keep = s.secure is not None and s.privacy_unit == "subclient"
         parts: list[tuple[torch.Tensor, float, float]] = []
         for delta, tau_j in results:
@@ -231,7 +236,7 @@ class SubclientSite(Site):
             unclipped += flag
             norm_sum += clipped_norm
             if keep:
-                parts.append((delta, flag - 0.5, clipped_norm))
+                parts.append((delta, flag, clipped_norm))
             raw_norm_sum += norm
             total += delta
             steps += tau_j

@@ -141,6 +141,7 @@ class SecureAggregationOptions(SecAggOptions):
                 count / COUNT_SENSITIVITY["hospital"] if (count := self.count_noise_std(run)) else None
             ),
             norm_noise_multiplier=self.norm_noise_multiplier(run),
+            privacy_unit=self.privacy_unit,
         )
 
     def update_noise(self, run: Any) -> float:
@@ -398,7 +399,7 @@ class ClientLevelSite(SecureParty, SubclientSite):
             self.party.settings.check_round(len(parts))  # refuse before training
             self._check_floor(mechs, sec_settings.noise_multiplier, sec_settings.min_survivors)
             total, unclipped, norm_sum, _, _ = self.train_vectors(rnd)
-            if per_unit:  # every sub-client's update, centred unclipped indicator and clipped norm
+            if per_unit:  # every sub-client's update, unclipped indicator (0 or 1) and clipped norm
                 summands = self.last_parts
                 vectors = [[d.detach().double().cpu().numpy() for d, _, _ in summands]]
                 if sec_settings.count_noise_multiplier is not None:
@@ -953,7 +954,10 @@ class DPServer:
             self._step(released / D)
             rest = list(aux)
             if self.clip is not None:  # the privatised quantile estimate moves the clip
-                b = rest.pop(0) / D + 0.5
+                count = rest.pop(0)
+                if self.opts.privacy_unit == "subclient":  # the indicators' sum: centre it (v per survivor)
+                    count -= survivors * self.v / 2.0
+                b = count / D + 0.5
                 stats["unclipped_fraction_noisy"] = b
                 self.clip.update(b)
             if self.opts.fixed_intermediaries is None:  # the privatised norm sum sets the next v
