@@ -96,3 +96,19 @@ def test_a_budget_first_plan_claims_no_amplification_by_sampling(tmp_path):
     for secure, rate in ((True, 1.0), (False, 0.5)):
         cfg = config(tmp_path, client_rate=0.5, target_epsilon=10.0, secure_aggregation=secure).resolve()
         assert [p.sample_rate for p in party_plans(cfg, [160] * 4)] == [rate]
+
+
+@pytest.mark.slow
+def test_many_skipped_rounds_do_not_overflow_a_sites_deferred_broadcasts(tmp_path):
+    """Nine rounds whose sample is empty (skipped: no site is asked anything but the deferred broadcast), then
+    all four: the deferred broadcasts went out before a site's batch could exceed its bound, and the round
+    releases a sum."""
+    b = build_run(config(tmp_path, client_rate=0.5, rounds=10))
+    proto, srv = b.coordinator, b.coordinator.server
+    schedule = iter([set()] * 9 + [{0, 1, 2, 3}, set()])
+    srv.select = lambda clients: setattr(srv, "selected", next(schedule) & set(clients))
+    proto.start()
+    for rnd in range(1, 11):
+        proto.run_round(rnd)
+    assert srv.secure_skipped == 9 and not b.engine.lost
+    assert srv.history[-1]["survivors"] == 4 and srv.history[-1]["step"] is True

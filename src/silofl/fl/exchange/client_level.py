@@ -1050,6 +1050,18 @@ class ClientLevelDP(Coordinator):
         server = self.server
         server.select(sites)
         self.send_from_server(rnd, sites, server.payload, events)
+        self._flush_long_queues()
+
+    def _flush_long_queues(self) -> None:
+        """Send on their own the deferred broadcasts of a site that has not been asked a step for
+        ``MAX_PARTS − 1`` rounds (client sampling left it out, or rounds were skipped), before the next step
+        asked of it would make a batch longer than a site accepts (:mod:`silofl.comm.batch`)."""
+        from silofl.comm.batch import MAX_PARTS
+
+        full = [k for k, parts in self._pending.items() if len(parts) >= MAX_PARTS - 1]
+        if full:
+            for k, r in self._batch({k: self._pending.pop(k) for k in full}).items():
+                self.can_continue[k] = bool(r.meta.get("can_continue", True))
 
     def start(self) -> None:
         self.broadcast(0, list(range(self.n_sites)), RoundEvents())
