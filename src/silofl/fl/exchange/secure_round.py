@@ -52,8 +52,8 @@ class SecAggOptions(MethodOptions):
         default=None,
         metadata={
             "help": "--secure-aggregation: the least number of sites whose noise must reach the sum; fewer "
-            "survivors and the round releases nothing (default K − 1; client-level methods with --client-rate "
-            "q < 1: round(q·K) − 1, at least 2, and a smaller sample skips the round).",
+            "survivors and the round releases nothing (default K − 1; client-level methods with "
+            "--client-rate q < 1: round(q·K) − 1, at least 2, and a smaller sample skips the round).",
             "panel": "privacy",
         },
     )
