@@ -41,8 +41,7 @@ def config(tmp_path, **kw):
     "kw, match",
     [
         (dict(method="proxyfl"), "client-level methods"),
-        (dict(privacy_unit="subclient"), "subclient"),
-        (dict(client_rate=0.5), "client_rate"),
+        (dict(client_rate=0.5, secagg_min_survivors=5), "min_survivors"),
         (dict(secagg_min_survivors=5), "min_survivors"),
         (dict(secagg_threshold=1), "threshold"),
         (dict(secagg_bits=4), "secagg_bits"),

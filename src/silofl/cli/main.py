@@ -429,6 +429,8 @@ def print_summary(summary: dict) -> None:
             + f"{priv['bits_per_coordinate']} bits per coordinate, {priv['rounds_released']} rounds "
             f"released, {priv['rounds_abandoned']} abandoned."
         )
+        if priv.get("note_sampling"):  # what the ε holds against; no amplification by sampling claimed
+            console.print(f"{priv['note_sampling']}.")
     console.print(
         f"wall time {summary['wall_time_s']:.1f} s, {summary['seconds_per_round']:.2f} s/round "
         f"({summary['threads']} threads, {summary['device']})"

@@ -33,7 +33,11 @@ form of google-research/federated's ``distributed_dp/accounting_utils._skellam_r
 
 evaluated at integer orders α ≥ 2 (as that reference does). The neighbouring relation is one party's
 vector replaced by zero (its data removed; who takes part in a round is public to the server), so the
-sensitivities are those of one rounded vector. The noise counted is that of the parties who survive the
+sensitivities are those of one rounded vector. A party's vector may be the sum of ``per_party`` summands
+(the sub-client privacy unit: one per sub-client), each clipped and rounded on its own by
+:func:`encode_parts` with the party's noise added once: the unit is then one summand, whose removal moves the
+sum by its own rounded vector (the same sensitivities), and the party as a whole has v times them
+(``whole_party``). The noise counted is that of the parties who survive the
 round: a mechanism is calibrated for ``min_survivors``; fewer survivors mean less noise and a larger ε,
 which :func:`epsilon` computes when told. Rounds and the mechanisms of a round (the update, the adaptive
 clip's count, …) compose additively in RDP; (ε, δ) comes from
@@ -83,7 +87,19 @@ MAX_PARTIES = 1 << 20
 MAX_ROUNDING_TRIES = 1000
 """Conditional rounding accepts a try with probability ≥ 1 − β, so 1000 failures mean a bug, not bad luck."""
 
-_FIELDS = ("kind", "dim", "clip", "bits", "scale", "beta", "local_mu", "min_survivors", "parties")
+_FIELDS = (
+    "kind",
+    "dim",
+    "clip",
+    "bits",
+    "scale",
+    "beta",
+    "local_mu",
+    "min_survivors",
+    "parties",
+    "per_party",
+)
+_OPTIONAL = ("parties", "per_party")
 
 
 # ----------------------------------------------------------------------------------------------- analysis
@@ -165,23 +181,35 @@ def ddgauss_rdp(
     return np.minimum(np.minimum(term1, term2), term3)
 
 
-def rdp(mech: DiscreteMechanism, orders: Iterable[float] = DISCRETE_ORDERS, *, survivors: int) -> np.ndarray:
-    """RDP of one release of the sum of ``survivors`` parties' encodings under ``mech`` (one party's vector
-    replaced by zero), at integer ``orders`` ≥ 2: :func:`skellam_rdp` of variance survivors·μ, or
-    :func:`ddgauss_rdp` of ``survivors`` discrete Gaussians of σ² = μ."""
+def rdp(
+    mech: DiscreteMechanism,
+    orders: Iterable[float] = DISCRETE_ORDERS,
+    *,
+    survivors: int,
+    whole_party: bool = False,
+) -> np.ndarray:
+    """RDP of one release of the sum of ``survivors`` parties' encodings under ``mech`` (one summand's
+    rounded vector replaced by zero — a party's whole vector when ``per_party`` is 1; with
+    ``whole_party`` all ``per_party`` summands of one party at once, sensitivities times ``per_party``), at
+    integer ``orders`` ≥ 2: :func:`skellam_rdp` of variance survivors·μ, or :func:`ddgauss_rdp` of
+    ``survivors`` discrete Gaussians of σ² = μ."""
     if isinstance(survivors, bool) or not isinstance(survivors, int | np.integer) or survivors < 1:
         raise ConfigError(f"survivors must be a positive integer, got {_show(survivors)}")
+    g = mech.per_party if whole_party else 1
     if mech.kind == "ddgauss":
         return ddgauss_rdp(
             orders,
-            l1=mech.l1_sensitivity(),
-            l2=mech.l2_sensitivity(),
+            l1=g * mech.l1_sensitivity(),
+            l2=g * mech.l2_sensitivity(),
             local_var=mech.local_mu,
             parties=int(survivors),
             dim=mech.padded_dim(),
         )
     return skellam_rdp(
-        orders, l1=mech.l1_sensitivity(), l2=mech.l2_sensitivity(), variance=int(survivors) * mech.local_mu
+        orders,
+        l1=g * mech.l1_sensitivity(),
+        l2=g * mech.l2_sensitivity(),
+        variance=int(survivors) * mech.local_mu,
     )
 
 
@@ -191,10 +219,13 @@ def epsilon(
     rounds: int,
     delta: float,
     survivors: int | None = None,
+    whole_party: bool = False,
 ) -> float:
     """ε at ``delta`` of ``rounds`` rounds, each releasing every mechanism of ``mechs_per_round`` once (RDP
     composes additively over the mechanisms and the rounds), with ``survivors`` parties' noise in each sum
-    (default: each mechanism's own ``min_survivors``). 0 for no release; inf when a release has no noise."""
+    (default: each mechanism's own ``min_survivors``); the unit is one summand, or with ``whole_party`` one
+    party's ``per_party`` summands together (:func:`rdp`). 0 for no release; inf when a release has no
+    noise."""
     from silofl.privacy.analysis import epsilon_from_rdp
 
     if isinstance(rounds, bool) or not isinstance(rounds, int | np.integer) or rounds < 0:
@@ -208,7 +239,12 @@ def epsilon(
     for m in mechs:
         if not isinstance(m, DiscreteMechanism):
             raise ConfigError(f"not a DiscreteMechanism: {type(m).__name__}")
-        total = total + rdp(m, DISCRETE_ORDERS, survivors=m.min_survivors if survivors is None else survivors)
+        total = total + rdp(
+            m,
+            DISCRETE_ORDERS,
+            survivors=m.min_survivors if survivors is None else survivors,
+            whole_party=whole_party,
+        )
     total = total * int(rounds)
     if not np.any(np.isfinite(total)):
         return math.inf
@@ -271,8 +307,10 @@ def _next_pow2(n: int) -> int:
 class DiscreteMechanism:
     """One party's encoding and the sum's analysis (see the module doc). Everything here is public: the
     server and every party know it. ``local_mu``: one party's noise variance in integer units (Skellam's
-    variance; σ² of the discrete Gaussian). ``parties``: the number of summands γ was calibrated for (0: not
-    recorded)."""
+    variance; σ² of the discrete Gaussian). ``parties``: the number of parties γ was calibrated for (0: not
+    recorded). ``per_party``: the summands of one party's vector — each clipped to ``clip`` and rounded on its
+    own (:func:`encode_parts`), the party's noise added once to their sum (the sub-client privacy unit: one
+    summand per sub-client); the sensitivities are one summand's."""
 
     kind: str
     dim: int
@@ -283,6 +321,7 @@ class DiscreteMechanism:
     local_mu: float
     min_survivors: int
     parties: int = 0
+    per_party: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in KINDS:
@@ -294,6 +333,7 @@ class DiscreteMechanism:
             ("bits", MIN_BITS, MAX_BITS),
             ("min_survivors", 1, MAX_PARTIES),
             ("parties", 0, MAX_PARTIES),
+            ("per_party", 1, MAX_PARTIES),
         ):
             v = getattr(self, name)
             if not _is_int(v) or not lo <= v <= hi:
@@ -347,9 +387,9 @@ class DiscreteMechanism:
         1, the noise is Sk(nμ/2, nμ/2) (or n discrete Gaussians, each σ²-sub-Gaussian)."""
         if not _is_int(parties) or parties < 1:
             raise ConfigError(f"parties must be a positive integer, got {_show(parties)}")
-        n = int(parties)
-        a = 2.0 ** (self.bits - 1) - n  # the rounding errors' deterministic share
-        s = (n * self.scale * self.clip) ** 2 / self.padded_dim()
+        n, v = int(parties), self.per_party
+        a = 2.0 ** (self.bits - 1) - n * v  # the rounding errors' deterministic share
+        s = (n * v * self.scale * self.clip) ** 2 / self.padded_dim()
         if self.kind == "ddgauss":  # N_Z(0, σ²) is σ²-sub-Gaussian (Canonne, Kamath & Steinke 2020)
             return min(1.0, 2.0 * _chernoff_tail(a, s + n * self.local_mu, 0.0))
         return min(1.0, 2.0 * _chernoff_tail(a, s, n * self.local_mu))
@@ -371,12 +411,12 @@ class DiscreteMechanism:
 
     @classmethod
     def from_dict(cls, d: Any) -> DiscreteMechanism:
-        """Rebuild from :meth:`to_dict` output received from anywhere: exactly the known keys (``parties``
-        optional), each validated; anything else raises ConfigError."""
+        """Rebuild from :meth:`to_dict` output received from anywhere: exactly the known keys (``parties`` and
+        ``per_party`` optional), each validated; anything else raises ConfigError."""
         if not isinstance(d, dict):
             raise ConfigError(f"a discrete mechanism must be a JSON object, got {type(d).__name__}")
         unknown = set(d) - set(_FIELDS)
-        missing = set(_FIELDS[:-1]) - set(d)
+        missing = set(_FIELDS) - set(_OPTIONAL) - set(d)
         if unknown or missing:
             shown = sorted(str(k)[:40] for k in unknown)[:5]  # hostile keys: bounded in the message
             raise ConfigError(f"discrete mechanism: unknown keys {shown}, missing keys {sorted(missing)}")
@@ -394,6 +434,7 @@ def calibrate(
     kind: str = "skellam",
     beta: float = DEFAULT_BETA,
     k: float = DEFAULT_K,
+    per_party: int = 1,
 ) -> DiscreteMechanism:
     """The mechanism for ``parties`` summands in Z_{2^bits} whose ``min_survivors`` parties' noise alone has
     variance ≥ (z·c·γ)² in integer units — the central Gaussian's noise std z·c in float units (z =
@@ -404,7 +445,14 @@ def calibrate(
     form: worst-case signal n·c spread by the rotation, rounding variance ≤ 1/4 and noise per party), capped
     so that γ·c ≤ 2^50 and μ ≤ 2^40 (beyond which finer steps buy nothing). Raises ConfigError when the bits
     are too few: the group cannot hold the sum, or rounding would more than double the sensitivity (then
-    ε would exceed the central Gaussian's by far more than the discretisation is worth)."""
+    ε would exceed the central Gaussian's by far more than the discretisation is worth).
+
+    With ``per_party`` = v > 1 every party's vector is the sum of v summands, each clipped to c and rounded
+    on its own (:func:`encode_parts`; the sub-client privacy unit), the party's noise added once: the noise
+    still meets (z·c·γ)² with ``min_survivors`` parties — c is one summand's bound, the unit's sensitivity —
+    and the group holds n·v summands: k²·(γ²c²·((nv)²/d' + n·z²/m) + nv/4) ≤ 4^(bits−1)."""
+    if not _is_int(per_party) or not 1 <= per_party <= MAX_PARTIES:
+        raise ConfigError(f"per_party must be an integer in [1, {MAX_PARTIES}], got {_show(per_party)}")
     if not _is_int(parties) or not 1 <= parties <= MAX_PARTIES:
         raise ConfigError(f"parties must be an integer in [1, {MAX_PARTIES}], got {_show(parties)}")
     if not _is_int(min_survivors) or not 1 <= min_survivors <= parties:
@@ -422,13 +470,14 @@ def calibrate(
     if not _is_int(dim) or not 1 <= dim <= MAX_DIM:
         raise ConfigError(f"dim must be an integer in [1, {MAX_DIM}], got {_show(dim)}")
     n, m, z, c = int(parties), int(min_survivors), float(noise_multiplier), float(clip)
+    v = int(per_party)
     d = _next_pow2(dim)
-    room = 4.0 ** (bits - 1) / (k * k) - n / 4.0
+    room = 4.0 ** (bits - 1) / (k * k) - n * v / 4.0
     if room <= 0:
         raise ConfigError(
             f"{bits} bits are too few for the sum of {n} parties (k = {k:g} standard deviations)"
         )
-    gamma = math.sqrt(room / (c * c * (n * n / d + n * z * z / m)))
+    gamma = math.sqrt(room / (c * c * ((n * v) ** 2 / d + n * z * z / m)))
     gamma = min(gamma, MAX_SCALED_CLIP / c)
     if z > 0:
         gamma = min(gamma, math.sqrt(MAX_LOCAL_MU * m) / (z * c) * (1 - 1e-9))
@@ -445,6 +494,7 @@ def calibrate(
         local_mu=local_mu,
         min_survivors=m,
         parties=n,
+        per_party=v,
     )
     if gamma * c < 1 or mech.l2_sensitivity() > 2 * gamma * c:
         raise ConfigError(
@@ -754,7 +804,14 @@ def _check_vector(x: Any, n: int, what: str) -> np.ndarray:
 def encode(x: np.ndarray, mech: DiscreteMechanism, *, rotation_seed: int, rng: DiscreteRandom) -> np.ndarray:
     """One party's float vector (dim,) → its encoding (padded_dim,) uint64 in [0, 2^bits): clip to c, rotate
     (public seed), scale by γ, conditional randomised rounding, add Skellam(local_mu) noise, reduce mod
-    2^bits (see the module doc)."""
+    2^bits (see the module doc). A mechanism of ``per_party`` > 1 summands takes :func:`encode_parts`."""
+    if mech.per_party != 1:
+        raise ValueError(f"the mechanism sums {mech.per_party} summands per party: use encode_parts")
+    return encode_parts([x], mech, rotation_seed=rotation_seed, rng=rng)
+
+
+def _rounded(x: Any, mech: DiscreteMechanism, rotation_seed: int, rng: DiscreteRandom) -> np.ndarray:
+    """One summand (dim,) clipped to c, rotated, scaled by γ and conditionally rounded (int64, padded)."""
     x = _check_vector(x, mech.dim, "the vector to encode")
     if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
         raise ValueError(f"the vector to encode must be numeric, got {x.dtype}")
@@ -768,7 +825,22 @@ def encode(x: np.ndarray, mech: DiscreteMechanism, *, rotation_seed: int, rng: D
         if peak * unit_norm > mech.clip:
             x = unit * (mech.clip / unit_norm)
     scaled = rotate(x, mech, rotation_seed=rotation_seed) * mech.scale
-    rounded = conditional_round(scaled, mech.l2_sensitivity(), rng)
+    return conditional_round(scaled, mech.l2_sensitivity(), rng)
+
+
+def encode_parts(
+    parts: Sequence[np.ndarray], mech: DiscreteMechanism, *, rotation_seed: int, rng: DiscreteRandom
+) -> np.ndarray:
+    """One party's ``per_party`` summands, each a float vector (dim,) → the party's encoding (padded_dim,)
+    uint64 in [0, 2^bits): each summand clipped to c, rotated, scaled and conditionally rounded on its own
+    (so one summand moves the party's integer sum by its own rounded vector, of norm ≤ the L2 sensitivity),
+    the rounded summands added, the party's noise added once, reduced mod 2^bits."""
+    if not isinstance(parts, list | tuple) or len(parts) != mech.per_party:
+        got = len(parts) if isinstance(parts, list | tuple) else type(parts).__name__
+        raise ValueError(f"the mechanism takes {mech.per_party} summands per party, got {got}")
+    rounded = np.zeros(mech.padded_dim(), dtype=np.int64)
+    for x in parts:
+        rounded += _rounded(x, mech, rotation_seed, rng)
     if mech.kind == "ddgauss":
         noisy = rounded + rng.discrete_gaussian(rounded.size, mech.local_mu)
     else:

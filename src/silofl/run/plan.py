@@ -98,7 +98,9 @@ def party_plans(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = 
     steps (example level: a site of n examples takes n // B steps a round at q = B/n, or the method's own
     ``sample_rate``/``local_steps``; client level: the server's one mechanism a round at the client rate)."""
     if cfg.is_client_level:
-        return [PartyPlan("server", float(cfg.options.client_rate), 1, cfg.rounds, cfg.target_epsilon)]
+        # secure aggregation: the server picks the sample, so no amplification by sampling is claimed
+        rate = 1.0 if getattr(cfg, "secure_aggregation", False) else float(cfg.options.client_rate)
+        return [PartyPlan("server", rate, 1, cfg.rounds, cfg.target_epsilon)]
     batch = batch_size if batch_size is not None else cfg.batch_size
     if batch is None:
         raise ConfigError("a plan of the DP steps needs the batch size (fill it from the data first)")

@@ -12,7 +12,9 @@ dominate. The noise is the server's (central DP): the server role lives in
 With secure aggregation (``settings.secure``) the site instead encodes its clipped sum into the group
 Z_{2**bits} with its own share of the discrete (Skellam) noise, drawn from its own secret randomness
 (:func:`silofl.privacy.discrete.encode`), and masks it (:class:`silofl.secure.Party`): the server sees only
-the masked vector, and the noisy sum of the survivors once they unmask it.
+the masked vector, and the noisy sum of the survivors once they unmask it. With the sub-client privacy unit
+each sub-client's clipped update is a summand rounded on its own and the site's noise is added once
+(:func:`silofl.privacy.discrete.encode_parts`), so one sub-client's sensitivity is one rounded summand.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class SecureSiteSettings:
     noise_multiplier: float  # of the update sum (z_Δ: what the auxiliary releases leave of z)
     count_noise_multiplier: float | None = None  # adaptive clip: σ_b / ½ of the centred unclipped fraction
     norm_noise_multiplier: float | None = None  # adaptive v: z_n of the clipped norm sum
+    privacy_unit: str = "hospital"  # subclient: every sub-client a summand (mechanisms' per_party)
 
     def protocol(self):
         """These settings as the protocol's :class:`~silofl.secure.SecAggSettings`."""
@@ -95,15 +98,20 @@ class SecureSiteSettings:
 
         return SecAggSettings(self.bits, self.min_survivors, self.neighbours, self.threshold)
 
-    def mechanism(self, dim: int, clip: float, parties: int):
+    def mechanism(self, dim: int, clip: float, parties: int, per_party: int = 1):
         """The discrete mechanism of one hospital's update (the same the server computes: public inputs)."""
-        return self.mechanisms(dim, clip, parties)[0]
+        return self.mechanisms(dim, clip, parties, per_party)[0]
 
-    def mechanisms(self, dim: int, clip: float, parties: int) -> list:
+    def mechanisms(self, dim: int, clip: float, parties: int, per_party: int = 1) -> list:
         """The round's discrete mechanisms, in the order their encodings are concatenated before masking:
         the update (``dim`` coordinates, bound ``clip``), then with adaptive clipping the centred unclipped
         fraction (one coordinate, bound ½), then with adaptive intermediaries the clipped norm sum (bound
-        ``clip``)."""
+        ``clip``). The sub-client privacy unit (``per_party`` = v sub-clients): ``clip`` is one sub-client's
+        bound C and each sub-client's update, unclipped indicator (0 or 1, bound 1: the central analysis's
+        sub-client count sensitivity, so a sub-client replaced by one that needs no clipping is covered too;
+        the same noise std σ_b) and clipped norm is a summand of its own, rounded on its own
+        (:func:`silofl.privacy.discrete.encode_parts`): one sub-client moves the hospital's integer sum by one
+        rounded summand, the sensitivity the noise is calibrated to and the accountant uses."""
         from silofl.privacy.discrete import calibrate
 
         def one(d: int, c: float, z: float):
@@ -114,11 +122,15 @@ class SecureSiteSettings:
                 parties=parties,
                 min_survivors=self.min_survivors,
                 noise_multiplier=z,
+                per_party=per_party,
             )
 
         out = [one(dim, clip, self.noise_multiplier)]
-        if self.count_noise_multiplier is not None:
-            out.append(one(1, 0.5, self.count_noise_multiplier))
+        if self.count_noise_multiplier is not None:  # relative to ½; per sub-client: the indicator, bound 1
+            if self.privacy_unit == "subclient":
+                out.append(one(1, 1.0, self.count_noise_multiplier / 2))
+            else:
+                out.append(one(1, 0.5, self.count_noise_multiplier))
         if self.norm_noise_multiplier is not None:
             out.append(one(1, clip, self.norm_noise_multiplier))
         return out
@@ -143,6 +155,7 @@ class SubclientSite(Site):
         self.eps = {"hospital": 0.0, "subclient": 0.0}
         self.token: object = None
         self.rounds_trained = 0
+        self.last_parts: list[tuple[torch.Tensor, float, float]] = []
         self.secure_rng = None
         if settings.secure is not None:
             from silofl.privacy.discrete import DiscreteRandom
@@ -207,19 +220,27 @@ class SubclientSite(Site):
         total = torch.zeros_like(flat(start))
         unclipped = norm_sum = raw_norm_sum = 0.0
         steps = 0
+        # secure aggregation, sub-client unit: every sub-client's clipped update, unclipped indicator and
+        # clipped norm, encoded as summands of their own (SecureSiteSettings.mechanisms)
+        keep = s.secure is not None and s.privacy_unit == "subclient"
+        parts: list[tuple[torch.Tensor, float, float]] = []
         for delta, tau_j in results:
             if s.normalise:
                 delta = delta * (self.tau / tau_j)
             if s.private:
                 delta, norm = clip_update(delta, self.clip)
-                unclipped += float(norm <= self.clip)
-                norm_sum += min(norm, self.clip)
+                flag, clipped_norm = float(norm <= self.clip), min(norm, self.clip)
             else:
                 norm = float(torch.linalg.vector_norm(delta))
-                norm_sum += norm
+                flag, clipped_norm = 0.0, norm
+            unclipped += flag
+            norm_sum += clipped_norm
+            if keep:
+                parts.append((delta, flag, clipped_norm))
             raw_norm_sum += norm
             total += delta
             steps += tau_j
+        self.last_parts = parts
         units = 1 if s.privacy_unit == "hospital" else self.v
         if s.privacy_unit == "hospital":
             unclipped /= self.v  # the fraction: one hospital moves the count by at most 1

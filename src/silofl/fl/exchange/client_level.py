@@ -28,6 +28,11 @@ in ``hello``) and hence τ̄ and the cap on v are public; v, C and the model are
 releases only; ‖noise‖ is a property of the noise, not of the data. The diagnostics ξ, φ, λ and the
 spread of cosine similarities in the metrics use the un-noised sum and are NOT privatised: they are
 measurements for the researcher, never fed back into the protocol.
+
+With secure aggregation (``SecureRound``) the sampled hospitals add their own discrete noise and mask; a
+sample smaller than ``min_survivors`` skips the round (nothing released). Each hospital's ε against the server
+composes the rounds whose sum held its input, with no amplification by sampling (the server picks the
+sample); with the sub-client unit each sub-client is a summand of its own (``per_party``).
 """
 
 from __future__ import annotations
@@ -108,15 +113,16 @@ class SecureAggregationOptions(SecAggOptions):
     """Secure aggregation's settings for the client-level methods (shared: :class:`SecAggOptions`)."""
 
     def validate_secure(self, run: Any) -> None:
-        """What secure aggregation supports so far; the settings' ranges."""
-        unsupported = [
-            (self.privacy_unit != "hospital", "privacy_unit subclient"),
-            (self.client_rate < 1.0, "client_rate below 1"),
-        ]
-        for bad, what in unsupported:
-            if bad:
-                raise ConfigError(f"--secure-aggregation does not support {what} yet")
+        """The settings' ranges (client sampling and both privacy units are supported)."""
         self.check_secure(run, lambda: self.secure_settings(run))
+
+    def min_survivors(self, run: Any) -> int:
+        """The least number of surviving hospitals whose sum may be released: as set, else K − 1 without
+        client sampling and, with ``client_rate`` q < 1, one below the expected sample, round(q·K) − 1 (at
+        least 2): a round whose sample is smaller is skipped (no one trains, nothing is released)."""
+        if self.secagg_min_survivors is not None or self.client_rate >= 1.0:
+            return super().min_survivors(run)
+        return min(run.clients, max(2, round(self.client_rate * run.clients) - 1))
 
     def secure_settings(self, run: Any):
         """A site's secure aggregation settings (None when off)."""
@@ -135,6 +141,7 @@ class SecureAggregationOptions(SecAggOptions):
                 count / COUNT_SENSITIVITY["hospital"] if (count := self.count_noise_std(run)) else None
             ),
             norm_noise_multiplier=self.norm_noise_multiplier(run),
+            privacy_unit=self.privacy_unit,
         )
 
     def update_noise(self, run: Any) -> float:
@@ -349,7 +356,8 @@ class ClientLevelSite(SecureParty, SubclientSite):
             raise SecAggRefused(f"noise multiplier {z:.4g} is below this site's floor {f.min_noise:g}")
         if f.min_survivors is not None and m < f.min_survivors:
             raise SecAggRefused(f"minimum survivors {m} is below this site's floor {f.min_survivors}")
-        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta)
+        # the whole hospital (all its sub-clients' summands in a sub-client unit run): its institution's spend
+        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta, whole_party=True)
         if eps > f.lifetime_epsilon:
             raise SecAggRefused(
                 f"this round would take the site's own ε against the server to {eps:.4g}, above its lifetime "
@@ -370,30 +378,43 @@ class ClientLevelSite(SecureParty, SubclientSite):
         return Message(packets=[Packet(self.cid, server, self.train(rnd))])
 
     def _secure_upload(self, rnd: int, server: int, sec: Any) -> Message:
-        from silofl.privacy.discrete import encode as discrete_encode
+        from silofl.privacy.discrete import encode_parts
         from silofl.secure import SecAggRefused
 
         try:
             parts, graph_seed, rseed = self.secure_round_meta(sec)
             sec_settings = self.settings.secure
             assert sec_settings is not None
+            # hospital unit: one summand, the hospital's sum (bound v·C/v); sub-client unit: v summands of C
+            per_unit = self.settings.privacy_unit == "subclient"
             try:
                 mechs = sec_settings.mechanisms(
-                    sum(p.numel() for p in self.model.parameters()), self.clip * self.v, len(parts)
+                    sum(p.numel() for p in self.model.parameters()),
+                    self.clip if per_unit else self.clip * self.v,
+                    len(parts),
+                    self.v if per_unit else 1,
                 )
             except ConfigError as e:
                 raise SecAggRefused(str(e)) from None
             self.party.settings.check_round(len(parts))  # refuse before training
             self._check_floor(mechs, sec_settings.noise_multiplier, sec_settings.min_survivors)
             total, unclipped, norm_sum, _, _ = self.train_vectors(rnd)
-            vectors = [total.detach().double().cpu().numpy()]
-            if sec_settings.count_noise_multiplier is not None:  # hospital unit: the fraction, centred
-                vectors.append(np.array([unclipped - 0.5]))
-            if sec_settings.norm_noise_multiplier is not None:
-                vectors.append(np.array([norm_sum]))
+            if per_unit:  # every sub-client's update, unclipped indicator (0 or 1) and clipped norm
+                summands = self.last_parts
+                vectors = [[d.detach().double().cpu().numpy() for d, _, _ in summands]]
+                if sec_settings.count_noise_multiplier is not None:
+                    vectors.append([np.array([b]) for _, b, _ in summands])
+                if sec_settings.norm_noise_multiplier is not None:
+                    vectors.append([np.array([n]) for _, _, n in summands])
+            else:
+                vectors = [[total.detach().double().cpu().numpy()]]
+                if sec_settings.count_noise_multiplier is not None:  # hospital unit: the fraction, centred
+                    vectors.append([np.array([unclipped - 0.5])])
+                if sec_settings.norm_noise_multiplier is not None:
+                    vectors.append([np.array([norm_sum])])
             x = np.concatenate(
                 [
-                    discrete_encode(v, m, rotation_seed=rseed, rng=self.secure_rng)
+                    encode_parts(v, m, rotation_seed=rseed, rng=self.secure_rng)
                     for v, m in zip(vectors, mechs, strict=True)
                 ]
             )
@@ -431,6 +452,8 @@ class UnitAccountants:
         self.opts = cfg.options
         self.unit = self.opts.privacy_unit
         self.accountants = {u: Accountant(cfg.accountant) for u in ("hospital", "subclient")}
+        # with secure aggregation the server picks the sample and is an adversary: no amplification claimed
+        self.sample_rate = 1.0 if getattr(cfg, "secure_aggregation", False) else self.opts.client_rate
         self.ledger = None
         self.budget = (
             Budget(self.accountants[self.unit], cfg.target_epsilon, cfg.delta) if cfg.is_private else None
@@ -438,7 +461,7 @@ class UnitAccountants:
 
     def allows_round(self) -> bool:
         """Whether one more round fits the budget of the run's unit."""
-        return self.budget is None or self.budget.allows(self.cfg.noise_multiplier, self.opts.client_rate, 1)
+        return self.budget is None or self.budget.allows(self.cfg.noise_multiplier, self.sample_rate, 1)
 
     def record(self, z_total: float, v: int) -> dict[str, float]:
         """Record one round of the mechanism that ran (the calibrated unit's total multiplier ``z_total``, v
@@ -454,9 +477,9 @@ class UnitAccountants:
             self.opts.norm_noise_multiplier(self.cfg),
         )
         if self.ledger is not None:
-            self.ledger.append("client-level", multipliers=zs, sample_rate=self.opts.client_rate, v=v)
+            self.ledger.append("client-level", multipliers=zs, sample_rate=self.sample_rate, v=v)
         for u, z in zs.items():
-            self.accountants[u].step(z, self.opts.client_rate, 1)
+            self.accountants[u].step(z, self.sample_rate, 1)
         return zs
 
     def open(self, folder) -> None:
@@ -558,7 +581,11 @@ class DPServer:
         self.secure = o.secure_settings(cfg)
         self.secagg: SecureRound | None = None
         self.secure_released: list[dict] = []
+        # per released round: its number, the hospitals whose inputs are in the sum, its mechanisms — each
+        # hospital's ε against the server composes the rounds it took part in (no amplification by sampling)
+        self.secure_rounds: list[dict] = []
         self.secure_abandoned = 0
+        self.secure_skipped = 0  # rounds whose sample was below min_survivors: no one trained
         if self.secure is not None:
             import random
 
@@ -587,7 +614,9 @@ class DPServer:
             "accountants": {u: a.state_dict() for u, a in self.accounts.accountants.items()},
             "ledger_head": self.accounts.ledger.head.to_dict() if self.accounts.ledger is not None else None,
             "secure_released": self.secure_released,
+            "secure_rounds": self.secure_rounds,
             "secure_abandoned": self.secure_abandoned,
+            "secure_skipped": self.secure_skipped,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -604,7 +633,21 @@ class DPServer:
         self.v, self.norm_ratio = int(state["v"]), state["norm_ratio"]
         self.selected, self.history = set(state["selected"]), list(state["history"])
         self.secure_released = list(state.get("secure_released", []))
+        self.secure_rounds = list(state.get("secure_rounds", []))
+        if "secure_rounds" not in state and self.secure_released and self.secure is not None:
+            # a checkpoint from before per-hospital accounting: every hospital in every released round
+            per = (
+                1
+                + (self.secure.count_noise_multiplier is not None)
+                + (self.secure.norm_noise_multiplier is not None)
+            )
+            rel = self.secure_released
+            self.secure_rounds = [
+                {"round": None, "survivors": list(range(len(self.sizes))), "mechanisms": rel[i : i + per]}
+                for i in range(0, len(rel), per)
+            ]
         self.secure_abandoned = int(state.get("secure_abandoned", 0))
+        self.secure_skipped = int(state.get("secure_skipped", 0))
         if self.accounts.ledger is not None:  # what ran, from the ledger — never a number from the checkpoint
             self.accounts.ledger.check_head(state["ledger_head"])
             self.accounts.restore()
@@ -785,9 +828,24 @@ class DPServer:
             if self.cfg.is_private
             else self.clip_bound
         )
-        return self.secure.mechanisms(
-            self.d, float(torch.tensor(sub_clip, dtype=torch.float64)) * self.v, parties
-        )
+        c = float(torch.tensor(sub_clip, dtype=torch.float64))
+        if self.opts.privacy_unit == "subclient":  # v summands of one sub-client's bound each
+            return self.secure.mechanisms(self.d, c, parties, self.v)
+        return self.secure.mechanisms(self.d, c * self.v, parties)
+
+    def check_secure_group(self, parties: int) -> None:
+        """ConfigError now, not an abandoned round later, when the group cannot hold a round of ``parties``
+        hospitals (the bits are too few for the model; with the sub-client unit, at the most sub-clients v
+        may reach)."""
+        v = self.v
+        if self.opts.privacy_unit == "subclient" and self.opts.fixed_intermediaries is None:
+            self.v = max(1, self.v_cap)
+        try:
+            self.secure_mechanisms(parties)
+        except ConfigError as e:
+            raise ConfigError(f"secure aggregation: {e}") from None
+        finally:
+            self.v = v
 
     def secure_allows_round(self, parties: int) -> bool:
         """Whether one more round's discrete releases keep ε against the server within the target (cached per
@@ -797,33 +855,71 @@ class DPServer:
             return True
         key = (len(self.secure_released), self.clip_bound, self.v)
         if getattr(self, "_allows", (None, True))[0] != key:
-            from silofl.privacy.discrete import DiscreteMechanism, epsilon
-
-            mechs = [DiscreteMechanism.from_dict(m) for m in self.secure_released]
-            nxt = epsilon([*mechs, *self.secure_mechanisms(parties)], rounds=1, delta=cfg.delta)
-            self._allows = (key, nxt <= cfg.target_epsilon)
+            # every hospital that may be sampled next: its own rounds plus one more (at the most parties)
+            nxt = self.secure_mechanisms(parties)
+            worst = max(
+                self._epsilon_of([*self._secure_mechs_of(k), *nxt], self.opts.privacy_unit)
+                for k in range(len(self.sizes))
+            )
+            self._allows = (key, worst <= cfg.target_epsilon)
         return self._allows[1]
 
-    def epsilon_vs_server(self) -> float | None:
-        """ε against the server: every sum it saw, each a Skellam release with the minimum survivors'
-        noise (silofl.privacy.discrete's analysis)."""
-        from silofl.privacy.discrete import DiscreteMechanism, epsilon
+    def _secure_mechs_of(self, k: int) -> list:
+        """The discrete mechanisms of every released round whose sum holds hospital ``k``'s input."""
+        from silofl.privacy.discrete import DiscreteMechanism
 
+        return [
+            DiscreteMechanism.from_dict(m)
+            for r in self.secure_rounds
+            if k in r["survivors"]
+            for m in r["mechanisms"]
+        ]
+
+    def _epsilon_of(self, mechs: list, unit: str) -> float:
+        """ε at the run's δ of ``mechs`` for one ``unit``: a hospital (all its summands) or a sub-client."""
+        from silofl.privacy.discrete import epsilon
+
+        return epsilon(mechs, rounds=1, delta=self.cfg.delta, whole_party=unit == "hospital")
+
+    def secure_participation(self) -> dict[int, int]:
+        """Per hospital, the released rounds whose sum holds its input."""
+        return {k: sum(k in r["survivors"] for r in self.secure_rounds) for k in range(len(self.sizes))}
+
+    def epsilon_vs_server_of(self, k: int, unit: str | None = None) -> float | None:
+        """Hospital ``k``'s own ε against the server (its ``unit``: default the run's): the discrete
+        mechanisms of the rounds it took part in, composed; None without DP."""
         if not self.cfg.is_private:
             return None
-        if not self.secure_released:
+        unit = unit or self.opts.privacy_unit
+        if unit == "subclient" and self.opts.privacy_unit != "subclient":
+            raise ValueError("a sub-client's ε against the server is accounted in sub-client unit runs only")
+        return self._epsilon_of(self._secure_mechs_of(k), unit)
+
+    def epsilon_vs_server(self, unit: str | None = None) -> float | None:
+        """ε against the server (the run's unit unless ``unit``): the largest hospital's own — each composes
+        the sums that held its input, each a Skellam release with the minimum survivors' noise
+        (silofl.privacy.discrete's analysis); no amplification by sampling (the server picks the sample)."""
+        if not self.cfg.is_private:
+            return None
+        if not self.secure_rounds:
             return 0.0
-        mechs = [DiscreteMechanism.from_dict(m) for m in self.secure_released]
-        return epsilon(mechs, rounds=1, delta=self.cfg.delta)
+        return max(float(self.epsilon_vs_server_of(k, unit) or 0.0) for k in range(len(self.sizes)))
 
     def secure_release(
-        self, rnd: int, released: torch.Tensor | None, mechs: list | None, info: dict, aux: list[float] = ()
+        self,
+        rnd: int,
+        released: torch.Tensor | None,
+        mechs: list | None,
+        info: dict,
+        aux: list[float] = (),
+        members: list[int] | None = None,
     ) -> None:
         """Record a round of secure aggregation: ``released`` is the decoded noisy update sum the server
         saw and ``aux`` the decoded auxiliary sums (the centred unclipped count, the norm sum: those the run
         releases, in that order); None: the round was abandoned before any sum was revealed — nothing
         released, nothing recorded. With ``info["step"]`` False the sums were seen but not used (implausible:
-        a wrong mask or a wrap-around)."""
+        a wrong mask or a wrap-around). ``members``: the hospitals whose inputs are in the sum (default all
+        that could be: every hospital)."""
         D = self.expected_units()
         per_unit_bound = self.clip_bound
         stats: dict = {"round": rnd, "v": self.v, "clip": self.clip_bound, "expected_units": D, **info}
@@ -836,6 +932,13 @@ class DPServer:
         assert mechs is not None
         mech = mechs[0]
         self.secure_released += [m.to_dict() for m in mechs]  # the server saw them: accounted, used or not
+        self.secure_rounds.append(
+            {
+                "round": rnd,
+                "survivors": sorted(int(k) for k in (range(len(self.sizes)) if members is None else members)),
+                "mechanisms": [m.to_dict() for m in mechs],
+            }
+        )
         zs = self.accounts.record(self.z_total, self.v)
         stats.update(
             {
@@ -851,7 +954,10 @@ class DPServer:
             self._step(released / D)
             rest = list(aux)
             if self.clip is not None:  # the privatised quantile estimate moves the clip
-                b = rest.pop(0) / D + 0.5
+                count = rest.pop(0)
+                if self.opts.privacy_unit == "subclient":  # the indicators' sum: centre it (v per survivor)
+                    count -= survivors * self.v / 2.0
+                b = count / D + 0.5
                 stats["unclipped_fraction_noisy"] = b
                 self.clip.update(b)
             if self.opts.fixed_intermediaries is None:  # the privatised norm sum sets the next v
@@ -914,6 +1020,8 @@ class ClientLevelDP(Coordinator):
         self.server = DPServer(
             self.server_id, self.spec, cfg, sizes, self.accounts, self.device, self.optimizer
         )
+        if self.server.secure is not None:
+            self.server.check_secure_group(self.n_sites)
 
     def open_ledger(self, folder) -> None:
         self.accounts.open(folder)
@@ -926,9 +1034,7 @@ class ClientLevelDP(Coordinator):
 
     def budget_message(self) -> str:
         led, cfg = self.accounts, self.cfg
-        one = led.accountants[led.unit].epsilon_after(
-            cfg.noise_multiplier, cfg.options.client_rate, 1, cfg.delta
-        )
+        one = led.accountants[led.unit].epsilon_after(cfg.noise_multiplier, led.sample_rate, 1, cfg.delta)
         if self.server is not None and self.server.secagg is not None:  # the discrete mechanism's ε
             from silofl.privacy.discrete import epsilon
 
@@ -944,6 +1050,18 @@ class ClientLevelDP(Coordinator):
         server = self.server
         server.select(sites)
         self.send_from_server(rnd, sites, server.payload, events)
+        self._flush_long_queues()
+
+    def _flush_long_queues(self) -> None:
+        """Send on their own the deferred broadcasts of a site that has not been asked a step for
+        ``MAX_PARTS − 1`` rounds (client sampling left it out, or rounds were skipped), before the next step
+        asked of it would make a batch longer than a site accepts (:mod:`silofl.comm.batch`)."""
+        from silofl.comm.batch import MAX_PARTS
+
+        full = [k for k, parts in self._pending.items() if len(parts) >= MAX_PARTS - 1]
+        if full:
+            for k, r in self._batch({k: self._pending.pop(k) for k in full}).items():
+                self.can_continue[k] = bool(r.meta.get("can_continue", True))
 
     def start(self) -> None:
         self.broadcast(0, list(range(self.n_sites)), RoundEvents())
@@ -979,6 +1097,20 @@ class ClientLevelDP(Coordinator):
         chosen = sorted(server.selected & set(sec.participants(self, active, events)))
         info: dict = {"participants": len(chosen)}
         mechs = None
+        need = max(2, server.secure.min_survivors)
+        if len(chosen) < need:  # client sampling drew too few: no one trains, nothing is released
+            info.update(
+                {
+                    "skipped": True,
+                    "reason": f"{len(chosen)} hospital(s) sampled with keys, fewer than the {need} whose "
+                    "noise each sum needs (min_survivors): round skipped, no hospital trained, nothing "
+                    "released",
+                }
+            )
+            server.secure_skipped += 1
+            server.secure_release(rnd, None, mechs, info)
+            log.warning("secure aggregation skipped round %d: %s", rnd, info["reason"])
+            return
         try:
             mechs = server.secure_mechanisms(len(chosen))
         except (ConfigError, ValueError, SecAggRefused) as e:
@@ -1006,7 +1138,9 @@ class ClientLevelDP(Coordinator):
         if released is None:
             info["reason"] = res.reason
             log.warning("secure aggregation abandoned round %d: %s — nothing released", rnd, res.reason)
-        server.secure_release(rnd, released, mechs, info, aux if released is not None else [])
+        server.secure_release(
+            rnd, released, mechs, info, aux if released is not None else [], members=list(res.survivors)
+        )
 
     def extra_metrics(self, k: int) -> dict:
         if self.server is None or not self.server.history:
@@ -1021,10 +1155,18 @@ class ClientLevelDP(Coordinator):
         ]  # privatised or public
         if self.release_nonprivate:  # diagnostics of the un-noised sum
             keys = ["xi", "phi", "lambda", "cos_std", *keys]
-        return {key: h[key] for key in keys if key in h}
+        out = {key: h[key] for key in keys if key in h}
+        if "epsilon_vs_server" in out:  # this hospital's own: the rounds it took part in
+            out["epsilon_vs_server"] = self.server.epsilon_vs_server_of(k)
+        return out
 
     def site_report(self, k: int, report: dict) -> dict:
-        return {**report, "privacy": {**report["privacy"], **self.accounts.report()}}
+        priv = {**report["privacy"], **self.accounts.report()}
+        server = self.server
+        if server is not None and server.secagg is not None and self.cfg.is_private:
+            priv["epsilon_vs_server"] = server.epsilon_vs_server_of(k)
+            priv["secure_rounds_taken_part"] = server.secure_participation()[k]
+        return {**report, "privacy": priv}
 
     def round_history(self) -> list[dict]:
         history = self.server.history if self.server is not None else []
@@ -1098,9 +1240,13 @@ class ClientLevelDP(Coordinator):
             "bits_per_coordinate": s.bits,
             "secagg_neighbours": k,
             "secagg_threshold": s.protocol().shares_needed(k),
-            "rounds_released": len(server.secure_released),
+            "rounds_released": len(server.secure_rounds),
             "rounds_abandoned": server.secure_abandoned,
+            "rounds_skipped_small_sample": server.secure_skipped,
+            "client_rate": self.cfg.options.client_rate,
+            "rounds_per_hospital": {str(k): c for k, c in server.secure_participation().items()},
             "epsilon_vs_server": server.epsilon_vs_server(),
+            **self._secure_epsilons(),
             "note_secure_aggregation": (
                 "epsilon_vs_server holds against everyone including the server: the server saw only masked "
                 "vectors and the noisy sums it decoded (each with the noise of at least min_survivors "
@@ -1109,4 +1255,39 @@ class ClientLevelDP(Coordinator):
                 "epsilon_hospital is the central Gaussian accountant at the same noise multiplier, kept for "
                 "comparison — the discrete mechanism is what ran. Abandoned rounds released nothing."
             ),
+            **({"note_sampling": self.sampling_note()} if self.cfg.is_private else {}),
         }
+
+    def sampling_note(self) -> str:
+        """What the ε against the server holds against, with client sampling: no amplification claimed."""
+        unit = self.cfg.options.privacy_unit
+        return (
+            f"ε against the server (one {unit}): holds against everyone, the server included; each "
+            "hospital's "
+            "own composes the rounds whose sum held its input (epsilon_vs_server_per_hospital), the headline "
+            "is the largest; no amplification by sampling claimed (the server picks the sample and sees who "
+            "takes part)"
+            + (
+                f"; client_rate {self.cfg.options.client_rate:g}: the central Gaussian figures are "
+                "unamplified too"
+                if self.cfg.options.client_rate < 1
+                else ""
+            )
+        )
+
+    def _secure_epsilons(self) -> dict:
+        """Each hospital's own ε against the server (its participation), and in sub-client unit runs the
+        hospital's (all v sub-clients together) beside the sub-client's."""
+        server = self.server
+        if server is None or not self.cfg.is_private:
+            return {}
+        n = self.n_sites
+        out: dict = {
+            "epsilon_vs_server_per_hospital": {str(k): server.epsilon_vs_server_of(k) for k in range(n)}
+        }
+        if self.cfg.options.privacy_unit == "subclient":
+            out["epsilon_vs_server_hospital"] = server.epsilon_vs_server("hospital")
+            out["epsilon_vs_server_hospital_per_hospital"] = {
+                str(k): server.epsilon_vs_server_of(k, "hospital") for k in range(n)
+            }
+        return out

@@ -52,7 +52,8 @@ class SecAggOptions(MethodOptions):
         default=None,
         metadata={
             "help": "--secure-aggregation: the least number of sites whose noise must reach the sum; fewer "
-            "survivors and the round releases nothing (default K − 1).",
+            "survivors and the round releases nothing (default K − 1; client-level methods with "
+            "--client-rate q < 1: round(q·K) − 1, at least 2, and a smaller sample skips the round).",
             "panel": "privacy",
         },
     )
@@ -388,7 +389,8 @@ def plausible(released: torch.Tensor, mech, survivors: int, rnd: int) -> bool:
     coordinate of the sum (silofl.privacy.discrete.calibrate)."""
     d = mech.padded_dim()
     std = mech.central_std(survivors)
-    bound = survivors * (mech.clip + math.sqrt(d) / mech.scale) + std * (math.sqrt(d) + 8)
+    per = getattr(mech, "per_party", 1)  # summands per site, each clipped and rounded on its own
+    bound = survivors * per * (mech.clip + math.sqrt(d) / mech.scale) + std * (math.sqrt(d) + 8)
     norm = float(torch.linalg.vector_norm(released))
     if norm > bound:
         log.warning(
