@@ -112,3 +112,17 @@ def test_a_deployed_run_takes_dataset_table_without_the_sites_files():
         RunConfig.from_dict(dict(method="proxyfl", dataset="table")).resolve()
     with pytest.raises(ConfigError, match="the sites hold this run's data"):
         prepare_data(cfg, torch.device("cpu"))
+
+
+def test_a_client_level_guarantee_says_where_the_noise_is_added():
+    from silofl.privacy.guarantee import MethodTraits, guarantee
+
+    client = MethodTraits(level="client")
+    central = guarantee("strict", client)
+    secure = guarantee("strict", client, secure_aggregation=True)
+    assert central.formal and secure.formal
+    assert "server is trusted to add the noise" in central.note
+    assert "trusted" not in secure.note and "epsilon_vs_server" in secure.note
+    assert guarantee("strict", MethodTraits(), secure_aggregation=True) == guarantee("strict", MethodTraits())
+    cfg = RunConfig.from_dict(dict(method="dp-fedavg", dataset="digits", secure_aggregation=True))
+    assert cfg.guarantee() == secure

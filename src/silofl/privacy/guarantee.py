@@ -13,7 +13,8 @@ whether it pools every site's data (Joint). ``mode`` is the user's ``--privacy``
   printed is NOT a guarantee. For a method without mutual learning there is no β, so ``paper``
   resolves to ``strict`` (:func:`effective_mode`) and its ε is formal.
 * client-level methods: the server adds the noise (central DP) and ε bounds one client (or one
-  sub-client) — formal whenever DP is on.
+  sub-client) — formal whenever DP is on; with secure aggregation the hospitals add distributed discrete noise
+  and the ε against the server is reported apart.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ NOTES = {
     "client": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) for the "
     "global "
     "model and everything the server releases; the server is trusted to add the noise (central DP)",
+    "client_secure": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) for "
+    "the global model and everything the server releases; with secure aggregation each hospital adds its share "
+    "of discrete noise before masking, so the server sees only the noisy sum, and the ε that holds against the "
+    "server is reported on its own (epsilon_vs_server)",
     "single": "formal (ε, δ)-DP guarantee for each client's DP model (DP-SGD on its own loss; the privacy "
     "mode's β does not apply to a method without mutual learning)",
 }
@@ -78,17 +83,22 @@ def effective_mode(mode: str, traits: MethodTraits) -> str:
 
 
 def guarantee(
-    mode: str, traits: MethodTraits, privacy_unit: str = "hospital", seeded: bool = False
+    mode: str,
+    traits: MethodTraits,
+    privacy_unit: str = "hospital",
+    seeded: bool = False,
+    secure_aggregation: bool = False,
 ) -> Guarantee:
     """The guarantee behind the ε of a run of a method with ``traits`` under ``mode``; a seeded research run's
-    is not formal (whoever knows the seed can reproduce its noise and sampling)."""
-    g = _guarantee(mode, traits, privacy_unit)
+    is not formal (whoever knows the seed can reproduce its noise and sampling). With ``secure_aggregation`` a
+    client-level method's noise is the hospitals' own, not the server's."""
+    g = _guarantee(mode, traits, privacy_unit, secure_aggregation)
     if not seeded or g.mode == "off":
         return g
     return Guarantee(g.mode, False, f"{g.note}. {SEEDED_NOTE}", g.unit, seeded=True)
 
 
-def _guarantee(mode: str, traits: MethodTraits, privacy_unit: str) -> Guarantee:
+def _guarantee(mode: str, traits: MethodTraits, privacy_unit: str, secure: bool = False) -> Guarantee:
     mode = effective_mode(mode, traits)
     if traits.level == "client":
         if mode == "off":
@@ -96,7 +106,7 @@ def _guarantee(mode: str, traits: MethodTraits, privacy_unit: str) -> Guarantee:
         return Guarantee(
             mode,
             True,
-            NOTES["client"].format(unit=privacy_unit),
+            NOTES["client_secure" if secure else "client"].format(unit=privacy_unit),
             f"one {privacy_unit} (client-level DP: all of its data at once)",
         )
     unit = (

@@ -769,7 +769,13 @@ class RunConfig:
     def guarantee(self) -> Guarantee:
         """What the ε this run prints means (:mod:`silofl.privacy.guarantee`)."""
         unit = getattr(self.options, "privacy_unit", "hospital")
-        return guarantee(self.privacy, self.info.traits, unit, seeded=self.seed is not None)
+        return guarantee(
+            self.privacy,
+            self.info.traits,
+            unit,
+            seeded=self.seed is not None,
+            secure_aggregation=bool(getattr(self, "secure_aggregation", False)),
+        )
 
     @property
     def data_seed(self) -> int | None:
