@@ -35,10 +35,10 @@ NOTES = {
     "client": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) for the "
     "global "
     "model and everything the server releases; the server is trusted to add the noise (central DP)",
-    "client_secure": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) for "
-    "the global model and everything the server releases; with secure aggregation each hospital adds its share "
-    "of discrete noise before masking, so the server sees only the noisy sum, and the ε that holds against the "
-    "server is reported on its own (epsilon_vs_server)",
+    "client_secure": "formal client-level (ε, δ)-DP guarantee for one {unit} (all of its records at once) "
+    "for the global model and everything the server releases; with secure aggregation each hospital adds its "
+    "share of discrete noise before masking, so the server sees only the noisy sum, and the ε that holds "
+    "against the server is reported on its own (epsilon_vs_server)",
     "single": "formal (ε, δ)-DP guarantee for each client's DP model (DP-SGD on its own loss; the privacy "
     "mode's β does not apply to a method without mutual learning)",
 }
