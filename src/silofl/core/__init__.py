@@ -8,7 +8,18 @@ from silofl.core.errors import (
     PeerModelRejected,
     SiloflError,
 )
-from silofl.core.randomness import client_seeds, party_seeds
+
+# client_seeds and party_seeds (silofl.core.randomness) load on first use: that module needs torch, and a
+# command that trains nothing (`silofl pubsub list`, `silofl site init`) should not pay for importing it
+
+
+def __getattr__(name: str):
+    if name in ("client_seeds", "party_seeds"):
+        from silofl.core import randomness
+
+        return getattr(randomness, name)
+    raise AttributeError(f"module 'silofl.core' has no attribute {name!r}")
+
 
 __all__ = [
     "SiloflError",

@@ -56,6 +56,9 @@ class Coordinator(ABC):
     deferred_steps: frozenset[str] = frozenset(
         {"receive_global"}
     )  # sent with the site's next step (see call)
+    # a round's evaluation may go with each site's next step (defer_evaluation): its replies need no work of
+    # the coordinator's before the next round
+    deferrable_evaluation: bool = True
 
     def __init__(self, cfg: Any, n_sites: int):
         self.cfg = cfg
@@ -70,6 +73,7 @@ class Coordinator(ABC):
         self._pending: dict[int, list[tuple[str, Message]]] = {}  # deferred steps per site (see call)
         self._late: list[dict] = []
         self.delivered: dict[int, int] = {}  # site -> the last round whose deferred deliveries it answered
+        self._evaluating: dict | None = None  # a deferred evaluation: {"round", "sites", "replies"}
 
     @property
     def server_id(self) -> int:
@@ -128,6 +132,9 @@ class Coordinator(ABC):
                 self.engine.lost.setdefault(k, f"malformed batch reply: {e}")
                 continue
             for (s, m), a in zip(parts[k], answers, strict=True):
+                ev = self._evaluating
+                if s == "evaluate" and ev is not None and m.meta.get("round") == ev["round"]:
+                    ev["replies"][k] = a
                 if s in self.deferred_steps:
                     self._late.extend(a.meta.get("rejected", []) or [])
                     if isinstance(m.meta.get("round"), int):
@@ -253,6 +260,52 @@ class Coordinator(ABC):
             "evaluate", {k: Message({"round": rnd, "internal": internal}) for k in self.evaluated(rnd)}
         )
         return {k: r.meta for k, r in replies.items()}
+
+    def defer_evaluation(self, rnd: int, internal: bool = False) -> bool:
+        """Queue round ``rnd``'s evaluation to go with each site's next step, in one message (when the engine
+        batches and the method allows; whether it did). A site runs it before that step, on its state at the
+        end of ``rnd``; :meth:`deferred_evaluation` gives the replies after the next round."""
+        assert self.engine is not None, "connect() first"
+        if not (self.deferrable_evaluation and self.engine.batches) or self._evaluating is not None:
+            return False
+        sites = [k for k in self.evaluated(rnd) if k not in self.engine.lost]
+        for k in sites:
+            part = ("evaluate", Message({"round": rnd, "internal": internal}))
+            self._pending.setdefault(k, []).append(part)
+        self._evaluating = {"round": rnd, "sites": sites, "replies": {}}
+        return True
+
+    def undelivered_bytes(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(sent, received) bytes per node of the deferred parts still waiting for their site's next message,
+        counted as the engine will count them then: a round's figures include its deliveries."""
+        assert self.engine is not None, "connect() first"
+        sent: dict[int, int] = {}
+        received: dict[int, int] = {}
+        for parts in self._pending.values():
+            for _, m in parts:
+                for p in m.packets:
+                    received[p.dst] = received.get(p.dst, 0) + len(p.data)
+                    if p.src not in self.engine.site_ids:
+                        sent[p.src] = sent.get(p.src, 0) + len(p.data)
+        return sent, received
+
+    def deferred_evaluation(self) -> dict[int, dict]:
+        """The deferred evaluation's replies (as :meth:`evaluate`'s): those that came back with the sites'
+        steps since; a site not asked anything since gets its waiting parts now, on their own. A site lost
+        meanwhile has none."""
+        ev = self._evaluating
+        if ev is None:
+            return {}
+        waiting = {
+            k: self._pending.pop(k)
+            for k in ev["sites"]
+            if any(s == "evaluate" for s, _ in self._pending.get(k, []))
+        }
+        if waiting:
+            for k, r in self._batch(waiting).items():
+                self.can_continue[k] = bool(r.meta.get("can_continue", True))
+        self._evaluating = None
+        return {k: r.meta for k, r in sorted(ev["replies"].items())}
 
     def extra_metrics(self, k: int) -> dict:
         """The coordinator's per-site figures for this round's metrics (e.g. a server's diagnostics)."""

@@ -371,8 +371,19 @@ def _run(
     internal = built.split.internal is not None and len(built.split.internal) == coordinator.n_sites
 
     bar = _progress(console) if progress else nullcontext()
+    deferred: dict | None = None  # the facts of an evaluation that goes with the next round's messages
     with bar as p:
         task = p.add_task(info.name, total=cfg.rounds, completed=first - 1) if p else None
+
+        def show(rnd: int, records: list[dict]) -> None:
+            labels = {r["client"]: r.pop("_labels") for r in records}
+            state.last.update({r["client"]: r for r in records})
+            folder.add_metrics(records)
+            if tracker is not None:
+                tracker.log_round(rnd, records, labels)
+            if p and records:
+                p.update(task, description=_describe(info, records))
+
         for rnd in range(first, cfg.rounds + 1):
             t0 = time.perf_counter()
             ev = coordinator.run_round(rnd)
@@ -386,17 +397,22 @@ def _run(
             state.rejected += (
                 ev.rejected + coordinator.take_late()
             )  # late: refusals of the last round's deliveries
+            t0 = time.perf_counter()
+            if deferred is not None:  # the last evaluation, whose replies came with this round's messages
+                done, deferred = deferred, None
+                show(done["round"], _record(cfg, coordinator, done, coordinator.deferred_evaluation()))
             if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost or ev.rejoined:
-                t0 = time.perf_counter()
-                labels: dict[int, dict] = {}
-                records = _records(cfg, coordinator, engine, rnd, internal, labels)
-                state.last.update({r["client"]: r for r in records})
-                folder.add_metrics(records)
-                if tracker is not None:
-                    tracker.log_round(rnd, records, labels)
-                state.eval_s += time.perf_counter() - t0
-                if p and records:
-                    p.update(task, description=_describe(info, records))
+                checkpoint = bool(cfg.checkpoint_every and rnd % cfg.checkpoint_every == 0)
+                facts = _site_facts(coordinator, engine, rnd, internal)
+                if (
+                    rnd < cfg.rounds  # one message per site per round: it goes with the next round's step
+                    and not (checkpoint or ev.left or ev.lost or ev.rejoined)
+                    and coordinator.defer_evaluation(rnd, internal)
+                ):
+                    deferred = facts
+                else:
+                    show(rnd, _record(cfg, coordinator, facts, coordinator.evaluate(rnd, internal)))
+            state.eval_s += time.perf_counter() - t0
             if cfg.checkpoint_every and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds):
                 _save(built, root, state)
             if p:
@@ -404,6 +420,8 @@ def _run(
             if not coordinator.active:
                 log.info("every client has left the protocol after round %d", rnd)
                 break
+        if deferred is not None:  # not left by the loop (the last round is evaluated at once); kept safe
+            show(deferred["round"], _record(cfg, coordinator, deferred, coordinator.deferred_evaluation()))
 
     wall = time.perf_counter() - state.started
     finals = coordinator.call(
@@ -447,35 +465,51 @@ def _run(
     return summary
 
 
-def _records(
-    cfg: RunConfig,
-    coordinator: Coordinator,
-    engine: Engine,
-    rnd: int,
-    internal: bool,
-    labels: dict[int, dict] | None = None,
-) -> list[dict]:
-    """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures (and,
-    into ``labels``, each site's labels of its figures)."""
+def _site_facts(coordinator: Coordinator, engine: Engine, rnd: int, internal: bool) -> dict:
+    """What the coordinator knows of each reported site when round ``rnd`` is evaluated (taken then, even when
+    the sites' replies come with the next round's messages): the bytes include the round's deliveries that
+    wait for the sites' next message."""
+    sent, received = coordinator.undelivered_bytes()
+    return {
+        "round": rnd,
+        "internal": internal,
+        "sites": {
+            k: {
+                "active": k in coordinator.active,
+                "bytes_sent": engine.bytes_sent[k] + sent.get(k, 0),
+                "bytes_received": engine.bytes_received[k] + received.get(k, 0),
+                **coordinator.extra_metrics(k),
+            }
+            for k in coordinator.evaluated(rnd)
+        },
+    }
+
+
+def _record(cfg: RunConfig, coordinator: Coordinator, facts: dict, replies: dict[int, dict]) -> list[dict]:
+    """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures (and, under
+    ``_labels``, each site's labels of its figures), from its evaluation reply and the coordinator's
+    ``facts``."""
     records = []
-    for k, r in sorted(coordinator.evaluate(rnd, internal).items()):
-        if labels is not None:
-            labels[k] = dict(r.get("labels", {}))
+    for k, r in sorted(replies.items()):
+        if k not in facts["sites"]:
+            continue
         accs = dict(r["accs"])
         accs.update({f"{name}_internal": v for name, v in r.get("internal", {}).items()})
+        site = facts["sites"][k]
         records.append(
             {
-                "round": rnd,
+                "round": facts["round"],
                 "client": k,
-                "active": k in coordinator.active,
+                "active": site["active"],
                 **accs,
                 "epsilon": r["epsilon"],
                 "delta": cfg.delta if cfg.is_private else None,
-                "bytes_sent": engine.bytes_sent[k],
-                "bytes_received": engine.bytes_received[k],
-                **coordinator.extra_metrics(k),
+                "bytes_sent": site["bytes_sent"],
+                "bytes_received": site["bytes_received"],
+                **{n: v for n, v in site.items() if n not in ("active", "bytes_sent", "bytes_received")},
                 **r["extra"],
                 **r["train"],
+                "_labels": dict(r.get("labels", {})),
             }
         )
     return records

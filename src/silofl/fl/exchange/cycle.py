@@ -49,6 +49,8 @@ class CycleSite(DPSGDSite):
 class CWT(Coordinator):
     """The cycle (see the module doc)."""
 
+    deferrable_evaluation = False  # the holder scores for everyone (evaluate): asked when the round ends
+
     def __init__(self, cfg, n_sites: int, visits: int | None = None):
         super().__init__(cfg, n_sites)
         self.holder = 0
