@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
-from silofl.fl.coordinator import Method, RoundEvents
+from silofl.fl.coordinator import Method
 from silofl.fl.exchange.cycle import CWT, CycleSite
 from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.options import SharedModelOptions, option
@@ -44,38 +43,4 @@ class CyclicalWeightTransfer(Method):
         )
 
     def make_coordinator(self, n_sites, data, device):
-        return HandingOutCWT(self.plan, n_sites, visits=self.opts.cwt_visits)
-
-
-class HandingOutCWT(CWT):
-    """:class:`~silofl.fl.exchange.cycle.CWT` that, when the run finishes, first hands the travelling model
-    from its holder to every other site it can reach (sending and receiving only: no training, no spend).
-
-    Without it only the holder ends with the final model while every row of the run reports the holder's
-    figure (one model, evaluated once): the other sites saved the version they last trained and passed on,
-    so ``silofl evaluate``, ``predict`` and ``export`` of their ``models/`` files scored a model the run never
-    reported (a 3-site CWT digits run: client 1 re-scored at AUROC 0.6327, its row said 0.6468). The
-    hand-out's bytes count in ``summary.json``'s totals, not in any round's metrics."""
-
-    def __init__(self, cfg, n_sites: int, visits: int | None = None):
-        super().__init__(cfg, n_sites, visits=visits)
-        self.last_round = 0
-
-    def run_round(self, rnd: int) -> RoundEvents:
-        self.last_round = rnd
-        return super().run_round(rnd)
-
-    def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
-        if step == "finish" and self.last_round:
-            self.hand_out(self.last_round)
-        return super().call(step, requests)
-
-    def hand_out(self, rnd: int) -> None:
-        """Send the holder's model to every site but the holder and the ones the engine lost (once)."""
-        lost = self.engine.lost if self.engine is not None else {}
-        events = RoundEvents()
-        for k in range(self.n_sites):
-            if k != self.holder and k not in lost and self.holder not in lost:
-                sent = self.call("send", {self.holder: Message({"round": rnd, "to": k})}).get(self.holder)
-                self._deliver(rnd, self.holder, k, sent, events)  # the holder stays the holder
-        self.last_round = 0
+        return CWT(self.plan, n_sites, visits=self.opts.cwt_visits)
