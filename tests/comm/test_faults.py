@@ -90,7 +90,9 @@ def test_a_killed_process_is_dropped_and_the_other_three_finish(tmp_path):
     assert all(r["round"] == 5 for r in s["final"]["per_client"])
     assert list(s["lost_processes"]) == ["2"] and "connection closed" in s["lost_processes"]["2"]
     (left,) = s["left"]
-    assert left["client"] == 2 and left["round"] in (3, 4) and left["reason"].startswith("process lost")
+    # round 3's deliveries (and evaluation) ride with the site's round-4 message: it dies there, and is
+    # dropped in round 4 or retired as round 5 starts
+    assert left["client"] == 2 and left["round"] in (4, 5) and left["reason"].startswith("process lost")
     last = [r for r in records(tmp_path / "run") if r["round"] == 5]
     assert [r["client"] for r in last] == [0, 1, 3]
     assert all(r["pushsum_weight"] > 0 and r["epsilon"] == last[0]["epsilon"] for r in last)

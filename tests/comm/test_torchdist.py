@@ -138,3 +138,19 @@ def test_silofl_launch_runs_a_method_across_processes(tmp_path):
     dist = json.loads((tmp_path / "dist/summary.json").read_text())
     assert dist["final"] == sim["final"] and dist["bytes"] == sim["bytes"] and dist["processes"] == 2
     assert all((tmp_path / "dist" / m).is_file() for m in dist["models"])
+
+
+def test_a_receive_from_a_peer_already_gone_is_a_lost_peer_not_a_crash(monkeypatch):
+    # gloo refuses to post a receive on a connection the peer closed: that is a SiloflError (the engine loses
+    # the process), as a failure while waiting is
+    from silofl.comm import torchdist
+    from silofl.core.errors import SiloflError
+
+    def closed(*args, **kwargs):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:15072")
+
+    monkeypatch.setattr(torchdist.dist, "irecv", closed)
+    link = torchdist._Link.__new__(torchdist._Link)
+    link.group = None
+    with pytest.raises(SiloflError, match="waiting for process 2: connection closed"):
+        link.recv(2, "waiting for process 2", 5.0)

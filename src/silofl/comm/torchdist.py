@@ -160,7 +160,7 @@ class _Link:
         """One authenticated frame from ``peer``; SiloflError (with the reason) if it fails, times out, is too
         large (checked before anything is allocated), or fails its MAC or sequence number."""
         n = torch.zeros(1, dtype=torch.int64)
-        self._wait(dist.irecv(n, peer, tag=TAG, group=self.group), what, timeout_s)
+        self._wait(self._irecv(n, peer, what), what, timeout_s)
         size = int(n)
         if not SEQ_BYTES + MAC_BYTES <= size <= MAX_FRAME_BYTES + SEQ_BYTES + MAC_BYTES:
             raise SiloflError(
@@ -168,7 +168,7 @@ class _Link:
                 f"{SEQ_BYTES + MAC_BYTES}…{MAX_FRAME_BYTES + SEQ_BYTES + MAC_BYTES} bytes)"
             )
         buf = torch.zeros(size, dtype=torch.uint8)
-        self._wait(dist.irecv(buf, peer, tag=TAG, group=self.group), what, timeout_s)
+        self._wait(self._irecv(buf, peer, what), what, timeout_s)
         raw = buf.numpy().tobytes()
         seq, frame, mac = raw[:SEQ_BYTES], raw[SEQ_BYTES:-MAC_BYTES], raw[-MAC_BYTES:]
         if not hmac.compare_digest(mac, self._mac(peer, self.rank, seq, frame)):
@@ -180,6 +180,13 @@ class _Link:
             )
         self.received[peer] += 1
         return frame
+
+    def _irecv(self, t: torch.Tensor, peer: int, what: str):
+        """Post a receive; a peer whose connection is already closed fails here, not in the wait."""
+        try:
+            return dist.irecv(t, peer, tag=TAG, group=self.group)
+        except RuntimeError as e:
+            raise SiloflError(f"{what}: {_reason(e)}") from None
 
     def _wait(self, work, what: str, timeout_s: float | None) -> None:
         box: dict = {}
