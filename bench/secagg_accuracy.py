@@ -27,9 +27,10 @@ COMMON = (
 ).split()
 
 
-def run(out: Path, *args: str) -> dict:
+def run(out: Path, *args: str, common: list[str] = COMMON) -> dict:
+    """``silofl run`` of ``common`` and ``args`` into ``out``; its summary.json."""
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "silofl.cli.main", "run", *COMMON, *args, "--out", str(out)]
+    cmd = [sys.executable, "-m", "silofl.cli.main", "run", *common, *args, "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(r.stderr[-2000:])

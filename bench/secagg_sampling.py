@@ -17,27 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-COMMON = (
-    "--method dp-fedavg --dataset fashion-mnist --partition iid --clients 6 --samples-per-client 1000 "
-    "--proxy-model mlp256 --batch-size 64 --local-lr 0.05 --clip 1.0 --delta 1e-5 --threads 1 "
-    "--noise-multiplier 1.0 --privacy-unit subclient"
-).split()
+from secagg_accuracy import COMMON as BASE  # noqa: E402 - bench/ is the script's folder
+from secagg_accuracy import run as run_common  # noqa: E402
+
+COMMON = [*BASE, "--noise-multiplier", "1.0", "--privacy-unit", "subclient"]
 
 
 def run(out: Path, *args: str) -> dict:
-    env = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "silofl.cli.main", "run", *COMMON, *args, "--out", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode:
-        raise SystemExit(r.stderr[-2000:])
-    return json.loads((out / "summary.json").read_text())
+    """``silofl run`` of this bench's setting and ``args`` into ``out``; its summary.json."""
+    return run_common(out, *args, common=COMMON)
 
 
 def main() -> None:
