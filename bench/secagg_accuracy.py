@@ -37,6 +37,20 @@ def run(out: Path, *args: str, common: list[str] = COMMON) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def mean_sd(rows: list[dict], key: str) -> str:
+    """``key``'s mean ± sample standard deviation over the seeds' rows."""
+    v = [r[key] for r in rows]
+    return f"{statistics.fmean(v):.4f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.4f}"
+
+
+def write_result(out: str | None, rounds: int, rows: list[dict], command: str) -> None:
+    """The rows and the command that made them, as JSON in ``out`` (nothing without ``out``)."""
+    if out:
+        Path(out).write_text(
+            json.dumps({"rounds": rounds, "rows": rows, "command": command}, indent=1) + "\n"
+        )
+
+
 def equal_epsilon_z(target: float, rounds: int, dim: int) -> float:
     """The least z whose discrete mechanism (the run's: 20 bits, 6 parties, 5 survivors, C = 1) spends
     ``target`` against the server in ``rounds`` rounds."""
@@ -77,8 +91,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
 
     def ms(key: str) -> str:
-        v = [r[key] for r in rows]
-        return f"{statistics.fmean(v):.4f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.4f}"
+        return mean_sd(rows, key)
 
     print(f"DP-FedAvg, Fashion-MNIST IID, 6 × 1000, {a.rounds} rounds, seeds {a.seeds} (mean ± sd)")
     print(f"central noise (z = 1):         acc {ms('central_acc')}, ε {ms('central_epsilon')}")
@@ -86,18 +99,9 @@ def main() -> None:
         f"secure aggregation (equal ε):  acc {ms('secure_acc')}, "
         f"ε vs server {ms('secure_epsilon_vs_server')}, z {ms('secure_noise_multiplier')}"
     )
-    if a.out:
-        Path(a.out).write_text(
-            json.dumps(
-                {
-                    "rounds": a.rounds,
-                    "rows": rows,
-                    "command": f"python bench/secagg_accuracy.py --seeds {a.seeds} --rounds {a.rounds}",
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+    write_result(
+        a.out, a.rounds, rows, f"python bench/secagg_accuracy.py --seeds {a.seeds} --rounds {a.rounds}"
+    )
 
 
 def _dim() -> int:

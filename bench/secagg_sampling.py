@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 from pathlib import Path
 
-from secagg_accuracy import COMMON as BASE  # noqa: E402 - bench/ is the script's folder
-from secagg_accuracy import run as run_common  # noqa: E402
+from secagg_accuracy import COMMON as BASE  # bench/ is the script's folder (sys.path[0])
+from secagg_accuracy import mean_sd, write_result
+from secagg_accuracy import run as run_common
 
 COMMON = [*BASE, "--noise-multiplier", "1.0", "--privacy-unit", "subclient"]
 
@@ -68,8 +68,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
 
     def ms(key: str) -> str:
-        v = [r[key] for r in rows]
-        return f"{statistics.fmean(v):.4f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.4f}"
+        return mean_sd(rows, key)
 
     print(
         f"DP-FedAvg, Fashion-MNIST IID, 6 × 1000, {a.rounds} rounds, q = {a.rate}, v = {a.v}, "
@@ -87,19 +86,12 @@ def main() -> None:
         f"per hospital {ms('secure_epsilon_vs_server_hospital_max')}; Gaussian unamplified "
         f"{ms('secure_central_epsilon_subclient_unamplified')}"
     )
-    if a.out:
-        Path(a.out).write_text(
-            json.dumps(
-                {
-                    "rounds": a.rounds,
-                    "rows": rows,
-                    "command": f"python bench/secagg_sampling.py --seeds {a.seeds} --rounds {a.rounds} "
-                    f"--rate {a.rate} --v {a.v}",
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+    write_result(
+        a.out,
+        a.rounds,
+        rows,
+        f"python bench/secagg_sampling.py --seeds {a.seeds} --rounds {a.rounds} --rate {a.rate} --v {a.v}",
+    )
 
 
 if __name__ == "__main__":
