@@ -307,6 +307,11 @@ class Coordinator(ABC):
         self._evaluating = None
         return {k: r.meta for k, r in sorted(ev["replies"].items())}
 
+    def before_finish(self, rnd: int | None) -> None:
+        """What the method does once its rounds are over, before the sites save and report (``rnd``: the last
+        round this process ran; None when it ran none, e.g. a resumed run that was already complete)."""
+        return None
+
     def extra_metrics(self, k: int) -> dict:
         """The coordinator's per-site figures for this round's metrics (e.g. a server's diagnostics)."""
         return {}

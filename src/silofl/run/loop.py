@@ -424,6 +424,7 @@ def _run(
             show(deferred["round"], _record(cfg, coordinator, deferred, coordinator.deferred_evaluation()))
 
     wall = time.perf_counter() - state.started
+    coordinator.before_finish(state.round if state.round >= first else None)
     finals = coordinator.call(
         "finish",
         {k: Message({"models_dir": str(Path(cfg.out) / "models")}) for k in range(coordinator.n_sites)},
@@ -491,8 +492,6 @@ def _record(cfg: RunConfig, coordinator: Coordinator, facts: dict, replies: dict
     ``facts``."""
     records = []
     for k, r in sorted(replies.items()):
-        if k not in facts["sites"]:
-            continue
         accs = dict(r["accs"])
         accs.update({f"{name}_internal": v for name, v in r.get("internal", {}).items()})
         site = facts["sites"][k]

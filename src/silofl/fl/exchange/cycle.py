@@ -62,12 +62,10 @@ class CWT(Coordinator):
         super().__init__(cfg, n_sites)
         self.holder = 0
         self.visits = visits
-        self.last_round = 0
 
-    def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
-        if step == "finish" and self.last_round:
-            self.hand_out(self.last_round)
-        return super().call(step, requests)
+    def before_finish(self, rnd: int | None) -> None:
+        if rnd is not None:
+            self.hand_out(rnd)
 
     def hand_out(self, rnd: int) -> None:
         """Send the holder's model to every site but the holder and the ones the engine lost (once)."""
@@ -77,7 +75,6 @@ class CWT(Coordinator):
             if k != self.holder and k not in lost and self.holder not in lost:
                 sent = self.call("send", {self.holder: Message({"round": rnd, "to": k})}).get(self.holder)
                 self._deliver(rnd, self.holder, k, sent, events)  # the holder stays the holder
-        self.last_round = 0
 
     def _deliver(self, rnd: int, src: int, dst: int, reply: Message | None, events: RoundEvents) -> int:
         """Deliver ``src``'s packet to ``dst``; the site holding the newest model afterwards."""
@@ -89,7 +86,6 @@ class CWT(Coordinator):
         return dst if got.meta.get("accepted") else src
 
     def run_round(self, rnd: int) -> RoundEvents:
-        self.last_round = rnd
         events = RoundEvents()
         active = self.retire(rnd, events)
         if not active:
