@@ -95,7 +95,7 @@ class Coordinator(ABC):
         if step in self.deferred_steps and self.engine.batches:
             for k, m in requests.items():
                 if k not in self.engine.lost:
-                    self._pending.setdefault(k, []).append((step, m))
+                    self._defer(k, (step, m))
             return {}
         pending = {k: self._pending.pop(k) for k in requests if k in self._pending}
         if pending:
@@ -106,10 +106,23 @@ class Coordinator(ABC):
             self.can_continue[k] = bool(r.meta.get("can_continue", True))
         return replies
 
-    def flush(self) -> None:
-        """Send the deferred steps now, on their own (before reading a site's state out of band, as tests
-        do)."""
-        pending, self._pending = self._pending, {}
+    def _defer(self, k: int, part: tuple[str, Message]) -> None:
+        """Queue ``part`` for site ``k``'s next message; a queue one part short of what a batch may hold
+        (:data:`silofl.comm.batch.MAX_PARTS`, with the step that will carry it) is sent on its own first — a
+        site left out of several rounds (client sampling, skipped rounds) keeps collecting deliveries."""
+        from silofl.comm.batch import MAX_PARTS
+
+        if len(self._pending.get(k, [])) >= MAX_PARTS - 1:
+            self.flush([k])
+        self._pending.setdefault(k, []).append(part)
+
+    def flush(self, sites: list[int] | None = None) -> None:
+        """Send the deferred steps (of ``sites``; of all by default) now, on their own (before reading a
+        site's state out of band, as tests do)."""
+        if sites is None:
+            pending, self._pending = self._pending, {}
+        else:
+            pending = {k: self._pending.pop(k) for k in sites if k in self._pending}
         if pending:
             for k, r in self._batch(pending).items():
                 self.can_continue[k] = bool(r.meta.get("can_continue", True))
@@ -270,8 +283,7 @@ class Coordinator(ABC):
             return False
         sites = [k for k in self.evaluated(rnd) if k not in self.engine.lost]
         for k in sites:
-            part = ("evaluate", Message({"round": rnd, "internal": internal}))
-            self._pending.setdefault(k, []).append(part)
+            self._defer(k, ("evaluate", Message({"round": rnd, "internal": internal})))
         self._evaluating = {"round": rnd, "sites": sites, "replies": {}}
         return True
 
@@ -296,14 +308,7 @@ class Coordinator(ABC):
         ev = self._evaluating
         if ev is None:
             return {}
-        waiting = {
-            k: self._pending.pop(k)
-            for k in ev["sites"]
-            if any(s == "evaluate" for s, _ in self._pending.get(k, []))
-        }
-        if waiting:
-            for k, r in self._batch(waiting).items():
-                self.can_continue[k] = bool(r.meta.get("can_continue", True))
+        self.flush([k for k in ev["sites"] if any(s == "evaluate" for s, _ in self._pending.get(k, []))])
         self._evaluating = None
         return {k: r.meta for k, r in sorted(ev["replies"].items())}
 

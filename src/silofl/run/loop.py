@@ -400,10 +400,10 @@ def _run(
             t0 = time.perf_counter()
             if deferred is not None:  # the last evaluation, whose replies came with this round's messages
                 done, deferred = deferred, None
-                show(done["round"], _record(cfg, coordinator, done, coordinator.deferred_evaluation()))
+                show(done["round"], _record(cfg, done, coordinator.deferred_evaluation()))
             if rnd % cfg.eval_every == 0 or rnd == cfg.rounds or ev.left or ev.lost or ev.rejoined:
                 checkpoint = bool(cfg.checkpoint_every and rnd % cfg.checkpoint_every == 0)
-                facts = _site_facts(coordinator, engine, rnd, internal)
+                facts = _site_facts(coordinator, engine, rnd)
                 if (
                     rnd < cfg.rounds  # one message per site per round: it goes with the next round's step
                     and not (checkpoint or ev.left or ev.lost or ev.rejoined)
@@ -411,7 +411,7 @@ def _run(
                 ):
                     deferred = facts
                 else:
-                    show(rnd, _record(cfg, coordinator, facts, coordinator.evaluate(rnd, internal)))
+                    show(rnd, _record(cfg, facts, coordinator.evaluate(rnd, internal)))
             state.eval_s += time.perf_counter() - t0
             if cfg.checkpoint_every and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds):
                 _save(built, root, state)
@@ -420,8 +420,7 @@ def _run(
             if not coordinator.active:
                 log.info("every client has left the protocol after round %d", rnd)
                 break
-        if deferred is not None:  # not left by the loop (the last round is evaluated at once); kept safe
-            show(deferred["round"], _record(cfg, coordinator, deferred, coordinator.deferred_evaluation()))
+        assert deferred is None, "the last round, and one a site left, are evaluated at once"
 
     wall = time.perf_counter() - state.started
     coordinator.before_finish(state.round if state.round >= first else None)
@@ -466,27 +465,26 @@ def _run(
     return summary
 
 
-def _site_facts(coordinator: Coordinator, engine: Engine, rnd: int, internal: bool) -> dict:
+def _site_facts(coordinator: Coordinator, engine: Engine, rnd: int) -> dict:
     """What the coordinator knows of each reported site when round ``rnd`` is evaluated (taken then, even when
     the sites' replies come with the next round's messages): the bytes include the round's deliveries that
     wait for the sites' next message."""
     sent, received = coordinator.undelivered_bytes()
     return {
         "round": rnd,
-        "internal": internal,
         "sites": {
             k: {
                 "active": k in coordinator.active,
                 "bytes_sent": engine.bytes_sent[k] + sent.get(k, 0),
                 "bytes_received": engine.bytes_received[k] + received.get(k, 0),
-                **coordinator.extra_metrics(k),
+                "extra": coordinator.extra_metrics(k),
             }
             for k in coordinator.evaluated(rnd)
         },
     }
 
 
-def _record(cfg: RunConfig, coordinator: Coordinator, facts: dict, replies: dict[int, dict]) -> list[dict]:
+def _record(cfg: RunConfig, facts: dict, replies: dict[int, dict]) -> list[dict]:
     """One metrics record per reported site: accuracies, ε, bytes so far, the method's figures (and, under
     ``_labels``, each site's labels of its figures), from its evaluation reply and the coordinator's
     ``facts``."""
@@ -505,7 +503,7 @@ def _record(cfg: RunConfig, coordinator: Coordinator, facts: dict, replies: dict
                 "delta": cfg.delta if cfg.is_private else None,
                 "bytes_sent": site["bytes_sent"],
                 "bytes_received": site["bytes_received"],
-                **{n: v for n, v in site.items() if n not in ("active", "bytes_sent", "bytes_received")},
+                **site["extra"],
                 **r["extra"],
                 **r["train"],
                 "_labels": dict(r.get("labels", {})),

@@ -580,7 +580,6 @@ class DPServer:
         # against the server), and the public per-round rotation seeds (seeded research runs: reproducible)
         self.secure = o.secure_settings(cfg)
         self.secagg: SecureRound | None = None
-        self.secure_released: list[dict] = []
         # per released round: its number, the hospitals whose inputs are in the sum, its mechanisms — each
         # hospital's ε against the server composes the rounds it took part in (no amplification by sampling)
         self.secure_rounds: list[dict] = []
@@ -632,16 +631,15 @@ class DPServer:
             self.clip.clip = float(state["clip"])
         self.v, self.norm_ratio = int(state["v"]), state["norm_ratio"]
         self.selected, self.history = set(state["selected"]), list(state["history"])
-        self.secure_released = list(state.get("secure_released", []))
         self.secure_rounds = list(state.get("secure_rounds", []))
-        if "secure_rounds" not in state and self.secure_released and self.secure is not None:
+        if "secure_rounds" not in state and state.get("secure_released") and self.secure is not None:
             # a checkpoint from before per-hospital accounting: every hospital in every released round
             per = (
                 1
                 + (self.secure.count_noise_multiplier is not None)
                 + (self.secure.norm_noise_multiplier is not None)
             )
-            rel = self.secure_released
+            rel = list(state["secure_released"])
             self.secure_rounds = [
                 {"round": None, "survivors": list(range(len(self.sizes))), "mechanisms": rel[i : i + per]}
                 for i in range(0, len(rel), per)
@@ -818,34 +816,28 @@ class DPServer:
         """The discrete mechanism of this round's update sum."""
         return self.secure_mechanisms(parties)[0]
 
-    def secure_mechanisms(self, parties: int) -> list:
+    def secure_mechanisms(self, parties: int, v: int | None = None) -> list:
         """The round's discrete mechanisms (update; unclipped count; norm sum), as the sites compute them from
-        public inputs — the hospital's bound is the announced sub-client clip times v, as each site computes
-        it."""
+        public inputs — the hospital's bound is the announced sub-client clip times v (this round's, unless
+        ``v`` is given), as each site computes it."""
         assert self.secure is not None
-        sub_clip = (
-            subclient_clip(self.clip_bound, self.v, self.opts.privacy_unit)
-            if self.cfg.is_private
-            else self.clip_bound
-        )
+        v = self.v if v is None else v
+        private = self.cfg.is_private
+        sub_clip = subclient_clip(self.clip_bound, v, self.opts.privacy_unit) if private else self.clip_bound
         c = float(torch.tensor(sub_clip, dtype=torch.float64))
         if self.opts.privacy_unit == "subclient":  # v summands of one sub-client's bound each
-            return self.secure.mechanisms(self.d, c, parties, self.v)
-        return self.secure.mechanisms(self.d, c * self.v, parties)
+            return self.secure.mechanisms(self.d, c, parties, v)
+        return self.secure.mechanisms(self.d, c * v, parties)
 
     def check_secure_group(self, parties: int) -> None:
         """ConfigError now, not an abandoned round later, when the group cannot hold a round of ``parties``
         hospitals (the bits are too few for the model; with the sub-client unit, at the most sub-clients v
         may reach)."""
-        v = self.v
-        if self.opts.privacy_unit == "subclient" and self.opts.fixed_intermediaries is None:
-            self.v = max(1, self.v_cap)
+        most = self.opts.privacy_unit == "subclient" and self.opts.fixed_intermediaries is None
         try:
-            self.secure_mechanisms(parties)
+            self.secure_mechanisms(parties, max(1, self.v_cap) if most else None)
         except ConfigError as e:
             raise ConfigError(f"secure aggregation: {e}") from None
-        finally:
-            self.v = v
 
     def secure_allows_round(self, parties: int) -> bool:
         """Whether one more round's discrete releases keep ε against the server within the target (cached per
@@ -853,7 +845,7 @@ class DPServer:
         cfg = self.cfg
         if cfg.target_epsilon is None or not cfg.is_private:
             return True
-        key = (len(self.secure_released), self.clip_bound, self.v)
+        key = (len(self.secure_rounds), self.clip_bound, self.v)
         if getattr(self, "_allows", (None, True))[0] != key:
             # every hospital that may be sampled next: its own rounds plus one more (at the most parties)
             nxt = self.secure_mechanisms(parties)
@@ -863,6 +855,11 @@ class DPServer:
             )
             self._allows = (key, worst <= cfg.target_epsilon)
         return self._allows[1]
+
+    @property
+    def secure_released(self) -> list[dict]:
+        """The discrete mechanisms of every released round, in order (what the server saw)."""
+        return [m for r in self.secure_rounds for m in r["mechanisms"]]
 
     def _secure_mechs_of(self, k: int) -> list:
         """The discrete mechanisms of every released round whose sum holds hospital ``k``'s input."""
@@ -931,8 +928,7 @@ class DPServer:
         survivors = int(info["survivors"])
         assert mechs is not None
         mech = mechs[0]
-        self.secure_released += [m.to_dict() for m in mechs]  # the server saw them: accounted, used or not
-        self.secure_rounds.append(
+        self.secure_rounds.append(  # the server saw them: accounted, used or not
             {
                 "round": rnd,
                 "survivors": sorted(int(k) for k in (range(len(self.sizes)) if members is None else members)),
@@ -1050,18 +1046,6 @@ class ClientLevelDP(Coordinator):
         server = self.server
         server.select(sites)
         self.send_from_server(rnd, sites, server.payload, events)
-        self._flush_long_queues()
-
-    def _flush_long_queues(self) -> None:
-        """Send on their own the deferred broadcasts of a site that has not been asked a step for
-        ``MAX_PARTS − 1`` rounds (client sampling left it out, or rounds were skipped), before the next step
-        asked of it would make a batch longer than a site accepts (:mod:`silofl.comm.batch`)."""
-        from silofl.comm.batch import MAX_PARTS
-
-        full = [k for k, parts in self._pending.items() if len(parts) >= MAX_PARTS - 1]
-        if full:
-            for k, r in self._batch({k: self._pending.pop(k) for k in full}).items():
-                self.can_continue[k] = bool(r.meta.get("can_continue", True))
 
     def start(self) -> None:
         self.broadcast(0, list(range(self.n_sites)), RoundEvents())
