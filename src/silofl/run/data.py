@@ -15,6 +15,7 @@ import torch
 
 from silofl.data import Dataset, SplitData, load_dataset, partition
 from silofl.data.formats import site_split
+from silofl.data.sites import VALIDATION_SALT
 from silofl.run.config import RunConfig, check_against_data
 from silofl.run.plan import RunPlan, auto_sizes, config_with_plan, plan, sizes_of_sites
 
@@ -204,7 +205,7 @@ def validation_split(cfg: RunConfig, data: Dataset, shards: list) -> tuple[torch
         raise ConfigError(
             "eval_split 'validation' needs training examples that no client holds; there are none"
         )
-    rng = np.random.default_rng([int(cfg.data_seed or 0), 7919])
+    rng = np.random.default_rng([int(cfg.data_seed or 0), VALIDATION_SALT])
     n = min(cfg.validation_size, len(free), cfg.test_limit or len(free))
     idx = torch.as_tensor(np.sort(rng.choice(free, size=n, replace=False)))
     return (

@@ -389,7 +389,7 @@ def plausible(released: torch.Tensor, mech, survivors: int, rnd: int) -> bool:
     coordinate of the sum (silofl.privacy.discrete.calibrate)."""
     d = mech.padded_dim()
     std = mech.central_std(survivors)
-    per = getattr(mech, "per_party", 1)  # summands per site, each clipped and rounded on its own
+    per = mech.per_party  # summands per site, each clipped and rounded on its own
     bound = survivors * per * (mech.clip + math.sqrt(d) / mech.scale) + std * (math.sqrt(d) + 8)
     norm = float(torch.linalg.vector_norm(released))
     if norm > bound:
