@@ -9,12 +9,13 @@ import shutil
 
 import pytest
 
-from silofl.core.errors import SiloflError
+from silofl.core.errors import ConfigError, SiloflError
 from silofl.deploy.coordinator import join
 from silofl.deploy.pki import make_coordinator_keys
 from silofl.deploy.site import HELLO, SiteConfig, SiteWorker, init_site, pin_federation
 from silofl.run.config import RunConfig
 from silofl.run.loop import run as simulate
+from silofl.training.tasks import agreed_task
 from tests.deploy.test_worker import Loopback
 from tests.helpers import write_survival_sites
 
@@ -102,7 +103,7 @@ def test_a_deployed_survival_run_refuses_what_the_task_cannot_do_and_a_false_tas
         with pytest.raises(SiloflError, match=msg):
             join(engine, _spec(tmp_path, cards, **config))
 
-    # a hello naming an unknown task, or sites that disagree: refused before the run starts
+    # a relay that changes a hello's task (or any fact it states): the site's signature no longer holds
     def tamper(task):
         def tap(step, k, frame, way):
             from silofl.comm.messages import pack, unpack
@@ -116,7 +117,16 @@ def test_a_deployed_survival_run_refuses_what_the_task_cannot_do_and_a_false_tas
 
         return tap
 
-    for task, msg in (("x" * 500, "a site's hello is malformed"), ("classification", "differ in task")):
+    for task in ("x" * 500, "classification"):
         engine = Loopback([SiteWorker(f) for f in folders], tamper(task))
-        with pytest.raises(SiloflError, match=msg):
+        with pytest.raises(SiloflError, match="with a hello its pinned key did not sign"):
             join(engine, _spec(tmp_path, cards))
+    # signed hellos naming an unknown task, or sites that disagree: refused before the run starts
+    for declared, msg in (
+        (["survival", "x" * 500], "a site's hello is malformed"),
+        (["survival", 3], "a site's hello is malformed"),
+        (["survival", None], "differ in task"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            agreed_task(declared)
+    assert agreed_task(["survival", "survival"]) == "survival" and agreed_task([None, None]) is None

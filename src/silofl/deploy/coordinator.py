@@ -462,11 +462,17 @@ def greet(
             if not (isinstance(head, dict) and {"epoch", "entries", "mac"} <= set(head)):
                 raise ValueError("no ledger head")
             ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(cards[k]["sign"])).verify(
-                bytes.fromhex(str(h.meta.get("signature", ""))), hello_text(nonce, name, head)
+                bytes.fromhex(str(h.meta.get("signature", ""))),
+                hello_text(
+                    nonce,
+                    name,
+                    head,
+                    {x: v for x, v in h.meta.items() if x not in ("name", "signature", "ledger_head")},
+                ),
             )
         except (InvalidSignature, ValueError, TypeError):
             raise SiloflError(
-                f"node {engine.nodes[k]} answered for site {name} without its pinned key"
+                f"node {engine.nodes[k]} answered for site {name} with a hello its pinned key did not sign"
             ) from None
         if (
             engine.heads is not None

@@ -431,23 +431,19 @@ class SiteWorker:
         if not isinstance(nonce, str) or len(nonce) > 128:
             raise PeerModelRejected("hello needs a nonce")
         head = self._head()
-        sig = self.sign_key.sign(hello_text(nonce, self.cfg.name, head)).hex()
         d = self.data
         from silofl.training.tasks import declared_task
 
-        return Message(
-            {
-                "name": self.cfg.name,
-                "n": len(d.y),
-                "input_shape": list(d.input_shape),
-                "num_classes": d.num_classes,
-                "signature": sig,
-                "ledger_head": head,
-                "internal": d.internal is not None,
-                "test": d.test is not None,
-                **declared_task(d.y),  # e.g. survival: the run's headline follows it (the C-index)
-            }
-        )
+        facts = {
+            "n": len(d.y),
+            "input_shape": list(d.input_shape),
+            "num_classes": d.num_classes,
+            "internal": d.internal is not None,
+            "test": d.test is not None,
+            **declared_task(d.y),  # e.g. survival: the run's headline follows it (the C-index)
+        }
+        sig = self.sign_key.sign(hello_text(nonce, self.cfg.name, head, facts)).hex()
+        return Message({"name": self.cfg.name, "signature": sig, "ledger_head": head, **facts})
 
     def _setup(self, k: int, msg: Message) -> Message:
         from silofl.run.config import RunConfig
@@ -809,11 +805,12 @@ def head_text(run_id: str, name: str, head: dict) -> bytes:
     return f"silofl head|{run_id}|{name}|".encode() + canonical_json(head)
 
 
-def hello_text(nonce: str, name: str, head: dict) -> bytes:
-    """What a site signs in its hello: the coordinator's nonce, its name and its ledger head."""
+def hello_text(nonce: str, name: str, head: dict, facts: dict) -> bytes:
+    """What a site signs in its hello: the coordinator's nonce, its name, its ledger head and every other fact
+    the hello states (``facts``: its size, shapes, task), so a relay can change none of them unnoticed."""
     from silofl.privacy.ledger import canonical_json
 
-    return f"silofl hello|{nonce}|{name}|".encode() + canonical_json(head)
+    return f"silofl hello|{nonce}|{name}|".encode() + canonical_json(head) + b"|" + canonical_json(facts)
 
 
 def send_frame(conn: socket.socket, data: bytes) -> None:
