@@ -75,6 +75,17 @@ def test_npz_and_digits(tmp_path):
     assert dg.input_shape == (1, 16, 16) and len(dg.y_train) + len(dg.y_test) == 1797
 
 
+def test_digits_read_from_the_file_equal_scikit_learns_loader():
+    from sklearn.datasets import load_digits
+
+    from silofl.data.datasets import digits_arrays
+
+    images, target = digits_arrays()
+    ref = load_digits()
+    assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target)
+    assert images.dtype == ref.images.dtype and target.dtype == np.int64
+
+
 def test_fashion_mnist_system_package_if_installed():
     try:
         d = load_dataset("fashion-mnist")

@@ -200,14 +200,28 @@ def load_npz(data_dir=None) -> Dataset:
     )
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits as (images 1797×8×8 float64, targets int64), read straight from the file
+    ``sklearn.datasets.load_digits`` reads (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label
+    per row) without importing scikit-learn — about a second of CPU in every process that loads digits (each
+    site worker, torch.distributed process and command of a run)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the digits data set is scikit-learn's: install scikit-learn")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+
+
 def load_digits_dataset(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     """scikit-learn's bundled 8×8 digits (1797 images), 2× nearest upsampling to 16×16."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.from_numpy(d.images.astype(np.float32) / 16.0).unsqueeze(1)
+    images, target = digits_arrays()
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
     x = x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)
-    y = torch.from_numpy(d.target.astype(np.int64))
+    y = torch.from_numpy(target)
     perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
     n_test = int(round(len(y) * test_fraction))
     te, tr = perm[:n_test], perm[n_test:]
