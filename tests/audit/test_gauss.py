@@ -104,13 +104,13 @@ def test_estimate_is_the_box_minimum_below_the_point_estimate():
 @pytest.mark.slow
 def test_confidence_box_covers_the_true_epsilon():
     """Gaussian scores with known parameters (unequal variances, as a sampled canary's are): the reported ε
-    is at most the true pair's ε in at least 95 % of audits (here all of 30: the box is conservative)."""
+    is at most the true pair's ε in at least 95 % of audits (19 of 20)."""
     rng = np.random.default_rng(1)
     true = float(gauss.pair_epsilon(1.2, 1.05, 0.0, 1.0, 1e-5))
     below = 0
-    for _ in range(30):
+    for _ in range(20):
         inc = rng.random(600) < 0.5
         scores = np.where(inc, rng.normal(1.2, 1.05, 600), rng.normal(0.0, 1.0, 600))
         g = gauss.gauss_estimate(scores, inc, 1e-5, 0.95)
         below += g["epsilon_estimate"] <= true
-    assert below >= 29
+    assert below >= 19

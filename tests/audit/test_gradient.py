@@ -222,8 +222,13 @@ def test_no_dp_control_has_power(tmp_path):
         **dict(DIGITS, method="proxyfl", private_model="cnn1", proxy_model="mlp", rounds=3, privacy="off"),
     )
     assert a["epsilon_accountant"] is None and a["threat_model"] == "white-box per step"
-    assert a["epsilon_lower_bound"] > 1.0 and a["epsilon_gauss"] > 1.0, a["bounds"]
+    assert a["epsilon_lower_bound"] > 1.0, a["bounds"]
+    assert a["epsilon_gauss_unbounded"] or a["epsilon_gauss"] > 1.0  # ∞: the fitted Gaussians do not overlap
     assert a["epsilon_lower_bound"] <= a["certifiable_epsilon_max"]
+    # quiet placement (the default): the real examples' gradients barely touch the canaries' coordinates, so
+    # without DP the included and excluded canaries' per-step sums separate almost perfectly
+    assert a["canaries"]["placement"] == "quiet"
+    assert a["bounds"]["white-box per step"]["snj"]["canary_auc"]["steps"] >= 0.95, a["bounds"]
     assert set(a["bounds"]) == {"white-box per step", "white-box per release"}
     assert a["canaries"]["space"] == "gradient" and "Dirac" in a["canaries"]["kind"]
     assert a["canaries"]["releases_scored"] == 3
