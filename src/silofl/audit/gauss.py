@@ -54,6 +54,7 @@ diagnostic: what the per-step sum separates by, to compare with q·√T/σ.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -213,7 +214,7 @@ def gauss_estimate(scores: np.ndarray, included: np.ndarray, delta: float, confi
     gap = float(a.mean() - b.mean())
     mu = gap / pooled if pooled > 0 else (math.inf if gap > 0 else 0.0)
     se = math.sqrt(1 / n1 + 1 / n0 + (mu**2 if math.isfinite(mu) else 0.0) / (2 * (n1 + n0 - 2)))
-    out = {
+    out: dict[str, Any] = {
         "estimator": "Gaussian pair (Agrawal et al. 2026): present/absent scores as two Gaussians, ε from "
         "their hockey-stick divergence, minimised over a Bonferroni confidence box (silofl.audit.gauss)",
         "mean_in": float(a.mean()),

@@ -447,7 +447,7 @@ def audit(
         params = [p for p in site.shared.parameters() if p.requires_grad]
         public = held.get("public")
         activity = (
-            activity_on_public_data(site.shared, *public, batch=round(site.sample_rate * site.n))
+            activity_on_public_data(site.shared, public[0], public[1], batch=round(site.sample_rate * site.n))
             if public is not None
             else None
         )
