@@ -169,9 +169,11 @@ def test_a_gradient_bound_above_the_accountant_is_reported():
         "a figure EXCEEDS the accountant's ε: bad (white-box per step, SNJ), bad (white-box per step, "
         "Gaussian-pair)" in text
     )
-    # an unbounded Gaussian-pair estimate (null in audit.json) counts as above the accountant and prints as ∞
+    # an estimate above the solve's cap (null in audit.json) exceeds an accountant ε below it; "> 700"
     inf = dict(fake_grad("inf", "strict", 1.96, 8.0, 2.3, None), _name="inf")
     inf["bounds"]["white-box per step"]["gauss"]["epsilon_estimate_unbounded"] = True
     text = doc.grad_findings([inf])
     assert "EXCEEDS the accountant's ε: inf (white-box per step, Gaussian-pair)" in text
-    assert "SNJ 2.30 / Gaussian-pair ∞" in text
+    assert "SNJ 2.30 / Gaussian-pair > 700" in text
+    inf["epsilon_accountant"] = 4898.0  # above the cap: "> 700" says nothing against it
+    assert "no SNJ bound and no Gaussian-pair estimate" in doc.grad_findings([inf])

@@ -250,17 +250,28 @@ def gauss_estimate(scores: np.ndarray, included: np.ndarray, delta: float, confi
         confidence_box={k: list(v) for k, v in box.items()},
         at_minimum=at,
     )
+    out["epsilon_cap"] = EPS_CAP  # an ε above it is reported as "> EPS_CAP" (null in audit.json)
     out["epsilon_point_unbounded"] = math.isinf(out["epsilon_point"])
     out["epsilon_estimate_unbounded"] = math.isinf(out["epsilon_estimate"])
     return out
 
 
 def epsilon_text(g: dict | None, key: str = "epsilon_estimate", nd: int = 3) -> str:
-    """A Gaussian-pair ε for a report: ``nd`` decimals, ∞ where the fitted Gaussians admit no finite ε (above
-    :data:`EPS_CAP`; audit.json holds null and ``<key>_unbounded``), — where there is none."""
+    """A Gaussian-pair ε for a report: ``nd`` decimals; "> 700" where ε is above :data:`EPS_CAP`, where the
+    solve stops (the fitted Gaussians barely overlap; audit.json holds null and ``<key>_unbounded``); — where
+    there is none."""
     if not g:
         return "—"
     v = g.get(key)
     if g.get(f"{key}_unbounded") or (isinstance(v, float) and math.isinf(v)):
-        return "∞"
+        return f"> {EPS_CAP:g}"
     return "—" if v is None else f"{v:.{nd}f}"
+
+
+def epsilon_value(g: dict, key: str = "epsilon_estimate") -> float | None:
+    """The figure to compare with an accountant's ε: :data:`EPS_CAP` for an estimate above it (so it counts as
+    exceeding only an accountant ε below the cap), else the value (None where there is none)."""
+    if g.get(f"{key}_unbounded"):
+        return EPS_CAP
+    v = g.get(key)
+    return None if v is None else float(v)

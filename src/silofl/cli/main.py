@@ -883,7 +883,7 @@ def audit(
     if a.get("epsilon_gauss") is not None or "bounds" in a:
         console.print(
             f"threat model {a['threat_model']}; Gaussian-pair estimate ε "
-            f"{'∞' if a.get('epsilon_gauss_unbounded') else format(a.get('epsilon_gauss') or 0, '.3f')} "
+            f"{'> 700' if a.get('epsilon_gauss_unbounded') else format(a.get('epsilon_gauss') or 0, '.3f')} "
             "(an estimate, not a guarantee)",
             markup=False,
             highlight=False,
