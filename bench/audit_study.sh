@@ -11,7 +11,7 @@
 #            Opacus' RDP accountant for ε = 1, 3, 8 at δ = 1e-5, q = 0.25, 400 steps: 20.469, 7.578, 3.315.
 #            One black-box row (1000 mislabelled input canaries, ε = 8) for comparison.
 #   reduced: 4 clients, 30 rounds (120 steps): σ = 11.25, 4.277, 1.958 for ε = 1, 3, 8 (same accountant).
-# PubSub-ML's dp-nn gets 1000 Dirac canaries (random placement) in its DP-SGD step. Each method has a no-DP control (--privacy off) with the same canaries, and a σ = 0.1 row (clipped, almost no noise). Client-level rows: as before (6 hospitals ×
+# PubSub-ML's dp-nn gets the same canaries in its DP-SGD step (quiet: on training rows the publisher does not hold). Each method has a no-DP control (--privacy off) with the same canaries, and a σ = 0.1 row (clipped, almost no noise). Client-level rows: as before (6 hospitals ×
 # 1000 images, IID, MLP-256, 20 rounds, adaptive intermediaries, 500 canary hospitals, z for ε ≈ 1, 3, 8 at q = 1).
 # Finished audits are kept (delete reports/audit[-reduced]/NAME to redo one).
 set -euo pipefail
@@ -52,8 +52,7 @@ done
 audit proxyfl-strict-sigma0.1-grad "${PROXY[@]}" "${GRAD[@]}" --privacy strict --noise-multiplier 0.1
 audit fedavg-sigma0.1-grad "${FEDAVG[@]}" "${GRAD[@]}" --noise-multiplier 0.1
 # PubSub-ML's published dp-nn (1000 rows, 20 epochs, σ from Opacus for the ε) with the canaries in its DP-SGD step
-PS=(--pubsub-model dp-nn --dataset fashion-mnist --samples-per-client 1000 --canaries 1000 --canary-kind dirac
-    --reference-models 0)
+PS=(--pubsub-model dp-nn --dataset fashion-mnist --samples-per-client 1000 "${GRAD[@]}")
 audit pubsub-dpnn-off-grad "${PS[@]}" --privacy off
 for e in 8 3 1; do
   audit "pubsub-dpnn-eps$e-grad" "${PS[@]}" --epsilon $e

@@ -962,8 +962,9 @@ secret (the default of `silofl run` and `silofl audit` without `--seed`); the au
   and their confidence step may differ (silofl uses a Bonferroni box). `tests/audit/test_gauss.py` checks the
   divergence against numerical integration, the equal-variance case against μ-GDP and dp-accounting's Gaussian
   mechanism, and the box's coverage by simulation.
-- Quiet placement is used at DP-SGD sites; the published dp-nn's canaries are placed at random on its largest
-  parameter tensor (placement is not wired into the publisher's DP-SGD), with 1000 canaries.
+- Quiet placement reads public rows: training rows no client (for the published dp-nn: not the publisher)
+  holds. A deployment's auditor needs such a public sample of the same kind of data; where the sites'
+  inputs are preprocessed per site or go through a feature stage, silofl falls back to random placement.
 - Gradient canaries are injected at DP-SGD sites (ProxyFL, FML, FedAvg, AvgPush, CWT, Regular, Joint: the same
   `DPSGDSite`) and in PubSub-ML's published dp-nn; this study runs ProxyFL, FedAvg and dp-nn. The other PubSub-ML
   models (diffprivlib's) are not DP-SGD and keep input-space canaries.

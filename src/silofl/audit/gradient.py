@@ -308,12 +308,14 @@ def activity_on_public_data(
     return (total / max(1, inits)).cpu().numpy()
 
 
-def placement_note(canaries: GradientCanaries, public: Any, asked: str) -> str:
+def placement_note(
+    canaries: GradientCanaries, public: Any, asked: str, whose: str = "training rows no client holds"
+) -> str:
     """audit.json's words for where the canaries sit."""
     if canaries.placement == "quiet":
         return (
             f"the {canaries.m} coordinates of the pool where the real examples' mean gradient at the "
-            f"initial model was smallest on {len(public[1])} public rows (training rows no client holds; "
+            f"initial model was smallest on {len(public[1])} public rows ({whose}; "
             f"mean squared batch gradient there {canaries.activity:.3g}), chosen before the run and "
             "independent of the coins"
         )
@@ -599,11 +601,27 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     batch, clip, lr = (defaults[k].default for k in ("batch_size", "clip", "lr"))
     coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
     held: dict = {}
+    public = None
+    if s.canary_placement == "quiet":  # training rows the publisher does not hold, in the model's input form
+        free = np.setdiff1d(np.arange(len(ds.y_train)), rows)
+        pick = np.sort(np.random.default_rng(s.derived(3)).permutation(free)[:PUBLIC_ROWS])
+        if len(pick) >= 2:
+            public = (
+                torch.as_tensor(bounds.scale(x_train[torch.as_tensor(pick)].numpy()), dtype=torch.float32),
+                ds.y_train[torch.as_tensor(pick)],
+            )
 
     def hook(dp, model, opt, n_rows):
         params = [p for p in model.parameters() if p.requires_grad]
         q = dp.sample_rate if dp is not None else min(1.0, batch / n_rows)
-        canaries = GradientCanaries(params, s.canaries, s.canary_kind, coins, q, s.derived(2))
+        activity = (
+            activity_on_public_data(model, public[0], public[1], batch=round(q * n_rows))
+            if public is not None
+            else None
+        )
+        canaries = GradientCanaries(
+            params, s.canaries, s.canary_kind, coins, q, s.derived(2), activity=activity
+        )
         attach_to(dp, opt, canaries, float(dp.clip) if dp is not None else float(clip), q * n_rows)
         held.update(
             canaries=canaries,
@@ -696,8 +714,9 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
             "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]),
             "canary_kind": s.canary_kind,
             "placement": canaries.placement,
-            "placement_note": "anywhere on the published model's largest parameter tensor (quiet placement "
-            "is not wired into the publisher's DP-SGD)",
+            "placement_note": placement_note(
+                canaries, public, s.canary_placement, "training rows the publisher does not hold"
+            ),
             "space": "gradient",
             "publisher_rows_real": n,
             "mean_times_sampled_when_included": float(canaries.sampled[coins].mean()) if coins.any() else 0.0,
