@@ -349,7 +349,8 @@ def test_published_dp_nn_with_gradient_canaries(tmp_path):
         tmp_path / "off",
     )
     assert off["epsilon_lower_bound"] > 1.0, off["bounds"]
-    assert off["canaries"]["placement"] == "quiet" and "publisher does not hold" in off["canaries"]["placement_note"]
+    assert off["canaries"]["placement"] == "quiet"
+    assert "publisher does not hold" in off["canaries"]["placement_note"]
     dp = run_audit(
         RunConfig.from_dict(cfg),
         AuditSettings(
