@@ -927,7 +927,8 @@ secret (the default of `silofl run` and `silofl audit` without `--seed`); the au
   are modelled as two Gaussians (means and variances fitted, unequal variances allowed) and ε at δ is read from
   their closed-form hockey-stick divergence, minimised over a 95 % Bonferroni confidence box on the four
   parameters (`silofl.audit.gauss`). It is an *estimate* under a Gaussian-scores assumption, **not a guarantee**;
-  **the paper's worked figures could not be reproduced** (the text available here stops after its introduction).
+  **the paper's worked figures could not be reproduced** (of its text only the abstract and the opening of the
+  introduction could be read here).
   "> 700" means ε above 700, where the solve stops (the two fitted Gaussians barely overlap). It is always shown
   next to the SNJ bound, never instead of it. μ̂ is the pooled standardised separation; *expected μ* is q·√T/σ, what the per-step sum
   separates by in theory.

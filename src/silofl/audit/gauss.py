@@ -2,9 +2,10 @@
 
 **The paper.** Agrawal, Wei, Singh, Magdon-Ismail & Zikas, "Let's Ask Gauss: Improved One-Run Privacy
 Auditing" (arXiv 2606.12733, v1, June 2026). What of it could be read here: the abstract and the opening of
-§1 (the copy of arxiv.org/html/2606.12733 available to this project stops there), and three secondary
-summaries of its method (arxivlens.com, newx.sg and a machine-written digest of June 2026 arXiv papers). What
-they say the method is:
+§1 (every search of the stored copy of arxiv.org/html/2606.12733 returned only that part, whatever the query:
+method, algorithm, tables), and three secondary summaries of its method (arxivlens.com, newx.sg and a
+machine-written digest of June 2026 arXiv papers); no code of the paper was found. What they say the method
+is:
 
 1. in white-box DP-SGD, the canary-aligned signals (each step's noisy gradient projected on a canary) form a
    sequence whose normalised sum is asymptotically Gaussian (a CLT, with a rate);

@@ -6,9 +6,7 @@ The canaries are *gradients*, not examples: m vectors of norm C in the shared mo
 (one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal) or
 ``random``
 (a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the model's largest
-parameter
-tensor (fixed before the run: there each coordinate carries little of the real examples' gradients) — each
-included with probability ½
+parameter tensor and fixed before the run — each included with probability ½
 (the audit's secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a
 real
 example (independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones
@@ -18,6 +16,16 @@ is
 an example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's
 inputs —
 are unchanged; the gradient is still divided by the site's expected batch size q·n.
+
+**Placement** (``--canary-placement``). ``quiet`` (the default): on the pool's coordinates where the real
+examples' gradients are smallest — the mean over public mini-batches of the squared mean-loss gradient, at
+the initial model and two re-initialisations of its architecture (:func:`activity_on_public_data`), on
+public rows: training rows no client holds (:func:`public_rows`; for a publisher, rows it does not hold).
+Random placement put canaries where the data's own gradient summed over the steps was as large as the canary
+(a no-DP control's per-step canary AUC was 0.80); on quiet coordinates a canary's score is its own sampling
+plus the mechanism's noise. The choice reads nothing of the audited site's data and is made before the run,
+independently of the coins, so the SNJ bound stays valid. ``random``: anywhere on the pool (the fallback
+where the sites' inputs are not the data set's rows as they are).
 
 Scores (higher: more likely included), one per threat model:
 
