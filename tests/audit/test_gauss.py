@@ -20,7 +20,7 @@ from silofl.audit import gauss
 def _hockey_stick_by_grid(m1, s1, m0, s0, eps):
     """∫ (p₁ − e^ε p₀)_+ on a fine grid: a route independent of the roots of the closed form."""
     lo, hi = min(m1 - 12 * s1, m0 - 12 * s0), max(m1 + 12 * s1, m0 + 12 * s0)
-    x = np.linspace(lo, hi, 400_001)
+    x = np.linspace(lo, hi, 200_001)
     f = np.maximum(stats.norm.pdf(x, m1, s1) - math.exp(eps) * stats.norm.pdf(x, m0, s0), 0.0)
     return float(np.trapezoid(f, x))
 
@@ -94,9 +94,8 @@ def test_estimate_is_the_box_minimum_below_the_point_estimate():
     )
     assert g["epsilon_estimate"] <= corners.min() + 1e-9
     assert 0 < g["epsilon_estimate"] < g["epsilon_point"]
-    assert g["epsilon_estimate"] < gauss.gdp_epsilon(1.4, 1e-5)  # below the truth here
-    null = gauss.gauss_estimate(rng.normal(size=1000), inc, 1e-5)
-    assert null["epsilon_estimate"] < 0.5
+    assert g["epsilon_estimate"] < gauss.gdp_epsilon(1.4, 1e-5)  # below the truth here (the null case:
+    # test_gradient.py::test_gauss_estimate_recovers_mu)
     with pytest.raises(ValueError, match="two included"):
         gauss.gauss_estimate(np.zeros(3), np.array([True, False, False]), 1e-5)
 

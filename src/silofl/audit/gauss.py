@@ -141,7 +141,7 @@ def pair_delta(m1, s1, m0, s0, eps):
     return np.maximum(_one_way(m1, s1, m0, s0, eps), _one_way(m0, s0, m1, s1, eps))
 
 
-def pair_epsilon(m1, s1, m0, s0, delta: float, iterations: int = 45) -> np.ndarray:
+def pair_epsilon(m1, s1, m0, s0, delta: float, iterations: int = 40) -> np.ndarray:
     """The smallest ε ≥ 0 with :func:`pair_delta` ≤ ``delta``, elementwise (bisection; inf above
     :data:`EPS_CAP`)."""
     if not 0 < delta < 1:
