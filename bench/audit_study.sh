@@ -2,14 +2,16 @@
 # Regenerates docs/audit.md: audits (silofl audit) one after another, then the document.
 #   bash bench/audit_study.sh [full|reduced]     (default full; PYTHON=... for another interpreter, default .venv/bin/python)
 #
-# Example-level rows, white-box *gradient* canaries (silofl.audit.gradient): 1000 Dirac canaries at site 0, each in
-# with probability ½ and sampled at the site's q at every DP step; scored per step (noisy gradients) and per release.
+# Example-level rows, white-box *gradient* canaries (silofl.audit.gradient): 4000 Dirac canaries at site 0 on the
+# quiet coordinates (--canary-placement quiet: where real gradients on public rows are smallest before the run), each
+# in with probability ½ and sampled at the site's q at every DP step; scored per step (noisy gradients) and per
+# release.
 #   full:    the papers' ProxyFL/FedAvg settings (Fashion-MNIST, 8 clients × 1000 images, p_major 0.8, batch 250 so
 #            q = 0.25, LeNet-5 private / MLP proxy, Adam 1e-3) with 100 rounds (400 steps) instead of 300; σ from
 #            Opacus' RDP accountant for ε = 1, 3, 8 at δ = 1e-5, q = 0.25, 400 steps: 20.469, 7.578, 3.315.
 #            One black-box row (1000 mislabelled input canaries, ε = 8) for comparison.
 #   reduced: 4 clients, 30 rounds (120 steps): σ = 11.25, 4.277, 1.958 for ε = 1, 3, 8 (same accountant).
-# PubSub-ML's dp-nn gets the same canaries in its DP-SGD step. Each method has a no-DP control (--privacy off) with the same canaries, and a σ = 0.1 row (clipped, almost no noise). Client-level rows: as before (6 hospitals ×
+# PubSub-ML's dp-nn gets the same canaries in its DP-SGD step (quiet: on training rows the publisher does not hold). Each method has a no-DP control (--privacy off) with the same canaries, and a σ = 0.1 row (clipped, almost no noise). Client-level rows: as before (6 hospitals ×
 # 1000 images, IID, MLP-256, 20 rounds, adaptive intermediaries, 500 canary hospitals, z for ε ≈ 1, 3, 8 at q = 1).
 # Finished audits are kept (delete reports/audit[-reduced]/NAME to redo one).
 set -euo pipefail
@@ -32,9 +34,8 @@ audit() {  # NAME ARGS...
   "$PY" -m silofl.cli.main audit "$@" --seed 0 --threads 1 --quiet --out "$OUT/$name" > "$OUT/$name.log" 2>&1 \
     || { echo "failed: $name (see $OUT/$name.log)"; exit 1; }
 }
-EX=(--dataset fashion-mnist --clients "$CLIENTS" --samples-per-client 1000 --batch-size 250 --rounds "$ROUNDS"
-    --canaries 1000)
-GRAD=(--canary-kind dirac --reference-models 0)
+EX=(--dataset fashion-mnist --clients "$CLIENTS" --samples-per-client 1000 --batch-size 250 --rounds "$ROUNDS")
+GRAD=(--canary-kind dirac --canary-placement quiet --canaries 4000 --reference-models 0)
 PROXY=(--method proxyfl --private-model lenet5 --proxy-model mlp "${EX[@]}")
 FEDAVG=(--method fedavg --proxy-model mlp "${EX[@]}")
 # controls and ε = 8 first: they carry the study's two targets
@@ -51,14 +52,15 @@ done
 audit proxyfl-strict-sigma0.1-grad "${PROXY[@]}" "${GRAD[@]}" --privacy strict --noise-multiplier 0.1
 audit fedavg-sigma0.1-grad "${FEDAVG[@]}" "${GRAD[@]}" --noise-multiplier 0.1
 # PubSub-ML's published dp-nn (1000 rows, 20 epochs, σ from Opacus for the ε) with the canaries in its DP-SGD step
-PS=(--pubsub-model dp-nn --dataset fashion-mnist --samples-per-client 1000 --canaries 1000 "${GRAD[@]}")
+PS=(--pubsub-model dp-nn --dataset fashion-mnist --samples-per-client 1000 "${GRAD[@]}")
 audit pubsub-dpnn-off-grad "${PS[@]}" --privacy off
 for e in 8 3 1; do
   audit "pubsub-dpnn-eps$e-grad" "${PS[@]}" --epsilon $e
 done
 if [ "$SCALE" = full ]; then
   e=${SIGMAS[2]}
-  audit "proxyfl-strict-eps8-input" "${PROXY[@]}" --reference-models 2 --privacy strict --noise-multiplier "${e##*:}"
+  audit "proxyfl-strict-eps8-input" "${PROXY[@]}" --canaries 1000 --reference-models 2 --privacy strict \
+    --noise-multiplier "${e##*:}"
 fi
 CL=(--method dp-fedavg --dataset fashion-mnist --partition iid --clients 6 --samples-per-client 1000 --batch-size 64
     --proxy-model mlp256 --rounds 20 --intermediaries adaptive --privacy-unit hospital --canaries 500

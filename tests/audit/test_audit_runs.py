@@ -208,4 +208,19 @@ def test_cli_audit_errors_are_one_line(tmp_path):
         app, ["audit", "--canary-kind", "diract", "--dataset", "digits", "--out", str(tmp_path / "v")]
     )
     assert r.exit_code == 2 and "dirac, random" in r.output
-    assert not (tmp_path / "w").exists() and not (tmp_path / "v").exists()
+    r = runner.invoke(
+        app,
+        [
+            "audit",
+            "--canary-kind",
+            "dirac",
+            "--canary-placement",
+            "loud",
+            "--dataset",
+            "digits",
+            "--out",
+            str(tmp_path / "u"),
+        ],
+    )
+    assert r.exit_code == 2 and "quiet, random" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "w").exists() and not (tmp_path / "v").exists() and not (tmp_path / "u").exists()

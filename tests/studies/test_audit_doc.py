@@ -154,9 +154,10 @@ def test_gradient_rows_put_the_control_beside_every_dp_row(tmp_path, monkeypatch
     row = next(line for line in md.splitlines() if line.startswith("| st8 |"))
     assert (
         "**2.300**" in row and "1.400 / 5.500 (off)" in row and "29%; 62%" in row
-    )  # SNJ and Gaussian-sum, control
-    assert "no SNJ bound and no Gaussian-sum estimate" in md and "29% of the accountant's ε (st8)" in md
-    assert "did not differ measurably" in md and "not checked against the paper's worked figures" in md
+    )  # SNJ and Gaussian-pair, control
+    assert "no SNJ bound and no Gaussian-pair estimate" in md
+    assert "29% (st8)" in md and "reached by every" in md
+    assert "did not differ measurably" in md and "worked figures could not be reproduced" in md
     data = json.loads((tmp_path / "docs" / "data" / "audit.json").read_text())
     assert data["scale"] == "reduced" and {r["audit"] for r in data["gradient_rows"]} == {"st8", "pa8", "off"}
 
@@ -166,5 +167,13 @@ def test_a_gradient_bound_above_the_accountant_is_reported():
     text = doc.grad_findings([bad])
     assert (
         "a figure EXCEEDS the accountant's ε: bad (white-box per step, SNJ), bad (white-box per step, "
-        "Gaussian-sum)" in text
+        "Gaussian-pair)" in text
     )
+    # an estimate above the solve's cap (null in audit.json) exceeds an accountant ε below it; "> 700"
+    inf = dict(fake_grad("inf", "strict", 1.96, 8.0, 2.3, None), _name="inf")
+    inf["bounds"]["white-box per step"]["gauss"]["epsilon_estimate_unbounded"] = True
+    text = doc.grad_findings([inf])
+    assert "EXCEEDS the accountant's ε: inf (white-box per step, Gaussian-pair)" in text
+    assert "SNJ 2.30 / Gaussian-pair > 700" in text
+    inf["epsilon_accountant"] = 4898.0  # above the cap: "> 700" says nothing against it
+    assert "no SNJ bound and no Gaussian-pair estimate" in doc.grad_findings([inf])

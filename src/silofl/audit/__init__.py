@@ -15,7 +15,7 @@ Three kinds of audit, one folder layout (:mod:`silofl.audit.report`):
   scored from the server's global model after every round;
 * example-level methods with white-box *gradient* canaries (:mod:`silofl.audit.gradient`, ``--canary-kind
   dirac | random``): canary gradients added inside the audited site's DP step, scored from every step's noisy
-  gradient and from every release, with the Steinke et al. bound beside a Gaussian-sum estimate
+  gradient and from every release, with the Steinke et al. bound beside a Gaussian-pair estimate
   (:mod:`silofl.audit.gauss`);
 * PubSub-ML published models (:mod:`silofl.audit.published`): canary examples in a publisher's data,
   scored from the published model.

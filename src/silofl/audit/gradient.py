@@ -6,9 +6,7 @@ The canaries are *gradients*, not examples: m vectors of norm C in the shared mo
 (one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal) or
 ``random``
 (a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the model's largest
-parameter
-tensor (fixed before the run: there each coordinate carries little of the real examples' gradients) — each
-included with probability ½
+parameter tensor and fixed before the run — each included with probability ½
 (the audit's secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a
 real
 example (independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones
@@ -18,6 +16,16 @@ is
 an example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's
 inputs —
 are unchanged; the gradient is still divided by the site's expected batch size q·n.
+
+**Placement** (``--canary-placement``). ``quiet`` (the default): on the pool's coordinates where the real
+examples' gradients are smallest — the mean over public mini-batches of the squared mean-loss gradient, at
+the initial model and two re-initialisations of its architecture (:func:`activity_on_public_data`), on
+public rows: training rows no client holds (:func:`public_rows`; for a publisher, rows it does not hold).
+Random placement put canaries where the data's own gradient summed over the steps was as large as the canary
+(a no-DP control's per-step canary AUC was 0.80); on quiet coordinates a canary's score is its own sampling
+plus the mechanism's noise. The choice reads nothing of the audited site's data and is made before the run,
+independently of the coins, so the SNJ bound stays valid. ``random``: anywhere on the pool (the fallback
+where the sites' inputs are not the data set's rows as they are).
 
 Scores (higher: more likely included), one per threat model:
 
@@ -61,6 +69,7 @@ from silofl.comm.engine import Engine, InProcessEngine
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
 from silofl.run.config import RunConfig
+from silofl.run.loop import RunHooks
 from silofl.run.loop import run as run_loop
 
 GRADIENT_KINDS = ("dirac", "random")
@@ -102,6 +111,7 @@ class GradientCanaries:
         included: np.ndarray,
         sample_rate: float,
         seed: int,
+        activity: np.ndarray | None = None,
     ):
         if kind not in GRADIENT_KINDS:
             raise ConfigError(
@@ -126,15 +136,35 @@ class GradientCanaries:
                 f"{m} Dirac canaries need {m} distinct coordinates; the shared model has {self.d}"
             )
         rng_dirs, rng_sample = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+        # placement ("quiet", given ``activity``): the candidates are the pool's coordinates where the real
+        # examples' gradients move least (:func:`activity_on_public_data`), ties broken at random; else the
+        # whole pool ("random")
+        self.placement = "random" if activity is None else "quiet"
+        candidates = np.arange(n_pool)
+        if activity is not None:
+            act = np.asarray(activity, float).reshape(-1)
+            if act.shape != (self.d,):
+                raise ValueError(f"activity needs one value per coordinate ({self.d}), got {act.shape}")
+            keep = m if kind == "dirac" else min(n_pool, max(SUPPORT, m))
+            order = np.lexsort((rng_dirs.random(n_pool), act[self.pool[0] : self.pool[1]]))
+            candidates = np.sort(order[:keep])
         if kind == "dirac":
-            support = self.pool[0] + rng_dirs.choice(n_pool, size=m, replace=False)[:, None]
+            picked = (
+                rng_dirs.choice(n_pool, size=m, replace=False)
+                if activity is None
+                else rng_dirs.permutation(candidates)
+            )
+            support = self.pool[0] + picked[:, None]
             values = np.ones((m, 1))
         else:
-            s = min(SUPPORT, n_pool)
+            s = min(SUPPORT, len(candidates))
             support = np.stack(
-                [self.pool[0] + rng_dirs.choice(n_pool, size=s, replace=False) for _ in range(m)]
+                [self.pool[0] + rng_dirs.choice(candidates, size=s, replace=False) for _ in range(m)]
             )
             values = rng_dirs.choice([-1.0, 1.0], size=(m, s)) / math.sqrt(s)
+        self.activity = (
+            None if activity is None else float(np.asarray(activity, float).reshape(-1)[support].mean())
+        )
         device = self.params[0].device
         self.support = torch.as_tensor(support, dtype=torch.long, device=device)
         self.values = torch.as_tensor(values, dtype=torch.float32, device=device)  # rows of unit norm
@@ -215,6 +245,96 @@ class GradientCanaries:
         return torch.cat([state[n].detach().reshape(-1).float().to(self.values.device) for n in names])
 
 
+PUBLIC_ROWS = 2000  # public examples the placement reads (batches of the site's expected batch size)
+
+
+def public_rows(split: Any, seed: int, limit: int = PUBLIC_ROWS) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Up to ``limit`` rows of the data set's training split that no client trains on — what an auditor may
+    know of the data without the audited site's — or None where the sites' inputs are not those rows as they
+    are (per-site preprocessing, a feature stage) or none are left."""
+    ds = split.dataset
+    if split.indices is None or split.features is not None or split.preprocessing is not None:
+        return None
+    if split.external is not None or not split.parts or ds.x_train.shape[1:] != split.parts[0][0].shape[1:]:
+        return None
+    used = np.zeros(len(ds.y_train), bool)
+    for idx in split.indices:
+        used[np.asarray(idx, dtype=np.int64)] = True
+    free = np.flatnonzero(~used)
+    if len(free) < 2:
+        return None
+    rows = np.sort(np.random.default_rng(seed).permutation(free)[:limit])
+    sel = torch.as_tensor(rows)
+    return ds.x_train[sel], ds.y_train[sel]
+
+
+def activity_on_public_data(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, inits: int = 3
+) -> np.ndarray | None:
+    """Per coordinate of ``model``'s trainable parameters, the mean over public mini-batches (of the site's
+    expected batch size) of the squared mean-loss gradient, averaged over the model's initial weights and
+    ``inits`` − 1 fresh initialisations of the same architecture (a hidden unit that happens to be dead at one
+    initialisation is not quiet for the whole run; an input that is never on is): how much the real examples
+    move each coordinate. On copies, with the global RNG restored (a run without canaries stays
+    bit-identical); None if the model's outputs are not class scores for ``y``."""
+    import copy
+
+    import torch.nn.functional as F
+
+    device = next(model.parameters()).device
+    batch = max(1, min(int(batch), len(y)))
+    total: torch.Tensor | None = None
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for k in range(max(1, inits)):
+            twin = copy.deepcopy(model).to(device)
+            if k:
+                torch.manual_seed(k)
+                for mod in twin.modules():
+                    reset = getattr(mod, "reset_parameters", None)
+                    if callable(reset):
+                        reset()
+            twin.eval()  # no dropout noise in the placement
+            params = [p for p in twin.parameters() if p.requires_grad]
+            acc = [torch.zeros_like(p) for p in params]
+            n_b = 0
+            for at in range(0, len(y) - batch + 1, batch):
+                xb, yb = x[at : at + batch].to(device), y[at : at + batch].to(device)
+                try:
+                    loss = F.cross_entropy(twin(xb), yb)
+                except (RuntimeError, ValueError, IndexError):
+                    return None
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+                for a, g in zip(acc, grads, strict=True):
+                    if g is not None:
+                        a.add_(g.detach() ** 2)
+                n_b += 1
+            if n_b == 0:
+                return None
+            flat = torch.cat([a.reshape(-1) for a in acc]).double() / n_b
+            total = flat if total is None else total + flat
+    assert total is not None
+    return (total / max(1, inits)).cpu().numpy()
+
+
+def placement_note(
+    canaries: GradientCanaries, public: Any, asked: str, whose: str = "training rows no client holds"
+) -> str:
+    """audit.json's words for where the canaries sit."""
+    if canaries.placement == "quiet":
+        return (
+            f"the {canaries.m} coordinates of the pool where the real examples' mean gradient at the "
+            f"initial model was smallest on {len(public[1])} public rows ({whose}; "
+            f"mean squared batch gradient there {canaries.activity:.3g}), chosen before the run and "
+            "independent of the coins"
+        )
+    if asked == "quiet":
+        return (
+            "quiet placement asked but not possible (no public rows in the sites' input form, or the model's "
+            "outputs are not class scores): anywhere on the pool, at random"
+        )
+    return "anywhere on the pool, at random (--canary-placement random)"
+
+
 def attach(site: Any, canaries: GradientCanaries) -> None:
     """Install ``canaries`` at a DP-SGD site: in its mechanism (DP) or on its plain gradient (no DP), and read
     every
@@ -285,7 +405,7 @@ class ReleaseObserver:
 def bounds_for(
     scores: np.ndarray, included: np.ndarray, delta: float, confidence: float, seed: int, threat_model: str
 ) -> dict:
-    """SNJ's one-run bound and the Gaussian-sum estimate for one threat model's scores."""
+    """SNJ's one-run bound and the Gaussian-pair estimate for one threat model's scores."""
     name = {PER_STEP: "steps", PER_RELEASE: "releases"}.get(threat_model, "final")
     snj = one_run_bound({name: scores}, included, delta, confidence, seed)
     return {
@@ -315,6 +435,10 @@ def audit(
     observer = ReleaseObserver(audited)
     held: dict = {}
 
+    def keep_public(run_cfg: RunConfig, split: Any) -> Any:
+        held["public"] = public_rows(split, s.derived(3)) if s.canary_placement == "quiet" else None
+        return split
+
     def factory(make, n_sites):
         engine: Any = (
             InProcessEngine({k: make(k) for k in range(n_sites)})
@@ -331,7 +455,15 @@ def audit(
                 f"{cfg.method}'s sites do not train by DP-SGD: gradient canaries need a DP-SGD site"
             )
         params = [p for p in site.shared.parameters() if p.requires_grad]
-        canaries = GradientCanaries(params, s.canaries, s.canary_kind, coins, site.sample_rate, s.derived(2))
+        public = held.get("public")
+        activity = (
+            activity_on_public_data(site.shared, public[0], public[1], batch=round(site.sample_rate * site.n))
+            if public is not None
+            else None
+        )
+        canaries = GradientCanaries(
+            params, s.canaries, s.canary_kind, coins, site.sample_rate, s.derived(2), activity=activity
+        )
         attach(site, canaries)
         observer.canaries = canaries
         observer.names = [n for n, p in site.shared.named_parameters() if p.requires_grad]
@@ -341,7 +473,9 @@ def audit(
         return tap(engine, [observer])
 
     t0 = time.perf_counter()
-    summary = run_loop(cfg, progress=progress, console=console, engine_factory=factory)
+    summary = run_loop(
+        cfg, progress=progress, console=console, engine_factory=factory, hooks=RunHooks(split=keep_public)
+    )
     run_s = time.perf_counter() - t0
     site: Any = held["site"]
     canaries: GradientCanaries = held["canaries"]
@@ -370,9 +504,9 @@ def audit(
         "the headline bound is fixed in advance to the white-box per-step threat model; the per-release "
         "bound "
         "is reported beside it (each with its own Bonferroni correction over the guess counts)",
-        "the Gaussian-sum figure is an estimate under a Gaussian-scores assumption (silofl.audit.gauss), not "
-        "a "
-        "guarantee like the SNJ bound, and was not checked against its paper's worked figures",
+        "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.audit.gauss) is an estimate under a "
+        "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
+        "not be reproduced here (its text with them was not available)",
     ]
     if not observer.releases:
         notes.append(
@@ -405,6 +539,7 @@ def audit(
         "threat_model": PER_STEP,
         "epsilon_lower_bound": head["snj"]["epsilon_lower_bound"],
         "epsilon_gauss": head["gauss"]["epsilon_estimate"],
+        "epsilon_gauss_unbounded": head["gauss"]["epsilon_estimate_unbounded"],
         "confidence": s.confidence,
         "epsilon_accountant": eps_acc,
         "accountant": summary["privacy"]["accountant"],
@@ -424,6 +559,8 @@ def audit(
             "inclusion_probability": 0.5,
             "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]),
             "canary_kind": s.canary_kind,
+            "placement": canaries.placement,
+            "placement_note": placement_note(canaries, held.get("public"), s.canary_placement),
             "space": "gradient",
             "audited_site": s.site,
             "site_examples_real": site.n,
@@ -472,11 +609,27 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     batch, clip, lr = (defaults[k].default for k in ("batch_size", "clip", "lr"))
     coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
     held: dict = {}
+    public = None
+    if s.canary_placement == "quiet":  # training rows the publisher does not hold, in the model's input form
+        free = np.setdiff1d(np.arange(len(ds.y_train)), rows)
+        pick = np.sort(np.random.default_rng(s.derived(3)).permutation(free)[:PUBLIC_ROWS])
+        if len(pick) >= 2:
+            public = (
+                torch.as_tensor(bounds.scale(x_train[torch.as_tensor(pick)].numpy()), dtype=torch.float32),
+                ds.y_train[torch.as_tensor(pick)],
+            )
 
     def hook(dp, model, opt, n_rows):
         params = [p for p in model.parameters() if p.requires_grad]
         q = dp.sample_rate if dp is not None else min(1.0, batch / n_rows)
-        canaries = GradientCanaries(params, s.canaries, s.canary_kind, coins, q, s.derived(2))
+        activity = (
+            activity_on_public_data(model, public[0], public[1], batch=round(q * n_rows))
+            if public is not None
+            else None
+        )
+        canaries = GradientCanaries(
+            params, s.canaries, s.canary_kind, coins, q, s.derived(2), activity=activity
+        )
         attach_to(dp, opt, canaries, float(dp.clip) if dp is not None else float(clip), q * n_rows)
         held.update(
             canaries=canaries,
@@ -521,9 +674,9 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         "the headline bound is fixed in advance to the white-box per-step threat model; the white-box "
         "final-model "
         "bound (the published weights' movement from their data-independent initialisation) is beside it",
-        "the Gaussian-sum figure is an estimate under a Gaussian-scores assumption (silofl.audit.gauss), not "
-        "a "
-        "guarantee like the SNJ bound, and was not checked against its paper's worked figures",
+        "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.audit.gauss) is an estimate under a "
+        "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
+        "not be reproduced here (its text with them was not available)",
     ]
     if nonprivate:
         notes.append("no DP (PubSub-ML*): there is no accountant ε; the bounds are computed at δ = 1e-5")
@@ -543,6 +696,7 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         "threat_model": PER_STEP,
         "epsilon_lower_bound": head["snj"]["epsilon_lower_bound"],
         "epsilon_gauss": head["gauss"]["epsilon_estimate"],
+        "epsilon_gauss_unbounded": head["gauss"]["epsilon_estimate_unbounded"],
         "confidence": s.confidence,
         "epsilon_accountant": None
         if nonprivate or not math.isfinite(model.epsilon)
@@ -567,6 +721,10 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
             "inclusion_probability": 0.5,
             "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]),
             "canary_kind": s.canary_kind,
+            "placement": canaries.placement,
+            "placement_note": placement_note(
+                canaries, public, s.canary_placement, "training rows the publisher does not hold"
+            ),
             "space": "gradient",
             "publisher_rows_real": n,
             "mean_times_sampled_when_included": float(canaries.sampled[coins].mean()) if coins.any() else 0.0,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.audit.gauss import epsilon_text
 from silofl.core.errors import ConfigError
 from silofl.run.folder import clean_json
 
@@ -97,14 +98,14 @@ def markdown(audit: dict) -> str:
         lines += [
             f"Canaries: {audit['canaries']['kind']}. Each threat model's scores give the "
             f"Steinke–Nasr–Jagielski "
-            "bound and, beside it, the Gaussian-sum estimate (an estimate under a Gaussian-scores "
-            "assumption, not "
+            "bound and, beside it, the Gaussian-pair estimate of Agrawal et al. (an estimate under a "
+            "Gaussian-scores assumption, not "
             f"a guarantee); the headline is the {audit['threat_model']} row, fixed in advance. With "
             f"{audit['canaries']['m']} canaries no audit can certify more than "
             f"ε = {fmt(audit.get('certifiable_epsilon_max'))} (SNJ, every guess right).",
             "",
-            "| threat model | SNJ ε lower bound | correct / guesses | canary AUC | Gaussian-sum ε estimate | "
-            "μ̂ (lower) |",
+            "| threat model | SNJ ε lower bound | correct / guesses | canary AUC | Gaussian-pair ε estimate "
+            "| μ̂ (lower) |",
             "|---|---|---|---|---|---|",
         ]
         for tm, bt in audit["bounds"].items():
@@ -113,7 +114,7 @@ def markdown(audit: dict) -> str:
             lines.append(
                 f"| {tm} | {fmt(sn['epsilon_lower_bound'])} | {sn['correct']} / {sn['guesses']} | {fmt(auc)} "
                 f"| "
-                f"{fmt(ga['epsilon_estimate'])} | {fmt(ga['mu_hat'])} ({fmt(ga['mu_lower'])}) |"
+                f"{epsilon_text(ga)} | {fmt(ga['mu_hat'])} ({fmt(ga['mu_lower'])}) |"
             )
         lines.append("")
     rows = attack_rows(audit.get("membership_inference", {}))

@@ -45,6 +45,9 @@ SECRET_NOTE = (
 )
 
 
+PLACEMENTS = ("quiet", "random")
+
+
 @dataclass
 class AuditSettings:
     canaries: int = 1000  # m: each included in the audited site's data (or as a client) with probability ½
@@ -67,6 +70,9 @@ class AuditSettings:
     inversion_round: int = 1  # --attack inversion: the round whose update is attacked
     inversion_iterations: int = 1500  # --attack inversion: optimisation steps per restart
     inversion_restarts: int = 2  # --attack inversion: random restarts (lowest loss kept)
+    # gradient canaries' coordinates: "quiet" — those where real gradients on public data (training rows no
+    # client holds) at the initial model are smallest; "random" — anywhere on the largest parameter tensor
+    canary_placement: str = "quiet"
 
     def validate(self) -> None:
         """Raise ConfigError on settings no audit can run with."""
@@ -83,6 +89,11 @@ class AuditSettings:
                 f"gradient canaries (--canary-kind dirac | random) audit DP-SGD: a run's sites or a "
                 f"published dp-nn, not a published {self.pubsub_model}; use --canary-kind mislabelled or "
                 "noise"
+            )
+        if self.canary_placement not in PLACEMENTS:
+            raise ConfigError(
+                f"unknown --canary-placement {self.canary_placement!r}; choose one of: "
+                f"{', '.join(PLACEMENTS)}"
             )
         if self.canaries < 2:
             raise ConfigError(f"--canaries must be at least 2, got {self.canaries}")

@@ -754,6 +754,12 @@ def audit(
         "examples with a wrong label) | noise (out-of-distribution inputs, random labels); white-box "
         "gradient canaries inside the DP step (example-level DP-SGD): dirac | random.",
     ),
+    canary_placement: str = typer.Option(
+        "quiet",
+        "--canary-placement",
+        help="Gradient canaries' coordinates: quiet (where real gradients on public data — training rows "
+        "no client holds — are smallest at the initial model) | random (anywhere on the largest tensor).",
+    ),
     audited_site: int = typer.Option(
         0, "--audited-site", help="The client whose data (or whose peers) get the canaries."
     ),
@@ -831,6 +837,7 @@ def audit(
     settings = AuditSettings(
         canaries=canaries,
         canary_kind=canary_kind,
+        canary_placement=canary_placement,
         site=audited_site,
         reference_models=reference_models,
         nonmembers=nonmembers,
@@ -875,7 +882,8 @@ def audit(
     )
     if a.get("epsilon_gauss") is not None or "bounds" in a:
         console.print(
-            f"threat model {a['threat_model']}; Gaussian-sum estimate ε {a.get('epsilon_gauss') or 0:.3f} "
+            f"threat model {a['threat_model']}; Gaussian-pair estimate ε "
+            f"{'> 700' if a.get('epsilon_gauss_unbounded') else format(a.get('epsilon_gauss') or 0, '.3f')} "
             "(an estimate, not a guarantee)",
             markup=False,
             highlight=False,
