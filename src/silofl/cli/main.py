@@ -324,7 +324,7 @@ def launch(
             run_args, nproc_per_node, nnodes, node_rank, rdzv_endpoint, console=err_console, grace_s=grace_s
         )
         raise typer.Exit(code)
-    from torch.distributed.run import main as torchrun
+    from silofl.comm.launcher import torchrun
 
     args = [
         "--nproc-per-node",
@@ -339,7 +339,7 @@ def launch(
     else:
         args += ["--standalone"]
     try:
-        torchrun([*args, *run_args])
+        torchrun(args, run_args)
     except Exception as e:  # torchrun's ChildFailedError: say which process failed, not a traceback
         err_console.print(f"[bold red]error:[/] a process of the run failed: {e}")
         raise typer.Exit(1) from None

@@ -17,8 +17,12 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 from silofl.core.errors import ConfigError
+from silofl.core.forking import ForkedPopen, fork_server, forking, run_cli
+
+WORKER_PRELOAD = "silofl.comm.worker_preload"  # what every process of a run imports, imported once
 
 GRACE_S = 30.0  # how long the other processes may take to exit after rank 0 (or the first one here)
 
@@ -89,7 +93,11 @@ def launch_processes(
             "MASTER_ADDR": host,
             "MASTER_PORT": port,
         }
-        procs[rank] = subprocess.Popen([sys.executable, *run_args], env=env)
+        procs[rank] = (
+            ForkedPopen(WORKER_PRELOAD, run_cli, (run_args[2:], env), f"rank{rank}")  # type: ignore[assignment]
+            if forking() and run_args[:2] == ["-m", "silofl.cli.main"]
+            else subprocess.Popen([sys.executable, *run_args], env=env)
+        )
     codes: dict[int, int | None] = {}
     deadline = None
     try:
@@ -123,3 +131,27 @@ def launch_processes(
     if 0 in procs:
         return 0 if codes.get(0) == 0 else 1
     return 0 if all(c == 0 for c in codes.values()) else 1
+
+
+def torchrun(torchrun_args: list[str], run_args: list[str]) -> None:
+    """torchrun (``torch.distributed.run``) with ``torchrun_args``, each of its processes running
+    ``python RUN_ARGS`` (``-m silofl.cli.main run --distributed …``) — forked from a fork server that imported
+    what a run's process needs once (:mod:`silofl.core.forking`), unless ``SILOFL_FORK_WORKERS=0``. The
+    agent, its rendezvous, restarts and failure reports are torchrun's own; only how a worker starts
+    differs."""
+    from torch.distributed import run as tr
+
+    if not (forking() and run_args[:2] == ["-m", "silofl.cli.main"]):
+        tr.main([*torchrun_args, *run_args])
+        return
+    from torch.distributed.launcher.api import elastic_launch
+
+    args = tr.parse_args([*torchrun_args, *run_args])
+    if args.standalone:  # as tr.run does
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _, _ = tr.config_from_args(args)  # sets OMP_NUM_THREADS=1 for several processes, as torchrun does
+    config.start_method = "forkserver"
+    fork_server(WORKER_PRELOAD)  # after the environment is final: the workers inherit the server's
+    elastic_launch(config=config, entrypoint=run_cli)(run_args[2:])

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
+from silofl.core.forking import fork_server, forking
 
 log = logging.getLogger("silofl")
 
@@ -161,82 +162,27 @@ class Proc:
 
 
 # ---------------------------------------------------------------------------------------------- forked sites
-FORK_ENV = "SILOFL_FORK_SITES"  # "0": deploy local starts each site as its own interpreter, as before
 SITE_PRELOAD = "silofl.deploy.site_preload"  # what every site worker imports, imported once per deployment
-
-
-def forking_sites() -> bool:
-    """Whether ``deploy local`` forks its sites from a preloaded fork server (:class:`ForkedProc`)."""
-    return os.environ.get(FORK_ENV, "1") != "0"
-
-
-def start_fork_server():
-    """The fork server's context, its server started now if it is not running (importing
-    :data:`SITE_PRELOAD` while this process goes on preparing the deployment)."""
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([SITE_PRELOAD])
-    forkserver.ensure_running()
-    return ctx
-
-
-class _Forked:
-    """The part of :class:`subprocess.Popen` that :class:`Proc` uses, over a :mod:`multiprocessing`
-    process."""
-
-    def __init__(self, proc) -> None:
-        self.proc = proc
-        self.pid = proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.exitcode
-
-    def poll(self) -> int | None:
-        return self.proc.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self.proc.join(timeout)
-        if self.proc.exitcode is None:
-            raise subprocess.TimeoutExpired(str(self.proc.name), timeout or 0)
-        return self.proc.exitcode
-
-
-def _site_process(args: list[str], log_path: str, env: dict[str, str]) -> None:
-    """A forked site worker: its own session and log, ``env``, then ``silofl site run`` with ``args``."""
-    os.setsid()  # its own process group, as a Proc has (stop() signals the group: its SuperNode too)
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.environ.clear()
-    os.environ.update(env)
-    from silofl.cli.main import app
-
-    app(args=list(args), prog_name="silofl")
 
 
 class ForkedProc(Proc):
     """A site worker forked from a fork server that imported torch, the run loop and Flower once
-    (:data:`SITE_PRELOAD`): the same command and log as a :class:`Proc`, without each site's interpreter
-    importing them again — seconds of CPU per site, which on a machine with fewer cores than sites is most of
-    a deployment's set-up. Each fork runs ``silofl site run`` as the command would, in its own session."""
+    (:mod:`silofl.core.forking`, :data:`SITE_PRELOAD`): the same command, log, session and signals as a
+    :class:`Proc`, without each site's interpreter importing them again — seconds of CPU per site, which on a
+    machine with fewer cores than sites is most of a deployment's set-up."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path):
         self.args = args
         super().__init__(name, [sys.executable, "-m", "silofl.cli.main", *args], env, log_dir)
 
     def _start(self) -> None:
-        ctx = start_fork_server()
+        from silofl.core.forking import ForkedPopen, run_cli
+
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.offset = self._log.tell()
-        proc = ctx.Process(
-            target=_site_process, args=(self.args, str(self.log_path), self.env), name=self.name, daemon=True
+        self.p = ForkedPopen(  # type: ignore[assignment]
+            SITE_PRELOAD, run_cli, (self.args, self.env, str(self.log_path)), self.name
         )
-        proc.start()
-        self.p = _Forked(proc)  # type: ignore[assignment]
 
 
 def stop_all(procs: list[Proc], timeout_s: float = 15.0) -> None:
@@ -698,7 +644,7 @@ class LocalDeployment:
                 site_address = f"127.0.0.1:{self.relay.port}"
             args = ["site", "run", "--superlink", site_address, "--poll-s", str(poll_s)]
             args += ["--insecure"] if insecure else ["--ca", str(dep / "pki" / "ca.crt")]
-            fork = forking_sites()
+            fork = forking()
             for k, folder in enumerate(folders):
                 site_args, env = [*args, "--site-dir", str(folder)], {**os.environ, "SILOFL_NO_PROGRESS": "1"}
                 self.procs.append(
@@ -801,8 +747,8 @@ def deploy_local(
     dep = out / "deployment"
     if dep.exists():
         raise ConfigError(f"{dep} exists: choose another --out")
-    if forking_sites():
-        start_fork_server()  # its imports overlap the data, keys and SuperLink set-up below
+    if forking():
+        fork_server(SITE_PRELOAD)  # its imports overlap the data, keys and SuperLink set-up below
     # the one-machine stand-in for K institutions' own data: raw inputs (each site computes its own features)
     cfg, split = prepare_data(cfg, torch.device("cpu"), features=False)
     deployment = LocalDeployment(cfg, split, dep, insecure, poll_s)

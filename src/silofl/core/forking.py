@@ -1,0 +1,99 @@
+"""Worker processes forked from one fork server that imported what they need once.
+
+A silofl worker process — a deployed site's worker, a process of ``silofl launch`` — spends seconds of CPU
+importing torch, the run loop, Opacus and torch's dynamo (which torch.optim imports at the first optimizer)
+before its first step. A command that starts several of them on one machine (``deploy local``, ``silofl
+launch``) starts a :mod:`multiprocessing` fork server instead, which imports a *preload* module once, and
+forks each worker from it: the workers share those pages and skip the imports. Importing starts no thread
+and opens no connection, so forking after it is as safe as torch's own DataLoader workers, which fork after
+importing torch. ``SILOFL_FORK_WORKERS=0`` starts each worker as its own interpreter instead, as before.
+
+:class:`ForkedPopen` gives a forked worker the part of :class:`subprocess.Popen`'s interface that the
+launchers use (``pid``, ``poll``, ``wait``, ``returncode``, ``send_signal``, ``kill``): exit codes follow
+Popen's convention (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+FORK_ENV = "SILOFL_FORK_WORKERS"
+
+
+def forking() -> bool:
+    """Whether workers are forked from a preloaded fork server (else: one interpreter each)."""
+    return os.environ.get(FORK_ENV, "1") != "0"
+
+
+def fork_server(preload: str) -> Any:
+    """The fork-server context, its server started now (importing the module ``preload``) if it is not
+    running yet. A process has one fork server: its first preload is the one it keeps."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([preload])
+    forkserver.ensure_running()
+    return ctx
+
+
+class ForkedPopen:
+    """A worker forked from the fork server of ``preload``, running ``target(*args)``; Popen-like."""
+
+    def __init__(self, preload: str, target: Callable[..., Any], args: tuple, name: str = "silofl-worker"):
+        self.proc = fork_server(preload).Process(target=target, args=args, name=name, daemon=True)
+        self.proc.start()
+        self.pid: int = self.proc.pid
+        self.args = [name]
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit code, None while it runs (negative: killed by that signal)."""
+        return self.proc.exitcode
+
+    def poll(self) -> int | None:
+        """Its exit code if it has ended, else None."""
+        return self.proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for it to end (TimeoutExpired after ``timeout`` seconds); its exit code."""
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        """Send it ``sig`` (nothing if it has ended)."""
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.send_signal(signal.SIGKILL)
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+    """A forked worker's body: ``env`` as its environment, its output to ``log_path`` (in its own session,
+    as a command started with ``start_new_session`` is), then ``silofl ARGS`` as the command would run."""
+    if log_path is not None:
+        os.setsid()
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    from silofl.cli.main import app
+
+    try:
+        app(args=list(args), prog_name="silofl")
+    except SystemExit as e:  # a clean exit returns (a launcher's worker reports no failure); others exit
+        if e.code not in (0, None):
+            raise
