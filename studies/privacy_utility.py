@@ -848,8 +848,8 @@ def _personal_section(R: _Rows, f: str) -> list[str]:
         f"Personalisation on the same head: each site's personal model minus {FEDAVG_CNN}'s global model "
         "(the same CNN, FedAvg's recipe and grid; FedBN's adds GroupNorm), seed by seed, mean ± spread over "
         "seeds. The personal model adapts the head (FedPer, FedRep) or the normalisation (FedBN) to its "
-        f"site's rows, {BASE['p_major']:.0%} of them one class, and is scored on the balanced test split, "
-        "which does not reward that skew.",
+        f"site's rows, {BASE['p_major'] * 100:g} % of them one class, and is scored on the balanced test "
+        "split, which does not reward that skew.",
         "",
         "| method | ε = 1 | ε = 3 | ε = 8 |",
         "|---|---|---|---|",
@@ -863,7 +863,7 @@ def _personal_section(R: _Rows, f: str) -> list[str]:
             cells.append(_pm(*_gain(rs, [r["test"] for r in rs], ref), signed=True) if rs else "—")
         if any(c != "—" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return [*lines, ""]
+    return [*lines, ""] if lines[-1] != "|---|---|---|---|" else []
 
 
 def document(
@@ -882,6 +882,7 @@ def document(
 
     R = _Rows(rows)
     labels = [m[0] for m in METHODS] + list(PERSONALIZED_LABELS) + [PUBSUB[0]]
+    all_seeds = sorted({*seeds, *(r["seed"] for r in R.ok)})  # carried rows may have more seeds than this run
     lines = [
         "# Privacy–utility: every method at ε = 1, 3, 8 per site, on pixels and on DP-friendly features",
         "",
@@ -893,8 +894,14 @@ def document(
         "",
         "Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5, the balanced 10 000-image test "
         "split; seeds "
-        f"{', '.join(map(str, seeds))} (seeded research runs: † the guarantee holds only while the seed "
-        f"stays secret). "
+        f"{', '.join(map(str, all_seeds))}"
+        + (
+            f" (the rows this generation ran: seeds {', '.join(map(str, seeds))}; a cell with fewer seeds "
+            "says how many)"
+            if all_seeds != sorted(seeds)
+            else ""
+        )
+        + " (seeded research runs: † the guarantee holds only while the seed stays secret). "
         "For every method, budget and feature stage, `silofl tune` tried the grid below, each trial "
         "budget-first (σ set "
         "so that its planned rounds end at the budget), scored on a **validation split of 2000 Fashion-MNIST "
@@ -1082,7 +1089,7 @@ def document(
                 ]
                 extra = f"; {', '.join(other)}" if other else ""
                 sig = f", σ {rs[0]['sigma']:.2f}" if rs[0].get("sigma") else ""
-                n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(seeds) else ""
+                n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(all_seeds) else ""
                 cells.append(f"{_pm(acc, sd)} (ε {e:.2f}{sig}{extra}{n})")
                 sets.append(
                     ",".join(f"{k}={v}" for k, v in rs[0]["settings"].items() if k not in FEATURE_SETS[f][0])
@@ -1282,8 +1289,14 @@ def document(
         lines += [
             "## Tuning cost",
             "",
-            f"{sum(r['tuning']['trials'] for r in tc)} trials, {secs / 60:.1f} CPU-minutes of wall time on "
-            f"the "
+            f"{sum(r['tuning']['trials'] for r in tc)} trials"
+            + (
+                f" ({sum(r['tuning']['trials'] for r in tc if not r.get('carried'))} of them this "
+                "generation's)"
+                if any(r.get("carried") for r in tc)
+                else ""
+            )
+            + f", {secs / 60:.1f} CPU-minutes of wall time (this generation's tuning) on the "
             "shared machine. Validation data being public does not make tuning free: each trial trained on "
             "the "
             "sites' private data and the choice depends on all of them. Composing every trial of a (method, "
