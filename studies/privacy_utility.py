@@ -838,18 +838,60 @@ def _gain(rs: list[dict], vals: list, ref: dict[int, float]) -> tuple[float | No
     return _mean(d), _sd(d)
 
 
-def _personal_section(R: _Rows, f: str) -> list[str]:
+def majority_share(trial: Path, feats: str, seed: int = TUNE_SEED) -> float | None:
+    """The share of the validation split's images that a site's personal model (``private``) of ``trial`` —
+    a tuning trial, run on the validation split — assigns to its site's majority class, mean over sites; None
+    without those models. The validation split is public (the study tunes on it); a balanced split gives
+    0.1 to a model that matches it."""
+    import torch
+
+    from silofl.models import load_model
+
+    models = trial / "models"
+    if not (models / "client0_private.json").is_file():
+        return None
+    split = _split(seed, feats, "validation")
+    x = split.test[0]
+    shares = []
+    for k, (_, y) in enumerate(split.parts):
+        model, _ = load_model(models / f"client{k}_private")
+        model.eval()
+        with torch.no_grad():
+            pred = model(x).argmax(1)
+        shares.append(float((pred == torch.bincount(y).argmax()).float().mean()))
+    return statistics.fmean(shares)
+
+
+def _personal_section(R: _Rows, f: str, root: Path | None = None) -> list[str]:
     """The gain of personalisation on feature stage ``f``: FedPer's, FedRep's and FedBN's personal model
     (their headline) minus FedAvg's global model on the same head, seed by seed; none without that
-    reference."""
+    reference. With ``root`` (the study's folder), also what their chosen trials at the largest budget
+    predict on the validation split (:func:`majority_share`)."""
     if not any(R.get(f, FEDAVG_CNN, eps) for eps in BUDGETS):
         return []
+    top = max(BUDGETS)
+    shares = {}
+    for label in PERSONAL_DP if root is not None else ():
+        tdir = root / f"features-{f}" / _slug(label) / f"eps{top:g}" / f"seed{TUNE_SEED}" / "tune"
+        if (tdir / "tune.json").is_file():
+            best = json.loads((tdir / "tune.json").read_text())["best"]["trial"]
+            v = majority_share(tdir / "trials" / f"trial{best}", f)
+            if v is not None:
+                shares[label] = v
     lines = [
         f"Personalisation on the same head: each site's personal model minus {FEDAVG_CNN}'s global model "
         "(the same CNN, FedAvg's recipe and grid; FedBN's adds GroupNorm), seed by seed, mean ± spread over "
         "seeds. The personal model adapts the head (FedPer, FedRep) or the normalisation (FedBN) to its "
         f"site's rows, {BASE['p_major'] * 100:g} % of them one class, and is scored on the balanced test "
-        "split, which does not reward that skew.",
+        "split, which does not reward that skew; with FedAvg's recipe a site's head takes one DP step a "
+        "round on its own rows, without the server momentum that steps the averaged body."
+        + (
+            f" The share of the validation split's images (balanced: 0.1 a class) that a site's personal "
+            f"model assigns to its site's majority class, mean over sites, ε = {top:g}, seed {TUNE_SEED}'s "
+            "chosen trial: " + ", ".join(f"{lab} {v:.2f}" for lab, v in shares.items()) + "."
+            if shares
+            else ""
+        ),
         "",
         "| method | ε = 1 | ε = 3 | ε = 8 |",
         "|---|---|---|---|",
@@ -1138,7 +1180,7 @@ def document(
                     )
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
             lines.append("")
-        lines += _personal_section(R, f)
+        lines += _personal_section(R, f, root)
     # targets
     lines += ["## The issue's targets (mean of the seeds, balanced test set, δ = 1e-5, per-site ε)", ""]
     for f in features:
