@@ -1392,7 +1392,7 @@ def document(
     # the plot: one panel per feature stage
     fig, axes = plt.subplots(1, len(features), figsize=(6 * len(features), 4.5), sharey=True, squeeze=False)
     for ax, f in zip(axes[0], features, strict=True):
-        for label in labels:
+        for i, label in enumerate(labels):  # one colour each (20 of them), then the markers tell them apart
             pts = []
             for e in BUDGETS:
                 rs = R.get(f, label, e)
@@ -1400,7 +1400,13 @@ def document(
                     k, vals = R.shared(rs)
                     pts.append((e, _mean(vals) if k else _mean([r["test"] for r in rs])))
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    marker="os^"[i // 20 % 3],
+                    color=plt.get_cmap("tab20")(i % 20),
+                    label=label,
+                )
         ref_label, ref = R.alone(f)
         if ref:
             ax.axhline(_mean(list(ref.values())), color="k", linestyle="--", label=f"alone: {ref_label}")
