@@ -5,6 +5,8 @@ that same-head reference seed by seed. Nothing here trains."""
 
 from pathlib import Path
 
+import pytest
+
 from silofl.fl.methods.fedrep import head_steps
 from silofl.run.config import RunConfig, _all_option_fields
 from studies import privacy_utility as pu
@@ -111,3 +113,30 @@ def test_personalisation_is_measured_against_fedavg_on_the_same_head_seed_by_see
     assert table["FedBN (scattercnn-gn)"] == ["—", "+0.020", "—"]
     assert "FedRep (scattercnn)" not in table
     assert pu._personal_section(pu._Rows(rows[2:]), "scatter") == []  # no reference, no section
+
+
+@pytest.mark.slow
+def test_the_document_counts_a_personal_dp_model_as_a_site_model(tmp_path):
+    """document() on made-up rows of the scatter stage: FedBN's personal (DP) model is the best site model
+    where it is the highest, the personalisation table is there, and the stage's text names the heads."""
+    alone = [
+        {**_row(pu.OWN, s, None, 0.70), "headline": "own_acc", "accs": {"own_acc": 0.70}} for s in (0, 1)
+    ]
+    rows = alone + [
+        _row(pu.FEDAVG_CNN, s, eps, 0.60, combined_acc=0.65) for s in (0, 1) for eps in pu.BUDGETS
+    ]
+    rows += [_row("FedBN (scattercnn-gn)", s, eps, 0.72 + s / 100) for s in (0, 1) for eps in pu.BUDGETS]
+    for r in rows:
+        r.update(epsilon=r["budget"], sigma=None, settings={"lr": 3.0}, rounds=50)
+    doc = tmp_path / "docs" / "privacy_utility.md"
+    doc.parent.mkdir()
+    (tmp_path / "root").mkdir()
+    text = pu.document(
+        rows, tmp_path / "root", doc, [0, 1], "python -m studies.privacy_utility", ("scatter",)
+    )
+    summary = text.split("## Does collaborating pay?")[1].split("\n\n")[1]
+    assert summary.count("0.725 (FedBN (scattercnn-gn), private) | +0.025 ± 0.005 |") == 3
+    assert "0.600 (FedAvg (scattercnn), global) | -0.100 ± 0.000 |" in summary
+    assert "| FedBN (scattercnn-gn) | +0.125 ± 0.005 | +0.125 ± 0.005 | +0.125 ± 0.005 |" in text
+    assert "`scattercnn-gn`" in text and "not in this stage" not in text
+    assert (tmp_path / "docs" / "privacy_utility.png").is_file()
