@@ -883,8 +883,10 @@ def _personal_section(R: _Rows, f: str, root: Path | None = None) -> list[str]:
         "(the same CNN, FedAvg's recipe and grid; FedBN's adds GroupNorm), seed by seed, mean ± spread over "
         "seeds. The personal model adapts the head (FedPer, FedRep) or the normalisation (FedBN) to its "
         f"site's rows, {BASE['p_major'] * 100:g} % of them one class, and is scored on the balanced test "
-        "split, which does not reward that skew; with FedAvg's recipe a FedPer or FedRep site's head takes "
-        "one DP step a round on its own rows, without the server momentum that steps the averaged body."
+        "split, which does not reward that skew; a FedPer or FedRep site's head learns from its own rows "
+        "only, under its site's DP noise, one step a round without the server's momentum (a pilot giving it "
+        "momentum — the sites' SGD momentum kept across rounds instead of the server's — at ε = 3, lr 3: "
+        "personal model 0.219 on the validation split, against 0.177 with FedAvg's recipe)."
         + (
             f" The share of the validation split's images (balanced: 0.1 a class) that a site's personal "
             f"model assigns to its site's majority class, mean over sites, ε = {top:g}, seed {TUNE_SEED}'s "
