@@ -237,7 +237,6 @@ for _name, _cls, _inputs in (
 # Tramèr & Boneh's small CNN over scattering channels
 register_model("linear", LogisticRegression, head=True, description="a linear head over flattened features")
 register_model("scattercnn", ScatterCNN, inputs="images", head=True)
-register_model("scattercnn-gn", ScatterCNNGN, inputs="images", head=True)
 # segmentation (per-pixel logits for mask targets; silofl.models.unet)
 register_model(
     "unet",
@@ -247,6 +246,8 @@ register_model(
 )
 # a small CNN with GroupNorm (FedBN keeps its normalisation layers at each site: silofl.fl.methods.fedbn)
 register_model("cnn-gn", CNNGN, inputs="images")
+# scattercnn with GroupNorm after each convolution: FedBN's head on features (its norms stay at each site)
+register_model("scattercnn-gn", ScatterCNNGN, inputs="images", head=True)
 
 
 def model_names() -> tuple[str, ...]:
