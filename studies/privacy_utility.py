@@ -87,7 +87,9 @@ GOSSIP_LR = [1.0, 3.0]  # one site's noise per step: smaller steps
 # server methods as FedAvg (one local DP step a round, SGD, clip 0.1, q = 0.5; FedAdam steps the server with
 # Adam instead of momentum); MR-MTL's sites each keep their own DP model (one site's noise per step, as the
 # gossip methods). FedPer, FedRep and FedBN split a model into body and head or keep its normalisation layers
-# private: a linear head has neither, so they are not in this stage.
+# private, which a linear head does not have: they run on Tramèr & Boneh's CNN head (scattercnn; FedBN on its
+# GroupNorm variant, scattercnn-gn) with FedAvg's recipe, next to FedAvg on the same head (the reference their
+# personalisation is measured against).
 SERVER_NO_M = {k: v for k, v in SERVER.items() if k != "server_momentum"}
 SERVER_GRID = {"rounds": [50], "lr": SCATTER_LR}
 # ProxyFL with every proxy sent to every other site (K − 1 times the exponential graph's bytes; PushSum
@@ -107,6 +109,33 @@ PROXYFL_COMPLETE = (
     },
     {"rounds": [50], "dml_alpha": [0.5, 0.9]},
 )
+# FedAvg's recipe (one local DP step a round, SGD, clip 0.1, q = 0.5, server momentum 0.9, the combiner on
+# 20 % of the rows) on the CNN head at 50 rounds, its lr over CNN_LR: a step lower than the linear head's grid
+# (pilots on seed 0's validation split at ε = 3, FedAvg on scattercnn: lr 3 0.603, 10 0.586, 30 0.439). FedRep
+# alone differs: one DP step a round would leave its head phase empty (⌊0.2·1 + ½⌋ = 0 steps: the head would
+# stay at its initial weights), so it takes two steps a round, the head's then the body's (head share 0.5).
+CNN_HEAD, GN_HEAD = "scattercnn", "scattercnn-gn"
+FEDAVG_CNN = f"FedAvg ({CNN_HEAD})"  # the same-head reference of the three below
+CNN_LR = [1.0, 3.0]
+BODY_HEAD_GRID = {"rounds": [50], "lr": CNN_LR}
+BODY_HEAD_SCATTER: list[tuple[str, str, dict, dict]] = [
+    (FEDAVG_CNN, "fedavg", {**SERVER, "combine": "weights", "proxy_model": CNN_HEAD}, BODY_HEAD_GRID),
+    (
+        f"FedPer ({CNN_HEAD})",
+        "fedper",
+        {**SERVER, "combine": "weights", "proxy_model": CNN_HEAD},
+        BODY_HEAD_GRID,
+    ),
+    (
+        f"FedRep ({CNN_HEAD})",
+        "fedrep",
+        {**SERVER, "combine": "weights", "proxy_model": CNN_HEAD, "local_steps": 2, "fedrep_head_share": 0.5},
+        BODY_HEAD_GRID,
+    ),
+    (f"FedBN ({GN_HEAD})", "fedbn", {**SERVER, "combine": "weights", "proxy_model": GN_HEAD}, BODY_HEAD_GRID),
+]
+BODY_HEAD_LABELS = tuple(x[0] for x in BODY_HEAD_SCATTER)
+PERSONAL_DP = BODY_HEAD_LABELS[1:]  # their headline, the personalised model a site keeps, is a DP model
 PERSONALIZED_SCATTER: list[tuple[str, str, dict, dict]] = [
     PROXYFL_COMPLETE,
     ("FedProx", "fedprox", {**SERVER, "combine": "weights"}, SERVER_GRID),
@@ -120,6 +149,7 @@ PERSONALIZED_SCATTER: list[tuple[str, str, dict, dict]] = [
     ("Ditto", "ditto", {**SERVER, "combine": "weights"}, SERVER_GRID),
     ("APFL", "apfl", dict(SERVER), SERVER_GRID),
     ("MR-MTL", "mr-mtl", dict(GOSSIP), {"rounds": [100], "lr": GOSSIP_LR}),
+    *BODY_HEAD_SCATTER,
 ]
 PERSONALIZED_LABELS = tuple(x[0] for x in PERSONALIZED_SCATTER)
 PROXYFL_LABELS = ("ProxyFL (strict)", PROXYFL_COMPLETE[0])
@@ -734,7 +764,8 @@ FEATURE_TEXT = {
         "ScatterNet features (kymatio `Scattering2D`, J = 2, L = 8: 81 × 7 × 7, then GroupNorm without "
         "affine "
         "parameters: a fixed function of each image, no budget); linear heads; SGD with momentum 0.9, clip "
-        "0.1, q = 0.5 (the non-DP models: Adam, lr 0.003); FedAvg and FML one local DP step per round with "
+        "0.1, q = 0.5 (the non-DP models: Adam, lr 0.003); every DP model a linear head except in the rows "
+        "whose label names another head; FedAvg and FML one local DP step per round with "
         "server momentum 0.9; ProxyFL, AvgPush and CWT one local DP step a round (ProxyFL with push-sum "
         "self-weight 0.5) — for these three the momentum buffer is cleared whenever a received model "
         "replaces the shared one (`optimizer_state` reset, the default), so with one step a round they step "
@@ -743,8 +774,18 @@ FEATURE_TEXT = {
         "training — every model of those methods trains on the other 80 % (`combined`, non-private: stays at "
         "the site); FedProx, SCAFFOLD, FedAdam, Ditto and APFL take FedAvg's recipe (FedAdam: Adam at the "
         "server instead of momentum, its server lr tuned), MR-MTL the gossip methods' (each site keeps its "
-        "own DP model); FedPer, FedRep and FedBN need a body/head split or normalisation layers that a "
-        "linear head does not have, so they are not in this stage. With one local DP step a round FedProx's "
+        "own DP model); FedPer, FedRep and FedBN need a body/head split or normalisation layers, which a "
+        "linear head does not have: they run on Tramèr & Boneh's CNN head over the scattering maps "
+        "(`scattercnn`: conv, conv, fc | out, the head being `out`; FedBN on `scattercnn-gn`, the same CNN "
+        "with GroupNorm after each convolution, whose affine parameters each site keeps) with FedAvg's "
+        "recipe, next to FedAvg on `scattercnn` (the reference their personalisation is measured against); "
+        f"their lr grid is ({', '.join(f'{x:g}' for x in CNN_LR)}), a step below the linear heads' "
+        "(pilot runs on seed 0's validation split at ε = 3, 50 rounds, outside the tuning cost below: "
+        "FedAvg on `scattercnn` lr 3 0.603, 10 0.586, 30 0.439; FedBN lr 3 0.617, 10 0.484; FedPer's "
+        "personal model lr 3 0.177, 10 0.223, 30 0.197); FedRep takes two DP steps a round, the head's "
+        "and then the body's (`fedrep_head_share` 0.5), as one step a round would leave its head phase "
+        "empty and its head at its "
+        "initial weights. With one local DP step a round FedProx's "
         "pull is zero at that step (the model is the one just received) and SCAFFOLD's corrections average "
         "out at the server, so both equal FedAvg exactly; they differ only with several local steps. APFL "
         "does not hold rows out for a combiner (its mixture is its own), so its global model trains on all "
@@ -797,6 +838,78 @@ def _gain(rs: list[dict], vals: list, ref: dict[int, float]) -> tuple[float | No
     return _mean(d), _sd(d)
 
 
+def majority_share(trial: Path, feats: str, seed: int = TUNE_SEED) -> float | None:
+    """The share of the validation split's images that a site's personal model (``private``) of ``trial`` —
+    a tuning trial, run on the validation split — assigns to its site's majority class, mean over sites; None
+    without those models. The validation split is public (the study tunes on it); a balanced split gives
+    0.1 to a model that matches it."""
+    import torch
+
+    from silofl.models import load_model
+
+    models = trial / "models"
+    if not (models / "client0_private.json").is_file():
+        return None
+    split = _split(seed, feats, "validation")
+    x = split.test[0]
+    shares = []
+    for k, (_, y) in enumerate(split.parts):
+        model, _ = load_model(models / f"client{k}_private")
+        model.eval()
+        with torch.no_grad():
+            pred = model(x).argmax(1)
+        shares.append(float((pred == torch.bincount(y).argmax()).float().mean()))
+    return statistics.fmean(shares)
+
+
+def _personal_section(R: _Rows, f: str, root: Path | None = None) -> list[str]:
+    """The gain of personalisation on feature stage ``f``: FedPer's, FedRep's and FedBN's personal model
+    (their headline) minus FedAvg's global model on the same head, seed by seed; none without that
+    reference. With ``root`` (the study's folder), also what their chosen trials at the largest budget
+    predict on the validation split (:func:`majority_share`)."""
+    if not any(R.get(f, FEDAVG_CNN, eps) for eps in BUDGETS):
+        return []
+    top = max(BUDGETS)
+    shares = {}
+    for label in PERSONAL_DP if root is not None else ():
+        tdir = root / f"features-{f}" / _slug(label) / f"eps{top:g}" / f"seed{TUNE_SEED}" / "tune"
+        if (tdir / "tune.json").is_file():
+            best = json.loads((tdir / "tune.json").read_text())["best"]["trial"]
+            v = majority_share(tdir / "trials" / f"trial{best}", f)
+            if v is not None:
+                shares[label] = v
+    lines = [
+        f"Personalisation on the same head: each site's personal model minus {FEDAVG_CNN}'s global model "
+        "(the same CNN, FedAvg's recipe and grid; FedBN's adds GroupNorm), seed by seed, mean ± spread over "
+        "seeds. The personal model adapts the head (FedPer, FedRep) or the normalisation (FedBN) to its "
+        f"site's rows, {BASE['p_major'] * 100:g} % of them one class, and is scored on the balanced test "
+        "split, which does not reward that skew; a FedPer or FedRep site's head learns from its own rows "
+        "only, under its site's DP noise, one step a round without the server's momentum (a pilot giving it "
+        "momentum — the sites' SGD momentum kept across rounds instead of the server's — at ε = 3, lr 3: "
+        "personal model 0.219 on the validation split, against 0.177 with FedAvg's recipe)."
+        + (
+            f" The share of the validation split's images (balanced: 0.1 a class) that a site's personal "
+            f"model assigns to its site's majority class, mean over sites, ε = {top:g}, seed {TUNE_SEED}'s "
+            "chosen trial: " + ", ".join(f"{lab} {v:.2f}" for lab, v in shares.items()) + "."
+            if shares
+            else ""
+        ),
+        "",
+        "| method | ε = 1 | ε = 3 | ε = 8 |",
+        "|---|---|---|---|",
+    ]
+    for label in PERSONAL_DP:
+        cells = []
+        for eps in BUDGETS:
+            ref = {r["seed"]: r["accs"].get("global_acc") for r in R.get(f, FEDAVG_CNN, eps)}
+            ref = {k: v for k, v in ref.items() if v is not None}
+            rs = [r for r in R.get(f, label, eps) if r["seed"] in ref]
+            cells.append(_pm(*_gain(rs, [r["test"] for r in rs], ref), signed=True) if rs else "—")
+        if any(c != "—" for c in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return [*lines, ""] if lines[-1] != "|---|---|---|---|" else []
+
+
 def document(
     rows: list[dict],
     root: Path,
@@ -813,6 +926,7 @@ def document(
 
     R = _Rows(rows)
     labels = [m[0] for m in METHODS] + list(PERSONALIZED_LABELS) + [PUBSUB[0]]
+    all_seeds = sorted({*seeds, *(r["seed"] for r in R.ok)})  # carried rows may have more seeds than this run
     lines = [
         "# Privacy–utility: every method at ε = 1, 3, 8 per site, on pixels and on DP-friendly features",
         "",
@@ -824,8 +938,14 @@ def document(
         "",
         "Fashion-MNIST, p_major 0.8, 8 clients × 1000 examples, δ = 1e-5, the balanced 10 000-image test "
         "split; seeds "
-        f"{', '.join(map(str, seeds))} (seeded research runs: † the guarantee holds only while the seed "
-        f"stays secret). "
+        f"{', '.join(map(str, all_seeds))}"
+        + (
+            f" (the rows this generation ran: seeds {', '.join(map(str, seeds))}; a cell with fewer seeds "
+            "says how many)"
+            if all_seeds != sorted(seeds)
+            else ""
+        )
+        + " (seeded research runs: † the guarantee holds only while the seed stays secret). "
         "For every method, budget and feature stage, `silofl tune` tried the grid below, each trial "
         "budget-first (σ set "
         "so that its planned rounds end at the budget), scored on a **validation split of 2000 Fashion-MNIST "
@@ -938,7 +1058,7 @@ def document(
                     if m is not None and (best is None or m > best[0]):
                         best = (m, label, k, *_gain(rs, vals, ref))
                 for key in ("combined_acc", "private_acc"):
-                    if key == "private_acc" and label not in NONPRIVATE_PERSONAL:
+                    if key == "private_acc" and label not in (*NONPRIVATE_PERSONAL, *PERSONAL_DP):
                         continue
                     vals = [r["accs"].get(key) for r in rs]
                     m = _mean(vals)
@@ -967,7 +1087,9 @@ def document(
         "FedAvg's, AvgPush's, CWT's and DP-FedAvg's global model). *Combined / private*: what a site keeps "
         "— its own non-DP model fused with the DP model(s) it holds on its own held-out rows (APFL: its "
         "mixture of its own and the global model), or ProxyFL's private or Ditto's personal model — "
-        "non-private, it never leaves the site. Joint (pooled data) is the upper reference "
+        "non-private, it never leaves the site — or FedPer's, FedRep's and FedBN's personal model (the "
+        "shared body or layers under the site's own head or normalisation: a DP model, part of which is "
+        "shared). Joint (pooled data) is the upper reference "
         "and "
         "not counted.",
         "",
@@ -1011,7 +1133,7 @@ def document(
                 ]
                 extra = f"; {', '.join(other)}" if other else ""
                 sig = f", σ {rs[0]['sigma']:.2f}" if rs[0].get("sigma") else ""
-                n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(seeds) else ""
+                n = f", {len(rs)} seed{'s' if len(rs) > 1 else ''}" if len(rs) != len(all_seeds) else ""
                 cells.append(f"{_pm(acc, sd)} (ε {e:.2f}{sig}{extra}{n})")
                 sets.append(
                     ",".join(f"{k}={v}" for k, v in rs[0]["settings"].items() if k not in FEATURE_SETS[f][0])
@@ -1060,6 +1182,7 @@ def document(
                     )
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
             lines.append("")
+        lines += _personal_section(R, f, root)
     # targets
     lines += ["## The issue's targets (mean of the seeds, balanced test set, δ = 1e-5, per-site ε)", ""]
     for f in features:
@@ -1210,8 +1333,14 @@ def document(
         lines += [
             "## Tuning cost",
             "",
-            f"{sum(r['tuning']['trials'] for r in tc)} trials, {secs / 60:.1f} CPU-minutes of wall time on "
-            f"the "
+            f"{sum(r['tuning']['trials'] for r in tc)} trials"
+            + (
+                f" ({sum(r['tuning']['trials'] for r in tc if not r.get('carried'))} of them this "
+                "generation's)"
+                if any(r.get("carried") for r in tc)
+                else ""
+            )
+            + f", {secs / 60:.1f} CPU-minutes of wall time (this generation's tuning) on the "
             "shared machine. Validation data being public does not make tuning free: each trial trained on "
             "the "
             "sites' private data and the choice depends on all of them. Composing every trial of a (method, "
@@ -1265,7 +1394,7 @@ def document(
     # the plot: one panel per feature stage
     fig, axes = plt.subplots(1, len(features), figsize=(6 * len(features), 4.5), sharey=True, squeeze=False)
     for ax, f in zip(axes[0], features, strict=True):
-        for label in labels:
+        for i, label in enumerate(labels):  # one colour each (20 of them), then the markers tell them apart
             pts = []
             for e in BUDGETS:
                 rs = R.get(f, label, e)
@@ -1273,7 +1402,13 @@ def document(
                     k, vals = R.shared(rs)
                     pts.append((e, _mean(vals) if k else _mean([r["test"] for r in rs])))
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    marker="os^"[i // 20 % 3],
+                    color=plt.get_cmap("tab20")(i % 20),
+                    label=label,
+                )
         ref_label, ref = R.alone(f)
         if ref:
             ax.axhline(_mean(list(ref.values())), color="k", linestyle="--", label=f"alone: {ref_label}")

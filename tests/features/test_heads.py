@@ -9,7 +9,9 @@ from silofl.privacy.grad_sample import GhostClipper, ghost_support, make_clipper
 from tests.privacy.test_grad_sample import ce, opacus_reference
 
 
-@pytest.mark.parametrize("name", ["linear", "scattercnn", pytest.param("mlp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", ["linear", "scattercnn", "scattercnn-gn", pytest.param("mlp", marks=pytest.mark.slow)]
+)
 def test_heads_on_scatter_features_use_ghost_norms_matching_opacus(name):
     shape = (81, 4, 4)  # J = 2 scattering of 16×16 images
     torch.manual_seed(0)

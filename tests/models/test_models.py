@@ -78,3 +78,43 @@ def test_tabular_models_take_the_dp_sgd_fast_path():
         assert model(torch.zeros(4, 7)).shape == (4, 3)
     with pytest.raises(ConfigError, match="convolutional model for images"):
         build_model("lenet5", (7,), 3)
+
+
+def test_scattercnn_gn_adds_groupnorm_after_each_conv_which_fedbn_keeps():
+    """scattercnn-gn: scattercnn's layers plus GroupNorm after each convolution; FedBN keeps exactly those
+    GroupNorm tensors at each site and shares the rest (under DP too: no BatchNorm)."""
+    from silofl.fl.methods.fedbn import fedbn_keys, norm_keys
+
+    shape = (81, 7, 7)  # J = 2 scattering of 28×28 images
+    torch.manual_seed(0)
+    gn, plain = build_model("scattercnn-gn", shape, 10), build_model("scattercnn", shape, 10)
+    assert gn(torch.randn(3, *shape)).shape == (3, 10)
+    norms = [m for m in gn.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert [(m.num_groups, m.num_channels, m.affine) for m in norms] == [(4, 16, True), (4, 32, True)]
+    assert {type(m) for m in gn.modules() if any(True for _ in m.parameters(recurse=False))} == {
+        torch.nn.Conv2d,
+        torch.nn.GroupNorm,
+        torch.nn.Linear,
+    }
+    own = ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias")
+    assert norm_keys(gn) == own and norm_keys(plain) == ()
+    shared = fedbn_keys(ModelSpec("scattercnn-gn", shape, 10), private=True)
+    assert set(shared) == set(plain.state_dict()) and not set(shared) & set(own)
+    # the normalisation sits between each conv and its tanh: every example's groups have mean 0, variance 1
+    x = torch.randn(2, *shape)
+    z = gn.norm1(gn.conv1(x)).reshape(2, 4, -1)
+    torch.testing.assert_close(z.mean(-1), torch.zeros(2, 4), atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="scattercnn"):
+        build_model("scattercnn-gn", (3969,), 10)
+
+
+def test_fedper_splits_scattercnn_into_its_cnn_body_and_output_layer():
+    """FedPer and FedRep share scattercnn's conv, conv, fc (the body) and keep its last Linear (the head)."""
+    from silofl.fl.methods.fedper import body_keys, head_keys
+
+    spec = ModelSpec("scattercnn", (81, 7, 7), 10)
+    model = spec.build()
+    assert head_keys(model) == ("out.weight", "out.bias")
+    assert body_keys(spec) == tuple(f"{m}.{p}" for m in ("conv1", "conv2", "fc") for p in ("weight", "bias"))
+    # scattercnn's layout (and so its saved models) is unchanged by the GroupNorm option
+    assert list(model.state_dict()) == [*body_keys(spec), "out.weight", "out.bias"]

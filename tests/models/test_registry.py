@@ -53,7 +53,7 @@ def test_builtins_in_their_order_with_metadata():
     assert model_names()[:4] == ("mlp", "mlp256", "tabmlp", "logreg") and MODEL_NAMES == model_names()
     assert MODELS.entry("lenet5").meta["inputs"] == "images"
     assert MODELS.entry("deepset").meta["inputs"] == "bags"
-    assert {n for n in MODELS if MODELS.entry(n).meta["head"]} == {"linear", "scattercnn"}
+    assert {n for n in MODELS if MODELS.entry(n).meta["head"]} == {"linear", "scattercnn", "scattercnn-gn"}
     assert REGISTRY["linear"] is REGISTRY["logreg"]  # the linear head is logistic regression
 
 

@@ -145,6 +145,7 @@ class ScatterCNN(nn.Module):
         num_classes: int,
         channels: tuple[int, int] = (16, 32),
         hidden: int = 32,
+        groups: int = 0,
     ):
         super().__init__()
         if len(input_shape) != 3:
@@ -152,18 +153,34 @@ class ScatterCNN(nn.Module):
                 f"scattercnn is a convolutional head over feature maps (C×H×W); for inputs of shape "
                 f"{tuple(input_shape)} use linear, logreg or mlp"
             )
+        # groups > 0: GroupNorm(groups) after each convolution, before its tanh (scattercnn-gn); 0: none
         self.conv1 = nn.Conv2d(input_shape[0], channels[0], 3, stride=2, padding=1)
+        self.norm1 = nn.GroupNorm(groups, channels[0]) if groups else None
         self.conv2 = nn.Conv2d(channels[0], channels[1], 3, stride=1, padding=1)
+        self.norm2 = nn.GroupNorm(groups, channels[1]) if groups else None
         with torch.no_grad():
             n_flat = self._features(torch.zeros(1, *input_shape)).shape[1]
         self.fc = nn.Linear(n_flat, hidden)
         self.out = nn.Linear(hidden, num_classes)
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.conv2(torch.tanh(self.conv1(x)))).flatten(1)
+        for conv, norm in ((self.conv1, self.norm1), (self.conv2, self.norm2)):
+            x = conv(x)
+            x = torch.tanh(norm(x) if norm is not None else x)
+        return x.flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(torch.tanh(self.fc(self._features(x))))
+
+
+class ScatterCNNGN(ScatterCNN):
+    """scattercnn with GroupNorm (4 groups) after each convolution, before its tanh: the normalisation layers
+    FedBN keeps at each site under DP (their affine parameters; :mod:`silofl.fl.methods.fedbn`). GroupNorm
+    normalises each example over its own channels, so per-example clipping stays defined and its parameters
+    take DP-SGD's fast per-example norm path with the Conv2d and Linear layers."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__(input_shape, num_classes, groups=4)
 
 
 from silofl.models.gn import CNNGN  # noqa: E402
@@ -229,6 +246,8 @@ register_model(
 )
 # a small CNN with GroupNorm (FedBN keeps its normalisation layers at each site: silofl.fl.methods.fedbn)
 register_model("cnn-gn", CNNGN, inputs="images")
+# scattercnn with GroupNorm after each convolution: FedBN's head on features (its norms stay at each site)
+register_model("scattercnn-gn", ScatterCNNGN, inputs="images", head=True)
 
 
 def model_names() -> tuple[str, ...]:
