@@ -261,9 +261,11 @@ def write_doc(result: dict, path: Path) -> None:
         "- *set-up*: from `deploy local`'s start of the deployment (keys, site folders) until every "
         "site's SuperNode is connected; *command*: the whole command, its own start, the run, writing "
         "the run folder and stopping every process included. A paced SuperNode process imports Flower "
-        "only (not silofl, not torch); each site's worker imports what a run's set-up step needs (the "
-        "run loop, Opacus' accountants, torch's dynamo, which torch.optim loads at the first optimizer) "
-        "while it waits for the run; the run is submitted in `deploy local`'s own process; at the end "
+        "only (not silofl, not torch); each site's worker is forked from one fork server that imported "
+        "what a site's worker needs once (`silofl.core.forking`: torch, the run loop, Opacus' accountants, "
+        "torch's dynamo, which torch.optim loads at the first optimizer), started before the keys and the "
+        "site folders are made — as torch.distributed's processes are forked from `silofl launch`'s; the "
+        "run is submitted in `deploy local`'s own process; at the end "
         "the sites stop together and a stopped site's process ends without the interpreter's teardown of"
         " torch and Flower.",
     ]
