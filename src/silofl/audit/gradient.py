@@ -69,6 +69,7 @@ from silofl.comm.engine import Engine, InProcessEngine
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
 from silofl.run.config import RunConfig
+from silofl.run.data import unheld_rows
 from silofl.run.loop import RunHooks
 from silofl.run.loop import run as run_loop
 
@@ -257,15 +258,27 @@ def public_rows(split: Any, seed: int, limit: int = PUBLIC_ROWS) -> tuple[torch.
         return None
     if split.external is not None or not split.parts or ds.x_train.shape[1:] != split.parts[0][0].shape[1:]:
         return None
-    used = np.zeros(len(ds.y_train), bool)
-    for idx in split.indices:
-        used[np.asarray(idx, dtype=np.int64)] = True
-    free = np.flatnonzero(~used)
-    if len(free) < 2:
+    rows = pick_public(unheld_rows(len(ds.y_train), split.indices), seed, limit)
+    if rows is None:
         return None
-    rows = np.sort(np.random.default_rng(seed).permutation(free)[:limit])
     sel = torch.as_tensor(rows)
     return ds.x_train[sel], ds.y_train[sel]
+
+
+def pick_public(free: np.ndarray, seed: int, limit: int = PUBLIC_ROWS) -> np.ndarray | None:
+    """Up to ``limit`` of the row indices ``free``, drawn with ``seed``, ascending; None for fewer than
+    two."""
+    if len(free) < 2:
+        return None
+    return np.sort(np.random.default_rng(seed).permutation(free)[:limit])
+
+
+def quiet_activity(model: nn.Module, public: Any, sample_rate: float, n: int) -> np.ndarray | None:
+    """:func:`activity_on_public_data` of ``model`` on ``public`` rows (x, y) in batches of the site's
+    expected batch size q·n; None without public rows (random placement)."""
+    if public is None:
+        return None
+    return activity_on_public_data(model, public[0], public[1], batch=round(sample_rate * n))
 
 
 def activity_on_public_data(
@@ -455,12 +468,7 @@ def audit(
                 f"{cfg.method}'s sites do not train by DP-SGD: gradient canaries need a DP-SGD site"
             )
         params = [p for p in site.shared.parameters() if p.requires_grad]
-        public = held.get("public")
-        activity = (
-            activity_on_public_data(site.shared, public[0], public[1], batch=round(site.sample_rate * site.n))
-            if public is not None
-            else None
-        )
+        activity = quiet_activity(site.shared, held.get("public"), site.sample_rate, site.n)
         canaries = GradientCanaries(
             params, s.canaries, s.canary_kind, coins, site.sample_rate, s.derived(2), activity=activity
         )
@@ -611,9 +619,8 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     held: dict = {}
     public = None
     if s.canary_placement == "quiet":  # training rows the publisher does not hold, in the model's input form
-        free = np.setdiff1d(np.arange(len(ds.y_train)), rows)
-        pick = np.sort(np.random.default_rng(s.derived(3)).permutation(free)[:PUBLIC_ROWS])
-        if len(pick) >= 2:
+        pick = pick_public(unheld_rows(len(ds.y_train), [rows]), s.derived(3))
+        if pick is not None:
             public = (
                 torch.as_tensor(bounds.scale(x_train[torch.as_tensor(pick)].numpy()), dtype=torch.float32),
                 ds.y_train[torch.as_tensor(pick)],
@@ -622,11 +629,7 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     def hook(dp, model, opt, n_rows):
         params = [p for p in model.parameters() if p.requires_grad]
         q = dp.sample_rate if dp is not None else min(1.0, batch / n_rows)
-        activity = (
-            activity_on_public_data(model, public[0], public[1], batch=round(q * n_rows))
-            if public is not None
-            else None
-        )
+        activity = quiet_activity(model, public, q, n_rows)
         canaries = GradientCanaries(
             params, s.canaries, s.canary_kind, coins, q, s.derived(2), activity=activity
         )

@@ -190,15 +190,21 @@ def _prepare_inputs(
     )
 
 
+def unheld_rows(n: int, held: list) -> np.ndarray:
+    """The indices among ``n`` training rows that none of ``held`` (index arrays: the clients' shards, a
+    publisher's rows) contains, ascending: the rows that stand for public data of the same kind."""
+    used = np.zeros(n, dtype=bool)
+    for idx in held:
+        used[np.asarray(idx, dtype=np.int64)] = True
+    return np.flatnonzero(~used)
+
+
 def validation_split(cfg: RunConfig, data: Dataset, shards: list) -> tuple[torch.Tensor, torch.Tensor, str]:
     """``validation_size`` training examples that no client holds (drawn with the split seed), limited by
     ``test_limit``: the data tuning selects on. They stand for public data of the same kind; the test split is
     not
     read."""
-    used = np.zeros(len(data.y_train), dtype=bool)
-    for s in shards:
-        used[np.asarray(s)] = True
-    free = np.flatnonzero(~used)
+    free = unheld_rows(len(data.y_train), shards)
     if len(free) == 0:
         from silofl.core.errors import ConfigError
 
