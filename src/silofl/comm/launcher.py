@@ -57,6 +57,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def forked_cli(run_args: list[str]) -> list[str] | None:
+    """The ``silofl`` arguments a forked worker runs for ``python RUN_ARGS`` (``-m silofl.cli.main …``); None
+    where workers are not forked (``SILOFL_FORK_WORKERS=0``, or another command)."""
+    if forking() and run_args[:2] == ["-m", "silofl.cli.main"]:
+        return run_args[2:]
+    return None
+
+
 def launch_processes(
     run_args: list[str],
     nproc: int,
@@ -93,9 +101,10 @@ def launch_processes(
             "MASTER_ADDR": host,
             "MASTER_PORT": port,
         }
+        cli = forked_cli(run_args)
         procs[rank] = (
-            ForkedPopen(WORKER_PRELOAD, run_cli, (run_args[2:], env), f"rank{rank}")  # type: ignore[assignment]
-            if forking() and run_args[:2] == ["-m", "silofl.cli.main"]
+            ForkedPopen(WORKER_PRELOAD, run_cli, (cli, env), f"rank{rank}")  # type: ignore[assignment]
+            if cli is not None
             else subprocess.Popen([sys.executable, *run_args], env=env)
         )
     codes: dict[int, int | None] = {}
@@ -141,7 +150,8 @@ def torchrun(torchrun_args: list[str], run_args: list[str]) -> None:
     differs."""
     from torch.distributed import run as tr
 
-    if not (forking() and run_args[:2] == ["-m", "silofl.cli.main"]):
+    cli = forked_cli(run_args)
+    if cli is None:
         tr.main([*torchrun_args, *run_args])
         return
     from torch.distributed.launcher.api import elastic_launch
@@ -154,4 +164,4 @@ def torchrun(torchrun_args: list[str], run_args: list[str]) -> None:
     config, _, _ = tr.config_from_args(args)  # sets OMP_NUM_THREADS=1 for several processes, as torchrun does
     config.start_method = "forkserver"
     fork_server(WORKER_PRELOAD)  # after the environment is final: the workers inherit the server's
-    elastic_launch(config=config, entrypoint=run_cli)(run_args[2:])
+    elastic_launch(config=config, entrypoint=run_cli)(cli)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
-from silofl.core.forking import fork_server, forking
+from silofl.core.forking import ForkedPopen, fork_server, forking, run_cli
 
 log = logging.getLogger("silofl")
 
@@ -166,18 +166,20 @@ SITE_PRELOAD = "silofl.deploy.site_preload"  # what every site worker imports, i
 
 
 class ForkedProc(Proc):
-    """A site worker forked from a fork server that imported torch, the run loop and Flower once
-    (:mod:`silofl.core.forking`, :data:`SITE_PRELOAD`): the same command, log, session and signals as a
+    """``silofl ARGS`` (a site worker) forked from a fork server that imported torch, the run loop and Flower
+    once (:mod:`silofl.core.forking`, :data:`SITE_PRELOAD`): the same command, log, session and signals as a
     :class:`Proc`, without each site's interpreter importing them again — seconds of CPU per site, which on a
-    machine with fewer cores than sites is most of a deployment's set-up."""
+    machine with fewer cores than sites is most of a deployment's set-up. With ``SILOFL_FORK_WORKERS=0`` it
+    is a plain :class:`Proc` of the same command."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path):
         self.args = args
         super().__init__(name, [sys.executable, "-m", "silofl.cli.main", *args], env, log_dir)
 
     def _start(self) -> None:
-        from silofl.core.forking import ForkedPopen, run_cli
-
+        if not forking():
+            super()._start()
+            return
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.offset = self._log.tell()
         self.p = ForkedPopen(  # type: ignore[assignment]
@@ -644,15 +646,10 @@ class LocalDeployment:
                 site_address = f"127.0.0.1:{self.relay.port}"
             args = ["site", "run", "--superlink", site_address, "--poll-s", str(poll_s)]
             args += ["--insecure"] if insecure else ["--ca", str(dep / "pki" / "ca.crt")]
-            fork = forking()
+            env = {**os.environ, "SILOFL_NO_PROGRESS": "1"}
             for k, folder in enumerate(folders):
-                site_args, env = [*args, "--site-dir", str(folder)], {**os.environ, "SILOFL_NO_PROGRESS": "1"}
                 self.procs.append(
-                    ForkedProc(f"site{k}", site_args, env, dep / "logs")
-                    if fork
-                    else Proc(
-                        f"site{k}", [sys.executable, "-m", "silofl.cli.main", *site_args], env, dep / "logs"
-                    )
+                    ForkedProc(f"site{k}", [*args, "--site-dir", str(folder)], env, dep / "logs")
                 )
             self.procs[0].wait_for("Uvicorn running", 120)
             done("superlink_serving")
