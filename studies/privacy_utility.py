@@ -118,21 +118,17 @@ CNN_HEAD, GN_HEAD = "scattercnn", "scattercnn-gn"
 FEDAVG_CNN = f"FedAvg ({CNN_HEAD})"  # the same-head reference of the three below
 CNN_LR = [1.0, 3.0]
 BODY_HEAD_GRID = {"rounds": [50], "lr": CNN_LR}
+CNN_SERVER = {**SERVER, "combine": "weights", "proxy_model": CNN_HEAD}  # FedAvg's recipe on the CNN head
 BODY_HEAD_SCATTER: list[tuple[str, str, dict, dict]] = [
-    (FEDAVG_CNN, "fedavg", {**SERVER, "combine": "weights", "proxy_model": CNN_HEAD}, BODY_HEAD_GRID),
-    (
-        f"FedPer ({CNN_HEAD})",
-        "fedper",
-        {**SERVER, "combine": "weights", "proxy_model": CNN_HEAD},
-        BODY_HEAD_GRID,
-    ),
+    (FEDAVG_CNN, "fedavg", CNN_SERVER, BODY_HEAD_GRID),
+    (f"FedPer ({CNN_HEAD})", "fedper", CNN_SERVER, BODY_HEAD_GRID),
     (
         f"FedRep ({CNN_HEAD})",
         "fedrep",
-        {**SERVER, "combine": "weights", "proxy_model": CNN_HEAD, "local_steps": 2, "fedrep_head_share": 0.5},
+        {**CNN_SERVER, "local_steps": 2, "fedrep_head_share": 0.5},
         BODY_HEAD_GRID,
     ),
-    (f"FedBN ({GN_HEAD})", "fedbn", {**SERVER, "combine": "weights", "proxy_model": GN_HEAD}, BODY_HEAD_GRID),
+    (f"FedBN ({GN_HEAD})", "fedbn", {**CNN_SERVER, "proxy_model": GN_HEAD}, BODY_HEAD_GRID),
 ]
 BODY_HEAD_LABELS = tuple(x[0] for x in BODY_HEAD_SCATTER)
 PERSONAL_DP = BODY_HEAD_LABELS[1:]  # their headline, the personalised model a site keeps, is a DP model
