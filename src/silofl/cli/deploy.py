@@ -206,7 +206,7 @@ def site_run(
 
     ca = ca.resolve() if ca is not None else None  # Flower reads certificate paths as absolute ones
     check_seconds("--poll-s", poll_s)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", force=True)
     run_site(site_dir, superlink, ca, insecure=insecure, poll_s=poll_s, exit_now=True)
 
 

@@ -78,9 +78,9 @@ class ForkedPopen:
         self.send_signal(signal.SIGKILL)
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None, log_path: str | None = None) -> None:
-    """A forked worker's body: ``env`` as its environment, its output to ``log_path`` (in its own session,
-    as a command started with ``start_new_session`` is), then ``silofl ARGS`` as the command would run."""
+def detach(env: dict[str, str] | None, log_path: str | None) -> None:
+    """A forked worker's start, as a started command's: its own session and output to ``log_path`` (appended),
+    ``env`` as its environment (each unless None)."""
     if log_path is not None:
         os.setsid()
         fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
@@ -90,6 +90,12 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, log_path: str | 
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+    """A forked worker's body: ``env`` as its environment, its output to ``log_path`` (in its own session,
+    as a command started with ``start_new_session`` is), then ``silofl ARGS`` as the command would run."""
+    detach(env, log_path)
     from silofl.cli.main import app
 
     try:

@@ -67,6 +67,42 @@ def fab_refusal(content: bytes, claimed: str, mine: str) -> str | None:
     return None
 
 
+def runtime_client(
+    address: str,
+    secret: bytes | None = None,
+    token: str | None = None,
+    root_certificates: bytes | None = None,
+):
+    """A client of a Flower runtime API (a SuperNode's or the SuperLink's) at ``address``: as the
+    SuperExec (``secret`` signs ``AcquireTask``) or as a task's app (``token``). TLS with
+    ``root_certificates``, plain on loopback without. The task loops retry ``AcquireTask`` themselves every
+    :data:`POLL_GAP_S` (Flower's invoker backs off to seconds while the API is still starting); a task's own
+    requests keep Flower's retries."""
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.interceptors.http.superexec_auth import SuperExecAuthHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    if token is None:
+        interceptors = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+        if secret is not None:
+            interceptors.append(
+                SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods={ACQUIRE})
+            )
+    else:
+        interceptors = [
+            RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+            RuntimeTokenHttpInterceptor(token),
+        ]
+    return RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=root_certificates is None,
+        root_certificates=root_certificates,
+        interceptors=interceptors,
+        retry_invoker=make_simple_http_retry_invoker() if token else None,
+    )
+
+
 class WarmExecutor:
     """Takes this SuperNode's ClientApp tasks from its runtime API at ``address`` and answers each with
     ``handle(frame) -> frame`` (see the module doc), until ``stop`` is set."""
@@ -94,31 +130,7 @@ class WarmExecutor:
         self.bell.settimeout(POLL_S)
 
     def _client(self, token: str | None = None):
-        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.interceptors.http.superexec_auth import SuperExecAuthHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
-        from flwr.supercore.runtime import RuntimeHttpClient
-
-        if token is None:
-            interceptors = [
-                RuntimeVersionHttpInterceptor(component_name="SuperExec"),
-                SuperExecAuthHttpInterceptor(master_secret=self.secret, protected_methods={ACQUIRE}),
-            ]
-        else:
-            interceptors = [
-                RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-                RuntimeTokenHttpInterceptor(token),
-            ]
-        # the task loop retries AcquireTask itself every POLL_GAP_S (Flower's invoker backs off to seconds
-        # while the
-        # SuperNode is still starting); a task's own requests keep Flower's retries
-        return RuntimeHttpClient.from_server_address(
-            server_address=self.address,
-            insecure=True,
-            root_certificates=None,
-            interceptors=interceptors,
-            retry_invoker=make_simple_http_retry_invoker() if token else None,
-        )
+        return runtime_client(self.address, secret=None if token else self.secret, token=token)
 
     def run(self) -> None:
         """Take and run tasks until stopped; a failure costs its task, never the loop."""

@@ -22,18 +22,20 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
-from silofl.core.forking import ForkedPopen, fork_server, forking, run_cli
+from silofl.core.forking import ForkedPopen, detach, fork_server, forking, run_cli
 
 log = logging.getLogger("silofl")
 
 FAB_DIR = Path(__file__).parent / "fab"
 FEDERATION = "silofl"  # the name of the SuperLink connection in the CLI's config
 SERVERAPP_START_S = 180.0  # a submitted run whose ServerApp has not said a word by then is not coming
+SERVERAPP_EXIT_S = 30.0  # a forked ServerApp's time to push its task's output once its run is done
+SERVERAPP_POLL_S = 0.02  # deploy local's wait for the ServerApp task of the run it has just submitted
 
 
 def flower_bin(name: str) -> str:
@@ -184,6 +186,83 @@ class ForkedProc(Proc):
         self.offset = self._log.tell()
         self.p = ForkedPopen(  # type: ignore[assignment]
             SITE_PRELOAD, run_cli, (self.args, self.env, str(self.log_path)), self.name
+        )
+
+
+def acquire_serverapp_task(address: str, secret: bytes, ca: Path | None, timeout_s: float) -> str:
+    """The token of the ServerApp task the SuperLink at ``address`` holds for a submitted run, taken as
+    Flower's SuperExec takes it (``AcquireTask``, signed with ``secret``; TLS with ``ca``)."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+
+    from silofl.deploy.executor import POLL_GAP_S, runtime_client
+
+    client = runtime_client(address, secret=secret, root_certificates=ca.read_bytes() if ca else None)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[str(TaskType.SERVER_APP)]))
+                if res.HasField("task") and res.token:
+                    return str(res.token)
+                wait = SERVERAPP_POLL_S
+            except Exception as e:  # noqa: BLE001 - the SuperLink busy or restarting: ask again
+                log.debug("AcquireTask (ServerApp) failed: %s", e)
+                wait = POLL_GAP_S
+            if time.monotonic() > deadline:
+                raise SiloflError(
+                    f"the SuperLink did not hand out the run's ServerApp task within {timeout_s:g} s of the "
+                    "submission (its log says why)"
+                )
+            time.sleep(wait)
+    finally:
+        client.close()
+
+
+def run_forked_serverapp(
+    address: str, token: str, ca: str | None, env: dict[str, str], log_path: str
+) -> None:
+    """A forked ServerApp's body: Flower's own ``flwr-serverapp`` run (:func:`run_serverapp`: pull the task's
+    input, install its FAB, load the ServerApp, heartbeat, push the task's output) with the task's token."""
+    from queue import Queue
+
+    detach(env, log_path)
+    from flwr.superlink.runtime.run_serverapp import run_serverapp
+
+    run_serverapp(
+        runtime_api_address=address,
+        log_queue=Queue(),
+        token=token,
+        insecure=ca is None,
+        certificates=Path(ca).read_bytes() if ca else None,
+        runtime_dependency_install=False,
+    )
+
+
+class ForkedServerApp(Proc):
+    """The coordinator's ServerApp for the run just submitted to the SuperLink at ``address`` (which runs with
+    Flower's process isolation, its SuperExec secret ``secret``): the task is taken as Flower's SuperExec
+    takes it, and Flower's ``run_serverapp`` runs it with the task's token in a process forked from
+    ``deploy local``'s fork server, which has imported Flower, torch and silofl's coordinator once
+    (:data:`SITE_PRELOAD`) — instead of a ``flower-superexec`` process starting a ``flwr-serverapp`` process
+    that imports them again (seconds of CPU per run). Its output goes to the SuperLink's log, as a
+    ``flwr-serverapp``'s does."""
+
+    def __init__(self, address: str, secret: bytes, ca: Path | None, env: dict[str, str], log_dir: Path):
+        self.address, self.ca = address, ca
+        self.token = acquire_serverapp_task(address, secret, ca, SERVERAPP_START_S)
+        super().__init__("superlink", [], env, log_dir)
+        self.name = "the coordinator's ServerApp"
+
+    def _start(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.offset = self._log.tell()
+        ca = str(self.ca) if self.ca else None
+        self.p = ForkedPopen(  # type: ignore[assignment]
+            SITE_PRELOAD,
+            run_forked_serverapp,
+            (self.address, self.token, ca, self.env, str(self.log_path)),
+            "silofl-serverapp",
         )
 
 
@@ -378,20 +457,25 @@ def start_superlink(
     poll_s: float = 0.1,
     host: str = "127.0.0.1",
     wait: bool = True,
+    secret_file: Path | None = None,
 ) -> Proc:
     """The coordinator's SuperLink on ``host:port`` with TLS (folder/pki) and SuperNode authentication
-    (serving when
-    this returns, unless not ``wait``)."""
+    (serving when this returns, unless not ``wait``). It starts each run's ServerApp itself (Flower's
+    subprocess isolation: a ``flower-superexec`` process, and a ``flwr-serverapp`` process per run), unless
+    ``secret_file`` is given: then the ServerApp's task waits for a SuperExec holding that secret (Flower's
+    process isolation; :class:`ForkedServerApp`)."""
     cmd = [
         flower_bin("flower-superlink"),
         "--host",
         host,
         "--port",
         str(port),
-        "--isolation",
-        "subprocess",
         "--disable-runtime-dependency-installation",
     ]
+    if secret_file is None:
+        cmd += ["--isolation", "subprocess"]
+    else:
+        cmd += ["--isolation", "process", "--superexec-auth-secret-file", str(secret_file)]
     if insecure:
         cmd.append("--insecure")
     else:
@@ -614,6 +698,8 @@ class LocalDeployment:
     between runs, as an institution's service does."""
 
     def __init__(self, cfg, split, dep: Path, insecure: bool = False, poll_s: float = 0.1):
+        import secrets as _secrets
+
         from silofl.deploy.pki import make_ca, make_server_cert
 
         self.insecure, self.procs = insecure, []
@@ -634,8 +720,17 @@ class LocalDeployment:
             done("keys_and_site_folders")
             port = free_port()
             address = f"127.0.0.1:{port}"
+            self.address, self.ca = address, None if insecure else dep / "pki" / "ca.crt"
+            # the ServerApp forked warm (ForkedServerApp), unless forking is off or Flower runs as shipped
+            self.secret = _secrets.token_bytes(32) if forking() and os.environ.get(STOCK_ENV) != "1" else None
+            secret_file = None
+            if self.secret is not None:
+                secret_file = dep / "superexec.secret"
+                fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(self.secret)
             self.procs.append(
-                start_superlink(dep, port, insecure, poll_s, wait=False)
+                start_superlink(dep, port, insecure, poll_s, wait=False, secret_file=secret_file)
             )  # the sites start meanwhile
             # and this process imports what registering the nodes and submitting the run use (seconds)
             threading.Thread(target=_import_flower_cli, daemon=True, name="silofl-import").start()
@@ -706,6 +801,13 @@ class LocalDeployment:
             call_timeout_s,
             restart=self.procs[1:] if restart_sites else None,
             extra=self.extra,
+            launch=self._serverapp if self.secret is not None else None,
+        )
+
+    def _serverapp(self) -> Proc:
+        assert self.secret is not None
+        return ForkedServerApp(
+            self.address, self.secret, self.ca, self.procs[0].env, self.procs[0].log_path.parent
         )
 
     def close(self) -> None:
@@ -772,6 +874,7 @@ def start_run(
     call_timeout_s: float = 300.0,
     restart: list[Proc] | None = None,
     extra: dict | None = None,
+    launch: Callable[[], Proc] | None = None,
 ) -> dict:
     """Submit ``cfg`` to the SuperLink the ``flwr`` environment ``env`` points at, over ``sites`` (their
     public
@@ -779,7 +882,7 @@ def start_run(
     summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run failed.
     ``extra``:
     the coordinator's key folder (``coordinator_keys``) and state folder (``state_dir``: the sites' ledger
-    heads)."""
+    heads). ``launch``: starts the run's ServerApp once it is submitted (else the SuperLink starts it)."""
     coord = out / "coordinator"
     coord.mkdir(parents=True)
     spec = {
@@ -793,7 +896,21 @@ def start_run(
     (coord / "coordinator.json").write_text(json.dumps(spec, indent=1))
     started = time.perf_counter()
     run_id = submit(coord / "coordinator.json", env)
-    status = _wait(coord / "status.json", procs or [], timeout_s, progress, cfg.rounds, restart or [])
+    app = launch() if launch is not None else None
+    try:
+        status = _wait(
+            coord / "status.json",
+            [*(procs or []), *([app] if app else [])],
+            timeout_s,
+            progress,
+            cfg.rounds,
+            restart or [],
+        )
+    finally:
+        if app is not None:  # it pushes the task's output and exits once the run is done
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                app.p.wait(SERVERAPP_EXIT_S)
+            app.stop(5.0)
     if status["state"] != "done":
         raise SiloflError(f"the deployment failed: {status.get('error')}")
     summary = json.loads((out / "summary.json").read_text())
