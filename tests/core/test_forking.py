@@ -5,6 +5,8 @@ session."""
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -41,3 +43,49 @@ def test_workers_fork_unless_turned_off(monkeypatch):
     assert forking()
     monkeypatch.setenv("SILOFL_FORK_WORKERS", "0")
     assert not forking()
+
+
+CHILD = textwrap.dedent(
+    """
+    import signal, subprocess, sys, threading, time
+    from silofl.core.forking import ForkedChild
+
+    def speak():
+        print("from the child", flush=True)
+
+    def leave():
+        sys.exit(3)
+
+    def fail():
+        raise ValueError("in the child")
+
+    assert ForkedChild(speak, ()).wait(10) == 0
+    assert ForkedChild(leave, ()).wait(10) == 3
+    assert ForkedChild(fail, ()).wait(10) == 1  # its traceback in its output, then status 1
+    hung = ForkedChild(time.sleep, (60,))
+    try:
+        hung.wait(0.2)
+        raise AssertionError("wait returned before the child ended")
+    except subprocess.TimeoutExpired:
+        pass
+    assert hung.poll() is None
+    hung.send_signal(signal.SIGTERM)
+    assert hung.wait(10) == -signal.SIGTERM and hung.returncode == -signal.SIGTERM
+    hung.kill()  # ended already: nothing happens
+    threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
+    try:
+        ForkedChild(speak, ())
+        raise AssertionError("forked from a process with two threads")
+    except RuntimeError:
+        pass
+    print("parent done")
+    """
+)
+
+
+def test_a_child_forked_from_a_single_threaded_process_keeps_popens_contract():
+    # in a fresh interpreter: a pytest-xdist worker has threads of its own, so this one may not fork
+    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["from the child", "parent done"]
+    assert "ValueError: in the child" in r.stderr

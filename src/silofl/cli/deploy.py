@@ -355,7 +355,7 @@ def deploy_register(
 ):
     """Register every site's node key with the SuperLink (only they may connect) and write
     FOLDER/federation.json."""
-    from silofl.deploy.local import cli_env, register_node
+    from silofl.deploy.local import cli_env, register_nodes
 
     folder = folder.resolve()  # the flwr CLI's configuration takes the CA certificate's absolute path
     parsed = [_card(c) for c in cards]
@@ -363,12 +363,13 @@ def deploy_register(
     if len(set(names)) != len(names):
         raise ConfigError("two cards share a site name")
     env = cli_env(folder, superlink, insecure=False)
-    sites = []
+    pubs = []
     for c in parsed:
         pub = folder / "nodes" / f"{c['name']}.pub"
         pub.parent.mkdir(parents=True, exist_ok=True)
         pub.write_text(c["node"].strip() + f" {c['name']}\n")
-        sites.append({**c, "node_id": register_node(pub, env)})
+        pubs.append(pub)
+    sites = [{**c, "node_id": n} for c, n in zip(parsed, register_nodes(pubs, env), strict=True)]
     (folder / "federation.json").write_text(json.dumps({"sites": sites}, indent=1) + "\n")
     typer.echo(f"registered {len(sites)} sites; federation in {folder / 'federation.json'}")
 

@@ -10,7 +10,9 @@ importing torch. ``SILOFL_FORK_WORKERS=0`` starts each worker as its own interpr
 
 :class:`ForkedPopen` gives a forked worker the part of :class:`subprocess.Popen`'s interface that the
 launchers use (``pid``, ``poll``, ``wait``, ``returncode``, ``send_signal``, ``kill``): exit codes follow
-Popen's convention (negative: killed by that signal).
+Popen's convention (negative: killed by that signal). :class:`ForkedChild` gives the same interface to a child
+forked directly from a single-threaded process that has already imported what the child runs (a forked
+site's worker starting its SuperNode).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +78,64 @@ class ForkedPopen:
             os.kill(self.pid, sig)
         except ProcessLookupError:
             pass
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedChild:
+    """``target(*args)`` in a child forked from this process now (:func:`os.fork`); Popen-like, as
+    :class:`ForkedPopen`. Only from a single-threaded process (RuntimeError otherwise): a lock another thread
+    holds at the fork would stay held in the child. The child ends with ``target``'s exit status, without
+    the interpreter's teardown."""
+
+    def __init__(self, target: Callable[..., Any], args: tuple, name: str = "silofl-child"):
+        if threading.active_count() != 1:
+            raise RuntimeError("a child is forked only from a single-threaded process")
+        self.args, self.returncode = [name], None
+        self.pid = os.fork()
+        if self.pid == 0:  # the child
+            code = 1
+            try:
+                target(*args)
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+            except BaseException:  # noqa: BLE001 - reported in the child's output, then its exit status
+                traceback.print_exc()
+            finally:
+                for f in (sys.stdout, sys.stderr):
+                    try:
+                        f.flush()
+                    except Exception:  # noqa: BLE001, S110 - nothing to flush into
+                        pass
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        """Its exit code if it has ended, else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for it to end (TimeoutExpired after ``timeout`` seconds); its exit code."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        """Send it ``sig`` (nothing if it has ended)."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def kill(self) -> None:
         """SIGKILL."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
-from silofl.core.forking import ForkedPopen, detach, fork_server, forking, run_cli
+from silofl.core.forking import ForkedChild, ForkedPopen, detach, fork_server, forking, run_cli
 
 log = logging.getLogger("silofl")
 
@@ -266,6 +266,46 @@ class ForkedServerApp(Proc):
         )
 
 
+SUPERNODE_MODULE = "flwr.supernode.cli.flower_supernode"  # imported by SITE_PRELOAD
+
+
+def run_forked_supernode(args: list[str], env: dict[str, str], log_path: str) -> None:
+    """A forked SuperNode's body: its own session, log and environment, ended with its site's worker, then
+    the paced ``flower-supernode ARGS`` (:func:`silofl.deploy.flower_shim.main`)."""
+    from silofl.deploy import flower_shim
+
+    detach(env, log_path)
+    _die_with_parent()
+    for h in logging.root.handlers[:]:  # the worker's logging, not a SuperNode's: Flower logs on its own
+        logging.root.removeHandler(h)
+    logging.root.setLevel(logging.WARNING)
+    flower_shim.main(args)
+
+
+class ForkedNode(Proc):
+    """A site's paced SuperNode forked from its worker (``args``: ``flower-supernode``'s arguments), when the
+    worker was forked from ``deploy local``'s fork server, which imported Flower's SuperNode
+    (:data:`SITE_PRELOAD`): the same code, arguments, log, session and environment as the process ``cmd``,
+    without an interpreter importing Flower again (1.4 s of CPU per site, on cores every site's start-up
+    shares). Forked while the worker is still single-threaded; a restart (the worker's threads running) starts
+    the process ``cmd`` instead."""
+
+    def __init__(self, args: list[str], cmd: list[str], env: dict[str, str], log_dir: Path):
+        self.args, self.forked = args, False
+        super().__init__("supernode", cmd, env, log_dir, die_with_parent=True)
+
+    def _start(self) -> None:
+        if self.forked or threading.active_count() != 1:
+            super()._start()
+            return
+        self.forked = True
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.offset = self._log.tell()
+        self.p = ForkedChild(  # type: ignore[assignment]
+            run_forked_supernode, (self.args, self.env, str(self.log_path)), "supernode"
+        )
+
+
 def stop_all(procs: list[Proc], timeout_s: float = 15.0) -> None:
     """Stop ``procs`` together: SIGTERM to all, then wait for each (SIGKILL what lingers) — their graceful
     exits (a SuperNode leaving the SuperLink, a worker closing its executor) overlap instead of adding up."""
@@ -318,7 +358,6 @@ def run_site(
     sock = sock_dir / "site.sock"
     stop = stop or threading.Event()
     server = threading.Thread(target=worker.serve, args=(sock, stop), daemon=True)
-    server.start()
     port = free_port()
     env = flower_env(folder / "flwr", poll_s)
     threads = [server]
@@ -364,12 +403,18 @@ def run_site(
 
         executor = WarmExecutor(f"127.0.0.1:{port}", secret, handle, bell, FAB_DIR, worker.cfg.name, stop)
         threads.append(threading.Thread(target=executor.run, daemon=True, name="silofl-executor"))
-        threads[-1].start()
     if insecure:
         cmd.append("--insecure")
     else:
         cmd += ["--root-certificates", str(ca), "--auth-supernode-private-key", str(folder / "keys" / "node")]
-    node = Proc("supernode", cmd, env, folder / "logs", die_with_parent=True)
+    # started before this process starts a thread: a worker forked from deploy local's fork server, which has
+    # imported Flower's SuperNode, forks its SuperNode from itself (ForkedNode)
+    if not stock and exit_now and forking() and SUPERNODE_MODULE in sys.modules:
+        node: Proc = ForkedNode(cmd[len(flower_shim.command()) :], cmd, env, folder / "logs")
+    else:
+        node = Proc("supernode", cmd, env, folder / "logs", die_with_parent=True)
+    for t in threads:
+        t.start()
     threading.Thread(target=warm_up, daemon=True, name="silofl-warm-up").start()
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
@@ -522,31 +567,34 @@ def flwr(args: list[str], env: dict[str, str], timeout_s: float = 120) -> dict:
     return out
 
 
-def register_node(pub: Path, env: dict[str, str]) -> int:
-    """Register a site's node key with the SuperLink (only registered nodes may connect); its node id.
+def register_nodes(pubs: list[Path], env: dict[str, str]) -> list[int]:
+    """Register sites' node keys with the SuperLink (only registered nodes may connect); their node ids.
 
-    What ``flwr supernode register`` does, in this process (a CLI process per site cost seconds of imports
-    each);
-    through the CLI on any Flower but the one whose internals :mod:`silofl.deploy.flower_shim` knows."""
+    What ``flwr supernode register`` does for each, in this process and over one connection (a CLI process per
+    site cost seconds of imports each); through the CLI on any Flower but the one whose internals
+    :mod:`silofl.deploy.flower_shim` knows."""
     from silofl.deploy.flower_shim import supported
 
     require("flwr", "deploy")
     if not supported():
-        return int(flwr(["supernode", "register", str(pub), FEDERATION], env)["node-id"])
+        return [int(flwr(["supernode", "register", str(pub), FEDERATION], env)["node-id"]) for pub in pubs]
     from flwr.cli.flower_config import read_superlink_connection
     from flwr.cli.supernode.register import try_load_public_key
     from flwr.cli.utils import init_http_client_from_connection
     from flwr.proto.control_pb2 import RegisterNodeRequest
 
-    with _control_api(env, f"registering {pub} with the SuperLink"):
+    ids = []
+    with _control_api(env, "registering the sites' node keys with the SuperLink"):
         client = init_http_client_from_connection(read_superlink_connection(FEDERATION))
         try:
-            res = client.RegisterNode(RegisterNodeRequest(public_key=try_load_public_key(Path(pub))))
+            for pub in pubs:
+                res = client.RegisterNode(RegisterNodeRequest(public_key=try_load_public_key(Path(pub))))
+                if not res.node_id:
+                    raise SiloflError(f"the SuperLink did not register {pub}")
+                ids.append(int(res.node_id))
         finally:
             client.close()
-    if not res.node_id:
-        raise SiloflError(f"the SuperLink did not register {pub}")
-    return int(res.node_id)
+    return ids
 
 
 _REGISTER_LOCK = threading.Lock()
@@ -571,7 +619,7 @@ def _control_api(env: dict[str, str], what: str) -> Iterator[None]:
 
 
 def _import_flower_cli() -> None:
-    """Import the parts of Flower's CLI that :func:`register_node` and :func:`submit` use in-process (while
+    """Import the parts of Flower's CLI that :func:`register_nodes` and :func:`submit` use in-process (while
     the SuperLink starts); a failure is theirs to report."""
     try:
         import flwr.cli.build  # noqa: F401
@@ -750,9 +798,9 @@ class LocalDeployment:
             done("superlink_serving")
             # registered while the sites load (a site's SuperNode connecting before its key is registered
             # retries)
-            node_ids = [
-                register_node(f / "keys" / "node.pub", self.env) if not insecure else None for f in folders
-            ]
+            node_ids: list[int | None] = [None] * len(folders)
+            if not insecure:
+                node_ids = list(register_nodes([f / "keys" / "node.pub" for f in folders], self.env))
             done("nodes_registered")
             for p in self.procs[1:]:
                 p.wait_for("SuperNode ID", 180)
