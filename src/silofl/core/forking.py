@@ -93,7 +93,8 @@ class ForkedChild:
     def __init__(self, target: Callable[..., Any], args: tuple, name: str = "silofl-child"):
         if threading.active_count() != 1:
             raise RuntimeError("a child is forked only from a single-threaded process")
-        self.args, self.returncode = [name], None
+        self.args: list[str] = [name]
+        self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid == 0:  # the child
             code = 1
