@@ -7,7 +7,7 @@ message, the SuperNode's 3 s idle sleep; the same fused protocol), and with 10 m
 and
 the SuperLink (`flower+20ms`: a delaying TCP relay, as this kernel has no netem).
 
-    python bench/deployment.py [--ks 2,4,8] [--rounds 3] [--out docs/data/deployment.json]
+    python bench/deployment.py [--ks 2,4,8] [--rounds 5] [--out docs/data/deployment.json]
 
 Writes the JSON and docs/deployment.md (the table and how to read it). Scikit-learn's digits, K sites ×
 min(120, 1340/K) examples, MLP private and proxy models, evaluation at the last round only (so the seconds
@@ -67,30 +67,124 @@ def args_for(k: int, rounds: int) -> list[str]:
     ]
 
 
-def silofl(*args: str, timeout: float = 3600, env: dict | None = None) -> None:
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _kind(pid: int, root: int) -> str:
+    """What process ``pid`` of a benchmarked command is: by its command line, or for a forked one by the log
+    its output goes to."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        out = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return "other"
+    name = Path(out).name
+    for needle, kind in (
+        ("flower-superlink", "superlink"),
+        ("flower_shim", "supernodes"),
+        ("flower-supernode", "supernodes"),
+        ("flower-superexec", "serverapp"),
+        ("flwr-serverapp", "serverapp"),
+        ("flwr-clientapp", "clientapps"),
+    ):
+        if needle in cmd:
+            return kind
+    if pid == root:
+        return "command"
+    if name == "supernode.log":
+        return "supernodes"
+    if name == "superlink.log":
+        return "serverapp"
+    return "workers"  # a site's worker, a torch.distributed process, their fork server
+
+
+class CpuSampler:
+    """The CPU seconds (user + system, from /proc) of a command's process tree by kind of process, sampled
+    every 0.1 s; :meth:`mark` snapshots them (a process that ends between two samples loses at most its last
+    0.1 s)."""
+
+    def __init__(self, root: int):
+        self.root, self.cpu, self.kind, self.marks = root, {}, {}, {}
+
+    def sample(self) -> None:
+        parent = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue
+                parent[int(d)] = (int(stat[1]), (int(stat[11]) + int(stat[12])) / HZ)
+        tree, todo = {self.root}, [self.root]
+        children: dict[int, list[int]] = {}
+        for pid, (pp, _) in parent.items():
+            children.setdefault(pp, []).append(pid)
+        while todo:
+            for c in children.get(todo.pop(), []):
+                if c not in tree:
+                    tree.add(c)
+                    todo.append(c)
+        for pid in tree:
+            if pid in parent:
+                self.cpu[pid] = max(self.cpu.get(pid, 0.0), parent[pid][1])
+                self.kind[pid] = _kind(pid, self.root)
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, c in self.cpu.items():
+            out[self.kind[pid]] = out.get(self.kind[pid], 0.0) + c
+        return out
+
+    def mark(self, name: str) -> None:
+        if name not in self.marks:
+            self.marks[name] = self.totals()
+
+
+def silofl(*args: str, timeout: float = 3600, env: dict | None = None, status: Path | None = None) -> dict:
+    """Run ``silofl ARGS``; the CPU seconds of its processes by kind (``total``), and, given the deployed
+    run's ``status`` file, from the moment round 2 is sent to the end of the run (``rounds``: the rounds
+    after the first, whose start-up costs stay out)."""
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", **(env or {})}
-    r = subprocess.run(
-        [sys.executable, "-m", "silofl.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    if r.returncode != 0:
-        raise SystemExit(f"silofl {' '.join(args[:3])} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
+        p = subprocess.Popen([sys.executable, "-m", "silofl.cli.main", *args], stdout=so, stderr=se, env=env)
+        cpu = CpuSampler(p.pid)
+        deadline = time.monotonic() + timeout
+        while p.poll() is None and time.monotonic() < deadline:
+            cpu.sample()
+            if status is not None and status.is_file():
+                try:
+                    st = json.loads(status.read_text())
+                except ValueError:
+                    st = {}
+                if st.get("state") == "running" and isinstance(st.get("round"), int) and st["round"] >= 2:
+                    cpu.mark("start")
+                elif st.get("state") not in (None, "running") and "start" in cpu.marks:
+                    cpu.mark("end")
+            time.sleep(0.1)
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        so.seek(0)
+        se.seek(0)
+        if p.returncode != 0:
+            raise SystemExit(f"silofl {' '.join(args[:3])} failed:\n{so.read()[-2000:]}\n{se.read()[-2000:]}")
+    result = {"total": cpu.totals()}
+    if "start" in cpu.marks and "end" in cpu.marks:
+        a, b = cpu.marks["start"], cpu.marks["end"]
+        result["rounds"] = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
+    return result
 
 
 ENGINES = "simulator,torch.distributed,flower,flower-stock,flower+20ms"
 
 
-def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
+def measure(engine: str, k: int, rounds: int, out: Path, env: dict | None = None) -> dict:
     a = args_for(k, rounds)
-    env = {}
     t0 = time.perf_counter()
     if engine == "simulator":
-        silofl("run", "--clients", str(k), *a, "--out", str(out))
+        cpu = silofl("run", "--clients", str(k), *a, "--out", str(out))
     elif engine == "torch.distributed":
-        silofl(
+        cpu = silofl(
             "launch",
             "--nproc-per-node",
             str(k),
@@ -105,10 +199,25 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
         )
     else:
         env = {
-            "flower-stock": {"SILOFL_FLOWER_STOCK": "1"},
-            "flower+20ms": {"SILOFL_BENCH_LATENCY_MS": "10"},
-        }.get(engine, {})
-        silofl("deploy", "local", "--sites", str(k), "--timeout", "3000", *a, "--out", str(out), env=env)
+            **{
+                "flower-stock": {"SILOFL_FLOWER_STOCK": "1"},
+                "flower+20ms": {"SILOFL_BENCH_LATENCY_MS": "10"},
+            }.get(engine, {}),
+            **(env or {}),
+        }
+        cpu = silofl(
+            "deploy",
+            "local",
+            "--sites",
+            str(k),
+            "--timeout",
+            "3000",
+            *a,
+            "--out",
+            str(out),
+            env=env,
+            status=out / "coordinator" / "status.json",
+        )
     wall = time.perf_counter() - t0
     s = json.loads((out / "summary.json").read_text())
     per_site = [(r["bytes_sent"] + r["bytes_received"]) / s["rounds_run"] for r in s["final"]["per_client"]]
@@ -121,7 +230,10 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
         "command_wall_s": wall,
         "proxy_acc": statistics.fmean(r["proxy_acc"] for r in s["final"]["per_client"]),
         "epsilon": max(r["epsilon"] for r in s["final"]["per_client"]),
+        "cpu_s": cpu["total"],
     }
+    if "rounds" in cpu:
+        row["round_cpu_s"] = {kind: c / (s["rounds_run"] - 1) for kind, c in cpu["rounds"].items()}
     e = s["engine"]
     if engine.startswith("flower"):
         frames = [e["frame_bytes_to_sites"][str(i)] + e["frame_bytes_from_sites"][str(i)] for i in range(k)]
@@ -131,6 +243,22 @@ def measure(engine: str, k: int, rounds: int, out: Path) -> dict:
         row["setup_phases_s"] = s["deployment"].get("setup_phases_s")
         row["trace"] = task_trace(out / "deployment" / "logs")
     return row
+
+
+KINDS = ("superlink", "supernodes", "workers", "serverapp", "clientapps", "command")
+ACCESS = re.compile(r'"POST (/v1/[a-z-]+/[a-z-]+) HTTP')
+
+
+def requests_per_task(k: int, rounds: int, out: Path) -> dict:
+    """The HTTP requests the SuperLink serves per task (one message to a site and its reply), by route: one
+    more `deploy local` run with Flower's debug log, which lists every request (the routine ones included)."""
+    measure("flower", k, rounds, out, env={"FLWR_LOG_LEVEL": "DEBUG"})
+    logs = out / "deployment" / "logs"
+    counts: dict[str, int] = {}
+    for m in ACCESS.finditer((logs / "superlink.log").read_text(errors="replace")):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    tasks = sum(len(TRACE.findall(f.read_text(errors="replace"))) for f in logs.glob("site*.log"))
+    return {"k": k, "rounds": rounds, "tasks": tasks, "per_task": {r: n / tasks for r, n in counts.items()}}
 
 
 TRACE = re.compile(
@@ -209,6 +337,43 @@ def write_doc(result: dict, path: Path) -> None:
                 f"| {r['k']} | {r['engine']} | {t['tasks_per_site_round']:.1f} | {t['queued_s']:.3f} | "
                 f"{t['input_s']:.3f} | {t['work_s']:.3f} | {t['reply_s']:.3f} |"
             )
+    lines += [
+        "",
+        "Where the machine's CPU goes (seconds of CPU, user + system, read from /proc for every process of "
+        "the command; *per round*: from the moment round 2 is sent to the end of the run, over those "
+        "rounds, so the start-up stays out; *workers*: the sites' workers, or torch.distributed's "
+        "processes, and the fork server they come from; *supernodes*: the sites' SuperNodes, forked from "
+        "their workers or not):",
+        "",
+        "| K | engine | s / round | "
+        + " | ".join(f"{k} CPU s / round" for k in KINDS)
+        + " | CPU s / round | cores busy | CPU s, whole command |",
+        "|---|---|---|" + "---|" * (len(KINDS) + 3),
+    ]
+    for r in rows:
+        per = r.get("round_cpu_s")
+        cells = [f"{per.get(k, 0.0):.2f}" if per else "—" for k in KINDS]
+        total = f"{sum(per.values()):.2f}" if per else "—"
+        busy = f"{sum(per.values()) / r['seconds_per_round']:.2f}" if per else "—"
+        lines.append(
+            f"| {r['k']} | {r['engine']} | {r['seconds_per_round']:.2f} | "
+            + " | ".join(cells)
+            + f" | {total} | {busy} | {sum(r['cpu_s'].values()):.1f} |"
+        )
+    req = result.get("requests")
+    if req:
+        lines += [
+            "",
+            "The requests the SuperLink serves per task (one message to a site and its reply; "
+            f"K = {req['k']}, {req['rounds']} rounds, {req['tasks']} tasks; one more `deploy local` run "
+            "with Flower's debug log, which lists them):",
+            "",
+            "| route | requests / task |",
+            "|---|---|",
+        ]
+        for route, n in sorted(req["per_task"].items(), key=lambda x: -x[1]):
+            lines.append(f"| `{route}` | {n:.2f} |")
+        lines.append(f"| all | {sum(req['per_task'].values()):.2f} |")
     phased = [r for r in rows if r.get("setup_phases_s")]
     if phased:
         names = list(phased[0]["setup_phases_s"])
@@ -260,15 +425,41 @@ def write_doc(result: dict, path: Path) -> None:
         "status. On this machine all K sites, the SuperLink and the coordinator share its cores.",
         "- *set-up*: from `deploy local`'s start of the deployment (keys, site folders) until every "
         "site's SuperNode is connected; *command*: the whole command, its own start, the run, writing "
-        "the run folder and stopping every process included. A paced SuperNode process imports Flower "
-        "only (not silofl, not torch); each site's worker is forked from one fork server that imported "
-        "what a site's worker needs once (`silofl.core.forking`: torch, the run loop, Opacus' accountants, "
-        "torch's dynamo, which torch.optim loads at the first optimizer), started before the keys and the "
-        "site folders are made — as torch.distributed's processes are forked from `silofl launch`'s; the "
-        "run is submitted in `deploy local`'s own process; at the end "
-        "the sites stop together and a stopped site's process ends without the interpreter's teardown of"
-        " torch and Flower.",
+        "the run folder and stopping every process included. Each site's worker is forked from one fork "
+        "server that imported what a site's worker needs once (`silofl.core.forking`: torch, the run loop, "
+        "Opacus' accountants, torch's dynamo, which torch.optim loads at the first optimizer, and Flower's "
+        "SuperNode), started before the keys and the site folders are made — as torch.distributed's "
+        "processes are forked from `silofl launch`'s; each worker forks its paced SuperNode before it "
+        "starts a thread; the run is submitted in `deploy local`'s own process, which then takes the run's "
+        "ServerApp task from the SuperLink (Flower's process isolation, its SuperExec secret) and forks "
+        "Flower's `run_serverapp` from the same server, instead of a `flower-superexec` process starting a "
+        "`flwr-serverapp` process (*flower-stock* keeps those); at the end the sites stop together and a "
+        "stopped site's process ends without the interpreter's teardown of torch and Flower.",
     ]
+    floor = [
+        r
+        for r in rows
+        if r["engine"] == "flower" and r.get("round_cpu_s") and td.get(r["k"]) and r["k"] == max(result["ks"])
+    ]
+    if floor and req:
+        r = floor[0]
+        per, pt = r["round_cpu_s"], req["per_task"]
+        lines.append(
+            f"- *Why Flower stays above torch.distributed here* (K = {r['k']}): a Flower round used "
+            f"{sum(per.values()):.2f} s of CPU, the sites' workers {per.get('workers', 0):.2f} s of it "
+            "(their training and sealing); the rest is the message path: the SuperLink "
+            f"{per.get('superlink', 0):.2f} s, the SuperNodes {per.get('supernodes', 0):.2f} s, the "
+            f"ServerApp {per.get('serverapp', 0):.2f} s. Every task is "
+            f"{sum(req['per_task'].values()):.0f} HTTPS "
+            f"requests to the SuperLink (the ServerApp pushes {pt.get('/v1/runtime/push-object', 0):.1f} "
+            f"objects per message and a SuperNode {pt.get('/v1/fleet/push-object', 0):.1f} per reply, a "
+            "request each; the SuperNodes' pulls of messages and objects, the empty ones included, are "
+            f"{pt.get('/v1/fleet/pull-messages', 0) + pt.get('/v1/fleet/pull-object', 0):.1f}), each a few "
+            "milliseconds of the SuperLink's Python (uvicorn, FastAPI, node authentication). With "
+            f"{os.cpu_count()} cores for all of it, the round takes about its CPU over the cores busy "
+            f"({sum(per.values()) / r['seconds_per_round']:.2f} here), while torch.distributed's round is "
+            "the workers' own CPU and a gloo exchange."
+        )
     if result.get("note"):
         lines.append(f"- {result['note']}")
     path.write_text("\n".join(lines) + "\n")
@@ -277,7 +468,7 @@ def write_doc(result: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ks", default="2,4,8")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--engines", default=ENGINES)
     ap.add_argument("--out", default=str(ROOT / "docs" / "data" / "deployment.json"))
     ap.add_argument("--doc", default=str(ROOT / "docs" / "deployment.md"))
@@ -299,10 +490,15 @@ def main() -> None:
                 row = measure(engine, k, a.rounds, Path(tmp) / f"{engine}-{k}")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        requests = None
+        if "flower" in a.engines.split(","):
+            requests = requests_per_task(max(ks), a.rounds, Path(tmp) / "flower-debug")
+            print(json.dumps(requests), flush=True)
     result = {
         "ks": ks,
         "rounds": a.rounds,
         "rows": rows,
+        "requests": requests,
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d"),

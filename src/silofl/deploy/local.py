@@ -288,7 +288,8 @@ class ForkedNode(Proc):
     (:data:`SITE_PRELOAD`): the same code, arguments, log, session and environment as the process ``cmd``,
     without an interpreter importing Flower again (1.4 s of CPU per site, on cores every site's start-up
     shares). Forked while the worker is still single-threaded; a restart (the worker's threads running) starts
-    the process ``cmd`` instead."""
+    the process ``cmd`` instead. The child holds a copy of the worker's memory (the site's loaded data and
+    keys): nothing new, as a SuperNode process runs as the site's user and could read its folder anyway."""
 
     def __init__(self, args: list[str], cmd: list[str], env: dict[str, str], log_dir: Path):
         self.args, self.forked = args, False
