@@ -71,8 +71,8 @@ HZ = os.sysconf("SC_CLK_TCK")
 
 
 def _kind(pid: int, root: int) -> str:
-    """What process ``pid`` of a benchmarked command is: by its command line, or for a forked one by the log
-    its output goes to."""
+    """What process ``pid`` of a benchmarked command is: by its command line, or for one forked from a fork
+    server by the log its output goes to ("other" for anything else, a child not yet exec'd included)."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         out = os.readlink(f"/proc/{pid}/fd/1")
@@ -91,20 +91,27 @@ def _kind(pid: int, root: int) -> str:
             return kind
     if pid == root:
         return "command"
+    if "forkserver" not in cmd:  # e.g. a child between its fork and its exec
+        return "other"
+    # forked from a fork server (or one): a site's worker, its SuperNode, the ServerApp, a torch.distributed
+    # process
     if name == "supernode.log":
         return "supernodes"
     if name == "superlink.log":
         return "serverapp"
-    return "workers"  # a site's worker, a torch.distributed process, their fork server
+    return "workers"
 
 
 class CpuSampler:
-    """The CPU seconds (user + system, from /proc) of a command's process tree by kind of process, sampled
-    every 0.1 s; :meth:`mark` snapshots them (a process that ends between two samples loses at most its last
-    0.1 s)."""
+    """The CPU seconds (user + system, from /proc) of a command's process tree, per process, sampled every
+    0.1 s, each process counted under its latest kind (a process started by fork and exec changes kind);
+    :meth:`mark` snapshots them (a process that ends between two samples loses at most its last 0.1 s)."""
 
     def __init__(self, root: int):
-        self.root, self.cpu, self.kind, self.marks = root, {}, {}, {}
+        self.root = root
+        self.cpu: dict[int, float] = {}
+        self.kind: dict[int, str] = {}
+        self.marks: dict[str, tuple[float, dict[int, float]]] = {}
 
     def sample(self) -> None:
         parent = {}
@@ -127,23 +134,30 @@ class CpuSampler:
         for pid in tree:
             if pid in parent:
                 self.cpu[pid] = max(self.cpu.get(pid, 0.0), parent[pid][1])
-                self.kind[pid] = _kind(pid, self.root)
+                kind = _kind(pid, self.root)  # "other" also for a process that has just ended (a zombie)
+                if kind != "other" or pid not in self.kind:
+                    self.kind[pid] = kind
 
-    def totals(self) -> dict[str, float]:
+    def by_kind(self, since: dict[int, float] | None = None, until: dict[int, float] | None = None) -> dict:
+        """CPU seconds by kind, between two marks' snapshots (from the start, to now, when not given)."""
         out: dict[str, float] = {}
-        for pid, c in self.cpu.items():
-            out[self.kind[pid]] = out.get(self.kind[pid], 0.0) + c
+        for pid, c in (until if until is not None else self.cpu).items():
+            k = self.kind[pid]
+            out[k] = out.get(k, 0.0) + c - (since or {}).get(pid, 0.0)
         return out
 
     def mark(self, name: str) -> None:
         if name not in self.marks:
-            self.marks[name] = self.totals()
+            self.marks[name] = (time.monotonic(), dict(self.cpu))
 
 
-def silofl(*args: str, timeout: float = 3600, env: dict | None = None, status: Path | None = None) -> dict:
+def silofl(
+    *args: str, timeout: float = 3600, env: dict | None = None, status: Path | None = None, last: int = 0
+) -> dict:
     """Run ``silofl ARGS``; the CPU seconds of its processes by kind (``total``), and, given the deployed
-    run's ``status`` file, from the moment round 2 is sent to the end of the run (``rounds``: the rounds
-    after the first, whose start-up costs stay out)."""
+    run's ``status`` file, from the moment round 2 is sent to the moment round ``last`` is (``rounds``: the
+    rounds between, so neither the start-up nor the last round's evaluation and the end are in it) and that
+    window's wall seconds."""
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", **(env or {})}
     with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
         p = subprocess.Popen([sys.executable, "-m", "silofl.cli.main", *args], stdout=so, stderr=se, env=env)
@@ -156,9 +170,10 @@ def silofl(*args: str, timeout: float = 3600, env: dict | None = None, status: P
                     st = json.loads(status.read_text())
                 except ValueError:
                     st = {}
-                if st.get("state") == "running" and isinstance(st.get("round"), int) and st["round"] >= 2:
+                r = st.get("round") if st.get("state") == "running" else None
+                if isinstance(r, int) and r >= 2:
                     cpu.mark("start")
-                elif st.get("state") not in (None, "running") and "start" in cpu.marks:
+                if isinstance(r, int) and r >= last and "start" in cpu.marks:
                     cpu.mark("end")
             time.sleep(0.1)
         if p.poll() is None:
@@ -168,10 +183,11 @@ def silofl(*args: str, timeout: float = 3600, env: dict | None = None, status: P
         se.seek(0)
         if p.returncode != 0:
             raise SystemExit(f"silofl {' '.join(args[:3])} failed:\n{so.read()[-2000:]}\n{se.read()[-2000:]}")
-    result = {"total": cpu.totals()}
-    if "start" in cpu.marks and "end" in cpu.marks:
-        a, b = cpu.marks["start"], cpu.marks["end"]
-        result["rounds"] = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
+    result = {"total": cpu.by_kind()}
+    if "start" in cpu.marks and "end" in cpu.marks and last > 2:
+        (t0, a), (t1, b) = cpu.marks["start"], cpu.marks["end"]
+        result["rounds"] = cpu.by_kind(a, b)
+        result["window_s"] = t1 - t0
     return result
 
 
@@ -217,6 +233,7 @@ def measure(engine: str, k: int, rounds: int, out: Path, env: dict | None = None
             str(out),
             env=env,
             status=out / "coordinator" / "status.json",
+            last=rounds,
         )
     wall = time.perf_counter() - t0
     s = json.loads((out / "summary.json").read_text())
@@ -232,8 +249,9 @@ def measure(engine: str, k: int, rounds: int, out: Path, env: dict | None = None
         "epsilon": max(r["epsilon"] for r in s["final"]["per_client"]),
         "cpu_s": cpu["total"],
     }
-    if "rounds" in cpu:
-        row["round_cpu_s"] = {kind: c / (s["rounds_run"] - 1) for kind, c in cpu["rounds"].items()}
+    if "rounds" in cpu:  # rounds 2 … R-1
+        row["round_cpu_s"] = {kind: c / (s["rounds_run"] - 2) for kind, c in cpu["rounds"].items()}
+        row["cores_busy"] = sum(cpu["rounds"].values()) / cpu["window_s"]
     e = s["engine"]
     if engine.startswith("flower"):
         frames = [e["frame_bytes_to_sites"][str(i)] + e["frame_bytes_from_sites"][str(i)] for i in range(k)]
@@ -340,10 +358,11 @@ def write_doc(result: dict, path: Path) -> None:
     lines += [
         "",
         "Where the machine's CPU goes (seconds of CPU, user + system, read from /proc for every process of "
-        "the command; *per round*: from the moment round 2 is sent to the end of the run, over those "
-        "rounds, so the start-up stays out; *workers*: the sites' workers, or torch.distributed's "
-        "processes, and the fork server they come from; *supernodes*: the sites' SuperNodes, forked from "
-        "their workers or not):",
+        "the command; *per round*: from the moment round 2 is sent to the moment the last round is, over "
+        "the rounds between, so neither the start-up nor the last round's evaluation and the end are in "
+        "it; *cores busy*: that CPU over that window's wall time; *workers*: the sites' workers, or "
+        "torch.distributed's processes, and the fork server they come from; *supernodes*: the sites' "
+        "SuperNodes, forked from their workers or not):",
         "",
         "| K | engine | s / round | "
         + " | ".join(f"{k} CPU s / round" for k in KINDS)
@@ -354,7 +373,7 @@ def write_doc(result: dict, path: Path) -> None:
         per = r.get("round_cpu_s")
         cells = [f"{per.get(k, 0.0):.2f}" if per else "—" for k in KINDS]
         total = f"{sum(per.values()):.2f}" if per else "—"
-        busy = f"{sum(per.values()) / r['seconds_per_round']:.2f}" if per else "—"
+        busy = f"{r['cores_busy']:.2f}" if per else "—"
         lines.append(
             f"| {r['k']} | {r['engine']} | {r['seconds_per_round']:.2f} | "
             + " | ".join(cells)
@@ -371,8 +390,13 @@ def write_doc(result: dict, path: Path) -> None:
             "| route | requests / task |",
             "|---|---|",
         ]
+        rare = 0.0
         for route, n in sorted(req["per_task"].items(), key=lambda x: -x[1]):
-            lines.append(f"| `{route}` | {n:.2f} |")
+            if n >= 0.5:
+                lines.append(f"| `{route}` | {n:.2f} |")
+            else:
+                rare += n
+        lines.append(f"| the others (set-up, heartbeats, the run's task) | {rare:.2f} |")
         lines.append(f"| all | {sum(req['per_task'].values()):.2f} |")
     phased = [r for r in rows if r.get("setup_phases_s")]
     if phased:
@@ -457,8 +481,8 @@ def write_doc(result: dict, path: Path) -> None:
             f"{pt.get('/v1/fleet/pull-messages', 0) + pt.get('/v1/fleet/pull-object', 0):.1f}), each a few "
             "milliseconds of the SuperLink's Python (uvicorn, FastAPI, node authentication). With "
             f"{os.cpu_count()} cores for all of it, the round takes about its CPU over the cores busy "
-            f"({sum(per.values()) / r['seconds_per_round']:.2f} here), while torch.distributed's round is "
-            "the workers' own CPU and a gloo exchange."
+            f"({r['cores_busy']:.2f} here), while torch.distributed's round is the workers' own CPU and a "
+            "gloo exchange."
         )
     if result.get("note"):
         lines.append(f"- {result['note']}")

@@ -343,6 +343,7 @@ def run_site(
     from silofl.deploy.executor import WarmExecutor
     from silofl.deploy.flower_shim import DOORBELL_ENV, fast_pulls
     from silofl.deploy.site import SiteWorker
+    from silofl.site.folder import write_private
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per runtime-API request otherwise
 
@@ -379,9 +380,7 @@ def run_site(
     else:
         fast_pulls()
         secret = _secrets.token_bytes(32)  # guards the runtime API's AcquireTask: only this site's processes
-        fd = os.open(sock_dir / "runtime.secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secret)
+        write_private(sock_dir / "runtime.secret", secret)
         bell = sock_dir / "bell"
         env[DOORBELL_ENV] = str(bell)
         cmd = [
@@ -749,7 +748,7 @@ class LocalDeployment:
     def __init__(self, cfg, split, dep: Path, insecure: bool = False, poll_s: float = 0.1):
         import secrets as _secrets
 
-        from silofl.deploy.pki import make_ca, make_server_cert
+        from silofl.deploy.pki import make_ca, make_server_cert, write_private
 
         self.insecure, self.procs = insecure, []
         self.relay: DelayRelay | None = None
@@ -775,9 +774,7 @@ class LocalDeployment:
             secret_file = None
             if self.secret is not None:
                 secret_file = dep / "superexec.secret"
-                fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self.secret)
+                write_private(secret_file, self.secret)
             self.procs.append(
                 start_superlink(dep, port, insecure, poll_s, wait=False, secret_file=secret_file)
             )  # the sites start meanwhile
