@@ -47,7 +47,29 @@ def fork_server(preload: str) -> Any:
     return ctx
 
 
-class ForkedPopen:
+class _Signals:
+    """Popen's ``send_signal`` and ``kill`` for a forked process with ``pid`` and ``poll``."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        """Its exit code if it has ended, else None."""
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        """Send it ``sig`` (nothing if it has ended)."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedPopen(_Signals):
     """A worker forked from the fork server of ``preload``, running ``target(*args)``; Popen-like."""
 
     def __init__(self, preload: str, target: Callable[..., Any], args: tuple, name: str = "silofl-worker"):
@@ -72,19 +94,8 @@ class ForkedPopen:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return self.proc.exitcode
 
-    def send_signal(self, sig: int) -> None:
-        """Send it ``sig`` (nothing if it has ended)."""
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
-    def kill(self) -> None:
-        """SIGKILL."""
-        self.send_signal(signal.SIGKILL)
-
-
-class ForkedChild:
+class ForkedChild(_Signals):
     """``target(*args)`` in a child forked from this process now (:func:`os.fork`); Popen-like, as
     :class:`ForkedPopen`. Only from a single-threaded process (RuntimeError otherwise): a lock another thread
     holds at the fork would stay held in the child. The child ends with ``target``'s exit status, without
@@ -129,18 +140,6 @@ class ForkedChild:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)
             time.sleep(0.02)
         return code
-
-    def send_signal(self, sig: int) -> None:
-        """Send it ``sig`` (nothing if it has ended)."""
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        """SIGKILL."""
-        self.send_signal(signal.SIGKILL)
 
 
 def detach(env: dict[str, str] | None, log_path: str | None) -> None:
