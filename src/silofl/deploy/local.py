@@ -95,18 +95,28 @@ class Proc:
     """A child process in its own process group, its output in a log file."""
 
     def __init__(
-        self, name: str, cmd: list[str], env: dict[str, str], log_dir: Path, die_with_parent: bool = False
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str],
+        log_dir: Path,
+        die_with_parent: bool = False,
+        log_name: str | None = None,
     ):
         self.name, self.cmd, self.env = name, cmd, env
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"{name}.log"
+        self.log_path = log_dir / f"{log_name or name}.log"
         self.preexec = _die_with_parent if die_with_parent else None
         self._start()
 
     def _start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.offset = self._log.tell()  # this start's output begins here
-        self.p = subprocess.Popen(
+        self.p = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen:
+        """The process of this start, its output appended to the log (subclasses fork it instead)."""
+        return subprocess.Popen(
             self.cmd,
             env=self.env,
             stdout=self._log,
@@ -178,15 +188,10 @@ class ForkedProc(Proc):
         self.args = args
         super().__init__(name, [sys.executable, "-m", "silofl.cli.main", *args], env, log_dir)
 
-    def _start(self) -> None:
+    def _spawn(self):
         if not forking():
-            super()._start()
-            return
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.offset = self._log.tell()
-        self.p = ForkedPopen(  # type: ignore[assignment]
-            SITE_PRELOAD, run_cli, (self.args, self.env, str(self.log_path)), self.name
-        )
+            return super()._spawn()
+        return ForkedPopen(SITE_PRELOAD, run_cli, (self.args, self.env, str(self.log_path)), self.name)
 
 
 def acquire_serverapp_task(address: str, secret: bytes, ca: Path | None, timeout_s: float) -> str:
@@ -251,14 +256,11 @@ class ForkedServerApp(Proc):
     def __init__(self, address: str, secret: bytes, ca: Path | None, env: dict[str, str], log_dir: Path):
         self.address, self.ca = address, ca
         self.token = acquire_serverapp_task(address, secret, ca, SERVERAPP_START_S)
-        super().__init__("superlink", [], env, log_dir)
-        self.name = "the coordinator's ServerApp"
+        super().__init__("the coordinator's ServerApp", [], env, log_dir, log_name="superlink")
 
-    def _start(self) -> None:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.offset = self._log.tell()
+    def _spawn(self):
         ca = str(self.ca) if self.ca else None
-        self.p = ForkedPopen(  # type: ignore[assignment]
+        return ForkedPopen(
             SITE_PRELOAD,
             run_forked_serverapp,
             (self.address, self.token, ca, self.env, str(self.log_path)),
@@ -295,16 +297,11 @@ class ForkedNode(Proc):
         self.args, self.forked = args, False
         super().__init__("supernode", cmd, env, log_dir, die_with_parent=True)
 
-    def _start(self) -> None:
+    def _spawn(self):
         if self.forked or threading.active_count() != 1:
-            super()._start()
-            return
+            return super()._spawn()
         self.forked = True
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.offset = self._log.tell()
-        self.p = ForkedChild(  # type: ignore[assignment]
-            run_forked_supernode, (self.args, self.env, str(self.log_path)), "supernode"
-        )
+        return ForkedChild(run_forked_supernode, (self.args, self.env, str(self.log_path)), "supernode")
 
 
 def stop_all(procs: list[Proc], timeout_s: float = 15.0) -> None:
@@ -796,9 +793,11 @@ class LocalDeployment:
             done("superlink_serving")
             # registered while the sites load (a site's SuperNode connecting before its key is registered
             # retries)
-            node_ids: list[int | None] = [None] * len(folders)
-            if not insecure:
-                node_ids = list(register_nodes([f / "keys" / "node.pub" for f in folders], self.env))
+            node_ids = (
+                register_nodes([f / "keys" / "node.pub" for f in folders], self.env)
+                if not insecure
+                else [None] * len(folders)
+            )
             done("nodes_registered")
             for p in self.procs[1:]:
                 p.wait_for("SuperNode ID", 180)
