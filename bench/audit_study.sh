@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/audit.md: audits (silofl audit) one after another, then the document.
-#   bash bench/audit_study.sh [full|reduced]     (default full; PYTHON=... for another interpreter, default .venv/bin/python)
+#   bash bench/audit_study.sh [full|reduced]     (default full; PYTHON=... for another interpreter, default .venv/bin/python;
+#                                                JOBS=N runs N audits at a time, default 1: each audit uses one core)
 #
 # Example-level rows, white-box *gradient* canaries (silofl.audit.gradient): 4000 Dirac canaries at site 0 on the
 # quiet coordinates (--canary-placement quiet: where real gradients on public rows are smallest before the run), each
@@ -26,13 +27,22 @@ esac
 mkdir -p "$OUT"
 echo "$SCALE" > "$OUT/SCALE"
 export SILOFL_NO_PROGRESS=1 OMP_NUM_THREADS=1
-audit() {  # NAME ARGS...
+JOBS=${JOBS:-1}
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "JOBS takes a positive whole number, got '$JOBS'" >&2; exit 2; }
+rm -f "$OUT"/*.failed
+run_audit() {  # NAME ARGS...
   local name=$1; shift
-  if [ -f "$OUT/$name/audit.json" ]; then echo "kept $OUT/$name"; return; fi
-  rm -rf "$OUT/$name"
   echo "$(date +%T) $name"
   "$PY" -m silofl.cli.main audit "$@" --seed 0 --threads 1 --quiet --out "$OUT/$name" > "$OUT/$name.log" 2>&1 \
-    || { echo "failed: $name (see $OUT/$name.log)"; exit 1; }
+    || { echo "failed: $name (see $OUT/$name.log)"; touch "$OUT/$name.failed"; return 1; }
+}
+audit() {  # NAME ARGS...: runs now (JOBS=1) or in the background, at most JOBS at a time
+  local name=$1
+  if [ -f "$OUT/$name/audit.json" ]; then echo "kept $OUT/$name"; return; fi
+  rm -rf "$OUT/$name"
+  if [ "$JOBS" = 1 ]; then run_audit "$@" || exit 1; return; fi
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  run_audit "$@" &
 }
 EX=(--dataset fashion-mnist --clients "$CLIENTS" --samples-per-client 1000 --batch-size 250 --rounds "$ROUNDS")
 GRAD=(--canary-kind dirac --canary-placement quiet --canaries 4000 --reference-models 0)
@@ -68,5 +78,7 @@ CL=(--method dp-fedavg --dataset fashion-mnist --partition iid --clients 6 --sam
 for e in 8:2.854 3:6.68 1:18.125; do
   audit "dpfedavg-adaptive-eps${e%%:*}" "${CL[@]}" --noise-multiplier "${e##*:}"
 done
-"$PY" -m studies.audit_doc "$OUT" > docs/audit.md
+wait
+if ls "$OUT"/*.failed >/dev/null 2>&1; then echo "some audits failed; docs/audit.md not written" >&2; exit 1; fi
+"$PY" -m studies.audit_doc "$OUT" > docs/audit.md.new && mv docs/audit.md.new docs/audit.md
 echo "docs/audit.md written"
