@@ -397,6 +397,7 @@ def audit(
     console: Any = None,
     command: str | None = None,
     settings: Any = None,
+    engine_factory: Any = None,
     **settings_kw: Any,
 ) -> AuditResult:
     """Measure what a run of ``config`` leaks and write ``out`` (audit.json, audit.md, attacks.csv, …; the
@@ -406,7 +407,8 @@ def audit(
     ``settings``: a :class:`silofl.audit.AuditSettings`, or its fields as keywords (``canaries=1000``,
     ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``; ``attacks=("inversion",)``: the
     server's gradient inversion of a hospital's update, client-level methods on images). Given as a mapping,
-    the config evaluates only at the last round unless it says ``eval_every``."""
+    the config evaluates only at the last round unless it says ``eval_every``. ``engine_factory``: the audited
+    run's engine (default the simulator; see :func:`silofl.audit.run_audit`)."""
     from silofl.audit import AuditSettings, run_audit
 
     if isinstance(config, Mapping):
@@ -432,7 +434,14 @@ def audit(
 
         torch.set_num_threads(cfg.threads)
     a = run_audit(
-        cfg, settings, out, overwrite=overwrite, progress=not quiet, console=console, command=command
+        cfg,
+        settings,
+        out,
+        overwrite=overwrite,
+        progress=not quiet,
+        console=console,
+        command=command,
+        engine_factory=engine_factory,
     )
     return AuditResult(a, Path(out))
 

@@ -10,7 +10,6 @@ does."""
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,7 +298,12 @@ def test_audited_run_with_no_canary_in_is_bit_identical(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_torchdist_audit_sees_what_the_simulator_sees(tmp_path):
-    from silofl.comm.launcher import launch_processes
+    """`silofl launch --nproc-per-node 2 audit …`: site 0 and the observer on process 0, site 1 (and 2) served
+    by process 1; the same observer records, scores, bound and accountant ε as the simulator's audit."""
+    import subprocess
+    import sys
+
+    from silofl.audit import run_audit
     from silofl.run.config import RunConfig
 
     run = dict(
@@ -312,20 +316,58 @@ def test_torchdist_audit_sees_what_the_simulator_sees(tmp_path):
         threads=1,
     )
     settings = dict(canaries=100, canary_kind="dirac", seed=5, reference_models=0)
-    (tmp_path / "dist").mkdir()
-    case = tmp_path / "case.json"
-    case.write_text(json.dumps({"run": run, "settings": settings, "out": str(tmp_path / "dist")}))
-    code = launch_processes(
-        [str(Path(__file__).with_name("torchdist_audit.py")), str(case)], nproc=2, grace_s=60
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in run.items()]
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "audit",
+            *flags,
+            "--canaries=100",
+            "--canary-kind=dirac",
+            "--seed=5",
+            "--reference-models=0",
+            "--peer-timeout=60",
+            "--quiet",
+            "--out",
+            str(tmp_path / "dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert code == 0
-    sim, extra = gradient.audit(RunConfig.from_dict(run), AuditSettings(**settings), tmp_path / "sim")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "empirical ε lower bound" in res.stdout and "Traceback" not in res.stderr
+    sim = run_audit(RunConfig.from_dict(run), AuditSettings(**settings), tmp_path / "sim")
     dist = json.loads((tmp_path / "dist" / "audit.json").read_text())
-    scores = json.loads((tmp_path / "dist" / "scores.json").read_text())
+    assert (dist["engine"]["name"], dist["engine"]["processes"]) == ("torch.distributed (audited)", 2)
+    assert sim["engine"]["name"] == "simulator (audited)"
     assert dist["observer_records"] == sim["observer_records"] and len(sim["observer_records"]) == 2
-    assert scores == {k: v.tolist() for k, v in extra["canary_scores"].items()}
+    scores = [(tmp_path / d / "canary_scores.csv").read_text() for d in ("dist", "sim")]
+    assert scores[0] == scores[1] and scores[0].count("\n") == 101
+    assert dist["command"].startswith("silofl launch --nproc-per-node 2 audit --dataset=digits")
     assert dist["epsilon_lower_bound"] == sim["epsilon_lower_bound"]
     assert dist["epsilon_accountant"] == sim["epsilon_accountant"]
+
+
+def test_torchdist_audit_refuses_what_it_cannot_audit(tmp_path):
+    """Before any process waits for another: input-space canaries, and an audited site off process 0."""
+    from silofl.audit import check_engine
+    from silofl.run.config import RunConfig
+
+    cfg = RunConfig.from_dict(dict(DIGITS, method="proxyfl", rounds=1))
+    with pytest.raises(ConfigError, match="white-box gradient canaries"):
+        check_engine(cfg, AuditSettings(canary_kind="mislabelled"))
+    with pytest.raises(ConfigError, match="runs on process 1 of 2"):
+        check_engine(cfg, AuditSettings(canary_kind="dirac", site=1), processes=2)
+    check_engine(cfg, AuditSettings(canary_kind="dirac", site=2), processes=2)
+    client = RunConfig.from_dict({**{k: v for k, v in DIGITS.items() if k != "lr"}, "method": "dp-fedavg"})
+    with pytest.raises(ConfigError, match="example-level methods"):
+        check_engine(client, AuditSettings(canary_kind="dirac"))
 
 
 @pytest.mark.slow

@@ -140,6 +140,47 @@ def test_silofl_launch_runs_a_method_across_processes(tmp_path):
     assert all((tmp_path / "dist" / m).is_file() for m in dist["models"])
 
 
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["--clients", "1"], "error: 2 processes for 1 clients: use at most one process per client"),
+        (
+            ["audit", "--canary-kind", "mislabelled"],
+            "error: over torch.distributed, silofl audit takes white-box",
+        ),
+        (
+            ["audit", "--canary-kind", "dirac", "--audited-site", "1"],
+            "error: --audited-site 1 runs on process 1",
+        ),
+        (["--rounds", "x"], "Invalid value for '--rounds': 'x' is not a valid integer"),
+    ],
+)
+def test_silofl_launch_refuses_bad_options_before_any_process_starts(tmp_path, args, error):
+    """One line, exit code 2, nothing written, no torchrun failure report: the launched command's options are
+    checked once in the launching process."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "launch",
+            "--nproc-per-node",
+            "2",
+            *args,
+            "--dataset",
+            "digits",
+        ]
+        + ["--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert error in " ".join(res.stderr.split()), res.stderr
+    assert "Traceback" not in res.stderr and "torch/distributed" not in res.stderr and res.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_receive_from_a_peer_already_gone_is_a_lost_peer_not_a_crash(monkeypatch):
     # gloo refuses to post a receive on a connection the peer closed: that is a SiloflError (the engine loses
     # the process), as a failure while waiting is

@@ -26,8 +26,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from silofl.audit.settings import AuditSettings
+from silofl.core.errors import ConfigError
 
-__all__ = ["AuditSettings", "run_audit"]
+__all__ = ["AuditSettings", "check_engine", "run_audit"]
 
 THREAT_MODELS = {  # the threat model of each kind of audit's bound (gradient canaries: silofl.audit.gradient)
     "example-level": "black-box per release (query access to every model the site released, the last among "
@@ -35,6 +36,31 @@ THREAT_MODELS = {  # the threat model of each kind of audit's bound (gradient ca
     "client-level": "white-box per release (the parameters of every global model the server broadcast)",
     "pubsub": "black-box final model (query access to the published model)",
 }
+
+
+def check_engine(cfg, settings: AuditSettings, processes: int | None = None) -> None:
+    """Refuse, before any process starts, an audit that cannot run on an engine other than the simulator:
+    there only white-box gradient canaries of an example-level DP-SGD method are audited (their observer
+    sits at the engine seam and reads the audited site, which must run in the coordinator's process —
+    process 0, where client k runs on process k mod ``processes``)."""
+    from silofl.audit.gradient import GRADIENT_KINDS
+
+    if settings.pubsub_model is not None or cfg.resolve().is_client_level:
+        raise ConfigError(
+            "over torch.distributed, silofl audit takes example-level methods (not client-level ones or "
+            "--pubsub-model): run this audit without silofl launch"
+        )
+    if settings.canary_kind not in GRADIENT_KINDS:
+        raise ConfigError(
+            "over torch.distributed, silofl audit takes white-box gradient canaries: --canary-kind "
+            + " | ".join(GRADIENT_KINDS)
+        )
+    audited = 0 if cfg.info.traits.pooled else settings.site
+    if processes is not None and audited % processes != 0:
+        raise ConfigError(
+            f"--audited-site {audited} runs on process {audited % processes} of {processes}: the audited "
+            "site must run on process 0 (client k runs on process k mod the processes; site 0 always does)"
+        )
 
 
 def run_audit(
@@ -45,16 +71,22 @@ def run_audit(
     progress: bool = False,
     console=None,
     command: str | None = None,
+    engine_factory=None,
 ) -> dict:
     """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's
     content.
-    ``command``: the command line that asked for it (recorded in audit.json)."""
+    ``command``: the command line that asked for it (recorded in audit.json). ``engine_factory`` (default:
+    the simulator) makes the audited run's engine from its site factory, as :func:`silofl.run.loop.run`'s
+    does — the torch.distributed engine on process 0 of ``silofl launch … audit`` (gradient canaries only,
+    :func:`check_engine`)."""
     import time
 
     from silofl.audit import report
     from silofl.audit.gradient import GRADIENT_KINDS
 
     settings.validate()
+    if engine_factory is not None:
+        check_engine(cfg, settings)
     if settings.attacks:  # extra attacks (--attack): each says up front whether it applies to this audit
         from silofl.audit.settings import AUDIT_ATTACKS
 
@@ -87,7 +119,9 @@ def run_audit(
     elif settings.canary_kind in GRADIENT_KINDS:
         from silofl.audit import gradient
 
-        audit, extra = gradient.audit(cfg, settings, out, progress=progress, console=console)
+        audit, extra = gradient.audit(
+            cfg, settings, out, progress=progress, console=console, engine_factory=engine_factory
+        )
     else:
         from silofl.audit import example
 

@@ -587,6 +587,7 @@ def audit(
             "targets": {},
         },
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
+        "engine": summary["engine"],
         "run_folder": "run",
         "seconds": {"run": run_s},
         "notes": notes,

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import typer
+import typer.main
 from rich.console import Console
 from rich.table import Table
 
@@ -168,6 +169,9 @@ def run(
     distributed: bool = typer.Option(
         False, "--distributed", hidden=True, help="Run as one process of a `silofl launch` (torchrun) group."
     ),
+    check_processes: int | None = typer.Option(
+        None, "--check-processes", hidden=True, help="Only check the options for N launched processes."
+    ),
     deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
     insecure: bool = typer.Option(False, "--insecure", hidden=True),
     restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
@@ -209,6 +213,12 @@ def run(
     from silofl.comm.torchdist import init_from_env, shutdown
 
     resolved = cfg.resolve()
+    if check_processes is not None:  # `silofl launch` checks the options once before it starts processes
+        from silofl.run.folder import check_out
+
+        check_launched_processes(check_processes, resolved.clients)
+        check_out(resolved.out, resume=resume, overwrite=overwrite)
+        return
     init_from_env(timeout_s=peer_timeout)
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and resolved.checkpoint_every:
         resume = True  # torchrun restarted the group after a failure: every process resumes together
@@ -227,6 +237,12 @@ def run(
         shutdown()
 
 
+def check_launched_processes(processes: int, clients: int) -> None:
+    """Refuse more launched processes than clients (a process serves at least one client)."""
+    if processes > clients:
+        raise ConfigError(f"{processes} processes for {clients} clients: use at most one process per client")
+
+
 def _serve_if_worker(cfg, peer_timeout: float) -> bool:
     """On a rank other than 0 of a `silofl launch` group: build this rank's sites and serve their steps;
     True when this process was such a worker."""
@@ -237,11 +253,7 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
     from silofl.run.loop import ledger_root, releases_nonprivate, resolve_device, site_factory
 
     if dist.get_rank() == 0:
-        if dist.get_world_size() > cfg.clients:
-            raise ConfigError(
-                f"{dist.get_world_size()} processes for {cfg.clients} clients: use at most one "
-                "process per client"
-            )
+        check_launched_processes(dist.get_world_size(), cfg.clients)
         return False
     console.quiet = True
     if cfg.threads is not None:
@@ -257,6 +269,52 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
     finally:
         shutdown()
     return True
+
+
+LAUNCH_COMMAND = "SILOFL_LAUNCH_COMMAND"
+
+
+def _audit_distributed(
+    cfg, settings, out: str, overwrite: bool, quiet: bool, peer_timeout: float, check_processes: int | None
+) -> dict | None:
+    """One process of `silofl launch … audit`: process 0 runs the audit (the coordinator and the audited
+    site, its canaries and observer) on the torch.distributed engine and returns audit.json's content; every
+    other process serves its sites, built from the same audited configuration, and returns None (as does
+    ``check_processes``: `silofl launch` checking the options for that many processes, before it starts
+    them)."""
+    import torch.distributed as dist
+
+    from silofl import api
+    from silofl.audit import check_engine, report
+    from silofl.audit.example import run_config
+    from silofl.comm.torchdist import TorchDistEngine, init_from_env, shutdown
+
+    check_seconds("--peer-timeout", peer_timeout)
+    settings.validate()
+    check_engine(cfg, settings, check_processes)
+    report.check_out(Path(out), overwrite)  # before any process waits for another
+    if check_processes is not None:
+        check_launched_processes(check_processes, cfg.clients)
+        run_config(cfg, settings, Path(out)).resolve()
+        return None
+    init_from_env(timeout_s=peer_timeout)
+    try:
+        check_engine(cfg, settings, dist.get_world_size())
+        if _serve_if_worker(run_config(cfg, settings, Path(out)).resolve(), peer_timeout):
+            return None
+        command = os.environ.get(LAUNCH_COMMAND)  # the launch's command line, set by `silofl launch`
+        return api.audit(
+            cfg,
+            out=out,
+            settings=settings,
+            overwrite=overwrite,
+            quiet=quiet,
+            console=console,
+            command=command,
+            engine_factory=lambda make, n: TorchDistEngine(make, n, timeout_s=peer_timeout),
+        ).audit
+    finally:
+        shutdown()
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -310,11 +368,20 @@ def launch(
 
     Every other option is passed to `silofl run` (e.g. --method fedavg --clients 4 --out runs/x). Client k
     runs on process k mod (processes); a server runs with client 0 on process 0, which writes the run folder.
+    `silofl launch … audit ARGS` runs `silofl audit ARGS` the same way (gradient canaries of an example-level
+    method; process 0 holds the audited site and writes the audit folder).
     """
     from silofl.comm.launcher import ensure_run_key
 
     ensure_run_key(nnodes, auth_key_file)
-    run_args = ["-m", "silofl.cli.main", "run", "--distributed", *ctx.args]
+    command, args_of = ("audit", ctx.args[1:]) if ctx.args[:1] == ["audit"] else ("run", ctx.args)
+    run_args = ["-m", "silofl.cli.main", command, "--distributed", *args_of]
+    if node_rank == 0:
+        _check_launched(command, [*run_args[3:], "--check-processes", str(nproc_per_node * nnodes)])
+    if sys.argv[1:2] == ["launch"]:  # the command line an audit records (its processes see another argv)
+        import shlex
+
+        os.environ[LAUNCH_COMMAND] = "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("several machines need --rdzv-endpoint host:port")
     if survive_faults:
@@ -343,6 +410,21 @@ def launch(
     except Exception as e:  # torchrun's ChildFailedError: say which process failed, not a traceback
         err_console.print(f"[bold red]error:[/] a process of the run failed: {e}")
         raise typer.Exit(1) from None
+
+
+def _check_launched(command: str, args: list[str]) -> None:
+    """Parse and check a launched command's options once, in this process, as its processes will: a bad
+    option is one line and exit code 2 before any process starts, not a failure of every process reported
+    through torchrun."""
+    import click
+
+    sub = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    try:
+        with sub.make_context(f"silofl {command}", args) as ctx:
+            sub.invoke(ctx)
+    except click.ClickException as e:  # a malformed option, as the command itself would show it
+        e.show()
+        raise typer.Exit(2) from None
 
 
 def _number_list(text: str, flag: str) -> list[float]:
@@ -814,11 +896,21 @@ def audit(
         False, "--overwrite", rich_help_panel=OUTPUT, help="Replace the audit already in OUT."
     ),
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
+    distributed: bool = typer.Option(
+        False, "--distributed", hidden=True, help="Run as one process of a `silofl launch … audit` group."
+    ),
+    peer_timeout: float = typer.Option(
+        300.0, "--peer-timeout", hidden=True, help="Seconds to wait for a peer's message (silofl launch)."
+    ),
+    check_processes: int | None = typer.Option(
+        None, "--check-processes", hidden=True, help="Only check the options for N launched processes."
+    ),
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
     membership inference on real examples (silofl.audit). The run options below set the audited run
     (--eval-every
-    defaults to the last round only)."""
+    defaults to the last round only). Over torch.distributed: `silofl launch --nproc-per-node N audit …`
+    (gradient canaries of an example-level method; the audited site on process 0)."""
     import shlex
 
     from silofl import api
@@ -857,13 +949,25 @@ def audit(
         if settings.seeded
         else "secret randomness (not reproducible; --seed for a research audit)"
     )
-    console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
+    if not distributed or (check_processes is None and os.environ.get("RANK", "0") == "0"):
+        console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
     command = (
         "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
     )
-    a = api.audit(
-        cfg, out=out, settings=settings, overwrite=overwrite, quiet=quiet, console=console, command=command
-    ).audit
+    if distributed:
+        a = _audit_distributed(cfg, settings, out, overwrite, quiet, peer_timeout, check_processes)
+        if a is None:  # a serving process
+            return
+    else:
+        a = api.audit(
+            cfg,
+            out=out,
+            settings=settings,
+            overwrite=overwrite,
+            quiet=quiet,
+            console=console,
+            command=command,
+        ).audit
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
     label = (
