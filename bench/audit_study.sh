@@ -10,7 +10,8 @@
 #   full:    the papers' ProxyFL/FedAvg settings (Fashion-MNIST, 8 clients × 1000 images, p_major 0.8, batch 250 so
 #            q = 0.25, LeNet-5 private / MLP proxy, Adam 1e-3) with 100 rounds (400 steps) instead of 300; σ from
 #            Opacus' RDP accountant for ε = 1, 3, 8 at δ = 1e-5, q = 0.25, 400 steps: 20.469, 7.578, 3.315.
-#            One black-box row (1000 mislabelled input canaries, ε = 8) for comparison.
+#            Two black-box rows (1000 mislabelled input canaries, ε = 8, strict and paper) for comparison, and
+#            the target rows (no-DP controls, ε = 8) again with seeds 1 and 2.
 #   reduced: 4 clients, 30 rounds (120 steps): σ = 11.25, 4.277, 1.958 for ε = 1, 3, 8 (same accountant).
 # PubSub-ML's dp-nn gets the same canaries in its DP-SGD step (quiet: on training rows the publisher does not hold). Each method has a no-DP control (--privacy off) with the same canaries, and a σ = 0.1 row (clipped, almost no noise). Client-level rows: as before (6 hospitals ×
 # 1000 images, IID, MLP-256, 20 rounds, adaptive intermediaries, 500 canary hospitals, z for ε ≈ 1, 3, 8 at q = 1).
@@ -33,7 +34,8 @@ rm -f "$OUT"/*.failed
 run_audit() {  # NAME ARGS...
   local name=$1; shift
   echo "$(date +%T) $name"
-  "$PY" -m silofl.cli.main audit "$@" --seed 0 --threads 1 --quiet --out "$OUT/$name" > "$OUT/$name.log" 2>&1 \
+  # --seed 0 first: a row that gives its own --seed later overrides it (the last value of an option wins)
+  "$PY" -m silofl.cli.main audit --seed 0 "$@" --threads 1 --quiet --out "$OUT/$name" > "$OUT/$name.log" 2>&1 \
     || { echo "failed: $name (see $OUT/$name.log)"; touch "$OUT/$name.failed"; return 1; }
 }
 audit() {  # NAME ARGS...: runs now (JOBS=1) or in the background, at most JOBS at a time
@@ -69,8 +71,21 @@ for e in 8 3 1; do
 done
 if [ "$SCALE" = full ]; then
   e=${SIGMAS[2]}
-  audit "proxyfl-strict-eps8-input" "${PROXY[@]}" --canaries 1000 --reference-models 2 --privacy strict \
-    --noise-multiplier "${e##*:}"
+  for mode in strict paper; do  # black-box: does distilling from the private model leak more about real examples?
+    audit "proxyfl-$mode-eps8-input" "${PROXY[@]}" --canaries 1000 --reference-models 2 --privacy $mode \
+      --noise-multiplier "${e##*:}"
+  done
+  # the rows behind the issue's targets (the no-DP controls' power, the share of ε at ε = 8) again with seeds 1
+  # and 2: the spread over seeds (docs/audit.md, "Seeds")
+  for seed in 1 2; do
+    audit "proxyfl-off-grad-seed$seed" "${PROXY[@]}" "${GRAD[@]}" --privacy off --seed $seed
+    audit "fedavg-off-grad-seed$seed" "${FEDAVG[@]}" "${GRAD[@]}" --privacy off --seed $seed
+    audit "proxyfl-strict-eps8-grad-seed$seed" "${PROXY[@]}" "${GRAD[@]}" --privacy strict \
+      --noise-multiplier "${e##*:}" --seed $seed
+    audit "fedavg-eps8-grad-seed$seed" "${FEDAVG[@]}" "${GRAD[@]}" --noise-multiplier "${e##*:}" --seed $seed
+    audit "pubsub-dpnn-off-grad-seed$seed" "${PS[@]}" --privacy off --seed $seed
+    audit "pubsub-dpnn-eps8-grad-seed$seed" "${PS[@]}" --epsilon 8 --seed $seed
+  done
 fi
 CL=(--method dp-fedavg --dataset fashion-mnist --partition iid --clients 6 --samples-per-client 1000 --batch-size 64
     --proxy-model mlp256 --rounds 20 --intermediaries adaptive --privacy-unit hospital --canaries 500

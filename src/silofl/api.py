@@ -398,6 +398,7 @@ def audit(
     command: str | None = None,
     settings: Any = None,
     engine_factory: Any = None,
+    engine: str = "simulator",
     **settings_kw: Any,
 ) -> AuditResult:
     """Measure what a run of ``config`` leaks and write ``out`` (audit.json, audit.md, attacks.csv, …; the
@@ -407,8 +408,9 @@ def audit(
     ``settings``: a :class:`silofl.audit.AuditSettings`, or its fields as keywords (``canaries=1000``,
     ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``; ``attacks=("inversion",)``: the
     server's gradient inversion of a hospital's update, client-level methods on images). Given as a mapping,
-    the config evaluates only at the last round unless it says ``eval_every``. ``engine_factory``: the audited
-    run's engine (default the simulator; see :func:`silofl.audit.run_audit`)."""
+    the config evaluates only at the last round unless it says ``eval_every``. ``engine``: ``simulator`` or
+    ``flower-local`` (a local Flower deployment; gradient canaries); ``engine_factory``: the audited run's
+    engine made here (torch.distributed; see :func:`silofl.audit.run_audit`)."""
     from silofl.audit import AuditSettings, run_audit
 
     if isinstance(config, Mapping):
@@ -442,6 +444,7 @@ def audit(
         console=console,
         command=command,
         engine_factory=engine_factory,
+        engine=engine,
     )
     return AuditResult(a, Path(out))
 

@@ -177,3 +177,33 @@ def test_a_gradient_bound_above_the_accountant_is_reported():
     assert "SNJ 2.30 / Gaussian-pair > 700" in text
     inf["epsilon_accountant"] = 4898.0  # above the cap: "> 700" says nothing against it
     assert "no SNJ bound and no Gaussian-pair estimate" in doc.grad_findings([inf])
+
+
+def test_rows_repeated_with_other_seeds_go_under_seeds(tmp_path, monkeypatch, capsys):
+    """NAME-seedN folders repeat NAME with another seed: not in the main tables, side by side under Seeds,
+    with the targets checked on every seed and their commands listed."""
+
+    def seeded(name, seed, *args):
+        return dict(fake_grad(name, *args), seed=seed)
+
+    write(tmp_path, "st8", seeded("st8", 0, "strict", 1.96, 8.0, 2.3, 5.0))
+    write(tmp_path, "st8-seed1", seeded("st8-seed1", 1, "strict", 1.96, 8.0, 2.0, 4.5))
+    write(tmp_path, "st8-seed2", seeded("st8-seed2", 2, "strict", 1.96, 8.0, 2.5, 9.0))  # Gaussian above ε
+    write(tmp_path, "off", seeded("off", 0, "off", None, None, 5.3, 5.5))
+    write(tmp_path, "off-seed1", seeded("off-seed1", 1, "off", None, None, 0.9, 5.5))
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    md = capsys.readouterr().out
+    assert not any(line.startswith("| st8-seed") for line in md.splitlines())
+    seeds = md[md.index("## Seeds") : md.index("## Does")]
+    row = next(line for line in seeds.splitlines() if line.startswith("| st8 (0, 1, 2) |"))
+    assert "0: **2.300** · 1: **2.000** · 2: **2.500**" in row and "0: 29% · 1: 25% · 2: 31%" in row
+    assert "st8: 25% to 31% of the accountant's ε over seeds 0, 1, 2 — BELOW 27% on a seed." in seeds
+    assert "No-DP control off: per-step SNJ bound 0.900 to 5.300 over seeds 0, 1 — NOT above 1" in seeds
+    assert "EXCEEDS the accountant's ε: st8 seed 2 (white-box per step, Gaussian-pair)" in seeds
+    assert "the rows under Seeds also 1 and 2" in md and "except the rows under Seeds (also 1 and 2)" in md
+    assert "silofl audit st8-seed2" in md[md.index("## Commands") :]
+    data = json.loads((tmp_path / "docs" / "data" / "audit.json").read_text())
+    assert {r["audit"] for r in data["gradient_rows"]} == {"st8", "off"}
+    by = {d["audit"]: [s["seed"] for s in d["seeds"]] for d in data["seeds"]}
+    assert by == {"st8": [0, 1, 2], "off": [0, 1]}

@@ -38,21 +38,27 @@ THREAT_MODELS = {  # the threat model of each kind of audit's bound (gradient ca
 }
 
 
-def check_engine(cfg, settings: AuditSettings, processes: int | None = None) -> None:
+ENGINES = ("simulator", "flower-local")  # silofl audit --engine; torch.distributed: silofl launch … audit
+
+
+def check_engine(
+    cfg, settings: AuditSettings, processes: int | None = None, engine: str = "torch.distributed"
+) -> None:
     """Refuse, before any process starts, an audit that cannot run on an engine other than the simulator:
-    there only white-box gradient canaries of an example-level DP-SGD method are audited (their observer
-    sits at the engine seam and reads the audited site, which must run in the coordinator's process —
-    process 0, where client k runs on process k mod ``processes``)."""
+    there only white-box gradient canaries of an example-level DP-SGD method are audited. Over
+    torch.distributed their observer sits at the engine seam and reads the audited site, which must run in
+    the coordinator's process — process 0, where client k runs on process k mod ``processes``; in a Flower
+    deployment the audited site arms and observes itself (:class:`silofl.audit.gradient.SiteAudit`)."""
     from silofl.audit.gradient import GRADIENT_KINDS
 
     if settings.pubsub_model is not None or cfg.resolve().is_client_level:
         raise ConfigError(
-            "over torch.distributed, silofl audit takes example-level methods (not client-level ones or "
-            "--pubsub-model): run this audit without silofl launch"
+            f"over {engine}, silofl audit takes example-level methods (not client-level ones or "
+            "--pubsub-model): audit this run on the simulator"
         )
     if settings.canary_kind not in GRADIENT_KINDS:
         raise ConfigError(
-            "over torch.distributed, silofl audit takes white-box gradient canaries: --canary-kind "
+            f"over {engine}, silofl audit takes white-box gradient canaries: --canary-kind "
             + " | ".join(GRADIENT_KINDS)
         )
     audited = 0 if cfg.info.traits.pooled else settings.site
@@ -72,21 +78,30 @@ def run_audit(
     console=None,
     command: str | None = None,
     engine_factory=None,
+    engine: str = "simulator",
 ) -> dict:
     """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's
     content.
     ``command``: the command line that asked for it (recorded in audit.json). ``engine_factory`` (default:
     the simulator) makes the audited run's engine from its site factory, as :func:`silofl.run.loop.run`'s
     does — the torch.distributed engine on process 0 of ``silofl launch … audit`` (gradient canaries only,
-    :func:`check_engine`)."""
+    :func:`check_engine`). ``engine`` ``flower-local``: the audited run is a local Flower deployment
+    (``silofl deploy local``; gradient canaries only)."""
     import time
 
     from silofl.audit import report
     from silofl.audit.gradient import GRADIENT_KINDS
 
     settings.validate()
+    if engine not in ENGINES:
+        raise ConfigError(
+            f"silofl audit runs on the engines {', '.join(ENGINES)} (torch.distributed: silofl launch … "
+            f"audit), not {engine!r}"
+        )
     if engine_factory is not None:
         check_engine(cfg, settings)
+    if engine != "simulator":
+        check_engine(cfg, settings, engine=engine)
     if settings.attacks:  # extra attacks (--attack): each says up front whether it applies to this audit
         from silofl.audit.settings import AUDIT_ATTACKS
 
@@ -116,6 +131,10 @@ def run_audit(
         from silofl.audit import clients
 
         audit, extra = clients.audit(cfg, settings, out, progress=progress, console=console)
+    elif engine == "flower-local":
+        from silofl.audit import gradient
+
+        audit, extra = gradient.audit_deployed(cfg, settings, out, progress=progress, console=console)
     elif settings.canary_kind in GRADIENT_KINDS:
         from silofl.audit import gradient
 

@@ -50,10 +50,13 @@ option.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -330,7 +333,7 @@ def activity_on_public_data(
 
 
 def placement_note(
-    canaries: GradientCanaries, public: Any, asked: str, whose: str = "training rows no client holds"
+    canaries: Any, public: Any, asked: str, whose: str = "training rows no client holds"
 ) -> str:
     """audit.json's words for where the canaries sit."""
     if canaries.placement == "quiet":
@@ -445,7 +448,6 @@ def audit(
     cfg = run_config(cfg, s, out)
     audited = 0 if info.traits.pooled else s.site
     coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
-    observer = ReleaseObserver(audited)
     held: dict = {}
 
     def keep_public(run_cfg: RunConfig, split: Any) -> Any:
@@ -463,20 +465,10 @@ def audit(
                 f"site {audited} does not run in this process: the audited site must (site 0 does)"
             )
         site: Any = engine.sites[audited]
-        if not all(hasattr(site, a) for a in ("shared", "shared_opt", "dp", "sample_rate")):
-            raise ConfigError(
-                f"{cfg.method}'s sites do not train by DP-SGD: gradient canaries need a DP-SGD site"
-            )
-        params = [p for p in site.shared.parameters() if p.requires_grad]
-        activity = quiet_activity(site.shared, held.get("public"), site.sample_rate, site.n)
-        canaries = GradientCanaries(
-            params, s.canaries, s.canary_kind, coins, site.sample_rate, s.derived(2), activity=activity
+        canaries, observer = arm(
+            site, audited, cfg.method, s.canaries, s.canary_kind, coins, s.derived(2), held.get("public")
         )
-        attach(site, canaries)
-        observer.canaries = canaries
-        observer.names = [n for n, p in site.shared.named_parameters() if p.requires_grad]
-        observer.lr = float(site.settings.lr)
-        held.update(site=site, canaries=canaries)
+        held.update(site=site, canaries=canaries, observer=observer)
         engine.name = f"{engine.name} (audited)"
         return tap(engine, [observer])
 
@@ -485,23 +477,137 @@ def audit(
         cfg, progress=progress, console=console, engine_factory=factory, hooks=RunHooks(split=keep_public)
     )
     run_s = time.perf_counter() - t0
-    site: Any = held["site"]
-    canaries: GradientCanaries = held["canaries"]
-    if canaries.steps == 0 or observer.scores is None:
+    evidence = Evidence.of(held["site"], held["canaries"], held["observer"])
+    return report(cfg, s, evidence, coins, summary, held.get("public"), run_s)
+
+
+def arm(
+    site: Any, index: int, method: str, m: int, kind: str, coins: np.ndarray, seed: int, public: Any
+) -> tuple[GradientCanaries, ReleaseObserver]:
+    """Put ``m`` gradient canaries (``coins``: which are in) in DP-SGD site ``index``'s mechanism, placed
+    quietly on ``public`` rows (None: at random), with an observer that scores what the site releases."""
+    if not all(hasattr(site, a) for a in ("shared", "shared_opt", "dp", "sample_rate")):
+        raise ConfigError(f"{method}'s sites do not train by DP-SGD: gradient canaries need a DP-SGD site")
+    params = [p for p in site.shared.parameters() if p.requires_grad]
+    activity = quiet_activity(site.shared, public, site.sample_rate, site.n)
+    canaries = GradientCanaries(params, m, kind, coins, site.sample_rate, seed, activity=activity)
+    attach(site, canaries)
+    observer = ReleaseObserver(index)
+    observer.canaries = canaries
+    observer.names = [n for n, p in site.shared.named_parameters() if p.requires_grad]
+    observer.lr = float(site.settings.lr)
+    return canaries, observer
+
+
+@dataclasses.dataclass
+class Evidence:
+    """What the audited site's canaries and observer recorded in a run: all that audit.json needs of it (a
+    deployed site writes it to its folder, :class:`SiteAudit`)."""
+
+    step_scores: np.ndarray  # per canary: Σ over DP steps of the noisy gradient along it (· q·n / C)
+    release_scores: np.ndarray | None  # per canary: −Σ over rounds of the released movement along it / lr
+    records: list[dict]  # per round: what the observer saw
+    releases: int  # rounds in which something left the site
+    trained: int  # rounds the site trained
+    steps: int  # DP steps
+    q: float  # the site's sampling rate
+    sampled: np.ndarray  # how often each canary joined a step
+    m: int
+    d: int  # coordinates of the shared model
+    pool: tuple[int, int]  # the coordinates the canaries were drawn from
+    placement: str  # quiet | random
+    activity: float | None  # quiet placement: the real gradients' mean square at the chosen coordinates
+    private: bool  # the site trains with DP
+    sigma: float  # its noise multiplier (0 without DP)
+    epsilon: float | None  # its accountant's ε after the run
+    n: int  # its real examples
+
+    @classmethod
+    def of(cls, site: Any, canaries: GradientCanaries, observer: ReleaseObserver) -> Evidence:
+        """Read from the audited site and its canaries and observer after the run."""
+        private = site.dp is not None
+        return cls(
+            step_scores=canaries.step_scores.copy(),
+            release_scores=None if observer.scores is None else observer.scores.copy(),
+            records=list(observer.records),
+            releases=observer.releases,
+            trained=observer.trained,
+            steps=canaries.steps,
+            q=canaries.q,
+            sampled=canaries.sampled.copy(),
+            m=canaries.m,
+            d=canaries.d,
+            pool=canaries.pool,
+            placement=canaries.placement,
+            activity=canaries.activity,
+            private=private,
+            sigma=float(site.settings.noise_multiplier) if private else 0.0,
+            epsilon=site.epsilon(),
+            n=int(site.n),
+        )
+
+    def to_json(self) -> dict:
+        """As JSON (arrays as lists)."""
+        out = dataclasses.asdict(self)
+        for k in ("step_scores", "release_scores", "sampled"):
+            out[k] = None if out[k] is None else np.asarray(out[k]).tolist()
+        out["pool"] = list(self.pool)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Any) -> Evidence:
+        """Read back what :meth:`to_json` wrote, checked (a site's folder is read here)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(d, dict) or set(d) != names:
+            raise ConfigError("the audited site's evidence.json is not what silofl writes")
+        try:
+            m = int(d["m"])
+            ev = cls(
+                **{
+                    **d,
+                    "step_scores": np.asarray(d["step_scores"], dtype=float),
+                    "release_scores": None
+                    if d["release_scores"] is None
+                    else np.asarray(d["release_scores"], dtype=float),
+                    "sampled": np.asarray(d["sampled"], dtype=np.int64),
+                    "pool": (int(d["pool"][0]), int(d["pool"][1])),
+                }
+            )
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            raise ConfigError(f"the audited site's evidence.json is malformed: {e}") from None
+        shapes = [ev.step_scores.shape, ev.sampled.shape]
+        if ev.release_scores is not None:
+            shapes.append(ev.release_scores.shape)
+        if any(sh != (m,) for sh in shapes) or not isinstance(ev.records, list):
+            raise ConfigError("the audited site's evidence.json does not hold one score per canary")
+        return ev
+
+
+def report(
+    cfg: RunConfig,
+    s: AuditSettings,
+    ev: Evidence,
+    coins: np.ndarray,
+    summary: dict,
+    public: Any,
+    run_s: float,
+) -> tuple[dict, dict]:
+    """audit.json's content and the plot/CSV material from a gradient-canary run's evidence."""
+    if ev.steps == 0 or ev.release_scores is None:
         raise ConfigError("the audited site never trained: nothing to audit (raise --rounds or the budget)")
     resolved = cfg.resolve()
-    private = site.dp is not None
+    private = ev.private
     delta = resolved.delta if private else 1e-5
     beta = 1.0 - s.confidence
-    scores = {"steps": canaries.step_scores.copy(), "releases": observer.scores.copy()}
+    scores = {"steps": ev.step_scores.copy(), "releases": ev.release_scores.copy()}
     by_threat = {
         PER_STEP: bounds_for(scores["steps"], coins, delta, s.confidence, s.derived(0), PER_STEP),
         PER_RELEASE: bounds_for(scores["releases"], coins, delta, s.confidence, s.derived(0), PER_RELEASE),
     }
     head = by_threat[PER_STEP]
-    sigma = float(site.settings.noise_multiplier) if private else 0.0
-    T, q = canaries.steps, canaries.q
-    eps_acc = site.epsilon()
+    sigma = ev.sigma
+    T, q = ev.steps, ev.q
+    eps_acc = ev.epsilon
     mech = dataclasses.replace(resolved, seed=None).guarantee()
     g = resolved.guarantee()
     notes = [
@@ -516,7 +622,7 @@ def audit(
         "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
         "not be reproduced here (its text with them was not available)",
     ]
-    if not observer.releases:
+    if not ev.releases:
         notes.append(
             f"nothing leaves a site in {cfg.method}: the site's shared model after each round was scored as "
             "if it were released"
@@ -565,29 +671,29 @@ def audit(
             "included": int(coins.sum()),
             "excluded": int((~coins).sum()),
             "inclusion_probability": 0.5,
-            "kind": describe(s.canary_kind, canaries.d, canaries.pool[1] - canaries.pool[0]),
+            "kind": describe(s.canary_kind, ev.d, ev.pool[1] - ev.pool[0]),
             "canary_kind": s.canary_kind,
-            "placement": canaries.placement,
-            "placement_note": placement_note(canaries, held.get("public"), s.canary_placement),
+            "placement": ev.placement,
+            "placement_note": placement_note(ev, public, s.canary_placement),
             "space": "gradient",
             "audited_site": s.site,
-            "site_examples_real": site.n,
-            "mean_times_sampled_when_included": float(canaries.sampled[coins].mean()) if coins.any() else 0.0,
+            "site_examples_real": ev.n,
+            "mean_times_sampled_when_included": float(ev.sampled[coins].mean()) if coins.any() else 0.0,
             "scores": {
                 "steps": "Σ_t ⟨g̃_t, u_i⟩ · q·n / C over every DP step's noisy gradient (white-box per step)",
                 "releases": "−Σ_rounds ⟨θ_released − θ_start, u_i⟩ / lr (white-box per release)",
             },
-            "releases_scored": observer.releases,
-            "rounds_scored": observer.trained,
+            "releases_scored": ev.releases,
+            "rounds_scored": ev.trained,
         },
-        "observer_records": observer.records,
+        "observer_records": ev.records,
         "membership_inference": {
             "note": "gradient canaries audit the mechanism; membership inference on real "
             "examples runs with input-space canaries (--canary-kind mislabelled)",
             "targets": {},
         },
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
-        "engine": summary["engine"],
+        "engine": summary.get("engine"),
         "run_folder": "run",
         "seconds": {"run": run_s},
         "notes": notes,
@@ -597,6 +703,128 @@ def audit(
         "included": coins.astype(int).tolist(),
     }
     return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+
+
+AUDIT_DIR = "audit"  # in a deployed site's folder: the auditor's spec.json and public.npz; its evidence
+SPEC_BYTES = 64 << 20  # the most of spec.json and evidence.json read (4000 canaries take about 0.2 MB)
+
+
+class SiteAudit:
+    """A deployed site auditing itself (``silofl audit --engine flower-local``): the auditor's gradient
+    canaries in the site's own DP step, and an observer of what the site releases around every step it runs
+    (:meth:`before`, :meth:`after`). In a deployment the released proxies are sealed to their recipients, so
+    the site is where what it releases can be read; it writes the evidence to ``FOLDER/audit/evidence.json``
+    after every training step. The spec (``FOLDER/audit/spec.json``: m, kind, the coins, the canaries' seed)
+    and the public rows of the quiet placement (``public.npz``) are the auditor's, put in the site's folder
+    by whoever runs the site — a site is audited only where its operator placed them."""
+
+    def __init__(self, folder: Path, site: Any, index: int):
+        d = Path(folder) / AUDIT_DIR
+        spec = read_spec(d / "spec.json")
+        public = None
+        if (d / "public.npz").is_file():
+            with np.load(d / "public.npz", allow_pickle=False) as z:
+                public = (
+                    torch.as_tensor(z["x"], dtype=torch.float32),
+                    torch.as_tensor(z["y"], dtype=torch.long),
+                )
+        self.canaries, self.observer = arm(
+            site, index, spec["method"], spec["m"], spec["kind"], spec["included"], spec["seed"], public
+        )
+        self.site, self.index, self.path = site, index, d / "evidence.json"
+        self.engine: Any = SimpleNamespace(sites={index: site})
+
+    def before(self, step: str, request: Message) -> None:
+        """Before the site runs ``step``: the shared model it starts from."""
+        self.observer.before(step, {self.index: request}, self.engine)
+
+    def after(self, step: str, request: Message, reply: Message) -> None:
+        """After: what it released; after a training step, the evidence so far, written whole."""
+        self.observer.after(step, {self.index: request}, {self.index: reply}, self.engine)
+        if step in TRAIN_STEPS:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(Evidence.of(self.site, self.canaries, self.observer).to_json()))
+            os.replace(tmp, self.path)
+
+
+def read_spec(path: Path) -> dict:
+    """An audit spec, checked: m canaries, their kind, one coin each, the canaries' seed, the method."""
+    if path.stat().st_size > SPEC_BYTES:
+        raise ConfigError(f"{path} is over {SPEC_BYTES >> 20} MB: not an audit spec")
+    try:
+        spec = json.loads(path.read_text())
+        m, kind, seed, method = spec["m"], spec["kind"], spec["seed"], spec["method"]
+        included = spec["included"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{path} is not an audit spec: {e}") from None
+    if not (isinstance(m, int) and not isinstance(m, bool) and m > 0):
+        raise ConfigError(f"{path}: m must be a positive whole number")
+    if kind not in GRADIENT_KINDS:
+        raise ConfigError(f"{path}: kind must be one of {', '.join(GRADIENT_KINDS)}")
+    whole = isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0
+    if not whole or not isinstance(method, str):
+        raise ConfigError(f"{path}: seed must be a non-negative whole number and method a name")
+    coins = isinstance(included, list) and len(included) == m and all(isinstance(c, bool) for c in included)
+    if not coins:
+        raise ConfigError(f"{path}: included must hold one true/false coin per canary")
+    return {"m": m, "kind": kind, "seed": seed, "method": method, "included": np.asarray(included, bool)}
+
+
+def audit_deployed(
+    cfg: RunConfig,
+    s: AuditSettings,
+    out: Path,
+    progress: bool = False,
+    console=None,
+    timeout_s: float = 900.0,
+    call_timeout_s: float = 300.0,
+) -> tuple[dict, dict]:
+    """:func:`audit` on a local Flower deployment (``silofl deploy local``): every site its own process,
+    payloads sealed between sites; the audited site arms itself from the spec put in its folder
+    (:class:`SiteAudit`) and the bounds are computed here from the evidence it wrote."""
+    from silofl.deploy.local import deploy_local
+
+    rc = run_config(cfg, s, out)
+    audited = 0 if cfg.info.traits.pooled else s.site
+    coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
+    held: dict = {}
+
+    def prepare(split: Any, folders: list[Path]) -> None:
+        public = public_rows(split, s.derived(3)) if s.canary_placement == "quiet" else None
+        d = folders[audited] / AUDIT_DIR
+        d.mkdir()
+        spec = {
+            "m": s.canaries,
+            "kind": s.canary_kind,
+            "seed": s.derived(2),
+            "method": cfg.method,
+            "included": coins.tolist(),
+        }
+        (d / "spec.json").write_text(json.dumps(spec))
+        if public is not None:
+            np.savez(d / "public.npz", x=public[0].numpy(), y=public[1].numpy())
+        held.update(public=public, folder=folders[audited])
+
+    t0 = time.perf_counter()
+    summary = deploy_local(
+        rc,
+        Path(str(rc.out)),
+        timeout_s=timeout_s,
+        progress=progress,
+        call_timeout_s=call_timeout_s,
+        prepare_sites=prepare,
+    )
+    run_s = time.perf_counter() - t0
+    path = held["folder"] / AUDIT_DIR / "evidence.json"
+    if not path.is_file():
+        raise ConfigError("the audited site never trained: nothing to audit (raise --rounds or the budget)")
+    if path.stat().st_size > SPEC_BYTES:
+        raise ConfigError(f"{path} is over {SPEC_BYTES >> 20} MB: not the site's evidence")
+    try:
+        ev = Evidence.from_json(json.loads(path.read_text()))
+    except ValueError as e:
+        raise ConfigError(f"{path} is not JSON: {e}") from None
+    return report(rc, s, ev, coins, summary, held["public"], run_s)
 
 
 def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:

@@ -896,6 +896,14 @@ def audit(
         False, "--overwrite", rich_help_panel=OUTPUT, help="Replace the audit already in OUT."
     ),
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
+    engine: str = typer.Option(
+        "simulator",
+        "--engine",
+        rich_help_panel=ENGINE,
+        help="Where the audited run runs: simulator | flower-local (a Flower deployment on this machine, "
+        "gradient canaries; the audited site arms and scores itself). torch.distributed: "
+        "silofl launch … audit.",
+    ),
     distributed: bool = typer.Option(
         False, "--distributed", hidden=True, help="Run as one process of a `silofl launch … audit` group."
     ),
@@ -954,6 +962,8 @@ def audit(
     command = (
         "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
     )
+    if distributed and engine != "simulator":
+        raise ConfigError("silofl launch … audit runs over torch.distributed: leave out --engine")
     if distributed:
         a = _audit_distributed(cfg, settings, out, overwrite, quiet, peer_timeout, check_processes)
         if a is None:  # a serving process
@@ -967,6 +977,7 @@ def audit(
             quiet=quiet,
             console=console,
             command=command,
+            engine=engine,
         ).audit
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"

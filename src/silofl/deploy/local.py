@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
@@ -742,7 +743,17 @@ class LocalDeployment:
     running
     between runs, as an institution's service does."""
 
-    def __init__(self, cfg, split, dep: Path, insecure: bool = False, poll_s: float = 0.1):
+    def __init__(
+        self,
+        cfg,
+        split,
+        dep: Path,
+        insecure: bool = False,
+        poll_s: float = 0.1,
+        prepare_sites: Callable[[Any, list[Path]], None] | None = None,
+    ):
+        """``prepare_sites(split, folders)``: called once the site folders are made, before any site starts
+        (an audit puts its spec in the audited site's folder)."""
         import secrets as _secrets
 
         from silofl.deploy.pki import make_ca, make_server_cert, write_private
@@ -762,6 +773,8 @@ class LocalDeployment:
                 make_ca(dep / "pki")
                 make_server_cert(dep / "pki", ["localhost", "127.0.0.1"])
             cards, folders = make_site_folders(cfg, split, dep / "sites")
+            if prepare_sites is not None:
+                prepare_sites(split, folders)
             done("keys_and_site_folders")
             port = free_port()
             address = f"127.0.0.1:{port}"
@@ -872,8 +885,10 @@ def deploy_local(
     progress: bool = True,
     call_timeout_s: float = 300.0,
     restart_sites: bool = False,
+    prepare_sites: Callable[[Any, list[Path]], None] | None = None,
 ) -> dict:
-    """A real deployment of ``cfg`` on this machine (see the module doc); the run's summary."""
+    """A real deployment of ``cfg`` on this machine (see the module doc); the run's summary.
+    ``prepare_sites(split, folders)`` runs once the sites' folders are made, before they start."""
     require("flwr", "deploy", "silofl deploy local")
     import torch
 
@@ -895,7 +910,7 @@ def deploy_local(
         fork_server(SITE_PRELOAD)  # its imports overlap the data, keys and SuperLink set-up below
     # the one-machine stand-in for K institutions' own data: raw inputs (each site computes its own features)
     cfg, split = prepare_data(cfg, torch.device("cpu"), features=False)
-    deployment = LocalDeployment(cfg, split, dep, insecure, poll_s)
+    deployment = LocalDeployment(cfg, split, dep, insecure, poll_s, prepare_sites)
     try:
         summary = deployment.run(cfg, out, timeout_s, progress, call_timeout_s, restart_sites)
     finally:

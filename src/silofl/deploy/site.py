@@ -277,6 +277,7 @@ class SiteWorker:
             )
         self.data = load_local(self.folder, self.cfg)
         self.site: Any = None
+        self.audit: Any = None  # a SiteAudit where the site's operator put an audit spec in its folder
         self.run_id: str | None = None
         self.order: list[str] = []  # the run's sites, by index
         self.index: int | None = None
@@ -510,6 +511,17 @@ class SiteWorker:
             method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures
         )
         planned = self._cap_budget(site, cfg)
+        audit = None
+        if (self.folder / "audit" / "spec.json").is_file():  # silofl.audit.gradient.SiteAudit's spec
+            if resume:
+                raise ConfigError(
+                    f"site {self.cfg.name} is audited (audit/spec.json in its folder): an audited site does "
+                    "not rejoin a run, its canaries' scores start with the run"
+                )
+            from silofl.audit.gradient import SiteAudit
+
+            audit = SiteAudit(self.folder, site, k)
+            log.info("site %s runs with the gradient canaries of %s", self.cfg.name, self.folder / "audit")
         resumed = None
         if resume:  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend
             root = inside(self.folder, "checkpoint", run_id)
@@ -519,6 +531,7 @@ class SiteWorker:
             resumed = rounds[-1]
             site.on_load(Message({"root": str(root), "round": resumed}))
         self.site, self.run_id, self.order, self.index = site, run_id, list(order), k
+        self.audit = audit
         if hasattr(site, "identity"):  # secure aggregation: its relayed key signed, the others' checked
             from silofl.fl.exchange.secure_round import SecAggIdentity
 
@@ -647,7 +660,12 @@ class SiteWorker:
             if key in meta:
                 meta[key] = str(inside(self.folder, sub, self.run_id))
         packets = [self._open(p) for p in msg.packets]
-        reply = self.site.handle(step, Message(meta, [p for p in packets if p is not None]))
+        request = Message(meta, [p for p in packets if p is not None])
+        if self.audit is not None:
+            self.audit.before(step, request)
+        reply = self.site.handle(step, request)
+        if self.audit is not None:
+            self.audit.after(step, request, reply)
         out = self._seal(step, reply)
         if (
             step in TRAIN_STEPS
