@@ -11,7 +11,8 @@
 #            q = 0.25, LeNet-5 private / MLP proxy, Adam 1e-3) with 100 rounds (400 steps) instead of 300; σ from
 #            Opacus' RDP accountant for ε = 1, 3, 8 at δ = 1e-5, q = 0.25, 400 steps: 20.469, 7.578, 3.315.
 #            Two black-box rows (1000 mislabelled input canaries, ε = 8, strict and paper) for comparison, and
-#            the target rows (no-DP controls, ε = 8) again with seeds 1 and 2.
+#            the target rows (no-DP controls, ε = 8) again with seeds 1 and 2, and ProxyFL's ε = 8 row again on
+#            a local Flower deployment (--engine flower-local).
 #   reduced: 4 clients, 30 rounds (120 steps): σ = 11.25, 4.277, 1.958 for ε = 1, 3, 8 (same accountant).
 # PubSub-ML's dp-nn gets the same canaries in its DP-SGD step (quiet: on training rows the publisher does not hold). Each method has a no-DP control (--privacy off) with the same canaries, and a σ = 0.1 row (clipped, almost no noise). Client-level rows: as before (6 hospitals ×
 # 1000 images, IID, MLP-256, 20 rounds, adaptive intermediaries, 500 canary hospitals, z for ε ≈ 1, 3, 8 at q = 1).
@@ -86,6 +87,10 @@ if [ "$SCALE" = full ]; then
     audit "pubsub-dpnn-off-grad-seed$seed" "${PS[@]}" --privacy off --seed $seed
     audit "pubsub-dpnn-eps8-grad-seed$seed" "${PS[@]}" --epsilon 8 --seed $seed
   done
+  # the mechanism as a deployment runs it: the ε = 8 ProxyFL row again on a local Flower deployment (one process
+  # per site, payloads sealed; the audited site arms and scores itself): docs/audit.md, "Engines"
+  audit "proxyfl-strict-eps8-grad-flower" "${PROXY[@]}" "${GRAD[@]}" --privacy strict \
+    --noise-multiplier "${e##*:}" --engine flower-local
 fi
 CL=(--method dp-fedavg --dataset fashion-mnist --partition iid --clients 6 --samples-per-client 1000 --batch-size 64
     --proxy-model mlp256 --rounds 20 --intermediaries adaptive --privacy-unit hospital --canaries 500

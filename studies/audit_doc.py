@@ -33,6 +33,8 @@ def load(folder: Path) -> list[dict]:
     for p in sorted(folder.glob("*/audit.json")):
         a = json.loads(p.read_text())
         a["_name"] = p.parent.name
+        scores = p.parent / "canary_scores.csv"
+        a["_scores"] = scores.read_text() if scores.is_file() else None
         run_cfg = p.parent / "run" / "config.yaml"
         if run_cfg.is_file():
             a["_run"] = read_config(p.parent / "run")
@@ -672,18 +674,82 @@ SEED_ROW = re.compile(r"^(?P<base>.+)-seed(?P<seed>[0-9]+)$")
 TARGET_SHARE = 0.27  # the issue's target at ε ≈ 8: what the client-level audit reached
 
 
-def split_seeds(rows: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
-    """The rows of the main tables, and the rows that repeat one of them with another seed (folder
-    ``NAME-seedN``), by the repeated row's name."""
+ENGINE_ROW = re.compile(r"^(?P<base>.+)-(?P<engine>flower)$")
+
+
+def split_repeats(rows: list[dict], pattern: re.Pattern) -> tuple[list[dict], dict[str, list[dict]]]:
+    """The rows of the main tables, and the rows that repeat one of them (folder ``NAME-seedN`` with another
+    seed, :data:`SEED_ROW`; ``NAME-flower`` on another engine, :data:`ENGINE_ROW`), by the repeated row's
+    name."""
     main: list[dict] = []
     extra: dict[str, list[dict]] = {}
     for a in rows:
-        m = SEED_ROW.match(a["_name"])
+        m = pattern.match(a["_name"])
         if m:
             extra.setdefault(m["base"], []).append(a)
         else:
             main.append(a)
     return main, extra
+
+
+def engines_section(grows: list[dict], extra: dict[str, list[dict]]) -> tuple[str, list[dict]]:
+    """Gradient-canary rows run again on another engine (a local Flower deployment): the figures side by side
+    and whether the canaries' scores are the same, which they must be for the same seed."""
+    head = [
+        "audit",
+        "engine",
+        "ε accountant",
+        "**SNJ per step**",
+        "Gaussian-pair per step",
+        "SNJ per release",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    data, notes = [], []
+    for a in sorted((a for a in grows if a["_name"] in extra), key=sort_key):
+        for r in [a, *extra[a["_name"]]]:
+            st = r["bounds"][PER_STEP]
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        r["_name"],
+                        (r.get("engine") or {}).get("name", "simulator"),
+                        "— (no DP)" if r["epsilon_accountant"] is None else f"{r['epsilon_accountant']:.3f}",
+                        f"**{st['snj']['epsilon_lower_bound']:.3f}**",
+                        epsilon_text(st["gauss"]),
+                        f"{release_bound(r)['snj']['epsilon_lower_bound']:.3f}",
+                    ]
+                )
+                + " |"
+            )
+        for r in extra[a["_name"]]:
+            same = r["_scores"] == a["_scores"] and r["_scores"] is not None
+            eng = (r.get("engine") or {}).get("name")
+            notes.append(
+                f"{r['_name']} ({eng}: "
+                + ", ".join(k for k in ("tls", "node_auth", "sealed") if (r.get("engine") or {}).get(k))
+                + f"; {(r.get('engine') or {}).get('processes')} processes) against {a['_name']} (simulator): "
+                + (
+                    "the same canary scores, bit for bit, so the same bounds."
+                    if same
+                    else "the canary scores DIFFER from the simulator's."
+                )
+            )
+            data.append(
+                {"audit": r["_name"], "of": a["_name"], "engine": r.get("engine"), "same_scores": same}
+            )
+    if not data:
+        return "", []
+    text = (
+        "The audited mechanism as a deployment runs it: the same audit on a Flower deployment on this machine "
+        "(`--engine flower-local`: a SuperLink, one process per site, TLS, node authentication, payloads sealed "
+        "between sites). The released proxies are sealed to their recipients there, so the audited site arms "
+        "and observes itself (`silofl.audit.gradient.SiteAudit`).\n\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + "\n".join(f"- {x}" for x in notes)
+    )
+    return text, data
 
 
 def seeds_section(grows: list[dict], extra: dict[str, list[dict]]) -> tuple[str, list[dict]]:
@@ -983,16 +1049,19 @@ def main(argv: list[str] | None = None) -> None:
     if not rows:
         sys.exit(f"no audit.json under {folder}/*/")
     scale = (folder / "SCALE").read_text().strip() if (folder / "SCALE").is_file() else "full"
-    rows, extra_seeds = split_seeds(rows)
+    rows, extra_seeds = split_repeats(rows, SEED_ROW)
+    rows, extra_engines = split_repeats(rows, ENGINE_ROW)
     grows = [a for a in rows if is_gradient(a)]
     others = [a for a in rows if not is_gradient(a)]
     gtab, gdata = grad_table(grows) if grows else ("(no gradient-canary audits in this folder)", [])
     tab, data = table(others) if others else ("(no other audits in this folder)", [])
     verdict, pairs = paper_vs_strict(others)
     seeds_text, seeds_data = seeds_section(grows, extra_seeds)
+    engines_text, engines_data = engines_section(grows, extra_engines)
     other_seeds = sorted({r["seed"] for d in seeds_data for r in d["seeds"] if r["audit"] != d["audit"]})
     seed_note = "; the rows under Seeds also " + " and ".join(map(str, other_seeds)) if other_seeds else ""
     seeds_part = f"\n## Seeds\n\n{seeds_text}\n" if seeds_text else ""
+    seeds_part += f"\n## Engines\n\n{engines_text}\n" if engines_text else ""
     seeds_limit = (
         "one seed per row, except the rows under Seeds (also "
         + " and ".join(map(str, other_seeds))
@@ -1012,6 +1081,7 @@ def main(argv: list[str] | None = None) -> None:
                 "rows": data,
                 "paper_vs_strict": pairs,
                 "seeds": seeds_data,
+                "engines": engines_data,
             },
             indent=1,
         )
@@ -1021,6 +1091,11 @@ def main(argv: list[str] | None = None) -> None:
         f"| {d['audit']} | {f(d['epsilon_accountant'])} | {d['epsilon_lower_bound']:.3f} |" for d in data
     )
     every = gdata + data + [r for d in seeds_data for r in d["seeds"] if r["audit"] != d["audit"]]
+    every += [
+        {"command": r.get("command"), "seconds": r.get("seconds")}
+        for rs in extra_engines.values()
+        for r in rs
+    ]
     commands = "\n".join(f"    {d['command']}" for d in every if d.get("command"))
     secs = sum((d.get("seconds") or {}).get("total", 0.0) for d in every)
     label = (

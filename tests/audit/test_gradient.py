@@ -3,9 +3,9 @@
 Fast: the DPGradient hook off is the unhooked mechanism bit for bit; canaries are clipped and noised like
 examples and leave the accountant's inputs alone; the GDP conversion against numerical integration; a deployed
 site's audit spec and evidence are checked. Slow (digits, few rounds): the no-DP control has power, no bound
-exceeds its accountant ε, an audited run whose canaries are all out is bit-identical to a plain run, and an audit
-over torch.distributed (silofl launch … audit) and on a local Flower deployment (--engine flower-local) measures
-what the simulator's does."""
+exceeds its accountant ε, an audited run whose canaries are all out is bit-identical to a plain run, and an
+audit over torch.distributed (silofl launch … audit) and on a local Flower deployment (--engine flower-local)
+measures what the simulator's does."""
 
 import json
 import math
@@ -363,6 +363,7 @@ def test_flower_deployment_audit_is_the_simulators(tmp_path):
 
     run = dict(
         DIGITS,
+        clients=2,
         method="proxyfl",
         private_model="cnn1",
         proxy_model="mlp",

@@ -148,10 +148,6 @@ def test_silofl_launch_runs_a_method_across_processes(tmp_path):
             ["audit", "--canary-kind", "mislabelled"],
             "error: over torch.distributed, silofl audit takes white-box",
         ),
-        (
-            ["audit", "--canary-kind", "dirac", "--audited-site", "1"],
-            "error: --audited-site 1 runs on process 1",
-        ),
         (["--rounds", "x"], "Invalid value for '--rounds': 'x' is not a valid integer"),
     ],
 )

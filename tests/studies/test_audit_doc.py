@@ -207,3 +207,47 @@ def test_rows_repeated_with_other_seeds_go_under_seeds(tmp_path, monkeypatch, ca
     assert {r["audit"] for r in data["gradient_rows"]} == {"st8", "off"}
     by = {d["audit"]: [s["seed"] for s in d["seeds"]] for d in data["seeds"]}
     assert by == {"st8": [0, 1, 2], "off": [0, 1]}
+
+
+def test_a_row_run_again_on_a_deployment_goes_under_engines(tmp_path, monkeypatch, capsys):
+    """NAME-flower repeats NAME on a Flower deployment: under Engines, with whether the canary scores (the
+    files) are the simulator's."""
+    sim = dict(fake_grad("st8", "strict", 1.96, 8.0, 2.3, 5.0), engine={"name": "simulator (audited)"})
+    fl = dict(
+        fake_grad("st8-flower", "strict", 1.96, 8.0, 2.3, 5.0),
+        engine={"name": "flower", "processes": 4, "tls": True, "node_auth": True, "sealed": True},
+    )
+    write(tmp_path, "st8", sim)
+    write(tmp_path, "st8-flower", fl)
+    write(tmp_path, "pa8", dict(fake_grad("pa8", "paper", 1.96, 8.0, 2.3, 5.0)))
+    write(
+        tmp_path,
+        "pa8-flower",
+        dict(fake_grad("pa8-flower", "paper", 1.96, 8.0, 2.3, 5.0), engine=fl["engine"]),
+    )
+    for name, text in (
+        ("st8", "a\n1\n"),
+        ("st8-flower", "a\n1\n"),
+        ("pa8", "a\n1\n"),
+        ("pa8-flower", "a\n2\n"),
+    ):
+        (tmp_path / name / "canary_scores.csv").write_text(text)
+    monkeypatch.setattr(doc, "DOCS", tmp_path / "docs")
+    doc.main([str(tmp_path)])
+    md = capsys.readouterr().out
+    engines = md[md.index("## Engines") : md.index("## Does")]
+    assert "| st8-flower | flower | 8.000 | **2.300** |" in engines
+    assert (
+        "st8-flower (flower: tls, node_auth, sealed; 4 processes) against st8 (simulator): the same"
+        in engines
+    )
+    assert (
+        "pa8-flower (flower: tls, node_auth, sealed; 4 processes) against pa8 (simulator): the canary "
+        "scores DIFFER" in engines
+    )
+    assert not any(line.startswith("| st8-flower") for line in md[: md.index("## Engines")].splitlines())
+    data = json.loads((tmp_path / "docs" / "data" / "audit.json").read_text())
+    assert {(d["audit"], d["same_scores"]) for d in data["engines"]} == {
+        ("st8-flower", True),
+        ("pa8-flower", False),
+    }
