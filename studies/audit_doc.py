@@ -740,16 +740,13 @@ def engines_section(grows: list[dict], extra: dict[str, list[dict]]) -> tuple[st
             )
     if not data:
         return "", []
-    text = (
+    intro = (
         "The audited mechanism as a deployment runs it: the same audit on a Flower deployment on this machine "
         "(`--engine flower-local`: a SuperLink, one process per site, TLS, node authentication, payloads sealed "
         "between sites). The released proxies are sealed to their recipients there, so the audited site arms "
-        "and observes itself (`silofl.audit.gradient.SiteAudit`).\n\n"
-        + "\n".join(lines)
-        + "\n\n"
-        + "\n".join(f"- {x}" for x in notes)
+        "and observes itself (`silofl.audit.gradient.SiteAudit`)."
     )
-    return text, data
+    return section_text(intro, lines, notes), data
 
 
 def seeds_section(grows: list[dict], extra: dict[str, list[dict]]) -> tuple[str, list[dict]]:
@@ -854,15 +851,17 @@ def seeds_section(grows: list[dict], extra: dict[str, list[dict]]) -> tuple[str,
         if not over
         else f"A figure EXCEEDS the accountant's ε: {', '.join(over)}.",
     )
-    text = (
+    intro = (
         "The rows that carry the issue's targets — the no-DP controls and ε ≈ 8 — again with other seeds (the "
         "same settings; a seed draws the canaries' coins, their sampling, the run's noise and the data's "
-        "shuffling). Each cell gives every seed's figure (seed: figure).\n\n"
-        + "\n".join(lines)
-        + "\n\n"
-        + "\n".join(f"- {x}" for x in notes)
+        "shuffling). Each cell gives every seed's figure (seed: figure)."
     )
-    return text, data
+    return section_text(intro, lines, notes), data
+
+
+def section_text(intro: str, lines: list[str], notes: list[str]) -> str:
+    """A section's body: its introduction, its table's lines, its findings as a list."""
+    return intro + "\n\n" + "\n".join(lines) + "\n\n" + "\n".join(f"- {x}" for x in notes)
 
 
 def grad_paper_vs_strict(rows: list[dict]) -> str:

@@ -58,18 +58,20 @@ TINY_LAUNCH = (
 ).split()
 
 
-def launch_tiny(out, *extra: str):
-    """Run :data:`TINY_LAUNCH` into ``out`` (plus ``extra`` arguments) as a real `silofl launch`; the finished
-    process (its return code and output)."""
+def silofl_cli(*args: str, timeout: float = 300):
+    """``silofl ARGS`` as a real process of this interpreter; the finished process (return code, output)."""
     import subprocess
     import sys
 
     return subprocess.run(
-        [sys.executable, "-m", "silofl.cli.main", *TINY_LAUNCH, "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-m", "silofl.cli.main", *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+def launch_tiny(out, *extra: str):
+    """Run :data:`TINY_LAUNCH` into ``out`` (plus ``extra`` arguments) as a real `silofl launch`; the finished
+    process (its return code and output)."""
+    return silofl_cli(*TINY_LAUNCH, "--out", str(out), *extra)
 
 
 MODEL_FOR = {"fedbn": {"proxy_model": "cnn-gn"}}

@@ -294,50 +294,32 @@ def test_audited_run_with_no_canary_in_is_bit_identical(tmp_path):
     assert [json.loads(x) for x in a] == [json.loads(x) for x in b]
 
 
+ENGINE_RUN = dict(
+    DIGITS,
+    method="proxyfl",
+    private_model="cnn1",
+    proxy_model="mlp",
+    rounds=2,
+    noise_multiplier=1.0,
+    threads=1,
+)  # the engine tests' audited run
+ENGINE_AUDIT = dict(canaries=100, canary_kind="dirac", seed=5, reference_models=0)  # the engine tests' audit
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_torchdist_audit_sees_what_the_simulator_sees(tmp_path):
     """`silofl launch --nproc-per-node 2 audit …`: site 0 and the observer on process 0, site 1 (and 2) served
     by process 1; the same observer records, scores, bound and accountant ε as the simulator's audit."""
-    import subprocess
-    import sys
-
     from silofl.audit import run_audit
     from silofl.run.config import RunConfig
+    from tests.helpers import silofl_cli
 
-    run = dict(
-        DIGITS,
-        method="proxyfl",
-        private_model="cnn1",
-        proxy_model="mlp",
-        rounds=2,
-        noise_multiplier=1.0,
-        threads=1,
-    )
-    settings = dict(canaries=100, canary_kind="dirac", seed=5, reference_models=0)
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in run.items()]
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "silofl.cli.main",
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "audit",
-            *flags,
-            "--canaries=100",
-            "--canary-kind=dirac",
-            "--seed=5",
-            "--reference-models=0",
-            "--peer-timeout=60",
-            "--quiet",
-            "--out",
-            str(tmp_path / "dist"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    run, settings = ENGINE_RUN, ENGINE_AUDIT
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**run, **settings}.items()]
+    out = str(tmp_path / "dist")
+    res = silofl_cli(
+        "launch", "--nproc-per-node", "2", "audit", *flags, "--peer-timeout=60", "--quiet", "--out", out
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "empirical ε lower bound" in res.stdout and "Traceback" not in res.stderr
@@ -361,18 +343,8 @@ def test_flower_deployment_audit_is_the_simulators(tmp_path):
     from silofl.audit import run_audit
     from silofl.run.config import RunConfig
 
-    run = dict(
-        DIGITS,
-        clients=2,
-        method="proxyfl",
-        private_model="cnn1",
-        proxy_model="mlp",
-        rounds=2,
-        noise_multiplier=1.0,
-        threads=1,
-    )
-    settings = dict(canaries=100, canary_kind="dirac", seed=5, reference_models=0)
-    cfg = RunConfig.from_dict(run)
+    settings = ENGINE_AUDIT
+    cfg = RunConfig.from_dict(dict(ENGINE_RUN, clients=2))
     fl = run_audit(cfg, AuditSettings(**settings), tmp_path / "fl", engine="flower-local")
     sim = run_audit(cfg, AuditSettings(**settings), tmp_path / "sim")
     assert fl["engine"]["name"] == "flower" and fl["engine"]["sealed"] and fl["engine"]["tls"]

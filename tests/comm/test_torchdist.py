@@ -14,7 +14,7 @@ from silofl.comm.launcher import launch_processes
 from silofl.fl.registry import methods
 from silofl.run.config import RunConfig
 from silofl.run.loop import run as simulate
-from tests.helpers import MODEL_FOR
+from tests.helpers import MODEL_FOR, silofl_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -154,27 +154,13 @@ def test_silofl_launch_runs_a_method_across_processes(tmp_path):
 def test_silofl_launch_refuses_bad_options_before_any_process_starts(tmp_path, args, error):
     """One line, exit code 2, nothing written, no torchrun failure report: the launched command's options are
     checked once in the launching process."""
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "silofl.cli.main",
-            "launch",
-            "--nproc-per-node",
-            "2",
-            *args,
-            "--dataset",
-            "digits",
-        ]
-        + ["--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    res = silofl_cli(
+        "launch", "--nproc-per-node", "2", *args, "--dataset", "digits", "--out", str(tmp_path / "o")
     )
     assert res.returncode == 2, res.stdout + res.stderr
     assert error in " ".join(res.stderr.split()), res.stderr
     assert "Traceback" not in res.stderr and "torch/distributed" not in res.stderr and res.stdout == ""
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_receive_from_a_peer_already_gone_is_a_lost_peer_not_a_crash(monkeypatch):

@@ -275,16 +275,15 @@ LAUNCH_COMMAND = "SILOFL_LAUNCH_COMMAND"
 
 
 def _audit_distributed(
-    cfg, settings, out: str, overwrite: bool, quiet: bool, peer_timeout: float, check_processes: int | None
+    cfg, settings, out: str, overwrite: bool, peer_timeout: float, check_processes: int | None, run
 ) -> dict | None:
     """One process of `silofl launch … audit`: process 0 runs the audit (the coordinator and the audited
     site, its canaries and observer) on the torch.distributed engine and returns audit.json's content; every
     other process serves its sites, built from the same audited configuration, and returns None (as does
     ``check_processes``: `silofl launch` checking the options for that many processes, before it starts
-    them)."""
+    them). ``run(**kw)``: the audit command's call of :func:`silofl.api.audit`."""
     import torch.distributed as dist
 
-    from silofl import api
     from silofl.audit import check_engine, report
     from silofl.audit.example import run_config
     from silofl.comm.torchdist import TorchDistEngine, init_from_env, shutdown
@@ -302,17 +301,10 @@ def _audit_distributed(
         check_engine(cfg, settings, dist.get_world_size())
         if _serve_if_worker(run_config(cfg, settings, Path(out)).resolve(), peer_timeout):
             return None
-        command = os.environ.get(LAUNCH_COMMAND)  # the launch's command line, set by `silofl launch`
-        return api.audit(
-            cfg,
-            out=out,
-            settings=settings,
-            overwrite=overwrite,
-            quiet=quiet,
-            console=console,
-            command=command,
+        return run(  # the launch's command line, set by `silofl launch`
+            command=os.environ.get(LAUNCH_COMMAND),
             engine_factory=lambda make, n: TorchDistEngine(make, n, timeout_s=peer_timeout),
-        ).audit
+        )
     finally:
         shutdown()
 
@@ -964,21 +956,18 @@ def audit(
     )
     if distributed and engine != "simulator":
         raise ConfigError("silofl launch … audit runs over torch.distributed: leave out --engine")
+
+    def run(**kw) -> dict:  # the audit, on the engine ``kw`` names
+        return api.audit(
+            cfg, out=out, settings=settings, overwrite=overwrite, quiet=quiet, console=console, **kw
+        ).audit
+
     if distributed:
-        a = _audit_distributed(cfg, settings, out, overwrite, quiet, peer_timeout, check_processes)
+        a = _audit_distributed(cfg, settings, out, overwrite, peer_timeout, check_processes, run)
         if a is None:  # a serving process
             return
     else:
-        a = api.audit(
-            cfg,
-            out=out,
-            settings=settings,
-            overwrite=overwrite,
-            quiet=quiet,
-            console=console,
-            command=command,
-            engine=engine,
-        ).audit
+        a = run(command=command, engine=engine)
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
     label = (
