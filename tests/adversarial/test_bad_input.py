@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from silofl.cli.main import app
 
 RUN = ["run", "--method", "fedavg", "--dataset", "digits", "--clients", "2", "--rounds", "1"]
+LAUNCH_AUDIT = ["launch", "--nproc-per-node", "2", "audit", *RUN[1:]]
 RO = "/proc/silofl-bad-input/run"  # a read-only place even for root
 
 
@@ -187,12 +188,30 @@ CASES = {  # name: (arguments, {t} = the test folder; what the one line says)
         ],
         "which is a file",
     ),
+    # silofl launch checks the launched command's options before it starts any process (no torchrun report)
+    "launch-more-processes-than-clients": (
+        ["launch", "--nproc-per-node", "2", *RUN[1:-2], "--clients", "1", "--out", "{t}/o"],
+        "2 processes for 1 clients: use at most one process per client",
+    ),
+    "launch-audit-input-canaries": (
+        [*LAUNCH_AUDIT, "--canary-kind", "mislabelled", "--out", "{t}/o"],
+        "over torch.distributed, silofl audit takes white-box gradient canaries",
+    ),
+    "launch-audit-site-off-process-0": (
+        [*LAUNCH_AUDIT, "--canary-kind", "dirac", "--audited-site", "1", "--out", "{t}/o"],
+        "--audited-site 1 runs on process 1 of 2",
+    ),
+    "audit-unknown-engine": (
+        ["audit", *RUN[1:], "--canary-kind", "dirac", "--engine", "nope", "--out", "{t}/o"],
+        "silofl audit runs on the engines simulator, flower-local",
+    ),
 }
 
 
-@pytest.mark.slow  # ~10 s for the 19 cases (a fresh folder, broker and CLI call each)
+@pytest.mark.slow  # ~10 s for the 23 cases (a fresh folder, broker and CLI call each)
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("SILOFL_RUN_KEY", "00" * 32)  # silofl launch would put a fresh one in this process
     args, message = CASES[name]
     _setup(tmp_path)
     before = _files(tmp_path)
