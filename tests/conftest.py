@@ -40,6 +40,7 @@ FIRST = (
     "tests/deploy/test_readme_site_commands.py",
     "tests/secure/test_deploy.py",
     "tests/comm/test_faults.py",
+    "tests/audit/test_engines.py",  # 5 tests, two of them start processes: 11 min 33 s at the end, see below
 )
 
 
