@@ -49,7 +49,7 @@ def check_engine(
     torch.distributed their observer sits at the engine seam and reads the audited site, which must run in
     the coordinator's process — process 0, where client k runs on process k mod ``processes``; in a Flower
     deployment the audited site arms and observes itself (:class:`silofl.audit.gradient.SiteAudit`)."""
-    from silofl.audit.gradient import GRADIENT_KINDS
+    from silofl.audit.gradient import GRADIENT_KINDS, audited_site
 
     if settings.pubsub_model is not None or cfg.resolve().is_client_level:
         raise ConfigError(
@@ -61,7 +61,7 @@ def check_engine(
             f"over {engine}, silofl audit takes white-box gradient canaries: --canary-kind "
             + " | ".join(GRADIENT_KINDS)
         )
-    audited = 0 if cfg.info.traits.pooled else settings.site
+    audited = audited_site(cfg, settings)
     if processes is not None and audited % processes != 0:
         raise ConfigError(
             f"--audited-site {audited} runs on process {audited % processes} of {processes}: the audited "

@@ -432,6 +432,16 @@ def bounds_for(
     }
 
 
+def coins_for(s: AuditSettings) -> np.ndarray:
+    """Which of the m canaries are in (each with probability ½), drawn from the audit's seed."""
+    return np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
+
+
+def audited_site(cfg: RunConfig, s: AuditSettings) -> int:
+    """The site that gets the canaries: ``s.site``, or site 0 where one site holds everyone's data."""
+    return 0 if cfg.info.traits.pooled else s.site
+
+
 def audit(
     cfg: RunConfig,
     s: AuditSettings,
@@ -444,10 +454,9 @@ def audit(
     ``engine_factory`` (default: the simulator) makes the engine from the site factory — e.g. the
     torch.distributed
     engine on rank 0, where the audited site must live (site 0 always does)."""
-    info = cfg.info
     cfg = run_config(cfg, s, out)
-    audited = 0 if info.traits.pooled else s.site
-    coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
+    audited = audited_site(cfg, s)
+    coins = coins_for(s)
     held: dict = {}
 
     def keep_public(run_cfg: RunConfig, split: Any) -> Any:
@@ -747,12 +756,20 @@ class SiteAudit:
             os.replace(tmp, self.path)
 
 
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file of a site's audit folder, its size bounded before it is read."""
+    if path.stat().st_size > SPEC_BYTES:
+        raise ConfigError(f"{path} is over {SPEC_BYTES >> 20} MB: not {what}")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{path} is not {what}: {e}") from None
+
+
 def read_spec(path: Path) -> dict:
     """An audit spec, checked: m canaries, their kind, one coin each, the canaries' seed, the method."""
-    if path.stat().st_size > SPEC_BYTES:
-        raise ConfigError(f"{path} is over {SPEC_BYTES >> 20} MB: not an audit spec")
+    spec = read_json(path, "an audit spec")
     try:
-        spec = json.loads(path.read_text())
         m, kind, seed, method = spec["m"], spec["kind"], spec["seed"], spec["method"]
         included = spec["included"]
     except (ValueError, TypeError, KeyError) as e:
@@ -785,8 +802,8 @@ def audit_deployed(
     from silofl.deploy.local import deploy_local
 
     rc = run_config(cfg, s, out)
-    audited = 0 if cfg.info.traits.pooled else s.site
-    coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
+    audited = audited_site(cfg, s)
+    coins = coins_for(s)
     held: dict = {}
 
     def prepare(split: Any, folders: list[Path]) -> None:
@@ -818,12 +835,7 @@ def audit_deployed(
     path = held["folder"] / AUDIT_DIR / "evidence.json"
     if not path.is_file():
         raise ConfigError("the audited site never trained: nothing to audit (raise --rounds or the budget)")
-    if path.stat().st_size > SPEC_BYTES:
-        raise ConfigError(f"{path} is over {SPEC_BYTES >> 20} MB: not the site's evidence")
-    try:
-        ev = Evidence.from_json(json.loads(path.read_text()))
-    except ValueError as e:
-        raise ConfigError(f"{path} is not JSON: {e}") from None
+    ev = Evidence.from_json(read_json(path, "the site's evidence"))
     return report(rc, s, ev, coins, summary, held["public"], run_s)
 
 
@@ -844,7 +856,7 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     n = len(rows)
     defaults = inspect.signature(dp_models.train).parameters
     batch, clip, lr = (defaults[k].default for k in ("batch_size", "clip", "lr"))
-    coins = np.random.default_rng(s.derived(1)).random(s.canaries) < 0.5
+    coins = coins_for(s)
     held: dict = {}
     public = None
     if s.canary_placement == "quiet":  # training rows the publisher does not hold, in the model's input form
