@@ -3,7 +3,7 @@
 #   bash bench/audit_study.sh [full|reduced]     (default full; PYTHON=... for another interpreter, default .venv/bin/python;
 #                                                JOBS=N runs N audits at a time, default 1: each audit uses one core)
 #
-# Example-level rows, white-box *gradient* canaries (silofl.audit.gradient): 4000 Dirac canaries at site 0 on the
+# Example-level rows, white-box *gradient* canaries (silofl.auditing.gradient): 4000 Dirac canaries at site 0 on the
 # quiet coordinates (--canary-placement quiet: where real gradients on public rows are smallest before the run), each
 # in with probability ½ and sampled at the site's q at every DP step; scored per step (noisy gradients) and per
 # release.

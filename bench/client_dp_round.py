@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from silofl.run.config import RunConfig
-from silofl.run.loop import build
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import build
 from silofl.site import subclients
 from silofl.training.local_sgd import local_updates
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from silofl.run.config import RunConfig
-from silofl.run.loop import build
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import build
 
 PUBLISHED = {
     "dp": 6.15,

@@ -18,8 +18,8 @@ import time
 import torch
 
 from silofl.fl.registry import methods
-from silofl.run.config import RunConfig
-from silofl.run.loop import build
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import build
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from silofl.models import build_model
-from silofl.run.config import RunConfig
-from silofl.run.loop import build
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import build
 from silofl.topology import ExponentialGraph
 from silofl.training import dml_loss
 

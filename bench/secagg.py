@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from silofl.run.config import RunConfig
-from silofl.run.loop import build
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import build
 
 
 def setup(k: int, secure: bool, data, method: str = "dp-fedavg"):

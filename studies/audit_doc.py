@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from silofl.audit.gauss import EPS_CAP, epsilon_text, epsilon_value  # noqa: E402
-from silofl.run.folder import read_config  # noqa: E402
+from silofl.auditing.gauss import EPS_CAP, epsilon_text, epsilon_value  # noqa: E402
+from silofl.runner.folder import read_config  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 GROUPS = ("proxyfl strict", "proxyfl paper", "proxyfl off", "regular", "fedavg", "pubsub", "client-level")
@@ -454,7 +454,7 @@ def setup(rows: list[dict]) -> str:
 
 
 def is_gradient(a: dict) -> bool:
-    """An audit with white-box gradient canaries (silofl.audit.gradient)."""
+    """An audit with white-box gradient canaries (silofl.auditing.gradient)."""
     return a.get("canaries", {}).get("space") == "gradient"
 
 
@@ -744,7 +744,7 @@ def engines_section(grows: list[dict], extra: dict[str, list[dict]]) -> tuple[st
         "The audited mechanism as a deployment runs it: the same audit on a Flower deployment on this machine "
         "(`--engine flower-local`: a SuperLink, one process per site, TLS, node authentication, payloads sealed "
         "between sites). The released proxies are sealed to their recipients there, so the audited site arms "
-        "and observes itself (`silofl.audit.gradient.SiteAudit`)."
+        "and observes itself (`silofl.auditing.gradient.SiteAudit`)."
     )
     return section_text(intro, lines, notes), data
 
@@ -1154,7 +1154,7 @@ secret (the default of `silofl run` and `silofl audit` without `--seed`); the au
   (arXiv 2606.12733) as far as its readable parts describe it: the included and excluded canaries' per-step sums
   are modelled as two Gaussians (means and variances fitted, unequal variances allowed) and ε at δ is read from
   their closed-form hockey-stick divergence, minimised over a 95 % Bonferroni confidence box on the four
-  parameters (`silofl.audit.gauss`). It is an *estimate* under a Gaussian-scores assumption, **not a guarantee**;
+  parameters (`silofl.auditing.gauss`). It is an *estimate* under a Gaussian-scores assumption, **not a guarantee**;
   **the paper's worked figures could not be reproduced** (of its text only the abstract and the opening of the
   introduction could be read here).
   "> 700" means ε above 700, where the solve stops (the two fitted Gaussians barely overlap). It is always shown
@@ -1188,7 +1188,7 @@ secret (the default of `silofl run` and `silofl audit` without `--seed`); the au
 
 - The Gaussian-pair figure follows what the readable parts of Agrawal et al. say (two Gaussians, closed-form
   hockey-stick divergence, confidence intervals on the parameters); their worked figures could not be reproduced,
-  and their confidence step may differ (silofl uses a Bonferroni box). `tests/audit/test_gauss.py` checks the
+  and their confidence step may differ (silofl uses a Bonferroni box). `tests/auditing/test_gauss.py` checks the
   divergence against numerical integration, the equal-variance case against μ-GDP and dp-accounting's Gaussian
   mechanism, and the box's coverage by simulation.
 - Quiet placement reads public rows: training rows no client (for the published dp-nn: not the publisher)

@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from silofl.fl.registry import methods  # noqa: E402
-from silofl.run.folder import mean_std, read_config  # noqa: E402
+from silofl.runner.folder import mean_std, read_config  # noqa: E402
 
 # each non-private client-level method and the DP method with its server optimizer (rows of one table)
 DP_TWIN = {

@@ -29,8 +29,8 @@ COMMAND = (
 def single_parts(run: Path) -> dict[str, float]:
     """Mean over sites of the class-balanced stacker over one part, fitted on the site's held-out rows."""
     from silofl.models import load_model
-    from silofl.run.data import prepare_data
-    from silofl.run.folder import read_run_config
+    from silofl.runner.data import prepare_data
+    from silofl.runner.folder import read_run_config
     from silofl.site.combine import fit_combiner, holdout_rows, log_probs
 
     cfg = read_run_config(run).resolve()  # as it ran: config.yaml with plan.json's split seed and sizes

@@ -48,8 +48,8 @@ VARIANTS = {
 
 def run_method(method: str, out: Path, extra: dict | None = None, name: str | None = None) -> dict:
     """One short run of ``method`` on digits with the default privacy settings and secret randomness."""
-    from silofl.run.config import RunConfig
-    from silofl.run.loop import run
+    from silofl.runner.config import RunConfig
+    from silofl.runner.loop import run
 
     cfg = RunConfig.from_dict(
         {

@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 python -m studies.inversion_sigma > /tmp/inversion_sigma.md
 
-The attack of ``silofl audit --attack inversion`` (:func:`silofl.audit.inversion.attack_update`, its default
+The attack of ``silofl audit --attack inversion`` (:func:`silofl.auditing.inversion.attack_update`, its
+default
 optimisation: 1500 iterations, 2 restarts) on the setting a client-level audit with the default options
 attacks: the global ``mlp`` of round 1 (a fresh initialisation, one per image), a sub-client holding one
 16×16 digit, one local SGD step at lr 0.05, clipped to C = 1 (the default clip, hospital unit, v = 1), and
@@ -21,7 +22,7 @@ import warnings
 
 import torch
 
-from silofl.audit import inversion
+from silofl.auditing import inversion
 from silofl.data.datasets import load_digits_dataset
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant

@@ -219,8 +219,8 @@ def _job(
     import torch
 
     from silofl.experiments.tune import tune
-    from silofl.run.config import RunConfig
-    from silofl.run.loop import run
+    from silofl.runner.config import RunConfig
+    from silofl.runner.loop import run
 
     torch.set_num_threads(1)
     folder = _folder(Path(root), (kind, label, method, fixed, grid, eps, seed, feats))
@@ -328,8 +328,8 @@ def _job(
 def _final_run(final: Path, settings: dict, method: str, seed: int, eps: float | None) -> dict:
     """Run ``settings`` on seed ``seed``'s split at budget ``eps``, scored on the test split at the last
     round, into ``final`` (unless it finished already); its summary."""
-    from silofl.run.config import RunConfig
-    from silofl.run.loop import run
+    from silofl.runner.config import RunConfig
+    from silofl.runner.loop import run
 
     if not (final / "summary.json").exists():
         cfg = RunConfig.from_dict(
@@ -353,7 +353,7 @@ def score_on_test(trial: Path) -> dict:
     so
     this equals re-running its settings with eval_split test, without training again): a summary-like dict."""
     from silofl.experiments.evaluate import evaluate_run
-    from silofl.run.folder import mean_std
+    from silofl.runner.folder import mean_std
 
     s = json.loads((trial / "summary.json").read_text())
     accs: dict[str, list[float]] = {}
@@ -543,8 +543,8 @@ def _split(seed: int, feats: str, eval_split: str = "test"):
     ``feats``, as every run of the study sees it."""
     import torch
 
-    from silofl.run.config import RunConfig
-    from silofl.run.data import prepare_data
+    from silofl.runner.config import RunConfig
+    from silofl.runner.data import prepare_data
 
     cfg = RunConfig.from_dict(
         {

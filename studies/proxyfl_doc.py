@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from silofl.report.plots import series  # noqa: E402
-from silofl.run.folder import read_config, read_metrics  # noqa: E402
+from silofl.runner.folder import read_config, read_metrics  # noqa: E402
 
 
 def ms(d: dict, nd: int = 4) -> str:

@@ -98,8 +98,8 @@ def _one(i: int, out: str) -> dict:
     """Run search row ``i`` (unless it finished) on the validation split; its row."""
     import torch
 
-    from silofl.run.config import RunConfig
-    from silofl.run.loop import run
+    from silofl.runner.config import RunConfig
+    from silofl.runner.loop import run
 
     torch.set_num_threads(1)
     what, label, eps, changes = SEARCH[i]

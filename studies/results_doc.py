@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from silofl.report.comparison import markdown_table
-from silofl.run.folder import read_config, values_by_round
+from silofl.runner.folder import read_config, values_by_round
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 FEDERATED = ("proxyfl", "fml", "fedavg", "avgpush", "cwt")

@@ -143,8 +143,8 @@ def run_fl(
 ) -> list[dict]:
     """One federated method on the island tables for one seed; per-method rows of per-site accuracies and
     ε."""
-    from silofl.run.config import RunConfig
-    from silofl.run.loop import run as simulate
+    from silofl.runner.config import RunConfig
+    from silofl.runner.loop import run as simulate
 
     cfg = RunConfig.from_dict(
         {
@@ -380,7 +380,7 @@ def run_study(
                 "classes": {c: int((y == i).sum()) for i, c in enumerate(sch.classes)},
             }
         )
-    from silofl.run.folder import read_config
+    from silofl.runner.folder import read_config
 
     first = read_config(rows[0]["run"])  # as it ran (the batch size the run planned: plan.json)
     result = {

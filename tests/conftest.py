@@ -12,7 +12,7 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
 @pytest.fixture
 def tiny_cfg(tmp_path):
     """A seconds-long ProxyFL config on scikit-learn's digits."""
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     return RunConfig.from_dict(
         dict(
@@ -40,7 +40,7 @@ FIRST = (
     "tests/deploy/test_readme_site_commands.py",
     "tests/secure/test_deploy.py",
     "tests/comm/test_faults.py",
-    "tests/audit/test_engines.py",  # 5 tests, two of them start processes: 11 min 33 s at the end, see below
+    "tests/auditing/test_engines.py",  # 5 tests, two of them start processes: 11 min 33 s at the end (below)
 )
 
 

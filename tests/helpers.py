@@ -8,8 +8,8 @@ from pathlib import Path
 from silofl.comm.engine import InProcessEngine
 from silofl.data import SplitData
 from silofl.fl.coordinator import Coordinator
-from silofl.run.config import RunConfig
-from silofl.run.loop import build
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import build
 
 
 @dataclass

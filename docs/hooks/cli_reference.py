@@ -168,7 +168,7 @@ def _fields_markdown(cls: type, own_only: bool = False) -> list[str]:
 def config_markdown() -> str:
     """RunConfig's fields, then every registered method and the fields of its options dataclass."""
     from silofl.fl.registry import methods
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     out = ["### `RunConfig`: the settings every method shares\n", *_fields_markdown(RunConfig)]
     infos = methods()

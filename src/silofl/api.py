@@ -9,7 +9,8 @@
     result.headline, result.epsilon, result.folder        # the judged figure (mean), the worst site's ε,
     runs/x
 
-Each function takes a :class:`~silofl.run.config.RunConfig` (or a plain mapping of its options, as in a YAML
+Each function takes a :class:`~silofl.runner.config.RunConfig` (or a plain mapping of its options, as in a
+YAML
 file)
 and writes the same folder as the ``silofl`` command of the same name — the CLI calls these functions. Errors
 a
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from silofl.core.errors import ConfigError
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 
 __all__ = [
     "run",
@@ -187,7 +188,7 @@ def start_simulator(
     cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool, console: Any, opts: EngineOptions
 ) -> dict:
     """Run ``cfg`` with every site in this process (the simulator engine)."""
-    from silofl.run.loop import run as run_loop
+    from silofl.runner.loop import run as run_loop
 
     return run_loop(cfg, progress=progress, console=console, resume=resume, overwrite=overwrite)
 
@@ -197,7 +198,7 @@ def start_torch_distributed(
 ) -> dict:
     """Rank 0 of a `silofl launch` group (the process group is up; the other ranks serve their sites)."""
     from silofl.comm.torchdist import TorchDistEngine
-    from silofl.run.loop import run as run_loop
+    from silofl.runner.loop import run as run_loop
 
     def factory(make_site, n_sites):
         return TorchDistEngine(make_site, n_sites, timeout_s=opts.peer_timeout_s)
@@ -302,7 +303,7 @@ def run(
     soon as
     the run ends (before the ``vs_alone`` baseline trains)."""
     from silofl.comm.engines import ENGINES
-    from silofl.run.folder import OutLock
+    from silofl.runner.folder import OutLock
 
     cfg = as_config(config)
     if engine not in ENGINES:
@@ -330,7 +331,7 @@ def run(
             on_summary(summary)
         alone = None
         if vs_alone and engine == "simulator":
-            from silofl.run.alone import compare_with_alone
+            from silofl.runner.alone import compare_with_alone
 
             alone = compare_with_alone(resolved, summary, console)
     if alone is not None:
@@ -405,13 +406,13 @@ def audit(
     audited
     run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and membership
     inference.
-    ``settings``: a :class:`silofl.audit.AuditSettings`, or its fields as keywords (``canaries=1000``,
+    ``settings``: a :class:`silofl.auditing.AuditSettings`, or its fields as keywords (``canaries=1000``,
     ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``; ``attacks=("inversion",)``: the
     server's gradient inversion of a hospital's update, client-level methods on images). Given as a mapping,
     the config evaluates only at the last round unless it says ``eval_every``. ``engine``: ``simulator`` or
     ``flower-local`` (a local Flower deployment; gradient canaries); ``engine_factory``: the audited run's
-    engine made here (torch.distributed; see :func:`silofl.audit.run_audit`)."""
-    from silofl.audit import AuditSettings, run_audit
+    engine made here (torch.distributed; see :func:`silofl.auditing.run_audit`)."""
+    from silofl.auditing import AuditSettings, run_audit
 
     if isinstance(config, Mapping):
         config = dict(config)

@@ -62,8 +62,8 @@ def test_each_units_multiplier_block_by_block():
 
 @pytest.mark.slow
 def test_a_subclient_run_with_adaptive_clipping_records_what_ran_and_dp_accounting_agrees(tmp_path):
-    from silofl.run.config import RunConfig
-    from silofl.run.loop import run
+    from silofl.runner.config import RunConfig
+    from silofl.runner.loop import run
 
     cfg = RunConfig.from_dict(
         dict(
@@ -97,7 +97,7 @@ def test_a_subclient_run_with_adaptive_clipping_records_what_ran_and_dp_accounti
 
 
 def test_the_server_recomputes_the_count_bounds_for_the_unit(tmp_path):
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     b = build_run(
         RunConfig.from_dict(

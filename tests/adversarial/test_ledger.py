@@ -11,7 +11,7 @@ import pytest
 from silofl.core.errors import SiloflError
 from silofl.privacy import epsilon_of
 from silofl.privacy.ledger import Ledger, LedgerTampered
-from silofl.run.loop import run as simulate
+from silofl.runner.loop import run as simulate
 
 
 def filled(tmp_path, n=4):

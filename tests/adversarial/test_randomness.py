@@ -41,7 +41,7 @@ def test_without_a_seed_every_sites_noise_and_sampling_are_secure_and_a_round_ca
 def test_a_seeded_run_reproduces_and_says_its_guarantee_holds_only_while_the_seed_is_secret(
     tiny_cfg, tmp_path
 ):
-    from silofl.run.loop import run
+    from silofl.runner.loop import run
 
     s = run(tiny_cfg.replace(seed=7, rounds=1, out=str(tmp_path / "s")), progress=False)
     assert (

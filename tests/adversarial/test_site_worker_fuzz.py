@@ -19,7 +19,7 @@ import pytest
 from silofl.comm.messages import Message, pack, unpack
 from silofl.deploy.local import free_port, make_site_folders
 from silofl.deploy.site import ERROR, HELLO, SETUP
-from silofl.run.data import prepare_data
+from silofl.runner.data import prepare_data
 
 
 def frame_of(step, meta, k=0):

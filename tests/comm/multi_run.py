@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 
 from silofl.comm.torchdist import TorchDistEngine, init_from_env, serve, shutdown
-from silofl.run.config import RunConfig
-from silofl.run.data import prepare_data
-from silofl.run.loop import ledger_root, releases_nonprivate, run, site_factory
+from silofl.runner.config import RunConfig
+from silofl.runner.data import prepare_data
+from silofl.runner.loop import ledger_root, releases_nonprivate, run, site_factory
 
 
 def main(path: str) -> None:

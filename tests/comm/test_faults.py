@@ -13,9 +13,9 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from silofl.privacy.ledger import Ledger
-from silofl.run.checkpoint import saved_rounds
-from silofl.run.config import RunConfig
-from silofl.run.loop import run as simulate
+from silofl.runner.checkpoint import saved_rounds
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run as simulate
 from tests.comm.test_torchdist import same  # equal, AUROC and ECE to floating point
 from tests.helpers import build_run
 

@@ -12,8 +12,8 @@ import pytest
 
 from silofl.comm.launcher import launch_processes
 from silofl.fl.registry import methods
-from silofl.run.config import RunConfig
-from silofl.run.loop import run as simulate
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run as simulate
 from tests.helpers import MODEL_FOR
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]

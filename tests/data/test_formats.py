@@ -8,8 +8,8 @@ from PIL import Image
 from silofl.core.errors import DataError
 from silofl.data import load_dataset
 from silofl.data.formats import site_split
-from silofl.run.config import RunConfig
-from silofl.run.loop import run as simulate
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run as simulate
 
 
 def _write_images(root, classes=("benign", "malignant", "normal"), n=10, mode="L", size=20):

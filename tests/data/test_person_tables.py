@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from silofl.cli.main import app
 from silofl.core.errors import ConfigError, DataError
 from silofl.data.sites import holdout_groups, load_site_tables
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from tests.data.test_tables import SCHEMA, site_frame, write_csv, write_schema
 
 

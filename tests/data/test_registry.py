@@ -89,7 +89,7 @@ def test_a_dataset_and_a_model_from_another_package_register(plugin):
 def test_a_real_run_trains_on_a_plugin_dataset_and_model(plugin, tmp_path):
     """The configuration takes the plug-in's names and asks its metadata; then ``silofl run`` as a user types
     it, in a fresh process that finds the package by its entry points, trains on them and saves the model."""
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     ds = load_dataset("digit-rows")
     assert ds.x_train.shape == (1397, 64) and ds.num_classes == 10

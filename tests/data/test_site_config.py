@@ -5,7 +5,7 @@ from typer.testing import CliRunner
 
 from silofl.cli.main import app
 from silofl.core.errors import ConfigError
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from tests.data.test_tables import site_frame, write_csv, write_schema
 
 runner = CliRunner()

@@ -50,8 +50,8 @@ def test_a_site_refuses_a_run_whose_fab_is_not_its_own(tmp_path, monkeypatch):
     with that reason — the coordinator's code never runs at a site."""
     from silofl.core.errors import SiloflError
     from silofl.deploy import local
-    from silofl.run.config import RunConfig
-    from silofl.run.data import prepare_data
+    from silofl.runner.config import RunConfig
+    from silofl.runner.data import prepare_data
 
     other = tmp_path / "fab"
     shutil.copytree(FAB_DIR, other, ignore=shutil.ignore_patterns("__pycache__"))

@@ -71,7 +71,7 @@ def test_a_site_that_published_with_pubsub_has_that_much_less_for_a_deployed_run
 
 @pytest.mark.slow
 def test_a_simulated_run_given_site_folders_charges_the_same_ledger_pubsub_does(tiny_cfg, tmp_path):
-    from silofl.run.loop import RunHooks, run
+    from silofl.runner.loop import RunHooks, run
     from silofl.site.folder import with_site_folders
 
     _breast_cancer_files(tmp_path)

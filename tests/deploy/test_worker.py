@@ -13,8 +13,8 @@ from silofl.core.errors import SiloflError
 from silofl.deploy.coordinator import FlowerEngine, join
 from silofl.deploy.local import make_site_folders
 from silofl.deploy.site import ERROR, HELLO, SETUP, SiteConfig, SiteWorker
-from silofl.run.data import prepare_data
-from silofl.run.loop import run as simulate
+from silofl.runner.data import prepare_data
+from silofl.runner.loop import run as simulate
 from tests.helpers import MODEL_FOR
 
 

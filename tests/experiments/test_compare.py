@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 from silofl.cli.main import app
 from silofl.core.errors import ConfigError
 from silofl.experiments.compare import CompareConfig, communication_sweep, run_compare
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 
 TINY = {
     "dataset": "digits",
@@ -133,7 +133,7 @@ def test_a_config_the_data_cannot_serve_is_one_clear_error_before_anything_runs(
 
 @pytest.mark.slow
 def test_a_crashed_run_is_reported_and_the_others_finish_then_resume_skips_done_runs(tmp_path, monkeypatch):
-    import silofl.run.loop as loop
+    import silofl.runner.loop as loop
 
     real = loop.run
 

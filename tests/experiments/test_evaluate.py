@@ -8,8 +8,8 @@ import json
 import pytest
 
 from silofl.experiments.evaluate import evaluate_run
-from silofl.run.config import RunConfig
-from silofl.run.loop import run
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run
 
 
 def _cwt(tmp_path, name, **extra):

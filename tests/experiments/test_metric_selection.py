@@ -7,7 +7,7 @@ import pytest
 from silofl.experiments.tune import parse_grid, tune
 from silofl.privacy.analysis import rdp_curve
 from silofl.report.comparison import markdown_table, summarize
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 
 
 def _base(tmp_path, **kw):

@@ -9,7 +9,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-import silofl.run.data as run_data
+import silofl.runner.data as run_data
 from silofl.cli.main import app
 from silofl.core.errors import ConfigError
 from silofl.data.types import Dataset
@@ -17,7 +17,7 @@ from silofl.experiments.tune import parse_grid, tune, tuning_cost
 from silofl.privacy import epsilon_of
 from silofl.privacy.analysis import DEFAULT_ORDERS, rdp_curve
 from silofl.privacy.tuning import poisson, repeat_and_select_epsilon
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_tune_never_touches_the_test_set(tmp_path, poisoned_test_split):
 
 
 def test_validation_is_disjoint_from_every_client(tmp_path):
-    from silofl.run.data import prepare_data
+    from silofl.runner.data import prepare_data
 
     cfg = _base(tmp_path).resolve()
     cfg, split = prepare_data(cfg, torch.device("cpu"))

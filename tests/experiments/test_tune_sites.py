@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from silofl.cli.main import app
 from silofl.experiments.tune import SITE_VALIDATION_NOTE, parse_grid, tune
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from tests.helpers import write_survival_sites
 
 runner = CliRunner()

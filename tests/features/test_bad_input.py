@@ -10,7 +10,7 @@ from silofl.cli.main import app
 from silofl.core.errors import ConfigError
 from silofl.features import make_stage
 from silofl.models import ModelSpec, build_model, save_model
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 
 runner = CliRunner()
 TINY = [

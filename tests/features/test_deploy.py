@@ -8,8 +8,8 @@ import torch
 from silofl.deploy.coordinator import join
 from silofl.deploy.local import make_site_folders
 from silofl.deploy.site import SiteWorker
-from silofl.run.data import prepare_data
-from silofl.run.loop import run as simulate
+from silofl.runner.data import prepare_data
+from silofl.runner.loop import run as simulate
 from tests.deploy.test_worker import Loopback
 
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from silofl.run.config import RunConfig
-from silofl.run.loop import run as simulate
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run as simulate
 from tests.comm.test_torchdist import records
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from silofl.run.config import RunConfig
-from silofl.run.loop import run
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run
 
 TINY = dict(
     dataset="digits",

@@ -14,7 +14,7 @@ from silofl.core.errors import ConfigError
 from silofl.fl.methods.apfl import APFLMixture, APFLSite, mixture_step
 from silofl.inference.pipeline import load_combined
 from silofl.models import save_model
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from tests.fl.test_fedprox import SPEC, data, settings
 
 

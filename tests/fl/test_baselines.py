@@ -7,7 +7,7 @@ from silofl.comm.messages import Message, Packet
 from silofl.comm.wire import decode, encode
 from silofl.fl.exchange.centralized import WEIGHT_KEY
 from silofl.fl.registry import methods
-from silofl.run.loop import run as simulate
+from silofl.runner.loop import run as simulate
 from tests.helpers import MODEL_FOR, build_run, spy_packets
 
 pytestmark = pytest.mark.slow  # every test here is a whole run

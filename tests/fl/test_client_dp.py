@@ -10,8 +10,8 @@ from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.models import build_model
 from silofl.privacy import epsilon_of
 from silofl.privacy.analysis import unit_noise_multipliers
-from silofl.run.config import RunConfig
-from silofl.run.loop import run as simulate
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run as simulate
 from silofl.site.subclients import CLIP, UNCLIPPED, UNITS, local_steps, subclient_shards
 from silofl.training.local_sgd import flat, local_updates
 from silofl.training.server_opt import DP2RMSProp, FedAdam

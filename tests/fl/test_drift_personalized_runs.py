@@ -8,8 +8,8 @@ import json
 import pytest
 
 from silofl.privacy import epsilon_of
-from silofl.run.config import RunConfig
-from silofl.run.loop import run as simulate
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run as simulate
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from silofl.fl.exchange.centralized import WEIGHT_KEY
 from silofl.fl.methods.fedbn import fedbn_keys, norm_keys, shared_keys
 from silofl.fl.methods.fedper import PersonalHeadSite
 from silofl.models import ModelSpec
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from tests.fl.test_fedprox import data, settings
 
 GN = ModelSpec("cnn-gn", (1, 8, 8), 10)

@@ -10,8 +10,8 @@ import torch
 
 from silofl.inference.pipeline import load_combined
 from silofl.privacy import epsilon_of
-from silofl.run.config import RunConfig
-from silofl.run.loop import run as simulate
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run as simulate
 
 pytestmark = pytest.mark.slow
 

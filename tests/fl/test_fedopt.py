@@ -10,7 +10,7 @@ import torch
 from silofl.comm.messages import Packet
 from silofl.comm.wire import encode
 from silofl.fl.exchange.centralized import WEIGHT_KEY
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 
 DATA = SimpleNamespace(input_shape=(1, 8, 8), num_classes=10)
 

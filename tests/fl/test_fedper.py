@@ -12,7 +12,7 @@ from silofl.core.errors import ConfigError
 from silofl.fl.exchange.centralized import WEIGHT_KEY
 from silofl.fl.methods.fedper import PersonalHeadSite, body_keys, head_keys
 from silofl.models import ModelSpec
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from tests.fl.test_fedprox import data, settings
 
 MLP = ModelSpec("mlp", (1, 8, 8), 10)

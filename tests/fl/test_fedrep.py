@@ -55,7 +55,7 @@ def test_the_head_trains_first_then_the_body_and_the_accountant_counts_every_ste
 
 def test_a_model_that_is_all_head_is_refused_before_any_data_is_read():
     from silofl.core.errors import ConfigError
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     with pytest.raises(ConfigError, match="'logreg' has a single layer"):
         RunConfig.from_dict({"method": "fedrep", "proxy_model": "logreg"}).resolve()

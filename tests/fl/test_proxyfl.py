@@ -6,7 +6,7 @@ import torch
 from silofl.comm.messages import Packet
 from silofl.comm.wire import encode
 from silofl.fl.exchange.gossip import PUSHSUM_KEY
-from silofl.run.loop import run as simulate
+from silofl.runner.loop import run as simulate
 from silofl.training import dml_loss
 from tests.helpers import build_run
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from silofl.cli.main import app
 from silofl.fl.options import DPSGDOptions
 from silofl.privacy.analysis import DEFAULT_ORDERS
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 
 runner = CliRunner()
 TINY = [
@@ -143,7 +143,7 @@ def dp_accounting_epsilon(sigma, q, steps, delta):
 
 @pytest.mark.slow
 def test_fedavg_one_local_step_server_momentum_sgd_ema_augmult_counts_one_step_per_round(tmp_path):
-    from silofl.run.loop import run
+    from silofl.runner.loop import run
 
     cfg = RunConfig.from_dict(
         dict(

@@ -73,7 +73,7 @@ def test_a_method_from_another_package_registers_and_runs(plugin, tiny_cfg, tmp_
     from typer.testing import CliRunner
 
     from silofl.cli.main import app
-    from silofl.run.loop import run
+    from silofl.runner.loop import run
 
     info = registry.methods()["fedmedian"]
     assert info.exchange == "server" and info.options.__name__ == "MedianOptions"

@@ -11,7 +11,7 @@ from silofl.comm.messages import Message, Packet
 from silofl.comm.wire import decode, encode
 from silofl.fl.exchange.centralized import WEIGHT_KEY
 from silofl.fl.methods.scaffold import CV, ScaffoldSite
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from tests.fl.test_fedprox import SPEC, data, settings
 
 

@@ -15,9 +15,9 @@ from silofl.core.errors import ConfigError
 from silofl.data.schema import Schema, read_table
 from silofl.inference import load_pipeline, predict
 from silofl.inference.export import export
-from silofl.run.config import RunConfig
-from silofl.run.data import prepare_data
-from silofl.run.loop import run as simulate
+from silofl.runner.config import RunConfig
+from silofl.runner.data import prepare_data
+from silofl.runner.loop import run as simulate
 from tests.data.test_formats import _write_images
 from tests.data.test_tables import SCHEMA, site_frame, write_csv, write_schema
 

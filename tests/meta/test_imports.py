@@ -40,7 +40,7 @@ def test_importing_the_library_and_the_cli_loads_no_extra(tmp_path):
     cp = python(
         f"""
         import json, sys
-        import silofl, silofl.run.loop, silofl.cli.main
+        import silofl, silofl.runner.loop, silofl.cli.main
         print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set({EXTRA_MODULES!r}))))
     """,
         tmp_path,

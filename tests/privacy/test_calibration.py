@@ -13,8 +13,8 @@ from silofl.cli.main import app
 from silofl.core.errors import ConfigError
 from silofl.privacy import epsilon_of
 from silofl.privacy.analysis import CALIBRATION_TOLERANCE, DEFAULT_ORDERS, calibrate_sigma
-from silofl.run.config import RunConfig
-from silofl.run.loop import run
+from silofl.runner.config import RunConfig
+from silofl.runner.loop import run
 
 # dp-accounting's RDP conversion and order grid differ slightly from Opacus' (see test_accountant.py)
 INDEPENDENT_REL = 0.02

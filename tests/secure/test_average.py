@@ -12,7 +12,7 @@ import torch
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
 from silofl.privacy import discrete
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from silofl.secure.messages import unpack_masked
 from silofl.training.local_sgd import flat
 from tests.helpers import build_run, spy_packets

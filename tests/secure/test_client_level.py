@@ -11,7 +11,7 @@ import torch
 from silofl.comm.messages import Message, Packet
 from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.privacy import discrete
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from silofl.secure.messages import unpack_masked
 from silofl.training.local_sgd import flat
 from tests.helpers import build_run, spy_packets
@@ -207,7 +207,7 @@ def test_hostile_secure_steps_are_refused_and_the_site_stays_intact(tmp_path, ca
 def test_a_run_reports_the_epsilon_against_the_server(tmp_path):
     import json
 
-    from silofl.run.loop import run as simulate
+    from silofl.runner.loop import run as simulate
 
     cfg = config(tmp_path, rounds=2)
     simulate(cfg)

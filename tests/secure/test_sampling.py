@@ -91,7 +91,7 @@ def test_sampled_rounds_skip_small_samples_and_each_hospital_accounts_its_own(tm
 def test_a_budget_first_plan_claims_no_amplification_by_sampling(tmp_path):
     """σ from --target-epsilon is planned at sampling rate 1 with secure aggregation (the server picks the
     sample), at the client rate without it."""
-    from silofl.run.plan import party_plans
+    from silofl.runner.plan import party_plans
 
     for secure, rate in ((True, 1.0), (False, 0.5)):
         cfg = config(tmp_path, client_rate=0.5, target_epsilon=10.0, secure_aggregation=secure).resolve()

@@ -11,7 +11,7 @@ from torch import nn
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
 from silofl.models import ModelSpec
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from silofl.site.combine import Combination, CombineSettings, fit_combiner, holdout_rows, log_probs
 from silofl.site.dpsgd import DPSGDSettings, DPSGDSite
 from silofl.training.fusion import fit_weights, weight_grid

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from silofl.fl.methods.fedrep import head_steps
-from silofl.run.config import RunConfig, _all_option_fields
+from silofl.runner.config import RunConfig, _all_option_fields
 from studies import privacy_utility as pu
 
 REPO = Path(__file__).resolve().parents[2]

@@ -77,7 +77,7 @@ def check_seconds(flag: str, value: float | None) -> None:
         raise ConfigError(f"{flag} must be a finite positive number of seconds, got {value}")
 
 
-FLOAT_LIMIT = 3.4e38  # the largest float32 (as silofl.run.config.FLOAT_LIMIT)
+FLOAT_LIMIT = 3.4e38  # the largest float32 (as silofl.runner.config.FLOAT_LIMIT)
 
 
 def check_options(kwargs: dict) -> None:

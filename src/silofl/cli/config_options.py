@@ -1,7 +1,7 @@
 """Command-line options generated from the configuration dataclasses.
 
 :class:`ConfigCommand` (through the :func:`config_command` decorator) gives a command one flag per field of
-:class:`~silofl.run.config.RunConfig` and per field of every registered method's options dataclass
+:class:`~silofl.runner.config.RunConfig` and per field of every registered method's options dataclass
 (:mod:`silofl.fl.options`, each method's ``options=`` class), so a plug-in method's options become flags
 without
 editing silofl:
@@ -119,9 +119,9 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "features": feature_names,
     "metric": metric_names,
     "privacy": _from("silofl.privacy.guarantee", "PRIVACY_MODES"),
-    "partition": _from("silofl.run.config", "PARTITIONS"),
-    "device": _from("silofl.run.config", "DEVICES"),
-    "eval_split": _from("silofl.run.config", "EVAL_SPLITS"),
+    "partition": _from("silofl.runner.config", "PARTITIONS"),
+    "device": _from("silofl.runner.config", "DEVICES"),
+    "eval_split": _from("silofl.runner.config", "EVAL_SPLITS"),
     "combine": _from("silofl.site.combine", "COMBINE_MODES"),
     "graph": _from("silofl.fl.options", "GRAPHS"),
     "dp_backend": _from("silofl.fl.options", "DP_BACKENDS"),
@@ -239,7 +239,7 @@ def generated_flags() -> dict[str, Flag]:
     first
     definition's type and help; the methods that have it)."""
     from silofl.fl.registry import methods
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     out: dict[str, Flag] = {}
     for f in dataclasses.fields(RunConfig):
@@ -416,7 +416,7 @@ def over_config(base: dict, overrides: dict) -> dict:
     lifted
     to flat options first, so a flag overrides a method option the file nests under the method's name (a tuned
     best.yaml) instead of being shadowed by it."""
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     method = overrides.get("method", base.get("method", RunConfig.method))
     section = base.get(method) if isinstance(method, str) else None
@@ -429,7 +429,7 @@ def run_options(config: Any, sets: list[str], **fixed: Any) -> dict[str, Any]:
     """The run options of a command: the generated flags (and ``fixed``) over ``--set`` over the ``--config``
     file —
     a mapping for :meth:`RunConfig.from_dict`."""
-    from silofl.run.config import load_yaml_mapping
+    from silofl.runner.config import load_yaml_mapping
 
     base = load_yaml_mapping(config) if config else {}
     return over_config(base, {**parse_sets(sets), **config_flags(), **fixed})

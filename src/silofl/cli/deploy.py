@@ -246,7 +246,7 @@ def deploy_local_cmd(
     (every run option below, e.g. --method proxyfl --rounds 3 --out runs/d)."""
     from silofl.api import EngineOptions
     from silofl.cli.main import run_command
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     if sites < 1:
         raise ConfigError("--sites must be at least 1")
@@ -399,7 +399,7 @@ def deploy_start(
     runs/x)."""
     from silofl.api import EngineOptions
     from silofl.cli.main import run_command
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     check_seconds("--timeout", timeout_s)
     check_seconds("--peer-timeout", peer_timeout)

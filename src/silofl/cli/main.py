@@ -3,7 +3,7 @@
 and the ``pubsub``, ``site`` and ``deploy`` groups.
 
 The run options of ``run``, ``compare``, ``audit``, ``tune`` and ``deploy local/start`` are generated from
-:class:`~silofl.run.config.RunConfig` and every registered method's options
+:class:`~silofl.runner.config.RunConfig` and every registered method's options
 (:mod:`silofl.cli.config_options`), and
 each command calls the Python API (:mod:`silofl.api`). Flags override ``--set KEY=VALUE``, which overrides
 ``--config FILE.yaml``, which overrides the defaults. Errors a user can fix are printed as one line (exit code
@@ -181,7 +181,7 @@ def run(
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.api import EngineOptions, engine_names
     from silofl.comm.engines import engine_entry
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     if engine not in engine_names():
@@ -214,7 +214,7 @@ def run(
 
     resolved = cfg.resolve()
     if check_processes is not None:  # `silofl launch` checks the options once before it starts processes
-        from silofl.run.folder import check_out
+        from silofl.runner.folder import check_out
 
         check_launched_processes(check_processes, resolved.clients)
         check_out(resolved.out, resume=resume, overwrite=overwrite)
@@ -249,8 +249,8 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
     import torch.distributed as dist
 
     from silofl.comm.torchdist import serve, shutdown
-    from silofl.run.data import prepare_run
-    from silofl.run.loop import ledger_root, releases_nonprivate, resolve_device, site_factory
+    from silofl.runner.data import prepare_run
+    from silofl.runner.loop import ledger_root, releases_nonprivate, resolve_device, site_factory
 
     if dist.get_rank() == 0:
         check_launched_processes(dist.get_world_size(), cfg.clients)
@@ -284,8 +284,8 @@ def _audit_distributed(
     them). ``run(**kw)``: the audit command's call of :func:`silofl.api.audit`."""
     import torch.distributed as dist
 
-    from silofl.audit import check_engine, report
-    from silofl.audit.example import run_config
+    from silofl.auditing import check_engine, report
+    from silofl.auditing.example import run_config
     from silofl.comm.torchdist import TorchDistEngine, init_from_env, shutdown
 
     check_seconds("--peer-timeout", peer_timeout)
@@ -569,7 +569,7 @@ def tune(
     best config to OUT/best.yaml and the tuning-inclusive ε to
     tune.json."""
     from silofl import api
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cfg = RunConfig.from_dict(run_options(config, set_, eval_split="validation"))
@@ -907,15 +907,15 @@ def audit(
     ),
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
-    membership inference on real examples (silofl.audit). The run options below set the audited run
+    membership inference on real examples (silofl.auditing). The run options below set the audited run
     (--eval-every
     defaults to the last round only). Over torch.distributed: `silofl launch --nproc-per-node N audit …`
     (gradient canaries of an example-level method; the audited site on process 0)."""
     import shlex
 
     from silofl import api
-    from silofl.audit import AuditSettings
-    from silofl.run.config import RunConfig
+    from silofl.auditing import AuditSettings
+    from silofl.runner.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     merged = run_options(config, set_)
@@ -998,7 +998,7 @@ def audit(
         )
         console.print(f"membership inference on {target} ({t['model']}): {figs}")
     if a.get("attacks_run"):
-        from silofl.audit.settings import AUDIT_ATTACKS
+        from silofl.auditing.settings import AUDIT_ATTACKS
 
         for name in a["attacks_run"]:
             console.print(AUDIT_ATTACKS.get(name).summary(a[name]), markup=False, highlight=False)

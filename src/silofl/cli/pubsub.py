@@ -350,7 +350,7 @@ def customize(
     """Algorithm 2: split DATA 60/20/20, train an own model, keep the top-m subscribed models, fuse them."""
     from silofl.pubsub.customize import LocalData
     from silofl.pubsub.customize import customize as run_customize
-    from silofl.run.folder import check_out_path
+    from silofl.runner.folder import check_out_path
 
     check_out_path(out)
     x, y, features, classes, _ = read_site(data, target, task, schema)

@@ -29,7 +29,7 @@ class EngineEntry:
     """An engine and how a run is started on it.
 
     * ``engine``: ``"module:Class"`` of the :class:`~silofl.comm.engine.Engine` that carries the calls;
-    * ``start``: ``"module:function"`` that runs a resolved :class:`~silofl.run.config.RunConfig` on it and
+    * ``start``: ``"module:function"`` that runs a resolved :class:`~silofl.runner.config.RunConfig` on it and
       returns the run's summary, called as ``start(cfg, **{k: v for k in call})``;
     * ``call``: the keyword arguments ``start`` takes besides the config (a test checks they are its
       parameters);

@@ -9,4 +9,4 @@ import torch.distributed  # noqa: F401
 
 import silofl.cli.main  # noqa: F401
 import silofl.comm.torchdist  # noqa: F401
-import silofl.run.loop  # noqa: F401
+import silofl.runner.loop  # noqa: F401

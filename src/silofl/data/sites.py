@@ -280,7 +280,7 @@ def load_site_tables(
     )
 
 
-VALIDATION_SALT = 7919  # the validation rows' stream of a site's seed (silofl.run.data.validation_split's)
+VALIDATION_SALT = 7919  # the validation rows' stream of a site's seed (silofl.runner.data.validation_split's)
 
 
 def validation_rows(

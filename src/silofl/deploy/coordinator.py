@@ -10,7 +10,7 @@ multi-process engine: the method's repair runs (PushSum mass reclaimed) and the 
 
 :func:`serve_run` is what the ServerApp runs: wait for the federation's nodes, check each site's signed
 hello against its pinned key, send every site the run (it decides whether to join), then drive
-:func:`silofl.run.loop.run` with this engine. The coordinator holds no site data: the model shapes and
+:func:`silofl.runner.loop.run` with this engine. The coordinator holds no site data: the model shapes and
 sizes it needs come from the sites' hellos.
 """
 
@@ -429,7 +429,7 @@ def serve_run(grid, coordinator_path: str) -> dict:
 
 def _serve(grid, spec: dict, status: Path) -> dict:
     from silofl.deploy.flower_shim import fast_pulls
-    from silofl.run.loop import run
+    from silofl.runner.loop import run
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     fast_pulls()  # a site's reply is pulled as soon as its content is there, not after Flower's 1 s backoff
@@ -497,7 +497,7 @@ def join(engine: FlowerEngine, spec: dict):
     from the sizes the sites declare, and send every site the run, which each decides to join or refuses;
     (the config, the :class:`RemoteSplit`). SiloflError if a site is missing, impersonated or refuses."""
     from silofl.privacy.ledger import HeadStore
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     sites = spec["sites"]
     nodes = engine.nodes

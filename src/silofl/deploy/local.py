@@ -486,7 +486,7 @@ def warm_up() -> None:
         import opacus.accountants.analysis.rdp  # noqa: F401
         import torch._dynamo  # noqa: F401
 
-        import silofl.run.loop  # noqa: F401
+        import silofl.runner.loop  # noqa: F401
     except Exception as e:  # noqa: BLE001 - see the doc
         log.debug("warm-up import failed: %s", e)
 
@@ -893,8 +893,8 @@ def deploy_local(
     import torch
 
     from silofl.deploy.site import NOT_DEPLOYABLE
-    from silofl.run.data import prepare_data
-    from silofl.run.folder import check_out
+    from silofl.runner.data import prepare_data
+    from silofl.runner.folder import check_out
 
     cfg = cfg.resolve()
     if cfg.method in NOT_DEPLOYABLE:
@@ -995,7 +995,7 @@ def run_deployment(
 ) -> dict:
     """``silofl deploy start``: a run over the sites registered in ``folder/federation.json``, through the
     SuperLink at ``superlink`` (this machine runs it: its ServerApp reads the coordinator folder)."""
-    from silofl.run.folder import check_out
+    from silofl.runner.folder import check_out
 
     require("flwr", "deploy", "silofl deploy start")
     if folder is None or superlink is None:
@@ -1046,7 +1046,7 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
     folders)."""
     from silofl.deploy.pki import make_coordinator_keys
     from silofl.deploy.site import SiteConfig, export_data, init_site, pin_federation
-    from silofl.run.loop import site_inputs
+    from silofl.runner.loop import site_inputs
 
     coordinator = make_coordinator_keys(
         root.parent / "coordinator-keys"
@@ -1101,7 +1101,7 @@ def _wait(
 ) -> dict:
     from contextlib import nullcontext
 
-    from silofl.run.loop import progress_bar
+    from silofl.runner.loop import progress_bar
 
     t0 = time.monotonic()
     deadline = t0 + timeout_s + 120

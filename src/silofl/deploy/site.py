@@ -447,8 +447,8 @@ class SiteWorker:
         return Message({"name": self.cfg.name, "signature": sig, "ledger_head": head, **facts})
 
     def _setup(self, k: int, msg: Message) -> Message:
-        from silofl.run.config import RunConfig
-        from silofl.run.loop import make_site
+        from silofl.runner.config import RunConfig
+        from silofl.runner.loop import make_site
 
         m = msg.meta
         run_id, order, config = m.get("run_id"), m.get("sites"), m.get("config")
@@ -512,13 +512,13 @@ class SiteWorker:
         )
         planned = self._cap_budget(site, cfg)
         audit = None
-        if (self.folder / "audit" / "spec.json").is_file():  # silofl.audit.gradient.SiteAudit's spec
+        if (self.folder / "audit" / "spec.json").is_file():  # silofl.auditing.gradient.SiteAudit's spec
             if resume:
                 raise ConfigError(
                     f"site {self.cfg.name} is audited (audit/spec.json in its folder): an audited site does "
                     "not rejoin a run, its canaries' scores start with the run"
                 )
-            from silofl.audit.gradient import SiteAudit
+            from silofl.auditing.gradient import SiteAudit
 
             audit = SiteAudit(self.folder, site, k)
             log.info("site %s runs with the gradient canaries of %s", self.cfg.name, self.folder / "audit")
@@ -577,7 +577,7 @@ class SiteWorker:
         own data,
         and kept by content in its own folder (``features/``), with the shape the models see."""
         from silofl.features import apply, record, stage_from_config
-        from silofl.run.loop import SiteInputs
+        from silofl.runner.loop import SiteInputs
 
         d = self.data
         stage = stage_from_config(cfg)

@@ -18,4 +18,4 @@ import silofl.deploy.executor  # noqa: F401
 import silofl.deploy.flower_shim  # noqa: F401
 import silofl.deploy.local  # noqa: F401
 import silofl.deploy.site  # noqa: F401
-import silofl.run.loop  # noqa: F401
+import silofl.runner.loop  # noqa: F401

@@ -2,7 +2,8 @@
 
 ``--public validation`` trains on the validation rows of a run's split — the ``validation_size`` training
 examples
-that no client holds, which silofl already treats as public (:func:`silofl.run.data.validation_split`) — and
+that no client holds, which silofl already treats as public (:func:`silofl.runner.data.validation_split`) —
+and
 records the split's settings: a run that uses the backbone must use the same split (checked), so that none of
 the
 rows it was trained on belongs to a client. ``--public DATASET`` trains on every training example of another
@@ -46,8 +47,8 @@ def public_rows(dataset: str, public: str, data_dir: str | None, split: dict[str
     from silofl.data import load_dataset
 
     if public == "validation":
-        from silofl.run.config import RunConfig
-        from silofl.run.data import prepare_data
+        from silofl.runner.config import RunConfig
+        from silofl.runner.data import prepare_data
 
         if split.get("split_seed") is None:
             raise ConfigError(
@@ -77,7 +78,7 @@ def public_rows(dataset: str, public: str, data_dir: str | None, split: dict[str
             "validation split, declared public)",
         }
         return x, y, sp.num_classes, rec
-    from silofl.run.config import DATASETS
+    from silofl.runner.config import DATASETS
 
     if public not in DATASETS or public in ("table", "bags"):
         raise ConfigError(

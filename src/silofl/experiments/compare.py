@@ -26,8 +26,8 @@ import yaml
 
 from silofl.core.errors import ConfigError
 from silofl.fl.registry import methods as registered_methods
-from silofl.run.config import RunConfig, load_yaml_mapping
-from silofl.run.folder import read_run_config
+from silofl.runner.config import RunConfig, load_yaml_mapping
+from silofl.runner.folder import read_run_config
 
 log = logging.getLogger("silofl")
 
@@ -206,7 +206,7 @@ def _with_data(runs: list[PlannedRun]) -> list[PlannedRun]:
     import torch
 
     from silofl.data import load_dataset
-    from silofl.run.data import prepare_data
+    from silofl.runner.data import prepare_data
 
     loaded: dict[tuple, object] = {}
     for r in runs:
@@ -272,7 +272,7 @@ def _execute(cfg_dict: dict) -> dict:
     import os
 
     os.environ.setdefault("SILOFL_NO_PROGRESS", "1")
-    from silofl.run.loop import run
+    from silofl.runner.loop import run
 
     t0 = time.perf_counter()
     try:
@@ -381,7 +381,7 @@ def communication_sweep(base: RunConfig, ks: list[int], methods: list[str]) -> l
     Message sizes do not depend on the data split, so clients get IID shares of at most
     ``n_train / max(K)`` examples each (any partition could not serve 64 clients at p_major 0.8)."""
     from silofl.data import load_dataset
-    from silofl.run.loop import build
+    from silofl.runner.loop import build
 
     data = load_dataset(
         base.dataset,
@@ -448,6 +448,6 @@ def _progress(console, enabled: bool):
 
     if not enabled:
         return nullcontext()
-    from silofl.run.loop import progress_bar
+    from silofl.runner.loop import progress_bar
 
     return progress_bar(console)

@@ -9,8 +9,8 @@ import torch
 
 from silofl.core.errors import ConfigError
 from silofl.models import load_model
-from silofl.run.data import prepare_data
-from silofl.run.folder import read_run_config
+from silofl.runner.data import prepare_data
+from silofl.runner.folder import read_run_config
 from silofl.training.evaluation import scores
 
 

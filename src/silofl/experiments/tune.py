@@ -75,7 +75,7 @@ import yaml
 from silofl.core.errors import ConfigError, DataError
 from silofl.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, epsilon_of, rdp_curve
 from silofl.privacy.tuning import SOURCE, TrialCount, parse_trial_count, repeat_and_select_epsilon
-from silofl.run.config import RunConfig
+from silofl.runner.config import RunConfig
 from silofl.training.metrics import higher_is_better, metric_field
 
 AUTO_CAP_TAIL = 1e-3  # the default cap on K spends at most this share of δ (see default_cap)
@@ -264,7 +264,7 @@ def check_site_validation(base: RunConfig, combos: list[dict[str, Any]]) -> None
     (one line) with nothing written. Pooled data sets: nothing to check here."""
     import torch
 
-    from silofl.run.data import prepare_data
+    from silofl.runner.data import prepare_data
 
     seen: set[str] = set()
     for combo in combos:
@@ -284,7 +284,7 @@ def check_site_validation(base: RunConfig, combos: list[dict[str, Any]]) -> None
 def _run_trial(
     cfg: RunConfig, i: int, combo: dict[str, Any], score_field: str, progress: bool, console
 ) -> tuple[dict, dict]:
-    from silofl.run.loop import run
+    from silofl.runner.loop import run
 
     t0 = time.perf_counter()
     s = run(cfg, progress=progress, console=console)
@@ -350,7 +350,7 @@ def planned_curves(
     (the mixture over the grid; see :mod:`silofl.privacy.tuning`). Loads the data set, trains nothing."""
     import torch
 
-    from silofl.run.data import load_dataset, prepare_data, unit_sizes
+    from silofl.runner.data import load_dataset, prepare_data, unit_sizes
 
     loaded: dict[tuple, Any] = {}
     curves: dict[str, np.ndarray] = {}

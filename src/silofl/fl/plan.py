@@ -10,10 +10,10 @@ come from it (:func:`silofl.fl.methods.common.dpsgd_settings`) and its coordinat
   each site's training examples, σ (given, or calibrated from the budget: ``plan.noise_calibrated``), and per
   party (:class:`PartyPlan`, ``plan.party(k)``) its Poisson rate q, DP steps per round and budget.
 
-The plan is computed by :func:`silofl.run.plan.plan` (the run layer, which knows the data) and saved next to
-``config.yaml`` as ``plan.json``. It lives here, below the run layer, so that methods can be typed against it
-(imports point down: run → fl). The asked config is typed by the :class:`AskedRun` protocol, which
-:class:`silofl.run.config.RunConfig` satisfies.
+The plan is computed by :func:`silofl.runner.plan.plan` (the run layer, which knows the data) and saved next
+to ``config.yaml`` as ``plan.json``. It lives here, below the run layer, so that methods can be typed against
+it (imports point down: run → fl). The asked config is typed by the :class:`AskedRun` protocol, which
+:class:`silofl.runner.config.RunConfig` satisfies.
 
 A coordinator written before plans read the run's common settings off one object; the plan keeps the few a
 coordinator needs as read-only properties with the same names (:attr:`RunPlan.seed`, :attr:`RunPlan.delta`…:
@@ -31,7 +31,8 @@ FORMAT = "silofl.plan/1"
 
 
 class AskedRun(Protocol):
-    """What a method reads of the config the user asked (:class:`silofl.run.config.RunConfig`, resolved)."""
+    """What a method reads of the config the user asked (:class:`silofl.runner.config.RunConfig`,
+    resolved)."""
 
     @property
     def method(self) -> str:
@@ -117,7 +118,7 @@ class PartyPlan:
 class RunPlan:
     """What a run derived from its (resolved) config and its data (see the module doc)."""
 
-    config: AskedRun  # what the user asked, resolved (silofl.run.config.RunConfig)
+    config: AskedRun  # what the user asked, resolved (silofl.runner.config.RunConfig)
     split_seed: (
         int | None
     )  # the simulated split's seed (not a secret; drawn fresh when neither seed was given)

@@ -52,7 +52,7 @@ class DPGradient:
         self.backend = backend
         self.clipper = make_clipper(model, backend)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # research hook (silofl.audit.gradient): canary gradients sampled and added to the clipped sum before
+        # research hook (auditing.gradient): canary gradients sampled and added to the clipped sum before
         # the
         # noise, like examples; None (the default) leaves the mechanism untouched
         self.canaries: CanaryHook | None = None
@@ -144,8 +144,8 @@ class DPGradient:
 
 
 class CanaryHook(Protocol):
-    """An audit's canary gradients (:mod:`silofl.audit.gradient`): each step, the sampled ones, each of norm
-    at most
+    """An audit's canary gradients (:mod:`silofl.auditing.gradient`): each step, the sampled ones, each of
+    norm at most
     ``clip``, added to the clipped per-example sum (returned: a dict over ``params``) before the noise."""
 
     def add(self, grads: dict, params: list[nn.Parameter], clip: float) -> dict:

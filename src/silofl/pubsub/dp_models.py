@@ -84,7 +84,7 @@ def train(
     ``seed`` (the default) the mechanism's randomness is cryptographically secure (silofl's noise and
     sampling;
     diffprivlib's ``secrets.SystemRandom``); a seed makes a reproducible research model whose guarantee holds
-    only while the seed stays secret. ``dp_hook`` (research, :mod:`silofl.audit.gradient`; dp-nn only) is
+    only while the seed stays secret. ``dp_hook`` (research, :mod:`silofl.auditing.gradient`; dp-nn only) is
     called as
     ``dp_hook(dp, model, opt, n)`` before training (``dp`` None without DP)."""
     _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonprivate)

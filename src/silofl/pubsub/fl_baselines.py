@@ -5,7 +5,7 @@ client-level methods.
 Every site trains on the union of all feature spaces, scaled to [0, 1] by the public bounds; a feature a
 site lacks is fed as 0, as the paper does. :func:`run_fl` trains the baseline with the registered method
 (:mod:`silofl.fl.methods.client_dp`) on the sites' in-memory arrays through the simulator engine
-(:func:`silofl.run.arrays.train_on_arrays`) — no second federated loop:
+(:func:`silofl.runner.arrays.train_on_arrays`) — no second federated loop:
 
 * FedAvg: ``dp-fedavg``; FedProx: ``dp-fedavg`` with its proximal weight ``mu`` (the client-level methods'
   local SGD adds μ/2·‖w − w_global‖²; the registered ``fedprox`` is example-level DP-SGD, a different
@@ -95,12 +95,12 @@ def fl_config(
     nonprivate: bool,
 ):
     """The RunConfig of a baseline: its registered client-level method with the baseline's settings."""
-    from silofl.run.config import RunConfig
+    from silofl.runner.config import RunConfig
 
     name, default_lr = REGISTERED[method]
     asked = {
         "method": name,
-        "dataset": "table",  # the rows are the caller's arrays, held per site (silofl.run.arrays)
+        "dataset": "table",  # the rows are the caller's arrays, held per site (silofl.runner.arrays)
         "data_at_sites": True,
         "rounds": rounds,
         "seed": seed,
@@ -144,7 +144,7 @@ def run_fl(
 ) -> tuple[torch.nn.Module, dict]:
     """Train one global model over ``sites`` (each (x in the union space, y)) with the baseline's registered
     method; (the server's released model, privacy info from its accountant)."""
-    from silofl.run.arrays import train_on_arrays
+    from silofl.runner.arrays import train_on_arrays
 
     if method not in METHODS:
         raise ConfigError(f"unknown FL baseline {method!r}; choose one of: {', '.join(METHODS)}")

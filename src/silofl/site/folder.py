@@ -840,8 +840,8 @@ class SiteFolder:
 
 
 def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonprivate: bool = True) -> Any:
-    """Make ``site`` (a simulated site, :func:`silofl.run.loop.make_site`) keep its spend in ``folder``'s one
-    ledger:
+    """Make ``site`` (a simulated site, :func:`silofl.runner.loop.make_site`) keep its spend in ``folder``'s
+    one ledger:
     its accountant replays every DP-SGD round the ledger holds (every run, every protocol) and its budget is
     capped at
     what the lifetime leaves for training after restores and PubSub-ML releases. Returns ``site``."""
@@ -872,8 +872,8 @@ def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonpri
 def with_site_folders(
     folders: dict[int, SiteFolder], run_label: str = "run"
 ) -> Callable[[Any, int], tuple[Any, int]]:
-    """A ``sites`` hook for :class:`silofl.run.loop.RunHooks`: simulated site ``k`` charges ``folders[k]``'s
-    ledger
+    """A ``sites`` hook for :class:`silofl.runner.loop.RunHooks`: simulated site ``k`` charges
+    ``folders[k]``'s ledger
     (:func:`attach`) — the same ledger and budget its PubSub-ML releases and deployed runs use."""
 
     def hook(make: Callable[[int], Any], n: int) -> tuple[Callable[[int], Any], int]:

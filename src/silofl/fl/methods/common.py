@@ -22,7 +22,7 @@ def dpsgd_settings(plan: RunPlan | Any, k: int) -> DPSGDSettings:
     o: DPSGDOptions = cfg.options  # an example-level method's options hold the DP-SGD recipe
     if p.batch_size is None:
         raise ValueError(
-            "a DP-SGD site needs the planned batch size (silofl.run.plan fills it from the data)"
+            "a DP-SGD site needs the planned batch size (silofl.runner.plan fills it from the data)"
         )
     return DPSGDSettings(
         seed=cfg.seed,
