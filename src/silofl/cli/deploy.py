@@ -78,11 +78,99 @@ def site_init(
     if not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
         raise ConfigError("the lifetime budget needs 0 < ε < ∞ and 0 < δ < 1")
     load_local(folder, cfg)  # the data must be readable before the folder is written
-    init_site(folder, cfg)
+    init_site(folder, cfg)  # with the safe default policy, signed (`silofl site policy` edits it)
     typer.echo(
         f"site {name} in {folder}: give {folder / 'keys' / 'public.json'} to the coordinator and the other "
-        f"sites"
+        f"sites; its policy (policy.json, `silofl site policy`) accepts DP-SGD and secure sums only"
     )
+
+
+@site_app.command("policy")
+@friendly_errors
+def site_policy(
+    folder: Path = typer.Argument(..., help="The site folder."),
+    allow_unit: list[str] = typer.Option([], "--allow-unit", help="Accept this privacy unit (repeatable)."),
+    refuse_unit: list[str] = typer.Option([], "--refuse-unit", help="Refuse this privacy unit."),
+    allow_placement: list[str] = typer.Option(
+        [], "--allow-placement", help="Accept this noise placement: local, secure, none (repeatable)."
+    ),
+    refuse_placement: list[str] = typer.Option([], "--refuse-placement", help="Refuse this placement."),
+    trust_server_noise: bool | None = typer.Option(
+        None,
+        "--trust-server-noise/--no-trust-server-noise",
+        help="Client-level DP without secure aggregation: upload clipped, un-noised sums for the "
+        "coordinator to noise.",
+    ),
+    min_survivors: int | None = typer.Option(
+        None, "--min-survivors", help="The least parties whose noise reaches every secure sum (≥ 2)."
+    ),
+    survivor_fraction: float | None = typer.Option(
+        None, "--survivor-fraction", help="... and at least this share of a secure round's sample."
+    ),
+    colluders: int | None = typer.Option(
+        None, "--colluders", help="Sites assumed to collude with the server (the per-threat ε uses it)."
+    ),
+    min_noise: float | None = typer.Option(
+        None, "--min-noise", help="The least noise multiplier of a secure sum."
+    ),
+    max_rounds: int | None = typer.Option(None, "--max-rounds", help="The most rounds of one run."),
+    min_sigma: float | None = typer.Option(
+        None, "--min-sigma", help="The smallest noise multiplier of a run."
+    ),
+    allow_feature: list[str] = typer.Option([], "--allow-feature", help="Accept this feature stage."),
+    register_backbone: list[str] = typer.Option(
+        [], "--register-backbone", help="NAME=DIR: a backbone of this site's own, named for runs."
+    ),
+    unregister_backbone: list[str] = typer.Option([], "--unregister-backbone", help="NAME: forget it."),
+    allow_research_seed: bool | None = typer.Option(
+        None, "--allow-research-seed/--refuse-research-seed", help="Accept seeded research runs."
+    ),
+    allow_non_formal: bool | None = typer.Option(
+        None, "--allow-non-formal/--refuse-non-formal", help="Accept runs whose ε is not a formal guarantee."
+    ),
+    clear_limits: bool = typer.Option(
+        False, "--clear-limits", help="Drop --max-rounds, --min-sigma and --min-noise."
+    ),
+):
+    """Show or change the site's own privacy policy (policy.json, signed with its key; no coordinator sets or
+    widens it). Without options: print it."""
+    from silofl.site.folder import SiteFolder
+    from silofl.site.policy import policy_changes, save_policy
+
+    site = SiteFolder.load(folder)
+    old = site.policy
+    changes = policy_changes(
+        old,
+        units=(allow_unit, refuse_unit),
+        placements=(allow_placement, refuse_placement),
+        features=allow_feature,
+        backbones=(_backbones(register_backbone), unregister_backbone),
+        limits=dict(max_rounds=max_rounds, min_sigma=min_sigma, min_noise=min_noise, clear=clear_limits),
+        trust_server_noise=trust_server_noise,
+        min_survivors=min_survivors,
+        survivor_fraction=survivor_fraction,
+        colluders=colluders,
+        allow_research_seed=allow_research_seed,
+        allow_non_formal=allow_non_formal,
+    )
+    if changes != old:
+        save_policy(site, changes)
+    typer.echo(f"site {site.name}'s policy: {changes.describe()}")
+
+
+def _backbones(pairs: list[str]) -> dict[str, str]:
+    """NAME=DIR pairs, each DIR this site's own backbone (checked here, by the site's operator)."""
+    from silofl.features.backbone import read_card
+
+    out = {}
+    for pair in pairs:
+        name, sep, d = pair.partition("=")
+        if not sep or not name or not d:
+            raise ConfigError(f"--register-backbone takes NAME=DIR, got {pair[:80]!r}")
+        path = Path(d).expanduser().resolve()
+        read_card(path)  # the site's own directory: its operator may see why it is not a backbone
+        out[name] = str(path)
+    return out
 
 
 @site_app.command("pin")

@@ -1041,9 +1041,9 @@ def run_deployment(
 
 
 def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
-    """One site folder per partition of ``split`` under ``root`` (its exported data, fresh keys, a budget that
-    admits the run, reporting its test figures), with the federation's cards pinned in each; (cards,
-    folders)."""
+    """One site folder per partition of ``split`` under ``root`` (its exported data, fresh keys, a budget and
+    a policy that admit the run — one user plays every party here —, reporting its test figures), with the
+    federation's cards pinned in each; (cards, folders)."""
     from silofl.deploy.pki import make_coordinator_keys
     from silofl.deploy.site import SiteConfig, export_data, init_site, pin_federation
     from silofl.runner.loop import site_inputs
@@ -1080,7 +1080,11 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
             allow_research_seed=cfg.seed is not None,
             allow_non_formal=not cfg.guarantee().formal,
         )
-        cards.append(init_site(folder, sc))
+        from silofl.runner.plan import policy_request
+        from silofl.site.policy import SitePolicy
+
+        admit = SitePolicy.from_site_json(sc.to_dict()).admitting(policy_request(cfg, k))
+        cards.append(init_site(folder, sc, policy=admit))
         folders.append(folder)
     for folder in folders:
         pin_federation(folder, cards, coordinator)

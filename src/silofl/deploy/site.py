@@ -85,11 +85,13 @@ def inside(folder: Path, *parts: str) -> Path:
     return p
 
 
-def init_site(folder: Path, cfg: SiteConfig, federation: list[dict] | None = None) -> dict:
-    """Create a site folder with fresh keys and its ledger (naming the site, with its lifetime budget);
-    returns the
+def init_site(
+    folder: Path, cfg: SiteConfig, federation: list[dict] | None = None, policy: Any = None
+) -> dict:
+    """Create a site folder with fresh keys, its ledger (naming the site, with its lifetime budget) and its
+    signed policy (``policy``: a :class:`silofl.site.policy.SitePolicy`; default the safe one); returns the
     site's public card. Refuses an existing site folder."""
-    card = SiteFolder.create(folder, cfg).card
+    card = SiteFolder.create(folder, cfg, policy).card
     if federation is not None:
         pin_federation(folder, federation)
     return card
@@ -268,6 +270,9 @@ class SiteWorker:
                 bytes.fromhex(coord["sign"])
             )
         self.key_id = next(c["sign"] for c in self.cards if c["name"] == self.cfg.name)
+        self.policy = SiteFolder(
+            self.folder, self.cfg
+        ).policy  # a tampered or malformed policy: refuses to start
         self.state = SiteState(self.folder)
         self.lifetime, self.budget_note = self.check_ledger()
         if self.cfg.data is None:
@@ -447,7 +452,6 @@ class SiteWorker:
         return Message({"name": self.cfg.name, "signature": sig, "ledger_head": head, **facts})
 
     def _setup(self, k: int, msg: Message) -> Message:
-        from silofl.runner.config import RunConfig
         from silofl.runner.loop import make_site
 
         m = msg.meta
@@ -471,23 +475,11 @@ class SiteWorker:
         if resume and run_id not in self.state.runs:
             raise PeerModelRejected(f"site {self.cfg.name} never joined run {run_id}: nothing to rejoin")
         self.lifetime, self.budget_note = self.check_ledger()
-        cfg = RunConfig.from_dict(config).resolve()
+        cfg = self._planned(config, k)  # checked against the site's own policy before anything is built
         why = NOT_DEPLOYABLE.get(cfg.method)
         if why:
             raise ConfigError(f"method {cfg.method} is not run between institutions: {why}")
         field = "the site.json field"
-        if cfg.seed is not None and not self.cfg.allow_research_seed:
-            raise ConfigError(
-                f"site {self.cfg.name} refuses the run: it carries a seed, and whoever knows it can "
-                "reproduce this site's noise; this site accepts seeded research runs only with "
-                f"allow_research_seed: true ({field} allow_research_seed)"
-            )
-        # decided on its own: a seed (accepted or not) never unlocks a mode without a formal guarantee
-        if not cfg.replace(seed=None).guarantee().formal and not self.cfg.allow_non_formal:
-            raise ConfigError(
-                f"site {self.cfg.name} refuses the run: privacy {cfg.privacy} gives no formal guarantee "
-                f"and this site requires one ({field} allow_non_formal)"
-            )
         has_server = cfg.info.exchange == "server"
         if has_server and COORDINATOR not in self.sign_pub:
             raise ConfigError(
@@ -540,9 +532,14 @@ class SiteWorker:
         if hasattr(site, "secure_floor"):  # client-level secure aggregation: this site's own noise floor
             from silofl.fl.exchange.client_level import SecureFloor
 
-            c = self.cfg
+            pol = self.policy  # the site's own floor, never the coordinator's numbers
             site.secure_floor = SecureFloor(
-                c.secagg_min_noise, c.secagg_min_survivors, self.lifetime[0], min(cfg.delta, self.lifetime[1])
+                pol.min_noise,
+                pol.survivors_floor(None),
+                self.lifetime[0],
+                min(cfg.delta, self.lifetime[1]),
+                survivor_fraction=pol.survivor_fraction,
+                colluders=pol.colluders,
             )
         self.has_server = has_server
         kept = self.state.runs.get(run_id, {}).get("round")
@@ -570,7 +567,37 @@ class SiteWorker:
         }
         if self.budget_note:
             out["budget_note"] = self.budget_note
+        if cfg.is_client_level and cfg.is_private and not getattr(cfg, "secure_aggregation", False):
+            out["trust_server_noise"] = True  # accepted only because its policy trusts the server's noise
+            log.warning(
+                "site %s uploads un-noised clipped sums: its policy trusts the coordinator to add the noise "
+                "(trust-server-noise)",
+                self.cfg.name,
+            )
         return Message(out)
+
+    def _planned(self, config: dict, k: int) -> Any:
+        """The run's config, checked against this site's policy before anything is built or read: a backbone
+        the run names is looked up among the ones this site registered (a path from the run is never opened,
+        and the refusal does not depend on what exists here), then the plan (PolicyRefused, one line)."""
+        import dataclasses
+
+        from silofl.runner.config import RunConfig
+        from silofl.runner.plan import policy_request
+        from silofl.site.policy import PolicyRefused
+
+        self.policy = SiteFolder(self.folder, self.cfg).policy  # verified again: edits apply to the next run
+        try:
+            raw = RunConfig.from_dict(config)
+            asked = raw.features
+            name, _, arg = str(asked).partition(":")
+            if name == "backbone":
+                raw = raw.replace(features=f"backbone:{self.policy.backbone_dir(arg)}")
+            cfg = raw.resolve()
+            self.policy.check(dataclasses.replace(policy_request(cfg, k), features=asked))
+        except PolicyRefused as e:
+            raise PolicyRefused(f"site {self.cfg.name} refuses the run: {e}") from None
+        return cfg
 
     def _inputs(self, cfg: Any) -> tuple[Any, _Shape]:
         """The site's inputs after the run's feature stage (silofl.features), computed here, from the site's

@@ -508,6 +508,7 @@ class RunConfig:
                 f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
                 f"dp-fednova, dp2-rmsprop), fedavg and fml, not {self.method}"
             )
+        _check_secure_flags(self)
         if self.eval_split == "validation" and (
             (self.site_data and self.dataset != "table") or (not self.site_data and self.partition == "site")
         ):
@@ -900,6 +901,26 @@ INT_LIMIT = (
     2**63 - 1
 )  # int64 (torch, numpy, seeds): a count or seed beyond it is refused, not planned for ever
 FLOAT_LIMIT = 3.4e38  # the largest float32: every tensor silofl trains or accounts with is float32
+
+
+def _check_secure_flags(cfg: RunConfig) -> None:
+    """--secure-aggregation needs 3 sites or more (of two, each learns the other's update from the sum less
+    its own: below any site's survivors floor, :mod:`silofl.site.policy`); a --secagg-* option set without
+    it would silently change nothing."""
+    if cfg.secure_aggregation and cfg.clients < 3:
+        raise ConfigError(
+            f"--secure-aggregation needs at least 3 sites: with {cfg.clients}, a site learns the others' "
+            "update from the sum less its own"
+        )
+    opts = cfg.options
+    if not cfg.secure_aggregation and dataclasses.is_dataclass(opts):
+        set_ = [
+            f"--{f.name.replace('_', '-')}"
+            for f in dataclasses.fields(opts)
+            if f.name.startswith("secagg_") and getattr(opts, f.name) != f.default
+        ]
+        if set_:
+            raise ConfigError(f"{', '.join(set_)} only apply with --secure-aggregation")
 
 
 def check_float_range(name: str, v: Any) -> None:

@@ -40,7 +40,7 @@ from silofl.runner.checkpoint import RunState, load_run, save_run, saved_rounds
 from silofl.runner.config import RunConfig
 from silofl.runner.data import prepare_run
 from silofl.runner.folder import RunFolder, Stash, check_out, mean_std
-from silofl.runner.plan import RunPlan, config_with_plan
+from silofl.runner.plan import RunPlan, check_site_policies, config_with_plan
 from silofl.runner.plan import given as given_plan
 from silofl.runner.tracking import open_tracker
 from silofl.site.base import Site
@@ -248,6 +248,7 @@ def build_run(
         method = cfg.info.cls(the_plan)
         make, n_sites = site_factory(method, split, root, release)
         if hooks is not None and hooks.sites is not None:
+            check_site_policies(hooks.sites, the_plan)  # sites with folders: their policies first
             make, n_sites = hooks.sites(make, n_sites)
         engine = (
             engine_factory(make, n_sites)

@@ -23,11 +23,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from silofl.core.errors import ConfigError
 from silofl.fl.plan import FORMAT, PartyPlan, RunPlan, as_plan
 from silofl.runner.config import DEFAULT_BATCH_SIZE, DEFAULT_SAMPLES_PER_CLIENT, RunConfig
+
+if TYPE_CHECKING:
+    from silofl.site.policy import PlanRequest
 
 __all__ = [
     "DERIVED",
@@ -42,10 +45,12 @@ __all__ = [
     "calibrates",
     "calibration_plan",
     "calibration_report",
+    "check_site_policies",
     "config_with_plan",
     "given",
     "party_plans",
     "plan",
+    "policy_request",
     "read_plan",
     "sizes_of_sites",
     "target_epsilon_of",
@@ -280,3 +285,60 @@ def as_run(config: dict[str, Any], plan_data: dict[str, Any] | None) -> dict[str
     if plan_data.get("noise_calibrated"):
         out["calibrate_noise"] = True
     return out
+
+
+def policy_request(run: RunConfig | RunPlan, k: int) -> PlanRequest:
+    """What run ``run`` (a resolved config, or its plan: then its σ is the plan's) asks of site ``k``, for
+    that site's policy (:meth:`silofl.site.policy.SitePolicy.check`): the noise placement, the privacy unit,
+    σ, rounds, features, seed and the secure sums' survivors, sample and noise."""
+    from silofl.privacy.guarantee import guarantee
+    from silofl.site.policy import PlanRequest
+
+    cfg = cast(RunConfig, run.config) if isinstance(run, RunPlan) else run
+    opts = cfg.options
+    secure = bool(getattr(cfg, "secure_aggregation", False))
+    private = cfg.is_private and not cfg.info.traits.nonprivate
+    pooled = getattr(opts, "noise_placement", None) in ("pooled", "secure")  # example-level noise shares
+    if not private:
+        placement = "none"
+    elif cfg.is_client_level:
+        placement = "secure" if secure else "server"
+    else:
+        placement = "secure" if secure and pooled else "local"
+    if placement == "none":
+        unit = "none"
+    elif cfg.is_client_level:
+        unit = str(getattr(opts, "privacy_unit", "hospital"))
+    else:
+        unit = "person" if getattr(cfg, "id_column", None) else "row"
+    z = run.noise_multiplier if isinstance(run, RunPlan) else cfg.noise_multiplier
+    rate = float(getattr(opts, "client_rate", 1.0))
+    sample = cfg.clients if rate >= 1.0 else max(1, round(rate * cfg.clients))
+    survivors = opts.min_survivors(cfg) if secure and hasattr(opts, "min_survivors") else None
+    update_noise = getattr(opts, "update_noise", None)
+    return PlanRequest(
+        method=cfg.method,
+        unit=unit,
+        placement=placement,
+        noise_multiplier=z if private else None,
+        rounds=cfg.rounds,
+        features=cfg.features,
+        seeded=cfg.seed is not None,
+        secure_min_survivors=survivors,
+        sample_size=sample if secure else None,
+        secure_noise=(update_noise(cfg) if update_noise is not None else z) if private and secure else None,
+        non_formal=private and not guarantee(cfg.privacy, cfg.info.traits, unit, False, secure).formal,
+    )
+
+
+def check_site_policies(sites_hook: Any, run: RunPlan) -> None:
+    """Check ``run`` against the policy of every site folder a ``sites`` hook charges
+    (:func:`silofl.site.folder.with_site_folders`), before any site is built: PolicyRefused naming the
+    site."""
+    from silofl.site.policy import PolicyRefused
+
+    for k, folder in sorted((getattr(sites_hook, "folders", None) or {}).items()):
+        try:
+            folder.policy.check(policy_request(run, k))
+        except PolicyRefused as e:
+            raise PolicyRefused(f"site {folder.name} refuses the run: {e}") from None

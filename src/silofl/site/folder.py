@@ -22,6 +22,7 @@ first ``silofl pubsub publish``; default ``$SILOFL_HOME/sites/<name>``, ``SILOFL
     state/            runs.json (run ids joined, furthest round, replay guard), head.json (last announced
     head)
     federation.json   (deployment only) the other sites' pinned public cards
+    policy.json       the site's own privacy policy, signed with sign.key (:mod:`silofl.site.policy`)
 
 What the site has spent is composed from that one ledger by basic composition: the prior spend declared by
 restores, plus the largest spend of any record over its PubSub-ML releases, plus the DP-SGD rounds of every
@@ -561,10 +562,11 @@ class SiteFolder:
 
     # -------------------------------------------------------------- making and opening
     @classmethod
-    def create(cls, path: str | Path, config: SiteConfig) -> SiteFolder:
-        """A new site folder: keys, ``site.json``, a ledger naming the site with its lifetime budget. Refuses
-        a folder
-        that already holds a site (keys and ledgers are never overwritten)."""
+    def create(cls, path: str | Path, config: SiteConfig, policy: Any = None) -> SiteFolder:
+        """A new site folder: keys, ``site.json``, a ledger naming the site with its lifetime budget and its
+        signed privacy policy (``policy``, a :class:`silofl.site.policy.SitePolicy`; default: the safe one,
+        with ``config``'s older allow_*/secagg_* fields). Refuses a folder that already holds a site (keys
+        and ledgers are never overwritten)."""
         p = Path(path)
         check_site_name(config.name)
         if (p / SITE_FILE).exists():
@@ -585,8 +587,12 @@ class SiteFolder:
         )
         _write_atomic(
             p / SITE_FILE, json.dumps(config.to_dict(), indent=1) + "\n"
-        )  # last: the folder is complete
-        return cls(p, config)
+        )  # then the policy: a folder without one gets it from site.json when opened (load_policy)
+        from silofl.site.policy import SitePolicy, save_policy
+
+        folder = cls(p, config)
+        save_policy(folder, policy if policy is not None else SitePolicy.from_site_json(config.to_dict()))
+        return folder
 
     @classmethod
     def load(cls, path: str | Path) -> SiteFolder:
@@ -668,6 +674,14 @@ class SiteFolder:
         if not isinstance(key, Ed25519PrivateKey):
             raise ConfigError(f"{self.path / KEYS_DIR / 'sign.key'}: not an Ed25519 key")
         return key
+
+    @property
+    def policy(self) -> Any:
+        """The site's own privacy policy (:func:`silofl.site.policy.load_policy`: ``policy.json`` verified
+        against its key and schema, written from ``site.json`` for a folder made before policies)."""
+        from silofl.site.policy import load_policy
+
+        return load_policy(self)
 
     @property
     def state(self) -> SiteState:
@@ -874,7 +888,9 @@ def with_site_folders(
 ) -> Callable[[Any, int], tuple[Any, int]]:
     """A ``sites`` hook for :class:`silofl.runner.loop.RunHooks`: simulated site ``k`` charges
     ``folders[k]``'s ledger
-    (:func:`attach`) — the same ledger and budget its PubSub-ML releases and deployed runs use."""
+    (:func:`attach`) — the same ledger and budget its PubSub-ML releases and deployed runs use. The run's plan
+    is checked against each folder's policy before any site is built (the hook's ``folders``:
+    :func:`silofl.runner.plan.check_site_policies`)."""
 
     def hook(make: Callable[[int], Any], n: int) -> tuple[Callable[[int], Any], int]:
         def made(k: int) -> Any:
@@ -883,4 +899,5 @@ def with_site_folders(
 
         return made, n
 
+    hook.folders = folders  # type: ignore[attr-defined]
     return hook

@@ -306,16 +306,24 @@ class DP2Options(ClientLevelOptions):
 # ---------------------------------------------------------------------------------------------- site steps
 @dataclass(frozen=True)
 class SecureFloor:
-    """A deployed hospital's own floor on secure aggregation (its site.json and lifetime budget): it masks
-    no round whose update noise multiplier is below ``min_noise`` or whose minimum survivors is below
-    ``min_survivors``, nor one that would take its own ε against the server — the discrete accountant over
+    """A deployed hospital's own floor on secure aggregation (its signed policy, :mod:`silofl.site.policy`,
+    and its lifetime budget): it masks no round whose update noise multiplier is below ``min_noise``, whose
+    sample or minimum survivors is below its survivors floor (``min_survivors``, and ``survivor_fraction`` of
+    the round's sample), nor one that would take its own ε against the server — the discrete accountant over
     every secure round its ledger records, computed by the site from the mechanisms it ran — above
-    ``lifetime_epsilon`` at ``delta``."""
+    ``lifetime_epsilon`` at ``delta``. ``colluders``: the sites it assumes collude with the server (its
+    per-threat ε counts the honest survivors' shares only)."""
 
     min_noise: float | None
     min_survivors: int | None
     lifetime_epsilon: float
     delta: float
+    survivor_fraction: float = 0.0
+    colluders: int = 0
+
+    def floor(self, sample: int) -> int:
+        """The least survivors of a round of ``sample`` parties this site masks for."""
+        return max(self.min_survivors or 0, math.ceil(self.survivor_fraction * sample - 1e-9))
 
 
 LEDGER_KIND = (
@@ -343,7 +351,7 @@ class ClientLevelSite(SecureParty, SubclientSite):
             for m in e["mechanisms"]
         ]
 
-    def _check_floor(self, mechs: list, z: float, m: int) -> None:
+    def _check_floor(self, mechs: list, z: float, m: int, sample: int | None = None) -> None:
         """SecAggRefused (before training: nothing is released) when the requested round gives less
         protection than this site's floor."""
         from silofl.privacy.discrete import epsilon
@@ -354,8 +362,11 @@ class ClientLevelSite(SecureParty, SubclientSite):
             return
         if f.min_noise is not None and z < f.min_noise:
             raise SecAggRefused(f"noise multiplier {z:.4g} is below this site's floor {f.min_noise:g}")
-        if f.min_survivors is not None and m < f.min_survivors:
-            raise SecAggRefused(f"minimum survivors {m} is below this site's floor {f.min_survivors}")
+        floor = f.floor(sample if sample is not None else m)
+        if m < floor:
+            raise SecAggRefused(f"minimum survivors {m} is below this site's floor {floor}")
+        if sample is not None and sample < floor:
+            raise SecAggRefused(f"a sample of {sample} parties is below this site's survivors floor {floor}")
         # the whole hospital (all its sub-clients' summands in a sub-client unit run): its institution's spend
         eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta, whole_party=True)
         if eps > f.lifetime_epsilon:
@@ -397,7 +408,7 @@ class ClientLevelSite(SecureParty, SubclientSite):
             except ConfigError as e:
                 raise SecAggRefused(str(e)) from None
             self.party.settings.check_round(len(parts))  # refuse before training
-            self._check_floor(mechs, sec_settings.noise_multiplier, sec_settings.min_survivors)
+            self._check_floor(mechs, sec_settings.noise_multiplier, sec_settings.min_survivors, len(parts))
             total, unclipped, norm_sum, _, _ = self.train_vectors(rnd)
             if per_unit:  # every sub-client's update, unclipped indicator (0 or 1) and clipped norm
                 summands = self.last_parts
@@ -1232,9 +1243,11 @@ class ClientLevelDP(Coordinator):
             "epsilon_vs_server": server.epsilon_vs_server(),
             **self._secure_epsilons(),
             "note_secure_aggregation": (
-                "epsilon_vs_server holds against everyone including the server: the server saw only masked "
-                "vectors and the noisy sums it decoded (each with the noise of at least min_survivors "
-                "sites), "
+                "epsilon_vs_server holds against the server and outsiders, assuming no hospital in a sum "
+                "colludes with the server (each knows its own noise share: against the server plus c "
+                "colluding hospitals only the honest survivors' shares count, each site's own figure with c "
+                "from its policy); the server saw only masked vectors and the noisy sums it decoded (each "
+                "with the noise of at least min_survivors sites), "
                 "accounted with the Skellam mechanism's own RDP bound (rounding and the group included); "
                 "epsilon_hospital is the central Gaussian accountant at the same noise multiplier, kept for "
                 "comparison — the discrete mechanism is what ran. Abandoned rounds released nothing."
@@ -1246,11 +1259,12 @@ class ClientLevelDP(Coordinator):
         """What the ε against the server holds against, with client sampling: no amplification claimed."""
         unit = self.cfg.options.privacy_unit
         return (
-            f"ε against the server (one {unit}): holds against everyone, the server included; each "
-            "hospital's "
-            "own composes the rounds whose sum held its input (epsilon_vs_server_per_hospital), the headline "
-            "is the largest; no amplification by sampling claimed (the server picks the sample and sees who "
-            "takes part)"
+            f"ε against the server (one {unit}): holds against the server and outsiders while no other "
+            "hospital in a sum colludes with it (each knows its own noise share; against the server plus c "
+            "colluders, each site's own accountant counts the honest survivors' shares only); each "
+            "hospital's own composes the rounds whose sum held its input (epsilon_vs_server_per_hospital), "
+            "the headline is the largest; no amplification by sampling claimed (the server picks the sample "
+            "and sees who takes part)"
             + (
                 f"; client_rate {self.cfg.options.client_rate:g}: the central Gaussian figures are "
                 "unamplified too"
