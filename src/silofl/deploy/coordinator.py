@@ -559,4 +559,12 @@ def join(engine: FlowerEngine, spec: dict):
         internal=internal,
     )
     engine.security["run_id"] = run_id
+    trusted = [names[k] for k, r in sorted(joined.items()) if r.meta.get("trust_server_noise") is True]
+    if trusted:  # their policies trust the coordinator to add the noise: named in summary.json and here
+        engine.security["trust_server_noise"] = trusted
+        log.warning(
+            "sites %s upload clipped, un-noised sums: their policies trust this coordinator to add the noise "
+            "(trust-server-noise)",
+            ", ".join(trusted),
+        )
     return cfg, remote
