@@ -454,26 +454,7 @@ class SiteWorker:
     def _setup(self, k: int, msg: Message) -> Message:
         from silofl.runner.loop import make_site
 
-        m = msg.meta
-        run_id, order, config = m.get("run_id"), m.get("sites"), m.get("config")
-        if not (
-            isinstance(order, list) and all(isinstance(s, str) for s in order) and isinstance(config, dict)
-        ):
-            raise PeerModelRejected("setup needs a run id, the run's sites and its config")
-        run_id = plain_name(run_id, "the run id")
-        if order.count(self.cfg.name) != 1 or order.index(self.cfg.name) != k:
-            raise PeerModelRejected(f"setup addresses this site ({self.cfg.name}) as index {k} of {order}")
-        unknown = [s for s in order if s not in self.names]
-        if unknown:
-            raise PeerModelRejected(f"the run names sites this site has no pinned keys for: {unknown}")
-        resume = bool(m.get("resume"))
-        if run_id in self.state.runs and not resume:
-            raise PeerModelRejected(
-                f"run id {run_id} was used before: site {self.cfg.name} joins a run id once (a "
-                "re-sent setup would reset its replay state)"
-            )
-        if resume and run_id not in self.state.runs:
-            raise PeerModelRejected(f"site {self.cfg.name} never joined run {run_id}: nothing to rejoin")
+        run_id, order, config, resume = self._addressed(k, msg.meta)
         self.lifetime, self.budget_note = self.check_ledger()
         cfg = self._planned(config, k)  # checked against the site's own policy before anything is built
         why = NOT_DEPLOYABLE.get(cfg.method)
@@ -524,23 +505,7 @@ class SiteWorker:
             site.on_load(Message({"root": str(root), "round": resumed}))
         self.site, self.run_id, self.order, self.index = site, run_id, list(order), k
         self.audit = audit
-        if hasattr(site, "identity"):  # secure aggregation: its relayed key signed, the others' checked
-            from silofl.fl.exchange.secure_round import SecAggIdentity
-
-            roster = {i: self.sign_pub[name] for i, name in enumerate(order)}
-            site.identity = SecAggIdentity(self.sign_key, roster, run_id)
-        if hasattr(site, "secure_floor"):  # client-level secure aggregation: this site's own noise floor
-            from silofl.fl.exchange.client_level import SecureFloor
-
-            pol = self.policy  # the site's own floor, never the coordinator's numbers
-            site.secure_floor = SecureFloor(
-                pol.min_noise,
-                pol.survivors_floor(None),
-                self.lifetime[0],
-                min(cfg.delta, self.lifetime[1]),
-                survivor_fraction=pol.survivor_fraction,
-                colluders=pol.colluders,
-            )
+        self._secure_roles(site, cfg, order, run_id)
         self.has_server = has_server
         kept = self.state.runs.get(run_id, {}).get("round")
         known = [r for r in (kept, resumed) if r is not None]
@@ -575,6 +540,52 @@ class SiteWorker:
                 self.cfg.name,
             )
         return Message(out)
+
+    def _addressed(self, k: int, m: dict) -> tuple[str, list[str], dict, bool]:
+        """(run id, the run's sites, its config, whether it rejoins) of a setup addressed to this site as
+        index ``k``; PeerModelRejected for a malformed setup, a foreign roster or a run id used before."""
+        run_id, order, config = m.get("run_id"), m.get("sites"), m.get("config")
+        if not (
+            isinstance(order, list) and all(isinstance(s, str) for s in order) and isinstance(config, dict)
+        ):
+            raise PeerModelRejected("setup needs a run id, the run's sites and its config")
+        run_id = plain_name(run_id, "the run id")
+        if order.count(self.cfg.name) != 1 or order.index(self.cfg.name) != k:
+            raise PeerModelRejected(f"setup addresses this site ({self.cfg.name}) as index {k} of {order}")
+        unknown = [s for s in order if s not in self.names]
+        if unknown:
+            raise PeerModelRejected(f"the run names sites this site has no pinned keys for: {unknown}")
+        resume = bool(m.get("resume"))
+        if run_id in self.state.runs and not resume:
+            raise PeerModelRejected(
+                f"run id {run_id} was used before: site {self.cfg.name} joins a run id once (a "
+                "re-sent setup would reset its replay state)"
+            )
+        if resume and run_id not in self.state.runs:
+            raise PeerModelRejected(f"site {self.cfg.name} never joined run {run_id}: nothing to rejoin")
+        return run_id, order, config, resume
+
+    def _secure_roles(self, site: Any, cfg: Any, order: list[str], run_id: str) -> None:
+        """Secure aggregation's parts of ``site``: its identity (its relayed key signed, the others' checked)
+        and, for the client-level methods, its own floor: from its policy, never the coordinator's
+        numbers."""
+        if hasattr(site, "identity"):
+            from silofl.fl.exchange.secure_round import SecAggIdentity
+
+            roster = {i: self.sign_pub[name] for i, name in enumerate(order)}
+            site.identity = SecAggIdentity(self.sign_key, roster, run_id)
+        if hasattr(site, "secure_floor"):
+            from silofl.fl.exchange.client_level import SecureFloor
+
+            pol = self.policy
+            site.secure_floor = SecureFloor(
+                pol.min_noise,
+                pol.survivors_floor(None),
+                self.lifetime[0],
+                min(cfg.delta, self.lifetime[1]),
+                survivor_fraction=pol.survivor_fraction,
+                colluders=pol.colluders,
+            )
 
     def _planned(self, config: dict, k: int) -> Any:
         """The run's config, checked against this site's policy before anything is built or read: a backbone
