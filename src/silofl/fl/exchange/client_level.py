@@ -1259,12 +1259,12 @@ class ClientLevelDP(Coordinator):
         """What the ε against the server holds against, with client sampling: no amplification claimed."""
         unit = self.cfg.options.privacy_unit
         return (
-            f"ε against the server (one {unit}): holds against the server and outsiders while no other "
+            f"ε against the server (one {unit}): no amplification by sampling claimed (the server picks the "
+            "sample and sees who takes part); it holds against the server and outsiders while no other "
             "hospital in a sum colludes with it (each knows its own noise share; against the server plus c "
             "colluders, each site's own accountant counts the honest survivors' shares only); each "
             "hospital's own composes the rounds whose sum held its input (epsilon_vs_server_per_hospital), "
-            "the headline is the largest; no amplification by sampling claimed (the server picks the sample "
-            "and sees who takes part)"
+            "the headline is the largest"
             + (
                 f"; client_rate {self.cfg.options.client_rate:g}: the central Gaussian figures are "
                 "unamplified too"
