@@ -292,3 +292,23 @@ def test_the_secure_floor_counts_the_round_sample():
 
     f = SecureFloor(None, 3, 10.0, 1e-5, survivor_fraction=0.5, colluders=1)
     assert [f.floor(n) for n in (2, 3, 6, 8, 9)] == [3, 3, 3, 4, 5]
+
+
+def test_a_registered_backbone_is_named_by_the_coordinator_and_found_by_the_site(tmp_path):
+    from silofl.deploy.site import SiteWorker
+    from tests.features.test_bad_input import make_backbone
+
+    f = site(tmp_path)
+    (tmp_path / "bb").mkdir()
+    make_backbone(tmp_path / "bb")
+    res = runner.invoke(app, ["site", "policy", str(f.path), "--register-backbone", f"rn={tmp_path / 'bb'}"])
+    assert res.exit_code == 0 and "backbones rn" in res.output, res.output
+    asked = dict(method="fedavg", dataset="digits", features="backbone:rn", data_at_sites=True)
+    RunConfig.from_dict(asked).resolve()  # the coordinator names it and reads no path of its own
+    with pytest.raises(ConfigError, match="not found"):
+        RunConfig.from_dict({**asked, "data_at_sites": False}).resolve()
+    w = SiteWorker.__new__(SiteWorker)  # the site's own check, without its data or federation
+    w.folder, w.cfg = f.path, f.config
+    assert w._planned(RunConfig.from_dict(asked).to_dict(), 0).features == f"backbone:{tmp_path / 'bb'}"
+    with pytest.raises(PolicyRefused, match="site a refuses the run: the run names its backbone by a path"):
+        w._planned({**RunConfig.from_dict(asked).to_dict(), "features": f"backbone:{tmp_path / 'bb'}"}, 0)

@@ -740,6 +740,10 @@ class RunConfig:
             from silofl.features.backbone import read_card
 
             assert arg is not None
+            from silofl.site.policy import NAME_RE
+
+            if self.data_at_sites and NAME_RE.fullmatch(arg):
+                return  # a deployed run names a backbone each site registered (silofl.site.policy)
             read_card(Path(arg).expanduser())
         elif name not in ("none", "scatter"):
             make_stage(self.features, self)  # a plug-in checks its own parameters
