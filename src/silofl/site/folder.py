@@ -159,7 +159,9 @@ def make_site_keys(folder: Path, name: str, sign=None) -> dict:
 @dataclass
 class SiteConfig:
     """What a site decided for itself (``site.json``). ``data`` is None for a site that only publishes with
-    PubSub-ML (a deployed site needs it)."""
+    PubSub-ML (a deployed site needs it). ``allow_research_seed``, ``allow_non_formal`` and ``secagg_*`` are a
+    copy of the site's signed policy (:mod:`silofl.site.policy`, ``policy.json``), which decides: a hand edit
+    of the copy can only narrow it."""
 
     name: str
     data: (
