@@ -40,6 +40,34 @@ KEY_FILE, LEDGER_FILE = "site.key", "ledger.jsonl"
 GENESIS = "0" * 64
 
 
+def release_spend(entries: list[dict], digests: set[str] | None = None) -> tuple[float, float]:
+    """The largest (ε, δ) any record (of ``digests``, or any) spent over the ``release`` entries of
+    ``entries`` that no ``cancel`` entry withdrew, by basic composition (a record's spend is the sum over
+    the releases that contain it; parallel composition over disjoint chunks falls out of it). Releases
+    carried over from a ledger keyed otherwise (``"*:<old digest>"``, :func:`silofl.site.folder.migrate`)
+    cannot be matched to this key's digests, so the most any of them spent counts for every record. Pure:
+    the site accountant asks it with planned releases appended."""
+    eps: dict[str, float] = defaultdict(float)
+    dlt: dict[str, float] = defaultdict(float)
+    cancelled = {e["release"] for e in entries if e["kind"] == "cancel"}
+    e_any: dict[str, float] = defaultdict(float)
+    d_any: dict[str, float] = defaultdict(float)
+    for e in entries:
+        if e["kind"] != "release" or e.get("seq") in cancelled:
+            continue
+        for d in e["records"]:
+            if d.startswith("*"):
+                e_any[d] += e["epsilon"]
+                d_any[d] += e["delta"]
+            elif digests is None or d in digests:
+                eps[d] += e["epsilon"]
+                dlt[d] += e["delta"]
+    return (
+        max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
+        max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0),
+    )
+
+
 class LedgerTampered(SiloflError):
     """A ledger whose chain of MACs does not verify, or that is older than a head it once had."""
 
@@ -186,29 +214,7 @@ class Ledger:
 
     def spent(self, digests: set[str] | None = None) -> tuple[float, float]:
         """The largest (ε, δ) any record (of ``digests``, or any) has spent, by basic composition."""
-        eps: dict[str, float] = defaultdict(float)
-        dlt: dict[str, float] = defaultdict(float)
-        cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
-        # releases carried over from a ledger keyed otherwise ("*:<old digest>", silofl.site.folder.migrate):
-        # their
-        # records cannot be matched to this key's digests, so the most any of them spent counts for every
-        # record
-        e_any: dict[str, float] = defaultdict(float)
-        d_any: dict[str, float] = defaultdict(float)
-        for e in self.entries:
-            if e["kind"] != "release" or e["seq"] in cancelled:
-                continue
-            for d in e["records"]:
-                if d.startswith("*"):
-                    e_any[d] += e["epsilon"]
-                    d_any[d] += e["delta"]
-                elif digests is None or d in digests:
-                    eps[d] += e["epsilon"]
-                    dlt[d] += e["delta"]
-        return (
-            max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
-            max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0),
-        )
+        return release_spend(self.entries, digests)
 
     def require_release(
         self,

@@ -49,7 +49,7 @@ import torch
 
 from silofl.comm.messages import Message, Packet
 from silofl.comm.wire import encode, read_model
-from silofl.core.errors import ConfigError, PeerModelRejected
+from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Coordinator, RoundEvents
 from silofl.fl.exchange.secure_round import SecAggOptions, SecureParty, SecureRound, plausible
@@ -308,9 +308,11 @@ class DP2Options(ClientLevelOptions):
 class SecureFloor:
     """A deployed hospital's own floor on secure aggregation (its site.json and lifetime budget): it masks
     no round whose update noise multiplier is below ``min_noise`` or whose minimum survivors is below
-    ``min_survivors``, nor one that would take its own ε against the server — the discrete accountant over
-    every secure round its ledger records, computed by the site from the mechanisms it ran — above
-    ``lifetime_epsilon`` at ``delta``."""
+    ``min_survivors``, nor one that would take the site past its lifetime budget (``lifetime_epsilon``,
+    ``delta``: the whole lifetime) — its one accountant
+    (:class:`silofl.privacy.site_accountant.SiteAccountant`) over every mechanism its ledger records
+    (secure rounds, DP-SGD, releases), against the server plus the
+    ``colluders`` it assumes (an optional attribute, 0 by default)."""
 
     min_noise: float | None
     min_survivors: int | None
@@ -345,8 +347,9 @@ class ClientLevelSite(SecureParty, SubclientSite):
 
     def _check_floor(self, mechs: list, z: float, m: int) -> None:
         """SecAggRefused (before training: nothing is released) when the requested round gives less
-        protection than this site's floor."""
-        from silofl.privacy.discrete import epsilon
+        protection than this site's floor, or would take the site past its lifetime budget (its one
+        accountant: every mechanism its ledger records, DP-SGD and releases included)."""
+        from silofl.privacy.site_accountant import SiteAccountant, planned_secure
         from silofl.secure import SecAggRefused
 
         f = self.secure_floor
@@ -357,12 +360,11 @@ class ClientLevelSite(SecureParty, SubclientSite):
         if f.min_survivors is not None and m < f.min_survivors:
             raise SecAggRefused(f"minimum survivors {m} is below this site's floor {f.min_survivors}")
         # the whole hospital (all its sub-clients' summands in a sub-client unit run): its institution's spend
-        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta, whole_party=True)
-        if eps > f.lifetime_epsilon:
-            raise SecAggRefused(
-                f"this round would take the site's own ε against the server to {eps:.4g}, above its lifetime "
-                f"ε {f.lifetime_epsilon:g}"
-            )
+        books = SiteAccountant(self.ledger, colluders=int(getattr(f, "colluders", 0) or 0))
+        try:
+            books.require([planned_secure(mechs)], (f.lifetime_epsilon, f.delta), what="this secure round")
+        except BudgetExhausted as e:
+            raise SecAggRefused(str(e)) from None
 
     def secure_protocol(self):
         return self.settings.secure.protocol() if self.settings.secure is not None else None
