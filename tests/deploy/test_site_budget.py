@@ -83,6 +83,8 @@ def test_a_simulated_run_given_site_folders_charges_the_same_ledger_pubsub_does(
     )
     eps = {r["client"]: r["epsilon"] for r in s["final"]["per_client"]}
     assert 0 < eps[0] <= 4.0 < eps[1] <= 7.0, eps  # site 0 had ε 4 left after publishing; site 1 had 7
+    whole = s["accounting"][0]["site_ledger"]  # its one accountant: the run and the publication composed
+    assert whole["epsilon"]["server"] > eps[0] + 3.0 and set(whole["mechanisms"]) == {"dp-sgd", "release"}
     for f in folders.values():  # the rounds it ran are in its one ledger
         assert SiteFolder.load(f.path).ledger.history()
     # and the ledger's DP-SGD rounds count against a release: ε 3 + 1.5 alone would fit in 7

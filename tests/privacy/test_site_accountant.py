@@ -250,3 +250,18 @@ def test_a_deployed_site_at_13_8_of_14_from_secure_rounds_refuses_a_dpsgd_run(ti
     assert "above its lifetime budget ε 14" in said and "secagg-discrete ×1" in said and "\n" not in said
     for f in folders:  # nothing trained, nothing spent
         assert not SiteFolder.load(f).ledger.history()
+
+
+def test_a_sites_final_report_carries_its_whole_ledger_per_threat():
+    from silofl.site.base import Site
+
+    led = _books(_dpsgd(), _secure(_mech())).ledger
+    rep = Site.ledger_privacy(SimpleNamespace(ledger=led, settings=SimpleNamespace(delta=DELTA)))[
+        "site_ledger"
+    ]
+    assert rep["epsilon"]["server"] == pytest.approx(_books(_dpsgd(), _secure(_mech())).epsilon(DELTA))
+    assert rep["against"]["server"] and rep["delta"] == DELTA and rep["no_guarantee_against"] == []
+    assert Site.ledger_privacy(SimpleNamespace(ledger=None, settings=SimpleNamespace(delta=DELTA))) == {}
+    cl = _books({"kind": "client-level", "multipliers": {"hospital": 1.0}, "sample_rate": 1.0, "v": 1})
+    rep = cl.report(DELTA)
+    assert rep["epsilon"]["server"] is None and rep["no_guarantee_against"] == ["server", "colluders"]

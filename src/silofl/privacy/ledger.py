@@ -13,12 +13,16 @@ What a site spends is always recomputed from the ledger, never read from a numbe
 
 * DP-SGD rounds (``kind: "dp-sgd"``): the (σ, q, steps) the mechanism reported, composed by the
   accountant (:meth:`Ledger.history`) — a resumed run continues from what ran, whatever a checkpoint says;
+* secure rounds (``kind: "secagg-discrete"``): the discrete mechanisms the site masked;
 * releases of records (``kind: "release"``, PubSub-ML models and stream chunks): the (ε, δ) of the release
   and the keyed digests of the record ids it covers. A record's spend is the sum over the releases that
-  contain it (basic composition; parallel composition over disjoint chunks falls out of it), and
-  :meth:`Ledger.require_release` refuses a release that would take any record past the site's lifetime
-  budget. A release is recorded *before* its model leaves the site; one refused on the way out (e.g. by the
-  broker) is then marked ``kind: "cancel"`` and no longer counts, so a crash in between can only over-count.
+  contain it (basic composition; parallel composition over disjoint chunks falls out of it:
+  :func:`release_spend`). A release is recorded *before* its model leaves the site; one refused on the way
+  out (e.g. by the broker) is then marked ``kind: "cancel"`` and no longer counts, so a crash in between
+  can only over-count.
+
+Every kind is composed with every other by the site's one accountant
+(:class:`silofl.privacy.site_accountant.SiteAccountant`), which checks the lifetime budget before any step.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from silofl.core.errors import BudgetExhausted, ConfigError, SiloflError
+from silofl.core.errors import ConfigError, SiloflError
 
 FORMAT = "silofl.ledger/1"
 KEY_FILE, LEDGER_FILE = "site.key", "ledger.jsonl"
@@ -215,29 +219,6 @@ class Ledger:
     def spent(self, digests: set[str] | None = None) -> tuple[float, float]:
         """The largest (ε, δ) any record (of ``digests``, or any) has spent, by basic composition."""
         return release_spend(self.entries, digests)
-
-    def require_release(
-        self,
-        digests: set[str],
-        epsilon: float,
-        delta: float,
-        lifetime: tuple[float, float],
-        base: tuple[float, float] = (0.0, 0.0),
-    ) -> tuple[float, float]:
-        """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget; else
-        what
-        they have spent so far (``base``, what every record spent elsewhere — restores, DP-SGD training —,
-        included)."""
-        eps, dlt = self.spent(digests)
-        eps, dlt = eps + base[0], dlt + base[1]
-        if eps + epsilon > lifetime[0] * (1 + 1e-12) or dlt + delta > lifetime[1] * (1 + 1e-12):
-            raise BudgetExhausted(
-                f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's "
-                f"lifetime "
-                f"budget ε={lifetime[0]:g}, δ={lifetime[1]:g}: they have spent up to ε={eps:.4g}, "
-                f"δ={dlt:.3g} already"
-            )
-        return eps, dlt
 
     def record_release(self, digests: set[str], epsilon: float, delta: float, **fields: Any) -> dict:
         """Record a release of these records at (ε, δ)."""

@@ -360,8 +360,9 @@ class SiteAccountant:
         return {t: self.epsilon(delta, t, planned) for t in THREATS}
 
     def report(self, delta: float, planned: Sequence[dict] = ()) -> dict:
-        """Per threat ε at ``delta``, the parties each holds against, the unit and its caveat, what composed
-        it: plain JSON for a summary or console."""
+        """Per threat ε at ``delta`` (None where none holds: listed in ``no_guarantee_against``), the
+        parties each holds against, the unit and its caveat, what composed it: plain JSON for a summary or
+        console."""
         spends = self.spends(planned)
         rel = self._release(planned, None)
         units = sorted({s.unit for s in spends} | ({"record"} if rel.approx != (0.0, 0.0) else set()))
@@ -375,10 +376,12 @@ class SiteAccountant:
         kinds: dict[str, int] = {}
         for s in [*spends, *([rel] if rel.approx != (0.0, 0.0) else [])]:
             kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        eps = self.epsilons(delta, planned)
         return {
             "accountant": ACCOUNTANT_NAME,
             "delta": float(delta),
-            "epsilon": self.epsilons(delta, planned),
+            "epsilon": {t: (e if math.isfinite(e) else None) for t, e in eps.items()},
+            "no_guarantee_against": [t for t, e in eps.items() if not math.isfinite(e)],
             "against": {t: threat_label(t, self.colluders) for t in THREATS},
             "colluders": self.colluders,
             "unit": unit,
