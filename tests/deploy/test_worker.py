@@ -70,7 +70,9 @@ def deployed_run(cfg, tmp_path, tap=None):
 
 
 def _acc(a):
-    return {k: v for k, v in a.items() if k not in ("target_epsilon", "rounds_within_budget")}
+    out = {k: v for k, v in a.items() if k not in ("target_epsilon", "rounds_within_budget", "site_ledger")}
+    # a deployed site's ledger holds its lifetime budget too; what it composed is the same
+    return {**out, "site_ledger": a.get("site_ledger", {}).get("epsilon")}
 
 
 def per_client(s, key):

@@ -265,3 +265,17 @@ def test_a_sites_final_report_carries_its_whole_ledger_per_threat():
     cl = _books({"kind": "client-level", "multipliers": {"hospital": 1.0}, "sample_rate": 1.0, "v": 1})
     rep = cl.report(DELTA)
     assert rep["epsilon"]["server"] is None and rep["no_guarantee_against"] == ["server", "colluders"]
+
+
+def test_the_console_names_the_threat_of_each_sites_whole_ledger():
+    from silofl.cli import main
+
+    books = _books(_dpsgd(), _secure(_mech(m=4)), colluders=2)
+    summary = {"accounting": [{"client": 0, **{"site_ledger": books.report(DELTA)}}, {"client": 1}]}
+    with main.console.capture() as cap:
+        main._print_site_ledgers(summary)
+    said = " ".join(cap.get().split())
+    want = books.epsilons(DELTA)
+    assert "client 0's whole ledger" in said and "client 1" not in said
+    assert f"ε {want['server']:.3f} against the server and outsiders" in said
+    assert f"ε {want['colluders']:.3f} against the server plus 2 colluding sites" in said
