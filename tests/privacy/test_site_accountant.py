@@ -101,6 +101,8 @@ def test_per_threat_figures_local_noise_is_the_same_for_all_and_colluders_see_fe
     assert secure["colluders"] == pytest.approx(
         D.epsilon([_mech(m=4)], rounds=1, delta=DELTA, survivors=2, whole_party=True), rel=1e-3
     )
+    # colluders as many as the survivors floor leave no honest share: no guarantee against them
+    assert _books(_secure(_mech(m=2)), colluders=2).epsilon(DELTA, "colluders") == math.inf
     # a client-level round whose server adds the noise protects nothing against that server
     cl = _books({"kind": "client-level", "multipliers": {"hospital": 1.0}, "sample_rate": 1.0, "v": 1})
     assert math.isfinite(cl.epsilon(DELTA, "outsiders")) and cl.epsilon(DELTA, "server") == math.inf

@@ -24,9 +24,9 @@ server of the protocol sees, ``colluders`` is the server together with ``c`` col
 site's policy, :attr:`silofl.site.policy.SitePolicy.colluders`). Noise a site adds itself (DP-SGD, a
 publication) protects against all three alike. A secure sum is seen by the server with the noise shares of
 the honest survivors only: against the server the mechanism's ``min_survivors`` shares (the protocol
-releases nothing below that floor), against server + c colluders the max(1, min_survivors − c) shares the
-colluders cannot subtract (the site's own share always stays). A client-level round whose server adds the
-noise protects nothing against that server (∞).
+releases nothing below that floor), against server + c colluders the min_survivors − c shares the
+colluders cannot subtract (none left: no guarantee; a site's policy keeps its floor at c + 2 or more). A
+client-level round whose server adds the noise protects nothing against that server (∞).
 
 **Units.** A ``dp-sgd`` block protects one row (``unit: row``) or one person (``person (column X)``); a
 secure client-level round the whole hospital (``whole_party``). A guarantee for a larger unit holds for every
@@ -115,9 +115,11 @@ class Spend:
 
 
 def honest_survivors(survivors: int, colluders: int) -> int:
-    """The noise shares of a secure sum that ``colluders`` colluding parties cannot subtract: the
-    survivors' less theirs, and never fewer than the site's own one."""
-    return max(1, int(survivors) - check_colluders(colluders))
+    """The noise shares of a secure sum that ``colluders`` colluding parties cannot subtract: survivors − c,
+    at least 0 (the colluders are taken to be among the survivors, the worst case; 0 leaves no guarantee) —
+    the rule of ``silofl.privacy.discrete.honest_survivors`` on the pooled-noise branch, which this one
+    should call once both are merged."""
+    return max(0, int(survivors) - check_colluders(colluders))
 
 
 def discrete_rdp(
@@ -126,6 +128,8 @@ def discrete_rdp(
     """RDP of one release of a discrete secure sum (:func:`silofl.privacy.discrete.rdp`) at ``orders``: an
     order λ takes the bound at the integer max(2, ⌈λ⌉) ≥ λ (Rényi divergence is non-decreasing in the order,
     so this is an upper bound)."""
+    if survivors == 0:  # no honest share: nothing protects the sum
+        return np.full(len(orders), math.inf)
     ints = np.maximum(2, np.ceil(np.asarray(orders, dtype=np.float64))).astype(np.int64)
     uniq = np.unique(ints)
     vals = discrete_rdp_at(mech, [int(a) for a in uniq], survivors=int(survivors), whole_party=whole_party)
@@ -198,6 +202,13 @@ def dpsgd_spend(entry: dict, colluders: int) -> Spend:
     )
 
 
+def _survivors(entry: dict, mech: DiscreteMechanism) -> int:
+    """The noise shares a recorded secure sum holds: the mechanism's floor, or fewer if the entry says so."""
+    n = entry.get("survivors")
+    ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n < mech.min_survivors
+    return int(n) if ok else mech.min_survivors  # type: ignore[arg-type]
+
+
 @LEDGER_KINDS.register("secagg-discrete")
 def secure_spend(entry: dict, colluders: int) -> Spend:
     """The discrete mechanisms of ``rounds`` (default 1) secure rounds the site masked: against outsiders and
@@ -213,9 +224,7 @@ def secure_spend(entry: dict, colluders: int) -> Spend:
     server = np.zeros(len(ORDERS))
     colluding = np.zeros(len(ORDERS))
     for m in (DiscreteMechanism.from_dict(d) for d in mechs):
-        n = m.min_survivors
-        if isinstance(entry.get("survivors"), int) and 1 <= entry["survivors"] < n:
-            n = int(entry["survivors"])
+        n = _survivors(entry, m)
         server = server + discrete_rdp(m, survivors=n)
         colluding = colluding + discrete_rdp(m, survivors=honest_survivors(n, colluders))
     curves = {"outsiders": rounds * server, "server": rounds * server, "colluders": rounds * colluding}
@@ -478,7 +487,8 @@ def ledger_events(entries: Sequence[dict], threat: str = "server", colluders: in
         elif kind == "secagg-discrete":
             for d in e["mechanisms"]:
                 m = DiscreteMechanism.from_dict(d)
-                n = m.min_survivors if threat != "colluders" else honest_survivors(m.min_survivors, colluders)
+                n = _survivors(e, m)
+                n = honest_survivors(n, colluders) if threat == "colluders" else n
                 discrete.append((m, n, int(e.get("rounds", 1))))
     restored = [e for e in entries if e.get("kind") == "restore"]
     rel = release_spend(list(entries))
