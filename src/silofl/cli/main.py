@@ -470,6 +470,7 @@ def print_summary(summary: dict) -> None:
             f"{', lower is better' if not higher_is_better(metric) else ''}): "
             f"{_ms(fin[summary['headline']], 4)}"
         )
+    _print_site_ledgers(summary)
     if priv["mode"] == "off":
         console.print("privacy: [bold]off[/] — no differential privacy.")
     else:
@@ -518,6 +519,24 @@ def print_summary(summary: dict) -> None:
     if summary["rejected_messages"]:
         console.print(
             f"[yellow]{len(summary['rejected_messages'])} received models rejected[/] (see summary.json)"
+        )
+
+
+def _print_site_ledgers(summary: dict) -> None:
+    """One line per site that keeps a lifetime budget: its whole ledger (every run, every protocol) composed
+    by its one accountant, ε per threat with the parties it holds against."""
+    for a in summary.get("accounting", []):
+        led = a.get("site_ledger") if isinstance(a, dict) else None
+        if not led or not led.get("lifetime"):
+            continue
+        figures = "; ".join(
+            f"{'no guarantee' if e is None else f'ε {e:.3f}'} against {led['against'][t]}"
+            for t, e in led["epsilon"].items()
+            if t != "colluders" or led.get("colluders")
+        )
+        console.print(
+            f"client {a.get('client')}'s whole ledger (its one accountant, every run and protocol, unit "
+            f"{led.get('unit')}) at δ={led['delta']:g}: {figures}; lifetime ε {led['lifetime'][0]:g}"
         )
 
 

@@ -135,13 +135,16 @@ def _seal(folder, table):
 
 
 def _spent_note(folder, ids) -> str:
-    eps, dlt = folder.ledger.spent({folder.ledger.record_digest(i) for i in ids})
+    from silofl.privacy.site_accountant import threat_label
+
     life = folder.lifetime
-    trained = " plus the DP-SGD rounds its ledger records (same budget)" if folder.ledger.history() else ""
+    books = folder.accountant()
+    eps, dlt = books.spent(life[1], "colluders", records={folder.ledger.record_digest(i) for i in ids})
     return (
-        f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} in releases{trained} of "
-        f"{folder.name}'s "
-        f"lifetime budget ε={life[0]:g}, δ={life[1]:g} (ledger {folder.ledger.path})"
+        f"these records have now spent up to ε={eps:.4g}, δ={dlt:.3g} against "
+        f"{threat_label('colluders', books.colluders)} (every release, DP-SGD and secure round of "
+        f"{folder.name}'s ledger composed by its one accountant) of its lifetime budget ε={life[0]:g}, "
+        f"δ={life[1]:g} (ledger {folder.ledger.path})"
     )
 
 

@@ -378,15 +378,6 @@ class SiteWorker:
         taken = [sum(v[i] for v in self.outside.values()) for i in (0, 1)]
         return (life[0] - taken[0], life[1] - taken[1]), note
 
-    def _outside_text(self) -> str:
-        """What restores and PubSub-ML releases took from the lifetime budget, for a refusal ('' if
-        nothing)."""
-        what = {"restored": "declared by a ledger restore", "released": "released (PubSub-ML models)"}
-        parts = [f"ε {v[0]:.4g} {what[k]}" for k, v in getattr(self, "outside", {}).items() if v[0] > 0]
-        if not parts:
-            return ""
-        return f" (its lifetime ε less {' and '.join(parts)})"
-
     def _head(self) -> dict:
         from silofl.privacy.ledger import Ledger, announced_head
 
@@ -577,12 +568,16 @@ class SiteWorker:
         if hasattr(site, "secure_floor"):
             from silofl.fl.exchange.client_level import SecureFloor
 
+            from silofl.privacy.ledger import lifetime_of
+
             pol = self.policy
+            life = lifetime_of(site.ledger)  # the whole lifetime: the site accountant composes the rest
+            assert life is not None
             site.secure_floor = SecureFloor(
                 pol.min_noise,
                 pol.survivors_floor(None),
-                self.lifetime[0],
-                min(cfg.delta, self.lifetime[1]),
+                life[0],
+                life[1],
                 survivor_fraction=pol.survivor_fraction,
                 colluders=pol.colluders,
             )
@@ -643,26 +638,34 @@ class SiteWorker:
         )
 
     def _cap_budget(self, site: Any, cfg: Any) -> float | None:
-        """Refuse a run that would exceed the lifetime budget; cap the site's own accountant at it."""
+        """Refuse a run whose planned DP-SGD spend, composed with every mechanism the site's ledger records
+        (secure rounds, releases, restores: its one accountant), would exceed the lifetime budget; make the
+        same check before every step and cap the site's own accountant at what the lifetime leaves."""
+        from silofl.privacy.site_accountant import SiteAccountant, planned_dpsgd
+
         acc, budget = getattr(site, "accountant", None), getattr(site, "budget", None)
         if acc is None or budget is None or not cfg.is_private:
             return None
         s = site.settings
-        planned = acc.epsilon_after(
-            s.noise_multiplier, site.sample_rate, cfg.rounds * site.steps_per_round, s.delta
-        )
-        spent = acc.epsilon(s.delta) if acc.steps else 0.0
-        if planned > self.lifetime[0] and cfg.target_epsilon_of(site.cid) is None:
-            raise BudgetExhausted(
-                f"this run would bring site {self.cfg.name} to ε {planned:.3f} (δ {s.delta:g}; spent "
-                f"{spent:.3f} before it), over what its lifetime budget leaves, ε {self.lifetime[0]:g}"
-                f"{self._outside_text()}: "
-                "refused (the ledger's budget: `silofl site budget --lifetime-epsilon`; the site.json "
-                "field lifetime_epsilon records it)"
-            )
+        unit = site.privacy_unit if getattr(site, "persons", None) is not None else "row"
+        books = SiteAccountant(site.ledger, colluders=self._colluders())
+        plan = [planned_dpsgd(s.noise_multiplier, site.sample_rate, cfg.rounds * site.steps_per_round, unit)]
+        if cfg.target_epsilon_of(site.cid) is None:
+            try:
+                books.require(plan, what=f"this run ({cfg.rounds} rounds)", who=f"site {self.cfg.name}")
+            except BudgetExhausted as e:
+                raise BudgetExhausted(
+                    f"{e} (the ledger's budget: `silofl site budget "
+                    "--lifetime-epsilon`; the site.json field lifetime_epsilon records it)"
+                ) from None
+        budget.lifetime = books.dpsgd_guard(unit)  # and before every step, whatever else ran since
         target = budget.target_epsilon
         budget.target_epsilon = min(target if target is not None else math.inf, self.lifetime[0])
-        return planned
+        return books.epsilon(books.lifetime[1], "colluders", plan)  # type: ignore[index]
+
+    def _colluders(self) -> int:
+        """The colluding sites this site's policy assumes (0 without one)."""
+        return int(getattr(getattr(self, "policy", None), "colluders", 0) or 0)
 
     def _step(self, step: str, msg: Message) -> Message:
         if "round" in msg.meta:

@@ -9,6 +9,7 @@ would shrink it is refused. A :class:`Budget` says whether more steps fit under 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from silofl.core.errors import BudgetExhausted, ConfigError
@@ -140,15 +141,20 @@ class Accountant:
 
 
 class Budget:
-    """A target ε at δ: says whether more steps may run without exceeding it."""
+    """A target ε at δ: says whether more steps may run without exceeding it. ``lifetime``, when set, is the
+    site's lifetime check over every mechanism of its ledger (``f(σ, q, steps) -> bool``:
+    :meth:`silofl.privacy.site_accountant.SiteAccountant.dpsgd_guard`), asked before every step too."""
 
     def __init__(self, accountant: Accountant, target_epsilon: float | None, delta: float):
         self.accountant = accountant
         self.target_epsilon = target_epsilon
         self.delta = delta
+        self.lifetime: Callable[[float, float, int], bool] | None = None
 
     def allows(self, noise_multiplier: float, sample_rate: float, steps: int) -> bool:
-        """Whether ``steps`` more steps of (σ, q) keep ε within the target."""
+        """Whether ``steps`` more steps of (σ, q) keep ε within the target (and the site's lifetime)."""
+        if self.lifetime is not None and not self.lifetime(noise_multiplier, sample_rate, steps):
+            return False
         if self.target_epsilon is None:
             return True
         return (
@@ -158,6 +164,11 @@ class Budget:
 
     def require(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
         """Raise BudgetExhausted unless :meth:`allows`."""
+        if self.lifetime is not None and not self.lifetime(noise_multiplier, sample_rate, steps):
+            raise BudgetExhausted(
+                f"{steps} more steps would take the site past its lifetime budget (every mechanism of its "
+                "ledger composed): refused"
+            )
         if not self.allows(noise_multiplier, sample_rate, steps):
             spent = self.accountant.epsilon(self.delta)
             raise BudgetExhausted(

@@ -13,12 +13,16 @@ What a site spends is always recomputed from the ledger, never read from a numbe
 
 * DP-SGD rounds (``kind: "dp-sgd"``): the (σ, q, steps) the mechanism reported, composed by the
   accountant (:meth:`Ledger.history`) — a resumed run continues from what ran, whatever a checkpoint says;
+* secure rounds (``kind: "secagg-discrete"``): the discrete mechanisms the site masked;
 * releases of records (``kind: "release"``, PubSub-ML models and stream chunks): the (ε, δ) of the release
   and the keyed digests of the record ids it covers. A record's spend is the sum over the releases that
-  contain it (basic composition; parallel composition over disjoint chunks falls out of it), and
-  :meth:`Ledger.require_release` refuses a release that would take any record past the site's lifetime
-  budget. A release is recorded *before* its model leaves the site; one refused on the way out (e.g. by the
-  broker) is then marked ``kind: "cancel"`` and no longer counts, so a crash in between can only over-count.
+  contain it (basic composition; parallel composition over disjoint chunks falls out of it:
+  :func:`release_spend`). A release is recorded *before* its model leaves the site; one refused on the way
+  out (e.g. by the broker) is then marked ``kind: "cancel"`` and no longer counts, so a crash in between
+  can only over-count.
+
+Every kind is composed with every other by the site's one accountant
+(:class:`silofl.privacy.site_accountant.SiteAccountant`), which checks the lifetime budget before any step.
 """
 
 from __future__ import annotations
@@ -33,11 +37,39 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from silofl.core.errors import BudgetExhausted, ConfigError, SiloflError
+from silofl.core.errors import ConfigError, SiloflError
 
 FORMAT = "silofl.ledger/1"
 KEY_FILE, LEDGER_FILE = "site.key", "ledger.jsonl"
 GENESIS = "0" * 64
+
+
+def release_spend(entries: list[dict], digests: set[str] | None = None) -> tuple[float, float]:
+    """The largest (ε, δ) any record (of ``digests``, or any) spent over the ``release`` entries of
+    ``entries`` that no ``cancel`` entry withdrew, by basic composition (a record's spend is the sum over
+    the releases that contain it; parallel composition over disjoint chunks falls out of it). Releases
+    carried over from a ledger keyed otherwise (``"*:<old digest>"``, :func:`silofl.site.folder.migrate`)
+    cannot be matched to this key's digests, so the most any of them spent counts for every record. Pure:
+    the site accountant asks it with planned releases appended."""
+    eps: dict[str, float] = defaultdict(float)
+    dlt: dict[str, float] = defaultdict(float)
+    cancelled = {e["release"] for e in entries if e["kind"] == "cancel"}
+    e_any: dict[str, float] = defaultdict(float)
+    d_any: dict[str, float] = defaultdict(float)
+    for e in entries:
+        if e["kind"] != "release" or e.get("seq") in cancelled:
+            continue
+        for d in e["records"]:
+            if d.startswith("*"):
+                e_any[d] += e["epsilon"]
+                d_any[d] += e["delta"]
+            elif digests is None or d in digests:
+                eps[d] += e["epsilon"]
+                dlt[d] += e["delta"]
+    return (
+        max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
+        max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0),
+    )
 
 
 class LedgerTampered(SiloflError):
@@ -186,52 +218,7 @@ class Ledger:
 
     def spent(self, digests: set[str] | None = None) -> tuple[float, float]:
         """The largest (ε, δ) any record (of ``digests``, or any) has spent, by basic composition."""
-        eps: dict[str, float] = defaultdict(float)
-        dlt: dict[str, float] = defaultdict(float)
-        cancelled = {e["release"] for e in self.entries if e["kind"] == "cancel"}
-        # releases carried over from a ledger keyed otherwise ("*:<old digest>", silofl.site.folder.migrate):
-        # their
-        # records cannot be matched to this key's digests, so the most any of them spent counts for every
-        # record
-        e_any: dict[str, float] = defaultdict(float)
-        d_any: dict[str, float] = defaultdict(float)
-        for e in self.entries:
-            if e["kind"] != "release" or e["seq"] in cancelled:
-                continue
-            for d in e["records"]:
-                if d.startswith("*"):
-                    e_any[d] += e["epsilon"]
-                    d_any[d] += e["delta"]
-                elif digests is None or d in digests:
-                    eps[d] += e["epsilon"]
-                    dlt[d] += e["delta"]
-        return (
-            max(eps.values(), default=0.0) + max(e_any.values(), default=0.0),
-            max(dlt.values(), default=0.0) + max(d_any.values(), default=0.0),
-        )
-
-    def require_release(
-        self,
-        digests: set[str],
-        epsilon: float,
-        delta: float,
-        lifetime: tuple[float, float],
-        base: tuple[float, float] = (0.0, 0.0),
-    ) -> tuple[float, float]:
-        """Raise BudgetExhausted if releasing these records at (ε, δ) takes any past the lifetime budget; else
-        what
-        they have spent so far (``base``, what every record spent elsewhere — restores, DP-SGD training —,
-        included)."""
-        eps, dlt = self.spent(digests)
-        eps, dlt = eps + base[0], dlt + base[1]
-        if eps + epsilon > lifetime[0] * (1 + 1e-12) or dlt + delta > lifetime[1] * (1 + 1e-12):
-            raise BudgetExhausted(
-                f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's "
-                f"lifetime "
-                f"budget ε={lifetime[0]:g}, δ={lifetime[1]:g}: they have spent up to ε={eps:.4g}, "
-                f"δ={dlt:.3g} already"
-            )
-        return eps, dlt
+        return release_spend(self.entries, digests)
 
     def record_release(self, digests: set[str], epsilon: float, delta: float, **fields: Any) -> dict:
         """Record a release of these records at (ε, δ)."""

@@ -121,6 +121,17 @@ class Site(ABC):
     def privacy_report(self) -> dict:
         """The accountant's inputs and output, for summary.json."""
 
+    def ledger_privacy(self) -> dict:
+        """``{"site_ledger": ...}``: the site's one accountant over its whole ledger (every run, every
+        protocol: :class:`silofl.privacy.site_accountant.SiteAccountant`), ε per threat at the run's δ with
+        the parties each holds against and its unit; empty without a ledger or a δ."""
+        delta = getattr(getattr(self, "settings", None), "delta", None)
+        if self.ledger is None or not isinstance(delta, float) or not 0 < delta < 1:
+            return {}
+        from silofl.privacy.site_accountant import SiteAccountant
+
+        return {"site_ledger": SiteAccountant(self.ledger).report(delta)}
+
     @abstractmethod
     def final_models(self) -> dict[str, tuple[nn.Module, ModelSpec]]:
         """role -> (model, ModelSpec) for the run folder."""
@@ -305,7 +316,7 @@ class Site(ABC):
                 "architectures": self.architectures(),
                 "epsilon": self.epsilon(),
                 "left_at": self.left_at,
-                "privacy": self.privacy_report(),
+                "privacy": {**self.privacy_report(), **self.ledger_privacy()},
                 "models": written,
             }
         )

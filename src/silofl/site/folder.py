@@ -24,15 +24,15 @@ first ``silofl pubsub publish``; default ``$SILOFL_HOME/sites/<name>``, ``SILOFL
     federation.json   (deployment only) the other sites' pinned public cards
     policy.json       the site's own privacy policy, signed with sign.key (:mod:`silofl.site.policy`)
 
-What the site has spent is composed from that one ledger by basic composition: the prior spend declared by
-restores, plus the largest spend of any record over its PubSub-ML releases, plus the DP-SGD rounds of every
-run
-(an accountant over the ledger's history). A deployed run gets the lifetime budget minus the first two
-(:meth:`SiteFolder.training_budget`; its own accountant replays the DP-SGD history); a PubSub-ML release is
-checked
-against all three (:meth:`SiteFolder.require_release`). A site that spent ε = 3 publishing and joins a run
-with a
-lifetime ε of 8 has 5 left.
+What the site has spent is composed from that one ledger by its one accountant
+(:class:`silofl.privacy.site_accountant.SiteAccountant`): every mechanism composed in RDP (DP-SGD rounds of
+every run, secure rounds), plus by basic composition the prior spend declared by restores and the largest
+spend of any record over its PubSub-ML releases. A deployed run, a simulated run with site folders
+(:func:`attach`), a secure round and a PubSub-ML release (:meth:`SiteFolder.require_release`) are each
+checked against the lifetime budget with everything else the ledger holds, before the step.
+:meth:`SiteFolder.training_budget` is the lifetime budget less the (ε, δ)-given part (restores and
+releases): what the RDP-composed mechanisms may use together. A site that spent ε = 3 publishing and joins a
+run with a lifetime ε of 8 has 5 left.
 
 Folders of the two earlier formats are converted in place when opened (:func:`migrate`): PubSub-ML's
 ``silofl.site/1`` (``site.json`` with ``lifetime: [ε, δ]``, ``site.key``, ``ledger.jsonl`` and ``sign.key`` at
@@ -740,9 +740,9 @@ class SiteFolder:
         return {"restored": restored_spend(self.ledger), "released": self.ledger.spent()}
 
     def training_budget(self) -> tuple[float, float]:
-        """The (ε, δ) DP-SGD training may still use, over every run: the lifetime budget less what restores
-        and
-        releases spent (the run's accountant replays the ledger's DP-SGD history against it)."""
+        """The (ε, δ) the RDP-composed mechanisms (DP-SGD and secure rounds of every run) may use together:
+        the lifetime budget less what restores and releases spent (the site accountant composes them:
+        ε_RDP(δ left) + the rest ≤ the lifetime ε)."""
         life = self.lifetime
         parts = self.outside_training().values()
         return life[0] - sum(p[0] for p in parts), life[1] - sum(p[1] for p in parts)
@@ -769,31 +769,34 @@ class SiteFolder:
         acc.replay(hist)
         return acc.epsilon(delta)
 
+    def accountant(self, colluders: int = 0):
+        """The site's one accountant over its ledger
+        (:class:`silofl.privacy.site_accountant.SiteAccountant`; ``colluders``: the c its policy assumes)."""
+        from silofl.privacy.site_accountant import SiteAccountant
+
+        return SiteAccountant(self.ledger, colluders=colluders)
+
     def require_release(
         self, record_ids, epsilon: float, delta: float
     ) -> tuple[set[str], tuple[float, float]]:
         """(the keyed digests of ``record_ids``, what they have spent so far), after checking that releasing
-        them at
-        (ε, δ) stays within the lifetime budget (BudgetExhausted if not). What they spent counts restores,
-        every
-        release containing them and the DP-SGD rounds of every run (at the δ the budget leaves them)."""
+        them at (ε, δ) stays within the lifetime budget (BudgetExhausted if not). What they spent is the site
+        accountant's: restores, every release containing them, and every mechanism composed in RDP (DP-SGD
+        rounds and secure rounds of every run) at the δ the budget leaves them."""
         from silofl.core.errors import BudgetExhausted
+        from silofl.privacy.site_accountant import planned_release
 
         life = self.lifetime
         digests = {self.ledger.record_digest(i) for i in record_ids}
-        restored = restored_spend(self.ledger)
-        base_eps, base_dlt = restored
-        if self.ledger.history():  # the site trained: its DP-SGD rounds compose with the release
-            own = self.ledger.spent(digests)
-            d_train = life[1] - restored[1] - own[1] - delta
-            if d_train <= 0:
-                raise BudgetExhausted(
-                    f"releasing these records at δ={delta:g} leaves no δ of site {self.name}'s "
-                    f"lifetime budget δ={life[1]:g} for the DP-SGD rounds it already ran"
-                )
-            base_eps += self.trained_epsilon(d_train)
-            base_dlt += d_train
-        return digests, self.ledger.require_release(digests, epsilon, delta, life, base=(base_eps, base_dlt))
+        books = self.accountant()
+        before = books.spent(max(life[1] - delta, 1e-300), "colluders", records=digests)
+        if not books.allows([planned_release(digests, epsilon, delta)], life, records=digests):
+            raise BudgetExhausted(
+                f"releasing these records at ε={epsilon:g}, δ={delta:g} would take some past the site's "
+                f"lifetime budget ε={life[0]:g}, δ={life[1]:g}: they have spent up to ε={before[0]:.4g}, "
+                f"δ={before[1]:.3g} already (every mechanism of site {self.name}'s ledger composed)"
+            )
+        return digests, before
 
     def release(
         self,
@@ -842,7 +845,13 @@ class SiteFolder:
                 },
             )  # signed: the broker keeps the latest
         entry = self.ledger.record_release(
-            digests, eps, dlt, checksum=hashlib.sha256(data).hexdigest(), **fields
+            digests,
+            eps,
+            dlt,
+            checksum=hashlib.sha256(data).hexdigest(),
+            unit="record",
+            **_mechanism_of(artifact),
+            **fields,
         )
         try:
             out = send(data)
@@ -853,6 +862,19 @@ class SiteFolder:
                 self.ledger.cancel_release(entry, f"{type(e).__name__}: {e}")
             raise
         return artifact, out
+
+
+def _mechanism_of(artifact: Any) -> dict:
+    """``{"mechanism": ...}``: what a released artifact says its mechanism was (plain JSON), for an auditor
+    recomputing the ledger; nothing when it says nothing JSON can hold."""
+    from silofl.privacy.ledger import canonical_json
+
+    mech = getattr(artifact, "mechanism", None)
+    try:
+        canonical_json(mech)
+    except (TypeError, ValueError):
+        return {}
+    return {"mechanism": mech} if isinstance(mech, dict) else {}
 
 
 def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonprivate: bool = True) -> Any:
@@ -878,10 +900,12 @@ def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonpri
         )  # one Ledger object for the file: appends from either side chain on each other
     budget = getattr(site, "budget", None)
     if budget is not None:
-        if left[0] <= 0:
+        if left[0] <= 0 or not folder.accountant().allows([]):
             raise BudgetExhausted(f"site {folder.name} has no budget left to train: {folder.budget_note()}")
         target = budget.target_epsilon
         budget.target_epsilon = min(target if target is not None else math.inf, left[0])
+        unit = site.privacy_unit if getattr(site, "persons", None) is not None else "row"
+        budget.lifetime = folder.accountant().dpsgd_guard(unit)  # every mechanism of the ledger, each step
     return site
 
 

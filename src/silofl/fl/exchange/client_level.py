@@ -49,7 +49,7 @@ import torch
 
 from silofl.comm.messages import Message, Packet
 from silofl.comm.wire import encode, read_model
-from silofl.core.errors import ConfigError, PeerModelRejected
+from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Coordinator, RoundEvents
 from silofl.fl.exchange.secure_round import SecAggOptions, SecureParty, SecureRound, plausible
@@ -309,10 +309,11 @@ class SecureFloor:
     """A deployed hospital's own floor on secure aggregation (its signed policy, :mod:`silofl.site.policy`,
     and its lifetime budget): it masks no round whose update noise multiplier is below ``min_noise``, whose
     sample or minimum survivors is below its survivors floor (``min_survivors``, and ``survivor_fraction`` of
-    the round's sample), nor one that would take its own ε against the server — the discrete accountant over
-    every secure round its ledger records, computed by the site from the mechanisms it ran — above
-    ``lifetime_epsilon`` at ``delta``. ``colluders``: the sites it assumes collude with the server (its
-    per-threat ε counts the honest survivors' shares only)."""
+    the round's sample), nor one that would take the site past its lifetime budget (``lifetime_epsilon``,
+    ``delta``: the whole lifetime) — its one accountant
+    (:class:`silofl.privacy.site_accountant.SiteAccountant`) over every mechanism its ledger records (secure
+    rounds, DP-SGD, releases), against the server plus the ``colluders`` it assumes (its per-threat ε counts
+    the honest survivors' shares only)."""
 
     min_noise: float | None
     min_survivors: int | None
@@ -353,8 +354,9 @@ class ClientLevelSite(SecureParty, SubclientSite):
 
     def _check_floor(self, mechs: list, z: float, m: int, sample: int | None = None) -> None:
         """SecAggRefused (before training: nothing is released) when the requested round gives less
-        protection than this site's floor."""
-        from silofl.privacy.discrete import epsilon
+        protection than this site's floor, or would take the site past its lifetime budget (its one
+        accountant: every mechanism its ledger records, DP-SGD and releases included)."""
+        from silofl.privacy.site_accountant import SiteAccountant, planned_secure
         from silofl.secure import SecAggRefused
 
         f = self.secure_floor
@@ -368,12 +370,11 @@ class ClientLevelSite(SecureParty, SubclientSite):
         if sample is not None and sample < floor:
             raise SecAggRefused(f"a sample of {sample} parties is below this site's survivors floor {floor}")
         # the whole hospital (all its sub-clients' summands in a sub-client unit run): its institution's spend
-        eps = epsilon([*self.secure_spent(), *mechs], rounds=1, delta=f.delta, whole_party=True)
-        if eps > f.lifetime_epsilon:
-            raise SecAggRefused(
-                f"this round would take the site's own ε against the server to {eps:.4g}, above its lifetime "
-                f"ε {f.lifetime_epsilon:g}"
-            )
+        books = SiteAccountant(self.ledger, colluders=f.colluders)
+        try:
+            books.require([planned_secure(mechs)], (f.lifetime_epsilon, f.delta), what="this secure round")
+        except BudgetExhausted as e:
+            raise SecAggRefused(str(e)) from None
 
     def secure_protocol(self):
         return self.settings.secure.protocol() if self.settings.secure is not None else None

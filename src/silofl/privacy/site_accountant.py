@@ -1,0 +1,518 @@
+"""One accountant per site: every mechanism its ledger records, composed in one representation, checked
+against the one lifetime budget before a step, whatever the protocol.
+
+A site's ledger (:mod:`silofl.privacy.ledger`) holds every release of its records, one entry per release,
+kind naming the mechanism. The :class:`SiteAccountant` turns each entry into a :class:`Spend` (pure
+converters, one per kind, in the :data:`LEDGER_KINDS` registry) and composes them:
+
+* **RDP over one fixed grid of orders** (:data:`ORDERS`: Opacus' orders and the discrete accountant's
+  integer orders) for every mechanism whose Rényi curve is known — the Poisson-subsampled Gaussian of
+  DP-SGD (``dp-sgd``: Mironov et al., the curve :func:`silofl.privacy.analysis.rdp_curve` computes), the
+  Skellam and distributed discrete Gaussian sums of secure rounds (``secagg-discrete``:
+  :func:`silofl.privacy.discrete.rdp`; the discrete bounds are stated at integer orders, and since Rényi
+  divergence never decreases with the order, a fractional order λ takes the bound at ⌈λ⌉ — an upper bound),
+  and client-level rounds (``client-level``: the subsampled Gaussian of the hospital's noise multiplier).
+  RDP composes by adding the curves; (ε, δ) comes from the one conversion every ε of silofl's RDP
+  accountant uses (:func:`silofl.privacy.analysis.epsilon_from_rdp`).
+* **(ε, δ) given** — PubSub-ML releases (``release``: the largest spend of any record over the releases
+  that contain it, :func:`silofl.privacy.ledger.release_spend`) and the prior spend a restore declares
+  (``restore``) — composed on top by basic composition: ε_total(δ) = ε_RDP(δ − Σδᵢ) + Σεᵢ, so the whole is
+  (ε_total, δ)-DP (Dwork & Roth, Theorem 3.16, applied to the RDP part as one (ε_RDP, δ − Σδᵢ) mechanism).
+
+**Per threat.** ``outsiders`` see what leaves the protocol (models, publications), ``server`` sees what the
+server of the protocol sees, ``colluders`` is the server together with ``c`` colluding sites (c from the
+site's policy, :attr:`silofl.site.policy.SitePolicy.colluders`). Noise a site adds itself (DP-SGD, a
+publication) protects against all three alike. A secure sum is seen by the server with the noise shares of
+the honest survivors only: against the server the mechanism's ``min_survivors`` shares (the protocol
+releases nothing below that floor), against server + c colluders the min_survivors − c shares the
+colluders cannot subtract (none left: no guarantee; a site's policy keeps its floor at c + 2 or more). A
+client-level round whose server adds the noise protects nothing against that server (∞).
+
+**Units.** A ``dp-sgd`` block protects one row (``unit: row``) or one person (``person (column X)``); a
+secure client-level round the whole hospital (``whole_party``). A guarantee for a larger unit holds for every
+smaller one, so the composed ε holds for the *smallest* unit any block names; a row-level block protects a
+person with k rows only at group-privacy level (k·ε), which :meth:`SiteAccountant.report` says
+(``caveat``). The lifetime check (:meth:`SiteAccountant.require`) compares the composed ε against the
+strongest threat the site assumes (server + c colluders) at the lifetime δ, *before* the step, with the
+planned mechanisms of the run added (:func:`planned_dpsgd`, :func:`planned_secure`, :func:`planned_release`:
+ledger-shaped dicts, so planned and recorded spend take one path).
+
+:func:`ledger_events` turns a ledger into dp-accounting ``DpEvent``\\ s (the discrete sums, which
+dp-accounting lacks, as their RDP curves; the (ε, δ) parts as given), and :func:`recompute` composes them
+with dp-accounting's own RDP accountant — the independent recomputation an auditor runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from silofl.core.errors import BudgetExhausted, ConfigError
+from silofl.core.registry import Registry
+from silofl.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, rdp_curve
+from silofl.privacy.discrete import DISCRETE_ORDERS, DiscreteMechanism
+from silofl.privacy.discrete import rdp as discrete_rdp_at
+from silofl.privacy.ledger import Ledger, lifetime_of, release_spend
+
+THREATS: tuple[str, ...] = ("outsiders", "server", "colluders")
+"""Who an ε holds against: whoever sees the released models; the protocol's server; the server plus c
+colluding sites."""
+ORDERS: tuple[float, ...] = tuple(
+    sorted({float(a) for a in DEFAULT_ORDERS} | {float(a) for a in DISCRETE_ORDERS})
+)
+"""The one grid of RDP orders every mechanism of a site is composed on."""
+NOT_SPENDING = frozenset({"genesis", "budget", "cancel"})
+"""Ledger kinds that release nothing (``cancel`` withdraws a release: :func:`release_spend` reads it)."""
+PER_RECORD = frozenset({"release"})
+"""Ledger kinds composed per record (:func:`release_spend`), not per site."""
+ACCOUNTANT_NAME = "silofl.site (RDP over one grid of orders + basic composition of (ε, δ) releases)"
+_UNIT_RANK = {"row": 0, "record": 0, "person": 1, "subclient": 1, "hospital": 2}
+
+
+def threat_label(threat: str, colluders: int = 0) -> str:
+    """The parties an ε for ``threat`` holds against, in words."""
+    check_threat(threat)
+    return {
+        "outsiders": "outsiders (whoever sees what the site releases)",
+        "server": "the server and outsiders",
+        "colluders": (
+            f"the server plus {colluders} colluding site{'s' if colluders != 1 else ''}"
+            if colluders
+            else "the server (no colluding sites assumed)"
+        ),
+    }[threat]
+
+
+def check_threat(threat: str) -> str:
+    """ConfigError unless ``threat`` is one of :data:`THREATS`."""
+    if threat not in THREATS:
+        raise ConfigError(f"unknown threat {threat!r}; choose one of: {', '.join(THREATS)}")
+    return threat
+
+
+def check_colluders(colluders: Any) -> int:
+    """ConfigError unless ``colluders`` is a non-negative integer."""
+    if isinstance(colluders, bool) or not isinstance(colluders, int | np.integer) or colluders < 0:
+        raise ConfigError(f"colluders must be a non-negative integer, got {colluders!r}")
+    return int(colluders)
+
+
+# ---------------------------------------------------------------------------------------------- pure math
+@dataclass(frozen=True)
+class Spend:
+    """One mechanism of a site's books in the accountant's representation: its RDP curve over
+    :data:`ORDERS` per threat (None: none known) and an (ε, δ) composed on top by basic composition."""
+
+    kind: str
+    unit: str
+    rdp: Mapping[str, np.ndarray] | None = None
+    approx: tuple[float, float] = (0.0, 0.0)
+    seq: int | None = None  # the ledger entry (None: planned)
+
+
+def honest_survivors(survivors: int, colluders: int) -> int:
+    """The noise shares of a secure sum that ``colluders`` colluding parties cannot subtract: survivors − c,
+    at least 0 (the colluders are taken to be among the survivors, the worst case; 0 leaves no guarantee) —
+    the rule of ``silofl.privacy.discrete.honest_survivors`` on the pooled-noise branch, which this one
+    should call once both are merged."""
+    return max(0, int(survivors) - check_colluders(colluders))
+
+
+def discrete_rdp(
+    mech: DiscreteMechanism, *, survivors: int, whole_party: bool = True, orders: Sequence[float] = ORDERS
+) -> np.ndarray:
+    """RDP of one release of a discrete secure sum (:func:`silofl.privacy.discrete.rdp`) at ``orders``: an
+    order λ takes the bound at the integer max(2, ⌈λ⌉) ≥ λ (Rényi divergence is non-decreasing in the order,
+    so this is an upper bound)."""
+    if survivors == 0:  # no honest share: nothing protects the sum
+        return np.full(len(orders), math.inf)
+    ints = np.maximum(2, np.ceil(np.asarray(orders, dtype=np.float64))).astype(np.int64)
+    uniq = np.unique(ints)
+    vals = discrete_rdp_at(mech, [int(a) for a in uniq], survivors=int(survivors), whole_party=whole_party)
+    return np.asarray(vals, dtype=np.float64)[np.searchsorted(uniq, ints)]
+
+
+def compose(spends: Iterable[Spend], threat: str) -> tuple[np.ndarray, float, float]:
+    """(the RDP curve over :data:`ORDERS`, Σεᵢ, Σδᵢ) of ``spends`` against ``threat``."""
+    check_threat(threat)
+    curve = np.zeros(len(ORDERS), dtype=np.float64)
+    eps = dlt = 0.0
+    for s in spends:
+        if s.rdp is not None:
+            curve = curve + s.rdp[threat]
+        eps, dlt = eps + s.approx[0], dlt + s.approx[1]
+    return curve, eps, dlt
+
+
+def epsilon_at(curve: np.ndarray, approx: tuple[float, float], delta: float) -> float:
+    """ε at total ``delta`` of an RDP curve composed with an (ε, δ) part: ε_RDP(δ − Σδᵢ) + Σεᵢ; inf when the
+    (ε, δ) part alone takes δ (or the curve is infinite)."""
+    if not 0 < delta < 1:
+        raise ConfigError(f"δ must lie in (0, 1), got {delta}")
+    eps_a, d_a = approx
+    if not np.any(curve > 0):
+        return eps_a if d_a <= delta * (1 + 1e-12) else math.inf
+    if d_a >= delta or not np.any(np.isfinite(curve)):
+        return math.inf
+    return epsilon_from_rdp(ORDERS, curve, delta - d_a)[0] + eps_a
+
+
+def weakest_unit(units: Iterable[str]) -> str | None:
+    """The smallest unit among ``units`` (row < person < hospital): the one a composed ε holds for."""
+    known = [u for u in units if _rank(u) is not None]
+    return min(known, key=lambda u: _rank(u) or 0) if known else None
+
+
+def _rank(unit: str) -> int | None:
+    return _UNIT_RANK.get(unit.split(" ")[0])
+
+
+# ---------------------------------------------------------------------------------------------- ledger kinds
+LEDGER_KINDS: Registry[Callable[[dict, int], Spend]] = Registry("ledger entry kind", "silofl.ledger_kinds")
+"""How each spending ledger kind becomes a :class:`Spend` (``f(entry, colluders)``): a package that records a
+new kind registers its converter here (``LEDGER_KINDS.register("kind", f)``); a ledger holding a kind no
+converter knows is refused, never silently left out."""
+
+
+def _same(curve: np.ndarray) -> dict[str, np.ndarray]:
+    return {t: curve for t in THREATS}
+
+
+def _number(entry: dict, key: str, lo: float = 0.0) -> float:
+    v = entry.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < lo:
+        raise ConfigError(f"ledger entry {entry.get('seq')} ({entry.get('kind')}): bad {key} {v!r}")
+    return float(v)
+
+
+@LEDGER_KINDS.register("dp-sgd")
+def dpsgd_spend(entry: dict, colluders: int) -> Spend:
+    """A block of DP-SGD steps (σ, q, steps): the site adds the noise itself, so one curve for every
+    threat."""
+    steps = entry.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"ledger entry {entry.get('seq')} (dp-sgd): bad steps {steps!r}")
+    hist = ((_number(entry, "noise_multiplier"), _number(entry, "sample_rate"), steps),)
+    return Spend(
+        "dp-sgd", str(entry.get("unit", "row")), _same(rdp_curve(hist, ORDERS)), seq=entry.get("seq")
+    )
+
+
+def _survivors(entry: dict, mech: DiscreteMechanism) -> int:
+    """The noise shares a recorded secure sum holds: the mechanism's floor, or fewer if the entry says so."""
+    n = entry.get("survivors")
+    ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n < mech.min_survivors
+    return int(n) if ok else mech.min_survivors  # type: ignore[arg-type]
+
+
+@LEDGER_KINDS.register("secagg-discrete")
+def secure_spend(entry: dict, colluders: int) -> Spend:
+    """The discrete mechanisms of ``rounds`` (default 1) secure rounds the site masked: against outsiders and
+    the server the ``min_survivors`` shares of each (or ``survivors`` if the entry records fewer), against
+    server + c colluders the honest ones (:func:`honest_survivors`); the unit is the whole party (all its
+    summands)."""
+    mechs = entry.get("mechanisms")
+    if not isinstance(mechs, list) or not mechs:
+        raise ConfigError(f"ledger entry {entry.get('seq')} (secagg-discrete): no mechanisms")
+    rounds = entry.get("rounds", 1)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ConfigError(f"ledger entry {entry.get('seq')} (secagg-discrete): bad rounds {rounds!r}")
+    server = np.zeros(len(ORDERS))
+    colluding = np.zeros(len(ORDERS))
+    for m in (DiscreteMechanism.from_dict(d) for d in mechs):
+        n = _survivors(entry, m)
+        server = server + discrete_rdp(m, survivors=n)
+        colluding = colluding + discrete_rdp(m, survivors=honest_survivors(n, colluders))
+    curves = {"outsiders": rounds * server, "server": rounds * server, "colluders": rounds * colluding}
+    return Spend("secagg-discrete", str(entry.get("unit", "hospital")), curves, seq=entry.get("seq"))
+
+
+@LEDGER_KINDS.register("client-level")
+def client_level_spend(entry: dict, colluders: int) -> Spend:
+    """A client-level round whose server adds the noise: the hospital's Gaussian (its multiplier, sampled at
+    the entry's rate) against outsiders; nothing against the server, which saw the un-noised sum."""
+    zs = entry.get("multipliers")
+    if not isinstance(zs, dict) or not zs:
+        raise ConfigError(f"ledger entry {entry.get('seq')} (client-level): no multipliers")
+    z = _number(zs, "hospital") if "hospital" in zs else min(_number(zs, k) for k in zs)
+    curve = rdp_curve(((z, _number(entry, "sample_rate"), 1),), ORDERS)
+    inf = np.full(len(ORDERS), math.inf)
+    return Spend(
+        "client-level",
+        "hospital",
+        {"outsiders": curve, "server": inf, "colluders": inf},
+        seq=entry.get("seq"),
+    )
+
+
+@LEDGER_KINDS.register("restore")
+def restore_spend(entry: dict, colluders: int) -> Spend:
+    """The prior spend a restored ledger declares, (ε, δ) against everyone."""
+    return Spend(
+        "restore",
+        "declared",
+        approx=(_number(entry, "epsilon"), _number(entry, "delta")),
+        seq=entry.get("seq"),
+    )
+
+
+def spend_of(entry: dict, colluders: int = 0) -> Spend | None:
+    """The :class:`Spend` of one ledger entry (None for kinds that release nothing or are composed per
+    record); ConfigError for a kind no accountant composes."""
+    kind = entry.get("kind")
+    if kind in NOT_SPENDING or kind in PER_RECORD:
+        return None
+    if not isinstance(kind, str) or kind not in LEDGER_KINDS:
+        raise ConfigError(
+            f"the ledger holds entry {entry.get('seq')} of kind {str(kind)[:40]!r}, which no accountant "
+            f"composes (known: {', '.join([*LEDGER_KINDS.names(), *sorted(PER_RECORD)])}): refused"
+        )
+    return LEDGER_KINDS.get(kind)(entry, colluders)
+
+
+# ---------------------------------------------------------------------------------------------- planned spend
+def planned_dpsgd(noise_multiplier: float, sample_rate: float, steps: int, unit: str = "row") -> dict:
+    """A planned block of DP-SGD steps, shaped as its ledger entry."""
+    return {
+        "kind": "dp-sgd",
+        "noise_multiplier": float(noise_multiplier),
+        "sample_rate": float(sample_rate),
+        "steps": int(steps),
+        "unit": unit,
+    }
+
+
+def planned_secure(mechanisms: Sequence[DiscreteMechanism], rounds: int = 1, unit: str | None = None) -> dict:
+    """``rounds`` planned secure rounds of ``mechanisms`` each, shaped as their ledger entry."""
+    out = {"kind": "secagg-discrete", "mechanisms": [m.to_dict() for m in mechanisms], "rounds": int(rounds)}
+    return {**out, "unit": unit} if unit is not None else out
+
+
+def planned_release(digests: Iterable[str], epsilon: float, delta: float) -> dict:
+    """A planned release of the records ``digests`` at (ε, δ), shaped as its ledger entry."""
+    return {"kind": "release", "records": sorted(digests), "epsilon": float(epsilon), "delta": float(delta)}
+
+
+# ------------------------------------------------------------------------------------------ the accountant
+@dataclass
+class SiteAccountant:
+    """A site's one accountant over its ledger (see the module doc). It reads the ledger's entries when asked
+    (the ledger only grows; converted entries are kept), so a step recorded by any protocol counts at once.
+    ``colluders``: the c the site's policy assumes."""
+
+    ledger: Ledger | None
+    colluders: int = 0
+    _spends: list[Spend] = field(default_factory=list, init=False, repr=False)
+    _seen: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.colluders = check_colluders(self.colluders)
+
+    @property
+    def entries(self) -> list[dict]:
+        """The ledger's entries (none without a ledger)."""
+        return self.ledger.entries if self.ledger is not None else []
+
+    @property
+    def lifetime(self) -> tuple[float, float] | None:
+        """The lifetime (ε, δ) the ledger's last budget entry sets (None: the ledger sets none)."""
+        return lifetime_of(self.ledger) if self.ledger is not None else None
+
+    def spends(self, planned: Sequence[dict] = ()) -> list[Spend]:
+        """Every recorded mechanism (and the ``planned`` ones) as :class:`Spend` s (per-record releases
+        aside)."""
+        entries = self.entries
+        if len(entries) < self._seen:
+            raise ConfigError("the ledger shrank under its accountant")
+        for e in entries[self._seen :]:
+            s = spend_of(e, self.colluders)
+            if s is not None:
+                self._spends.append(s)
+        self._seen = len(entries)
+        extra = [s for s in (spend_of(p, self.colluders) for p in planned) if s is not None]
+        return [*self._spends, *extra]
+
+    def _release(self, planned: Sequence[dict], records: set[str] | None) -> Spend:
+        rel = [p for p in planned if p.get("kind") in PER_RECORD]
+        return Spend("release", "record", approx=release_spend([*self.entries, *rel], records))
+
+    def spent(
+        self,
+        delta: float,
+        threat: str = "server",
+        planned: Sequence[dict] = (),
+        records: set[str] | None = None,
+    ) -> tuple[float, float]:
+        """(ε, δ) of everything the ledger records (and ``planned``) against ``threat``, at total ``delta``
+        (just the releases' and restores' Σδᵢ when nothing composes in RDP); the releases count the most any
+        record spent (of ``records``, when given)."""
+        curve, eps, dlt = compose([*self.spends(planned), self._release(planned, records)], threat)
+        return epsilon_at(curve, (eps, dlt), delta), (float(delta) if np.any(curve > 0) else dlt)
+
+    def epsilon(
+        self,
+        delta: float,
+        threat: str = "server",
+        planned: Sequence[dict] = (),
+        records: set[str] | None = None,
+    ) -> float:
+        """ε at total ``delta`` of everything the ledger records (and ``planned``), against ``threat``
+        (:meth:`spent`)."""
+        return self.spent(delta, threat, planned, records)[0]
+
+    def epsilons(self, delta: float, planned: Sequence[dict] = ()) -> dict[str, float]:
+        """ε at ``delta`` against every threat."""
+        return {t: self.epsilon(delta, t, planned) for t in THREATS}
+
+    def report(self, delta: float, planned: Sequence[dict] = ()) -> dict:
+        """Per threat ε at ``delta`` (None where none holds: listed in ``no_guarantee_against``), the
+        parties each holds against, the unit and its caveat, what composed it: plain JSON for a summary or
+        console."""
+        spends = self.spends(planned)
+        rel = self._release(planned, None)
+        units = sorted({s.unit for s in spends} | ({"record"} if rel.approx != (0.0, 0.0) else set()))
+        unit = weakest_unit(units)
+        caveat = None
+        if unit in ("row", "record") and any((_rank(u) or 0) > 0 for u in units):
+            caveat = (
+                "the composed ε holds for one row: row-level blocks protect a person with k rows only at "
+                "group-privacy level (k·ε)"
+            )
+        kinds: dict[str, int] = {}
+        for s in [*spends, *([rel] if rel.approx != (0.0, 0.0) else [])]:
+            kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        eps = self.epsilons(delta, planned)
+        return {
+            "accountant": ACCOUNTANT_NAME,
+            "delta": float(delta),
+            "epsilon": {t: (e if math.isfinite(e) else None) for t, e in eps.items()},
+            "no_guarantee_against": [t for t, e in eps.items() if not math.isfinite(e)],
+            "against": {t: threat_label(t, self.colluders) for t in THREATS},
+            "colluders": self.colluders,
+            "unit": unit,
+            "units": units,
+            "caveat": caveat,
+            "mechanisms": kinds,
+            "lifetime": list(self.lifetime) if self.lifetime else None,
+        }
+
+    def _check(self, planned: Sequence[dict], lifetime, threat: str, records) -> tuple[float, tuple]:
+        life = lifetime if lifetime is not None else self.lifetime
+        if life is None:
+            raise ConfigError("the site's ledger sets no lifetime budget to check against")
+        return self.epsilon(float(life[1]), threat, planned, records), (float(life[0]), float(life[1]))
+
+    def allows(
+        self,
+        planned: Sequence[dict],
+        lifetime: tuple[float, float] | None = None,
+        threat: str = "colluders",
+        records: set[str] | None = None,
+    ) -> bool:
+        """Whether the recorded and ``planned`` spend together stay within ``lifetime`` (default the ledger's)
+        at its δ, against ``threat`` (default the strongest the site assumes)."""
+        eps, life = self._check(planned, lifetime, threat, records)
+        return eps <= life[0] * (1 + 1e-12)
+
+    def require(
+        self,
+        planned: Sequence[dict],
+        lifetime: tuple[float, float] | None = None,
+        threat: str = "colluders",
+        records: set[str] | None = None,
+        what: str = "this step",
+        who: str = "the site",
+    ) -> float:
+        """Raise BudgetExhausted (one line) BEFORE a step whose ``planned`` spend would take the site past its
+        lifetime budget (:meth:`allows`); else the ε at the lifetime δ it would reach."""
+        eps, life = self._check(planned, lifetime, threat, records)
+        if eps <= life[0] * (1 + 1e-12):
+            return eps
+        now = self.epsilon(life[1], threat, (), records)
+        kinds = ", ".join(f"{k} ×{n}" for k, n in self.report(life[1])["mechanisms"].items()) or "nothing"
+        raise BudgetExhausted(
+            f"{what} would bring {who} to ε {eps:.4g} against {threat_label(threat, self.colluders)} "
+            f"(δ {life[1]:g}; every mechanism of its ledger composed — {kinds} — ε {now:.4g} before it), "
+            f"above its lifetime budget ε {life[0]:g}: refused"
+        )
+
+    def dpsgd_guard(self, unit: str = "row", lifetime: tuple[float, float] | None = None):
+        """A lifetime check for :class:`silofl.privacy.accountant.Budget`: ``f(σ, q, steps)`` is True when
+        that many more DP-SGD steps keep the whole ledger within the lifetime budget."""
+
+        def allows(noise_multiplier: float, sample_rate: float, steps: int) -> bool:
+            return self.allows([planned_dpsgd(noise_multiplier, sample_rate, steps, unit)], lifetime)
+
+        return allows
+
+
+# ---------------------------------------------------------------------------------------------- the auditor's
+@dataclass
+class LedgerEvents:
+    """A ledger for an independent accountant: dp-accounting events of the Gaussian mechanisms, the discrete
+    sums as (mechanism, survivors, rounds) (dp-accounting has no Skellam event), and the (ε, δ) part."""
+
+    event: Any
+    discrete: list[tuple[DiscreteMechanism, int, int]]
+    approx: tuple[float, float]
+
+
+def ledger_events(entries: Sequence[dict], threat: str = "server", colluders: int = 0) -> LedgerEvents:
+    """The DpEvents of every mechanism ``entries`` record, against ``threat`` (see the module doc)."""
+    import dp_accounting as dpa
+
+    check_threat(threat)
+    events: list = []
+    discrete: list[tuple[DiscreteMechanism, int, int]] = []
+    for e in entries:
+        kind = e.get("kind")
+        if kind == "dp-sgd":
+            g = dpa.GaussianDpEvent(e["noise_multiplier"])
+            q = e["sample_rate"]
+            events.append(
+                dpa.SelfComposedDpEvent(g if q == 1 else dpa.PoissonSampledDpEvent(q, g), e["steps"])
+            )
+        elif kind == "client-level":
+            z = e["multipliers"].get("hospital", min(e["multipliers"].values()))
+            g = dpa.GaussianDpEvent(z)
+            q = e["sample_rate"]
+            ok = threat == "outsiders"
+            events.append(
+                (g if q == 1 else dpa.PoissonSampledDpEvent(q, g)) if ok else dpa.NonPrivateDpEvent()
+            )
+        elif kind == "secagg-discrete":
+            for d in e["mechanisms"]:
+                m = DiscreteMechanism.from_dict(d)
+                n = _survivors(e, m)
+                n = honest_survivors(n, colluders) if threat == "colluders" else n
+                discrete.append((m, n, int(e.get("rounds", 1))))
+    restored = [e for e in entries if e.get("kind") == "restore"]
+    rel = release_spend(list(entries))
+    approx = (rel[0] + sum(e["epsilon"] for e in restored), rel[1] + sum(e["delta"] for e in restored))
+    return LedgerEvents(dpa.ComposedDpEvent(events), discrete, approx)
+
+
+def recompute(
+    entries: Sequence[dict], delta: float, threat: str = "server", colluders: int = 0, orders=ORDERS
+) -> float:
+    """ε at ``delta`` of ``entries`` by dp-accounting's RDP accountant (its subsampled Gaussian and its
+    conversion), the discrete sums' curves added at the same orders: an auditor's recomputation."""
+    from dp_accounting.rdp import RdpAccountant
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    ev = ledger_events(entries, threat, colluders)
+    acc = RdpAccountant(list(orders))
+    acc.compose(ev.event)
+    curve = np.asarray(acc._rdp, dtype=np.float64)  # noqa: SLF001 - dp-accounting keeps the curve here
+    for m, n, rounds in ev.discrete:
+        curve = curve + rounds * discrete_rdp(m, survivors=n, orders=orders)
+    eps_a, d_a = ev.approx
+    if not np.any(curve > 0):
+        return eps_a if d_a <= delta else math.inf
+    if d_a >= delta:
+        return math.inf
+    return float(compute_epsilon(list(orders), list(curve), delta - d_a)[0]) + eps_a
