@@ -109,7 +109,9 @@ def main(argv: list[str]) -> int:
     files = sum(len(c) for c in found)
     spans = [len({package(m) for m in c}) for c in found]
     print(f"modules: {len(graph.modules)}  imports: {graph.count_imports()}")
-    print(f"circles: {len(found)}  files in circles: {files}  packages the widest spans: {max(spans, default=0)}")
+    print(
+        f"circles: {len(found)}  files in circles: {files}  packages the widest spans: {max(spans, default=0)}"
+    )
     print(f"circles spanning more than one package: {sum(s > 1 for s in spans)}")
     print(f"imports from a lower layer up: {len(arrows)}")
     if "-v" in argv:
