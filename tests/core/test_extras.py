@@ -125,7 +125,7 @@ def test_diffprivlib_models_without_diffprivlib(monkeypatch):
 
 
 def test_stream_scenarios_without_river(monkeypatch):
-    from silofl.experiments.pubsub_scenarios import _hyperplane
+    from studies.pubsub_scenarios import _hyperplane
 
     missing(monkeypatch, "river")
     with pytest.raises(MissingExtra) as err:
