@@ -36,65 +36,7 @@ from silofl.deploy.superlink import run_deployment, submit  # noqa: E402
 
 log = logging.getLogger("silofl")
 
-LATENCY_ENV = (
-    "SILOFL_BENCH_LATENCY_MS"  # bench/deployment.py: one-way delay between the sites and the SuperLink
-)
-
-
-class DelayRelay:
-    """A TCP relay on loopback that holds every chunk ``delay_s`` before passing it on, both ways: the
-    wide-area
-    stand-in of ``bench/deployment.py`` where the kernel has no ``netem``. Bytes pass unchanged (TLS end to
-    end)."""
-
-    def __init__(self, target: tuple[str, int], delay_s: float):
-        import asyncio
-
-        self.target, self.delay_s = target, delay_s
-        self.loop = asyncio.new_event_loop()
-        self.port = free_port()
-        ready = threading.Event()
-
-        async def pipe(reader, writer):
-            q: asyncio.Queue = asyncio.Queue()
-
-            async def send():
-                while (item := await q.get()) is not None:
-                    due, data = item
-                    await asyncio.sleep(max(0.0, due - self.loop.time()))
-                    writer.write(data)
-                    await writer.drain()
-                writer.close()
-
-            sender = asyncio.ensure_future(send())
-            try:
-                while data := await reader.read(1 << 16):
-                    q.put_nowait((self.loop.time() + self.delay_s, data))
-            except OSError:
-                pass
-            q.put_nowait(None)
-            await sender
-
-        async def serve(reader, writer):
-            try:
-                r2, w2 = await asyncio.open_connection(*self.target)
-            except OSError:
-                writer.close()
-                return
-            await asyncio.gather(pipe(reader, w2), pipe(r2, writer), return_exceptions=True)
-
-        async def main():
-            self.server = await asyncio.start_server(serve, "127.0.0.1", self.port)
-            ready.set()
-            await self.server.serve_forever()
-
-        self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(main()), daemon=True)
-        self.thread.start()
-        ready.wait(10)
-
-    def close(self) -> None:
-        """Stop accepting connections."""
-        self.loop.call_soon_threadsafe(self.server.close)
+SITE_RELAY: Callable[[tuple[str, int]], Any] | None = None  # see LocalDeployment
 
 
 class LocalDeployment:
@@ -120,7 +62,7 @@ class LocalDeployment:
         from silofl.deploy.pki import make_ca, make_server_cert, write_private
 
         self.insecure, self.procs = insecure, []
-        self.relay: DelayRelay | None = None
+        self.relay: Any = None
         t0 = time.perf_counter()
         self.phases: dict[str, float] = {}  # seconds of each set-up phase (bench/deployment.py shows them)
 
@@ -153,8 +95,8 @@ class LocalDeployment:
             threading.Thread(target=_import_flower_cli, daemon=True, name="silofl-import").start()
             self.env = cli_env(dep, address, insecure)
             site_address = address
-            if float(os.environ.get(LATENCY_ENV, "0") or 0) > 0:  # the benchmark's wide-area stand-in
-                self.relay = DelayRelay(("127.0.0.1", port), float(os.environ[LATENCY_ENV]) / 1000)
+            if SITE_RELAY is not None:  # e.g. bench/relay.py's wide-area stand-in
+                self.relay = SITE_RELAY(("127.0.0.1", port))
                 site_address = f"127.0.0.1:{self.relay.port}"
             ca = None if insecure else dep / "pki" / "ca.crt"
             env = {**os.environ, "SILOFL_NO_PROGRESS": "1"}
