@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
@@ -47,18 +48,12 @@ def run_site(
     stopped; with ``exit_now`` (the command) the process then ends at once (:func:`os._exit`, status 0).
 
     The SuperNode runs with Flower's process isolation, paced (:mod:`silofl.deploy.flower_shim`), and its
-    tasks
-    are taken by the warm executor in this process (:mod:`silofl.deploy.executor`). ``stock``: Flower as
-    shipped
-    instead — a ``flwr-clientapp`` process per message relaying to the worker's socket (for the benchmark)."""
-    import secrets as _secrets
-
+    tasks are taken by the warm executor in this process (:mod:`silofl.deploy.executor`). ``stock``: Flower as
+    shipped instead — a ``flwr-clientapp`` process per message relaying to the worker's socket (for the
+    benchmark)."""
     require("flwr", "deploy")
     from silofl.deploy import flower_shim
-    from silofl.deploy.executor import WarmExecutor
-    from silofl.deploy.flower_shim import DOORBELL_ENV, fast_pulls
     from silofl.deploy.site import SiteWorker
-    from silofl.site.folder import write_private
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per runtime-API request otherwise
 
@@ -72,52 +67,10 @@ def run_site(
     sock_dir = Path(
         tempfile.mkdtemp(prefix="silofl-site-")
     )  # 0700: only this user; short enough for a socket
-    sock = sock_dir / "site.sock"
     stop = stop or threading.Event()
-    server = threading.Thread(target=worker.serve, args=(sock, stop), daemon=True)
-    port = free_port()
     env = flower_env(folder / "flwr", poll_s)
-    threads = [server]
-    if stock:
-        cmd = [
-            flower_bin("flower-supernode"),
-            "--superlink",
-            superlink,
-            "--node-config",
-            f'site-socket="{sock}"',
-            "--isolation",
-            "subprocess",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-    else:
-        fast_pulls()
-        secret = _secrets.token_bytes(32)  # guards the runtime API's AcquireTask: only this site's processes
-        write_private(sock_dir / "runtime.secret", secret)
-        bell = sock_dir / "bell"
-        env[DOORBELL_ENV] = str(bell)
-        cmd = [
-            *flower_shim.command(),
-            "--superlink",
-            superlink,
-            "--isolation",
-            "process",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--superexec-auth-secret-file",
-            str(sock_dir / "runtime.secret"),
-        ]
-
-        def handle(frame: bytes) -> bytes:
-            with worker.lock:
-                return worker.handle_frame(frame)
-
-        executor = WarmExecutor(f"127.0.0.1:{port}", secret, handle, bell, FAB_DIR, worker.cfg.name, stop)
-        threads.append(threading.Thread(target=executor.run, daemon=True, name="silofl-executor"))
+    threads = [threading.Thread(target=worker.serve, args=(sock_dir / "site.sock", stop), daemon=True)]
+    cmd = _supernode(worker, superlink, sock_dir, env, stock, stop, threads)
     if insecure:
         cmd.append("--insecure")
     else:
@@ -132,45 +85,14 @@ def run_site(
         t.start()
     threading.Thread(target=warm_up, daemon=True, name="silofl-warm-up").start()
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def on_signal(signum, frame):  # noqa: ARG001
-        stop.set()
-
     if threading.current_thread() is threading.main_thread():
         for s in previous:
-            signal.signal(s, on_signal)
+            signal.signal(s, lambda signum, frame: stop.set())
     try:
-        for attempt in range(
-            1, 61
-        ):  # the SuperLink refuses a node id it still holds for a dead process (≤ 60 s)
-            try:
-                node.wait_for("SuperNode ID", 120, stop)
-                break
-            except SiloflError as e:
-                if stop.is_set():  # asked to stop (SIGTERM, Ctrl-C) while connecting
-                    return
-                if node.p.poll() is None or attempt == 60:
-                    raise
-                log.warning(
-                    "site %s: the SuperNode could not connect yet (%s); retrying",
-                    worker.cfg.name,
-                    str(e).splitlines()[-1][:120],
-                )
-                stop.wait(3.0)
-                node.restart()
-        log.warning(
-            "site %s connected to %s (SuperNode ID: %d)", worker.cfg.name, superlink, node_id_of(node.text())
-        )
-        if ready is not None:
-            ready.set()
-        while not stop.is_set():
-            if node.p.poll() is not None:
-                raise SiloflError(f"the SuperNode of site {worker.cfg.name} exited: {node.text()[-800:]}")
-            if not all(t.is_alive() for t in threads):
-                raise SiloflError(
-                    f"the worker of site {worker.cfg.name} stopped serving (its socket or executor)"
-                )
-            stop.wait(0.5)
+        if _connect(node, worker.cfg.name, superlink, stop):
+            if ready is not None:
+                ready.set()
+            _serve(node, threads, worker.cfg.name, stop)
     finally:
         stop.set()
         if not stock:
@@ -185,13 +107,100 @@ def run_site(
         if threading.current_thread() is threading.main_thread():
             for s, h in previous.items():
                 signal.signal(s, h)
-    if exit_now:  # stopped as asked: everything the site keeps is on disk (ledger, checkpoints, logs written)
-        worker.lock.acquire(timeout=60)  # never in the middle of a step (its ledger and state writes)
-        log.info("site %s stopped", worker.cfg.name)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # skip the interpreter's teardown of torch and Flower (seconds, nothing to save)
+    if exit_now:
+        _exit(worker)
+
+
+def _supernode(
+    worker: Any,
+    superlink: str,
+    sock_dir: Path,
+    env: dict[str, str],
+    stock: bool,
+    stop: threading.Event,
+    threads: list[threading.Thread],
+) -> list[str]:
+    """The command of the site's SuperNode (TLS options apart); unless ``stock``, the warm executor that
+    takes its tasks is added to ``threads`` and the runtime API's secret and doorbell are set up in
+    ``sock_dir`` and ``env``."""
+    import secrets as _secrets
+
+    from silofl.deploy import flower_shim
+    from silofl.deploy.executor import WarmExecutor
+    from silofl.deploy.flower_shim import DOORBELL_ENV, fast_pulls
+    from silofl.site.folder import write_private
+
+    port = free_port()
+    where = ["--host", "127.0.0.1", "--port", str(port)]
+    if stock:
+        node_config = f'site-socket="{sock_dir / "site.sock"}"'
+        return [
+            flower_bin("flower-supernode"),
+            *("--superlink", superlink, "--node-config", node_config, "--isolation", "subprocess"),
+            *where,
+        ]
+    fast_pulls()
+    secret = _secrets.token_bytes(32)  # guards the runtime API's AcquireTask: only this site's processes
+    write_private(sock_dir / "runtime.secret", secret)
+    bell = sock_dir / "bell"
+    env[DOORBELL_ENV] = str(bell)
+
+    def handle(frame: bytes) -> bytes:
+        with worker.lock:
+            return worker.handle_frame(frame)
+
+    executor = WarmExecutor(f"127.0.0.1:{port}", secret, handle, bell, FAB_DIR, worker.cfg.name, stop)
+    threads.append(threading.Thread(target=executor.run, daemon=True, name="silofl-executor"))
+    return [
+        *flower_shim.command(),
+        *("--superlink", superlink, "--isolation", "process", *where),
+        *("--superexec-auth-secret-file", str(sock_dir / "runtime.secret")),
+    ]
+
+
+def _connect(node: Proc, name: str, superlink: str, stop: threading.Event) -> bool:
+    """Wait for the SuperNode to connect, restarting it while the SuperLink refuses a node id it still holds
+    for a dead process (≤ 60 s); False when asked to stop (SIGTERM, Ctrl-C) meanwhile."""
+    for attempt in range(1, 61):
+        try:
+            node.wait_for("SuperNode ID", 120, stop)
+            break
+        except SiloflError as e:
+            if stop.is_set():
+                return False
+            if node.p.poll() is None or attempt == 60:
+                raise
+            log.warning(
+                "site %s: the SuperNode could not connect yet (%s); retrying",
+                name,
+                str(e).splitlines()[-1][:120],
+            )
+            stop.wait(3.0)
+            node.restart()
+    log.warning("site %s connected to %s (SuperNode ID: %d)", name, superlink, node_id_of(node.text()))
+    return True
+
+
+def _serve(node: Proc, threads: list[threading.Thread], name: str, stop: threading.Event) -> None:
+    """Until ``stop``: SiloflError when the SuperNode exits or the worker's socket or executor stops."""
+    while not stop.is_set():
+        if node.p.poll() is not None:
+            raise SiloflError(f"the SuperNode of site {name} exited: {node.text()[-800:]}")
+        if not all(t.is_alive() for t in threads):
+            raise SiloflError(f"the worker of site {name} stopped serving (its socket or executor)")
+        stop.wait(0.5)
+
+
+def _exit(worker: Any) -> None:
+    """End the process at once, stopped as asked: everything the site keeps is on disk (ledger, checkpoints,
+    logs written) — but never in the middle of a step (its ledger and state writes). The interpreter's
+    teardown of torch and Flower is skipped (seconds, nothing to save)."""
+    worker.lock.acquire(timeout=60)
+    log.info("site %s stopped", worker.cfg.name)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def warm_up() -> None:
