@@ -16,8 +16,9 @@ from silofl.runner.entry import RankOptions
 RUN = ["--method", "fedavg", "--dataset", "digits", "--clients", "3", "--rounds", "2", "--delta", "1e-3"]
 
 
-def plan(command: str, args: list[str], processes: int = 2) -> dict:
-    launching = {"processes": processes, "check": True, "command": "silofl launch …"}
+def plan(command: str, args: list[str], processes: int = 2, check: bool = True) -> dict:
+    """What `silofl launch` plans for ``command ARGS`` (``check``: as on machine 0, which checks them)."""
+    launching = {"processes": processes, "check": check, "command": "silofl launch …"}
     ctx = click.Context(typer.main.get_command(main.app))
     main._plan_launch(ctx, command, args, launching)
     return launching
@@ -49,7 +50,7 @@ def test_launched_processes_get_the_run_as_data(tmp_path):
 def test_a_launched_audit_gets_its_settings_as_data(tmp_path):
     out = str(tmp_path / "audit")
     args = [*RUN, "--canaries", "50", "--canary-kind", "dirac", "--out", out]
-    entry = plan("audit", args)["entry"]
+    entry = plan("audit", args, check=False)["entry"]  # the audit's checks (its data) are the slow tests'
     assert entry.target == "silofl.auditing.entry:audit_rank" and not flags_in(json.loads(entry.to_json()))
     s = settings_from_data(entry.kwargs["settings"])
     assert (s.canaries, s.canary_kind) == (50, "dirac") and entry.kwargs["out"] == out
