@@ -4,26 +4,31 @@ import circle, the packages each circle spans, and the imports that run from a l
     .venv/bin/python scripts/import_graph.py          # the figures
     .venv/bin/python scripts/import_graph.py -v       # and every circle and upward import
 
-Every import counts, a lazy one inside a function as much as one at the top of a file. The layers (lowest first)
-are the ones pyproject.toml's import-linter contract enforces.
+Every import counts, a lazy one inside a function as much as one at the top of a file. The layers are read
+from pyproject.toml's import-linter layers contract (the one from silofl.core up to silofl.cli).
 """
 
 from __future__ import annotations
 
 import sys
+import tomllib
+from pathlib import Path
 
 import grimp
 
-LAYERS: list[set[str]] = [
-    {"core"},
-    {"privacy", "training", "comm", "data", "secure", "topology", "models", "features"},
-    {"site"},
-    {"fl"},
-    {"runner"},
-    {"deploy", "pubsub", "auditing", "inference", "report", "experiments"},
-    {"api"},
-    {"cli"},
-]
+
+def read_layers() -> list[set[str]]:
+    """The subpackages of each layer, lowest first, from pyproject.toml's layers contract."""
+    config = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers" and "silofl.cli" in c["layers"])["layers"]
+    return [
+        {m.strip().removeprefix("silofl.") for m in line.replace("|", ":").split(":")}
+        for line in layers[::-1]
+    ]
+
+
+LAYERS = read_layers()
 
 
 def package(module: str) -> str:
@@ -109,9 +114,8 @@ def main(argv: list[str]) -> int:
     files = sum(len(c) for c in found)
     spans = [len({package(m) for m in c}) for c in found]
     print(f"modules: {len(graph.modules)}  imports: {graph.count_imports()}")
-    print(
-        f"circles: {len(found)}  files in circles: {files}  packages the widest spans: {max(spans, default=0)}"
-    )
+    widest = max(spans, default=0)
+    print(f"circles: {len(found)}  files in circles: {files}  packages the widest spans: {widest}")
     print(f"circles spanning more than one package: {sum(s > 1 for s in spans)}")
     print(f"imports from a lower layer up: {len(arrows)}")
     if "-v" in argv:
