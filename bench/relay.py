@@ -60,7 +60,10 @@ class DelayRelay:
         async def main():
             self.server = await asyncio.start_server(serve, "127.0.0.1", self.port)
             ready.set()
-            await self.server.serve_forever()
+            try:
+                await self.server.serve_forever()
+            except asyncio.CancelledError:  # close(): the server stopped as asked
+                pass
 
         self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(main()), daemon=True)
         self.thread.start()
