@@ -152,15 +152,24 @@ class CpuSampler:
 
 
 def silofl(
-    *args: str, timeout: float = 3600, env: dict | None = None, status: Path | None = None, last: int = 0
+    *args: str,
+    timeout: float = 3600,
+    env: dict | None = None,
+    status: Path | None = None,
+    last: int = 0,
+    delay_ms: float = 0.0,
 ) -> dict:
     """Run ``silofl ARGS``; the CPU seconds of its processes by kind (``total``), and, given the deployed
     run's ``status`` file, from the moment round 2 is sent to the moment round ``last`` is (``rounds``: the
     rounds between, so neither the start-up nor the last round's evaluation and the end are in it) and that
-    window's wall seconds."""
+    window's wall seconds. ``delay_ms``: the sites and the SuperLink of a ``deploy local`` that far apart each
+    way (bench/delayed_deploy.py)."""
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", **(env or {})}
     with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
-        p = subprocess.Popen([sys.executable, "-m", "silofl.cli.main", *args], stdout=so, stderr=se, env=env)
+        start = [sys.executable, "-m", "silofl.cli.main"]
+        if delay_ms:
+            start = [sys.executable, str(Path(__file__).with_name("delayed_deploy.py")), str(delay_ms)]
+        p = subprocess.Popen([*start, *args], stdout=so, stderr=se, env=env)
         cpu = CpuSampler(p.pid)
         deadline = time.monotonic() + timeout
         while p.poll() is None and time.monotonic() < deadline:
@@ -214,13 +223,7 @@ def measure(engine: str, k: int, rounds: int, out: Path, env: dict | None = None
             str(out),
         )
     else:
-        env = {
-            **{
-                "flower-stock": {"SILOFL_FLOWER_STOCK": "1"},
-                "flower+20ms": {"SILOFL_BENCH_LATENCY_MS": "10"},
-            }.get(engine, {}),
-            **(env or {}),
-        }
+        env = {**({"SILOFL_FLOWER_STOCK": "1"} if engine == "flower-stock" else {}), **(env or {})}
         cpu = silofl(
             "deploy",
             "local",
@@ -234,6 +237,7 @@ def measure(engine: str, k: int, rounds: int, out: Path, env: dict | None = None
             env=env,
             status=out / "coordinator" / "status.json",
             last=rounds,
+            delay_ms=10.0 if engine == "flower+20ms" else 0.0,
         )
     wall = time.perf_counter() - t0
     s = json.loads((out / "summary.json").read_text())

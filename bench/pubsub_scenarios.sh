@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reports/pubsub}
 for s in scale distributed-features regression noisy-sites stream iid non-iid; do
-  .venv/bin/silofl pubsub scenario "$s" --out "$OUT/$s"
+  .venv/bin/python -m studies.pubsub_scenarios "$s" --out "$OUT/$s"
 done
 .venv/bin/python -m studies.pubsub_doc --runs "$OUT" --out docs/pubsub.md

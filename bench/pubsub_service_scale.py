@@ -31,8 +31,8 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/ (not installed)
 
-from silofl.experiments.pubsub_scenarios import _hyperplane  # noqa: E402
 from silofl.pubsub.broker import Broker  # noqa: E402
 from silofl.pubsub.client import RemoteBroker  # noqa: E402
 from silofl.pubsub.customize import LocalData, customize  # noqa: E402
@@ -40,6 +40,7 @@ from silofl.pubsub.dp_models import Bounds, train  # noqa: E402
 from silofl.pubsub.signing import load_signing_key, public_key_hex, sign_model  # noqa: E402
 from silofl.pubsub.tls import make_test_certificates  # noqa: E402
 from silofl.site.folder import SiteFolder  # noqa: E402
+from studies.pubsub_scenarios import _hyperplane  # noqa: E402
 
 FEATS = [f"x{i}" for i in range(10)]
 CLASSES = ["0", "1"]

@@ -21,8 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from silofl.report.plots import series  # noqa: E402
 from silofl.runner.folder import read_config, read_metrics  # noqa: E402
+from silofl.runner.plots import series  # noqa: E402
 
 
 def ms(d: dict, nd: int = 4) -> str:

@@ -12,31 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from silofl.runner.config import RunConfig
+from silofl.runner.entry import RankOptions, rank_entry
+
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-ARGS = [
-    "--method",
-    "proxyfl",
-    "--dataset",
-    "digits",
-    "--clients",
-    "3",
-    "--rounds",
-    "2",
-    "--samples-per-client",
-    "100",
-    "--batch-size",
-    "25",
-    "--delta",
-    "1e-3",
-    "--test-limit",
-    "100",
-    "--threads",
-    "1",
-    "--peer-timeout",
-    "30",
-    "--quiet",
-]
+RUN = {  # the run every genuine process is started with, as data (silofl.runner.entry.run_rank)
+    "method": "proxyfl",
+    "dataset": "digits",
+    "clients": 3,
+    "rounds": 2,
+    "samples_per_client": 100,
+    "batch_size": 25,
+    "delta": 1e-3,
+    "test_limit": 100,
+    "threads": 1,
+}
 
 
 def free_port() -> int:
@@ -64,7 +55,8 @@ def test_an_impostor_without_the_run_key_is_refused_and_the_others_finish(tmp_pa
         "OMP_NUM_THREADS": "1",
     }
     key = os.urandom(32).hex()
-    genuine = [sys.executable, "-m", "silofl.cli.main", "run", "--distributed", *ARGS, "--out", str(out)]
+    cfg = RunConfig.from_dict({**RUN, "out": str(out)})
+    genuine = rank_entry(cfg, RankOptions(peer_timeout_s=30, quiet=True)).command()
     procs = [
         subprocess.Popen(
             genuine,

@@ -27,7 +27,8 @@ from silofl.fl.methods.fedavg import FedAvg, FedAvgOptions
 
 runner = CliRunner()
 
-# every flag `silofl run` had before it was generated (6ae87b4), hidden ones included
+# every flag `silofl run` had before it was generated (6ae87b4), hidden ones included — but --distributed:
+# launched processes are started with data (silofl.runner.entry), not a `silofl run` command line
 OLD_RUN_FLAGS = """
 --config --method --dataset --data-dir --site-data --schema --test-data --test-fraction --clients
 --rounds --seed --out --privacy --device --threads --private-model --proxy-model --partition
@@ -37,7 +38,7 @@ OLD_RUN_FLAGS = """
 --server-lr --local-epochs --local-lr --optimizer --momentum --nesterov --no-nesterov --ema-decay
 --augmult --aug-pad --aug-flip --no-aug-flip --sample-rate --local-steps --server-momentum --mu
 --ditto-lambda --mrmtl-lambda --private-lr --report-nonprivate --keep-nonprivate --combine
---combine-holdout --eval-every --test-limit --checkpoint-every --resume --overwrite --distributed
+--combine-holdout --eval-every --test-limit --checkpoint-every --resume --overwrite
 --peer-timeout --set --quiet --engine --deploy-timeout --insecure --restart-sites --deployment
 --superlink --vs-alone --features --metric""".split()
 OLD_AUDIT_FLAGS = """

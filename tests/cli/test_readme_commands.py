@@ -41,7 +41,6 @@ RUNNERS = {
     ("pubsub", "list"): "run",
     ("pubsub", "customize"): "run",
     ("pubsub", "stream"): "run",
-    ("pubsub", "scenario"): "run",
     ("pubsub", "cert"): "run",
     ("run",): "run",
     ("predict",): "run",
@@ -57,9 +56,6 @@ RUNNERS = {
 # value)
 # where the command as written runs for minutes; nothing is removed or replaced
 APPENDED = {  # the start of a command's arguments → what is appended
-    ("pubsub", "scenario"): [
-        "--quick"
-    ],  # the README's own comment: --quick takes seconds (the full one: ~4 minutes)
     ("run", "--method", "fedavg", "--dataset", "folder"): [
         "--rounds",
         "10",

@@ -69,7 +69,7 @@ def test_the_table_of_extras_is_pyproject_s():
 
 
 def test_deploy_without_flower(monkeypatch, tiny_cfg, tmp_path):
-    from silofl.deploy import flower_shim, local
+    from silofl.deploy import flower_shim, local, procs
 
     missing(monkeypatch, "flwr")
     with pytest.raises(MissingExtra) as err:
@@ -77,7 +77,7 @@ def test_deploy_without_flower(monkeypatch, tiny_cfg, tmp_path):
     says_install(err, "deploy")
     assert not (tmp_path / "out").exists()
     for call in (
-        lambda: local.flower_bin("flower-superlink"),
+        lambda: procs.flower_bin("flower-superlink"),
         flower_shim.supported,
         lambda: local.run_deployment(tiny_cfg, tmp_path, "127.0.0.1:1"),
     ):
@@ -125,7 +125,7 @@ def test_diffprivlib_models_without_diffprivlib(monkeypatch):
 
 
 def test_stream_scenarios_without_river(monkeypatch):
-    from silofl.experiments.pubsub_scenarios import _hyperplane
+    from studies.pubsub_scenarios import _hyperplane
 
     missing(monkeypatch, "river")
     with pytest.raises(MissingExtra) as err:

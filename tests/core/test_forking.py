@@ -2,20 +2,48 @@
 Popen's exit codes (negative: the signal), their own environment, their output in their log, their own
 session."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from silofl.core.forking import ForkedPopen, forking, run_cli
+from silofl.core.forking import Entry, ForkedPopen, forking, run_entry
 
 
 def _sleep() -> None:
     time.sleep(60)
+
+
+GIVEN = {"run": {"method": "fedavg", "rounds": 2, "lr": 0.01}, "engine": {"peer_timeout_s": 60.0}}
+
+
+def test_an_entry_is_data_not_a_command_line():
+    entry = Entry("silofl.runner.entry:run_rank", {"config": {"method": "fedavg"}, "engine": {"quiet": True}})
+    assert Entry.from_json(entry.to_json()) == entry
+    assert json.loads(entry.to_json()) == {"target": entry.target, "kwargs": entry.kwargs}
+    assert entry.command()[1:3] == ["-m", "silofl.core.forking"]  # one JSON argument, no flags
+    with pytest.raises(ValueError):
+        Entry("silofl.cli.main app", {})  # not module:function
+    with pytest.raises((ValueError, TypeError)):
+        Entry("m:f", {"shape": (1, 2)})  # a tuple would come back a list: not plain JSON
+    with pytest.raises(ValueError):
+        Entry.from_json('["run", "--rounds", "2"]')
+
+
+def test_an_entry_runs_in_its_own_interpreter_too(tmp_path):
+    entry = Entry("tests.core.forked_target:record", {"path": str(tmp_path / "got.json"), **GIVEN})
+    r = subprocess.run(
+        entry.command(), capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2]
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "got.json").read_text())
+    assert {k: got[k] for k in GIVEN} == GIVEN and not got["cli"]
 
 
 @pytest.mark.slow  # starts a fork server (a fresh interpreter importing the preload) and forks three workers
@@ -23,12 +51,19 @@ def test_a_forked_worker_keeps_popens_contract(tmp_path):
     log = tmp_path / "w.log"
     log.touch()
     env = {**os.environ, "COLUMNS": "60", "SILOFL_NO_PROGRESS": "1"}
-    p = ForkedPopen("json", run_cli, (["--help"], env, str(log)), "help")
+    entry = Entry("tests.core.forked_target:record", {"path": str(tmp_path / "got.json"), **GIVEN})
+    p = ForkedPopen("json", run_entry, (entry.to_json(), env, str(log)), "entry")
     assert p.wait(60) == 0 and p.returncode == 0 and p.poll() == 0
-    text = log.read_text()  # its output went to its log, under its own environment (the width)
-    assert "Usage" in text and max(len(line) for line in text.splitlines()) <= 60
-    bad = ForkedPopen("json", run_cli, (["run", "--rounds", "x"], env, str(log)), "bad")
-    assert bad.wait(60) == 2 and "Traceback" not in log.read_text()  # the CLI's one-line error, code 2
+    assert "recorded" in log.read_text()  # its output went to its log
+    got = json.loads((tmp_path / "got.json").read_text())
+    assert {k: got[k] for k in GIVEN} == GIVEN and not got["cli"]  # the data as given, no command line parsed
+    bad = ForkedPopen(
+        "json",
+        run_entry,
+        (Entry("tests.core.forked_target:leave", {"code": 2}).to_json(), env, str(log)),
+        "bad",
+    )
+    assert bad.wait(60) == 2
     hung = ForkedPopen("json", _sleep, (), "hung")
     with pytest.raises(subprocess.TimeoutExpired):
         hung.wait(0.2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from silofl.deploy.executor import fab_refusal, own_fab_hash
-from silofl.deploy.local import FAB_DIR
+from silofl.deploy.procs import FAB_DIR
 
 
 @pytest.mark.slow  # imports Flower's build (seconds): the fast tier stays under a minute
@@ -49,7 +49,7 @@ def test_a_site_refuses_a_run_whose_fab_is_not_its_own(tmp_path, monkeypatch):
     ends
     with that reason — the coordinator's code never runs at a site."""
     from silofl.core.errors import SiloflError
-    from silofl.deploy import local
+    from silofl.deploy import local, superlink
     from silofl.runner.config import RunConfig
     from silofl.runner.data import prepare_data
 
@@ -75,7 +75,7 @@ def test_a_site_refuses_a_run_whose_fab_is_not_its_own(tmp_path, monkeypatch):
     dep = local.LocalDeployment(cfg, split, tmp_path / "dep", insecure=True)
     try:
         monkeypatch.setattr(
-            local, "FAB_DIR", other
+            superlink, "FAB_DIR", other
         )  # only the coordinator's submission: the sites run already
         with pytest.raises(SiloflError, match="refuses the run's FAB"):
             dep.run(cfg, tmp_path / "run", timeout_s=120, progress=False, call_timeout_s=60)

@@ -1,13 +1,12 @@
-"""The PubSub-ML scenarios in --quick form: every method's row, its table files and its plot."""
+"""The PubSub-ML scenarios (studies/pubsub_scenarios.py) in --quick form: every method's row, its table files
+and its plot."""
 
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from silofl.cli.main import app
 from silofl.core.errors import ConfigError
-from silofl.experiments.pubsub_scenarios import run_scenario
+from studies.pubsub_scenarios import main, run_scenario
 
 ROWS = [
     "PubSub-ML",
@@ -45,9 +44,9 @@ def test_stream_quick_scores_every_ensemble_size(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["scenario"] == "stream"
 
 
-def test_cli_scenario_and_bad_name(tmp_path):
-    res = CliRunner().invoke(app, ["pubsub", "scenario", "noisy-sites", "--quick", "--out", str(tmp_path)])
-    assert res.exit_code == 0, res.output
+def test_the_study_command_and_a_bad_name(tmp_path, capsys):
+    assert main(["noisy-sites", "--quick", "--out", str(tmp_path)]) == 0
+    assert "PubSub-ML (top-4)" in capsys.readouterr().out
     assert "PubSub-ML (top-4)" in (tmp_path / "table.md").read_text()
     with pytest.raises(ConfigError, match="unknown scenario"):
         run_scenario("bogus", tmp_path)

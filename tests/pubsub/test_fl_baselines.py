@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from silofl.core.errors import ConfigError
-from silofl.pubsub.fl_baselines import evaluate, fine_tune, run_fl
+from studies.fl_baselines import evaluate, fine_tune, run_fl
 
 
 def _sites(k=4, n=60, d=5, seed=0):

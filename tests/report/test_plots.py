@@ -1,10 +1,10 @@
-"""silofl.report.plots directly: the series it draws and what each panel shows (read from the figure
+"""silofl.runner.plots directly: the series it draws and what each panel shows (read from the figure
 itself)."""
 
 import numpy as np
 import pytest
 
-import silofl.report.plots as plots
+import silofl.runner.plots as plots
 
 RECORDS = [
     {"round": 1, "client": 0, "proxy_acc": 0.5, "private_acc": 0.7, "epsilon": 1.0},

@@ -132,9 +132,9 @@ def run_audit(
 
         audit, extra = clients.audit(cfg, settings, out, progress=progress, console=console)
     elif engine == "flower-local":
-        from silofl.auditing import gradient
+        from silofl.auditing import deployed
 
-        audit, extra = gradient.audit_deployed(cfg, settings, out, progress=progress, console=console)
+        audit, extra = deployed.audit_deployed(cfg, settings, out, progress=progress, console=console)
     elif settings.canary_kind in GRADIENT_KINDS:
         from silofl.auditing import gradient
 

@@ -71,6 +71,7 @@ from silofl.auditing.tap import TappedEngine, model_tensors, released_by, tap
 from silofl.comm.engine import Engine, InProcessEngine
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
+from silofl.deploy.hooks import SITE_HOOKS, SiteHook
 from silofl.runner.config import RunConfig
 from silofl.runner.data import unheld_rows
 from silofl.runner.loop import RunHooks
@@ -787,58 +788,6 @@ def read_spec(path: Path) -> dict:
     return {"m": m, "kind": kind, "seed": seed, "method": method, "included": np.asarray(included, bool)}
 
 
-def audit_deployed(
-    cfg: RunConfig,
-    s: AuditSettings,
-    out: Path,
-    progress: bool = False,
-    console=None,
-    timeout_s: float = 900.0,
-    call_timeout_s: float = 300.0,
-) -> tuple[dict, dict]:
-    """:func:`audit` on a local Flower deployment (``silofl deploy local``): every site its own process,
-    payloads sealed between sites; the audited site arms itself from the spec put in its folder
-    (:class:`SiteAudit`) and the bounds are computed here from the evidence it wrote."""
-    from silofl.deploy.local import deploy_local
-
-    rc = run_config(cfg, s, out)
-    audited = audited_site(cfg, s)
-    coins = coins_for(s)
-    held: dict = {}
-
-    def prepare(split: Any, folders: list[Path]) -> None:
-        public = public_rows(split, s.derived(3)) if s.canary_placement == "quiet" else None
-        d = folders[audited] / AUDIT_DIR
-        d.mkdir()
-        spec = {
-            "m": s.canaries,
-            "kind": s.canary_kind,
-            "seed": s.derived(2),
-            "method": cfg.method,
-            "included": coins.tolist(),
-        }
-        (d / "spec.json").write_text(json.dumps(spec))
-        if public is not None:
-            np.savez(d / "public.npz", x=public[0].numpy(), y=public[1].numpy())
-        held.update(public=public, folder=folders[audited])
-
-    t0 = time.perf_counter()
-    summary = deploy_local(
-        rc,
-        Path(str(rc.out)),
-        timeout_s=timeout_s,
-        progress=progress,
-        call_timeout_s=call_timeout_s,
-        prepare_sites=prepare,
-    )
-    run_s = time.perf_counter() - t0
-    path = held["folder"] / AUDIT_DIR / "evidence.json"
-    if not path.is_file():
-        raise ConfigError("the audited site never trained: nothing to audit (raise --rounds or the budget)")
-    ev = Evidence.from_json(read_json(path, "the site's evidence"))
-    return report(rc, s, ev, coins, summary, held["public"], run_s)
-
-
 def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     """Gradient canaries in PubSub-ML's published dp-nn (``silofl audit --pubsub-model dp-nn --canary-kind
     dirac``):
@@ -990,3 +939,6 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         "included": coins.astype(int).tolist(),
     }
     return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+
+
+SITE_HOOKS.register("gradient-audit", SiteHook(marker=f"{AUDIT_DIR}/spec.json", arm=SiteAudit, rejoins=False))

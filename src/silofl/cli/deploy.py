@@ -290,12 +290,10 @@ def site_run(
 ):
     """Serve this site to the coordinator until stopped: its worker and a SuperNode connecting out over
     TLS."""
-    from silofl.deploy.local import run_site
+    from silofl.deploy.site_run import serve_site
 
-    ca = ca.resolve() if ca is not None else None  # Flower reads certificate paths as absolute ones
     check_seconds("--poll-s", poll_s)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", force=True)
-    run_site(site_dir, superlink, ca, insecure=insecure, poll_s=poll_s, exit_now=True)
+    serve_site(str(site_dir), superlink, None if ca is None else str(ca), insecure=insecure, poll_s=poll_s)
 
 
 @config_command(deploy_app, "local", exclude=("clients",))
@@ -404,7 +402,7 @@ def deploy_superlink(
     """Run the SuperLink (TLS, only registered SuperNodes admitted) until Ctrl-C; sites connect out to it."""
     import time
 
-    from silofl.deploy.local import start_superlink
+    from silofl.deploy.superlink import start_superlink
 
     folder = folder.resolve()  # Flower reads certificate paths as absolute ones
     if not 1 <= port <= 65535:
@@ -443,7 +441,7 @@ def deploy_register(
 ):
     """Register every site's node key with the SuperLink (only they may connect) and write
     FOLDER/federation.json."""
-    from silofl.deploy.local import cli_env, register_nodes
+    from silofl.deploy.superlink import cli_env, register_nodes
 
     folder = folder.resolve()  # the flwr CLI's configuration takes the CA certificate's absolute path
     parsed = [_card(c) for c in cards]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -166,12 +165,6 @@ def run(
         "without DP (Regular, same split and rounds) into OUT/alone and print how this run "
         "compares.",
     ),
-    distributed: bool = typer.Option(
-        False, "--distributed", hidden=True, help="Run as one process of a `silofl launch` (torchrun) group."
-    ),
-    check_processes: int | None = typer.Option(
-        None, "--check-processes", hidden=True, help="Only check the options for N launched processes."
-    ),
     deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
     insecure: bool = typer.Option(False, "--insecure", hidden=True),
     restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
@@ -199,114 +192,44 @@ def run(
         deployment=deployment,
         superlink=superlink,
     )
-    if not distributed:
-        run_command(
-            cfg,
-            engine=engine,
-            resume=resume,
-            overwrite=overwrite,
-            quiet=quiet,
-            vs_alone=vs_alone,
-            engine_options=opts,
-        )
-        return
-    from silofl.comm.torchdist import init_from_env, shutdown
-
-    resolved = cfg.resolve()
-    if check_processes is not None:  # `silofl launch` checks the options once before it starts processes
+    launching = _launching()
+    if launching is not None:  # `silofl launch`: its processes' entry, from these options parsed once here
+        from silofl.runner.entry import PRELOAD, RankOptions, check_launched_processes, rank_entry
         from silofl.runner.folder import check_out
 
-        check_launched_processes(check_processes, resolved.clients)
-        check_out(resolved.out, resume=resume, overwrite=overwrite)
-        return
-    init_from_env(timeout_s=peer_timeout)
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and resolved.checkpoint_every:
-        resume = True  # torchrun restarted the group after a failure: every process resumes together
-    if _serve_if_worker(resolved, peer_timeout):
-        return
-    try:  # rank 0: the coordinator and its sites; the other ranks serve theirs
-        run_command(
-            cfg,
-            engine="torch.distributed",
-            resume=resume,
-            overwrite=overwrite,
-            quiet=quiet,
-            engine_options=opts,
+        resolved = cfg.resolve()
+        if launching["check"]:
+            check_launched_processes(launching["processes"], resolved.clients)
+            check_out(resolved.out, resume=resume, overwrite=overwrite)
+            describe(resolved)
+        launching.update(
+            entry=rank_entry(cfg, RankOptions(peer_timeout, resume, overwrite, quiet)),
+            preload=PRELOAD,
+            result=Path(resolved.out) / "summary.json",
+            report=print_summary,
         )
-    finally:
-        shutdown()
-
-
-def check_launched_processes(processes: int, clients: int) -> None:
-    """Refuse more launched processes than clients (a process serves at least one client)."""
-    if processes > clients:
-        raise ConfigError(f"{processes} processes for {clients} clients: use at most one process per client")
-
-
-def _serve_if_worker(cfg, peer_timeout: float) -> bool:
-    """On a rank other than 0 of a `silofl launch` group: build this rank's sites and serve their steps;
-    True when this process was such a worker."""
-    import torch.distributed as dist
-
-    from silofl.comm.torchdist import serve, shutdown
-    from silofl.runner.data import prepare_run
-    from silofl.runner.loop import ledger_root, releases_nonprivate, resolve_device, site_factory
-
-    if dist.get_rank() == 0:
-        check_launched_processes(dist.get_world_size(), cfg.clients)
-        return False
-    console.quiet = True
-    if cfg.threads is not None:
-        import torch
-
-        torch.set_num_threads(cfg.threads)
-    plan, split = prepare_run(cfg.resolve(), resolve_device(cfg.device))
-    make, n_sites = site_factory(
-        cfg.info.cls(plan), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False)
+        return
+    run_command(
+        cfg,
+        engine=engine,
+        resume=resume,
+        overwrite=overwrite,
+        quiet=quiet,
+        vs_alone=vs_alone,
+        engine_options=opts,
     )
-    try:
-        serve(make, n_sites)
-    finally:
-        shutdown()
-    return True
 
 
-LAUNCH_COMMAND = "SILOFL_LAUNCH_COMMAND"
+LAUNCHING = "silofl_launching"  # click's context meta: `silofl launch` asks its command for the entry
 
 
-def _audit_distributed(
-    cfg, settings, out: str, overwrite: bool, peer_timeout: float, check_processes: int | None, run
-) -> dict | None:
-    """One process of `silofl launch … audit`: process 0 runs the audit (the coordinator and the audited
-    site, its canaries and observer) on the torch.distributed engine and returns audit.json's content; every
-    other process serves its sites, built from the same audited configuration, and returns None (as does
-    ``check_processes``: `silofl launch` checking the options for that many processes, before it starts
-    them). ``run(**kw)``: the audit command's call of :func:`silofl.api.audit`."""
-    import torch.distributed as dist
+def _launching() -> dict | None:
+    """What `silofl launch` asks of the command it parses (``processes``, ``check``: whether this machine
+    checks the options), which the command fills in (``entry``, ``preload``, ``result``, ``report``)
+    instead of running; None when the command runs itself."""
+    import click
 
-    from silofl.auditing import check_engine, report
-    from silofl.auditing.example import run_config
-    from silofl.comm.torchdist import TorchDistEngine, init_from_env, shutdown
-
-    check_seconds("--peer-timeout", peer_timeout)
-    settings.validate()
-    check_engine(cfg, settings, check_processes)
-    report.check_out(Path(out), overwrite)  # before any process waits for another
-    if check_processes is not None:
-        check_launched_processes(check_processes, cfg.clients)
-        run_config(cfg, settings, Path(out)).resolve()
-        return None
-    init_from_env(timeout_s=peer_timeout)
-    try:
-        check_engine(cfg, settings, dist.get_world_size())
-        if _serve_if_worker(run_config(cfg, settings, Path(out)).resolve(), peer_timeout):
-            return None
-        return run(  # the launch's command line, set by `silofl launch`
-            command=os.environ.get(LAUNCH_COMMAND),
-            engine_factory=lambda make, n: TorchDistEngine(make, n, timeout_s=peer_timeout),
-        )
-    finally:
-        shutdown()
+    return click.get_current_context().meta.get(LAUNCHING)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -363,25 +286,30 @@ def launch(
     `silofl launch … audit ARGS` runs `silofl audit ARGS` the same way (gradient canaries of an example-level
     method; process 0 holds the audited site and writes the audit folder).
     """
+    import shlex
+
     from silofl.comm.launcher import ensure_run_key
 
     ensure_run_key(nnodes, auth_key_file)
-    command, args_of = ("audit", ctx.args[1:]) if ctx.args[:1] == ["audit"] else ("run", ctx.args)
-    run_args = ["-m", "silofl.cli.main", command, "--distributed", *args_of]
-    if node_rank == 0:
-        _check_launched(command, [*run_args[3:], "--check-processes", str(nproc_per_node * nnodes)])
-    if sys.argv[1:2] == ["launch"]:  # the command line an audit records (its processes see another argv)
-        import shlex
-
-        os.environ[LAUNCH_COMMAND] = "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("several machines need --rdzv-endpoint host:port")
+    command, args_of = ("audit", ctx.args[1:]) if ctx.args[:1] == ["audit"] else ("run", ctx.args)
+    launching = {
+        "processes": nproc_per_node * nnodes,
+        "check": node_rank == 0,
+        # the command line an audit records (never parsed again: the processes get the entry)
+        "command": "silofl " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["launch"] else None,
+    }
+    _plan_launch(ctx, command, args_of, launching)
+    entry, preload = launching["entry"], launching["preload"]
     if survive_faults:
         from silofl.comm.launcher import launch_processes
 
         code = launch_processes(
-            run_args, nproc_per_node, nnodes, node_rank, rdzv_endpoint, console=err_console, grace_s=grace_s
+            entry, nproc_per_node, nnodes, node_rank, rdzv_endpoint, err_console, grace_s, preload
         )
+        if code == 0:
+            _report_launched(launching)
         raise typer.Exit(code)
     from silofl.comm.launcher import torchrun
 
@@ -398,25 +326,37 @@ def launch(
     else:
         args += ["--standalone"]
     try:
-        torchrun(args, run_args)
+        torchrun(args, entry, preload)
     except Exception as e:  # torchrun's ChildFailedError: say which process failed, not a traceback
         err_console.print(f"[bold red]error:[/] a process of the run failed: {e}")
         raise typer.Exit(1) from None
+    _report_launched(launching)
 
 
-def _check_launched(command: str, args: list[str]) -> None:
-    """Parse and check a launched command's options once, in this process, as its processes will: a bad
-    option is one line and exit code 2 before any process starts, not a failure of every process reported
-    through torchrun."""
+def _plan_launch(ctx: typer.Context, command: str, args: list[str], launching: dict) -> None:
+    """Parse and check a launched command's options once, in this process: the command fills ``launching``
+    with its processes' :class:`~silofl.core.forking.Entry` (the run as data) instead of running. A bad
+    option is one line and exit code 2 before any process starts."""
     import click
 
     sub = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    ctx.meta[LAUNCHING] = launching
     try:
-        with sub.make_context(f"silofl {command}", args) as ctx:
-            sub.invoke(ctx)
+        with sub.make_context(f"silofl {command}", list(args), parent=ctx) as sub_ctx:
+            sub.invoke(sub_ctx)
     except click.ClickException as e:  # a malformed option, as the command itself would show it
         e.show()
         raise typer.Exit(2) from None
+    finally:
+        ctx.meta.pop(LAUNCHING, None)
+
+
+def _report_launched(launching: dict) -> None:
+    """Print what the launched run or audit wrote (its summary.json or audit.json), where process 0 wrote it
+    on this machine."""
+    result: Path = launching["result"]
+    if launching["check"] and result.is_file():
+        launching["report"](json.loads(result.read_text()))
 
 
 def _number_list(text: str, flag: str) -> list[float]:
@@ -915,14 +855,8 @@ def audit(
         "gradient canaries; the audited site arms and scores itself). torch.distributed: "
         "silofl launch … audit.",
     ),
-    distributed: bool = typer.Option(
-        False, "--distributed", hidden=True, help="Run as one process of a `silofl launch … audit` group."
-    ),
     peer_timeout: float = typer.Option(
         300.0, "--peer-timeout", hidden=True, help="Seconds to wait for a peer's message (silofl launch)."
-    ),
-    check_processes: int | None = typer.Option(
-        None, "--check-processes", hidden=True, help="Only check the options for N launched processes."
     ),
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
@@ -968,25 +902,55 @@ def audit(
         if settings.seeded
         else "secret randomness (not reproducible; --seed for a research audit)"
     )
-    if not distributed or (check_processes is None and os.environ.get("RANK", "0") == "0"):
+    launching = _launching()
+    if launching is None or launching["check"]:
         console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
-    command = (
-        "silofl " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
-    )
-    if distributed and engine != "simulator":
+    if launching is not None:  # `silofl launch … audit`: its processes' entry, from these options
+        _launch_audit(cfg, settings, out, engine, peer_timeout, overwrite, quiet, launching)
+        return
+    command = "silofl " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
+    a = api.audit(
+        cfg,
+        out=out,
+        settings=settings,
+        overwrite=overwrite,
+        quiet=quiet,
+        console=console,
+        command=command,
+        engine=engine,
+    ).audit
+    print_audit(a, out)
+
+
+def _launch_audit(
+    cfg, settings, out: str, engine: str, peer_timeout: float, overwrite: bool, quiet: bool, launching: dict
+) -> None:
+    """Fill ``launching`` with the entry of a launched audit's processes, its options checked once here."""
+    from silofl.auditing import check_engine, report
+    from silofl.auditing.entry import audit_entry
+    from silofl.auditing.example import run_config
+    from silofl.runner.entry import PRELOAD, RankOptions, check_launched_processes
+
+    if engine != "simulator":
         raise ConfigError("silofl launch … audit runs over torch.distributed: leave out --engine")
+    check_seconds("--peer-timeout", peer_timeout)
+    settings.validate()
+    if launching["check"]:
+        check_engine(cfg, settings, launching["processes"])
+        report.check_out(Path(out), overwrite)  # before any process waits for another
+        check_launched_processes(launching["processes"], cfg.clients)
+        run_config(cfg, settings, Path(out)).resolve()
+    opts = RankOptions(peer_timeout_s=peer_timeout, overwrite=overwrite, quiet=quiet)
+    launching.update(
+        entry=audit_entry(cfg, settings, out, opts, launching["command"]),
+        preload=PRELOAD,
+        result=Path(out) / "audit.json",
+        report=lambda a: print_audit(a, out),
+    )
 
-    def run(**kw) -> dict:  # the audit, on the engine ``kw`` names
-        return api.audit(
-            cfg, out=out, settings=settings, overwrite=overwrite, quiet=quiet, console=console, **kw
-        ).audit
 
-    if distributed:
-        a = _audit_distributed(cfg, settings, out, overwrite, peer_timeout, check_processes, run)
-        if a is None:  # a serving process
-            return
-    else:
-        a = run(command=command, engine=engine)
+def print_audit(a: dict, out: str) -> None:
+    """The audit's figures (audit.json's content ``a``), a line each, and where its report is."""
     b = a["bound"]
     eps_acc = "—" if a["epsilon_accountant"] is None else f"{a['epsilon_accountant']:.3f}"
     label = (

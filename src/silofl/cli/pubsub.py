@@ -470,35 +470,6 @@ def stream(
         )
 
 
-@app.command()
-@friendly_errors
-def scenario(
-    name: str = typer.Argument(
-        ..., help="iid | non-iid | distributed-features | regression | stream | noisy-sites | scale"
-    ),
-    out: str = typer.Option(..., help="Output directory (table.csv, table.md, results.json, plot.png)."),
-    quick: bool = typer.Option(
-        False, "--quick", help="Shrink the scenario to seconds (one seed; digits for images)."
-    ),
-    seeds: str | None = typer.Option(None, help="Comma-separated seeds (default depends on the scenario)."),
-):
-    """Run one PubSub-ML experiment: PubSub-ML, PubSub-ML*, Own and the DP FL baselines (V and F)."""
-    from silofl.experiments.pubsub_scenarios import run_scenario
-
-    seed_list = None
-    if seeds:
-        try:
-            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-        except ValueError:
-            raise ConfigError(f"--seeds takes integers separated by commas, got {seeds!r}") from None
-    t0 = time.perf_counter()
-    run_scenario(name, out, quick=quick, seeds=seed_list)
-    console.print((Path(out) / "table.md").read_text())
-    console.print(
-        f"{name}: {time.perf_counter() - t0:.1f} s → {out}/table.csv, table.md, results.json, plot.png"
-    )
-
-
 # ---------------------------------------------------------------------------------------------- the broker
 # service
 def _parse_hostport(host: str, port: int) -> None:

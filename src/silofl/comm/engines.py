@@ -97,7 +97,7 @@ ENGINES.register(
         call=("resume", "overwrite", "progress", "console", "opts"),
         selectable=False,
         vs_alone=True,
-        launched_by="silofl launch (torchrun; each process runs `silofl run --distributed`)",
+        launched_by="silofl launch (torchrun; each process runs silofl.runner.entry.run_rank)",
         processes="one per rank",
         description="one process per rank over torch.distributed (gloo), frames authenticated by the run's "
         "key",

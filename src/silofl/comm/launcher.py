@@ -20,9 +20,7 @@ import time
 import uuid
 
 from silofl.core.errors import ConfigError
-from silofl.core.forking import ForkedPopen, fork_server, forking, run_cli
-
-WORKER_PRELOAD = "silofl.comm.worker_preload"  # what every process of a run imports, imported once
+from silofl.core.forking import Entry, ForkedPopen, fork_server, forking, run_entry
 
 GRACE_S = 30.0  # how long the other processes may take to exit after rank 0 (or the first one here)
 
@@ -57,25 +55,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def forked_cli(run_args: list[str]) -> list[str] | None:
-    """The ``silofl`` arguments a forked worker runs for ``python RUN_ARGS`` (``-m silofl.cli.main …``); None
-    where workers are not forked (``SILOFL_FORK_WORKERS=0``, or another command)."""
-    if forking() and run_args[:2] == ["-m", "silofl.cli.main"]:
-        return run_args[2:]
-    return None
+def _command(target: Entry | list[str]) -> list[str]:
+    """The command of a process that runs ``target`` as its own interpreter (an entry, or ``python ARGS``)."""
+    return target.command() if isinstance(target, Entry) else [sys.executable, *target]
 
 
 def launch_processes(
-    run_args: list[str],
+    target: Entry | list[str],
     nproc: int,
     nnodes: int = 1,
     node_rank: int = 0,
     endpoint: str | None = None,
     console=None,
     grace_s: float = GRACE_S,
+    preload: str | None = None,
 ) -> int:
-    """Start ``nproc`` processes ``python RUN_ARGS`` of a ``nproc × nnodes`` group; the exit code is the
-    reporting process's (rank 0's; on other machines: 0 if every process here finished cleanly)."""
+    """Start ``nproc`` processes of a ``nproc × nnodes`` group, each running ``target``: an :class:`Entry` (a
+    function and its JSON arguments; forked from a fork server that imported ``preload`` once, unless
+    ``SILOFL_FORK_WORKERS=0`` or no ``preload``) or ``python ARGS`` (a list). The exit code is the reporting
+    process's (rank 0's; on other machines: 0 if every process here finished cleanly)."""
     if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
         raise ConfigError(
             f"--nproc-per-node {nproc}, --nnodes {nnodes}, --node-rank {node_rank}: need "
@@ -101,11 +99,10 @@ def launch_processes(
             "MASTER_ADDR": host,
             "MASTER_PORT": port,
         }
-        cli = forked_cli(run_args)
         procs[rank] = (
-            ForkedPopen(WORKER_PRELOAD, run_cli, (cli, env), f"rank{rank}")  # type: ignore[assignment]
-            if cli is not None
-            else subprocess.Popen([sys.executable, *run_args], env=env)
+            ForkedPopen(preload, run_entry, (target.to_json(), env), f"rank{rank}")  # type: ignore[assignment]
+            if isinstance(target, Entry) and preload and forking()
+            else subprocess.Popen(_command(target), env=env)
         )
     codes: dict[int, int | None] = {}
     deadline = None
@@ -142,26 +139,26 @@ def launch_processes(
     return 0 if all(c == 0 for c in codes.values()) else 1
 
 
-def torchrun(torchrun_args: list[str], run_args: list[str]) -> None:
-    """torchrun (``torch.distributed.run``) with ``torchrun_args``, each of its processes running
-    ``python RUN_ARGS`` (``-m silofl.cli.main run --distributed …``) — forked from a fork server that imported
-    what a run's process needs once (:mod:`silofl.core.forking`), unless ``SILOFL_FORK_WORKERS=0``. The
+def torchrun(torchrun_args: list[str], entry: Entry, preload: str | None = None) -> None:
+    """torchrun (``torch.distributed.run``) with ``torchrun_args``, each of its processes running ``entry`` —
+    forked from a fork server that imported ``preload`` once (:mod:`silofl.core.forking`), unless
+    ``SILOFL_FORK_WORKERS=0`` or no ``preload`` (then each runs ``python -m silofl.core.forking ENTRY``). The
     agent, its rendezvous, restarts and failure reports are torchrun's own; only how a worker starts
     differs."""
     from torch.distributed import run as tr
 
-    cli = forked_cli(run_args)
-    if cli is None:
-        tr.main([*torchrun_args, *run_args])
+    script = entry.command()[1:]  # -m silofl.core.forking ENTRY_JSON
+    if not (preload and forking()):
+        tr.main([*torchrun_args, *script])
         return
     from torch.distributed.launcher.api import elastic_launch
 
-    args = tr.parse_args([*torchrun_args, *run_args])
+    args = tr.parse_args([*torchrun_args, *script])
     if args.standalone:  # as tr.run does
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
     config, _, _ = tr.config_from_args(args)  # sets OMP_NUM_THREADS=1 for several processes, as torchrun does
     config.start_method = "forkserver"
-    fork_server(WORKER_PRELOAD)  # after the environment is final: the workers inherit the server's
-    elastic_launch(config=config, entrypoint=run_cli)(cli)
+    fork_server(preload)  # after the environment is final: the workers inherit the server's
+    elastic_launch(config=config, entrypoint=run_entry)(entry.to_json())

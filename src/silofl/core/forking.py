@@ -4,7 +4,9 @@ A silofl worker process — a deployed site's worker, a process of ``silofl laun
 importing torch, the run loop, Opacus and torch's dynamo (which torch.optim imports at the first optimizer)
 before its first step. A command that starts several of them on one machine (``deploy local``, ``silofl
 launch``) starts a :mod:`multiprocessing` fork server instead, which imports a *preload* module once, and
-forks each worker from it: the workers share those pages and skip the imports. Importing starts no thread
+forks each worker from it: the workers share those pages and skip the imports. What a worker runs is an
+:class:`Entry` — a function named by module and name, with plain-JSON keyword arguments — never a command
+line. Importing starts no thread
 and opens no connection, so forking after it is as safe as torch's own DataLoader workers, which fork after
 importing torch. ``SILOFL_FORK_WORKERS=0`` starts each worker as its own interpreter instead, as before.
 
@@ -17,6 +19,8 @@ site's worker starting its SuperNode).
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +29,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 FORK_ENV = "SILOFL_FORK_WORKERS"
@@ -156,14 +161,58 @@ def detach(env: dict[str, str] | None, log_path: str | None) -> None:
         os.environ.update(env)
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None, log_path: str | None = None) -> None:
-    """A forked worker's body: ``env`` as its environment, its output to ``log_path`` (in its own session,
-    as a command started with ``start_new_session`` is), then ``silofl ARGS`` as the command would run."""
-    detach(env, log_path)
-    from silofl.cli.main import app
+@dataclass(frozen=True)
+class Entry:
+    """A process's entry point as data: the function ``target`` (``"package.module:function"``) called
+    with the keyword arguments ``kwargs`` (plain JSON: a run's ``RunConfig.to_dict()``, an engine-options
+    dict, paths as strings). A launcher passes it to a forked or started process as JSON, never as a command
+    line to re-parse: a renamed CLI flag cannot break a launched worker, and this module imports nothing of
+    silofl's above it (the target is imported by name in the worker)."""
 
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        module, colon, function = self.target.partition(":")
+        if not colon or not module or not function.isidentifier():
+            raise ValueError(f"an entry's target is 'package.module:function', got {self.target!r}")
+        if json.loads(json.dumps(self.kwargs)) != self.kwargs:  # TypeError for what JSON cannot hold
+            raise ValueError(f"{self.target}: its arguments are not plain JSON (tuples, non-string keys?)")
+
+    def to_json(self) -> str:
+        """The entry as one JSON object (``target``, ``kwargs``)."""
+        return json.dumps({"target": self.target, "kwargs": self.kwargs})
+
+    @classmethod
+    def from_json(cls, text: str) -> Entry:
+        """The entry :meth:`to_json` wrote."""
+        d = json.loads(text)
+        if not isinstance(d, dict) or set(d) != {"target", "kwargs"} or not isinstance(d["kwargs"], dict):
+            raise ValueError("an entry is a JSON object with 'target' and 'kwargs'")
+        return cls(str(d["target"]), d["kwargs"])
+
+    def call(self) -> Any:
+        """Import the target's module and call the function with the arguments."""
+        module, _, function = self.target.partition(":")
+        return getattr(importlib.import_module(module), function)(**self.kwargs)
+
+    def command(self) -> list[str]:
+        """The process that runs this entry as its own interpreter (``SILOFL_FORK_WORKERS=0``, torchrun's
+        own workers): ``python -m silofl.core.forking ENTRY_JSON``."""
+        return [sys.executable, "-m", __name__, self.to_json()]
+
+
+def run_entry(entry: str, env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+    """A forked worker's body: ``env`` as its environment, its output to ``log_path`` (in its own session, as
+    a command started with ``start_new_session`` is), then the :class:`Entry` whose JSON is ``entry``. A clean
+    :class:`SystemExit` (0) returns; another propagates (the worker's exit status)."""
+    detach(env, log_path)
     try:
-        app(args=list(args), prog_name="silofl")
-    except SystemExit as e:  # a clean exit returns (a launcher's worker reports no failure); others exit
+        Entry.from_json(entry).call()
+    except SystemExit as e:
         if e.code not in (0, None):
             raise
+
+
+if __name__ == "__main__":  # Entry.command(): one worker as its own interpreter
+    run_entry(sys.argv[1])

@@ -49,6 +49,7 @@ from silofl.comm import batch
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
 from silofl.deploy import seal as sealing
+from silofl.deploy.hooks import ArmedHook, hooks_for
 from silofl.deploy.pki import load_private
 from silofl.site.folder import FORMAT, SiteConfig, SiteFolder
 from silofl.site.folder import SiteState as _FolderState
@@ -282,7 +283,9 @@ class SiteWorker:
             )
         self.data = load_local(self.folder, self.cfg)
         self.site: Any = None
-        self.audit: Any = None  # a SiteAudit where the site's operator put an audit spec in its folder
+        self.hooks: list[
+            ArmedHook
+        ] = []  # armed by files the site's operator put in its folder (deploy.hooks)
         self.run_id: str | None = None
         self.order: list[str] = []  # the run's sites, by index
         self.index: int | None = None
@@ -475,17 +478,15 @@ class SiteWorker:
             method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures
         )
         planned = self._cap_budget(site, cfg)
-        audit = None
-        if (self.folder / "audit" / "spec.json").is_file():  # silofl.auditing.gradient.SiteAudit's spec
-            if resume:
+        hooks = []
+        for name, hook in hooks_for(self.folder):  # e.g. the auditor's gradient canaries (audit/spec.json)
+            if resume and not hook.rejoins:
                 raise ConfigError(
-                    f"site {self.cfg.name} is audited (audit/spec.json in its folder): an audited site does "
-                    "not rejoin a run, its canaries' scores start with the run"
+                    f"site {self.cfg.name} is armed by the {name} hook ({hook.marker} in its folder): such a "
+                    "site does not rejoin a run, what the hook records starts with the run"
                 )
-            from silofl.auditing.gradient import SiteAudit
-
-            audit = SiteAudit(self.folder, site, k)
-            log.info("site %s runs with the gradient canaries of %s", self.cfg.name, self.folder / "audit")
+            hooks.append(hook.arm(self.folder, site, k))
+            log.info("site %s runs with the %s hook (%s)", self.cfg.name, name, self.folder / hook.marker)
         resumed = None
         if resume:  # rejoining a run it was lost from: its own latest checkpoint, its ledger's spend
             root = inside(self.folder, "checkpoint", run_id)
@@ -495,7 +496,7 @@ class SiteWorker:
             resumed = rounds[-1]
             site.on_load(Message({"root": str(root), "round": resumed}))
         self.site, self.run_id, self.order, self.index = site, run_id, list(order), k
-        self.audit = audit
+        self.hooks = hooks
         self._secure_roles(site, cfg, order, run_id)
         self.has_server = has_server
         kept = self.state.runs.get(run_id, {}).get("round")
@@ -702,11 +703,11 @@ class SiteWorker:
                 meta[key] = str(inside(self.folder, sub, self.run_id))
         packets = [self._open(p) for p in msg.packets]
         request = Message(meta, [p for p in packets if p is not None])
-        if self.audit is not None:
-            self.audit.before(step, request)
+        for hook in self.hooks:
+            hook.before(step, request)
         reply = self.site.handle(step, request)
-        if self.audit is not None:
-            self.audit.after(step, request, reply)
+        for hook in self.hooks:
+            hook.after(step, request, reply)
         out = self._seal(step, reply)
         if (
             step in TRAIN_STEPS

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from silofl.report.plots import ACC_KEYS  # noqa: E402
+from silofl.fl.registry import ACC_FIELDS as ACC_KEYS  # noqa: E402
 from silofl.runner.folder import clean_json, mean_std, values_by_round  # noqa: E402
 from silofl.training.metrics import METRICS, acc_field_of, higher_is_better, metric_field, metric_label  # noqa: E402
 

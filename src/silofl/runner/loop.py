@@ -35,13 +35,13 @@ from silofl.data import SplitData
 from silofl.fl.coordinator import Coordinator, Method
 from silofl.fl.registry import ACC_FIELDS
 from silofl.privacy.analysis import ACCOUNTANT_NAMES
-from silofl.report.plots import plot_run, plot_server_rounds
 from silofl.runner.checkpoint import RunState, load_run, save_run, saved_rounds
 from silofl.runner.config import RunConfig
 from silofl.runner.data import prepare_run
 from silofl.runner.folder import RunFolder, Stash, check_out, mean_std
 from silofl.runner.plan import RunPlan, check_site_policies, config_with_plan
 from silofl.runner.plan import given as given_plan
+from silofl.runner.plots import plot_run, plot_server_rounds
 from silofl.runner.tracking import open_tracker
 from silofl.site.base import Site
 from silofl.training.metrics import ECE_BINS, METRICS, metric_field

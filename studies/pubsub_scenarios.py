@@ -1,4 +1,6 @@
-"""The PubSub-ML experiments: each scenario builds sites from data available here, runs PubSub-ML
+"""The PubSub-ML experiments (the paper's study: in the repository, not the installed package), run as
+``python -m studies.pubsub_scenarios NAME --out DIR [--quick] [--seeds 0,1,2]`` (every scenario at full size:
+``bash bench/pubsub_scenarios.sh``). Each scenario builds sites from data available here, runs PubSub-ML
 (DP publishers), PubSub-ML* (the same publishers without DP), Own (the subscriber alone) and the DP
 federated baselines (FedAvg / FedProx / FedAdam, vanilla V and fine-tuned F, at the minimum of the
 publishers' ε), and writes a table (CSV + Markdown, one row per method), ``results.json`` and a plot.
@@ -33,7 +35,7 @@ from silofl.core.errors import ConfigError
 from silofl.core.extras import require
 from silofl.pubsub.customize import LocalData, customize, split
 from silofl.pubsub.dp_models import Bounds, train
-from silofl.pubsub.fl_baselines import evaluate, fine_tune, run_fl
+from studies.fl_baselines import evaluate, fine_tune, run_fl
 
 SCENARIOS = ("iid", "non-iid", "distributed-features", "regression", "stream", "noisy-sites", "scale")
 FL_METHODS = ("fedavg", "fedprox", "fedadam")
@@ -724,3 +726,34 @@ def _plot(name: str, result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m studies.pubsub_scenarios NAME --out DIR [--quick] [--seeds 0,1,2]``: one scenario, its
+    table printed; a bad argument is one line and exit code 2."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m studies.pubsub_scenarios", description=main.__doc__)
+    p.add_argument("name", help=" | ".join(SCENARIOS))
+    p.add_argument("--out", required=True, help="output folder (table.csv, table.md, results.json, plot.png)")
+    p.add_argument("--quick", action="store_true", help="shrink the scenario to seconds (one seed)")
+    p.add_argument("--seeds", help="comma-separated seeds (default depends on the scenario)")
+    a = p.parse_args(argv)
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()] if a.seeds else None
+    except ValueError:
+        p.error(f"--seeds takes integers separated by commas, got {a.seeds!r}")
+    t0 = time.perf_counter()
+    try:
+        run_scenario(a.name, a.out, quick=a.quick, seeds=seeds)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print((Path(a.out) / "table.md").read_text())
+    print(f"{a.name}: {time.perf_counter() - t0:.1f} s → {a.out}/table.csv, table.md, results.json, plot.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
