@@ -568,7 +568,6 @@ class SiteWorker:
             site.identity = SecAggIdentity(self.sign_key, roster, run_id)
         if hasattr(site, "secure_floor"):
             from silofl.fl.exchange.client_level import SecureFloor
-
             from silofl.privacy.ledger import lifetime_of
 
             pol = self.policy
