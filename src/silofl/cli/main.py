@@ -126,6 +126,13 @@ def run_command(
 
 @config_command(app)
 def run(
+    recipe: str | None = typer.Argument(
+        None,
+        metavar="[RECIPE]",
+        help="What to run: a recipe of silofl's (silofl/recipes: proxyfl-scatter, the README's main job; "
+        "proxyfl-paper; proxyfl-table) or a recipe file's path. Options given here override it.",
+        show_default=False,
+    ),
     config: Path | None = typer.Option(
         None, "--config", help="YAML file with any run options (a method's own under its name)."
     ),
@@ -190,7 +197,7 @@ def run(
     check_seconds("--deploy-timeout", deploy_timeout)
     # an engine whose sites read their own data (their site.json): the coordinator reads none
     fixed = {"data_at_sites": True} if engine_entry(engine).data_at_sites else {}
-    cfg = RunConfig.from_dict(run_options(config, set_, **fixed))
+    cfg = RunConfig.from_dict(run_options(config, set_, recipe, **fixed))
     opts = EngineOptions(
         timeout_s=deploy_timeout,
         peer_timeout_s=peer_timeout,
