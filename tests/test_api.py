@@ -1,5 +1,6 @@
 """The Python API (silofl.api, exported from silofl): results as objects, the same folders as the CLI."""
 
+import dataclasses
 import json
 
 import pytest
@@ -69,6 +70,11 @@ def test_run_and_tune_return_objects_matching_their_folders(tmp_path):
     )
     assert t.epsilon == json.loads((tmp_path / "t" / "tune.json").read_text())["tuning_cost"]["max"]
     assert yaml.safe_load((tmp_path / "t" / "best.yaml").read_text())["fedavg"]["lr"] == 0.003
+    from silofl.runner.recipe import load_recipe  # the choice as a recipe: `silofl run OUT/recipe.yaml`
+
+    tuned = load_recipe(tmp_path / "t" / "recipe.yaml")
+    assert tuned.name == "tuned-t" and "out" not in tuned.options and "validation split" in tuned.source
+    assert dataclasses.replace(tuned.config(), out=t.best_config.out) == t.best_config
 
 
 @pytest.mark.slow  # one tiny comparison (about 3 s of CPU)

@@ -545,7 +545,29 @@ def tune(
     best_cfg = None
     if best is not None and (Path(out) / "best.yaml").is_file():
         best_cfg = RunConfig.from_yaml(Path(out) / "best.yaml")
+        _write_tuned_recipe(best_cfg, result, Path(out))
     return TuneResult(result, Path(out), best_cfg)
+
+
+TUNED_RECIPE = "recipe.yaml"  # what `silofl tune` chose, as a recipe: `silofl run OUT/recipe.yaml`
+
+
+def _write_tuned_recipe(best: RunConfig, result: dict[str, Any], out: Path) -> None:
+    """``OUT/recipe.yaml``: the chosen config as a recipe (what to run; ``silofl run OUT/recipe.yaml --out
+    DIR``), its source the search, with the validation figure and the search's own ε."""
+    from silofl.runner.recipe import recipe_of
+
+    cost = result.get("random_trials") or result["tuning_cost"]
+    chosen = result["best"]
+    recipe = recipe_of(
+        best,
+        f"tuned-{out.name}",
+        f"{best.method} on {best.dataset} with the settings silofl tune chose: {chosen['settings']}.",
+        f"silofl tune into {out}: {len(result['trials'])} trials on the validation split, the chosen one's "
+        f"{result.get('selection', 'figure')} {chosen['validation']:.4f}; the search itself spent ε up to "
+        f"{cost['max']:.3g} per site (tune.json), on top of the final run's.",
+    )
+    (out / TUNED_RECIPE).write_text(recipe.to_yaml())
 
 
 # ---------------------------------------------------------------------------------------------- audit

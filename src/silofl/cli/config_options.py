@@ -133,6 +133,19 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
 }
 
 
+class RegistryChoice(click.Choice):
+    """A generated flag's choices from its registry, as a `click.Choice` (help, shell completion). A value
+    outside them is handed on unchanged: the config refuses it in one line, by the same rule for the command
+    line, recipes and Python (a plug-in registered later, ``backbone:DIR`` with its argument, pass)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The choice ``value`` names, or ``value`` itself for the config to judge."""
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            return value
+
+
 # ---------------------------------------------------------------------------------------------- the flags
 @dataclass(frozen=True)
 class Flag:
@@ -170,7 +183,9 @@ class Flag:
             elif self.kind == "clip":
                 kw["metavar"] = "C|adaptive[:C0]"
             choices = CHOICES.get(self.name)
-            if choices is not None:
+            if choices is not None and self.kind == "str":
+                kw["type"] = RegistryChoice(choices())
+            elif choices is not None:
                 kw["metavar"] = "[" + "|".join(choices()) + "]"
         shown = (
             self.default if self.default is not None and not isinstance(self.default, (list, tuple)) else None

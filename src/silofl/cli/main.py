@@ -595,7 +595,7 @@ def tune(
     else:
         console.print(
             f"best on validation: {b['settings']} ({result['selection']} {b['validation']:.4f}) → "
-            f"{out}/best.yaml"
+            f"{out}/best.yaml, as a recipe: silofl run {out}/recipe.yaml --out DIR"
         )
     if rt is not None:
         console.print(
@@ -753,9 +753,9 @@ def predict(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
 ):
     """Predict with client K's model on new data, with exactly the preprocessing its site trained with."""
-    from silofl.inference import predict as run_predict
+    from silofl import api
 
-    res = run_predict(run_dir, client, data, out, model=model, overwrite=overwrite)
+    res = api.predict(run_dir, client, data, out, model=model, overwrite=overwrite)
     acc = (
         f"; accuracy {res['accuracy']:.4f} against the labels in the data"
         if res["accuracy"] is not None
@@ -803,9 +803,9 @@ def export(
 ):
     """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON +
     Markdown)."""
-    from silofl.inference.export import export as run_export
+    from silofl import api
 
-    card = run_export(run_dir, client, out, model=model, fmt=fmt, overwrite=overwrite)
+    card = api.export(run_dir, client, out, model=model, format=fmt, overwrite=overwrite)
     console.print(
         f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
         f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md"
