@@ -1,9 +1,9 @@
 """silofl: cross-silo learning with measured privacy.
 
-The Python API (:mod:`silofl.api`) is importable from here — ``silofl.run(silofl.RunConfig(...))``,
-``silofl.tune``, ``silofl.audit``, ``silofl.compare`` and their result types: the plain functions and types of
-:mod:`silofl.api`, loaded on first use. The run layer is the subpackage :mod:`silofl.runner`, the audits
-:mod:`silofl.auditing`.
+The Python API (`silofl.api`) is importable from here — `silofl.run("proxyfl-scatter", out=...)`,
+`silofl.tune`, `silofl.audit`, `silofl.compare`, `silofl.deploy_local`, `silofl.predict`, `silofl.export` and
+their result types: the plain functions and types of `silofl.api`, loaded on first use. The run layer is the
+subpackage `silofl.runner`, the audits `silofl.auditing`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ _API = (
     "tune",
     "audit",
     "compare",
+    "deploy_local",
+    "predict",
+    "export",
     "RunConfig",
     "RunResult",
     "TuneResult",
@@ -45,6 +48,9 @@ __all__ = [
     "tune",
     "audit",
     "compare",
+    "deploy_local",
+    "predict",
+    "export",
     "RunConfig",
     "RunResult",
     "TuneResult",
@@ -61,6 +67,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time, module _
         TuneResult,
         audit,
         compare,
+        deploy_local,
+        export,
+        predict,
         run,
         tune,
     )

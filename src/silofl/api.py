@@ -1,45 +1,48 @@
-"""The Python API: run, tune, audit and compare, with results returned as objects.
+"""The Python API: plain functions that run, tune, audit, compare, deploy, predict and export, with
+results returned as objects.
 
-::
+```python
+import silofl
 
-    import silofl
+result = silofl.run("proxyfl-scatter", rounds=5, out="runs/x", overwrite=True)
+result.headline, result.epsilon, result.folder   # the judged figure (mean), the worst site's ε, runs/x
+```
 
-    cfg = silofl.RunConfig(method="fedavg", dataset="digits", clients=3, rounds=2, delta=1e-3, out="runs/x")
-    result = silofl.run(cfg)
-    result.headline, result.epsilon, result.folder        # the judged figure (mean), the worst site's ε,
-    runs/x
+Each function takes what the ``silofl`` command of the same name takes, by the same names: a run is a
+`RunConfig`, a recipe's name or file (`silofl.runner.recipe`), a mapping of options or a config file, and any
+run option as a keyword (`lr=0.01`, `private_model="tabmlp"`, `peer_timeout=60`) overriding it. Each writes
+the same folder as the command — the CLI calls these functions. Errors a user can fix are `SiloflError` s,
+one line each, naming the parameters (`out`, `overwrite`), not the command line's flags.
 
-Each function takes a :class:`~silofl.runner.config.RunConfig` (or a plain mapping of its options, as in a
-YAML
-file)
-and writes the same folder as the ``silofl`` command of the same name — the CLI calls these functions. Errors
-a
-user can fix are :class:`~silofl.core.errors.SiloflError` s (one line each).
-
-The engine a run uses is chosen by name from the engines' registry (:data:`silofl.comm.engines.ENGINES`):
-``simulator`` (every site in this process),
-``flower-local`` (a real Flower deployment on this machine: ``silofl deploy local``) and ``flower`` (the
-registered
-sites of a deployment folder: ``silofl deploy start``). torch.distributed runs are started by ``silofl
-launch``.
+The engine a run uses is chosen by name from the engines' registry (`silofl.comm.engines.ENGINES`):
+`simulator` (every site in this process), `flower-local` (a real Flower deployment on this machine:
+`deploy_local`, `silofl deploy local`) and `flower` (the registered sites of a deployment folder:
+`silofl deploy start`). torch.distributed runs are started by `silofl launch`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Mapping
+import functools
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from silofl.core.errors import ConfigError
-from silofl.runner.config import RunConfig
+from silofl.core.errors import ConfigError, SiloflError
+from silofl.runner.config import RunConfig, merge_options
 
 __all__ = [
     "run",
     "tune",
     "audit",
     "compare",
+    "deploy_local",
+    "predict",
+    "export",
     "RunConfig",
     "RunResult",
     "TuneResult",
@@ -47,6 +50,43 @@ __all__ = [
     "CompareResult",
     "engine_names",
 ]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+_CLI: contextvars.ContextVar[bool] = contextvars.ContextVar("silofl_api_cli", default=False)
+_FLAG = re.compile(r"(?<![\w-])--(no-)?([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+@contextlib.contextmanager
+def flag_names() -> Iterator[None]:
+    """Within the block the API's errors name the command line's flags (``--out``): the CLI's commands run
+    in it (``silofl.cli.common.friendly_errors``); a Python caller gets the parameters' names (``out``)."""
+    token = _CLI.set(True)
+    try:
+        yield
+    finally:
+        _CLI.reset(token)
+
+
+def as_parameters(text: str) -> str:
+    """An error's text with each flag named as its parameter (``--out`` → ``out``, ``--peer-timeout`` →
+    ``peer_timeout``): every option of a command is the API function's parameter by the same name."""
+    return _FLAG.sub(lambda m: m.group(2).replace("-", "_") + ("=False" if m.group(1) else ""), text)
+
+
+def _named_by_parameter(fn: Callable) -> Callable:
+    """An API function whose one-line errors name its parameters, not flags (outside `flag_names`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SiloflError as e:
+            if not _CLI.get() and e.args and isinstance(e.args[0], str):
+                e.args = (as_parameters(e.args[0]), *e.args[1:])
+            raise
+
+    return wrapper
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -72,7 +112,7 @@ class RunResult:
     @property
     def epsilon(self) -> float | None:
         """The largest ε any client spent (the run's guarantee per site; None without DP). What it protects:
-        :attr:`privacy`."""
+        `privacy`."""
         known = [e for e in self.epsilons if e is not None]
         return max(known) if known else None
 
@@ -133,7 +173,7 @@ class AuditResult:
 
     @property
     def epsilon_lower_bound(self) -> float:
-        """The empirical ε lower bound (at :attr:`audit` ``["confidence"]``)."""
+        """The empirical ε lower bound (at `audit` ``["confidence"]``)."""
         return float(self.audit["epsilon_lower_bound"])
 
     @property
@@ -257,7 +297,7 @@ def start_flower(
 
 
 def engine_names() -> tuple[str, ...]:
-    """The engines a run can be given by name (the registry :data:`silofl.comm.engines.ENGINES`; ``silofl
+    """The engines a run can be given by name (the registry `silofl.comm.engines.ENGINES`; ``silofl
     launch``
     starts torch.distributed runs)."""
     from silofl.comm.engines import selectable_engines
@@ -266,21 +306,62 @@ def engine_names() -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------- run
-def as_config(config: RunConfig | Mapping[str, Any] | str | Path) -> RunConfig:
-    """A RunConfig from a RunConfig, a mapping of options (as in a YAML file) or a YAML file's path."""
-    if isinstance(config, RunConfig):
-        return config
-    if isinstance(config, Mapping):
-        return RunConfig.from_dict(dict(config))
-    if isinstance(config, (str, Path)):
-        return RunConfig.from_yaml(config)
-    raise ConfigError(
-        f"a run config must be a RunConfig, a mapping or a YAML file, got {type(config).__name__}"
-    )
+def as_config(config: RunConfig | Mapping[str, Any] | str | Path | None = None, **options: Any) -> RunConfig:
+    """A RunConfig from a RunConfig, a mapping of options (as in a YAML file), a recipe's name or file
+    (`silofl.runner.recipe`), a config file's path, or nothing (the defaults) — with ``options`` (any
+    run option by its name: ``rounds=5``, ``private_model="tabmlp"``) over it."""
+    if config is None:
+        base: dict[str, Any] = {}
+    elif isinstance(config, RunConfig):
+        if not options:
+            return config
+        base = config.to_dict()
+    elif isinstance(config, Mapping):
+        base = dict(config)
+    elif isinstance(config, (str, Path)):
+        base = _file_or_recipe(config)
+    else:
+        raise ConfigError(
+            "a run config must be a RunConfig, a mapping, a recipe or a YAML file, got "
+            f"{type(config).__name__}"
+        )
+    return RunConfig.from_dict(merge_options(base, options))
 
 
+def _file_or_recipe(ref: str | Path) -> dict[str, Any]:
+    """The run options of a recipe (by name or file) or of a config file."""
+    from silofl.runner.config import load_yaml_mapping
+    from silofl.runner.recipe import is_recipe_path, load_recipe, parse_recipe
+
+    if not is_recipe_path(ref):
+        return load_recipe(ref).options
+    data = load_yaml_mapping(ref)
+    return parse_recipe(data, str(ref)).options if "recipe" in data and "run" in data else data
+
+
+ENGINE_OPTIONS = {  # run()'s keyword → EngineOptions field (the command line's engine flags, same names)
+    "deploy_timeout": "timeout_s",
+    "peer_timeout": "peer_timeout_s",
+    "insecure": "insecure",
+    "restart_sites": "restart_sites",
+    "deployment": "deployment",
+    "superlink": "superlink",
+}
+
+
+def _engine_options(given: EngineOptions | None, options: dict[str, Any]) -> EngineOptions:
+    """``engine_options`` with the engine keywords among ``options`` (taken out of it) applied."""
+    picked = {ENGINE_OPTIONS[k]: options.pop(k) for k in list(options) if k in ENGINE_OPTIONS}
+    for name in ("timeout_s", "peer_timeout_s"):
+        v = picked.get(name)
+        if v is not None and not (isinstance(v, (int, float)) and 0 < v < float("inf")):
+            raise ConfigError(f"--{name[:-2].replace('_', '-')} must be a finite positive number of seconds")
+    return dataclasses.replace(given or EngineOptions(), **picked)
+
+
+@_named_by_parameter
 def run(
-    config: RunConfig | Mapping[str, Any] | str | Path,
+    config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     *,
     resume: bool = False,
     overwrite: bool = False,
@@ -290,22 +371,24 @@ def run(
     console: Any = None,
     engine_options: EngineOptions | None = None,
     on_summary: Callable[[dict], Any] | None = None,
+    **options: Any,
 ) -> RunResult:
     """Run ``config`` and write its run folder (config.yaml, metrics.jsonl, summary.json, plots, models/).
 
-    ``resume``: continue the folder's latest checkpoint (the privacy spend carries on); ``overwrite``: replace
-    the run
-    already in ``out`` (refused otherwise); ``quiet``: no progress bar; ``vs_alone``: afterwards train each
-    site alone
-    without DP into ``OUT/alone`` (simulator only); ``engine``: a registered engine's name, with
-    ``engine_options``;
-    ``console``: a rich Console for progress lines (None: silent); ``on_summary``: called with the summary as
-    soon as
-    the run ends (before the ``vs_alone`` baseline trains)."""
+    ``config``: a `RunConfig`, a recipe's name (``"proxyfl-scatter"``) or file, a mapping of options or a
+    config file (None: the defaults); ``options``: any run option by its name (``out="runs/x"``,
+    ``rounds=5``, ``lr=0.01``), over ``config``, and the engine's (``peer_timeout``, ``deploy_timeout``,
+    ``insecure``, ``restart_sites``, ``deployment``, ``superlink``). ``resume``: continue the folder's
+    latest checkpoint (the privacy spend carries on); ``overwrite``: replace the run already in ``out``
+    (refused otherwise); ``quiet``: no progress bar; ``vs_alone``: afterwards train each site alone without
+    DP into ``OUT/alone`` (simulator only); ``engine``: a registered engine's name; ``console``: a rich
+    Console for progress lines (None: silent); ``on_summary``: called with the summary as soon as the run
+    ends (before the ``vs_alone`` baseline trains)."""
     from silofl.comm.engines import ENGINES
-    from silofl.runner.folder import OutLock
+    from silofl.runner.folder import OutLock, check_out
 
-    cfg = as_config(config)
+    opts = _engine_options(engine_options, options)
+    cfg = as_config(config, **options)
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of: {', '.join(engine_names())}")
     entry = ENGINES.get(engine)
@@ -318,14 +401,17 @@ def run(
             f"--vs-alone trains the baseline with the simulator; engine {engine!r} does not take it"
         )
     resolved = cfg.resolve()
+    if resolved.track is not None:
+        _check_makeable(resolved.track[1], f"--track {resolved.track[0]} DIR")
     with OutLock(resolved.out):  # one run at a time into OUT (the OS drops the lock on a crash)
+        check_out(resolved.out, resume=resume, overwrite=overwrite)  # before any engine starts
         summary = entry.starter()(
             resolved,
             resume=resume,
             overwrite=overwrite,
             progress=not quiet,
             console=console,
-            opts=engine_options or EngineOptions(),
+            opts=opts,
         )
         if on_summary is not None:
             on_summary(summary)
@@ -341,7 +427,80 @@ def run(
     return RunResult(resolved, summary, Path(resolved.out), alone)
 
 
+@_named_by_parameter
+def deploy_local(
+    config: RunConfig | Mapping[str, Any] | str | Path | None = None,
+    *,
+    sites: int | None = None,
+    quiet: bool = True,
+    console: Any = None,
+    **options: Any,
+) -> RunResult:
+    """``silofl deploy local``: a real Flower deployment on this machine (CA, keys, a site folder per site, a
+    SuperLink and ``sites`` SuperNodes as processes) writing the same run folder as `run`; ``options``
+    as `run`'s (``timeout``: the seconds the run may take, as ``deploy_timeout``)."""
+    if sites is not None:
+        if sites < 1:
+            raise ConfigError("--sites must be at least 1")
+        options["clients"] = sites
+    if "timeout" in options:
+        options["deploy_timeout"] = options.pop("timeout")
+    return run(config, engine="flower-local", quiet=quiet, console=console, **options)
+
+
+@_named_by_parameter
+def predict(
+    run_dir: str | Path,
+    client: int,
+    data: str | Path,
+    out: str | Path,
+    *,
+    model: str = "private",
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """``silofl predict``: client ``client``'s model of ``run_dir`` on new rows or images ``data``, with
+    exactly the preprocessing its site trained with; writes the CSV ``out`` and returns what it scored
+    (rows, model, architecture, and the accuracy / Dice / C-index against labels the data holds)."""
+    from silofl.inference import predict as run_predict
+
+    return run_predict(Path(run_dir), client, Path(data), Path(out), model=model, overwrite=overwrite)
+
+
+@_named_by_parameter
+def export(
+    run_dir: str | Path,
+    client: int,
+    out: str | Path,
+    *,
+    model: str = "private",
+    format: str = "onnx",  # noqa: A002 - the command line's --format, by the same name
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """``silofl export``: client ``client``'s model of ``run_dir`` to ONNX (its preprocessing inside the
+    graph) with a model card, in the folder ``out``; returns the card."""
+    from silofl.inference.export import export as run_export
+
+    return run_export(Path(run_dir), client, Path(out), model=model, fmt=format, overwrite=overwrite)
+
+
+def _check_makeable(path: str | Path, name: str) -> None:
+    """Refuse (one line) a folder that cannot be made, before anything runs: made and removed again."""
+    missing, p = [], Path(path)
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot make {name} {path}: {e.strerror}") from None
+    finally:
+        for m in missing:  # deepest first
+            if m.is_dir():
+                m.rmdir()
+
+
 # ---------------------------------------------------------------------------------------------- tune
+@_named_by_parameter
 def tune(
     config: RunConfig | Mapping[str, Any] | str | Path,
     grid: Mapping[str, list[Any]] | list[str],
@@ -351,6 +510,7 @@ def tune(
     max_trials: int | None = None,
     quiet: bool = True,
     console: Any = None,
+    **options: Any,
 ) -> TuneResult:
     """Search ``grid`` (``{"lr": [1e-3, 3e-3]}`` or ``["lr=0.001,0.003"]``) around ``config`` for its budget
     (``target_epsilon``: every trial's σ is set from it) on the validation split — never the test split — and
@@ -358,12 +518,12 @@ def tune(
     ``out`` (trials/, tune.json, tune.md, tune.csv, best.yaml). ``random_trials``: K ~ ``poisson:MU`` |
     ``negbin:ETA,GAMMA`` | ``geometric:GAMMA`` | ``logarithmic:GAMMA`` random trials instead of every
     combination,
-    at most ``max_trials``."""
+    at most ``max_trials``. ``options``: any run option by its name, over ``config``."""
     from silofl.experiments.tune import parse_grid
     from silofl.experiments.tune import tune as run_tune
     from silofl.privacy.tuning import parse_trial_count
 
-    cfg = as_config(config)
+    cfg = as_config(config, **options)
     if cfg.target_epsilon is None:
         raise ConfigError("tuning needs a budget: give --target-epsilon E (every trial's σ is set from it)")
     count = parse_trial_count(random_trials) if random_trials is not None else None
@@ -385,10 +545,33 @@ def tune(
     best_cfg = None
     if best is not None and (Path(out) / "best.yaml").is_file():
         best_cfg = RunConfig.from_yaml(Path(out) / "best.yaml")
+        _write_tuned_recipe(best_cfg, result, Path(out))
     return TuneResult(result, Path(out), best_cfg)
 
 
+TUNED_RECIPE = "recipe.yaml"  # what `silofl tune` chose, as a recipe: `silofl run OUT/recipe.yaml`
+
+
+def _write_tuned_recipe(best: RunConfig, result: dict[str, Any], out: Path) -> None:
+    """``OUT/recipe.yaml``: the chosen config as a recipe (what to run; ``silofl run OUT/recipe.yaml --out
+    DIR``), its source the search, with the validation figure and the search's own ε."""
+    from silofl.runner.recipe import recipe_of
+
+    cost = result.get("random_trials") or result["tuning_cost"]
+    chosen = result["best"]
+    recipe = recipe_of(
+        best,
+        f"tuned-{out.name}",
+        f"{best.method} on {best.dataset} with the settings silofl tune chose: {chosen['settings']}.",
+        f"silofl tune into {out}: {len(result['trials'])} trials on the validation split, the chosen one's "
+        f"{result.get('selection', 'figure')} {chosen['validation']:.4f}; the search itself spent ε up to "
+        f"{cost['max']:.3g} per site (tune.json), on top of the final run's.",
+    )
+    (out / TUNED_RECIPE).write_text(recipe.to_yaml())
+
+
 # ---------------------------------------------------------------------------------------------- audit
+@_named_by_parameter
 def audit(
     config: RunConfig | Mapping[str, Any] | str | Path,
     *,
@@ -406,12 +589,12 @@ def audit(
     audited
     run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and membership
     inference.
-    ``settings``: a :class:`silofl.auditing.AuditSettings`, or its fields as keywords (``canaries=1000``,
+    ``settings``: a `silofl.auditing.AuditSettings`, or its fields as keywords (``canaries=1000``,
     ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``; ``attacks=("inversion",)``: the
     server's gradient inversion of a hospital's update, client-level methods on images). Given as a mapping,
     the config evaluates only at the last round unless it says ``eval_every``. ``engine``: ``simulator`` or
     ``flower-local`` (a local Flower deployment; gradient canaries); ``engine_factory``: the audited run's
-    engine made here (torch.distributed; see :func:`silofl.auditing.run_audit`)."""
+    engine made here (torch.distributed; see `silofl.auditing.run_audit`)."""
     from silofl.auditing import AuditSettings, run_audit
 
     if isinstance(config, Mapping):
@@ -451,6 +634,7 @@ def audit(
 
 
 # ---------------------------------------------------------------------------------------------- compare
+@_named_by_parameter
 def compare(
     config: Any = None,
     *,
@@ -468,7 +652,7 @@ def compare(
     console: Any = None,
 ) -> CompareResult:
     """Run methods × variants × seeds with shared run options and write a report (report.md, results.csv/json,
-    plots). ``config``: a :class:`silofl.experiments.compare.CompareConfig` or its YAML file; the keywords
+    plots). ``config``: a `silofl.experiments.compare.CompareConfig` or its YAML file; the keywords
     override
     it. ``run``: the shared run options (a mapping, or a RunConfig whose method, seed and out are ignored)."""
     from silofl.experiments.compare import CompareConfig, run_compare

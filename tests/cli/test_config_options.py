@@ -246,3 +246,19 @@ def test_value_forms_and_precedence(tmp_path):
     assert r.exit_code == 2 and "--clip takes a number, 'adaptive' or 'adaptive:C0'" in r.output
     r = runner.invoke(a, ["--target-epsilons", "1,x"])
     assert r.exit_code == 2 and "comma-separated numbers" in r.output and "Traceback" not in r.output
+
+
+def test_generated_choices_are_click_choices_that_complete_and_leave_refusal_to_the_config():
+    """--method, --dataset, … are click.Choice s of their registries (help and shell completion); a value
+    outside them reaches the config, which refuses it in one line (as for recipes and Python)."""
+    import click
+
+    from silofl.cli.config_options import RegistryChoice, generated_flags, method_names
+
+    opt = generated_flags()["method"].option()
+    assert isinstance(opt.type, RegistryChoice) and isinstance(opt.type, click.Choice)
+    assert tuple(opt.type.choices) == method_names()
+    done = [c.value for c in opt.type.shell_complete(click.Context(click.Command("x")), opt, "dp-")]
+    assert done and all(c.startswith("dp-") for c in done) and "dp-fedavg" in done
+    assert opt.type.convert("nope", opt, None) == "nope"  # RunConfig says why, in one line
+    assert not isinstance(generated_flags()["private_models"].option().type, click.Choice)  # a list

@@ -45,9 +45,8 @@ def test_flat_options_are_routed_to_the_method_and_foreign_ones_refused():
         RunConfig.from_dict({"method": "fedavg", "self_weight": 0.5}, strict=False).options.aggregation
         == "size"
     )
-    assert (
-        RunConfig.from_dict({"method": "fedavg", "self_weight": 0.0}).method == "fedavg"
-    )  # a default is harmless
+    with pytest.raises(ConfigError, match="self_weight does not apply"):  # even at another method's default
+        RunConfig.from_dict({"method": "fedavg", "self_weight": 0.0})
     with pytest.raises(ConfigError, match="unknown config option.*bogus"):
         RunConfig.from_dict({"bogus": 1})
     with pytest.raises(ConfigError, match="section for method 'fml'"):

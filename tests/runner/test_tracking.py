@@ -196,9 +196,8 @@ def test_bad_track_is_one_line_error_and_writes_nothing(tmp_path, track, msg):
     f = tmp_path / "a-file"
     f.write_text("keep")
     track = [str(f) if t == "FILE" else t for t in track] if isinstance(track, list) else track
-    cfg = _cfg(tmp_path, track)
-    with pytest.raises(ConfigError) as e:
-        run(cfg, progress=False)
+    with pytest.raises(ConfigError) as e:  # refused where the config is built, or when the run checks it
+        run(_cfg(tmp_path, track), progress=False)
     assert str(e.value).startswith(msg.format(file=f)) and "\n" not in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"] and f.read_text() == "keep"
 

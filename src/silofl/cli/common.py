@@ -41,10 +41,12 @@ def friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from silofl.api import flag_names
+
         stack = contextlib.ExitStack()
         token = _held.set(stack)
         try:
-            with stack:
+            with stack, flag_names():  # the API's errors name this command's flags
                 check_options(kwargs)
                 return fn(*args, **kwargs)
         except SiloflError as e:

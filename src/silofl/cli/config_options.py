@@ -133,6 +133,19 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
 }
 
 
+class RegistryChoice(click.Choice):
+    """A generated flag's choices from its registry, as a `click.Choice` (help, shell completion). A value
+    outside them is handed on unchanged: the config refuses it in one line, by the same rule for the command
+    line, recipes and Python (a plug-in registered later, ``backbone:DIR`` with its argument, pass)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The choice ``value`` names, or ``value`` itself for the config to judge."""
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            return value
+
+
 # ---------------------------------------------------------------------------------------------- the flags
 @dataclass(frozen=True)
 class Flag:
@@ -170,7 +183,9 @@ class Flag:
             elif self.kind == "clip":
                 kw["metavar"] = "C|adaptive[:C0]"
             choices = CHOICES.get(self.name)
-            if choices is not None:
+            if choices is not None and self.kind == "str":
+                kw["type"] = RegistryChoice(choices())
+            elif choices is not None:
                 kw["metavar"] = "[" + "|".join(choices()) + "]"
         shown = (
             self.default if self.default is not None and not isinstance(self.default, (list, tuple)) else None
@@ -412,24 +427,24 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def over_config(base: dict, overrides: dict) -> dict:
-    """``overrides`` (flags, --set) over a --config file's mapping: the file's section of the run's method is
-    lifted
-    to flat options first, so a flag overrides a method option the file nests under the method's name (a tuned
-    best.yaml) instead of being shadowed by it."""
-    from silofl.runner.config import RunConfig
+    """``overrides`` (flags, --set) over a --config file's mapping
+    (:func:`silofl.runner.config.merge_options`: the file's section of the run's method is lifted to flat
+    options first, so a flag overrides a method option the file nests under the method's name, as a tuned
+    best.yaml does)."""
+    from silofl.runner.config import merge_options
 
-    method = overrides.get("method", base.get("method", RunConfig.method))
-    section = base.get(method) if isinstance(method, str) else None
-    if isinstance(section, dict):
-        base = {**{k: v for k, v in base.items() if k != method}, **section}
-    return {**base, **overrides}
+    return merge_options(base, overrides)
 
 
-def run_options(config: Any, sets: list[str], **fixed: Any) -> dict[str, Any]:
+def run_options(config: Any, sets: list[str], recipe: str | None = None, **fixed: Any) -> dict[str, Any]:
     """The run options of a command: the generated flags (and ``fixed``) over ``--set`` over the ``--config``
-    file —
-    a mapping for :meth:`RunConfig.from_dict`."""
+    file over the recipe (:mod:`silofl.runner.recipe`, by name or path) — a mapping for
+    :meth:`RunConfig.from_dict`."""
     from silofl.runner.config import load_yaml_mapping
 
     base = load_yaml_mapping(config) if config else {}
+    if recipe is not None:
+        from silofl.runner.recipe import load_recipe
+
+        base = over_config(load_recipe(recipe).options, base)
     return over_config(base, {**parse_sets(sets), **config_flags(), **fixed})

@@ -125,6 +125,13 @@ def run_command(
 
 @config_command(app)
 def run(
+    recipe: str | None = typer.Argument(
+        None,
+        metavar="[RECIPE]",
+        help="What to run: a recipe of silofl's (silofl/recipes: proxyfl-scatter, the README's main job; "
+        "proxyfl-paper; proxyfl-table) or a recipe file's path. Options given here override it.",
+        show_default=False,
+    ),
     config: Path | None = typer.Option(
         None, "--config", help="YAML file with any run options (a method's own under its name)."
     ),
@@ -183,7 +190,7 @@ def run(
     check_seconds("--deploy-timeout", deploy_timeout)
     # an engine whose sites read their own data (their site.json): the coordinator reads none
     fixed = {"data_at_sites": True} if engine_entry(engine).data_at_sites else {}
-    cfg = RunConfig.from_dict(run_options(config, set_, **fixed))
+    cfg = RunConfig.from_dict(run_options(config, set_, recipe, **fixed))
     opts = EngineOptions(
         timeout_s=deploy_timeout,
         peer_timeout_s=peer_timeout,
@@ -547,7 +554,7 @@ def tune(
     else:
         console.print(
             f"best on validation: {b['settings']} ({result['selection']} {b['validation']:.4f}) → "
-            f"{out}/best.yaml"
+            f"{out}/best.yaml, as a recipe: silofl run {out}/recipe.yaml --out DIR"
         )
     if rt is not None:
         console.print(
@@ -705,9 +712,9 @@ def predict(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
 ):
     """Predict with client K's model on new data, with exactly the preprocessing its site trained with."""
-    from silofl.inference import predict as run_predict
+    from silofl import api
 
-    res = run_predict(run_dir, client, data, out, model=model, overwrite=overwrite)
+    res = api.predict(run_dir, client, data, out, model=model, overwrite=overwrite)
     acc = (
         f"; accuracy {res['accuracy']:.4f} against the labels in the data"
         if res["accuracy"] is not None
@@ -755,9 +762,9 @@ def export(
 ):
     """Export client K's model to ONNX (its preprocessing inside the graph) with a model card (JSON +
     Markdown)."""
-    from silofl.inference.export import export as run_export
+    from silofl import api
 
-    card = run_export(run_dir, client, out, model=model, fmt=fmt, overwrite=overwrite)
+    card = api.export(run_dir, client, out, model=model, format=fmt, overwrite=overwrite)
     console.print(
         f"exported client {client}'s {card['model']['role']} model ({card['model']['architecture']}) → "
         f"{out}/model.onnx, preprocessing.json, model_card.json, model_card.md"

@@ -1,22 +1,22 @@
-"""What a method reads of its run: the :class:`RunPlan` — the config the user asked (``plan.config``, frozen,
+"""What a method reads of its run: the `RunPlan` — the config the user asked (``plan.config``, frozen,
 never rewritten) and the values the run derived from it and the data before the first round (plan fields).
 
-A method is built from the plan (``Method(plan)``, :class:`silofl.fl.coordinator.Method`), its sites' settings
-come from it (:func:`silofl.fl.methods.common.dpsgd_settings`) and its coordinator is handed it:
+A method is built from the plan (``Method(plan)``, `silofl.fl.coordinator.Method`), its sites' settings
+come from it (`silofl.fl.methods.common.dpsgd_settings`) and its coordinator is handed it:
 
 * asked, ``plan.config.X``: the seed, the clip C, δ, the accountant, the number of clients and rounds, each
   client's budget, the method's own options (``plan.config.options``), the privacy mode as asked;
 * derived, ``plan.X``: the batch size and examples per client left to ``auto``, the simulated split's seed,
   each site's training examples, σ (given, or calibrated from the budget: ``plan.noise_calibrated``), and per
-  party (:class:`PartyPlan`, ``plan.party(k)``) its Poisson rate q, DP steps per round and budget.
+  party (`PartyPlan`, ``plan.party(k)``) its Poisson rate q, DP steps per round and budget.
 
-The plan is computed by :func:`silofl.runner.plan.plan` (the run layer, which knows the data) and saved next
+The plan is computed by `silofl.runner.plan.plan` (the run layer, which knows the data) and saved next
 to ``config.yaml`` as ``plan.json``. It lives here, below the run layer, so that methods can be typed against
-it (imports point down: run → fl). The asked config is typed by the :class:`AskedRun` protocol, which
-:class:`silofl.runner.config.RunConfig` satisfies.
+it (imports point down: run → fl). The asked config is typed by the `AskedRun` protocol, which
+`silofl.runner.config.RunConfig` satisfies.
 
 A coordinator written before plans read the run's common settings off one object; the plan keeps the few a
-coordinator needs as read-only properties with the same names (:attr:`RunPlan.seed`, :attr:`RunPlan.delta`…:
+coordinator needs as read-only properties with the same names (`RunPlan.seed`, `RunPlan.delta`…:
 each is exactly ``plan.config``'s), so ``Centralized(plan, …)`` and a plug-in's ``dpsgd_settings(self.cfg,
 k)`` keep working. There is no config "as run": nothing copies the config with derived values written into it.
 """
@@ -31,7 +31,7 @@ FORMAT = "silofl.plan/1"
 
 
 class AskedRun(Protocol):
-    """What a method reads of the config the user asked (:class:`silofl.runner.config.RunConfig`,
+    """What a method reads of the config the user asked (`silofl.runner.config.RunConfig`,
     resolved)."""
 
     @property
@@ -238,5 +238,5 @@ def given(cfg: Any) -> RunPlan:
 
 
 def as_plan(run: Any) -> RunPlan:
-    """``run`` itself when it is a plan, else the plan of a config given in full (:func:`given`)."""
+    """``run`` itself when it is a plan, else the plan of a config given in full (`given`)."""
     return run if isinstance(run, RunPlan) else given(run)

@@ -1,17 +1,17 @@
 """Typed run configuration: the settings every run shares, plus the method's own section.
 
-:class:`RunConfig` holds what applies to every method (data, split, privacy mechanism, rounds,
-evaluation); ``options`` is the method's own dataclass (:mod:`silofl.fl.options`), written under the
+`RunConfig` holds what applies to every method (data, split, privacy mechanism, rounds,
+evaluation); ``options`` is the method's own dataclass (`silofl.fl.options`), written under the
 method's name in ``config.yaml``, so a FedAvg run's file holds no mutual-learning weights and a ProxyFL
 run's no server optimizer. Options may be given flat (``--set self_weight=0.5``, old config files): each
 is routed to the method's section, and one the method does not have is a clear error (or, when reading
 a finished run's file or a comparison's shared options, ignored).
 
-:meth:`RunConfig.resolve` validates and fills what depends on other values — the effective privacy mode
-(:func:`silofl.privacy.guarantee.effective_mode`, the one place that decides it), the method's derived
+`RunConfig.resolve` validates and fills what depends on other values — the effective privacy mode
+(`silofl.privacy.guarantee.effective_mode`, the one place that decides it), the method's derived
 options — and is idempotent. A RunConfig is what the user asked: what a run derives from it and the data (the
 split seed, examples per client and batch size left to ``auto``, σ calibrated from a budget, each site's q and
-steps) is its :class:`silofl.runner.plan.RunPlan`, saved as plan.json. :func:`check_against_data` checks δ and
+steps) is its `silofl.runner.plan.RunPlan`, saved as plan.json. `check_against_data` checks δ and
 the
 batch size against the clients' sizes.
 """
@@ -19,7 +19,9 @@ batch size against the clients' sizes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -373,6 +375,9 @@ class RunConfig:
     options: Any = field(default=None, compare=True)
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # a value of the wrong type is refused where the config is built
+            if f.name != "options":
+                check_type(f.name, f.type if isinstance(f.type, str) else str(f.type), getattr(self, f.name))
         if self.options is None and isinstance(self.method, str) and self.method in methods():
             object.__setattr__(self, "options", method_info(self.method).options())  # the method's defaults
 
@@ -429,19 +434,23 @@ class RunConfig:
                 continue
             if k in own:
                 section.setdefault(k, v)
-            elif strict and v != everyone[k]:
+            elif strict:
                 raise ConfigError(
                     f"option {k} does not apply to method {method!r} (its options: {', '.join(sorted(own))})"
                 )
+        types = {f.name: str(f.type) for f in fields(cls)} | {
+            f.name: str(f.type) for f in fields(info.options)
+        }
+        section = {k: _coerce(k, types[k], v) for k, v in section.items() if k in own}
+        flat = {k: _coerce(k, types[k], v) for k, v in flat.items() if k in common}
         try:
-            opts = info.options(**{k: v for k, v in section.items() if k in own})
-            return cls(**{k: v for k, v in flat.items() if k in common}, options=opts)
+            return cls(**flat, options=info.options(**section))
         except TypeError as e:
             raise ConfigError(f"invalid config: {e}") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path, strict: bool = True) -> RunConfig:
-        """A config from a YAML file (see :meth:`from_dict`)."""
+        """A config from a YAML file (see `from_dict`)."""
         return cls.from_dict(load_yaml_mapping(path), strict=strict)
 
     def to_flat(self) -> dict[str, Any]:
@@ -577,12 +586,17 @@ class RunConfig:
     def _validate_track(self) -> None:
         if self.track is None:
             return
-        from silofl.runner.folder import check_out_path
+        from silofl.runner.folder import RUN_DIRS, RUN_FILES, check_out_path
         from silofl.runner.tracking import check_available
 
         kind, where = self.track
         check_available(kind)  # a known kind whose package is installed
-        check_out_path(where, flag=f"--track {kind} DIR")
+        flag = f"--track {kind} DIR"
+        path = check_out_path(where, flag=flag)
+        if path.is_dir() and any((path / f).exists() for f in (*RUN_FILES, *RUN_DIRS)):
+            raise ConfigError(f"{flag}: {path} holds a silofl run; track into a folder of its own")
+        if path.resolve() == Path(self.out).resolve():
+            raise ConfigError(f"{flag}: {path} is the run's own --out; track into a folder of its own")
 
     def _validate_task(self) -> None:
         """--metric against the data set's task (Dice/IoU for masks; AUROC, F1, … for class labels), and the
@@ -750,7 +764,7 @@ class RunConfig:
 
     def with_data(self, n_train: int, smallest: int | None = None, cap: int | None = None) -> RunConfig:
         """The config with the settings left to ``auto`` filled from the data
-        (:func:`silofl.runner.plan.auto_sizes`;
+        (`silofl.runner.plan.auto_sizes`;
         a run keeps them in its plan, not in its config)."""
         from silofl.runner.plan import auto_sizes
 
@@ -763,7 +777,7 @@ class RunConfig:
     # ------------------------------------------------------------------ derived
     @property
     def is_private(self) -> bool:
-        """Whether DP is on (after :meth:`resolve`)."""
+        """Whether DP is on (after `resolve`)."""
         return self.privacy != "off"
 
     @property
@@ -772,7 +786,7 @@ class RunConfig:
         return self.info.client_level
 
     def guarantee(self) -> Guarantee:
-        """What the ε this run prints means (:mod:`silofl.privacy.guarantee`)."""
+        """What the ε this run prints means (`silofl.privacy.guarantee`)."""
         unit = getattr(self.options, "privacy_unit", "hospital")
         return guarantee(
             self.privacy,
@@ -790,21 +804,21 @@ class RunConfig:
     @property
     def calibrates(self) -> bool:
         """Whether σ is set from the budget (budget-first) rather than given
-        (:func:`silofl.runner.plan.calibrates`)."""
+        (`silofl.runner.plan.calibrates`)."""
         from silofl.runner.plan import calibrates
 
         return calibrates(self)
 
     def calibration_plan(self, site_sizes: list[int]) -> list[dict[str, Any]]:
         """What each party's accountant will see over the planned rounds
-        (:func:`silofl.runner.plan.calibration_plan`)."""
+        (`silofl.runner.plan.calibration_plan`)."""
         from silofl.runner.plan import calibration_plan
 
         return calibration_plan(self, site_sizes)
 
     def calibrated(self, site_sizes: list[int]) -> RunConfig:
         """The config with σ calibrated from its budget when it is budget-first, else self
-        (:func:`silofl.runner.plan.calibrated_sigma`; a run keeps σ in its plan, not in its config)."""
+        (`silofl.runner.plan.calibrated_sigma`; a run keeps σ in its plan, not in its config)."""
         from silofl.runner.plan import calibrated_sigma
 
         sigma = calibrated_sigma(self, site_sizes)
@@ -813,10 +827,67 @@ class RunConfig:
         )
 
     def target_epsilon_of(self, client: int) -> float | None:
-        """Client ``client``'s budget (:func:`silofl.runner.plan.target_epsilon_of`)."""
+        """Client ``client``'s budget (`silofl.runner.plan.target_epsilon_of`)."""
         from silofl.runner.plan import target_epsilon_of
 
         return target_epsilon_of(self, client)
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A setting of the wrong type given to `RunConfig` (``RunConfig(delta="1e-5")``): a TypeError
+    that is also a one-line ConfigError."""
+
+
+def check_type(name: str, t: str, v: Any) -> None:
+    """Raise a one-line `ConfigTypeError` unless ``v`` has the declared type ``t`` (an int passes
+    for a float; text read from YAML or a command line is converted by `RunConfig.from_dict`, not
+    here)."""
+    if v is None or t == "Any":
+        return
+    kind = t.split("|")[0].strip().replace(" ", "")
+    ok = {
+        "int": lambda: isinstance(v, numbers.Integral) and not isinstance(v, bool),
+        "float": lambda: isinstance(v, numbers.Real) and not isinstance(v, bool),
+        "bool": lambda: isinstance(v, bool),
+        "str": lambda: isinstance(v, str),
+        "list[float]": lambda: isinstance(v, (list, tuple)),
+        "list[str]": lambda: isinstance(v, (list, tuple)),
+        "tuple[str,str]": lambda: isinstance(v, (list, tuple)),
+    }.get(kind)
+    if ok is not None and not ok():
+        raise ConfigTypeError(f"{name} must be of type {t}, got {type(v).__name__} {v!r}")
+
+
+_dataclass_init = RunConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_with_options(self: RunConfig, *args: Any, **kw: Any) -> None:
+    """``RunConfig(method="fedavg", lr=0.01)``: the method's options may be given flat, by the same names as
+    the command line's flags (an option the method does not have is a one-line ConfigError)."""
+    given = {k: kw.pop(k) for k in list(kw) if k not in _FIELD_NAMES}
+    _dataclass_init(self, *args, **kw)
+    if not given:
+        return
+    if self.options is None:
+        raise ConfigError(f"unknown method {self.method!r}")
+    own = {f.name: str(f.type) for f in fields(self.options)}
+    unknown = sorted(k for k in given if k not in _all_option_fields())
+    if unknown:
+        raise ConfigError(f"RunConfig has no option(s) {', '.join(unknown)}")
+    stray = sorted(k for k in given if k not in own)
+    if stray:
+        raise ConfigError(
+            f"option(s) {', '.join(stray)} do not apply to method {self.method!r} (its options: "
+            f"{', '.join(sorted(own))})"
+        )
+    for k, v in given.items():
+        check_type(k, own[k], v)
+    object.__setattr__(self, "options", dataclasses.replace(self.options, **given))
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(RunConfig))
+RunConfig.__init__ = _init_with_options  # type: ignore[method-assign]
 
 
 def _site_defaults(flat: dict[str, Any]) -> None:
@@ -941,13 +1012,34 @@ def check_float_range(name: str, v: Any) -> None:
             )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses a key given twice in one mapping (the plain loader keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_unique(text: str) -> Any:
+    """``yaml.safe_load`` that refuses a mapping key given twice (a yaml.YAMLError naming it and its line)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """A YAML file's top-level mapping, or a ConfigError saying what is wrong with the file."""
+    """A YAML file's top-level mapping, or a ConfigError saying what is wrong with the file (a key given
+    twice included)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = safe_load_unique(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
     except UnicodeDecodeError:
@@ -959,6 +1051,17 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
             f"config file {p} must hold a mapping of option names to values, got {type(data).__name__}"
         )
     return data
+
+
+def merge_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` (flat options, flags, --set) over a config's or recipe's mapping ``base``: the base's
+    section of the run's method is lifted to flat options first, so an override of a method option the base
+    nests under the method's name wins instead of being shadowed by it."""
+    method = overrides.get("method", base.get("method", RunConfig.method))
+    section = base.get(method) if isinstance(method, str) else None
+    if isinstance(section, dict):
+        base = {**{k: v for k, v in base.items() if k != method}, **section}
+    return {**base, **overrides}
 
 
 def check_against_data(cfg: RunConfig, client_sizes: list[int]) -> None:

@@ -1,21 +1,21 @@
-"""What a run derived from its config and its data, computed once: :class:`~silofl.fl.plan.RunPlan`.
+"""What a run derived from its config and its data, computed once: `silofl.fl.plan.RunPlan`.
 
-:class:`~silofl.runner.config.RunConfig` holds what the user asked (resolved: defaults and the effective
+`silofl.runner.config.RunConfig` holds what the user asked (resolved: defaults and the effective
 privacy
-mode filled in), frozen; a :class:`~silofl.fl.plan.RunPlan` holds it (``plan.config``) and what was derived
+mode filled in), frozen; a `silofl.fl.plan.RunPlan` holds it (``plan.config``) and what was derived
 from it and the data before the first round — the simulated split's seed, the examples per client and batch
-size left to ``auto``, each site's size, σ (given, or calibrated from the budget: :func:`calibrated_sigma`),
-each party's Poisson rate q, DP steps per round and target ε (:func:`party_plans`, with the sites' own
-:func:`silofl.site.dpsgd.round_schedule`), and the feature stage. This module computes it; the dataclass
-lives in :mod:`silofl.fl.plan`, below the run layer, because methods are built from it (``Method(plan)``) and
+size left to ``auto``, each site's size, σ (given, or calibrated from the budget: `calibrated_sigma`),
+each party's Poisson rate q, DP steps per round and target ε (`party_plans`, with the sites' own
+`silofl.site.dpsgd.round_schedule`), and the feature stage. This module computes it; the dataclass
+lives in `silofl.fl.plan`, below the run layer, because methods are built from it (``Method(plan)``) and
 read it typed: asked values as ``plan.config.X``, derived ones as ``plan.X``.
 
-The plan is written next to ``config.yaml`` as ``plan.json`` (:func:`write_plan`; :func:`read_plan`,
-:func:`as_run` read a run folder back). :func:`config_with_plan` writes the derived values into a flat config
+The plan is written next to ``config.yaml`` as ``plan.json`` (`write_plan`; `read_plan`,
+`as_run` read a run folder back). `config_with_plan` writes the derived values into a flat config
 for the few consumers outside the methods that read one config; methods never see it.
 
 Everything here is a pure function of its arguments (no data loading, no randomness: the split seed is drawn
-by :mod:`silofl.runner.data` and handed in).
+by `silofl.runner.data` and handed in).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def party_plans(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = 
 def calibration_plan(
     cfg: RunConfig, site_sizes: list[int], batch_size: int | None = None
 ) -> list[dict[str, Any]]:
-    """:func:`party_plans` as plain records {party, target_epsilon, sample_rate, steps} (steps: of the planned
+    """`party_plans` as plain records {party, target_epsilon, sample_rate, steps} (steps: of the planned
     rounds)."""
     return [
         {"party": p.party, "target_epsilon": p.target_epsilon, "sample_rate": p.sample_rate, "steps": p.steps}
@@ -184,7 +184,7 @@ def plan(
     batch_size: int | None,
     site_sizes: list[int] | None = None,
 ) -> RunPlan:
-    """The plan of ``cfg`` (resolved: what the user asked) on ``data`` (a :class:`silofl.data.SplitData`, or
+    """The plan of ``cfg`` (resolved: what the user asked) on ``data`` (a `silofl.data.SplitData`, or
     None
     when the sites hold their data elsewhere), given what the data step chose to draw the split with: its seed
     and the
