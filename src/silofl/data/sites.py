@@ -50,6 +50,8 @@ class SiteSources:
     # model outputs (a survival target: 1 + its time bins, silofl.training.survival.encode_target)
     task: str = "classification"
     outputs: int | None = None
+    # --id-column: each site's internal (held-out) rows' person, 0 … Q−1 (whole persons are held out)
+    internal_persons: list[np.ndarray] | None = None
 
 
 def site_names(paths: list[str]) -> list[str]:
@@ -277,6 +279,12 @@ def load_site_tables(
         warning.to_dict() if warning is not None else None,
         schema.task,
         len(edges) + 2 if edges else None,
+        [
+            np.unique(idx[te], return_inverse=True)[1].reshape(-1)
+            for idx, (_, te) in zip(persons, splits, strict=True)
+        ]
+        if id_column is not None
+        else None,
     )
 
 

@@ -48,6 +48,13 @@ def prepare_run(
     ), split
 
 
+def prepare_split(cfg: RunConfig, device: torch.device, features: bool = True) -> SplitData:
+    """The split of ``cfg`` (its seed given: the rows a run drew), after its feature stage, without planning
+    the run (no σ calibration): what an evaluation after the run scores on."""
+    chosen, split = _prepare_inputs(cfg, device)
+    return with_features(chosen, split) if features else split
+
+
 def unit_sizes(cfg: RunConfig, split: SplitData) -> list[int]:
     """Each site's count of privacy units, as its sampling rate and steps are planned from: training examples
     (:func:`silofl.runner.plan.sizes_of_sites`), or with ``--id-column`` persons (a site pooling several
@@ -311,6 +318,7 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
         persons=[torch.from_numpy(p) for p in src.persons] if src.persons is not None else None,
         id_column=cfg.id_column,
         privacy_unit_warning=src.unit_warning,
+        internal_persons=getattr(src, "internal_persons", None),
     )
 
 

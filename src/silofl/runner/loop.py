@@ -461,6 +461,10 @@ def _run(
             ).name
         )
     folder.write_summary(summary)
+    if isinstance(built.split, SplitData):  # each site's answer on its own rows (silofl.runner.decision)
+        from silofl.runner.decision import report
+
+        report(cfg, built.split, summary, folder.path, console)
     if tracker is not None:
         tracker.finish(summary)
     return summary
