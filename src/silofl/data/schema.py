@@ -594,3 +594,65 @@ def _open_text(p: Path):
     if p.name.lower().endswith(".gz"):
         return gzip.open(p, "rt", newline="", encoding="utf-8-sig")
     return open(p, newline="", encoding="utf-8-sig")
+
+
+MAX_PROPOSED_LEVELS = (
+    20  # a text column with more distinct values is proposed under 'ignore' (an id, free text)
+)
+
+
+def propose(df, target: str | None = None, source: str = "table") -> dict[str, Any]:
+    """A schema proposed from one table (:func:`read_table`'s frame) for its owner to review: every column
+    whose filled values are all numbers is numeric, with bounds the file's own minimum and maximum rounded
+    outwards (a statistic of these rows: replace them with public knowledge before the schema is shared);
+    another column with at most :data:`MAX_PROPOSED_LEVELS` distinct values is categorical over them; any
+    other is ignored. A column with empty values gets ``missing: impute``. ``target``: the column to predict
+    (a DataError when absent)."""
+    cols = [str(c) for c in df.columns]
+    if target is not None and target not in cols:
+        raise DataError(f"{source}: no column {target!r} to take as the target (columns: {', '.join(cols)})")
+    probe = Schema.from_dict(
+        {"target": {"name": "_", "levels": ["a", "b"]}, "features": {"_x": {"type": "numeric"}}}
+    )
+    features: dict[str, dict[str, Any]] = {}
+    ignore: list[str] = []
+    out: dict[str, Any] = {}
+    for c in cols:
+        na = probe._missing(df[c])
+        values = [str(v).strip() for v in df[c].to_numpy(dtype=object)[~na]]
+        numbers = _as_numbers(values)
+        levels = sorted(set(values))
+        if c == target:
+            out["target"] = {"name": c, "levels": levels}
+            continue
+        if numbers is not None and len(numbers):
+            lo, hi = math.floor(min(numbers)), math.ceil(max(numbers))
+            features[c] = {"type": "numeric", "bounds": [lo, hi if hi > lo else lo + 1]}
+        elif 0 < len(levels) <= MAX_PROPOSED_LEVELS:
+            features[c] = {"type": "categorical", "levels": levels}
+        else:
+            ignore.append(c)
+            continue
+        if na.any():
+            features[c]["missing"] = "impute"
+    if not features:
+        raise DataError(f"{source}: no column could be proposed as a feature")
+    out["features"] = features
+    if ignore:
+        out["ignore"] = ignore
+    out["scaling"] = "bounds"
+    return out
+
+
+def _as_numbers(values: list[str]) -> list[float] | None:
+    """The values as finite numbers, or None when one is not."""
+    out = []
+    for v in values:
+        try:
+            x = float(v)
+        except ValueError:
+            return None
+        if not math.isfinite(x):
+            return None
+        out.append(x)
+    return out
