@@ -230,3 +230,12 @@ def test_unseeded_run_records_its_split_and_alone_reuses_it(tmp_path):
     compare_with_alone(cfg, summary)
     assert json.loads((out / "alone" / "plan.json").read_text())["split_seed"] == drawn
     assert json.loads((out / "alone" / "summary.json").read_text())["data_split_seed"] == drawn
+    decision = json.loads((out / "decision.json").read_text())  # rewritten with going alone on the same rows
+    for row in decision["rows"]:
+        assert row["reference"]["internal"]["name"] == "silofl Regular, no DP"
+        gain = row["models"]["private"]["gain"]["internal"]
+        assert gain["estimate"] == pytest.approx(
+            row["models"]["private"]["internal"]["estimate"]
+            - row["reference"]["internal"]["figure"]["estimate"]
+        )
+        assert row["verdict"]

@@ -142,7 +142,7 @@ def verdict(row: dict, metric: str) -> str:
     label = metric_label(metric)
     gains = [(r, e["gain"]["internal"]) for r, e in row["models"].items() if "internal" in e["gain"]]
     if not row["reference"].get("internal"):
-        return "no going-alone reference on your own held-out rows (run with --vs-alone)"
+        return "no going-alone reference on your own held-out rows in this run (--vs-alone adds one)"
     gains = [(r, g) for r, g in gains if g.get("estimate") is not None]
     if not gains:
         return f"no {label} on your own held-out rows: the figure is undefined there"
