@@ -93,7 +93,10 @@ def site_decision(
             refs[s] = r
     rows: dict[str, dict] = {}
     for role, outs in models.items():
-        entry: dict = {"label": ROLE_LABELS.get(role, role), "gain": {}}
+        label = ROLE_LABELS.get(role, role)
+        if role in ("global", "proxy"):  # the model every site shares: DP or not, as the run was
+            label = "shared DP model" if privacy.get("epsilon") is not None else "shared model (no DP)"
+        entry: dict = {"label": label, "gain": {}}
         for s, held in sets.items():
             if s not in outs:
                 continue
