@@ -151,18 +151,18 @@ def threat_of(cfg: RunConfig, summary: dict, k: int) -> dict:
         return {"epsilon": None, "delta": None, "threat": None}
     p = summary["privacy"]
     if cfg.info.traits.level == "client":
-        vs = (
-            (summary.get("accounting") or [{}])[k].get("epsilon_vs_server")
-            if summary.get("accounting")
-            else None
-        )
+        accounting = summary.get("accounting") or []
+        vs = accounting[k].get("epsilon_vs_server") if k < len(accounting) else None
         threat = "against outsiders (the server adds the noise and is trusted)"
         if vs is not None:
             threat += f"; against the server ε = {vs:.2f}"
     else:
         threat = "against the server and the other sites (noise added at the site)"
     if not p.get("formal_guarantee"):
-        threat += " — NOT a formal guarantee"
+        seeded = p.get("formal_if_seed_secret")
+        threat += (
+            " — seeded: holds only while the seed stays secret" if seeded else " — NOT a formal guarantee"
+        )
     return {"epsilon": float(eps), "delta": cfg.delta, "threat": threat, "unit": p.get("unit")}
 
 
