@@ -183,6 +183,7 @@ def decide(rows: list[dict], metric: str, notes: list[str] | None = None) -> dic
             ]
             m[s] = _mean(figs)
             m[f"gain_{s}"] = _mean(gains)
+        m["label"] = next(row["models"][role]["label"] for row in rows if role in row["models"])
         mean[role] = m
     return {
         "metric": metric,
@@ -232,7 +233,8 @@ def markdown(decision: dict) -> str:
     lines.append("|---|---|---|---|---|")
     for role, m in decision["mean_over_sites"].items():
         lines.append(
-            f"| {ROLE_LABELS.get(role, role)} | {_fmt(m['internal'])} | {_fmt(m['external'])} | "
+            f"| {m.get('label', ROLE_LABELS.get(role, role))} | {_fmt(m['internal'])} | "
+            f"{_fmt(m['external'])} | "
             f"{_fmt(m['gain_internal'], True)} | {_fmt(m['gain_external'], True)} |"
         )
     if decision["notes"]:
