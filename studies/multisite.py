@@ -2,6 +2,7 @@
 wheel), one site per institution, every site's answer from the decision report.
 
     .venv/bin/python -m studies.multisite azpro --out reports/multisite    # writes docs/multisite_azpro.md
+    .venv/bin/python -m studies.multisite opt --out reports/multisite      # writes docs/multisite_opt.md
 
 ``azpro`` is COUNT::azpro (Hilbe, *Modeling Count Data*): 3 589 cardiovascular patients of Arizona hospitals
 (1991), the procedure (CABG or PTCA), length of stay, sex, age over 75 and urgent admission, and the hospital.
@@ -9,7 +10,9 @@ Each of the four largest hospitals is a site with its own file; each holds out a
 (its internal test set); the union of the held-out rows is the common test set. FedAvg with example-level
 DP-SGD (a logistic regression) runs at ε = 1, 3 and 8 against going alone (Regular without DP on the same
 rows, and a scikit-learn logistic regression fitted on each site's training rows), and the page shows the
-decision report of each budget. The runs are seeded (``--seed``): a research run, labelled as such.
+decision report of each budget. ``opt`` is medicaldata::opt (Michalowicz et al., NEJM 2006): 823 pregnant
+women in a trial of periodontal treatment at four clinics (KY, MN, MS, NY), the outcome a birth before 37
+weeks. The runs are seeded (``--seed``): a research run, labelled as such.
 """
 
 from __future__ import annotations
@@ -38,6 +41,33 @@ DATASETS = {
         "question": "which procedure (CABG or PTCA) a patient had, from length of stay, sex, age over 75 and "
         "urgent admission",
     },
+    "opt": {
+        "package": "medicaldata",
+        "item": "opt",
+        "site": "Clinic",
+        "sites": 4,
+        "title": "medicaldata::opt: a periodontal-therapy trial in pregnancy, by clinic",
+        "target": {"name": "Preg.ended...37.wk", "levels": ["No", "Yes"]},
+        "features": {
+            "Group": {"type": "categorical", "levels": ["C", "T"]},
+            "Age": {"type": "numeric", "bounds": [12, 50]},
+            "Black": {"type": "categorical", "levels": ["No", "Yes"]},
+            "White": {"type": "categorical", "levels": ["No", "Yes"]},
+            "Education": {"type": "categorical", "levels": ["LT 8 yrs", "8-12 yrs", "MT 12 yrs"]},
+            "Public.Asstce": {"type": "categorical", "levels": ["No", "Yes"]},
+            "Hypertension": {"type": "categorical", "levels": ["N", "Y"]},
+            "Diabetes": {"type": "categorical", "levels": ["No", "Yes"]},
+            "BMI": {"type": "numeric", "bounds": [10, 80], "missing": "impute"},
+            "Use.Tob": {"type": "categorical", "levels": ["No", "Yes"], "missing": "impute"},
+            "Prev.preg": {"type": "categorical", "levels": ["No", "Yes"]},
+        },
+        "ignore": ["Clinic"],
+        "keep_only": True,  # 172 columns: the site, the target and the features are written, nothing else
+        "missing": "drop",  # the 9 pregnancies without an outcome
+        "question": "whether a pregnancy ended before 37 weeks (preterm), from the trial arm (periodontal "
+        "treatment or control), age, ethnicity, education, public assistance, hypertension, diabetes, BMI, "
+        "tobacco use and earlier pregnancies",
+    },
 }
 EPSILONS = (1.0, 3.0, 8.0)
 # the training settings of the tabular study (studies/tabular.py), not tuned on these data: this version's
@@ -56,6 +86,8 @@ def write_sites(name: str, out: Path) -> tuple[Path, list[Path]]:
     df = df.astype(str)
     for col, codes in d.get("codes", {}).items():
         df[col] = df[col].map(codes)
+    if d.get("keep_only"):
+        df = df[[d["site"], d["target"]["name"], *d["features"]]]
     out.mkdir(parents=True, exist_ok=True)
     sizes = df[d["site"]].value_counts()
     paths = []
@@ -65,6 +97,8 @@ def write_sites(name: str, out: Path) -> tuple[Path, list[Path]]:
         paths.append(p)
     schema = out / "schema.yaml"
     spec = {"target": d["target"], "features": d["features"], "ignore": d["ignore"], "scaling": "bounds"}
+    if "missing" in d:
+        spec["missing"] = d["missing"]
     schema.write_text(yaml.safe_dump(spec, sort_keys=False, default_flow_style=None))
     return schema, paths
 
