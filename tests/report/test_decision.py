@@ -95,3 +95,19 @@ def test_report_has_each_site_its_verdict_and_the_mean():
     assert m["gain_internal"] == pytest.approx(
         np.mean([r["models"]["proxy"]["gain"]["internal"]["estimate"] for r in d["rows"]])
     )
+
+
+def test_a_large_held_out_set_gets_fewer_resamples_recorded():
+    from silofl.report.decision import resamples_for
+
+    assert resamples_for(300) == 1000 and resamples_for(10_000) == 200 and resamples_for(4_000) == 500
+    y = torch.randint(0, 2, (5000,), generator=torch.Generator().manual_seed(0))
+    row = site_decision(
+        "a",
+        "accuracy",
+        {"external": HeldOut(y, None, "big")},
+        {"proxy": {"external": _logits(y, 0.8, 1)}},
+        {},
+        {},
+    )
+    assert row["models"]["proxy"]["external"]["resamples"] == 400

@@ -36,6 +36,13 @@ ROLE_LABELS = {
 }
 SET_LABELS = {"internal": "own held-out", "external": "external"}
 DECISION_FILE, REPORT_FILE = "decision.json", "report.md"
+WORK = 2_000_000  # rows × resamples per interval: a large common test set gets fewer resamples (at least 200)
+
+
+def resamples_for(n: int) -> int:
+    """Bootstrap resamples for a held-out set of ``n`` rows: 1000, fewer (down to 200) on a large set, so that
+    a run with many sites and a 10 000-row test set is not dominated by its report (recorded per interval)."""
+    return int(min(1000, max(200, WORK // max(1, n))))
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,8 @@ def _reference(metric: str, held: HeldOut, refs: dict[str, torch.Tensor], seed: 
     with its figure and interval."""
     best = None
     for name, out in refs.items():
-        fig = interval(metric_statistic(metric, out, held.y), len(held.y), held.clusters, seed=seed)
+        n = len(held.y)
+        fig = interval(metric_statistic(metric, out, held.y), n, held.clusters, resamples_for(n), seed=seed)
         if fig["estimate"] is None:
             continue
         if best is None or _better(metric, fig["estimate"], best[1]["estimate"]):
@@ -101,10 +109,11 @@ def site_decision(
             if s not in outs:
                 continue
             mine = metric_statistic(metric, outs[s], held.y)
-            entry[s] = interval(mine, len(held.y), held.clusters, seed=seed)
+            n, reps = len(held.y), resamples_for(len(held.y))
+            entry[s] = interval(mine, n, held.clusters, reps, seed=seed)
             if s in refs:
                 base = metric_statistic(metric, refs[s]["outputs"], held.y)
-                diff = paired_difference(mine, base, len(held.y), held.clusters, seed=seed)
+                diff = paired_difference(mine, base, n, held.clusters, seed=seed, resamples=reps)
                 entry["gain"][s] = _signed(metric, diff)
         rows[role] = entry
     row = {
