@@ -127,6 +127,9 @@ def test_the_30_second_run_as_written(tmp_path):
         assert abs(eps - party["planned_epsilon"]) < 0.05 and party["planned_epsilon"] <= 8.0, (party, eps)
     assert s["final"]["epsilon"]["mean"] <= 8.0
     assert "vs_alone" in s and (out / "alone").is_dir()
+    decision = json.loads((out / "decision.json").read_text())  # what the README's text says it holds
+    assert len(decision["rows"]) == 4 and (out / "report.md").is_file()
+    assert all(row["reference"]["internal"]["name"] == "silofl Regular, no DP" for row in decision["rows"])
     for k in range(4):
         assert (out / "sites" / f"client{k}" / "ledger.jsonl").stat().st_size > 0
 

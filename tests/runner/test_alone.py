@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -175,3 +176,66 @@ def test_vs_alone_and_combination_on_digits(tmp_path, method, extra):
     assert again["client1_combined"]["accuracy"] == pytest.approx(
         again["client1_combined"]["recorded"], abs=1e-6
     )
+
+
+def _unseeded_digits(tmp_path, method="proxyfl"):
+    return RunConfig.from_dict(
+        dict(
+            method=method,
+            dataset="digits",
+            clients=3,
+            rounds=1,
+            samples_per_client=60,
+            batch_size=20,
+            private_model="mlp",
+            target_epsilon=8.0,
+            delta=1e-3,
+            out=str(tmp_path / "r"),
+        )
+    ).resolve()
+
+
+def test_alone_trains_on_exactly_the_runs_rows_without_a_seed(tmp_path):
+    """No --seed: the run draws its split; going alone reuses that draw (it used to draw its own)."""
+    import torch
+
+    from silofl.runner.data import prepare_run
+
+    cfg = _unseeded_digits(tmp_path)
+    assert cfg.data_seed is None
+    plan, split = prepare_run(cfg, torch.device("cpu"))
+    assert plan.split_seed is not None
+    a_plan, a_split = prepare_run(alone_config(cfg, plan.split_seed).resolve(), torch.device("cpu"))
+    assert a_plan.split_seed == plan.split_seed
+    assert len(a_split.indices) == len(split.indices) == 3
+    for mine, theirs, (x, y), (ax, ay) in zip(
+        a_split.indices, split.indices, split.parts, a_split.parts, strict=True
+    ):
+        assert np.array_equal(mine, theirs)
+        assert torch.equal(x, ax) and torch.equal(y, ay)
+    other, _ = prepare_run(cfg, torch.device("cpu"))  # a second unseeded run draws afresh
+    assert other.split_seed != plan.split_seed
+
+
+@pytest.mark.slow
+def test_unseeded_run_records_its_split_and_alone_reuses_it(tmp_path):
+    from silofl.runner.alone import compare_with_alone
+    from silofl.runner.loop import run
+
+    cfg = _unseeded_digits(tmp_path)
+    summary = run(cfg, progress=False)
+    out = tmp_path / "r"
+    drawn = json.loads((out / "plan.json").read_text())["split_seed"]
+    assert drawn is not None and summary["data_split_seed"] == drawn
+    compare_with_alone(cfg, summary)
+    assert json.loads((out / "alone" / "plan.json").read_text())["split_seed"] == drawn
+    assert json.loads((out / "alone" / "summary.json").read_text())["data_split_seed"] == drawn
+    decision = json.loads((out / "decision.json").read_text())  # rewritten with going alone on the same rows
+    for row in decision["rows"]:
+        assert row["reference"]["internal"]["name"] == "silofl Regular, no DP"
+        gain = row["models"]["private"]["gain"]["internal"]
+        assert gain["estimate"] == pytest.approx(
+            row["models"]["private"]["internal"]["estimate"]
+            - row["reference"]["internal"]["figure"]["estimate"]
+        )
+        assert row["verdict"]

@@ -1004,6 +1004,9 @@ app.add_typer(deploy_app, name="deploy")
 from silofl.cli.backbone import backbone_app  # noqa: E402
 
 app.add_typer(backbone_app, name="backbone")
+from silofl.cli.schema import schema_app  # noqa: E402
+
+app.add_typer(schema_app, name="schema")
 
 
 def main() -> None:  # pragma: no cover

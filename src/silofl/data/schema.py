@@ -265,36 +265,24 @@ class Schema:
         cols = [str(c) for c in df.columns]
         event = [self.survival[1]] if self.survival is not None else []
         need = self.names + ([self.target, *event] if need_target else [])
-        absent = [c for c in need if c not in cols]
-        if absent:
-            more = f" (and {len(absent) - 1} more: {', '.join(absent[1:4])})" if len(absent) > 1 else ""
-            raise DataError(f"{source}: column {absent[0]!r} of the schema is missing{more}")
-        known = set(self.names) | {self.target} | set(event) | set(self.ignore) | set(extra)
-        unexpected = [c for c in cols if c not in known]
-        if unexpected:
-            raise DataError(
-                f"{source}: column {unexpected[0]!r} is not in the schema: declare it as a feature, or list "
-                f"it "
-                "under 'ignore' to skip it"
-            )
+        problems = self._column_problems(cols, need, extra)
+        present = [f for f in self.features if f.name in cols]
         raw = np.full((n, len(self.features)), np.nan)
         drop = np.zeros(n, dtype=bool)
         for j, f in enumerate(self.features):
-            col = df[f.name]
-            na = self._missing(col)
-            if f.kind == "numeric":
-                raw[:, j] = self._numeric(col, na, f, source)
-            else:
-                raw[:, j] = self._categorical(col, na, f.name, f.levels, source)
-            if na.any():
-                if f.missing == "error":
-                    i = int(np.flatnonzero(na)[0])
-                    raise DataError(
-                        f"{source}: column {f.name!r} is empty in row {i + 1} ({int(na.sum())} rows); the "
-                        "schema's missing policy for it is 'error' (use 'drop' or 'impute')"
-                    )
-                if f.missing == "drop":
-                    drop |= na
+            if f not in present:
+                continue
+            try:
+                raw[:, j], na = self._feature_values(df[f.name], f, source)
+            except DataError as e:  # every column's problem is named at once, not the first only
+                problems.append(str(e).removeprefix(f"{source}: "))
+                continue
+            if f.missing == "drop":
+                drop |= na
+        if len(problems) == 1:
+            raise DataError(f"{source}: {problems[0]}")
+        if problems:
+            raise DataError(f"{source}: {len(problems)} mismatches with the schema: " + "; ".join(problems))
         y = None
         if self.survival is not None and all(c in cols for c in self.survival):
             times, na = self._survival(df, source)
@@ -338,6 +326,39 @@ class Schema:
         if y is not None:
             y = y[keep] if self.target_bounds is not None or self.survival else y[keep].astype(np.int64)
         return raw, y, int(drop.sum())
+
+    def _column_problems(self, cols: list[str], need: list[str], extra: tuple[str, ...]) -> list[str]:
+        """Every column the schema needs that the file lacks, and every column of the file the schema does
+        not know, one message each."""
+        event = [self.survival[1]] if self.survival is not None else []
+        known = set(self.names) | {self.target} | set(event) | set(self.ignore) | set(extra)
+        out = [f"column {c!r} of the schema is missing" for c in need if c not in cols]
+        unexpected = [c for c in cols if c not in known]
+        if unexpected:
+            shown = ", ".join(repr(c) for c in unexpected)
+            one = len(unexpected) == 1
+            it, s, be = ("it", "", "is") if one else ("them", "s", "are")
+            out.append(
+                f"column{s} {shown} {be} not in the schema: declare {it} as a feature{s}, or list {it} under "
+                f"'ignore' to skip {it}"
+            )
+        return out
+
+    def _feature_values(self, col, f: Feature, source: str) -> tuple[np.ndarray, np.ndarray]:
+        """(one feature's raw values, which rows miss it): a DataError for a value the schema refuses or a
+        missing value its policy does not allow."""
+        na = self._missing(col)
+        if f.kind == "numeric":
+            values = self._numeric(col, na, f, source)
+        else:
+            values = self._categorical(col, na, f.name, f.levels, source)
+        if na.any() and f.missing == "error":
+            i = int(np.flatnonzero(na)[0])
+            raise DataError(
+                f"{source}: column {f.name!r} is empty in row {i + 1} ({int(na.sum())} rows); the "
+                "schema's missing policy for it is 'error' (use 'drop' or 'impute')"
+            )
+        return values, na
 
     def _survival(self, df, source: str) -> tuple[np.ndarray, np.ndarray]:
         """((n, 2) float64 [time, event] per row, NaN where missing; which rows miss either): a time is a
@@ -554,7 +575,9 @@ def read_table(path: str | Path):
         if dup:
             raise DataError(f"{p}: column {dup[0]!r} appears twice in the header")
         try:
-            df = pd.read_csv(p, sep=sep, dtype=str, keep_default_na=False, na_filter=False)
+            df = pd.read_csv(
+                p, sep=sep, dtype=str, keep_default_na=False, na_filter=False, encoding="utf-8-sig"
+            )
         except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
             raise DataError(f"{p}: not a readable CSV file ({str(e).splitlines()[0]})") from None
         df.columns = names
@@ -567,4 +590,69 @@ def read_table(path: str | Path):
 def _open_text(p: Path):
     import gzip
 
-    return gzip.open(p, "rt", newline="") if p.name.lower().endswith(".gz") else open(p, newline="")
+    # utf-8-sig: a UTF-8 byte-order mark (Excel's CSV export) is read as one, not as part of the first name
+    if p.name.lower().endswith(".gz"):
+        return gzip.open(p, "rt", newline="", encoding="utf-8-sig")
+    return open(p, newline="", encoding="utf-8-sig")
+
+
+MAX_PROPOSED_LEVELS = (
+    20  # a text column with more distinct values is proposed under 'ignore' (an id, free text)
+)
+
+
+def propose(df, target: str | None = None, source: str = "table") -> dict[str, Any]:
+    """A schema proposed from one table (:func:`read_table`'s frame) for its owner to review: every column
+    whose filled values are all numbers is numeric, with bounds the file's own minimum and maximum rounded
+    outwards (a statistic of these rows: replace them with public knowledge before the schema is shared);
+    another column with at most :data:`MAX_PROPOSED_LEVELS` distinct values is categorical over them; any
+    other is ignored. A column with empty values gets ``missing: impute``. ``target``: the column to predict
+    (a DataError when absent)."""
+    cols = [str(c) for c in df.columns]
+    if target is not None and target not in cols:
+        raise DataError(f"{source}: no column {target!r} to take as the target (columns: {', '.join(cols)})")
+    probe = Schema.from_dict(
+        {"target": {"name": "_", "levels": ["a", "b"]}, "features": {"_x": {"type": "numeric"}}}
+    )
+    features: dict[str, dict[str, Any]] = {}
+    ignore: list[str] = []
+    out: dict[str, Any] = {}
+    for c in cols:
+        na = probe._missing(df[c])
+        values = [str(v).strip() for v in df[c].to_numpy(dtype=object)[~na]]
+        numbers = _as_numbers(values)
+        levels = sorted(set(values))
+        if c == target:
+            out["target"] = {"name": c, "levels": levels}
+            continue
+        if numbers is not None and len(numbers):
+            lo, hi = math.floor(min(numbers)), math.ceil(max(numbers))
+            features[c] = {"type": "numeric", "bounds": [lo, hi if hi > lo else lo + 1]}
+        elif 0 < len(levels) <= MAX_PROPOSED_LEVELS:
+            features[c] = {"type": "categorical", "levels": levels}
+        else:
+            ignore.append(c)
+            continue
+        if na.any():
+            features[c]["missing"] = "impute"
+    if not features:
+        raise DataError(f"{source}: no column could be proposed as a feature")
+    out["features"] = features
+    if ignore:
+        out["ignore"] = ignore
+    out["scaling"] = "bounds"
+    return out
+
+
+def _as_numbers(values: list[str]) -> list[float] | None:
+    """The values as finite numbers, or None when one is not."""
+    out = []
+    for v in values:
+        try:
+            x = float(v)
+        except ValueError:
+            return None
+        if not math.isfinite(x):
+            return None
+        out.append(x)
+    return out

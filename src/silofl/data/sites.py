@@ -50,6 +50,8 @@ class SiteSources:
     # model outputs (a survival target: 1 + its time bins, silofl.training.survival.encode_target)
     task: str = "classification"
     outputs: int | None = None
+    # --id-column: each site's internal (held-out) rows' person, 0 … Q−1 (whole persons are held out)
+    internal_persons: list[np.ndarray] | None = None
 
 
 def site_names(paths: list[str]) -> list[str]:
@@ -140,6 +142,19 @@ def person_ids(df, schema: Schema, id_column: str, source: str) -> np.ndarray:
     return np.asarray([str(v).strip() for v in df[id_column].to_numpy(dtype=object)])
 
 
+def shared_person(site_ids: list[np.ndarray], test_ids: np.ndarray, paths: list[str], test_path: str) -> None:
+    """A DataError when a person of the test file also has rows in a site's file: the test would score the
+    model on a person it trained on (``--id-column`` makes persons the unit of every split)."""
+    for ids, path in zip(site_ids, paths, strict=True):
+        both = sorted(set(ids.tolist()) & set(test_ids.tolist()))
+        if both:
+            more = f" (and {len(both) - 1} more)" if len(both) > 1 else ""
+            raise DataError(
+                f"{test_path}: person {both[0]!r}{more} of the id column also has rows in {path}; a person's "
+                "rows belong to one split (remove them from the test file)"
+            )
+
+
 def repeated_id_warning(schema: Schema, tables: list, names: list[str]):
     """Without ``--id-column``: the column of the sites' tables that looks like a person id and repeats the
     most (:func:`silofl.privacy.person.id_like`: any non-feature column by its name or its cardinality, a
@@ -192,6 +207,7 @@ def load_site_tables(
         )
     names = site_names(paths)
     raws, ys, dropped, splits, tables, persons = [], [], [], [], [], []
+    site_ids: list[np.ndarray] = []
     for k, p in enumerate(paths):
         if not is_table(p):
             raise DataError(f"{p}: dataset 'table' reads .csv, .tsv or .parquet files, one per site")
@@ -201,6 +217,7 @@ def load_site_tables(
             tables.append(df)
         else:
             ids = person_ids(df, schema, id_column, p)
+            site_ids.append(ids)
             kept: list[int] = []
             raw, y, n_drop = schema.check(df, p, extra=(id_column,), kept=kept)
             _, index = np.unique(ids[kept], return_inverse=True)
@@ -235,7 +252,10 @@ def load_site_tables(
         for k, (raw, (tr, _)) in enumerate(zip(raws, splits, strict=True))
     ]
     if test_path:  # (None with validation rows)
-        ext_raw, ext_y, _ = schema.check(read_table(test_path), test_path)
+        test_df = read_table(test_path)
+        if id_column is not None and id_column in test_df.columns:
+            shared_person(site_ids, person_ids(test_df, schema, id_column, test_path), paths, test_path)
+        ext_raw, ext_y, _ = schema.check(test_df, test_path, extra=(id_column,) if id_column else ())
         assert ext_y is not None
         if edges:
             ext_y = encode_target(ext_y, edges)
@@ -277,6 +297,12 @@ def load_site_tables(
         warning.to_dict() if warning is not None else None,
         schema.task,
         len(edges) + 2 if edges else None,
+        [
+            np.unique(idx[te], return_inverse=True)[1].reshape(-1)
+            for idx, (_, te) in zip(persons, splits, strict=True)
+        ]
+        if id_column is not None
+        else None,
     )
 
 

@@ -61,6 +61,7 @@ class SplitData:
     persons: list[torch.Tensor] | None = None
     id_column: str | None = None
     privacy_unit_warning: dict | None = None
+    internal_persons: list[np.ndarray] | None = None  # --id-column: each site's held-out rows' person
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -4,6 +4,7 @@ data without DP (Regular, privacy off) — the line a collaboration under a budg
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -104,6 +105,7 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None) -> dict:
     data = json.loads(path.read_text())
     data["vs_alone"] = result
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    _decide(cfg, data, console)
     if console is not None and base is not None:
         parts = ", ".join(f"{k.removesuffix(suffix)} {v:.3f} ({v - base:+.3f})" for k, v in mine.items())
         eps_txt = f" at ε = {eps:.2f}" if eps is not None else ""
@@ -117,3 +119,16 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None) -> dict:
             f"{parts}{eps_txt}"
         )
     return result
+
+
+def _decide(cfg: RunConfig, summary: dict, console=None) -> None:
+    """The run's decision report (silofl.runner.decision) again, now with going alone on the same rows: the
+    split is drawn again from the recorded seed (the same rows the run and the alone run trained on)."""
+    import torch
+
+    from silofl.runner.data import prepare_split
+    from silofl.runner.decision import report
+
+    seed = summary.get("data_split_seed")
+    split = prepare_split(dataclasses.replace(cfg, split_seed=seed), torch.device("cpu"))
+    report(cfg, split, summary, Path(cfg.out), console, alone=Path(cfg.out) / "alone")

@@ -38,6 +38,7 @@ def prepare_run(
     chosen, split = _prepare_inputs(cfg, device, data)
     if features:
         split = with_features(chosen, split)
+        check_heads(chosen, split)
     return plan(
         cfg,
         split,
@@ -46,6 +47,42 @@ def prepare_run(
         chosen.batch_size,
         unit_sizes(chosen, split),
     ), split
+
+
+def check_heads(cfg: RunConfig, split: SplitData) -> None:
+    """A ConfigError when a model of the run does not answer the data's targets: a segmentation data set
+    (masks, one class per pixel) needs per-pixel outputs, a classifier's data one score vector per example.
+    Each architecture is built once for the inputs and run on one zero example (it used to fail in the first
+    round with a RuntimeError from the loss)."""
+    from silofl.core.errors import ConfigError
+    from silofl.models import build_model
+
+    y = split.parts[0][1]
+    masks = y.dim() == 3
+    for role in ("proxy_model", "private_model"):
+        name = getattr(cfg.options, role, None)
+        if not name:
+            continue
+        net = build_model(name, tuple(split.input_shape), int(split.dataset.num_classes)).eval()
+        with torch.no_grad():
+            out = net(torch.zeros((1, *split.input_shape), dtype=split.parts[0][0].dtype))
+        if masks and out.dim() != 4:
+            raise ConfigError(
+                f"--{role.replace('_', '-')} {name}: dataset {cfg.dataset} has masks (one class per pixel); "
+                f"{name} gives one score per image: use a segmentation model (unet)"
+            )
+        if not masks and out.dim() != 2:
+            raise ConfigError(
+                f"--{role.replace('_', '-')} {name}: gives {out.dim() - 2}-D outputs per example, but "
+                f"dataset {cfg.dataset} has one target per example: use a classifier"
+            )
+
+
+def prepare_split(cfg: RunConfig, device: torch.device, features: bool = True) -> SplitData:
+    """The split of ``cfg`` (its seed given: the rows a run drew), after its feature stage, without planning
+    the run (no σ calibration): what an evaluation after the run scores on."""
+    chosen, split = _prepare_inputs(cfg, device)
+    return with_features(chosen, split) if features else split
 
 
 def unit_sizes(cfg: RunConfig, split: SplitData) -> list[int]:
@@ -311,6 +348,7 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
         persons=[torch.from_numpy(p) for p in src.persons] if src.persons is not None else None,
         id_column=cfg.id_column,
         privacy_unit_warning=src.unit_warning,
+        internal_persons=getattr(src, "internal_persons", None),
     )
 
 

@@ -462,6 +462,10 @@ def _run(
             ).name
         )
     folder.write_summary(summary)
+    if isinstance(built.split, SplitData):  # each site's answer on its own rows (silofl.runner.decision)
+        from silofl.runner.decision import report
+
+        report(cfg, built.split, summary, folder.path, console)
     if tracker is not None:
         tracker.finish(summary)
     return summary
@@ -662,7 +666,9 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
                 "(OUT/sites/client<k>/metrics.jsonl)"
             ),
         },
-        "data_split_seed": cfg.data_seed,
+        # the split this run drew (the plan's: a fresh draw when no seed was given), so --vs-alone and a rerun
+        # train on the same rows
+        "data_split_seed": built.plan.split_seed if built.plan.split_seed is not None else cfg.data_seed,
         "wall_time_s": wall,
         "train_time_s": state.train_s,
         "eval_time_s": state.eval_s,

@@ -215,6 +215,13 @@ def _stacked_accuracies(
 
 # ------------------------------------------------------------------------------------------------ every
 # metric
+def metrics_of(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float | None]:
+    """Every figure of one model's outputs on targets ``y``: its task's own (a survival target: the C-index),
+    else the classification metrics (:func:`silofl.training.metrics.classification_metrics`); None where
+    undefined."""
+    return _metrics(logits, y)
+
+
 def _metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float | None]:
     from silofl.training.metrics import classification_metrics, finite_or_none
     from silofl.training.tasks import target_task
