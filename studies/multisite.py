@@ -134,7 +134,7 @@ def run_study(name: str, out: Path, rounds: int, epsilons: tuple[float, ...]) ->
 
 def page(name: str, result: dict, command: str) -> str:
     """The generated page: the data, the sites, and each budget's decision report."""
-    from silofl.report.decision import markdown
+    from silofl.runner.decision_report import markdown
 
     d = DATASETS[name]
     lines = [

@@ -12,6 +12,7 @@ from torch import nn
 from silofl.core.errors import ConfigError
 from silofl.data.preprocessing import Preprocessing, preprocessing_from_dict
 from silofl.models import ModelSpec, load_model
+from silofl.site.combine import Combined, load_combined  # noqa: F401 - re-exported: a site's combined model
 
 SHARED_ROLES = ("proxy", "global")  # the model that left the site, by method
 
@@ -34,62 +35,6 @@ class Pipeline(nn.Module):
         if self.risk:
             return out[:, 0] + torch.logsumexp(out[:, 1:], dim=1)  # = silofl.training.survival.risk_score
         return torch.softmax(out, dim=1)
-
-
-class Combined(nn.Module):
-    """A site's combined model (:mod:`silofl.site.combine`): ``weight · concat(log_softmax(part(x))) +
-    bias``."""
-
-    def __init__(self, parts: list[nn.Module], roles: list[str], weight: torch.Tensor, bias: torch.Tensor):
-        super().__init__()
-        self.parts = nn.ModuleList(parts)
-        self.roles = roles
-        self.combiner = nn.Linear(weight.shape[1], weight.shape[0])
-        with torch.no_grad():
-            self.combiner.weight.copy_(weight)
-            self.combiner.bias.copy_(bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.combiner(torch.cat([torch.log_softmax(m(x), dim=1) for m in self.parts], 1))
-
-
-def load_combined(d: Path, client: int) -> tuple[Combined, ModelSpec]:
-    """Client ``client``'s combined model from ``d`` (the combiner's safetensors + JSON and its parts' files),
-    and
-    the spec of its first part (input shape and classes)."""
-    from safetensors.torch import load_file
-
-    from silofl.site.combine import COMBINER_FORMAT
-
-    p = d / f"client{client}_combined"
-    try:
-        meta = json.loads(p.with_suffix(".json").read_text())
-        tensors = load_file(str(p.with_suffix(".safetensors")))
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ConfigError(f"cannot read the combiner {p}: {e}") from None
-    roles = meta.get("parts") if isinstance(meta, dict) else None
-    if (
-        not isinstance(meta, dict)
-        or meta.get("format") != COMBINER_FORMAT
-        or not isinstance(roles, list)
-        or not roles
-        or not all(isinstance(r, str) and r.isidentifier() for r in roles)
-    ):
-        raise ConfigError(f"{p.with_suffix('.json')} is not a silofl combiner ({COMBINER_FORMAT})")
-    loaded = [load_model(d / f"client{client}_{r}") for r in roles]
-    specs = [s for _, s in loaded]
-    c = specs[0].num_classes
-    w, b = tensors.get("weight"), tensors.get("bias")
-    if (
-        any(tuple(s.input_shape) != tuple(specs[0].input_shape) or s.num_classes != c for s in specs)
-        or w is None
-        or b is None
-        or tuple(w.shape) != (c, c * len(roles))
-        or tuple(b.shape) != (c,)
-        or not bool(torch.isfinite(w).all() and torch.isfinite(b).all())
-    ):
-        raise ConfigError(f"the combiner {p} does not fit its parts {roles}")
-    return Combined([m for m, _ in loaded], roles, w.float(), b.float()), specs[0]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The decision report of a finished run (:mod:`silofl.report.decision`): each site's saved models scored on
+"""The decision report of a finished run (:mod:`.decision_report`): each site's saved models scored on
 its own held-out rows and on external ones, against going alone on the same rows.
 
 Held-out sets per site (none of their rows trains or tunes anything):
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from silofl.report.decision import HeldOut, decide, site_decision, write
 from silofl.runner.config import RunConfig
+from silofl.runner.decision_report import HeldOut, decide, site_decision, write
 
 log = logging.getLogger("silofl")
 SKEW_SALT = 0x5EED_0043  # the per-site skewed draws from a benchmark's test split
@@ -85,7 +85,7 @@ def _load(models: Path, k: int, role: str):
     from silofl.models import load_model
 
     if role == "combined":
-        from silofl.inference.pipeline import load_combined
+        from silofl.site.combine import load_combined
 
         return load_combined(models, k)[0]
     return load_model(models / f"client{k}_{role}")[0]
@@ -230,7 +230,7 @@ def report(
         return None
     write(d, out)
     if console is not None:
-        from silofl.report.decision import print_table
+        from silofl.runner.decision_report import print_table
 
         print_table(d, console)
     return d

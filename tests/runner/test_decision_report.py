@@ -1,10 +1,10 @@
-"""The decision report (silofl.report.decision): figures, paired gains and a verdict that follows them."""
+"""The decision report (runner.decision_report): figures, paired gains and a verdict that follows them."""
 
 import numpy as np
 import pytest
 import torch
 
-from silofl.report.decision import HeldOut, decide, markdown, site_decision, verdict
+from silofl.runner.decision_report import HeldOut, decide, markdown, site_decision, verdict
 
 
 def _logits(y: torch.Tensor, right: float, seed: int) -> torch.Tensor:
@@ -98,7 +98,7 @@ def test_report_has_each_site_its_verdict_and_the_mean():
 
 
 def test_a_large_held_out_set_gets_fewer_resamples_recorded():
-    from silofl.report.decision import resamples_for
+    from silofl.runner.decision_report import resamples_for
 
     assert resamples_for(300) == 1000 and resamples_for(10_000) == 200 and resamples_for(4_000) == 500
     y = torch.randint(0, 2, (5000,), generator=torch.Generator().manual_seed(0))
