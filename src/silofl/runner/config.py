@@ -980,7 +980,7 @@ FLOAT_LIMIT = 3.4e38  # the largest float32: every tensor silofl trains or accou
 
 def _check_secure_flags(cfg: RunConfig) -> None:
     """--secure-aggregation needs 3 sites or more (of two, each learns the other's update from the sum less
-    its own: below any site's survivors floor, :mod:`silofl.site.policy`); a --secagg-* option set without
+    its own: below any site's survivors floor, `silofl.site.policy`); a --secagg-* option set without
     it would silently change nothing."""
     if cfg.secure_aggregation and cfg.clients < 3:
         raise ConfigError(
