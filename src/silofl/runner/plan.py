@@ -289,7 +289,7 @@ def as_run(config: dict[str, Any], plan_data: dict[str, Any] | None) -> dict[str
 
 def policy_request(run: RunConfig | RunPlan, k: int) -> PlanRequest:
     """What run ``run`` (a resolved config, or its plan: then its σ is the plan's) asks of site ``k``, for
-    that site's policy (:meth:`silofl.site.policy.SitePolicy.check`): the noise placement, the privacy unit,
+    that site's policy (`silofl.site.policy.SitePolicy.check`): the noise placement, the privacy unit,
     σ, rounds, features, seed and the secure sums' survivors, sample and noise."""
     from silofl.privacy.guarantee import guarantee
     from silofl.site.policy import PlanRequest
@@ -333,7 +333,7 @@ def policy_request(run: RunConfig | RunPlan, k: int) -> PlanRequest:
 
 def check_site_policies(sites_hook: Any, run: RunPlan) -> None:
     """Check ``run`` against the policy of every site folder a ``sites`` hook charges
-    (:func:`silofl.site.folder.with_site_folders`), before any site is built: PolicyRefused naming the
+    (`silofl.site.folder.with_site_folders`), before any site is built: PolicyRefused naming the
     site."""
     from silofl.site.policy import PolicyRefused
 
