@@ -191,7 +191,11 @@ class PooledSite(SecureCentralSite):
     def can_continue(self) -> bool:
         if self.pooled is None:
             return super().can_continue()
-        return self._fits_budget(self.pooled.mechanism(self.dim, max(self.pooled.min_survivors, 1)))
+        return self._fits_budget(self.pooled.mechanism(self.release_dim(), max(self.pooled.min_survivors, 1)))
+
+    def release_dim(self) -> int:
+        """The length of the vector this site releases each round (the model's gradient)."""
+        return self.dim
 
     def epsilon(self) -> float | None:
         if self.pooled is None:
@@ -216,6 +220,7 @@ class PooledSite(SecureCentralSite):
             "epsilon_vs_server_plus_colluders": eps["colluders"],
             "colluders": int(self.colluders),
             "noise_multiplier": last.noise_multiplier() if last is not None else None,
+            "rounds_within_budget": None,
             "sample_rate": 1.0,
             "steps": len(self.released_mechs),
             "pooled_rounds": len(self.released_mechs),
