@@ -162,3 +162,50 @@ def test_a_round_below_the_survivors_floor_releases_nothing(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in c.server.state().items())
     # nothing was released: the server's books hold no round; a site's own books count what it masked
     assert c.epsilon_of(0) == 0.0 and b.engine.sites[0].epsilon() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
+    """`silofl launch` (two processes) runs the same pooled steps and gives the simulator's figures bit for
+    bit (seeded), ε included."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import TINY_LAUNCH, launch_tiny
+
+    extra = [
+        "--method",
+        "fedavg",
+        "--secure-aggregation",
+        "--noise-placement",
+        "pooled",
+        "--optimizer",
+        "sgd",
+    ]
+    extra += ["--seed", "0", "--secagg-min-survivors", "2"]
+    r = launch_tiny(tmp_path / "l", *extra)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sim = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "silofl.cli.main",
+            "run",
+            *TINY_LAUNCH[3:],
+            "--out",
+            str(tmp_path / "s"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    runs = [json.loads((tmp_path / k / "summary.json").read_text()) for k in ("l", "s")]
+    assert runs[0]["processes"] == 2
+    for s in runs:
+        assert s["privacy"]["rounds_released"] == 1 and s["privacy"]["epsilon_vs_server"] > 0
+    rows = [[(c["client"], c["global_acc"], c["epsilon"]) for c in s["final"]["per_client"]] for s in runs]
+    assert rows[0] == rows[1]
