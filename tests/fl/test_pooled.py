@@ -209,3 +209,43 @@ def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
         assert s["privacy"]["rounds_released"] == 1 and s["privacy"]["epsilon_vs_server"] > 0
     rows = [[(c["client"], c["global_acc"], c["epsilon"]) for c in s["final"]["per_client"]] for s in runs]
     assert rows[0] == rows[1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "needs --secure-aggregation"),
+        (["--secure-aggregation", "--sample-rate", "0.5"], "no amplification can be claimed"),
+        (
+            ["--secure-aggregation", "--secagg-min-survivors", "5"],
+            "secagg_min_survivors must lie in [2, clients = 4]",
+        ),
+        pytest.param(  # found when the model is built (after the data): slow
+            ["--secure-aggregation", "--secagg-bits", "9", "--proxy-model", "mlp"],
+            "9 bits are too few",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_the_cli_refuses_pooled_noise_it_cannot_account_with_one_line_and_exit_2(tmp_path, args, message):
+    """Bad input: one line, exit 2, nothing written (so nothing trained or released)."""
+    from typer.testing import CliRunner
+
+    from silofl.cli.main import app
+
+    base = [
+        "run",
+        "--method",
+        "fedavg",
+        "--dataset",
+        "digits",
+        "--clients",
+        "4",
+        "--samples-per-client",
+        "40",
+    ]
+    base += ["--rounds", "1", "--optimizer", "sgd", "--noise-placement", "pooled", "--quiet"]
+    r = CliRunner().invoke(app, [*base, *args, "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert not (tmp_path / "x").exists()
