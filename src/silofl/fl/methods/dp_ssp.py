@@ -71,6 +71,11 @@ class DpSspOptions(SecAggOptions, SharedModelOptions):
         10.0, "dp-ssp: each site's own head: the pull towards the shared head (non-DP, stays at the site)."
     )
 
+    def resolve(self, run: Any):
+        if self.sample_rate is None or self.local_steps is None:  # one full-batch release (the plan's q = 1)
+            return dataclasses.replace(self, sample_rate=1.0, local_steps=1).resolve(run)
+        return super().resolve(run)
+
     def validate(self, run: Any) -> None:
         super().validate(run)
         if self.proxy_model != "linear":
