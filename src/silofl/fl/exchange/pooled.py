@@ -253,10 +253,7 @@ class PooledSite(SecureCentralSite):
 
         rnd, server = int(msg.meta["round"]), int(msg.meta["server"])
         try:
-            if "secagg" not in msg.meta:
-                raise SecAggRefused("pooled noise: this site uploads no gradient in the clear")
-            parts, graph_seed, rseed = self.secure_round_meta(msg.meta["secagg"])
-            self.party.settings.check_round(len(parts))  # refuse before computing anything
+            parts, graph_seed, rseed = self.secure_request(msg, "gradient")  # refused before computing
             if self.n > self.pooled.rows:
                 raise SecAggRefused(f"{self.n} rows exceed the {self.pooled.rows} the group was sized for")
             try:

@@ -201,10 +201,7 @@ class SecureCentralSite(SecureParty, CentralSite):
 
         rnd, server = int(msg.meta["round"]), int(msg.meta["server"])
         try:
-            if "secagg" not in msg.meta:
-                raise SecAggRefused("secure aggregation is on at this site: it uploads no model in the clear")
-            parts, graph_seed, rseed = self.secure_round_meta(msg.meta["secagg"])
-            self.party.settings.check_round(len(parts))  # refuse before training
+            parts, graph_seed, rseed = self.secure_request(msg, "model")  # refused before training
             w = self._weight(msg.meta)
             keys = _float_keys(self.shared.state_dict())
             dim = sum(self.shared.state_dict()[k].numel() for k in keys)
