@@ -60,7 +60,7 @@ import hashlib
 import math
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -220,12 +220,15 @@ def epsilon(
     delta: float,
     survivors: int | None = None,
     whole_party: bool = False,
+    colluders: int = 0,
 ) -> float:
     """ε at ``delta`` of ``rounds`` rounds, each releasing every mechanism of ``mechs_per_round`` once (RDP
     composes additively over the mechanisms and the rounds), with ``survivors`` parties' noise in each sum
     (default: each mechanism's own ``min_survivors``); the unit is one summand, or with ``whole_party`` one
-    party's ``per_party`` summands together (:func:`rdp`). 0 for no release; inf when a release has no
-    noise."""
+    party's ``per_party`` summands together (:func:`rdp`). ``colluders`` c: the ε against the server plus c
+    colluding parties, who know (or never added) their own noise shares — only the survivors − c honest
+    parties' shares count (:func:`honest_survivors`; inf when none is left). 0 for no release; inf when a
+    release has no noise."""
     from silofl.privacy.analysis import epsilon_from_rdp
 
     if isinstance(rounds, bool) or not isinstance(rounds, int | np.integer) or rounds < 0:
@@ -239,18 +242,54 @@ def epsilon(
     for m in mechs:
         if not isinstance(m, DiscreteMechanism):
             raise ConfigError(f"not a DiscreteMechanism: {type(m).__name__}")
-        total = total + rdp(
-            m,
-            DISCRETE_ORDERS,
-            survivors=m.min_survivors if survivors is None else survivors,
-            whole_party=whole_party,
-        )
+        honest = honest_survivors(m.min_survivors if survivors is None else survivors, colluders)
+        if honest == 0:
+            return math.inf
+        total = total + rdp(m, DISCRETE_ORDERS, survivors=honest, whole_party=whole_party)
     total = total * int(rounds)
     if not np.any(np.isfinite(total)):
         return math.inf
     if not np.any(total > 0):
         return 0.0
     return epsilon_from_rdp(DISCRETE_ORDERS, total, delta)[0]
+
+
+def honest_survivors(survivors: int, colluders: int) -> int:
+    """The parties whose noise shares are unknown to the server plus ``colluders`` colluding parties when
+    ``survivors`` parties' shares reach the sum: survivors − c, at least 0 (the colluders are assumed to be
+    among the survivors: the worst case for the honest ones)."""
+    for name, v in (("survivors", survivors), ("colluders", colluders)):
+        if not _is_int(v) or v < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {_show(v)}")
+    return max(0, int(survivors) - int(colluders))
+
+
+THREATS = ("outsiders", "server", "colluders")
+"""Whom a secure sum's ε holds against: everyone outside (they see at most what the server sees), the server
+(the whole noise of the survivors floor), the server plus c colluding parties (the honest survivors'
+shares only)."""
+
+
+def epsilon_per_threat(
+    mechs_per_round: Sequence[DiscreteMechanism],
+    *,
+    rounds: int,
+    delta: float,
+    colluders: int,
+    whole_party: bool = False,
+) -> dict[str, float]:
+    """ε at ``delta`` of ``rounds`` releases of every mechanism of ``mechs_per_round``, per threat
+    (:data:`THREATS`): ``outsiders`` and ``server`` with each mechanism's ``min_survivors`` parties' noise
+    (the server decodes only the sum; an outsider sees at most the server's view), ``colluders`` with the
+    min_survivors − ``colluders`` honest parties' noise (:func:`epsilon`)."""
+    server = epsilon(mechs_per_round, rounds=rounds, delta=delta, whole_party=whole_party)
+    return {
+        "outsiders": server,
+        "server": server,
+        "colluders": epsilon(
+            mechs_per_round, rounds=rounds, delta=delta, whole_party=whole_party, colluders=colluders
+        ),
+    }
 
 
 def _chernoff_tail(a: float, subgauss_var: float, skellam_var: float) -> float:
@@ -505,6 +544,61 @@ def calibrate(
     return mech
 
 
+def calibrate_pooled(
+    *,
+    dim: int,
+    clip: float,
+    bits: int,
+    parties: int,
+    min_survivors: int,
+    noise_multiplier: float,
+    rows: int,
+    kind: str = "skellam",
+    k: float = DEFAULT_K,
+) -> DiscreteMechanism:
+    """The pooled example-level mechanism (issue 44; Heikkilä et al. 2020 with the discrete noise of Agarwal,
+    Kairouz & Liu 2021): each of ``parties`` parties sums its (at most ``rows``) examples' vectors, each
+    clipped to ``clip`` = C, and encodes the float sum with :func:`encode_sum` — rotated, scaled by γ,
+    *plainly* randomised rounding (β = 0), plus its noise share — so that ``min_survivors`` parties'
+    shares carry the central noise (z·C·γ)² of one pooled DP-(S)GD step (z = ``noise_multiplier``).
+
+    The unit is one example. Removing it moves the party's float sum S by Δ, ‖Δ‖ ≤ C, so the rotated, scaled
+    sum by γΔ. Randomised rounding is ⌊s + U⌋ for U uniform per coordinate; coupled through the same U, the
+    rounded vectors of two neighbouring sums differ by an integer vector whose coordinates are at most
+    |γΔ_j| + 1, of L2 norm ≤ γC + √d′ — :func:`rounded_l2_norm_bound` with β = 0, this mechanism's
+    :meth:`~DiscreteMechanism.l2_sensitivity` (and L1 ≤ L2·min(√d′, L2), integers). The release is a mixture
+    over U of Skellam mechanisms on integer vectors at that distance, and Rényi divergence is jointly
+    quasi-convex (van Erven & Harremoës 2014, Theorem 13), so the Skellam bound (:func:`skellam_rdp`) of those
+    sensitivities holds for the mixture: :func:`rdp` and :func:`epsilon` apply unchanged (per_party 1: one
+    example is the summand). γ is :func:`calibrate`'s with the group holding ``parties``·``rows`` summands of
+    norm ≤ C (the k-standard-deviation capacity; wrap-around is post-processing). Raises ConfigError when
+    the bits are too few for the model (γC below √d′, where rounding would double the sensitivity)."""
+    if not _is_int(rows) or not 1 <= rows <= MAX_PARTIES:
+        raise ConfigError(f"rows must be an integer in [1, {MAX_PARTIES}], got {_show(rows)}")
+    mech = calibrate(
+        dim=dim,
+        clip=clip,
+        bits=bits,
+        parties=parties,
+        min_survivors=min_survivors,
+        noise_multiplier=noise_multiplier,
+        kind=kind,
+        beta=0.0,
+        k=k,
+        per_party=int(rows),
+    )
+    return replace(mech, per_party=1)
+
+
+def pooled_sum_bound(mech: DiscreteMechanism, rows: int, parties: int) -> float:
+    """An L2 bound on the decoded sum of ``parties`` pooled encodings of at most ``rows`` examples each under
+    ``mech`` (:func:`calibrate_pooled`): every example at C, every rounding at its largest, eight standard
+    deviations of the noise norm on top (as :func:`silofl.fl.exchange.secure_round.plausible` does)."""
+    d = mech.padded_dim()
+    std = mech.central_std(int(parties))
+    return parties * (rows * mech.clip + math.sqrt(d) / mech.scale) + std * (math.sqrt(d) + 8)
+
+
 def exact_range(
     *, dim: int, clip: float, bits: int, parties: int, min_survivors: int = 1
 ) -> DiscreteMechanism:
@@ -559,17 +653,32 @@ def calibrate_for_epsilon(
     k: float = DEFAULT_K,
     others: Sequence[DiscreteMechanism] = (),
     tolerance: float = 1e-3,
+    rows: int | None = None,
 ) -> DiscreteMechanism:
     """Budget-first :func:`calibrate`: the mechanism with (to within ``tolerance``, relative) the smallest
     noise multiplier z for which ``rounds`` rounds of it — together with ``others``, the round's other
     releases — spend at most ``target_epsilon`` at ``delta`` against the server with ``min_survivors``
-    parties' noise. Raises ConfigError when no z up to 10⁴ meets the target or the bits are too few."""
+    parties' noise. ``rows``: the pooled example-level mechanism of :func:`calibrate_pooled` (β = 0, every
+    party summing at most that many examples). Raises ConfigError when no z up to 10⁴ meets the target or
+    the bits are too few."""
     if not _is_real(target_epsilon) or not target_epsilon > 0:
         raise ConfigError(f"target_epsilon must be positive and finite, got {_show(target_epsilon)}")
     if not _is_int(rounds) or rounds < 1:
         raise ConfigError(f"rounds must be a positive integer, got {_show(rounds)}")
 
     def build(z: float) -> DiscreteMechanism:
+        if rows is not None:
+            return calibrate_pooled(
+                dim=dim,
+                clip=clip,
+                bits=bits,
+                parties=parties,
+                min_survivors=min_survivors,
+                noise_multiplier=z,
+                rows=rows,
+                kind=kind,
+                k=k,
+            )
         return calibrate(
             dim=dim,
             clip=clip,
@@ -841,11 +950,37 @@ def encode_parts(
     rounded = np.zeros(mech.padded_dim(), dtype=np.int64)
     for x in parts:
         rounded += _rounded(x, mech, rotation_seed, rng)
+    return _noised(rounded, mech, rng)
+
+
+def _noised(rounded: np.ndarray, mech: DiscreteMechanism, rng: DiscreteRandom) -> np.ndarray:
+    """A party's rounded integer vector plus its noise share, reduced mod 2^bits (uint64)."""
     if mech.kind == "ddgauss":
         noisy = rounded + rng.discrete_gaussian(rounded.size, mech.local_mu)
     else:
         noisy = rounded + rng.skellam(rounded.size, mech.local_mu)
     return (noisy & np.int64((1 << mech.bits) - 1)).astype(np.uint64)
+
+
+def encode_sum(
+    x: np.ndarray, mech: DiscreteMechanism, *, rotation_seed: int, rng: DiscreteRandom, bound: float
+) -> np.ndarray:
+    """Pooled example-level noise (:func:`calibrate_pooled`): one party's float vector (dim,) — the sum of its
+    examples' vectors, each clipped to ``mech.clip`` by the caller, so of L2 norm ≤ ``bound`` (refused
+    above: the group was sized for it) — → its encoding (padded_dim,) uint64: rotate (public seed), scale by
+    γ, *plain* randomised rounding of the sum (the mechanism's β is 0), add the party's noise share, reduce
+    mod 2^bits. The sum is not clipped here: clipping it would break the per-example sensitivity."""
+    if mech.beta != 0 or mech.per_party != 1:
+        raise ValueError("encode_sum takes a pooled mechanism (calibrate_pooled: β = 0, one summand)")
+    x = _check_vector(x, mech.dim, "the vector to encode")
+    x = x.astype(np.float64)
+    if not np.all(np.isfinite(x)):
+        raise ValueError("the vector to encode has non-finite values")
+    norm = float(np.linalg.norm(x))
+    if not norm <= bound * (1 + 1e-9):
+        raise ValueError(f"the sum's norm {norm:.6g} exceeds its bound {bound:.6g} (rows × clip)")
+    scaled = rotate(x, mech, rotation_seed=rotation_seed) * mech.scale
+    return _noised(conditional_round(scaled, math.inf, rng), mech, rng)
 
 
 def _check_group(a: Any, bits: int, what: str) -> np.ndarray:

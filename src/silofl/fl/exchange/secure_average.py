@@ -27,7 +27,7 @@ import logging
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -91,6 +91,53 @@ class SecureAveragingOptions(SecAggOptions):
         },
     )
 
+    noise_placement: str = dataclasses.field(
+        default="local",
+        metadata={
+            "help": "FedAvg: local (each site's DP-SGD adds its own full noise) | pooled (with "
+            "--secure-aggregation: each site adds a share of one pooled DP-GD step's noise, full batch; "
+            "silofl.fl.exchange.pooled).",
+            "panel": "privacy",
+        },
+    )
+
+    supports_pooled: ClassVar[bool] = False  # a method whose sites and server take pooled noise says so
+
+    def resolve(self, run: Any):
+        q, steps = getattr(self, "sample_rate", 1.0), getattr(self, "local_steps", 1)
+        if self.noise_placement == "pooled" and (q is None or steps is None):
+            filled = {"sample_rate": 1.0 if q is None else q, "local_steps": 1 if steps is None else steps}
+            return dataclasses.replace(self, **filled).resolve(run)  # type: ignore[arg-type]
+        return super().resolve(run)
+
+    def validate_pooled(self, run: Any) -> None:
+        """One-line ConfigErrors for what pooled noise does not cover (module doc of
+        :mod:`silofl.fl.exchange.pooled`)."""
+        if not self.supports_pooled:
+            raise ConfigError("noise_placement pooled is implemented for fedavg only")
+        if not getattr(run, "secure_aggregation", False):
+            raise ConfigError(
+                "noise_placement pooled needs --secure-aggregation: the server may see only the sum"
+            )
+        if run.privacy == "off":
+            raise ConfigError("noise_placement pooled places DP noise: it needs privacy on")
+        if getattr(run, "target_epsilons", None):
+            raise ConfigError(
+                "noise_placement pooled: every site adds a share of one noise, so one target_epsilon"
+            )
+        if getattr(self, "sample_rate", 1.0) != 1.0:
+            raise ConfigError(
+                "noise_placement pooled takes full-batch steps (sample_rate 1): no analysis of the "
+                "subsampled discrete mechanism is implemented, so no amplification can be claimed"
+            )
+        if getattr(self, "local_steps", 1) != 1:
+            raise ConfigError("noise_placement pooled takes one pooled step a round: local_steps must be 1")
+        if getattr(self, "optimizer", "sgd") != "sgd" or getattr(self, "augmult", 0):
+            raise ConfigError(
+                "noise_placement pooled steps at the server with SGD on the pooled gradient (momentum: "
+                "server_momentum): set optimizer sgd, and no augmult"
+            )
+
     def secure_average(self, run: Any) -> SecureAverageSettings | None:
         """The sites' and the server's settings (None when secure aggregation is off)."""
         if not getattr(run, "secure_aggregation", False):
@@ -105,6 +152,12 @@ class SecureAveragingOptions(SecAggOptions):
 
     def validate(self, run: Any) -> None:
         super().validate(run)
+        if self.noise_placement not in ("local", "pooled"):
+            raise ConfigError(
+                f"unknown noise_placement {self.noise_placement!r}; choose one of: local, pooled"
+            )
+        if self.noise_placement == "pooled":
+            self.validate_pooled(run)
         if not getattr(run, "secure_aggregation", False):
             return
         if not (math.isfinite(self.secagg_range) and self.secagg_range > 0):
@@ -148,10 +201,7 @@ class SecureCentralSite(SecureParty, CentralSite):
 
         rnd, server = int(msg.meta["round"]), int(msg.meta["server"])
         try:
-            if "secagg" not in msg.meta:
-                raise SecAggRefused("secure aggregation is on at this site: it uploads no model in the clear")
-            parts, graph_seed, rseed = self.secure_round_meta(msg.meta["secagg"])
-            self.party.settings.check_round(len(parts))  # refuse before training
+            parts, graph_seed, rseed = self.secure_request(msg, "model")  # refused before training
             w = self._weight(msg.meta)
             keys = _float_keys(self.shared.state_dict())
             dim = sum(self.shared.state_dict()[k].numel() for k in keys)

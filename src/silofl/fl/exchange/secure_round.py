@@ -221,6 +221,18 @@ class SecureParty:
             raise SecAggRefused("participants: not integers")
         return sorted(parts), graph_seed, int(rseed)
 
+    def secure_request(self, msg: Message, what: str) -> tuple[list[int], bytes, int]:
+        """(participants, graph seed, rotation seed) of a ``train_upload`` request while secure aggregation is
+        on here: SecAggRefused for a request of an upload in the clear (``what``: what would be uploaded) or
+        a round the protocol cannot run — before anything is computed."""
+        from silofl.secure import SecAggRefused
+
+        if "secagg" not in msg.meta:
+            raise SecAggRefused(f"secure aggregation is on at this site: it uploads no {what} in the clear")
+        parts, graph_seed, rseed = self.secure_round_meta(msg.meta["secagg"])
+        self.party.settings.check_round(len(parts))
+        return parts, graph_seed, rseed
+
     def secure_upload(
         self, rnd: int, server: int, x: np.ndarray, participants: list[int], graph_seed: bytes
     ) -> Message:

@@ -6,6 +6,7 @@ from silofl.fl.methods import (  # noqa: F401
     client_dp,
     cwt,
     ditto,
+    dp_ssp,
     fedavg,
     fedbn,
     fedopt,
@@ -44,4 +45,5 @@ ORDER = (
     "fedbn",
     "fedrep",
     "apfl",
+    "dp-ssp",
 )
