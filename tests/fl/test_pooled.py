@@ -167,7 +167,7 @@ def test_a_round_below_the_survivors_floor_releases_nothing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
-    """`silofl launch` (two processes) runs the same pooled steps and gives the simulator's figures bit for
+    """`silofl launch` (two processes, three sites) runs the same pooled steps and gives the simulator's figures bit for
     bit (seeded), ε included."""
     import json
     import subprocess
@@ -184,7 +184,7 @@ def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
         "--optimizer",
         "sgd",
     ]
-    extra += ["--seed", "0", "--secagg-min-survivors", "2"]
+    extra += ["--seed", "0", "--clients", "3", "--secagg-min-survivors", "3"]  # secure sums: 3 sites at least
     r = launch_tiny(tmp_path / "l", *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     sim = subprocess.run(

@@ -581,6 +581,8 @@ class SiteWorker:
                 survivor_fraction=pol.survivor_fraction,
                 colluders=pol.colluders,
             )
+        if isinstance(getattr(type(site), "colluders", None), int):  # pooled noise: its per-threat ε
+            site.colluders = self.policy.colluders
 
     def _planned(self, config: dict, k: int) -> Any:
         """The run's config, checked against this site's policy before anything is built or read: a backbone

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from silofl.comm.messages import Message
-from silofl.core.errors import ConfigError
+from silofl.core.errors import BudgetExhausted, ConfigError
 from silofl.fl.coordinator import RoundEvents
 from silofl.fl.exchange.secure_average import SecureCentralized, SecureCentralSite
 
@@ -188,6 +188,20 @@ class PooledSite(SecureCentralSite):
         target = self.settings.target_epsilon
         return target is None or self.pooled_epsilons([mech])["server"] <= target * (1 + 1e-6)
 
+    def _require_lifetime(self, mech) -> None:
+        """SecAggRefused when the round would take the site past the lifetime budget of its ledger: its one
+        accountant, every mechanism the ledger records (DP-SGD, releases, secure rounds) composed."""
+        from silofl.privacy.site_accountant import SiteAccountant, planned_secure
+        from silofl.secure import SecAggRefused
+
+        books = SiteAccountant(self.ledger, colluders=int(self.colluders))
+        if books.lifetime is None:  # a simulated site without a folder: its run's budget alone
+            return
+        try:
+            books.require([planned_secure([mech], unit="row")], what="this pooled round")
+        except BudgetExhausted as e:
+            raise SecAggRefused(str(e)) from None
+
     def can_continue(self) -> bool:
         if self.pooled is None:
             return super().can_continue()
@@ -264,6 +278,7 @@ class PooledSite(SecureCentralSite):
                 raise SecAggRefused(
                     f"this round would take the site's ε above {self.settings.target_epsilon:g}"
                 )
+            self._require_lifetime(mech)
             enc = encode_sum(
                 self.clipped_sum(),
                 mech,

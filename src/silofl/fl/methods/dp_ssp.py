@@ -54,6 +54,8 @@ ROW_BOUND = math.sqrt(2.0)  # one row's (x xᵀ, x yᵀ) with ‖x‖ ≤ 1 and 
 class DpSspOptions(SecAggOptions, SharedModelOptions):
     """dp-ssp: the statistics' projection and the ridge of the shared and the private heads."""
 
+    noise_placement = "pooled"  # not an option: its statistics always go through the pooled secure sum
+
     secagg_bits: int = field(
         default=32,
         metadata={
