@@ -50,6 +50,7 @@ class RemoteSplit:
     internal: list | None = None
     parts: list = field(default_factory=list)
     preprocessing: list | None = None
+    privacy_unit_warning: dict | None = None  # a site's repeated id-like column (no id column declared)
 
 
 class FlowerEngine(Engine):
@@ -515,7 +516,8 @@ def join(engine: FlowerEngine, spec: dict):
             )
             for h in hellos.values()
         }
-        sizes = [_count(hellos[k].meta["n"], "n") for k in range(len(sites))]
+        # what a batch size counts: each site's persons where it declares an id column, else its rows
+        sizes = [_count(hellos[k].meta.get("units", hellos[k].meta["n"]), "units") for k in range(len(sites))]
     except (KeyError, TypeError) as e:
         raise SiloflError(f"a site's hello is malformed: {e}") from None
     if len(shapes) != 1:
@@ -558,5 +560,11 @@ def join(engine: FlowerEngine, spec: dict):
         sites=names,
         internal=internal,
     )
+    warnings = [
+        h.meta["unit_warning"] for h in hellos.values() if isinstance(h.meta.get("unit_warning"), dict)
+    ]
+    if warnings and not getattr(cfg, "id_column", None):  # as the sites declared it, signed in their hellos
+        remote.privacy_unit_warning = warnings[0]
+        log.warning("privacy unit: %s", str(warnings[0].get("message", ""))[:500])
     engine.security["run_id"] = run_id
     return cfg, remote

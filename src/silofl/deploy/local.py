@@ -1054,6 +1054,7 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
 
     cards, folders = [], []
     lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
+    warning = getattr(split, "privacy_unit_warning", None)  # each site's hello repeats it
     for k, inp in enumerate(site_inputs(cfg.info.cls(cfg), split)):
         name = f"site{k}"
         folder = root / name
@@ -1069,7 +1070,10 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
                 "classes": split.dataset.class_names,
                 "preprocessing": inp.preprocessing,
                 "source": f"{split.source} (partition {k}, exported by deploy local)",
+                **({"id_column": inp.id_column} if inp.persons is not None else {}),
+                **({"unit_warning": warning} if warning else {}),
             },
+            inp.persons,
         )
         sc = SiteConfig(
             name=name,
@@ -1077,6 +1081,7 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
             lifetime_epsilon=lifetime,
             lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5,
             report_test_figures=True,
+            id_column=inp.id_column if inp.persons is not None else None,
             allow_research_seed=cfg.seed is not None,
             allow_non_formal=not cfg.guarantee().formal,
         )

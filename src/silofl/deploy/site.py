@@ -130,9 +130,10 @@ def export_data(
     test: tuple[torch.Tensor, torch.Tensor],
     internal: tuple[torch.Tensor, torch.Tensor] | None,
     meta: dict,
+    persons: torch.Tensor | None = None,
 ) -> None:
     """One site's data as a safetensors file (its training rows, the shared test set, its own held-out
-    rows)."""
+    rows; with person-level DP each training row's person, and ``meta["id_column"]`` naming the column)."""
     from safetensors.torch import save_file
 
     t = {
@@ -143,6 +144,10 @@ def export_data(
     }
     if internal is not None:
         t["internal_x"], t["internal_y"] = internal[0].cpu().contiguous(), internal[1].cpu().contiguous()
+    if persons is not None:
+        if len(persons) != len(y) or not meta.get("id_column"):
+            raise ConfigError("an export's persons give one person per training row and name their column")
+        t["persons"] = persons.to(torch.long).cpu().contiguous()
     save_file(t, str(path), metadata={"silofl": json.dumps(meta)})
 
 
@@ -159,6 +164,9 @@ class LocalData:
     classes: list[str]
     preprocessing: dict | None
     source: str
+    persons: torch.Tensor | None = None  # each training row's person (site.json's id_column)
+    id_column: str | None = None
+    unit_warning: dict | None = None  # no id_column, but a column looks like a repeated person id
 
 
 def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalData:
@@ -177,16 +185,23 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
             raise ConfigError(f"{path}: not a silofl data export ({e})") from None
         internal = (t["internal_x"], t["internal_y"]) if "internal_x" in t else None
-        return LocalData(
-            t["x"],
-            t["y"],
-            (t["test_x"], t["test_y"]),
-            internal,
-            tuple(t["x"].shape[1:]),
-            int(meta["num_classes"]),
-            list(meta.get("classes") or []),
-            meta.get("preprocessing"),
-            meta.get("source", str(path)),
+        return _declared_unit(
+            cfg,
+            path,
+            LocalData(
+                t["x"],
+                t["y"],
+                (t["test_x"], t["test_y"]),
+                internal,
+                tuple(t["x"].shape[1:]),
+                int(meta["num_classes"]),
+                list(meta.get("classes") or []),
+                meta.get("preprocessing"),
+                meta.get("source", str(path)),
+                t.get("persons"),
+                meta.get("id_column"),
+                meta.get("unit_warning"),
+            ),
         )
     from silofl.data.sites import load_site_images, load_site_tables
 
@@ -194,21 +209,54 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
         0 if seed is None else seed
     )  # the site's own held-out rows: the loaders' fixed default without a run seed
     if cfg.schema:
-        src = load_site_tables(cfg.schema, [str(path)], None, cfg.test_fraction, seed)
+        src = load_site_tables(cfg.schema, [str(path)], None, cfg.test_fraction, seed, cfg.id_column)
     else:
         src = load_site_images([str(path)], 28, None, cfg.test_fraction, seed)
     x, y = src.parts[0]
-    return LocalData(
-        x,
-        y,
-        None,
-        src.internal[0] if src.internal else None,
-        tuple(x.shape[1:]),
-        src.outputs or len(src.classes),  # a survival target: its model's outputs (1 + its time bins)
-        list(src.classes),
-        src.preprocessing[0].to_dict() if src.preprocessing else None,
-        str(path),
+    persons = getattr(src, "persons", None)
+    return _declared_unit(
+        cfg,
+        path,
+        LocalData(
+            x,
+            y,
+            None,
+            src.internal[0] if src.internal else None,
+            tuple(x.shape[1:]),
+            src.outputs or len(src.classes),  # a survival target: its model's outputs (1 + its time bins)
+            list(src.classes),
+            src.preprocessing[0].to_dict() if src.preprocessing else None,
+            str(path),
+            torch.as_tensor(persons[0], dtype=torch.long) if persons is not None else None,
+            cfg.id_column if persons is not None else None,
+            getattr(src, "unit_warning", None),
+        ),
     )
+
+
+def _declared_unit(cfg: SiteConfig, path: Path, d: LocalData) -> LocalData:
+    """``d`` checked against the privacy unit site.json declares: with ``id_column`` every training row has
+    its person (the export names the same column); without it, the repeated id-like column a table shows is
+    logged (the site's ε then covers rows, not persons)."""
+    if cfg.id_column is not None:
+        if d.persons is None or d.id_column != cfg.id_column:
+            found = f"column {d.id_column!r}" if d.persons is not None else "no person ids"
+            raise ConfigError(
+                f"site {cfg.name}: site.json declares the id column {cfg.id_column!r} "
+                f"but {path} holds {found}"
+            )
+        if len(d.persons) != len(d.y):
+            raise ConfigError(
+                f"site {cfg.name}: {path} gives {len(d.persons)} person ids for {len(d.y)} rows"
+            )
+    elif d.persons is not None:
+        raise ConfigError(
+            f"site {cfg.name}: {path} holds person ids (column {d.id_column!r}) but site.json declares no "
+            "id_column: set it, so that the site samples and accounts by person"
+        )
+    if d.unit_warning:
+        log.warning("site %s: privacy unit: %s", cfg.name, d.unit_warning.get("message"))
+    return d
 
 
 class _Shape:
@@ -437,6 +485,7 @@ class SiteWorker:
 
         facts = {
             "n": len(d.y),
+            **unit_facts(d),
             "input_shape": list(d.input_shape),
             "num_classes": d.num_classes,
             "internal": d.internal is not None,
@@ -580,9 +629,16 @@ class SiteWorker:
         from silofl.runner.loop import SiteInputs
 
         d = self.data
+        asked = getattr(cfg, "id_column", None)
+        if asked and d.persons is None and cfg.is_private:
+            raise ConfigError(
+                f"site {self.cfg.name} refuses the run: it asks for person-level DP (id column {asked!r}) "
+                "and this site declares no id column (the site.json field id_column)"
+            )
+        who = {"persons": d.persons, "id_column": d.id_column}
         stage = stage_from_config(cfg)
         if stage.identity:
-            return SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing), _Shape(
+            return SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing, **who), _Shape(
                 d.input_shape, d.num_classes
             )
         rec = record(stage, d.input_shape, cfg)
@@ -600,6 +656,7 @@ class SiteWorker:
                 f(d.test, "test set"),
                 f(d.internal, "held-out rows"),
                 d.preprocessing,
+                **who,
             ),
             shape,
         )
@@ -814,6 +871,16 @@ class SiteWorker:
             log.exception("site %s: a connection failed", self.cfg.name)
         finally:
             slots.release()
+
+
+def unit_facts(d: LocalData) -> dict:
+    """What a site's hello declares of its privacy unit: ``unit`` (``row`` or ``person (column X)``),
+    ``units`` (its training rows, or persons: what a batch size counts) and the repeated id-like column it
+    found, if any."""
+    if d.persons is not None:
+        count = int(d.persons.max()) + 1 if len(d.persons) else 0
+        return {"unit": f"person (column {d.id_column})", "units": count}
+    return {"unit": "row", "units": len(d.y), **({"unit_warning": d.unit_warning} if d.unit_warning else {})}
 
 
 def head_text(run_id: str, name: str, head: dict) -> bytes:

@@ -169,6 +169,9 @@ class SiteConfig:
     private_model: str | None = None
     schema: str | None = None
     test_fraction: float = 0.2
+    # the column naming each row's person (person-level DP, silofl.privacy.person): the site samples, clips
+    # and accounts by person in every run; None: its unit is the row
+    id_column: str | None = None
     report_test_figures: bool = False
     allow_research_seed: bool = False
     allow_non_formal: bool = False  # runs whose ε is not a formal guarantee (paper mode, no DP)
