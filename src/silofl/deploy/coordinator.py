@@ -30,12 +30,22 @@ from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
 from silofl.core.extras import require
 from silofl.deploy import seal as sealing
-from silofl.deploy.site import COORDINATOR, ERROR, HELLO, SETUP, hello_text
+from silofl.deploy.site import (
+    COORDINATOR,
+    ERROR,
+    HELLO,
+    REPORT_FOR,
+    REPORT_SIGNATURE,
+    SETUP,
+    hello_text,
+    report_text,
+)
 
 log = logging.getLogger("silofl")
 
 MESSAGE_TYPE = "query.silofl"
 MAX_REPLY = 256 << 20
+ANY_ROUND = object()  # a request whose round the coordinator did not keep (sent outside a call)
 
 
 @dataclass
@@ -87,6 +97,9 @@ class FlowerEngine(Engine):
             None  # the coordinator's keys (load_keys): a server role's payloads are sealed
         )
         self.guard = sealing.ReplayGuard()
+        self.asked: dict[
+            int, list[tuple[str | None, object]]
+        ] = {}  # the steps and rounds of the call in flight
         self.heads = (
             None  # the last ledger head each site announced (a HeadStore in the coordinator's state folder)
         )
@@ -310,19 +323,71 @@ class FlowerEngine(Engine):
         if got_step != step or set(got) != {k}:
             self._lose(k, f"replied to {got_step!r} for {sorted(got)} when asked {step!r}")
             return None
+        asked = self.asked.get(k) or [(step, ANY_ROUND)]
         if step != batch.BATCH:
-            return self._accept(k, got[k])
+            one = asked[-1] if asked[-1][0] == step else (step, ANY_ROUND)
+            return self._accept(k, got[k], one)
         try:
             parts = [m for _, m in batch.split(got[k], replies=True)]
         except PeerModelRejected as e:
             self._lose(k, f"malformed batch reply: {e}")
             return None
-        accepted = [self._accept(k, m) for m in parts]
+        if k not in self.asked:  # a batch sent outside a call: its parts' steps as the site signed them
+            asked = [(None, ANY_ROUND)] * len(parts)
+        if len(parts) != len(asked):
+            self._lose(k, f"answered a batch of {len(asked)} steps with {len(parts)} replies")
+            return None
+        accepted = [self._accept(k, m, a) for m, a in zip(parts, asked, strict=True)]
         return None if any(m is None for m in accepted) else batch.reply(accepted)  # type: ignore[arg-type]
 
-    def _accept(self, k: int, reply: Message) -> Message | None:
-        """One reply of site ``k`` (or one part of its batch reply), checked: uploads opened, its ledger
-        head kept."""
+    def verify_report(self, k: int, reply: Message, asked: tuple[str | None, object]) -> bool:
+        """Whether site ``k`` signed ``reply``'s whole meta (every figure it reports) with its pinned key for
+        this run and the step and round it was asked (:func:`silofl.deploy.site.report_text`); the signature
+        is taken out of the meta. A reply it did not sign is refused, logged and the site lost."""
+        from cryptography.exceptions import InvalidSignature
+
+        from silofl.deploy.pki import load_public
+
+        sig = reply.meta.pop(REPORT_SIGNATURE, None)
+        name = self.cards[k]["name"]
+        try:
+            if not isinstance(sig, str) or len(sig) != 128:
+                raise ValueError("no signature")
+            text = report_text(self._run_id(), name, reply.meta)
+            load_public(self.cards[k]["sign"], "ed25519").verify(bytes.fromhex(sig), text)
+            for_ = reply.meta.pop(REPORT_FOR, None)
+            if not isinstance(for_, list) or len(for_) != 2:
+                raise ValueError("no step and round signed")
+            if (asked[0] is not None and for_[0] != asked[0]) or (
+                asked[1] is not ANY_ROUND and for_[1] != asked[1]
+            ):
+                raise ValueError(
+                    f"signed for step {for_[0]!r} round {for_[1]!r}: an answer to another request"
+                )
+        except (InvalidSignature, ValueError, TypeError, SiloflError) as e:
+            log.warning(
+                "the coordinator refused a reply of site %s to %s: not signed by its key (%s)",
+                name,
+                asked[0],
+                e,
+            )
+            self.refused.append(
+                {"client": k, "round": self.round, "reason": f"reply to {asked[0]} not signed by its key"}
+            )
+            self._lose(
+                k, f"its reply to {asked[0]} is not signed by its pinned key: refused (relay tampering?)"
+            )
+            return False
+        return True
+
+    def _accept(
+        self, k: int, reply: Message, asked: tuple[str | None, object] = (HELLO, None)
+    ) -> Message | None:
+        """One reply of site ``k`` (or one part of its batch reply), checked: every figure in it signed by the
+        site (:meth:`verify_report`; a hello is checked by :func:`greet`), uploads opened, its ledger head
+        kept."""
+        if asked[0] != HELLO and not self.verify_report(k, reply, asked):
+            return None
         for p in reply.packets:
             if p.src != k:  # a site speaks only for itself
                 self._lose(k, f"sent a packet as node {p.src}")
@@ -380,7 +445,14 @@ class FlowerEngine(Engine):
                     tmp = self.status_path.with_suffix(".tmp")
                     tmp.write_text(json.dumps({"state": "running", "round": r}))
                     tmp.replace(self.status_path)
-        return self.exchange(step, self.seal_server(step, requests))
+        self.asked = {  # what each site is asked (each part of a batch): the step and round its reply signs
+            k: [(s, m.meta.get("round")) for s, m in (batch.split(m) if step == batch.BATCH else [(step, m)])]
+            for k, m in requests.items()
+        }
+        try:
+            return self.exchange(step, self.seal_server(step, requests))
+        finally:
+            self.asked = {}
 
 
 def _flwr_version() -> str:

@@ -48,12 +48,13 @@ import torch
 from silofl.comm import batch
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
+from silofl.core.names import NAME_RE, inside, plain_name
 from silofl.deploy import seal as sealing
 from silofl.deploy.pki import load_private
 from silofl.site.folder import FORMAT, SiteConfig, SiteFolder
 from silofl.site.folder import SiteState as _FolderState
 
-__all__ = ["FORMAT", "SiteConfig", "SiteFolder", "SiteState", "SiteWorker"]
+__all__ = ["FORMAT", "NAME_RE", "SiteConfig", "SiteFolder", "SiteState", "SiteWorker", "inside", "plain_name"]
 
 log = logging.getLogger("silofl")
 
@@ -62,27 +63,12 @@ MAX_FRAME = 256 << 20  # one request to one site
 NOT_DEPLOYABLE = {"joint": "Joint pools every site's data in one place: it is a reference, not a deployment"}
 TRAIN_STEPS = ("train", "train_send", "train_upload")  # the steps that run a DP mechanism
 SOCKET_NAME = "site.sock"
+REPORT_SIGNATURE = "report_signature"  # a reply's meta signed by the site (report_text)
+REPORT_FOR = "report_for"  # the [step, round] a signed reply answers
 COORDINATOR = "coordinator"  # the name payloads to and from the coordinator's server role are sealed under
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a run id: a plain name, never a path
 STEP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a step name
 READ_TIMEOUT_S = 60.0  # a requester that stalls mid-frame for this long loses its request, never the worker
 MAX_CONNECTIONS = 16  # requests read at once; more wait in the listen queue
-
-
-def plain_name(value: object, what: str, pattern: re.Pattern = NAME_RE) -> str:
-    """``value`` if it is a plain name (letters, digits, '_', '.', '-'; not starting with '.' or '-'); else
-    refused."""
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise PeerModelRejected(f"{what} must be a plain name ({pattern.pattern}), got {str(value)[:80]!r}")
-    return value
-
-
-def inside(folder: Path, *parts: str) -> Path:
-    """``folder/parts…``, refused unless it resolves inside ``folder``."""
-    p = folder.joinpath(*parts).resolve()
-    if not p.is_relative_to(folder.resolve()):
-        raise PeerModelRejected(f"{'/'.join(parts)[:80]!r} resolves outside the site folder")
-    return p
 
 
 def init_site(folder: Path, cfg: SiteConfig, federation: list[dict] | None = None) -> dict:
@@ -100,13 +86,13 @@ def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = N
     and the
     coordinator's card (its keys sign and receive what a server role sends and gets; kept if already
     pinned)."""
+    from silofl.deploy.pki import check_card, check_keys
+
+    for i, c in enumerate(cards):  # a plain name and real keys, or nothing is pinned
+        check_card(c, f"the card of site {i}")
     names = [c["name"] for c in cards]
     if len(set(names)) != len(names):
         raise ConfigError("two sites of the federation share a name")
-    for c in cards:
-        from silofl.privacy.ledger import check_site_name
-
-        check_site_name(c["name"])
     fed: dict = {"sites": cards}
     old = folder / "federation.json"
     if coordinator is None and old.is_file():
@@ -115,10 +101,7 @@ def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = N
         except ValueError:
             coordinator = None
     if coordinator is not None:
-        if not (isinstance(coordinator, dict) and {"seal", "sign"} <= set(coordinator)):
-            raise ConfigError(
-                "the coordinator's card needs its 'seal' and 'sign' public keys (coordinator.json)"
-            )
+        check_keys(coordinator, "the coordinator's card (coordinator.json)")
         fed["coordinator"] = {"seal": str(coordinator["seal"]), "sign": str(coordinator["sign"])}
     (folder / "federation.json").write_text(json.dumps(fed, indent=1) + "\n")
 
@@ -454,7 +437,7 @@ class SiteWorker:
             if step == HELLO:
                 return pack(step, {k: self._hello(msg)})
             if step == SETUP:
-                return pack(step, {k: self._setup(k, msg)})
+                return pack(step, {k: self._signed(SETUP, None, self._setup(k, msg))})
             if self.site is None or k != self.index:
                 raise PeerModelRejected(
                     f"step {step!r} for site {k} before this site joined a run as that index"
@@ -731,7 +714,18 @@ class SiteWorker:
             self.state.save_head(head)
             out.meta["ledger_head"] = head
             out.meta["head_signature"] = self.sign_key.sign(head_text(self.run_id, self.cfg.name, head)).hex()
-        return out
+        return self._signed(step, msg.meta.get("round"), out)
+
+    def _signed(self, step: str, rnd: object, reply: Message) -> Message:
+        """``reply`` with every figure it reports (its whole meta: ε, metrics, row counts, ledger head)
+        signed with the site's Ed25519 key for this run, step and round (:func:`report_text`): a relay that
+        rewrites any of them is caught by the coordinator."""
+        assert self.run_id is not None
+        reply.meta.pop(REPORT_SIGNATURE, None)
+        reply.meta[REPORT_FOR] = [step, rnd]
+        text = report_text(self.run_id, self.cfg.name, plain_json(reply.meta))
+        reply.meta[REPORT_SIGNATURE] = self.sign_key.sign(text).hex()
+        return reply
 
     def _destination(self, d: object) -> str:
         """The pinned name of node ``d`` a site may send to: another site of the run, or the server role of a
@@ -881,6 +875,20 @@ def unit_facts(d: LocalData) -> dict:
         count = int(d.persons.max()) + 1 if len(d.persons) else 0
         return {"unit": f"person (column {d.id_column})", "units": count}
     return {"unit": "row", "units": len(d.y), **({"unit_warning": d.unit_warning} if d.unit_warning else {})}
+
+
+def plain_json(meta: dict) -> dict:
+    """``meta`` as the other side reads it after the frame's JSON (string keys, lists for tuples)."""
+    return json.loads(json.dumps(meta, allow_nan=False))
+
+
+def report_text(run_id: str, name: str, meta: dict) -> bytes:
+    """What a site signs of each reply (issue 41: everything a site reports is signed): the run, its name and
+    the reply's whole meta — its ε, metrics, row counts, ledger head, and ``report_for``: the step and round
+    it answers."""
+    from silofl.privacy.ledger import canonical_json
+
+    return f"silofl report|{run_id}|{name}|".encode() + canonical_json(meta)
 
 
 def head_text(run_id: str, name: str, head: dict) -> bytes:
