@@ -29,6 +29,7 @@ from silofl.comm.engine import Engine
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
 from silofl.core.extras import require
+from silofl.core.private import make_private, private_process
 from silofl.deploy import seal as sealing
 from silofl.deploy.site import (
     COORDINATOR,
@@ -481,6 +482,8 @@ def serve_run(grid, coordinator_path: str) -> dict:
     """Run the deployment described in ``coordinator_path`` (coordinator.json) and write its run folder; the
     outcome (or the error) is written to ``status.json`` beside it."""
     path = Path(coordinator_path)
+    private_process()  # the coordinator's files: 0600 in 0700 folders, from its keys to its run folder
+    make_private(path.parent)
     status = path.parent / "status.json"
     status.write_text(json.dumps({"state": "running"}))
     try:

@@ -29,6 +29,7 @@ from typing import Any
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
 from silofl.core.forking import ForkedChild, ForkedPopen, detach, fork_server, forking, run_cli
+from silofl.core.private import private_process
 
 log = logging.getLogger("silofl")
 
@@ -902,6 +903,7 @@ def deploy_local(
             f"method {cfg.method} is not run between institutions: {NOT_DEPLOYABLE[cfg.method]}"
         )
     out = Path(out).resolve()
+    private_process()  # the sites' and coordinator's folders it makes (and its processes): owner only
     check_out(out)
     dep = out / "deployment"
     if dep.exists():
@@ -1006,6 +1008,7 @@ def run_deployment(
     sites = json.loads(fed.read_text())["sites"]
     cfg = cfg.replace(clients=len(sites))
     out = Path(cfg.out).resolve()
+    private_process()  # the coordinator's run folder: 0600 files in 0700 folders
     check_out(out)
     if (out / "coordinator").exists():
         raise ConfigError(f"{out / 'coordinator'} exists: choose another --out")

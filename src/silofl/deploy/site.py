@@ -49,6 +49,7 @@ from silofl.comm import batch
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
 from silofl.core.names import NAME_RE, inside, plain_name
+from silofl.core.private import make_private, private_process
 from silofl.deploy import seal as sealing
 from silofl.deploy.pki import load_private
 from silofl.site.folder import FORMAT, SiteConfig, SiteFolder
@@ -263,6 +264,8 @@ class SiteWorker:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder).resolve()
+        private_process()  # everything it writes from now on: 0600 files in 0700 folders
+        make_private(self.folder)  # and what is there already (a folder made under another umask)
         self.cfg = SiteConfig.load(self.folder)
         fed_path = self.folder / "federation.json"
         if not fed_path.is_file():

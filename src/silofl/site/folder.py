@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from silofl.core.errors import ConfigError, SiloflError
+from silofl.core.private import write_private  # noqa: F401 - its writers import it from here
 from silofl.privacy.ledger import (
     KEY_FILE,
     LEDGER_FILE,
@@ -89,16 +90,6 @@ def default_site_dir(name: str) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- keys
-def write_private(path: Path, data: bytes) -> None:
-    """Write a secret readable by its owner only (created 0600, never world-readable in between)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _pkcs8(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
