@@ -15,7 +15,8 @@ from silofl.cli.main import app
 from silofl.core.errors import NonFiniteValue
 from silofl.privacy.dpsgd import require_finite
 from silofl.privacy.grad_sample import GhostClipper, VmapClipper, clip_factors
-from tests.data.test_tables import write_csv, write_schema
+from tests.adversarial.test_person_deployed import person_args
+from tests.data.test_tables import write_csv
 
 
 def loss(logits, y):
@@ -76,30 +77,8 @@ def cancelling_table(tmp_path):
 
 
 def person_run(tmp_path, out, *extra):
-    args = [
-        "run",
-        "--method",
-        "fedavg",
-        "--dataset",
-        "table",
-        "--schema",
-        str(write_schema(tmp_path)),
-        "--site-data",
-        ",".join(cancelling_table(tmp_path)),
-        "--proxy-model",
-        "logreg",
-        "--id-column",
-        "patient_id",
-        "--rounds",
-        "3",
-        "--batch-size",
-        "8",
-        "--delta",
-        "1e-3",
-        "--out",
-        str(tmp_path / out),
-        *extra,
-    ]
+    args = ["run", *person_args(tmp_path, cancelling_table(tmp_path)), "--id-column", "patient_id"]
+    args += ["--rounds", "3", "--out", str(tmp_path / out), *extra]
     return CliRunner().invoke(app, args)
 
 

@@ -19,8 +19,9 @@ from tests.data.test_tables import write_csv, write_schema
 ENV = {**os.environ, "SILOFL_NO_PROGRESS": "1", "COLUMNS": "200"}
 
 
-def person_args(tmp_path):
-    sites = [str(write_csv(tmp_path, person_frame(24, s), f"h{s}.csv")) for s in (0, 1)]
+def person_args(tmp_path, sites=None):
+    """A FedAvg run's arguments on per-site tables with several rows per person (``sites``: their paths)."""
+    sites = sites or [str(write_csv(tmp_path, person_frame(24, s), f"h{s}.csv")) for s in (0, 1)]
     return [
         "--method",
         "fedavg",
