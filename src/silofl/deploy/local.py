@@ -29,7 +29,7 @@ from typing import Any
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
 from silofl.core.forking import ForkedChild, ForkedPopen, detach, fork_server, forking, run_cli
-from silofl.core.private import private_process
+from silofl.core.private import make_private, private_process
 
 log = logging.getLogger("silofl")
 
@@ -905,6 +905,7 @@ def deploy_local(
     out = Path(out).resolve()
     private_process()  # the sites' and coordinator's folders it makes (and its processes): owner only
     check_out(out)
+    make_private(out)  # the run folder, made by the command's lock before it came here
     dep = out / "deployment"
     if dep.exists():
         raise ConfigError(f"{dep} exists: choose another --out")
@@ -1010,6 +1011,7 @@ def run_deployment(
     out = Path(cfg.out).resolve()
     private_process()  # the coordinator's run folder: 0600 files in 0700 folders
     check_out(out)
+    make_private(out)
     if (out / "coordinator").exists():
         raise ConfigError(f"{out / 'coordinator'} exists: choose another --out")
     env = cli_env(Path(folder), superlink, insecure=False)
