@@ -167,8 +167,8 @@ def test_a_round_below_the_survivors_floor_releases_nothing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
-    """`silofl launch` (two processes, three sites) runs the same pooled steps and gives the simulator's figures bit for
-    bit (seeded), ε included."""
+    """`silofl launch` (two processes, three sites) runs the same pooled steps and gives the simulator's
+    figures bit for bit (seeded), ε included."""
     import json
     import subprocess
     import sys

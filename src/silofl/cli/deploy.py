@@ -191,12 +191,9 @@ def site_pin(
     from silofl.deploy.site import SiteConfig, pin_federation
 
     SiteConfig.load(folder)
-    coord = None
-    if coordinator is not None:
-        try:
-            coord = json.loads(coordinator.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{coordinator}: not the coordinator's card ({e})") from None
+    from silofl.deploy.pki import check_keys, read_card
+
+    coord = read_card(coordinator, check_keys) if coordinator is not None else None
     pin_federation(folder, [_card(c) for c in cards], coord)
     typer.echo(
         f"pinned {len(cards)} sites{' and the coordinator' if coord else ''} in {folder / 'federation.json'}"
@@ -268,13 +265,9 @@ def site_ledger_restore(
 
 
 def _card(path: Path) -> dict:
-    try:
-        c = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not a site's public card ({e})") from None
-    if not isinstance(c, dict) or not {"name", "seal", "sign", "node"} <= set(c):
-        raise ConfigError(f"{path}: not a site's public card (name, seal, sign, node)")
-    return c
+    from silofl.deploy.pki import read_card
+
+    return read_card(path)  # a plain name, hex keys, one node key line: checked before anything is written
 
 
 @site_app.command("run")
@@ -450,8 +443,10 @@ def deploy_register(
         raise ConfigError("two cards share a site name")
     env = cli_env(folder, superlink, insecure=False)
     pubs = []
+    from silofl.deploy.site import inside
+
     for c in parsed:
-        pub = folder / "nodes" / f"{c['name']}.pub"
+        pub = inside(folder / "nodes", f"{c['name']}.pub")  # a checked plain name: never outside
         pub.parent.mkdir(parents=True, exist_ok=True)
         pub.write_text(c["node"].strip() + f" {c['name']}\n")
         pubs.append(pub)

@@ -6,7 +6,7 @@ into a flat ``{name: tensor}`` map and leaves a JSON skeleton that says where ea
 :func:`unflatten` reverses it. :func:`save_node` / :func:`load_node` write and read one node's state
 (``node{k}.safetensors`` + ``node{k}.json``); every process can write its own node, and a file
 written half-way (a crash while saving) is never read: both files are written under temporary names
-and renamed, the JSON last.
+and renamed, the JSON last; they are 0600 in 0700 folders (a node's state holds un-noised figures).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from silofl.core.errors import ConfigError
+from silofl.core.private import FILE_MODE, private_dir, write_private
 
 FORMAT = "silofl.checkpoint/2"  # 2: sites and the coordinator save their own state
 
@@ -64,13 +65,14 @@ def _base(folder: str | Path, node: int | str) -> Path:
 
 def save_node(folder: str | Path, node: int | str, state: dict, meta: dict | None = None) -> Path:
     """Write one node's state (``node`` an id, or a name such as ``protocol``)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(Path(folder))  # un-noised figures live here (mean_grad_norm, clipped_fraction)
     tensors, skeleton = flatten(state)
     base = _base(folder, node)
     tmp_t, tmp_j = base.with_suffix(".safetensors.tmp"), base.with_suffix(".json.tmp")
     save_file(tensors, str(tmp_t))
-    tmp_j.write_text(json.dumps({"format": FORMAT, "node": node, "meta": meta or {}, "state": skeleton}))
+    os.chmod(tmp_t, FILE_MODE)
+    text = json.dumps({"format": FORMAT, "node": node, "meta": meta or {}, "state": skeleton})
+    write_private(tmp_j, text.encode())
     os.replace(tmp_t, base.with_suffix(".safetensors"))
     os.replace(tmp_j, base.with_suffix(".json"))
     return base.with_suffix(".json")

@@ -23,3 +23,8 @@ class PeerModelRejected(SiloflError):
 
 class ModelRejected(SiloflError):
     """A published model failed validation (on publish or on fetch); the broker is left unchanged."""
+
+
+class NonFiniteValue(SiloflError):
+    """A parameter, gradient or noise value at a site is NaN or infinite: that site's run stops (a NaN model
+    is never reported as a result)."""

@@ -29,13 +29,24 @@ from silofl.comm.engine import Engine
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import ConfigError, PeerModelRejected, SiloflError
 from silofl.core.extras import require
+from silofl.core.private import make_private, private_process
 from silofl.deploy import seal as sealing
-from silofl.deploy.site import COORDINATOR, ERROR, HELLO, SETUP, hello_text
+from silofl.deploy.site import (
+    COORDINATOR,
+    ERROR,
+    HELLO,
+    REPORT_FOR,
+    REPORT_SIGNATURE,
+    SETUP,
+    hello_text,
+    report_text,
+)
 
 log = logging.getLogger("silofl")
 
 MESSAGE_TYPE = "query.silofl"
 MAX_REPLY = 256 << 20
+ANY_ROUND = object()  # a request whose round the coordinator did not keep (sent outside a call)
 
 
 @dataclass
@@ -50,6 +61,7 @@ class RemoteSplit:
     internal: list | None = None
     parts: list = field(default_factory=list)
     preprocessing: list | None = None
+    privacy_unit_warning: dict | None = None  # a site's repeated id-like column (no id column declared)
 
 
 class FlowerEngine(Engine):
@@ -86,6 +98,9 @@ class FlowerEngine(Engine):
             None  # the coordinator's keys (load_keys): a server role's payloads are sealed
         )
         self.guard = sealing.ReplayGuard()
+        self.asked: dict[
+            int, list[tuple[str | None, object]]
+        ] = {}  # the steps and rounds of the call in flight
         self.heads = (
             None  # the last ledger head each site announced (a HeadStore in the coordinator's state folder)
         )
@@ -309,19 +324,71 @@ class FlowerEngine(Engine):
         if got_step != step or set(got) != {k}:
             self._lose(k, f"replied to {got_step!r} for {sorted(got)} when asked {step!r}")
             return None
+        asked = self.asked.get(k) or [(step, ANY_ROUND)]
         if step != batch.BATCH:
-            return self._accept(k, got[k])
+            one = asked[-1] if asked[-1][0] == step else (step, ANY_ROUND)
+            return self._accept(k, got[k], one)
         try:
             parts = [m for _, m in batch.split(got[k], replies=True)]
         except PeerModelRejected as e:
             self._lose(k, f"malformed batch reply: {e}")
             return None
-        accepted = [self._accept(k, m) for m in parts]
+        if k not in self.asked:  # a batch sent outside a call: its parts' steps as the site signed them
+            asked = [(None, ANY_ROUND)] * len(parts)
+        if len(parts) != len(asked):
+            self._lose(k, f"answered a batch of {len(asked)} steps with {len(parts)} replies")
+            return None
+        accepted = [self._accept(k, m, a) for m, a in zip(parts, asked, strict=True)]
         return None if any(m is None for m in accepted) else batch.reply(accepted)  # type: ignore[arg-type]
 
-    def _accept(self, k: int, reply: Message) -> Message | None:
-        """One reply of site ``k`` (or one part of its batch reply), checked: uploads opened, its ledger
-        head kept."""
+    def verify_report(self, k: int, reply: Message, asked: tuple[str | None, object]) -> bool:
+        """Whether site ``k`` signed ``reply``'s whole meta (every figure it reports) with its pinned key for
+        this run and the step and round it was asked (:func:`silofl.deploy.site.report_text`); the signature
+        is taken out of the meta. A reply it did not sign is refused, logged and the site lost."""
+        from cryptography.exceptions import InvalidSignature
+
+        from silofl.deploy.pki import load_public
+
+        sig = reply.meta.pop(REPORT_SIGNATURE, None)
+        name = self.cards[k]["name"]
+        try:
+            if not isinstance(sig, str) or len(sig) != 128:
+                raise ValueError("no signature")
+            text = report_text(self._run_id(), name, reply.meta)
+            load_public(self.cards[k]["sign"], "ed25519").verify(bytes.fromhex(sig), text)
+            for_ = reply.meta.pop(REPORT_FOR, None)
+            if not isinstance(for_, list) or len(for_) != 2:
+                raise ValueError("no step and round signed")
+            if (asked[0] is not None and for_[0] != asked[0]) or (
+                asked[1] is not ANY_ROUND and for_[1] != asked[1]
+            ):
+                raise ValueError(
+                    f"signed for step {for_[0]!r} round {for_[1]!r}: an answer to another request"
+                )
+        except (InvalidSignature, ValueError, TypeError, SiloflError) as e:
+            log.warning(
+                "the coordinator refused a reply of site %s to %s: not signed by its key (%s)",
+                name,
+                asked[0],
+                e,
+            )
+            self.refused.append(
+                {"client": k, "round": self.round, "reason": f"reply to {asked[0]} not signed by its key"}
+            )
+            self._lose(
+                k, f"its reply to {asked[0]} is not signed by its pinned key: refused (relay tampering?)"
+            )
+            return False
+        return True
+
+    def _accept(
+        self, k: int, reply: Message, asked: tuple[str | None, object] = (HELLO, None)
+    ) -> Message | None:
+        """One reply of site ``k`` (or one part of its batch reply), checked: every figure in it signed by the
+        site (:meth:`verify_report`; a hello is checked by :func:`greet`), uploads opened, its ledger head
+        kept."""
+        if asked[0] != HELLO and not self.verify_report(k, reply, asked):
+            return None
         for p in reply.packets:
             if p.src != k:  # a site speaks only for itself
                 self._lose(k, f"sent a packet as node {p.src}")
@@ -379,7 +446,14 @@ class FlowerEngine(Engine):
                     tmp = self.status_path.with_suffix(".tmp")
                     tmp.write_text(json.dumps({"state": "running", "round": r}))
                     tmp.replace(self.status_path)
-        return self.exchange(step, self.seal_server(step, requests))
+        self.asked = {  # what each site is asked (each part of a batch): the step and round its reply signs
+            k: [(s, m.meta.get("round")) for s, m in (batch.split(m) if step == batch.BATCH else [(step, m)])]
+            for k, m in requests.items()
+        }
+        try:
+            return self.exchange(step, self.seal_server(step, requests))
+        finally:
+            self.asked = {}
 
 
 def _flwr_version() -> str:
@@ -408,6 +482,8 @@ def serve_run(grid, coordinator_path: str) -> dict:
     """Run the deployment described in ``coordinator_path`` (coordinator.json) and write its run folder; the
     outcome (or the error) is written to ``status.json`` beside it."""
     path = Path(coordinator_path)
+    private_process()  # the coordinator's files: 0600 in 0700 folders, from its keys to its run folder
+    make_private(path.parent)
     status = path.parent / "status.json"
     status.write_text(json.dumps({"state": "running"}))
     try:
@@ -515,7 +591,8 @@ def join(engine: FlowerEngine, spec: dict):
             )
             for h in hellos.values()
         }
-        sizes = [_count(hellos[k].meta["n"], "n") for k in range(len(sites))]
+        # what a batch size counts: each site's persons where it declares an id column, else its rows
+        sizes = [_count(hellos[k].meta.get("units", hellos[k].meta["n"]), "units") for k in range(len(sites))]
     except (KeyError, TypeError) as e:
         raise SiloflError(f"a site's hello is malformed: {e}") from None
     if len(shapes) != 1:
@@ -558,6 +635,12 @@ def join(engine: FlowerEngine, spec: dict):
         sites=names,
         internal=internal,
     )
+    warnings = [
+        h.meta["unit_warning"] for h in hellos.values() if isinstance(h.meta.get("unit_warning"), dict)
+    ]
+    if warnings and not getattr(cfg, "id_column", None):  # as the sites declared it, signed in their hellos
+        remote.privacy_unit_warning = warnings[0]
+        log.warning("privacy unit: %s", str(warnings[0].get("message", ""))[:500])
     engine.security["run_id"] = run_id
     trusted = [names[k] for k, r in sorted(joined.items()) if r.meta.get("trust_server_noise") is True]
     if trusted:  # their policies trust the coordinator to add the noise: named in summary.json and here

@@ -22,6 +22,7 @@ from typing import Any
 from silofl.core.errors import ConfigError
 from silofl.core.extras import require
 from silofl.core.forking import fork_server, forking
+from silofl.core.private import make_private, private_process
 from silofl.deploy.procs import SITE_PRELOAD, ForkedServerApp, Proc, SiteProc, free_port, node_id_of, stop_all
 from silofl.deploy.site_run import STOCK_ENV, site_entry
 from silofl.deploy.superlink import _import_flower_cli, cli_env, register_nodes, start_run, start_superlink
@@ -203,7 +204,9 @@ def deploy_local(
             f"method {cfg.method} is not run between institutions: {NOT_DEPLOYABLE[cfg.method]}"
         )
     out = Path(out).resolve()
+    private_process()  # the sites' and coordinator's folders it makes (and its processes): owner only
     check_out(out)
+    make_private(out)  # the run folder, made by the command's lock before it came here
     dep = out / "deployment"
     if dep.exists():
         raise ConfigError(f"{dep} exists: choose another --out")
@@ -237,6 +240,7 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
 
     cards, folders = [], []
     lifetime = cfg.target_epsilon * 2 if cfg.target_epsilon else 1e6
+    warning = getattr(split, "privacy_unit_warning", None)  # each site's hello repeats it
     for k, inp in enumerate(site_inputs(cfg.info.cls(cfg), split)):
         name = f"site{k}"
         folder = root / name
@@ -252,7 +256,10 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
                 "classes": split.dataset.class_names,
                 "preprocessing": inp.preprocessing,
                 "source": f"{split.source} (partition {k}, exported by deploy local)",
+                **({"id_column": inp.id_column} if inp.persons is not None else {}),
+                **({"unit_warning": warning} if warning else {}),
             },
+            inp.persons,
         )
         sc = SiteConfig(
             name=name,
@@ -260,6 +267,7 @@ def make_site_folders(cfg, split, root: Path) -> tuple[list[dict], list[Path]]:
             lifetime_epsilon=lifetime,
             lifetime_delta=max(cfg.delta, 1e-5) if cfg.is_private else 1e-5,
             report_test_figures=True,
+            id_column=inp.id_column if inp.persons is not None else None,
             allow_research_seed=cfg.seed is not None,
             allow_non_formal=not cfg.guarantee().formal,
         )

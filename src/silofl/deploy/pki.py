@@ -15,12 +15,16 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import re
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa, x25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from silofl.core.errors import ConfigError, PeerModelRejected
+from silofl.core.names import SITE_NAME_RE, plain_name
 
 # a site's keys, and the key-file helpers the coordinator's keys share, live in the site folder module
 from silofl.site.folder import (  # noqa: F401 - re-exported for deploy's modules
@@ -128,3 +132,56 @@ def load_public(hex_key: str, kind: str):
     if kind == "x25519":
         return x25519.X25519PublicKey.from_public_bytes(raw)
     return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+
+
+HEX_KEY = re.compile(r"[0-9a-f]{64}")  # a raw 32-byte X25519 / Ed25519 public key, in lowercase hex
+NODE_KEY = re.compile(r"(ecdsa-sha2-nistp(256|384|521)|ssh-ed25519) [A-Za-z0-9+/]{1,1024}={0,2}")
+MAX_CARD_BYTES = 16 << 10
+
+
+def check_keys(card: object, where: str, fields: tuple[str, ...] = ("seal", "sign")) -> dict:
+    """``card`` if its ``seal`` (X25519) and ``sign`` (Ed25519) public keys are each 64 lowercase hex digits
+    that load as a key; else a one-line ConfigError naming ``where`` and the field."""
+    if not isinstance(card, dict):
+        raise ConfigError(f"{where}: a card is a JSON object")
+    for f in fields:
+        v = card.get(f)
+        if not isinstance(v, str) or not HEX_KEY.fullmatch(v):
+            raise ConfigError(
+                f"{where}: '{f}' must be a public key of 64 lowercase hex digits, got {str(v)[:80]!r}"
+            )
+        try:
+            load_public(v, "x25519" if f == "seal" else "ed25519")
+        except ValueError as e:
+            raise ConfigError(f"{where}: '{f}' is not a public key ({e})") from None
+    return card
+
+
+def check_card(card: object, where: str) -> dict:
+    """A site's public card checked before anything is pinned or written from it (issue 41: names from
+    outside never become paths): ``name`` a plain name (a folder and file name), ``seal`` and ``sign`` keys
+    of 64 hex digits, ``node`` one OpenSSH public key line; a one-line ConfigError naming ``where``
+    otherwise."""
+    if not isinstance(card, dict) or not {"name", "seal", "sign", "node"} <= set(card):
+        raise ConfigError(f"{where}: not a site's public card (name, seal, sign, node)")
+    try:
+        plain_name(card["name"], "a site's name", SITE_NAME_RE)
+    except PeerModelRejected as e:
+        raise ConfigError(f"{where}: {e}") from None
+    check_keys(card, where)
+    node = card["node"]
+    if not isinstance(node, str) or not NODE_KEY.fullmatch(node.strip()):
+        raise ConfigError(f"{where}: 'node' must be one OpenSSH public key line, got {str(node)[:80]!r}")
+    return card
+
+
+def read_card(path: Path, check=check_card) -> dict:
+    """The card in the file ``path``, its size bounded before it is parsed and ``check`` ed."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CARD_BYTES:
+            raise ConfigError(f"{path}: a card of {size} bytes (at most {MAX_CARD_BYTES})")
+        c = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a public card ({e})") from None
+    return check(c, str(path))

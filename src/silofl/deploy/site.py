@@ -48,13 +48,15 @@ import torch
 from silofl.comm import batch
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
+from silofl.core.names import NAME_RE, inside, plain_name
+from silofl.core.private import make_private, private_process
 from silofl.deploy import seal as sealing
 from silofl.deploy.hooks import ArmedHook, hooks_for
 from silofl.deploy.pki import load_private
 from silofl.site.folder import FORMAT, SiteConfig, SiteFolder
 from silofl.site.folder import SiteState as _FolderState
 
-__all__ = ["FORMAT", "SiteConfig", "SiteFolder", "SiteState", "SiteWorker"]
+__all__ = ["FORMAT", "NAME_RE", "SiteConfig", "SiteFolder", "SiteState", "SiteWorker", "inside", "plain_name"]
 
 log = logging.getLogger("silofl")
 
@@ -63,27 +65,12 @@ MAX_FRAME = 256 << 20  # one request to one site
 NOT_DEPLOYABLE = {"joint": "Joint pools every site's data in one place: it is a reference, not a deployment"}
 TRAIN_STEPS = ("train", "train_send", "train_upload")  # the steps that run a DP mechanism
 SOCKET_NAME = "site.sock"
+REPORT_SIGNATURE = "report_signature"  # a reply's meta signed by the site (report_text)
+REPORT_FOR = "report_for"  # the [step, round] a signed reply answers
 COORDINATOR = "coordinator"  # the name payloads to and from the coordinator's server role are sealed under
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a run id: a plain name, never a path
 STEP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a step name
 READ_TIMEOUT_S = 60.0  # a requester that stalls mid-frame for this long loses its request, never the worker
 MAX_CONNECTIONS = 16  # requests read at once; more wait in the listen queue
-
-
-def plain_name(value: object, what: str, pattern: re.Pattern = NAME_RE) -> str:
-    """``value`` if it is a plain name (letters, digits, '_', '.', '-'; not starting with '.' or '-'); else
-    refused."""
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise PeerModelRejected(f"{what} must be a plain name ({pattern.pattern}), got {str(value)[:80]!r}")
-    return value
-
-
-def inside(folder: Path, *parts: str) -> Path:
-    """``folder/parts…``, refused unless it resolves inside ``folder``."""
-    p = folder.joinpath(*parts).resolve()
-    if not p.is_relative_to(folder.resolve()):
-        raise PeerModelRejected(f"{'/'.join(parts)[:80]!r} resolves outside the site folder")
-    return p
 
 
 def init_site(
@@ -103,13 +90,13 @@ def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = N
     and the
     coordinator's card (its keys sign and receive what a server role sends and gets; kept if already
     pinned)."""
+    from silofl.deploy.pki import check_card, check_keys
+
+    for i, c in enumerate(cards):  # a plain name and real keys, or nothing is pinned
+        check_card(c, f"the card of site {i}")
     names = [c["name"] for c in cards]
     if len(set(names)) != len(names):
         raise ConfigError("two sites of the federation share a name")
-    for c in cards:
-        from silofl.privacy.ledger import check_site_name
-
-        check_site_name(c["name"])
     fed: dict = {"sites": cards}
     old = folder / "federation.json"
     if coordinator is None and old.is_file():
@@ -118,10 +105,7 @@ def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = N
         except ValueError:
             coordinator = None
     if coordinator is not None:
-        if not (isinstance(coordinator, dict) and {"seal", "sign"} <= set(coordinator)):
-            raise ConfigError(
-                "the coordinator's card needs its 'seal' and 'sign' public keys (coordinator.json)"
-            )
+        check_keys(coordinator, "the coordinator's card (coordinator.json)")
         fed["coordinator"] = {"seal": str(coordinator["seal"]), "sign": str(coordinator["sign"])}
     (folder / "federation.json").write_text(json.dumps(fed, indent=1) + "\n")
 
@@ -133,9 +117,10 @@ def export_data(
     test: tuple[torch.Tensor, torch.Tensor],
     internal: tuple[torch.Tensor, torch.Tensor] | None,
     meta: dict,
+    persons: torch.Tensor | None = None,
 ) -> None:
     """One site's data as a safetensors file (its training rows, the shared test set, its own held-out
-    rows)."""
+    rows; with person-level DP each training row's person, and ``meta["id_column"]`` naming the column)."""
     from safetensors.torch import save_file
 
     t = {
@@ -146,6 +131,10 @@ def export_data(
     }
     if internal is not None:
         t["internal_x"], t["internal_y"] = internal[0].cpu().contiguous(), internal[1].cpu().contiguous()
+    if persons is not None:
+        if len(persons) != len(y) or not meta.get("id_column"):
+            raise ConfigError("an export's persons give one person per training row and name their column")
+        t["persons"] = persons.to(torch.long).cpu().contiguous()
     save_file(t, str(path), metadata={"silofl": json.dumps(meta)})
 
 
@@ -162,6 +151,9 @@ class LocalData:
     classes: list[str]
     preprocessing: dict | None
     source: str
+    persons: torch.Tensor | None = None  # each training row's person (site.json's id_column)
+    id_column: str | None = None
+    unit_warning: dict | None = None  # no id_column, but a column looks like a repeated person id
 
 
 def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalData:
@@ -180,16 +172,23 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
             raise ConfigError(f"{path}: not a silofl data export ({e})") from None
         internal = (t["internal_x"], t["internal_y"]) if "internal_x" in t else None
-        return LocalData(
-            t["x"],
-            t["y"],
-            (t["test_x"], t["test_y"]),
-            internal,
-            tuple(t["x"].shape[1:]),
-            int(meta["num_classes"]),
-            list(meta.get("classes") or []),
-            meta.get("preprocessing"),
-            meta.get("source", str(path)),
+        return _declared_unit(
+            cfg,
+            path,
+            LocalData(
+                t["x"],
+                t["y"],
+                (t["test_x"], t["test_y"]),
+                internal,
+                tuple(t["x"].shape[1:]),
+                int(meta["num_classes"]),
+                list(meta.get("classes") or []),
+                meta.get("preprocessing"),
+                meta.get("source", str(path)),
+                t.get("persons"),
+                meta.get("id_column"),
+                meta.get("unit_warning"),
+            ),
         )
     from silofl.data.sites import load_site_images, load_site_tables
 
@@ -197,21 +196,54 @@ def load_local(folder: Path, cfg: SiteConfig, seed: int | None = None) -> LocalD
         0 if seed is None else seed
     )  # the site's own held-out rows: the loaders' fixed default without a run seed
     if cfg.schema:
-        src = load_site_tables(cfg.schema, [str(path)], None, cfg.test_fraction, seed)
+        src = load_site_tables(cfg.schema, [str(path)], None, cfg.test_fraction, seed, cfg.id_column)
     else:
         src = load_site_images([str(path)], 28, None, cfg.test_fraction, seed)
     x, y = src.parts[0]
-    return LocalData(
-        x,
-        y,
-        None,
-        src.internal[0] if src.internal else None,
-        tuple(x.shape[1:]),
-        src.outputs or len(src.classes),  # a survival target: its model's outputs (1 + its time bins)
-        list(src.classes),
-        src.preprocessing[0].to_dict() if src.preprocessing else None,
-        str(path),
+    persons = getattr(src, "persons", None)
+    return _declared_unit(
+        cfg,
+        path,
+        LocalData(
+            x,
+            y,
+            None,
+            src.internal[0] if src.internal else None,
+            tuple(x.shape[1:]),
+            src.outputs or len(src.classes),  # a survival target: its model's outputs (1 + its time bins)
+            list(src.classes),
+            src.preprocessing[0].to_dict() if src.preprocessing else None,
+            str(path),
+            torch.as_tensor(persons[0], dtype=torch.long) if persons is not None else None,
+            cfg.id_column if persons is not None else None,
+            getattr(src, "unit_warning", None),
+        ),
     )
+
+
+def _declared_unit(cfg: SiteConfig, path: Path, d: LocalData) -> LocalData:
+    """``d`` checked against the privacy unit site.json declares: with ``id_column`` every training row has
+    its person (the export names the same column); without it, the repeated id-like column a table shows is
+    logged (the site's ε then covers rows, not persons)."""
+    if cfg.id_column is not None:
+        if d.persons is None or d.id_column != cfg.id_column:
+            found = f"column {d.id_column!r}" if d.persons is not None else "no person ids"
+            raise ConfigError(
+                f"site {cfg.name}: site.json declares the id column {cfg.id_column!r} "
+                f"but {path} holds {found}"
+            )
+        if len(d.persons) != len(d.y):
+            raise ConfigError(
+                f"site {cfg.name}: {path} gives {len(d.persons)} person ids for {len(d.y)} rows"
+            )
+    elif d.persons is not None:
+        raise ConfigError(
+            f"site {cfg.name}: {path} holds person ids (column {d.id_column!r}) but site.json declares no "
+            "id_column: set it, so that the site samples and accounts by person"
+        )
+    if d.unit_warning:
+        log.warning("site %s: privacy unit: %s", cfg.name, d.unit_warning.get("message"))
+    return d
 
 
 class _Shape:
@@ -235,6 +267,8 @@ class SiteWorker:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder).resolve()
+        private_process()  # everything it writes from now on: 0600 files in 0700 folders
+        make_private(self.folder)  # and what is there already (a folder made under another umask)
         self.cfg = SiteConfig.load(self.folder)
         fed_path = self.folder / "federation.json"
         if not fed_path.is_file():
@@ -405,7 +439,7 @@ class SiteWorker:
             if step == HELLO:
                 return pack(step, {k: self._hello(msg)})
             if step == SETUP:
-                return pack(step, {k: self._setup(k, msg)})
+                return pack(step, {k: self._signed(SETUP, None, self._setup(k, msg))})
             if self.site is None or k != self.index:
                 raise PeerModelRejected(
                     f"step {step!r} for site {k} before this site joined a run as that index"
@@ -436,6 +470,7 @@ class SiteWorker:
 
         facts = {
             "n": len(d.y),
+            **unit_facts(d),
             "input_shape": list(d.input_shape),
             "num_classes": d.num_classes,
             "internal": d.internal is not None,
@@ -615,9 +650,16 @@ class SiteWorker:
         from silofl.runner.loop import SiteInputs
 
         d = self.data
+        asked = getattr(cfg, "id_column", None)
+        if asked and d.persons is None and cfg.is_private:
+            raise ConfigError(
+                f"site {self.cfg.name} refuses the run: it asks for person-level DP (id column {asked!r}) "
+                "and this site declares no id column (the site.json field id_column)"
+            )
+        who = {"persons": d.persons, "id_column": d.id_column}
         stage = stage_from_config(cfg)
         if stage.identity:
-            return SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing), _Shape(
+            return SiteInputs(d.x, d.y, d.test, d.internal, d.preprocessing, **who), _Shape(
                 d.input_shape, d.num_classes
             )
         rec = record(stage, d.input_shape, cfg)
@@ -635,6 +677,7 @@ class SiteWorker:
                 f(d.test, "test set"),
                 f(d.internal, "held-out rows"),
                 d.preprocessing,
+                **who,
             ),
             shape,
         )
@@ -717,7 +760,18 @@ class SiteWorker:
             self.state.save_head(head)
             out.meta["ledger_head"] = head
             out.meta["head_signature"] = self.sign_key.sign(head_text(self.run_id, self.cfg.name, head)).hex()
-        return out
+        return self._signed(step, msg.meta.get("round"), out)
+
+    def _signed(self, step: str, rnd: object, reply: Message) -> Message:
+        """``reply`` with every figure it reports (its whole meta: ε, metrics, row counts, ledger head)
+        signed with the site's Ed25519 key for this run, step and round (:func:`report_text`): a relay that
+        rewrites any of them is caught by the coordinator."""
+        assert self.run_id is not None
+        reply.meta.pop(REPORT_SIGNATURE, None)
+        reply.meta[REPORT_FOR] = [step, rnd]
+        text = report_text(self.run_id, self.cfg.name, plain_json(reply.meta))
+        reply.meta[REPORT_SIGNATURE] = self.sign_key.sign(text).hex()
+        return reply
 
     def _destination(self, d: object) -> str:
         """The pinned name of node ``d`` a site may send to: another site of the run, or the server role of a
@@ -857,6 +911,30 @@ class SiteWorker:
             log.exception("site %s: a connection failed", self.cfg.name)
         finally:
             slots.release()
+
+
+def unit_facts(d: LocalData) -> dict:
+    """What a site's hello declares of its privacy unit: ``unit`` (``row`` or ``person (column X)``),
+    ``units`` (its training rows, or persons: what a batch size counts) and the repeated id-like column it
+    found, if any."""
+    if d.persons is not None:
+        count = int(d.persons.max()) + 1 if len(d.persons) else 0
+        return {"unit": f"person (column {d.id_column})", "units": count}
+    return {"unit": "row", "units": len(d.y), **({"unit_warning": d.unit_warning} if d.unit_warning else {})}
+
+
+def plain_json(meta: dict) -> dict:
+    """``meta`` as the other side reads it after the frame's JSON (string keys, lists for tuples)."""
+    return json.loads(json.dumps(meta, allow_nan=False))
+
+
+def report_text(run_id: str, name: str, meta: dict) -> bytes:
+    """What a site signs of each reply (issue 41: everything a site reports is signed): the run, its name and
+    the reply's whole meta — its ε, metrics, row counts, ledger head, and ``report_for``: the step and round
+    it answers."""
+    from silofl.privacy.ledger import canonical_json
+
+    return f"silofl report|{run_id}|{name}|".encode() + canonical_json(meta)
 
 
 def head_text(run_id: str, name: str, head: dict) -> bytes:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from silofl.core.errors import ConfigError, SiloflError
 from silofl.core.extras import require
+from silofl.core.private import make_private, private_process
 from silofl.deploy.procs import FAB_DIR, SERVERAPP_START_S, Proc, flower_bin, flower_env
 
 log = logging.getLogger("silofl")
@@ -290,7 +291,9 @@ def run_deployment(
     sites = json.loads(fed.read_text())["sites"]
     cfg = cfg.replace(clients=len(sites))
     out = Path(cfg.out).resolve()
+    private_process()  # the coordinator's run folder: 0600 files in 0700 folders
     check_out(out)
+    make_private(out)
     if (out / "coordinator").exists():
         raise ConfigError(f"{out / 'coordinator'} exists: choose another --out")
     env = cli_env(Path(folder), superlink, insecure=False)

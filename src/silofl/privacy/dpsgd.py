@@ -10,12 +10,14 @@ accountant must count. The mechanism counts the steps it ran and reports them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from silofl.core.errors import NonFiniteValue
 from silofl.privacy.accountant import MechanismRun
 from silofl.privacy.grad_sample import GhostClipper, GhostUnsupported, LossFn, VmapClipper, make_clipper
 from silofl.privacy.noise import NoiseSource
@@ -52,6 +54,7 @@ class DPGradient:
         self.backend = backend
         self.clipper = make_clipper(model, backend)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._names = {id(p): n for n, p in model.named_parameters()}
         # research hook (auditing.gradient): canary gradients sampled and added to the clipped sum before
         # the
         # noise, like examples; None (the default) leaves the mechanism untouched
@@ -133,14 +136,29 @@ class DPGradient:
             if g is not None:
                 total = total.to(g.device).add_(g.detach())
             p.grad = total.div_(self.expected_batch_size)
+        require_finite(
+            (f"the noised DP gradient of {self._names.get(id(p), 'a parameter')}", p.grad) for p in released
+        )
         self._steps += 1
-        norms = sq.sqrt()
+        norms = sq.clamp(min=0.0).sqrt()
         stats = StepStats(
             batch_size=B,
             mean_norm=float(norms.mean()) if B else 0.0,
             clipped_fraction=float((norms > self.clip).float().mean()) if B else 0.0,
         )
         return logits, stats
+
+
+def require_finite(named: Iterable[tuple[str, torch.Tensor | None]]) -> None:
+    """Raise NonFiniteValue naming the first of the (what, tensor) pairs holding a NaN or an infinity (one
+    synchronisation for all of them): a site's run stops there, never trains on or reports a NaN model."""
+    pairs = [(what, t) for what, t in named if t is not None and t.is_floating_point() and t.numel()]
+    if not pairs or bool(torch.stack([torch.isfinite(t).all() for _, t in pairs]).all()):
+        return
+    what = next(w for w, t in pairs if not bool(torch.isfinite(t).all()))
+    raise NonFiniteValue(
+        f"{what} is not finite (NaN or infinite): the site stops its run rather than train on or report it"
+    )
 
 
 class CanaryHook(Protocol):

@@ -38,8 +38,10 @@ class GhostUnsupported(Exception):
 
 
 def clip_factors(sq_norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """Opacus' per-example clip factors min(1, C / (‖g‖ + 1e-6)) from squared norms."""
-    return (clip / (sq_norms.sqrt() + 1e-6)).clamp(max=1.0)
+    """Opacus' per-example clip factors min(1, C / (‖g‖ + 1e-6)) from squared norms, clamped at zero first: a
+    person's squared norm summed over pairs of rows can dip below zero in float32 when the rows' gradients
+    cancel, and its root would be NaN."""
+    return (clip / (sq_norms.clamp(min=0.0).sqrt() + 1e-6)).clamp(max=1.0)
 
 
 def _check_no_batchnorm(model: nn.Module) -> None:
@@ -206,6 +208,7 @@ class GhostClipper:
                 gb.index_add_(0, groups, g.reshape(a.shape[0], C, -1).sum(2))
                 sq += gw.pow(2).sum(1) + gb.pow(2).sum(1)
                 prepared.append((mod, "groupnorm", (gw, gb)))
+        sq.clamp_(min=0.0)  # a sum over pairs of rows: its float32 rounding can dip below zero
         c = clip_factors(sq, clip)
         c_row = c[groups]
         grads: dict[nn.Parameter, torch.Tensor] = {}

@@ -141,3 +141,18 @@ def id_like(name: str, values: np.ndarray, by_name_only: bool = False) -> int:
         return 0
     looks = id_named(name) or (not by_name_only and len(uniq) >= 0.5 * len(vals))
     return k if looks else 0
+
+
+def not_per_person(accounting: list[dict]) -> list:
+    """The clients of a run's ``accounting`` (each site's privacy report) whose ledger did not compose this
+    run per person: a report's ``run_units`` (the units of the run's ledger entries, as the site read them
+    back) — or, for a site without a ledger, its ``privacy_unit`` — must all be a person. A summary says
+    "person" only when this is empty."""
+    out = []
+    for r in accounting:
+        units = r.get("run_units")
+        if units is None:
+            units = [r["privacy_unit"]] if r.get("privacy_unit") else []
+        if not units or not all(str(u).startswith("person") for u in units):
+            out.append(r.get("client"))
+    return out

@@ -119,7 +119,9 @@ class Broker:
             parse_public_key(public_key)
         except ModelRejected as e:
             raise ConfigError(str(e)) from None
-        eps, dlt = (float(v) for v in lifetime)
+        eps, dlt = (
+            check_number(v, w) for v, w in zip(lifetime, ("lifetime_epsilon", "lifetime_delta"), strict=True)
+        )
         if not (math.isfinite(eps) and eps > 0 and 0 <= dlt < 1):
             raise ConfigError(f"a lifetime budget needs 0 < ε < ∞ and 0 ≤ δ < 1, got ε={eps}, δ={dlt}")
         with closing(self._connect()) as db, db:
@@ -617,3 +619,57 @@ def check_feature_name(name) -> str:
 
 def _finite_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+MAX_NUMBER_CHARS = 32  # a JSON number's characters (digits, sign, point, exponent) a request may carry
+
+
+def check_number(value, what: str) -> float:
+    """``value`` as a float if it is a JSON number (an int or a float, never a bool: ``true`` is not 1.0) that
+    a float holds; else a one-line ConfigError naming ``what`` (a 400-digit integer is a refusal, not an
+    overflow)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what} must be a number, got {type(value).__name__} {str(value)[:40]!r}")
+    if isinstance(value, int) and value.bit_length() > 1000:
+        raise ConfigError(
+            f"{what} must be a number a float holds, got an integer of {value.bit_length()} bits"
+        )
+    return float(value)
+
+
+def _bounded(kind, what: str):
+    def parse(text: str):
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ConfigError(
+                f"a JSON number of {len(text)} characters (at most {MAX_NUMBER_CHARS}): refused"
+            )
+        return kind(text)
+
+    return parse
+
+
+def _no_constant(name: str):
+    raise ConfigError(f"{name} is not JSON: refused")
+
+
+def strict_json(raw: bytes):
+    """A request body parsed as JSON with every number's length bounded before it is converted (a 5000-digit
+    integer is refused before Python's int parser sees it) and no NaN/Infinity; ConfigError (a 400) if it is
+    not such JSON. Its nesting is bounded first (:func:`silofl.comm.messages.json_depth`)."""
+    from silofl.comm.messages import json_depth
+    from silofl.core.errors import PeerModelRejected
+
+    try:
+        json_depth(raw)
+        return json.loads(
+            raw,
+            parse_int=_bounded(int, "integer"),
+            parse_float=_bounded(float, "number"),
+            parse_constant=_no_constant,
+        )
+    except ConfigError:
+        raise
+    except PeerModelRejected as e:
+        raise ConfigError(f"malformed request: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"malformed request: the body is not JSON ({str(e)[:120]})") from None

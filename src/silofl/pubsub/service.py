@@ -36,7 +36,7 @@ from typing import Any
 from silofl.core.errors import ConfigError, ModelRejected, SiloflError
 from silofl.core.extras import require
 from silofl.deploy.pki import write_private
-from silofl.pubsub.broker import Broker
+from silofl.pubsub.broker import Broker, check_number, strict_json
 from silofl.pubsub.model import MAX_BYTES
 
 MAX_JSON = 64 * 1024  # the bound on every request body except a model upload
@@ -324,12 +324,22 @@ def create_app(
     def whoami(who=Depends(caller)):
         return {"site": who[0], "role": who[1]}
 
+    async def json_body(request: Request) -> dict:
+        """The request's JSON object, numbers bounded before they are parsed (broker.strict_json)."""
+        body = strict_json(await request.body())
+        if not isinstance(body, dict):
+            raise ConfigError("malformed request: the body is a JSON object")
+        return body
+
     @app.post("/v1/sites")
-    def register(body: dict, who=Depends(require_admin)):
+    def register(who=Depends(require_admin), body: dict = Depends(json_body)):
         try:
             site, key = str(body["site"]), str(body["public_key"])
-            lifetime = (float(body["lifetime_epsilon"]), float(body["lifetime_delta"]))
-        except (KeyError, TypeError, ValueError):
+            lifetime = (
+                check_number(body["lifetime_epsilon"], "lifetime_epsilon"),
+                check_number(body["lifetime_delta"], "lifetime_delta"),
+            )
+        except (KeyError, TypeError):
             raise ConfigError(
                 "registration needs site, public_key, lifetime_epsilon, lifetime_delta"
             ) from None
@@ -349,7 +359,7 @@ def create_app(
         return broker.sites()
 
     @app.post("/v1/join")
-    def join(body: dict, site=Depends(require_site)):
+    def join(site=Depends(require_site), body: dict = Depends(json_body)):
         with lock:
             broker.join(site, body.get("features") or {})
         return {"site": site}
@@ -397,7 +407,7 @@ def create_app(
         return {"withdrawn": model_id}
 
     @app.post("/v1/channels")
-    def subscribe(body: dict, site=Depends(require_site)):
+    def subscribe(site=Depends(require_site), body: dict = Depends(json_body)):
         with lock:
             ch = broker.subscribe(site, body.get("clauses") or [])
         return _channel_json(ch)

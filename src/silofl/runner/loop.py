@@ -692,12 +692,7 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         summary["lost_processes"] = dict(getattr(engine, "lost_processes", {}))
         summary["receive_seconds"] = dict(getattr(engine, "receive_seconds", {}))
     if getattr(cfg, "id_column", None) and cfg.is_private:  # person-level DP (silofl.privacy.person)
-        where = "the pooled data set" if info.traits.pooled else "one client"
-        summary["privacy"]["unit"] = (
-            f"one person of {where}: every row with the same {cfg.id_column} (privacy unit: person "
-            f"(column {cfg.id_column}); example-level DP-SGD with persons sampled and clipped as one)"
-        )
-        summary["privacy"]["id_column"] = cfg.id_column
+        person_unit_or_warning(summary, cfg, info)
     warning = getattr(split, "privacy_unit_warning", None)
     if warning is not None:  # no --id-column, but a column looks like a repeated person id: ε is per row
         summary["privacy_unit_warning"] = warning
@@ -706,6 +701,29 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         summary["server_rounds"] = history
     summary["models"] = [m for f in reports.values() for m in f["models"]]
     return summary
+
+
+def person_unit_or_warning(summary: dict, cfg: RunConfig, info) -> None:
+    """The privacy unit of a run with ``--id-column``: "person" only when every site's ledger composed this
+    run per person (its report's ``run_units``, read back from its ledger); else the unit stays the row and
+    ``privacy.person_level_missing`` names the sites, with a warning."""
+    from silofl.privacy.person import not_per_person
+
+    summary["privacy"]["id_column"] = cfg.id_column
+    missing = not_per_person(summary["accounting"])
+    if missing:
+        note = (
+            f"--id-column {cfg.id_column} was asked, but the ledgers of clients {missing} did not compose "
+            "this run per person: their ε is per row (a person with k rows is protected at about k·ε)"
+        )
+        log.warning("privacy unit: %s", note)
+        summary["privacy"]["person_level_missing"] = {"clients": missing, "message": note}
+        return
+    where = "the pooled data set" if info.traits.pooled else "one client"
+    summary["privacy"]["unit"] = (
+        f"one person of {where}: every row with the same {cfg.id_column} (privacy unit: person "
+        f"(column {cfg.id_column}); example-level DP-SGD with persons sampled and clipped as one)"
+    )
 
 
 def metrics_note(dataset: str | None = None, task: str | None = None) -> dict:

@@ -42,10 +42,11 @@ import torch
 
 from silofl.comm.messages import Packet
 from silofl.comm.wire import encode, read_model
-from silofl.core.errors import ConfigError, PeerModelRejected
+from silofl.core.errors import ConfigError, NonFiniteValue, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.models import ModelSpec
 from silofl.privacy import Accountant, Budget, DPGradient, NoiseSource, max_steps_within
+from silofl.privacy.dpsgd import require_finite
 from silofl.privacy.person import PersonIndex
 from silofl.privacy.sampling import load_sampler_state, make_sampler, sampler_state
 from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
@@ -255,6 +256,33 @@ class DPSGDSite(Site):
         partner = None
         if self.private is not None and self.private_opt is not None and self.mutual_learning_partner:
             partner = Partner(self.private, self.private_opt, self.alpha)
+        try:
+            stats = self._steps(partner)
+        except NonFiniteValue as e:
+            self._record_spend()  # the steps that ran are spent, though nothing of them is released
+            raise NonFiniteValue(f"client {self.cid}, round {rnd}: {e}") from None
+        self.empty_batches += stats.pop("empty_batches")
+        self._record_spend()
+        self.rounds_trained += 1
+        self.shared_token = object()  # locally trained weights: unique to this site
+        self.last_train = stats
+        return stats
+
+    def _record_spend(self) -> None:
+        """The steps the mechanism ran since the last call, into the ledger (durably first: the spend
+        survives a crash right after) and the accountant."""
+        if self.dp is not None and self.accountant is not None:
+            run = self.dp.take_run()
+            if self.ledger is not None and run.steps:
+                unit = {} if self.persons is None else {"unit": self.privacy_unit}
+                self.ledger.record_steps(
+                    self.run_label, run.noise_multiplier, run.sample_rate, run.steps, **unit
+                )
+            self.accountant.record(run)
+
+    def _steps(self, partner: Partner | None) -> dict:
+        """The round's Poisson steps; every parameter the site holds checked finite after them (a noised
+        gradient is checked at each step by the mechanism)."""
         stats = poisson_steps(
             self.shared,
             self.shared_opt,
@@ -270,18 +298,10 @@ class DPSGDSite(Site):
             grad_hook=self.shared_grad_hook(),
             persons=self.persons,
         )
-        self.empty_batches += stats.pop("empty_batches")
-        if self.dp is not None and self.accountant is not None:
-            run = self.dp.take_run()
-            if self.ledger is not None:  # durably first: the spend survives a crash right after this round
-                unit = {} if self.persons is None else {"unit": self.privacy_unit}
-                self.ledger.record_steps(
-                    self.run_label, run.noise_multiplier, run.sample_rate, run.steps, **unit
-                )
-            self.accountant.record(run)
-        self.rounds_trained += 1
-        self.shared_token = object()  # locally trained weights: unique to this site
-        self.last_train = stats
+        models = [("shared", self.shared)] + ([("private", self.private)] if self.private is not None else [])
+        require_finite(
+            (f"the {role} model's {n}", p.detach()) for role, m in models for n, p in m.named_parameters()
+        )
         return stats
 
     def shared_grad_hook(self) -> Callable[[], None] | None:
@@ -516,6 +536,14 @@ class DPSGDSite(Site):
             rounds_within = steps // self.steps_per_round
         if self.ledger is not None and self.persons is not None:
             base["ledger_units"] = self.ledger.units()  # every unit this site's ledger has composed
+        if self.ledger is not None:  # the units this run's entries name, read back from the ledger
+            base["run_units"] = sorted(
+                {
+                    str(e.get("unit", "row"))
+                    for e in self.ledger.entries
+                    if e["kind"] == "dp-sgd" and e.get("run") == self.run_label
+                }
+            )
         return {
             **base,
             **rep,

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from silofl.core.errors import ConfigError, SiloflError
+from silofl.core.private import write_private  # noqa: F401 - its writers import it from here
 from silofl.privacy.ledger import (
     KEY_FILE,
     LEDGER_FILE,
@@ -90,16 +91,6 @@ def default_site_dir(name: str) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- keys
-def write_private(path: Path, data: bytes) -> None:
-    """Write a secret readable by its owner only (created 0600, never world-readable in between)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _pkcs8(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
@@ -172,6 +163,9 @@ class SiteConfig:
     private_model: str | None = None
     schema: str | None = None
     test_fraction: float = 0.2
+    # the column naming each row's person (person-level DP, silofl.privacy.person): the site samples, clips
+    # and accounts by person in every run; None: its unit is the row
+    id_column: str | None = None
     report_test_figures: bool = False
     allow_research_seed: bool = False
     allow_non_formal: bool = False  # runs whose ε is not a formal guarantee (paper mode, no DP)
