@@ -249,3 +249,32 @@ def test_the_cli_refuses_pooled_noise_it_cannot_account_with_one_line_and_exit_2
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split()) and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_a_pooled_round_past_the_sites_lifetime_is_refused_by_its_one_accountant(tmp_path):
+    """A site whose ledger already holds DP-SGD spend close to its lifetime budget masks nothing: its one
+    accountant (every mechanism of the ledger composed) refuses the pooled round before anything is
+    released, and its ledger gains no entry; a site with room masks as usual."""
+    from silofl.privacy.ledger import Ledger, change_lifetime, start_site_ledger
+    from silofl.privacy.site_accountant import SiteAccountant
+
+    b = build_run(config(tmp_path, secagg_min_survivors=3))
+    c = b.coordinator
+    c.start()
+    for s in b.sites:
+        s.ledger = Ledger(tmp_path / f"ledger{s.cid}")
+        start_site_ledger(s.ledger, f"site{s.cid}", "k" * 16, (50.0, 1e-3), "test")
+    full = b.sites[0].ledger
+    full.record_steps("earlier", noise_multiplier=0.8, sample_rate=1.0, steps=32)
+    now = SiteAccountant(full, colluders=1).epsilon(1e-3, "colluders")
+    change_lifetime(full, now + 1e-3, 1e-3, "test: a hair above what it spent")
+    books = SiteAccountant(full, colluders=1)
+    mech = c.pooled.mechanism(c.dim, 4)
+    assert not books.allows([{"kind": "secagg-discrete", "mechanisms": [mech.to_dict()], "unit": "row"}])
+    before = len(full.entries)
+    c.run_round(1)
+    assert len(full.entries) == before  # refused: nothing masked, nothing recorded
+    assert c.history[-1]["survivors"] == 3  # the three others still carry the floor
+    for s in b.sites[1:]:
+        assert [e["kind"] for e in s.ledger.entries][-1] == "secagg-discrete"
