@@ -128,3 +128,12 @@ def write_survival_sites(
     sp = root / "schema.yaml"
     sp.write_text(yaml.safe_dump(schema))
     return str(sp), paths, beta
+
+
+def secure_or_plain(kw: dict, secure: bool) -> dict:
+    """Run options ``kw`` for the secure run (``secure``) or its plain twin: the twin drops the
+    ``secagg_*`` options, which a run without secure aggregation refuses."""
+    return {
+        **{k: v for k, v in kw.items() if secure or not k.startswith("secagg_")},
+        "secure_aggregation": secure,
+    }

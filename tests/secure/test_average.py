@@ -15,7 +15,7 @@ from silofl.privacy import discrete
 from silofl.runner.config import RunConfig
 from silofl.secure.messages import unpack_masked
 from silofl.training.local_sgd import flat
-from tests.helpers import build_run, spy_packets
+from tests.helpers import build_run, secure_or_plain, spy_packets
 
 
 def config(tmp_path, **kw):
@@ -83,7 +83,7 @@ def test_the_server_sees_masked_vectors_and_the_average_equals_the_plain_run(tmp
     kw = dict(method=method, secagg_bits=48, **({"private_model": "mlp"} if method == "fml" else {}))
     runs = {}
     for secure in (False, True):
-        b = build_run(config(tmp_path / str(secure), **{**kw, "secure_aggregation": secure}))
+        b = build_run(config(tmp_path / str(secure), **secure_or_plain(kw, secure)))
         c = b.coordinator
         c.start()
         w0 = weights(c.server)
@@ -147,7 +147,7 @@ def test_fml_with_secure_aggregation_on_torch_distributed_equals_the_simulator(t
 
     from tests.helpers import TINY_LAUNCH, launch_tiny
 
-    extra = ["--method", "fml", "--secure-aggregation", "--seed", "0"]
+    extra = ["--method", "fml", "--secure-aggregation", "--seed", "0", "--clients", "3"]  # 3 sites at least
     r = launch_tiny(tmp_path / "l", *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     args = TINY_LAUNCH[3:]  # without "launch --nproc-per-node 2"

@@ -14,7 +14,7 @@ from silofl.privacy import discrete
 from silofl.runner.config import RunConfig
 from silofl.secure.messages import unpack_masked
 from silofl.training.local_sgd import flat
-from tests.helpers import build_run, spy_packets
+from tests.helpers import build_run, secure_or_plain, spy_packets
 
 
 def config(tmp_path, **kw):
@@ -61,7 +61,7 @@ def test_the_server_sees_only_masked_vectors_and_the_round_matches_central_noise
     """One round with negligible noise and 40 bits: the model moves by the plain mean of the clipped updates
     (within the discretisation error); every upload the server receives is a masked group vector."""
     kw = dict(noise_multiplier=1e-6, secagg_bits=40, clip=0.05)
-    central = build_run(config(tmp_path / "c", secure_aggregation=False, **kw))
+    central = build_run(config(tmp_path / "c", **secure_or_plain(kw, False)))
     secure = build_run(config(tmp_path / "s", **kw))
     moves = []
     for b in (central, secure):
@@ -97,7 +97,7 @@ def test_adaptive_clip_and_intermediaries_travel_the_same_way(tmp_path):
     kw = dict(noise_multiplier=1e-6, secagg_bits=40, adaptive_clip=True, intermediaries="adaptive", clip=0.05)
     clips = []
     for secure in (False, True):
-        b = build_run(config(tmp_path / str(secure), secure_aggregation=secure, **kw))
+        b = build_run(config(tmp_path / str(secure), **secure_or_plain(kw, secure)))
         b.coordinator.start()
         b.coordinator.run_round(1)
         srv = b.coordinator.server
@@ -230,7 +230,7 @@ def test_the_nonprivate_twin_aggregates_securely_without_noise(tmp_path):
     kw = dict(method="fedadam", clip=100.0, secagg_bits=40)
     moves = []
     for secure in (False, True):
-        b = build_run(config(tmp_path / str(secure), secure_aggregation=secure, **kw))
+        b = build_run(config(tmp_path / str(secure), **secure_or_plain(kw, secure)))
         b.coordinator.start()
         before = weights(b.coordinator.server)
         b.coordinator.run_round(1)

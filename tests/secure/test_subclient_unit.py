@@ -11,7 +11,7 @@ import torch
 
 from silofl.privacy import discrete as D
 from silofl.training.local_sgd import flat
-from tests.helpers import build_run
+from tests.helpers import build_run, secure_or_plain
 from tests.secure.test_client_level import config
 
 ORDERS = list(range(2, 129)) + [160, 192, 256, 384, 512, 1024]
@@ -126,7 +126,7 @@ def test_the_subclient_unit_matches_central_noise_and_accounts_per_subclient(tmp
     kw["adaptive_clip"] = True  # each sub-client's centred unclipped indicator is a summand too
     moves, clips = [], []
     for secure in (False, True):
-        b = build_run(config(tmp_path / str(secure), secure_aggregation=secure, **kw))
+        b = build_run(config(tmp_path / str(secure), **secure_or_plain(kw, secure)))
         b.coordinator.start()
         before = weights(b.coordinator.server)
         b.coordinator.run_round(1)
