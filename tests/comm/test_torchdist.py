@@ -38,7 +38,11 @@ EXTRA = {
     "cwt": {"checkpoint_every": 2},
     "proxyfl": {"self_weight": 0.5},
     "fedbn": MODEL_FOR["fedbn"],  # FedBN keeps normalisation layers: a model with GroupNorm
-    "dp-ssp": {"proxy_model": "linear", "secure_aggregation": True, "rounds": 1},  # one release, a linear head
+    "dp-ssp": {
+        "proxy_model": "linear",
+        "secure_aggregation": True,
+        "rounds": 1,
+    },  # one release, a linear head
 }
 
 
