@@ -75,6 +75,11 @@ def launch_tiny(out, *extra: str):
 
 
 MODEL_FOR = {"fedbn": {"proxy_model": "cnn-gn"}}
+NEEDS = {
+    "dp-ssp": {"proxy_model": "linear", "secure_aggregation": True, "rounds": 1, "samples_per_client": 100}
+}
+"""What a method needs of any config: dp-ssp releases its statistics once, through the secure sum, for a
+linear head."""
 """What a method needs on top of a shared test config: FedBN keeps normalisation layers, so a model with
 GroupNorm (the shared configs' ``mlp`` has none, and FedBN refuses it)."""
 

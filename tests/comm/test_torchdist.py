@@ -14,7 +14,7 @@ from silofl.comm.launcher import launch_processes
 from silofl.fl.registry import methods
 from silofl.runner.config import RunConfig
 from silofl.runner.loop import run as simulate
-from tests.helpers import MODEL_FOR
+from tests.helpers import MODEL_FOR, NEEDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -38,11 +38,7 @@ EXTRA = {
     "cwt": {"checkpoint_every": 2},
     "proxyfl": {"self_weight": 0.5},
     "fedbn": MODEL_FOR["fedbn"],  # FedBN keeps normalisation layers: a model with GroupNorm
-    "dp-ssp": {
-        "proxy_model": "linear",
-        "secure_aggregation": True,
-        "rounds": 1,
-    },  # one release, a linear head
+    **NEEDS,
 }
 
 

@@ -7,6 +7,7 @@ from silofl.core.errors import ConfigError
 from silofl.fl.registry import methods
 from silofl.privacy.guarantee import PRIVACY_MODES
 from silofl.runner.config import RunConfig
+from tests.helpers import NEEDS
 
 
 def test_yaml_roundtrip_holds_only_the_methods_own_section(tmp_path):
@@ -25,7 +26,11 @@ def test_yaml_roundtrip_holds_only_the_methods_own_section(tmp_path):
 @pytest.mark.parametrize("method", list(methods()))
 @pytest.mark.parametrize("mode", PRIVACY_MODES)
 def test_resolve_is_idempotent_and_decides_the_mode_in_one_place(method, mode):
-    cfg = RunConfig.from_dict({"method": method, "privacy": mode}).resolve()
+    if method == "dp-ssp" and mode == "off":
+        with pytest.raises(ConfigError, match="needs privacy on"):  # a DP release or nothing
+            RunConfig.from_dict({"method": method, "privacy": mode, **NEEDS[method]}).resolve()
+        return
+    cfg = RunConfig.from_dict({"method": method, "privacy": mode, **NEEDS.get(method, {})}).resolve()
     assert cfg.resolve() == cfg
     info = methods()[method]
     if mode == "off" or info.traits.nonprivate:
