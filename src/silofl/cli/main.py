@@ -256,10 +256,9 @@ def _serve_if_worker(cfg, peer_timeout: float) -> bool:
         check_launched_processes(dist.get_world_size(), cfg.clients)
         return False
     console.quiet = True
-    if cfg.threads is not None:
-        import torch
+    from silofl.core.threads import apply as apply_threads
 
-        torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads)
     plan, split = prepare_run(cfg.resolve(), resolve_device(cfg.device))
     make, n_sites = site_factory(
         cfg.info.cls(plan), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False)

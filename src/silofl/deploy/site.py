@@ -48,6 +48,7 @@ import torch
 from silofl.comm import batch
 from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
+from silofl.core.threads import apply as apply_threads
 from silofl.deploy import seal as sealing
 from silofl.deploy.pki import load_private
 from silofl.site.folder import FORMAT, SiteConfig, SiteFolder
@@ -505,7 +506,7 @@ class SiteWorker:
             cfg = cfg.replace(private_model=self.cfg.private_model, private_models=None)
         cfg = cfg.replace(report_nonprivate=self.cfg.report_test_figures)
         method = cfg.info.cls(cfg)
-        torch.set_num_threads(cfg.threads or torch.get_num_threads())
+        apply_threads(cfg.threads)  # one per process unless the run asks (silofl.core.threads)
         inputs, shape = self._inputs(cfg)
         site = make_site(
             method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures
