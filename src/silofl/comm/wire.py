@@ -124,7 +124,7 @@ def read_model_shared(
     returns fresh dicts; the tensors are shared and read-only (every reader copies them into its own model
     or mixes them into a new tensor). ``cache`` None: plain :func:`read_model`.
     """
-    if cache is None:
+    if cache is None or not isinstance(data, bytes):  # a buffer that is not bytes is not a dict key
         return read_model(data, reference, scalars, expect=expect)
     sig = tuple((k, tuple(v.shape), v.dtype) for k, v in reference.items())
     key = ("read_model", data, sig, tuple(scalars), tuple(sorted((expect or {}).items())))
