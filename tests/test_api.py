@@ -61,6 +61,8 @@ def test_run_and_tune_return_objects_matching_their_folders(tmp_path):
         r["epsilon"] for r in summary["final"]["per_client"]
     )
     assert res.headline == summary["final"]["global_acc"]["mean"] and res.privacy["mode"] == "strict"
+    chosen = summary["threads_chosen"]  # silofl.core.threads: the run states how many threads and why
+    assert summary["threads"] == chosen["threads"] and chosen["reason"]
     with pytest.raises(ConfigError, match="already holds a run"):
         silofl.run(cfg)
     t = silofl.tune({**TINY, "method": "fedavg", "target_epsilon": 5.0}, {"lr": [0.003]}, out=tmp_path / "t")

@@ -615,10 +615,9 @@ def audit(
         settings = AuditSettings(**settings_kw)
     elif settings_kw:
         raise TypeError("give either settings or its fields as keywords, not both")
-    if cfg.threads is not None:
-        import torch
+    from silofl.core.threads import apply as apply_threads
 
-        torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads)
     a = run_audit(
         cfg,
         settings,

@@ -26,9 +26,10 @@ from silofl.comm.messages import Message
 
 
 class SiteHandle(Protocol):
-    """What an engine needs of a site: run a step; a cache an in-process engine may lend for one call."""
+    """What an engine needs of a site: run a step; the caches an engine lends its sites for one call."""
 
     eval_cache: dict | None
+    wire_cache: dict | None
 
     def handle(self, step: str, msg: Message) -> Message:
         """Run ``step`` on the request and return the reply."""
@@ -160,15 +161,17 @@ def run_here(
     sites: dict[int, SiteHandle], step: str, requests: dict[int, Message], cache: dict | None = None
 ) -> dict[int, Message]:
     """Run ``step`` on sites held in this process; one evaluation cache is lent to them for an ``evaluate``
-    (``cache``, possibly filled already; a fresh one otherwise)."""
+    (``cache``, possibly filled already; a fresh one otherwise), and one wire cache for every step: a payload
+    that several of them receive is decoded and checked once (:func:`silofl.comm.wire.read_model_shared`)."""
     if cache is None and step == "evaluate":
         cache = {}
+    wire: dict = {}
     replies = {}
     for k, req in requests.items():
         site = sites[k]
-        site.eval_cache = cache
+        site.eval_cache, site.wire_cache = cache, wire
         try:
             replies[k] = site.handle(step, req)
         finally:
-            site.eval_cache = None
+            site.eval_cache = site.wire_cache = None
     return replies

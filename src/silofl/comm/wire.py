@@ -105,3 +105,36 @@ def read_model(
         values[k] = float(v)
     validate(tensors, reference, max_abs)
     return tensors, values, meta
+
+
+def read_model_shared(
+    cache: dict | None,
+    data: bytes,
+    reference: dict[str, torch.Tensor],
+    scalars: tuple[str, ...] = (),
+    expect: dict | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, float], dict]:
+    """:func:`read_model`, computed once per message among the readers that share ``cache``.
+
+    The sites one process runs for one step (:func:`silofl.comm.engine.run_here`) receive the same bytes
+    many times — a complete graph's K − 1 copies of each payload, a server's broadcast K times. Decoding
+    and checking them gives the same answer for every reader that holds a model of the same names, shapes
+    and dtypes, so it is computed once: the entry is keyed by the bytes themselves (not an address), the
+    reference's signature, the scalars and the expected metadata, and a refusal is shared as well. Each call
+    returns fresh dicts; the tensors are shared and read-only (every reader copies them into its own model
+    or mixes them into a new tensor). ``cache`` None: plain :func:`read_model`.
+    """
+    if cache is None or not isinstance(data, bytes):  # a buffer that is not bytes is not a dict key
+        return read_model(data, reference, scalars, expect=expect)
+    sig = tuple((k, tuple(v.shape), v.dtype) for k, v in reference.items())
+    key = ("read_model", data, sig, tuple(scalars), tuple(sorted((expect or {}).items())))
+    if key not in cache:
+        try:
+            cache[key] = read_model(data, reference, scalars, expect=expect)
+        except PeerModelRejected as e:
+            cache[key] = e
+    got = cache[key]
+    if isinstance(got, PeerModelRejected):
+        raise PeerModelRejected(str(got))
+    tensors, values, meta = got
+    return dict(tensors), dict(values), dict(meta)

@@ -50,6 +50,7 @@ from silofl.comm.messages import Message, Packet, pack, unpack
 from silofl.core.errors import BudgetExhausted, ConfigError, PeerModelRejected, SiloflError
 from silofl.core.names import NAME_RE, inside, plain_name
 from silofl.core.private import make_private, private_process
+from silofl.core.threads import apply as apply_threads
 from silofl.deploy import seal as sealing
 from silofl.deploy.hooks import ArmedHook, hooks_for
 from silofl.deploy.pki import load_private
@@ -507,7 +508,7 @@ class SiteWorker:
             cfg = cfg.replace(private_model=self.cfg.private_model, private_models=None)
         cfg = cfg.replace(report_nonprivate=self.cfg.report_test_figures)
         method = cfg.info.cls(cfg)
-        torch.set_num_threads(cfg.threads or torch.get_num_threads())
+        apply_threads(cfg.threads)  # one per process unless the run asks (silofl.core.threads)
         inputs, shape = self._inputs(cfg)
         site = make_site(
             method, k, inputs, shape, self.folder / "ledger", run_id, self.cfg.report_test_figures

@@ -134,7 +134,7 @@ class RunConfig:
     out: str = field(default="runs/latest", metadata={"panel": "output", "help": "Run folder to write."})
     device: str = field(default="auto", metadata={"panel": "engine", "help": "Where models train."})
     threads: int | None = field(
-        default=None, metadata={"panel": "engine", "help": "torch threads (default: torch's choice)."}
+        default=None, metadata={"panel": "engine", "help": "torch threads per process (default 1)."}
     )
     # privacy
     privacy: str = field(

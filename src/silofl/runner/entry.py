@@ -68,10 +68,9 @@ def serve_if_worker(cfg: RunConfig) -> bool:
     if dist.get_rank() == 0:
         check_launched_processes(dist.get_world_size(), cfg.clients)
         return False
-    if cfg.threads is not None:
-        import torch
+    from silofl.core.threads import apply as apply_threads
 
-        torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads)  # one per process unless the run asks (silofl.core.threads)
     plan, split = prepare_run(cfg.resolve(), resolve_device(cfg.device))
     make, n_sites = site_factory(
         cfg.info.cls(plan), split, ledger_root(cfg), releases_nonprivate(cfg, in_process=False)

@@ -31,6 +31,8 @@ import torch
 from silofl.comm.engine import Engine, InProcessEngine
 from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
+from silofl.core.threads import apply as apply_threads
+from silofl.core.threads import choose as choose_threads
 from silofl.data import SplitData
 from silofl.fl.coordinator import Coordinator, Method
 from silofl.fl.registry import ACC_FIELDS
@@ -304,8 +306,7 @@ def run(
     :class:`RunHooks`; ``remote``: the sites run elsewhere (see :func:`build`). Returns the summary."""
     cfg = cfg.resolve()
     check_out(cfg.out, resume=resume, overwrite=overwrite)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads)  # one per process unless --threads (silofl.core.threads)
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
@@ -674,6 +675,7 @@ def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: floa
         "eval_time_s": state.eval_s,
         "seconds_per_round": (state.train_s + state.eval_s) / max(1, rounds_run),
         "threads": torch.get_num_threads(),
+        "threads_chosen": choose_threads(cfg.threads).describe(),
         "device": str(built.device),
         "processes": engine.processes,
         "engine": engine.describe(),

@@ -54,6 +54,9 @@ class Site(ABC):
         self.last_train: dict = {}
         self.tests: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # "external" (shared), "internal" (own)
         self.eval_cache: dict | None = None  # set by an in-process engine for one evaluate call
+        self.wire_cache: dict | None = (
+            None  # lent by silofl.comm.engine.run_here for one step: shared decoding
+        )
         # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON);
         # written
         # next to its models, for `silofl predict` and `silofl export`

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from silofl.comm.messages import Packet
-from silofl.comm.wire import encode, read_model
+from silofl.comm.wire import encode, read_model_shared
 from silofl.core.errors import ConfigError, NonFiniteValue, PeerModelRejected
 from silofl.core.randomness import party_seeds
 from silofl.models import ModelSpec
@@ -50,6 +50,7 @@ from silofl.privacy.dpsgd import require_finite
 from silofl.privacy.person import PersonIndex
 from silofl.privacy.sampling import load_sampler_state, make_sampler, sampler_state
 from silofl.site.base import DP, NONPRIVATE, PUBLIC, Site
+from silofl.site.probe import probe_many
 from silofl.training import Partner, dml_loss, poisson_steps
 from silofl.training.augment import AugMult
 from silofl.training.metrics import prefixed
@@ -57,6 +58,7 @@ from silofl.training.metrics import prefixed
 log = logging.getLogger("silofl")
 
 PROBE_EXAMPLES, PROBE_MAX_OUTPUT = 32, 1e6  # a received model must give finite logits below this on them
+PROBE_REFUSED = "the model's outputs on a probe batch are not finite and bounded"
 
 
 @dataclass(frozen=True)
@@ -363,32 +365,66 @@ class DPSGDSite(Site):
         return encode(state, meta={"round": rnd, "src": self.cid, "model": self.shared_spec.name, **meta})
 
     def read(
-        self, packet: Packet, extra_keys: tuple[str, ...] = (), rnd: int | None = None
+        self,
+        packet: Packet,
+        extra_keys: tuple[str, ...] = (),
+        rnd: int | None = None,
+        probe: bool = True,
+        reference: dict[str, torch.Tensor] | None = None,
     ) -> tuple[dict, dict[str, float], dict]:
         """Decode and validate a received shared model — names, shapes, dtypes, finite and bounded values, the
         round ``rnd`` and the packet's sender in its metadata, finite outputs on a probe batch of the site's
         own
-        data — before it touches any local model: (tensors, extras, meta). Raises PeerModelRejected."""
+        data — before it touches any local model: (tensors, extras, meta). Raises PeerModelRejected. ``probe``
+        False: the caller probes (:meth:`read_many`); ``reference``: the shared model's state, if at hand."""
         expect = {"src": packet.src} if rnd is None else {"round": rnd, "src": packet.src}
-        tensors, extras, meta = read_model(
-            packet.data, dict(self.shared.state_dict()), extra_keys, expect=expect
+        ref = reference if reference is not None else dict(self.shared.state_dict())
+        tensors, extras, meta = read_model_shared(  # decoded once per payload among this process's sites
+            self.wire_cache, packet.data, ref, extra_keys, expect=expect
         )
-        self.probe(tensors)
+        if probe:
+            self.probe(tensors)
         return tensors, extras, meta
+
+    def read_many(
+        self, packets: list[Packet], extra_keys: tuple[str, ...] = (), rnd: int | None = None
+    ) -> list[tuple[dict, dict[str, float], dict] | PeerModelRejected]:
+        """:meth:`read` of each packet, in order: what it read, or why it was refused; the probes in one
+        vectorised pass (:func:`silofl.site.probe.probe_many`)."""
+        got: list[tuple[dict, dict[str, float], dict] | PeerModelRejected] = []
+        ref = dict(self.shared.state_dict())
+        for p in packets:
+            try:
+                got.append(self.read(p, extra_keys, rnd, probe=False, reference=ref))
+            except PeerModelRejected as e:
+                got.append(e)
+        reads = [g for g in got if not isinstance(g, PeerModelRejected)]
+        verdicts = iter(
+            probe_many(self._scratch(), [t for t, _, _ in reads], self._probe_x(), PROBE_MAX_OUTPUT)
+        )
+        return [
+            g if isinstance(g, PeerModelRejected) or next(verdicts) else PeerModelRejected(PROBE_REFUSED)
+            for g in got
+        ]
 
     def probe(self, state: dict[str, torch.Tensor]) -> None:
         """Raise PeerModelRejected unless a model with weights ``state`` gives finite, bounded outputs on the
-        first examples of the site's own data (checked on a scratch copy: no local model is touched)."""
+        first examples of the site's own data (checked on a scratch model: no local model is touched)."""
+        if not probe_many(self._scratch(), [state], self._probe_x(), PROBE_MAX_OUTPUT)[0]:
+            raise PeerModelRejected(PROBE_REFUSED)
+
+    def _scratch(self) -> torch.nn.Module:
+        """The scratch model received weights are tried on (built once; its own weights are never used)."""
         if self._probe_model is None:
             with torch.random.fork_rng(
                 devices=[]
             ):  # the scratch model's init draws nothing from the run's streams
                 self._probe_model = self.shared_spec.build().to(self.x.device).eval()
-        self._probe_model.load_state_dict(state)
-        with torch.no_grad():
-            out = self._probe_model(self.x[:PROBE_EXAMPLES])
-        if not bool(torch.isfinite(out).all()) or float(out.abs().max()) > PROBE_MAX_OUTPUT:
-            raise PeerModelRejected("the model's outputs on a probe batch are not finite and bounded")
+        return self._probe_model
+
+    def _probe_x(self) -> torch.Tensor:
+        """The site's own examples a received model is tried on."""
+        return self.x[:PROBE_EXAMPLES]
 
     def reject(self, rnd: int, packet: Packet, err: Exception) -> dict:
         """Log a refused packet; the record that goes into summary.json."""

@@ -132,9 +132,11 @@ class GossipSite(DPSGDSite):
         """Validate and mix the received (model, weight) pairs; the refused ones as records."""
         own = self.shared_state()
         received, rejected = [], []
-        for p in packets:
+        for p, got in zip(packets, self.read_many(packets, (PUSHSUM_KEY,), rnd), strict=True):
             try:
-                tensors, extras, _ = self.read(p, (PUSHSUM_KEY,), rnd)
+                if isinstance(got, PeerModelRejected):
+                    raise got
+                tensors, extras, _ = got
                 if extras[PUSHSUM_KEY] > self.max_weight:
                     raise PeerModelRejected(
                         f"PushSum weight {extras[PUSHSUM_KEY]:.3g} exceeds the total weight "
