@@ -33,7 +33,9 @@ from silofl.fl.registry import method_info, methods
 from silofl.privacy.ledger import Ledger, LedgerTampered
 from tests.deploy.test_worker import EXTRA, Loopback, deployment, join
 
-DEPLOYABLE = [m for m in methods() if m != "joint"]
+# dp-ssp needs 3 sites (its one release goes through the secure sum, masked: tests/fl/test_pooled.py); these
+# attacks are staged on 2
+DEPLOYABLE = [m for m in methods() if m not in ("joint", "dp-ssp")]
 
 
 def joined(cfg, tmp_path, **site_changes):

@@ -13,7 +13,9 @@ from tests.helpers import MODEL_FOR, build_run, spy_packets
 pytestmark = pytest.mark.slow  # every test here is a whole run
 
 METHODS = methods()
-EXAMPLE_LEVEL = [m for m, i in METHODS.items() if not i.client_level]
+# dp-ssp (one full-batch release, q = 1, through the secure sum) is left out of this sample-rate check:
+# tests/comm/test_torchdist.py runs it end to end on the simulator and torch.distributed
+EXAMPLE_LEVEL = [m for m, i in METHODS.items() if not i.client_level and m != "dp-ssp"]
 
 
 @pytest.mark.parametrize("method", EXAMPLE_LEVEL)
