@@ -36,7 +36,6 @@ import torch
 
 from silofl.comm.messages import Message
 from silofl.core.errors import BudgetExhausted, ConfigError
-from silofl.fl.coordinator import RoundEvents
 from silofl.fl.exchange.secure_average import SecureCentralized, SecureCentralSite
 
 log = logging.getLogger("silofl")
@@ -335,34 +334,16 @@ class PooledCentralized(SecureCentralized):
         self.lr, self.weight_decay = float(o.lr), float(o.weight_decay)
         self.released_rounds: list[dict] = []  # per released round: its survivors and mechanism
 
-    def run_round(self, rnd: int) -> RoundEvents:
-        events = RoundEvents()
-        active = self.retire(rnd, events)
-        if not active:
-            return events
-        chosen = self.secagg.participants(self, active, events)
-        stats: dict = {"round": rnd, "participants": len(chosen)}
-        try:
-            if len(chosen) < self.pooled.min_survivors:
-                raise ConfigError(
-                    f"{len(chosen)} site(s) with keys, below the survivors floor {self.pooled.min_survivors}"
-                )
-            mech = self.pooled.mechanism(self.dim, len(chosen))
-            res = self.secagg.run(self, rnd, chosen, events)
-            total, reason = res.total, res.reason
-        except ConfigError as e:
-            total, reason = None, str(e)
-        if total is None:
-            self.abandoned += 1
-            stats.update({"abandoned": True, "reason": reason})
-            log.warning("pooled noise: round %d abandoned: %s — nothing released", rnd, reason)
-        else:
-            self._release(rnd, mech, res, stats)
-        self.history.append(stats)
-        self.broadcast(rnd, active, events)
-        return events
+    ROUND_LABEL = "pooled noise"
 
-    def _release(self, rnd: int, mech, res, stats: dict) -> None:
+    def _round_mechanism(self, chosen: list[int]) -> tuple[Any, dict | None]:
+        if len(chosen) < self.pooled.min_survivors:
+            raise ConfigError(
+                f"{len(chosen)} site(s) with keys, below the survivors floor {self.pooled.min_survivors}"
+            )
+        return self.pooled.mechanism(self.dim, len(chosen)), None
+
+    def _release(self, rnd: int, mech: Any, res: Any, stats: dict, meta: dict | None) -> None:
         """Decode the survivors' noisy gradient sum, check it is plausible, step the global model."""
         from silofl.privacy.discrete import decode, pooled_sum_bound
 

@@ -259,41 +259,53 @@ class SecureCentralized(Centralized):
         self.released = self.abandoned = 0
         self.history: list[dict] = []
 
-    def run_round(self, rnd: int) -> RoundEvents:
-        from silofl.privacy.discrete import decode
+    ROUND_LABEL = "secure aggregation"  # how the log names an abandoned round
 
+    def run_round(self, rnd: int) -> RoundEvents:
+        """One secure round: the chosen sites' masked uploads, the survivors' sum decoded and released
+        (:meth:`_release`), or the round abandoned with nothing released."""
         events = RoundEvents()
         active = self.retire(rnd, events)
         if not active:
             return events
         chosen = self.secagg.participants(self, active, events)
-        sizes = {k: float(self.info[k]["n"]) for k in chosen}
-        scale = max(sizes.values(), default=1.0)
-        weights = {k: 1.0 if self.uniform else sizes[k] / scale for k in chosen}
         stats: dict = {"round": rnd, "participants": len(chosen)}
         try:
-            mech = self.secure.mechanism(self.dim, max(1, len(chosen)))
-            res = self.secagg.run(
-                self, rnd, chosen, events, meta={"uniform": self.uniform, "weight_scale": scale}
-            )
+            mech, meta = self._round_mechanism(chosen)
+            res = self.secagg.run(self, rnd, chosen, events, meta=meta)
             total, reason = res.total, res.reason
         except ConfigError as e:
             total, reason = None, str(e)
         if total is None:
             self.abandoned += 1
             stats.update({"abandoned": True, "reason": reason})
-            log.warning("secure aggregation abandoned round %d: %s — nothing released", rnd, reason)
+            log.warning("%s: round %d abandoned: %s — nothing released", self.ROUND_LABEL, rnd, reason)
         else:
-            self.released += 1
-            assert res.rotation_seed is not None
-            released = torch.from_numpy(decode(total, mech, rotation_seed=res.rotation_seed))
-            stats["survivors"] = len(res.survivors)
-            stats["step"] = plausible(released, mech, len(res.survivors), rnd)
-            if stats["step"]:
-                self._apply(rnd, released / sum(weights[k] for k in res.survivors))
+            self._release(rnd, mech, res, stats, meta)
         self.history.append(stats)
         self.broadcast(rnd, active, events)
         return events
+
+    def _round_mechanism(self, chosen: list[int]) -> tuple[Any, dict | None]:
+        """The round's discrete mechanism for ``chosen`` and the meta its uploads carry (ConfigError: the
+        round is abandoned)."""
+        sizes = [float(self.info[k]["n"]) for k in chosen]
+        meta = {"uniform": self.uniform, "weight_scale": max(sizes, default=1.0)}
+        return self.secure.mechanism(self.dim, max(1, len(chosen))), meta
+
+    def _release(self, rnd: int, mech: Any, res: Any, stats: dict, meta: dict | None) -> None:
+        """Decode the survivors' weighted sum, check it is plausible, move the global model by its mean."""
+        from silofl.privacy.discrete import decode
+
+        self.released += 1
+        assert res.rotation_seed is not None and meta is not None
+        released = torch.from_numpy(decode(res.total, mech, rotation_seed=res.rotation_seed))
+        stats["survivors"] = len(res.survivors)
+        stats["step"] = plausible(released, mech, len(res.survivors), rnd)
+        if stats["step"]:
+            scale = meta["weight_scale"]
+            weights = [1.0 if self.uniform else float(self.info[k]["n"]) / scale for k in res.survivors]
+            self._apply(rnd, released / sum(weights))
 
     def _apply(self, rnd: int, mean: torch.Tensor) -> None:
         """The global model moves by the decoded mean move (through the server optimizer, if any)."""
