@@ -201,20 +201,7 @@ def run(
     )
     launching = _launching()
     if launching is not None:  # `silofl launch`: its processes' entry, from these options parsed once here
-        from silofl.runner.entry import PRELOAD, RankOptions, check_launched_processes, rank_entry
-        from silofl.runner.folder import check_out
-
-        resolved = cfg.resolve()
-        if launching["check"]:
-            check_launched_processes(launching["processes"], resolved.clients)
-            check_out(resolved.out, resume=resume, overwrite=overwrite)
-            describe(resolved)
-        launching.update(
-            entry=rank_entry(cfg, RankOptions(peer_timeout, resume, overwrite, quiet)),
-            preload=PRELOAD,
-            result=Path(resolved.out) / "summary.json",
-            report=print_summary,
-        )
+        _launch_run(launching, cfg, peer_timeout, resume, overwrite, quiet)
         return
     run_command(
         cfg,
@@ -224,6 +211,27 @@ def run(
         quiet=quiet,
         vs_alone=vs_alone,
         engine_options=opts,
+    )
+
+
+def _launch_run(
+    launching: dict, cfg, peer_timeout: float, resume: bool, overwrite: bool, quiet: bool
+) -> None:
+    """Fill in what `silofl launch` asked of `run` (:func:`_launching`): the ranks' typed entry and how the
+    launch reports the result; with ``check``, the options checked once on this machine first."""
+    from silofl.runner.entry import PRELOAD, RankOptions, check_launched_processes, rank_entry
+    from silofl.runner.folder import check_out
+
+    resolved = cfg.resolve()
+    if launching["check"]:
+        check_launched_processes(launching["processes"], resolved.clients)
+        check_out(resolved.out, resume=resume, overwrite=overwrite)
+        describe(resolved)
+    launching.update(
+        entry=rank_entry(cfg, RankOptions(peer_timeout, resume, overwrite, quiet)),
+        preload=PRELOAD,
+        result=Path(resolved.out) / "summary.json",
+        report=print_summary,
     )
 
 
