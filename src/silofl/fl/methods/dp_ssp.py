@@ -213,7 +213,7 @@ class SspServer(PooledCentralized):
         mech = self.pooled.mechanism(self.dim, n_sites)
         self.secagg = SecureRound(self.pooled.protocol(), mech.padded_dim(), self.secagg.rotation_rng)
 
-    def _release(self, rnd: int, mech, res, stats: dict) -> None:
+    def _release(self, rnd: int, mech, res, stats: dict, meta: dict | None = None) -> None:
         from silofl.privacy.discrete import decode
 
         self.released += 1
