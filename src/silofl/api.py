@@ -127,6 +127,45 @@ class RunResult:
         fig = self.summary["final"].get(self.summary.get("headline", ""))
         return fig.get("mean") if isinstance(fig, dict) else None
 
+    def __str__(self) -> str:
+        """A few lines: each model's figure (mean ± spread over sites), the gain over going alone where it
+        was trained, and the ε per site against each threat its accountant reports."""
+        from silofl.fl.registry import ACC_FIELDS
+        from silofl.training.metrics import metric_field, metric_label
+
+        s, fin = self.summary, self.summary["final"]
+        metric = s.get("metric", "accuracy")
+        lines = [f"{s['method']} on {s['dataset']}: {s['clients']} sites, {s['rounds_run']} rounds ({self.folder})"]
+        alone = (self.vs_alone or {}).get("alone", {})
+        base = alone.get(metric_field("private_acc", metric))
+        for acc in ACC_FIELDS:
+            fig = fin.get(metric_field(acc, metric))
+            if not isinstance(fig, dict) or fig.get("mean") is None:
+                continue
+            gain = f", {fig['mean'] - base:+.3f} over going alone" if base is not None else ""
+            lines.append(
+                f"  {acc.removesuffix('_acc')} model: {metric_label(metric)} {fig['mean']:.3f} "
+                f"± {fig.get('std') or 0:.3f}{gain}"
+            )
+        if base is not None:
+            lines.append(f"  going alone (no DP, the same rows): {metric_label(metric)} {base:.3f}")
+        threats: dict[str, float] = {}  # the label of each threat (its ``against`` text) → the largest ε
+        for site in s.get("accounting") or []:
+            ledger = site.get("site_ledger") or {}
+            for threat, eps in (ledger.get("epsilon") or {}).items():
+                label = (ledger.get("against") or {}).get(threat, threat)
+                if eps is not None:
+                    threats[label] = max(threats.get(label, 0.0), eps)
+        priv = s["privacy"]
+        if priv.get("mode") == "off":
+            lines.append("  privacy: off (no differential privacy)")
+        elif threats:
+            per = "; ".join(f"{eps:.2f} against {t}" for t, eps in threats.items())
+            lines.append(f"  ε per site at δ = {priv['delta']:g} (the largest over sites): {per}")
+        elif self.epsilon is not None:
+            lines.append(f"  ε per site at δ = {priv['delta']:g}: at most {self.epsilon:.2f}")
+        return "\n".join(lines)
+
 
 @dataclass
 class TuneResult:
