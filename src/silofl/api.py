@@ -135,7 +135,9 @@ class RunResult:
 
         s, fin = self.summary, self.summary["final"]
         metric = s.get("metric", "accuracy")
-        lines = [f"{s['method']} on {s['dataset']}: {s['clients']} sites, {s['rounds_run']} rounds ({self.folder})"]
+        lines = [
+            f"{s['method']} on {s['dataset']}: {s['clients']} sites, {s['rounds_run']} rounds ({self.folder})"
+        ]
         alone = (self.vs_alone or {}).get("alone", {})
         base = alone.get(metric_field("private_acc", metric))
         for acc in ACC_FIELDS:
