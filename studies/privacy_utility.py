@@ -148,6 +148,23 @@ PERSONALIZED_SCATTER: list[tuple[str, str, dict, dict]] = [
     *BODY_HEAD_SCATTER,
 ]
 PERSONALIZED_LABELS = tuple(x[0] for x in PERSONALIZED_SCATTER)
+# Issue 44: the noise pooled under secure aggregation. FedAvg full batch (q = 1: no amplification claimed, one
+# DP step a round, server momentum) with each site's own full noise, the same with each site adding a share so
+# that the decoded sum of the survivors floor carries one full noise (``noise_placement: pooled``), and
+# dp-ssp's one-shot noisy sufficient statistics through the same secure sum (a ridge head: post-processing).
+FULL_BATCH = {**SERVER, "sample_rate": 1.0}
+POOLED = {"secure_aggregation": True, "noise_placement": "pooled"}
+POOLED_SCATTER: list[tuple[str, str, dict, dict]] = [
+    ("FedAvg (full batch)", "fedavg", dict(FULL_BATCH), {"rounds": [100], "lr": SCATTER_LR}),
+    ("FedAvg (pooled noise)", "fedavg", {**FULL_BATCH, **POOLED}, {"rounds": [100], "lr": SCATTER_LR}),
+    (
+        "dp-ssp (one-shot statistics)",
+        "dp-ssp",
+        {"secure_aggregation": True, "rounds": 1},
+        {"ssp_dim": [64, 128], "ssp_ridge": [1.5, 2.0]},
+    ),
+]
+POOLED_LABELS = tuple(x[0] for x in POOLED_SCATTER)
 PROXYFL_LABELS = ("ProxyFL (strict)", PROXYFL_COMPLETE[0])
 METHODS_SCATTER: list[tuple[str, str, dict, dict]] = [
     (
@@ -165,6 +182,7 @@ METHODS_SCATTER: list[tuple[str, str, dict, dict]] = [
     ("DP-FedAvg (no intermediaries)", "dp-fedavg", {"intermediaries": "none"}, {"rounds": ROUNDS}),
     ("DP-FedAvg (adaptive intermediaries)", "dp-fedavg", {"intermediaries": "adaptive"}, {"rounds": ROUNDS}),
     *PERSONALIZED_SCATTER,
+    *POOLED_SCATTER,
 ]
 FEATURE_SETS: dict[str, tuple[dict, list[tuple[str, str, dict, dict]]]] = {
     "none": ({}, METHODS_NONE),
@@ -317,12 +335,24 @@ def _job(
         accs={k: s["final"][k]["mean"] for k in s["final"] if k.endswith("_acc")},
         epsilon=s["final"]["epsilon"]["mean"],
         sigma=(s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
+        threats=_threats(s),
         rounds=s["rounds_run"],
         seconds=time.perf_counter() - t0,
         final_seconds=s["wall_time_s"],
         test_set=s["test_set"],
     )
     return row
+
+
+def _threats(summary: dict) -> dict[str, float]:
+    """The largest ε over sites against each threat their site ledgers report (outsiders, server, server plus
+    the colluders each site's policy assumes); empty without a site ledger."""
+    out: dict[str, float] = {}
+    for site in summary.get("accounting") or []:
+        for threat, eps in ((site.get("site_ledger") or {}).get("epsilon") or {}).items():
+            if eps is not None:
+                out[threat] = max(out.get(threat, 0.0), eps)
+    return out
 
 
 def _final_run(final: Path, settings: dict, method: str, seed: int, eps: float | None) -> dict:
@@ -921,7 +951,7 @@ def document(
     import matplotlib.pyplot as plt
 
     R = _Rows(rows)
-    labels = [m[0] for m in METHODS] + list(PERSONALIZED_LABELS) + [PUBSUB[0]]
+    labels = [m[0] for m in METHODS] + list(PERSONALIZED_LABELS) + list(POOLED_LABELS) + [PUBSUB[0]]
     all_seeds = sorted({*seeds, *(r["seed"] for r in R.ok)})  # carried rows may have more seeds than this run
     lines = [
         "# Privacy–utility: every method at ε = 1, 3, 8 per site, on pixels and on DP-friendly features",
