@@ -227,6 +227,62 @@ def site_budget(
     )
 
 
+@site_app.command("ledger")
+@friendly_errors
+def site_ledger(
+    folder: Path = typer.Argument(..., help="The site folder."),
+    recompute: bool = typer.Option(
+        False,
+        "--recompute",
+        help="Recompute the composed ε with dp-accounting's RDP accountant, side by side with the site's.",
+    ),
+):
+    """Print the site's ledger: each entry (seq, kind, unit, mechanism parameters) and the composed ε per
+    threat — outsiders, the server, the server plus the colluders its policy assumes — by its one accountant;
+    with --recompute, dp-accounting's figures beside them, naming what it cannot recompute on its own."""
+    from silofl.privacy.site_accountant import statement, threat_label
+    from silofl.site.folder import SiteFolder
+
+    site = SiteFolder.load(folder)
+    colluders = site.policy.colluders
+    life = site.lifetime
+    st = statement(site.accountant(colluders), life[1], independent=recompute)
+    typer.echo(
+        f"site {site.name}: {len(st['entries'])} ledger entries; lifetime ε {life[0]:g}, δ {life[1]:g}; "
+        f"its policy assumes {colluders} colluding site{'s' if colluders != 1 else ''}"
+    )
+    typer.echo(f"{'seq':>4}  {'kind':<16} {'unit':<22} mechanism")
+    for row in st["entries"]:
+        params = json.dumps(row["parameters"], ensure_ascii=False, separators=(",", ":"), default=str)
+        params = params if len(params) <= 160 else params[:157] + "..."
+        typer.echo(f"{row['seq']!s:>4}  {row['kind']!s:<16} {row['unit'] or '—'!s:<22} {params}")
+    eps = st["epsilon"]
+    show = lambda x: "no guarantee" if x is None else f"{x:.4f}"  # noqa: E731
+    typer.echo(f"composed ε at δ {life[1]:g} ({st['accountant']}; unit: {st['unit'] or '—'}):")
+    for t, label in ((t, threat_label(t, colluders)) for t in eps):
+        typer.echo(f"  against {label}: ε {show(eps[t])}")
+    if st.get("caveat"):
+        typer.echo(f"  note: {st['caveat']}")
+    if not recompute:
+        return
+    rc = st["recomputed"]
+    typer.echo(f"recomputed by {rc['accountant']}:")
+    typer.echo(f"  {'threat':<10} {'silofl':>14} {'dp-accounting':>14}   part")
+    for part, name in (("whole", "whole ledger"), ("independent_part", "independent part")):
+        for t, v in rc[part].items():
+            typer.echo(f"  {t:<10} {show(v['silofl']):>14} {show(v['dp_accounting']):>14}   {name}")
+    typer.echo(
+        f"  independent part: {', '.join(rc['independent_kinds']) or 'nothing'} (dp-accounting's events)"
+    )
+    if rc["not_independent"]:
+        typer.echo(
+            f"  not recomputed independently: {', '.join(rc['not_independent'])} (dp-accounting has no "
+            "event for it: silofl's own RDP curve, added to both figures)"
+        )
+    if rc["as_recorded"]:
+        typer.echo(f"  taken as recorded: {', '.join(rc['as_recorded'])} ((ε, δ) releases, composed on top)")
+
+
 @site_app.command("ledger-restore")
 @friendly_errors
 def site_ledger_restore(

@@ -693,3 +693,102 @@ def recompute(
         return float(compute_epsilon(list(orders), list(curve), d - d_a)[0]) + eps_a
 
     return with_tail(eps_at, delta, ev.tail)
+
+
+# ------------------------------------------------------------------------------------ the site's statement
+BOOKKEEPING = frozenset({"format", "seq", "prev", "kind", "time", "mac", "unit", "run", "round", "v", "note"})
+"""Ledger fields that say where and when, not which mechanism (left out of :func:`entry_parameters`)."""
+AS_RECORDED = frozenset({"release", "restore"})
+"""Kinds whose (ε, δ) is composed as the ledger records it: no mechanism to recompute."""
+
+
+def entry_parameters(entry: dict) -> dict:
+    """The mechanism parameters of a ledger entry, for a person to read: bookkeeping aside, the records of a
+    release counted, a secure round's mechanisms shortened to what sets their noise."""
+    out: dict = {}
+    for key, v in entry.items():
+        if key in BOOKKEEPING:
+            continue
+        if key == "records" and isinstance(v, list):
+            out["records"] = len(v)
+        elif key == "mechanisms" and isinstance(v, list):
+            keep = ("kind", "noise_multiplier", "scale", "bits", "min_survivors", "parties")
+            out[key] = [{k: m[k] for k in keep if k in m} if isinstance(m, dict) else m for m in v]
+        else:
+            out[key] = v
+    return out
+
+
+def statement(books: SiteAccountant, delta: float, independent: bool = False) -> dict:
+    """A site's ledger for an auditor (``silofl site ledger``): every entry (seq, kind, unit, mechanism
+    parameters), the composed ε per threat at ``delta`` by this accountant and, with ``independent``, the same
+    figures by dp-accounting's RDP accountant (:func:`recompute`) — for the whole ledger and for the part
+    dp-accounting expresses on its own — with the kinds whose part is silofl's own math or taken as
+    recorded named."""
+    entries = books.entries
+    rows = [
+        {
+            "seq": e.get("seq"),
+            "kind": e.get("kind"),
+            "unit": _unit_of(e, books.colluders),
+            "parameters": entry_parameters(e),
+        }
+        for e in entries
+    ]
+    report = books.report(delta)
+    out: dict = {**report, "entries": rows}
+    if not independent:
+        return out
+    ev = ledger_events(entries, "server", books.colluders)
+    recorded = sorted({str(e.get("kind")) for e in entries} & AS_RECORDED)
+    skip = AS_RECORDED | NOT_SPENDING | {"secagg-discrete"}  # dp-accounting has no discrete-sum event
+    pure = [e for e in entries if e.get("kind") not in skip and not _repeat_and_select_own(e)]
+    kept = [e for e in entries if e.get("kind") in NOT_SPENDING]
+    part = SiteAccountant(_Entries([*kept, *pure]), books.colluders)  # type: ignore[arg-type]
+
+    def fig(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    out["recomputed"] = {
+        "accountant": "dp_accounting.rdp.RdpAccountant (PoissonSampledDpEvent(GaussianDpEvent) composed)",
+        "whole": {
+            t: {
+                "silofl": fig(books.epsilon(delta, t)),
+                "dp_accounting": fig(recompute(entries, delta, t, books.colluders)),
+            }
+            for t in THREATS
+        },
+        "independent_part": {
+            t: {
+                "silofl": fig(part.epsilon(delta, t)),
+                "dp_accounting": fig(recompute(pure, delta, t, books.colluders)),
+            }
+            for t in THREATS
+        },
+        "independent_kinds": sorted({str(e.get("kind")) for e in pure}),
+        "not_independent": ev.not_independent,
+        "as_recorded": recorded,
+    }
+    return out
+
+
+def _unit_of(entry: dict, colluders: int) -> str | None:
+    """The unit an entry's spend protects (None for entries that release nothing)."""
+    if entry.get("kind") in NOT_SPENDING:
+        return None
+    if entry.get("kind") in PER_RECORD:
+        return "record"
+    spend = spend_of(entry, colluders)
+    return spend.unit if spend is not None else None
+
+
+def _repeat_and_select_own(entry: dict) -> bool:
+    """Whether a repeat-and-select tuning entry is a grid mixture dp-accounting cannot express."""
+    return entry.get("selection") == "repeat-and-select" and _repeat_and_select_event(entry)[0] is None
+
+
+@dataclass
+class _Entries:
+    """A ledger-shaped view of some entries (what :class:`SiteAccountant` reads)."""
+
+    entries: list[dict]
