@@ -59,6 +59,12 @@ def site_init(
         "--allow-research-seed",
         help="Accept seeded research runs (whoever knows the seed can reproduce this site's noise).",
     ),
+    id_column: str | None = typer.Option(
+        None,
+        "--id-column",
+        help="The table's column naming each row's person: the site then samples, clips and accounts by "
+        "person in every run (person-level DP).",
+    ),
 ):
     """Create a site folder: site.json (its decisions), fresh keys, its public card (keys/public.json)."""
     from silofl.deploy.site import SiteConfig, init_site, load_local
@@ -74,14 +80,20 @@ def site_init(
         schema=str(Path(schema).resolve()) if schema else None,
         report_test_figures=report_test_figures,
         allow_research_seed=allow_research_seed,
+        id_column=id_column,
     )
     if not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
         raise ConfigError("the lifetime budget needs 0 < ε < ∞ and 0 < δ < 1")
-    load_local(folder, cfg)  # the data must be readable before the folder is written
+    local = load_local(folder, cfg)  # the data must be readable (and hold the id column) before it is written
     init_site(folder, cfg)  # with the safe default policy, signed (`silofl site policy` edits it)
+    if (
+        local.unit_warning
+    ):  # an id-like column repeats and no --id-column: silofl.data.sites.repeated_id_warning
+        typer.echo(f"warning: site {name}: {local.unit_warning['message']}", err=True)
     typer.echo(
         f"site {name} in {folder}: give {folder / 'keys' / 'public.json'} to the coordinator and the other "
-        f"sites; its policy (policy.json, `silofl site policy`) accepts DP-SGD and secure sums only"
+        f"sites; its policy (policy.json, `silofl site policy`) accepts DP-SGD and secure sums only; its "
+        f"privacy unit: {f'person (column {id_column})' if id_column else 'row'}"
     )
 
 
