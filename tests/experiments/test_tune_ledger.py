@@ -86,6 +86,7 @@ def test_every_trial_is_charged_to_each_sites_ledger_before_the_first(tmp_path, 
     r = runner.invoke(app, _args(schema, tables, folders, tmp_path / "t", "--grid", "lr=0.01,0.1"))
     assert r.exit_code == 0, r.output
     assert ran == [0, 1]
+    assert "site site0: tuning charged to its ledger (entry 2)" in " ".join(r.output.split())
     for f in folders:
         led = SiteFolder.load(f.path).ledger
         (entry,) = [e for e in led.entries if e["kind"] == "tuning"]

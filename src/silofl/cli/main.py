@@ -589,6 +589,14 @@ def tune(
             f"each run: ε ≤ {cfg.target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
             f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}"
         )
+    for name, led in result.get("site_ledgers", {}).items():
+        rep = led["site_ledger"]
+        eps = rep["epsilon"]["colluders"]
+        console.print(
+            f"site {name}: tuning charged to its ledger (entry {', '.join(map(str, led['charged']))}); "
+            f"its whole ledger: ε {'∞' if eps is None else f'{eps:.3f}'} against {rep['against']['colluders']} at δ = "
+            f"{rep['delta']:g} (lifetime ε {rep['lifetime'][0]:g})"
+        )
 
 
 @config_command(app, exclude=("method", "seed", "out"))
