@@ -591,10 +591,10 @@ def tune(
         )
     for name, led in result.get("site_ledgers", {}).items():
         rep = led["site_ledger"]
-        eps = rep["epsilon"]["colluders"]
+        eps, who = rep["epsilon"]["colluders"], rep["against"]["colluders"]
         console.print(
             f"site {name}: tuning charged to its ledger (entry {', '.join(map(str, led['charged']))}); "
-            f"its whole ledger: ε {'∞' if eps is None else f'{eps:.3f}'} against {rep['against']['colluders']} at δ = "
+            f"its whole ledger: ε {'∞' if eps is None else f'{eps:.3f}'} against {who} at δ = "
             f"{rep['delta']:g} (lifetime ε {rep['lifetime'][0]:g})"
         )
 
