@@ -551,6 +551,7 @@ def tune(
     max_trials: int | None = None,
     quiet: bool = True,
     console: Any = None,
+    site_folders: list[str | Path] | None = None,
     **options: Any,
 ) -> TuneResult:
     """Search ``grid`` (``{"lr": [1e-3, 3e-3]}`` or ``["lr=0.001,0.003"]``) around ``config`` for its budget
@@ -559,7 +560,9 @@ def tune(
     ``out`` (trials/, tune.json, tune.md, tune.csv, best.yaml). ``random_trials``: K ~ ``poisson:MU`` |
     ``negbin:ETA,GAMMA`` | ``geometric:GAMMA`` | ``logarithmic:GAMMA`` random trials instead of every
     combination,
-    at most ``max_trials``. ``options``: any run option by its name, over ``config``."""
+    at most ``max_trials``. ``site_folders``: each site's folder, in the order of its table; the tuning is
+    charged to each one's ledger before the first trial. ``options``: any run option by its name, over
+    ``config``."""
     from silofl.experiments.tune import parse_grid
     from silofl.experiments.tune import tune as run_tune
     from silofl.privacy.tuning import parse_trial_count
@@ -580,7 +583,14 @@ def tune(
         parse_grid(list(grid)) if not isinstance(grid, Mapping) else {k: list(v) for k, v in grid.items()}
     )
     result = run_tune(
-        cfg, parsed, out, progress=not quiet, console=console, random_trials=count, max_trials=max_trials
+        cfg,
+        parsed,
+        out,
+        progress=not quiet,
+        console=console,
+        random_trials=count,
+        max_trials=max_trials,
+        site_folders=site_folders,
     )
     best = result.get("best")
     best_cfg = None

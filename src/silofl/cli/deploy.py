@@ -59,6 +59,12 @@ def site_init(
         "--allow-research-seed",
         help="Accept seeded research runs (whoever knows the seed can reproduce this site's noise).",
     ),
+    id_column: str | None = typer.Option(
+        None,
+        "--id-column",
+        help="The table's column naming each row's person: the site then samples, clips and accounts by "
+        "person in every run (person-level DP).",
+    ),
 ):
     """Create a site folder: site.json (its decisions), fresh keys, its public card (keys/public.json)."""
     from silofl.deploy.site import SiteConfig, init_site, load_local
@@ -74,14 +80,20 @@ def site_init(
         schema=str(Path(schema).resolve()) if schema else None,
         report_test_figures=report_test_figures,
         allow_research_seed=allow_research_seed,
+        id_column=id_column,
     )
     if not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
         raise ConfigError("the lifetime budget needs 0 < ε < ∞ and 0 < δ < 1")
-    load_local(folder, cfg)  # the data must be readable before the folder is written
+    local = load_local(folder, cfg)  # the data must be readable (and hold the id column) before it is written
     init_site(folder, cfg)  # with the safe default policy, signed (`silofl site policy` edits it)
+    if (
+        local.unit_warning
+    ):  # an id-like column repeats and no --id-column: silofl.data.sites.repeated_id_warning
+        typer.echo(f"warning: site {name}: {local.unit_warning['message']}", err=True)
     typer.echo(
         f"site {name} in {folder}: give {folder / 'keys' / 'public.json'} to the coordinator and the other "
-        f"sites; its policy (policy.json, `silofl site policy`) accepts DP-SGD and secure sums only"
+        f"sites; its policy (policy.json, `silofl site policy`) accepts DP-SGD and secure sums only; its "
+        f"privacy unit: {f'person (column {id_column})' if id_column else 'row'}"
     )
 
 
@@ -225,6 +237,62 @@ def site_budget(
         f"site {site.name}: lifetime budget ε {old[0]:g} → {lifetime_epsilon:g}, δ {old[1]:g} → {delta:g}, "
         f"recorded in its ledger (one budget for deployment, PubSub-ML and simulations)"
     )
+
+
+@site_app.command("ledger")
+@friendly_errors
+def site_ledger(
+    folder: Path = typer.Argument(..., help="The site folder."),
+    recompute: bool = typer.Option(
+        False,
+        "--recompute",
+        help="Recompute the composed ε with dp-accounting's RDP accountant, side by side with the site's.",
+    ),
+):
+    """Print the site's ledger: each entry (seq, kind, unit, mechanism parameters) and the composed ε per
+    threat — outsiders, the server, the server plus the colluders its policy assumes — by its one accountant;
+    with --recompute, dp-accounting's figures beside them, naming what it cannot recompute on its own."""
+    from silofl.privacy.site_accountant import statement, threat_label
+    from silofl.site.folder import SiteFolder
+
+    site = SiteFolder.load(folder)
+    colluders = site.policy.colluders
+    life = site.lifetime
+    st = statement(site.accountant(colluders), life[1], independent=recompute)
+    typer.echo(
+        f"site {site.name}: {len(st['entries'])} ledger entries; lifetime ε {life[0]:g}, δ {life[1]:g}; "
+        f"its policy assumes {colluders} colluding site{'s' if colluders != 1 else ''}"
+    )
+    typer.echo(f"{'seq':>4}  {'kind':<16} {'unit':<22} mechanism")
+    for row in st["entries"]:
+        params = json.dumps(row["parameters"], ensure_ascii=False, separators=(",", ":"), default=str)
+        params = params if len(params) <= 160 else params[:157] + "..."
+        typer.echo(f"{row['seq']!s:>4}  {row['kind']!s:<16} {row['unit'] or '—'!s:<22} {params}")
+    eps = st["epsilon"]
+    show = lambda x: "no guarantee" if x is None else f"{x:.4f}"  # noqa: E731
+    typer.echo(f"composed ε at δ {life[1]:g} ({st['accountant']}; unit: {st['unit'] or '—'}):")
+    for t, label in ((t, threat_label(t, colluders)) for t in eps):
+        typer.echo(f"  against {label}: ε {show(eps[t])}")
+    if st.get("caveat"):
+        typer.echo(f"  note: {st['caveat']}")
+    if not recompute:
+        return
+    rc = st["recomputed"]
+    typer.echo(f"recomputed by {rc['accountant']}:")
+    typer.echo(f"  {'threat':<10} {'silofl':>14} {'dp-accounting':>14}   part")
+    for part, name in (("whole", "whole ledger"), ("independent_part", "independent part")):
+        for t, v in rc[part].items():
+            typer.echo(f"  {t:<10} {show(v['silofl']):>14} {show(v['dp_accounting']):>14}   {name}")
+    typer.echo(
+        f"  independent part: {', '.join(rc['independent_kinds']) or 'nothing'} (dp-accounting's events)"
+    )
+    if rc["not_independent"]:
+        typer.echo(
+            f"  not recomputed independently: {', '.join(rc['not_independent'])} (dp-accounting has no "
+            "event for it: silofl's own RDP curve, added to both figures)"
+        )
+    if rc["as_recorded"]:
+        typer.echo(f"  taken as recorded: {', '.join(rc['as_recorded'])} ((ε, δ) releases, composed on top)")
 
 
 @site_app.command("ledger-restore")

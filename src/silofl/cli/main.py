@@ -536,6 +536,13 @@ def tune(
         "(the cut-off chance is paid in δ). Default: the smallest cap that costs "
         "at most 0.1% of δ.",
     ),
+    site_folder: list[str] = typer.Option(
+        [],
+        "--site-folder",
+        help="A site's folder (silofl site init), one per site in the order of its table; repeatable. "
+        "Each site's ledger is charged the tuning, checked against its policy and lifetime budget, before "
+        "the first trial.",
+    ),
 ):
     """Search settings for a budget (--target-epsilon, required) on the validation split (training data no
     client
@@ -548,7 +555,14 @@ def tune(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     cfg = RunConfig.from_dict(run_options(config, set_, eval_split="validation"))
     res = api.tune(
-        cfg, grid, out=out, random_trials=random_trials, max_trials=max_trials, quiet=quiet, console=console
+        cfg,
+        grid,
+        out=out,
+        random_trials=random_trials,
+        max_trials=max_trials,
+        quiet=quiet,
+        console=console,
+        site_folders=site_folder or None,
     )
     result = res.result
     b = result["best"]
@@ -574,6 +588,14 @@ def tune(
         console.print(
             f"each run: ε ≤ {cfg.target_epsilon:g}; tuning-inclusive (all {c['trials']} trials composed): "
             f"ε ≤ {c['max']:.3f} at δ = {c['delta']:g}"
+        )
+    for name, led in result.get("site_ledgers", {}).items():
+        rep = led["site_ledger"]
+        eps, who = rep["epsilon"]["colluders"], rep["against"]["colluders"]
+        console.print(
+            f"site {name}: tuning charged to its ledger (entry {', '.join(map(str, led['charged']))}); "
+            f"its whole ledger: ε {'∞' if eps is None else f'{eps:.3f}'} against {who} at δ = "
+            f"{rep['delta']:g} (lifetime ε {rep['lifetime'][0]:g})"
         )
 
 

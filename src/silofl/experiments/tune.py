@@ -142,12 +142,15 @@ def tune(
     console=None,
     random_trials: TrialCount | str | None = None,
     max_trials: int | None = None,
+    site_folders: list[str | Path] | None = None,
 ) -> dict:
     """Run every grid combination of ``base`` on the validation split — or, with ``random_trials``, K ~ that
     distribution trials of settings drawn from the grid, at most ``max_trials`` (default: see
     :func:`default_cap`) — and write ``OUT/tune.json``, ``tune.md`` and ``best.yaml``; return the result.
     Every
-    check runs before the first trial: a ConfigError leaves nothing written."""
+    check runs before the first trial: a ConfigError leaves nothing written. ``site_folders`` (one per site,
+    in the order of its table): each site's one ledger is charged the tuning before the first trial
+    (:func:`charge_sites`)."""
     out = Path(out)
     if (out / "tune.json").exists():
         raise ConfigError(f"{out} already holds a tuning result; choose another --out")
@@ -162,11 +165,15 @@ def tune(
     # one data split (and so one validation split) for every trial, recorded like any run's split seed
     base = base.replace(split_seed=base.data_seed if base.data_seed is not None else secrets.randbits(32))
     check_site_validation(base, combos)
+    folders = open_site_folders(site_folders) if site_folders else {}
     if random_trials is None:
         picks, random_part = list(range(len(combos))), None
     else:
         count = parse_trial_count(random_trials) if isinstance(random_trials, str) else random_trials
+        if folders and max_trials is None:  # a cap whose cost stays below 0.1% of δ at each site's lifetime
+            max_trials = max(default_cap(count, f.lifetime[1], f.lifetime[0]) for f in folders.values())
         picks, random_part = _draw_random_trials(base, combos, count, max_trials)
+    charged = charge_sites(base, combos, picks, random_part, folders) if folders else {}
     metric = _run_metric(base)  # --metric: the validation figure trials are selected on
     headline = metric_field(base.info.headline, metric)
     score_field = random_part["selection"] if random_part else headline
@@ -210,6 +217,17 @@ def tune(
         result["random_trials"] = _random_cost(random_part, summaries)
     if base.site_data:
         result["validation_note"] = SITE_VALIDATION_NOTE
+    if folders:
+        added = top_up_sites(folders, charged, summaries)
+        result["site_ledgers"] = {
+            folders[k].name: {
+                "charged": [e["seq"] for e in (charged[k], added.get(k)) if e is not None],
+                "site_ledger": folders[k]
+                .accountant(folders[k].policy.colluders)
+                .report(folders[k].lifetime[1]),
+            }
+            for k in charged
+        }
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune.json").write_text(json.dumps(result, indent=1, default=str))
     if best is not None:
@@ -232,6 +250,113 @@ def tune(
                 ]
             )
     return result
+
+
+# ------------------------------------------------------------------------------------------ site ledgers
+def open_site_folders(paths: list[str | Path]) -> dict[int, Any]:
+    """Site folders (``silofl site init``) by client index, in the order of the sites' tables."""
+    from silofl.site.folder import SiteFolder
+
+    folders = {k: SiteFolder.load(p) for k, p in enumerate(paths)}
+    for f in folders.values():
+        f.ledger  # noqa: B018 - verified and checked to be this site's before anything is charged to it
+    return folders
+
+
+def _unit(cfg: RunConfig) -> str:
+    column = getattr(cfg, "id_column", None)
+    return f"person (column {column})" if column else "row"
+
+
+def charge_sites(
+    base: RunConfig, combos: list[dict[str, Any]], picks: list[int], random_part: dict | None, folders: dict
+) -> dict[int, dict]:
+    """Before the first trial: check every trial's plan against each site's policy, then charge each site's
+    one ledger a ``tuning`` entry (:func:`silofl.privacy.site_accountant.tuning_spend`) — the composition of
+    the ``picks`` trials' planned (σ, q, steps), or with random trials the repeat-and-select bound of the
+    grid — after its one accountant checked that the entry keeps it within its lifetime budget against the
+    server plus the colluders its policy assumes. Any refusal is one ConfigError with nothing charged to any
+    site. Returns the entries charged, by client index."""
+    from silofl.core.errors import BudgetExhausted
+    from silofl.privacy.site_accountant import planned_tuning
+    from silofl.runner.plan import policy_request
+    from silofl.site.policy import PolicyRefused
+
+    planned = planned_trials(base, combos)
+    n = {len([p for p in parties if p.startswith("client")]) for _, parties in planned}
+    if n != {len(folders)}:
+        raise ConfigError(
+            f"{len(folders)} site folders given for {'/'.join(map(str, sorted(n)))} sites: give one per "
+            "site, in the order of the sites' tables"
+        )
+    entries: dict[int, dict] = {}
+    for k, folder in folders.items():
+        policy = folder.policy
+        for (cfg, _), combo in zip(planned, combos, strict=True):
+            request = policy_request(cfg, k)
+            if request.placement != "local":
+                raise ConfigError(
+                    f"tuning on site folders charges example-level DP-SGD trials whose noise the site adds "
+                    f"itself; {_label(combo)} places it {request.placement!r}"
+                )
+            try:
+                policy.check(request)
+            except PolicyRefused as e:
+                raise ConfigError(f"site {folder.name} refuses the tuning ({_label(combo)}): {e}") from None
+        party, unit = f"client{k}", _unit(planned[0][0])
+        if random_part is None:
+            entry = planned_tuning([planned[i][1][party] for i in picks], unit=unit)
+        else:
+            entry = planned_tuning(
+                grid=[parties[party] for _, parties in planned],
+                count=random_part["count"],
+                cap=random_part["cap"],
+                unit=unit,
+            )
+        try:
+            folder.accountant(policy.colluders).require(
+                [entry], what=f"tuning ({len(picks)} trials)", who=f"site {folder.name}"
+            )
+        except BudgetExhausted as e:
+            raise ConfigError(str(e)) from None
+        entries[k] = entry
+    for k, entry in entries.items():  # every site agreed: charge them all, before the first trial
+        fields = {key: v for key, v in entry.items() if key != "kind"}
+        entries[k] = folders[k].ledger.append("tuning", **fields)
+    return entries
+
+
+def top_up_sites(folders: dict, charged: dict[int, dict], summaries: list[dict]) -> dict[int, dict]:
+    """After the trials: a site whose recorded DP-SGD steps (any trial's) exceed at any order what its
+    ``tuning`` entry planned is charged, on top, the composition of every step its trials recorded (an over-
+    count, never an under-count). Returns the entries added."""
+    from silofl.privacy.site_accountant import ORDERS, planned_tuning, tuning_trial_curve
+
+    added = {}
+    for k, entry in charged.items():
+        hists = [
+            tuple(h)
+            for s in summaries
+            for a in s.get("accounting", [])
+            if a.get("client") == k
+            for h in (a.get("history") or [])
+        ]
+        if not hists:
+            continue
+        if entry["selection"] == "composition":
+            pairs = [(rdp_curve(tuple(hists), ORDERS), rdp_curve(tuple(map(tuple, entry["trials"])), ORDERS))]
+        else:
+            top = tuning_trial_curve(entry)
+            pairs = [
+                (rdp_curve(tuple(map(tuple, a["history"])), ORDERS), top)
+                for s in summaries
+                for a in s.get("accounting", [])
+                if a.get("client") == k and a.get("history")
+            ]
+        if any(np.any(got > want * (1 + 1e-9) + 1e-12) for got, want in pairs):
+            fields = {key: v for key, v in planned_tuning(hists, unit=entry["unit"]).items() if key != "kind"}
+            added[k] = folders[k].ledger.append("tuning", **fields, note="trials recorded more than planned")
+    return added
 
 
 def check_combinations(base: RunConfig, combos: list[dict[str, Any]]) -> None:
@@ -340,26 +465,23 @@ def default_cap(count: TrialCount, delta: float, epsilon: float = 0.0) -> int:
     return max(1, hi)
 
 
-def planned_curves(
-    base: RunConfig, combos: list[dict[str, Any]], orders: tuple[float, ...] = DEFAULT_ORDERS
-) -> dict[str, np.ndarray]:
-    """Per party, the pointwise maximum over every grid setting of the RDP curve its budget-first run is
-    planned to
-    spend (σ calibrated from the budget, each party's sampling rate and steps): the RDP curve of one random
-    trial
-    (the mixture over the grid; see :mod:`silofl.privacy.tuning`). Loads the data set, trains nothing."""
+def planned_trials(
+    base: RunConfig, combos: list[dict[str, Any]]
+) -> list[tuple[RunConfig, dict[str, tuple[float, float, int]]]]:
+    """Per grid setting, (its resolved config with σ calibrated from the budget, per party the (σ, q, steps)
+    its budget-first run is planned to spend). Loads the data set, trains nothing."""
     import torch
 
     from silofl.runner.data import load_dataset, prepare_data, unit_sizes
 
     loaded: dict[tuple, Any] = {}
-    curves: dict[str, np.ndarray] = {}
+    out = []
     for combo in combos:
         cfg = base.replace(**combo).resolve()
         if not cfg.calibrates or not cfg.is_private:
             raise ConfigError(
-                "random trials need budget-first DP trials (σ set from --target-epsilon) so that "
-                f"every trial's privacy is known in advance; {_label(combo)} is not"
+                "random trials and trials charged to site folders need budget-first DP trials (σ set from "
+                f"--target-epsilon) so that every trial's privacy is known in advance; {_label(combo)} is not"
             )
         if cfg.split_seed is None and cfg.seed is None:  # as prepare_data does: a fresh split
             cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
@@ -378,9 +500,24 @@ def planned_curves(
                 )
             data = loaded[key]
         cfg, split = prepare_data(cfg, torch.device("cpu"), data)
-        for p in cfg.calibration_plan(unit_sizes(cfg, split)):  # persons with --id-column
-            curve = rdp_curve(((cfg.noise_multiplier, p["sample_rate"], p["steps"]),), orders)
-            party = str(p["party"])
+        parties = {  # persons with --id-column
+            str(p["party"]): (float(cfg.noise_multiplier), float(p["sample_rate"]), int(p["steps"]))
+            for p in cfg.calibration_plan(unit_sizes(cfg, split))
+        }
+        out.append((cfg, parties))
+    return out
+
+
+def planned_curves(
+    base: RunConfig, combos: list[dict[str, Any]], orders: tuple[float, ...] = DEFAULT_ORDERS
+) -> dict[str, np.ndarray]:
+    """Per party, the pointwise maximum over every grid setting of the RDP curve its budget-first run is
+    planned to spend (:func:`planned_trials`): the RDP curve of one random trial (the mixture over the grid;
+    see :mod:`silofl.privacy.tuning`). Loads the data set, trains nothing."""
+    curves: dict[str, np.ndarray] = {}
+    for _, parties in planned_trials(base, combos):
+        for party, h in parties.items():
+            curve = rdp_curve((h,), orders)
             curves[party] = np.maximum(curves[party], curve) if party in curves else curve
     return curves
 

@@ -11,7 +11,9 @@ converters, one per kind, in the :data:`LEDGER_KINDS` registry) and composes the
   Skellam and distributed discrete Gaussian sums of secure rounds (``secagg-discrete``:
   :func:`silofl.privacy.discrete.rdp`; the discrete bounds are stated at integer orders, and since Rényi
   divergence never decreases with the order, a fractional order λ takes the bound at ⌈λ⌉ — an upper bound),
-  and client-level rounds (``client-level``: the subsampled Gaussian of the hospital's noise multiplier).
+  client-level rounds (``client-level``: the subsampled Gaussian of the hospital's noise multiplier) and
+  tuning trials (``tuning``: every trial's subsampled Gaussian composed, or Papernot & Steinke's curve of the
+  best of K random trials, :mod:`silofl.privacy.tuning`, the cap on K in δ).
   RDP composes by adding the curves; (ε, δ) comes from the one conversion every ε of silofl's RDP
   accountant uses (:func:`silofl.privacy.analysis.epsilon_from_rdp`).
 * **(ε, δ) given** — PubSub-ML releases (``release``: the largest spend of any record over the releases
@@ -34,7 +36,8 @@ smaller one, so the composed ε holds for the *smallest* unit any block names; a
 person with k rows only at group-privacy level (k·ε), which :meth:`SiteAccountant.report` says
 (``caveat``). The lifetime check (:meth:`SiteAccountant.require`) compares the composed ε against the
 strongest threat the site assumes (server + c colluders) at the lifetime δ, *before* the step, with the
-planned mechanisms of the run added (:func:`planned_dpsgd`, :func:`planned_secure`, :func:`planned_release`:
+planned mechanisms of the run added (:func:`planned_dpsgd`, :func:`planned_secure`, :func:`planned_release`,
+:func:`planned_tuning`:
 ledger-shaped dicts, so planned and recorded spend take one path).
 
 :func:`ledger_events` turns a ledger into dp-accounting ``DpEvent``\\ s (the discrete sums, which
@@ -112,6 +115,7 @@ class Spend:
     rdp: Mapping[str, np.ndarray] | None = None
     approx: tuple[float, float] = (0.0, 0.0)
     seq: int | None = None  # the ledger entry (None: planned)
+    tail: float = 0.0  # a chance τ the mechanism differs from its RDP curve's: costs (1 + e^ε)τ of δ
 
 
 def honest_survivors(survivors: int, colluders: int) -> int:
@@ -136,16 +140,34 @@ def discrete_rdp(
     return np.asarray(vals, dtype=np.float64)[np.searchsorted(uniq, ints)]
 
 
-def compose(spends: Iterable[Spend], threat: str) -> tuple[np.ndarray, float, float]:
-    """(the RDP curve over :data:`ORDERS`, Σεᵢ, Σδᵢ) of ``spends`` against ``threat``."""
+def compose(spends: Iterable[Spend], threat: str) -> tuple[np.ndarray, float, float, float]:
+    """(the RDP curve over :data:`ORDERS`, Σεᵢ, Σδᵢ, Στᵢ) of ``spends`` against ``threat``."""
     check_threat(threat)
     curve = np.zeros(len(ORDERS), dtype=np.float64)
-    eps = dlt = 0.0
+    eps = dlt = tail = 0.0
     for s in spends:
         if s.rdp is not None:
             curve = curve + s.rdp[threat]
-        eps, dlt = eps + s.approx[0], dlt + s.approx[1]
-    return curve, eps, dlt
+        eps, dlt, tail = eps + s.approx[0], dlt + s.approx[1], tail + s.tail
+    return curve, eps, dlt, tail
+
+
+def with_tail(epsilon: Callable[[float], float], delta: float, tail: float) -> float:
+    """ε of a mechanism that differs, with chance at most ``tail`` τ independent of the data, from one whose ε
+    at δ' is ``epsilon(δ')``: the ε at which δ' + (1 + e^ε)τ = ``delta`` (coupling,
+    :mod:`silofl.privacy.tuning`); inf when τ leaves no δ."""
+    eps = epsilon(delta)
+    if tail <= 0 or not math.isfinite(eps):
+        return eps
+    for _ in range(200):
+        slack = tail * (1 + math.exp(min(eps, 700.0)))
+        if slack >= delta:
+            return math.inf
+        new = epsilon(delta - slack)
+        if new <= eps:
+            return eps
+        eps = new * (1 + 1e-9)
+    return math.inf
 
 
 def epsilon_at(curve: np.ndarray, approx: tuple[float, float], delta: float) -> float:
@@ -249,6 +271,109 @@ def client_level_spend(entry: dict, colluders: int) -> Spend:
     )
 
 
+def _trial_settings(entry: dict, key: str) -> list[tuple[float, float, int]]:
+    """The (σ, q, steps) of each trial (``trials``) or grid setting (``grid``) a ``tuning`` entry records."""
+    rows = entry.get(key)
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(f"ledger entry {entry.get('seq')} (tuning): no {key}")
+    out = []
+    for r in rows:
+        ok = isinstance(r, list | tuple) and len(r) == 3
+        if ok:
+            s, q, n = r
+            num = [isinstance(v, int | float) and not isinstance(v, bool) for v in (s, q)]
+            ok = all(num) and math.isfinite(s) and s >= 0 and 0 <= q <= 1
+            ok = ok and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+        if not ok:
+            raise ConfigError(f"ledger entry {entry.get('seq')} (tuning): bad {key} row {str(r)[:60]}")
+        out.append((float(r[0]), float(r[1]), int(r[2])))
+    return out
+
+
+def trial_count_of(entry: dict):
+    """The distribution of the number of trials a repeat-and-select ``tuning`` entry records."""
+    from silofl.privacy.tuning import poisson, truncated_negative_binomial
+
+    kind = entry.get("distribution")
+    if kind == "poisson":
+        return poisson(_number(entry, "mu", 1.0))
+    if kind == "negbin":
+        return truncated_negative_binomial(_number(entry, "eta", -1.0), _number(entry, "gamma"))
+    raise ConfigError(f"ledger entry {entry.get('seq')} (tuning): unknown distribution {str(kind)[:40]!r}")
+
+
+def tuning_trial_curve(entry: dict, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """RDP of one random trial of a repeat-and-select ``tuning`` entry: the pointwise maximum of every grid
+    setting's curve (the mixture over the grid, :mod:`silofl.privacy.tuning`)."""
+    curves = [rdp_curve((h,), tuple(orders)) for h in _trial_settings(entry, "grid")]
+    return np.max(np.vstack(curves), axis=0)
+
+
+def repeat_and_select_curve(entry: dict, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """Papernot & Steinke's RDP curve (at ``orders``) of a repeat-and-select ``tuning`` entry's best trial
+    (:func:`silofl.privacy.tuning.repeat_and_select_rdp` of :func:`tuning_trial_curve`)."""
+    from silofl.privacy.tuning import repeat_and_select_rdp
+
+    rdp = repeat_and_select_rdp(orders, tuning_trial_curve(entry, orders), trial_count_of(entry))
+    return np.asarray(rdp, dtype=np.float64)
+
+
+@LEDGER_KINDS.register("tuning")
+def tuning_spend(entry: dict, colluders: int) -> Spend:
+    """The DP-SGD trials of a tuning run (``silofl tune`` with site folders), the site adding the noise itself
+    (one curve for every threat). ``selection: composition`` — every trial released: its ``trials``' (σ, q,
+    steps) composed. ``selection: repeat-and-select`` — K ~ ``distribution`` (``mu`` | ``eta``, ``gamma``)
+    trials, settings drawn from ``grid``, only the best released: Papernot & Steinke's curve of one trial
+    (:func:`tuning_trial_curve`, :func:`silofl.privacy.tuning.repeat_and_select_rdp`), and the cap at ``cap``
+    trials as the chance τ = P[K > cap] that the capped tuning differs from the uncapped one (it costs
+    (1 + e^ε)τ of δ at the site's composed ε: :func:`with_tail`)."""
+    unit, seq = str(entry.get("unit", "row")), entry.get("seq")
+    selection = entry.get("selection")
+    if selection == "composition":
+        return Spend(
+            "tuning", unit, _same(rdp_curve(tuple(_trial_settings(entry, "trials")), ORDERS)), seq=seq
+        )
+    if selection != "repeat-and-select":
+        raise ConfigError(f"ledger entry {seq} (tuning): unknown selection {str(selection)[:40]!r}")
+    count = trial_count_of(entry)
+    curve = repeat_and_select_curve(entry)
+    cap = entry.get("cap")
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < max(1, count.smallest):
+        raise ConfigError(f"ledger entry {seq} (tuning): bad cap {cap!r}")
+    return Spend("tuning", unit, _same(curve), seq=seq, tail=count.tail(cap))
+
+
+def planned_tuning(
+    trials: Sequence[tuple[float, float, int]] | None = None,
+    *,
+    grid: Sequence[tuple[float, float, int]] | None = None,
+    count: Any = None,
+    cap: int | None = None,
+    unit: str = "row",
+) -> dict:
+    """A planned tuning run at one site, shaped as its ledger entry: every trial's (σ, q, steps) composed
+    (``trials``), or the best of K ~ ``count`` (a :class:`silofl.privacy.tuning.TrialCount`) trials drawn
+    from ``grid``, at most ``cap`` (:func:`tuning_spend`)."""
+    rows = lambda hs: [[float(s), float(q), int(n)] for s, q, n in hs]  # noqa: E731
+    if trials is not None:
+        return {"kind": "tuning", "selection": "composition", "trials": rows(trials), "unit": unit}
+    if grid is None or count is None or cap is None:
+        raise ConfigError("a planned repeat-and-select tuning needs its grid, count and cap")
+    dist = (
+        {"distribution": "poisson", "mu": count.mu}
+        if count.kind == "poisson"
+        else {"distribution": "negbin", "eta": count.eta, "gamma": count.gamma}
+    )
+    return {
+        "kind": "tuning",
+        "selection": "repeat-and-select",
+        "grid": rows(grid),
+        **dist,
+        "cap": int(cap),
+        "unit": unit,
+    }
+
+
 @LEDGER_KINDS.register("restore")
 def restore_spend(entry: dict, colluders: int) -> Spend:
     """The prior spend a restored ledger declares, (ε, δ) against everyone."""
@@ -350,8 +475,9 @@ class SiteAccountant:
         """(ε, δ) of everything the ledger records (and ``planned``) against ``threat``, at total ``delta``
         (just the releases' and restores' Σδᵢ when nothing composes in RDP); the releases count the most any
         record spent (of ``records``, when given)."""
-        curve, eps, dlt = compose([*self.spends(planned), self._release(planned, records)], threat)
-        return epsilon_at(curve, (eps, dlt), delta), (float(delta) if np.any(curve > 0) else dlt)
+        curve, eps, dlt, tail = compose([*self.spends(planned), self._release(planned, records)], threat)
+        got = with_tail(lambda d: epsilon_at(curve, (eps, dlt), d), delta, tail)
+        return got, (float(delta) if np.any(curve > 0) or tail > 0 else dlt)
 
     def epsilon(
         self,
@@ -459,6 +585,16 @@ class LedgerEvents:
     event: Any
     discrete: list[tuple[DiscreteMechanism, int, int]]
     approx: tuple[float, float]
+    own: list[tuple[str, dict]] = field(default_factory=list)
+    tail: float = 0.0  # Στ of capped repeat-and-select tunings (:func:`with_tail`)
+    """Entries whose mechanism dp-accounting cannot express (a repeat-and-select over a grid no one setting
+    of which dominates), by kind: :func:`recompute` takes silofl's own curve for them, not an independent
+    one."""
+
+    @property
+    def not_independent(self) -> list[str]:
+        """The kinds whose part of :func:`recompute` is silofl's own math, not dp-accounting's."""
+        return sorted({"secagg-discrete" for _ in self.discrete[:1]} | {k for k, _ in self.own})
 
 
 def ledger_events(entries: Sequence[dict], threat: str = "server", colluders: int = 0) -> LedgerEvents:
@@ -468,7 +604,23 @@ def ledger_events(entries: Sequence[dict], threat: str = "server", colluders: in
     check_threat(threat)
     events: list = []
     discrete: list[tuple[DiscreteMechanism, int, int]] = []
+    own: list[tuple[str, dict]] = []
+    slack = 0.0
+
+    def gaussian(s: float, q: float, n: int):
+        g = dpa.GaussianDpEvent(s)
+        return dpa.SelfComposedDpEvent(g if q == 1 else dpa.PoissonSampledDpEvent(q, g), n)
+
     for e in entries:
+        if e.get("kind") == "tuning" and e.get("selection") == "composition":
+            events.extend(gaussian(*h) for h in _trial_settings(e, "trials"))
+        elif e.get("kind") == "tuning":
+            ev, cap_delta = _repeat_and_select_event(e)
+            slack += cap_delta
+            if ev is None:
+                own.append(("tuning", e))
+            else:
+                events.append(ev)
         kind = e.get("kind")
         if kind == "dp-sgd":
             g = dpa.GaussianDpEvent(e["noise_multiplier"])
@@ -493,7 +645,26 @@ def ledger_events(entries: Sequence[dict], threat: str = "server", colluders: in
     restored = [e for e in entries if e.get("kind") == "restore"]
     rel = release_spend(list(entries))
     approx = (rel[0] + sum(e["epsilon"] for e in restored), rel[1] + sum(e["delta"] for e in restored))
-    return LedgerEvents(dpa.ComposedDpEvent(events), discrete, approx)
+    return LedgerEvents(dpa.ComposedDpEvent(events), discrete, approx, own, slack)
+
+
+def _repeat_and_select_event(entry: dict) -> tuple[Any, float]:
+    """(dp-accounting's RepeatAndSelectDpEvent of a repeat-and-select ``tuning`` entry — None when no one
+    grid setting's curve dominates the others at :data:`ORDERS`, so that the mixture is no dp-accounting
+    event —, the cap's τ = P[K > cap])."""
+    from dp_accounting import dp_event as de
+
+    count = trial_count_of(entry)
+    grid = _trial_settings(entry, "grid")
+    top = tuning_trial_curve(entry)
+    slack = count.tail(int(entry["cap"]))
+    for s, q, n in grid:
+        if np.array_equal(rdp_curve(((s, q, n),), ORDERS), top):
+            g = de.GaussianDpEvent(s)
+            inner = de.SelfComposedDpEvent(g if q == 1 else de.PoissonSampledDpEvent(q, g), n)
+            shape = math.inf if count.kind == "poisson" else count.eta
+            return de.RepeatAndSelectDpEvent(inner, count.mean, shape), slack
+    return None, slack
 
 
 def recompute(
@@ -510,9 +681,114 @@ def recompute(
     curve = np.asarray(acc._rdp, dtype=np.float64)  # noqa: SLF001 - dp-accounting keeps the curve here
     for m, n, rounds in ev.discrete:
         curve = curve + rounds * discrete_rdp(m, survivors=n, orders=orders)
+    for _, entry in ev.own:
+        curve = curve + repeat_and_select_curve(entry, orders)
     eps_a, d_a = ev.approx
-    if not np.any(curve > 0):
-        return eps_a if d_a <= delta else math.inf
-    if d_a >= delta:
-        return math.inf
-    return float(compute_epsilon(list(orders), list(curve), delta - d_a)[0]) + eps_a
+
+    def eps_at(d: float) -> float:
+        if not np.any(curve > 0):
+            return eps_a if d_a <= d else math.inf
+        if d_a >= d:
+            return math.inf
+        return float(compute_epsilon(list(orders), list(curve), d - d_a)[0]) + eps_a
+
+    return with_tail(eps_at, delta, ev.tail)
+
+
+# ------------------------------------------------------------------------------------ the site's statement
+BOOKKEEPING = frozenset({"format", "seq", "prev", "kind", "time", "mac", "unit", "run", "round", "v", "note"})
+"""Ledger fields that say where and when, not which mechanism (left out of :func:`entry_parameters`)."""
+AS_RECORDED = frozenset({"release", "restore"})
+"""Kinds whose (ε, δ) is composed as the ledger records it: no mechanism to recompute."""
+
+
+def entry_parameters(entry: dict) -> dict:
+    """The mechanism parameters of a ledger entry, for a person to read: bookkeeping aside, the records of a
+    release counted, a secure round's mechanisms shortened to what sets their noise."""
+    out: dict = {}
+    for key, v in entry.items():
+        if key in BOOKKEEPING:
+            continue
+        if key == "records" and isinstance(v, list):
+            out["records"] = len(v)
+        elif key == "mechanisms" and isinstance(v, list):
+            keep = ("kind", "noise_multiplier", "scale", "bits", "min_survivors", "parties")
+            out[key] = [{k: m[k] for k in keep if k in m} if isinstance(m, dict) else m for m in v]
+        else:
+            out[key] = v
+    return out
+
+
+def statement(books: SiteAccountant, delta: float, independent: bool = False) -> dict:
+    """A site's ledger for an auditor (``silofl site ledger``): every entry (seq, kind, unit, mechanism
+    parameters), the composed ε per threat at ``delta`` by this accountant and, with ``independent``, the same
+    figures by dp-accounting's RDP accountant (:func:`recompute`) — for the whole ledger and for the part
+    dp-accounting expresses on its own — with the kinds whose part is silofl's own math or taken as
+    recorded named."""
+    entries = books.entries
+    rows = [
+        {
+            "seq": e.get("seq"),
+            "kind": e.get("kind"),
+            "unit": _unit_of(e, books.colluders),
+            "parameters": entry_parameters(e),
+        }
+        for e in entries
+    ]
+    report = books.report(delta)
+    out: dict = {**report, "entries": rows}
+    if not independent:
+        return out
+    ev = ledger_events(entries, "server", books.colluders)
+    recorded = sorted({str(e.get("kind")) for e in entries} & AS_RECORDED)
+    skip = AS_RECORDED | NOT_SPENDING | {"secagg-discrete"}  # dp-accounting has no discrete-sum event
+    pure = [e for e in entries if e.get("kind") not in skip and not _repeat_and_select_own(e)]
+    kept = [e for e in entries if e.get("kind") in NOT_SPENDING]
+    part = SiteAccountant(_Entries([*kept, *pure]), books.colluders)  # type: ignore[arg-type]
+
+    def fig(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    out["recomputed"] = {
+        "accountant": "dp_accounting.rdp.RdpAccountant (PoissonSampledDpEvent(GaussianDpEvent) composed)",
+        "whole": {
+            t: {
+                "silofl": fig(books.epsilon(delta, t)),
+                "dp_accounting": fig(recompute(entries, delta, t, books.colluders)),
+            }
+            for t in THREATS
+        },
+        "independent_part": {
+            t: {
+                "silofl": fig(part.epsilon(delta, t)),
+                "dp_accounting": fig(recompute(pure, delta, t, books.colluders)),
+            }
+            for t in THREATS
+        },
+        "independent_kinds": sorted({str(e.get("kind")) for e in pure}),
+        "not_independent": ev.not_independent,
+        "as_recorded": recorded,
+    }
+    return out
+
+
+def _unit_of(entry: dict, colluders: int) -> str | None:
+    """The unit an entry's spend protects (None for entries that release nothing)."""
+    if entry.get("kind") in NOT_SPENDING:
+        return None
+    if entry.get("kind") in PER_RECORD:
+        return "record"
+    spend = spend_of(entry, colluders)
+    return spend.unit if spend is not None else None
+
+
+def _repeat_and_select_own(entry: dict) -> bool:
+    """Whether a repeat-and-select tuning entry is a grid mixture dp-accounting cannot express."""
+    return entry.get("selection") == "repeat-and-select" and _repeat_and_select_event(entry)[0] is None
+
+
+@dataclass
+class _Entries:
+    """A ledger-shaped view of some entries (what :class:`SiteAccountant` reads)."""
+
+    entries: list[dict]
