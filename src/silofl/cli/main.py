@@ -172,11 +172,33 @@ def run(
         "without DP (Regular, same split and rounds) into OUT/alone and print how this run "
         "compares.",
     ),
-    deploy_timeout: float = typer.Option(900.0, "--deploy-timeout", hidden=True),
-    insecure: bool = typer.Option(False, "--insecure", hidden=True),
-    restart_sites: bool = typer.Option(False, "--restart-sites", hidden=True),
-    deployment: Path | None = typer.Option(None, "--deployment", hidden=True),
-    superlink: str | None = typer.Option(None, "--superlink", hidden=True),
+    deploy_timeout: float = typer.Option(
+        900.0,
+        "--deploy-timeout",
+        rich_help_panel=ENGINE,
+        help="flower-local, flower: seconds the deployed run may take.",
+    ),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        rich_help_panel=ENGINE,
+        help="flower-local: no TLS, no node authentication (recorded in the summary; loopback tests).",
+    ),
+    restart_sites: bool = typer.Option(
+        False,
+        "--restart-sites",
+        rich_help_panel=ENGINE,
+        help="flower-local: restart a site process that dies.",
+    ),
+    deployment: Path | None = typer.Option(
+        None,
+        "--deployment",
+        rich_help_panel=ENGINE,
+        help="flower: the coordinator's deployment folder (its registered sites: silofl deploy register).",
+    ),
+    superlink: str | None = typer.Option(
+        None, "--superlink", rich_help_panel=ENGINE, help="flower: the SuperLink's HOST:PORT."
+    ),
 ):
     """Run a method and write a run folder (config.yaml, metrics.jsonl, summary.json, plots, models/)."""
     from silofl.api import EngineOptions, engine_names
