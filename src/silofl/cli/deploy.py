@@ -347,7 +347,9 @@ def site_run(
     insecure: bool = typer.Option(
         False, "--insecure", help="No TLS and no node authentication (tests only)."
     ),
-    poll_s: float = typer.Option(0.1, "--poll-s", hidden=True),
+    poll_s: float = typer.Option(
+        0.1, "--poll-s", help="Seconds between the SuperNode's polls of the SuperLink for a task."
+    ),
 ):
     """Serve this site to the coordinator until stopped: its worker and a SuperNode connecting out over
     TLS."""
