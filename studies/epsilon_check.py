@@ -48,8 +48,7 @@ VARIANTS = {
 
 def run_method(method: str, out: Path, extra: dict | None = None, name: str | None = None) -> dict:
     """One short run of ``method`` on digits with the default privacy settings and secret randomness."""
-    from silofl.runner.config import RunConfig
-    from silofl.runner.loop import run
+    from silofl.api import RunConfig, run
 
     cfg = RunConfig.from_dict(
         {
@@ -69,7 +68,7 @@ def run_method(method: str, out: Path, extra: dict | None = None, name: str | No
         },
         strict=False,
     )
-    return run(cfg, progress=False)
+    return run(cfg, quiet=True).summary
 
 
 def opacus_epsilon(history: list, delta: float) -> float:

@@ -236,9 +236,7 @@ def _job(
     process."""
     import torch
 
-    from silofl.experiments.tune import tune
-    from silofl.runner.config import RunConfig
-    from silofl.runner.loop import run
+    from silofl.api import RunConfig, run, tune
 
     torch.set_num_threads(1)
     folder = _folder(Path(root), (kind, label, method, fixed, grid, eps, seed, feats))
@@ -288,7 +286,7 @@ def _job(
             cfg = RunConfig.from_dict(
                 {**BASE, **fixed, "method": method, "seed": seed, "out": str(final)}, strict=False
             )
-            run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
+            run(cfg.replace(eval_every=cfg.rounds), quiet=True, overwrite=final.exists())
         s = json.loads((final / "summary.json").read_text())
         row.update(settings=fixed, tuning={"trials": 0, "seconds": 0.0, "max": None})
     else:
@@ -310,7 +308,7 @@ def _job(
                 },
                 strict=False,
             )
-            tune(base, grid, tdir)
+            tune(base, grid, out=tdir, quiet=True)
         t = json.loads((tdir / "tune.json").read_text())
         final = folder / "final"
         if (final / "summary.json").exists():  # an earlier version of this study re-ran the best settings
@@ -358,8 +356,7 @@ def _threats(summary: dict) -> dict[str, float]:
 def _final_run(final: Path, settings: dict, method: str, seed: int, eps: float | None) -> dict:
     """Run ``settings`` on seed ``seed``'s split at budget ``eps``, scored on the test split at the last
     round, into ``final`` (unless it finished already); its summary."""
-    from silofl.runner.config import RunConfig
-    from silofl.runner.loop import run
+    from silofl.api import RunConfig, run
 
     if not (final / "summary.json").exists():
         cfg = RunConfig.from_dict(
@@ -374,7 +371,7 @@ def _final_run(final: Path, settings: dict, method: str, seed: int, eps: float |
             },
             strict=False,
         )
-        run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=final.exists())
+        run(cfg.replace(eval_every=cfg.rounds), quiet=True, overwrite=final.exists())
     return json.loads((final / "summary.json").read_text())
 
 

@@ -98,8 +98,7 @@ def _one(i: int, out: str) -> dict:
     """Run search row ``i`` (unless it finished) on the validation split; its row."""
     import torch
 
-    from silofl.runner.config import RunConfig
-    from silofl.runner.loop import run
+    from silofl.api import RunConfig, run
 
     torch.set_num_threads(1)
     what, label, eps, changes = SEARCH[i]
@@ -120,7 +119,7 @@ def _one(i: int, out: str) -> dict:
             },
             strict=False,
         )
-        run(cfg.replace(eval_every=cfg.rounds), progress=False, overwrite=folder.exists())
+        run(cfg.replace(eval_every=cfg.rounds), quiet=True, overwrite=folder.exists())
     s = json.loads((folder / "summary.json").read_text())
     accs = {k.removesuffix("_acc"): round(v["mean"], 4) for k, v in s["final"].items() if k.endswith("_acc")}
     return {

@@ -143,8 +143,8 @@ def run_fl(
 ) -> list[dict]:
     """One federated method on the island tables for one seed; per-method rows of per-site accuracies and
     ε."""
-    from silofl.runner.config import RunConfig
-    from silofl.runner.loop import run as simulate
+    from silofl.api import RunConfig
+    from silofl.api import run as simulate
 
     cfg = RunConfig.from_dict(
         {
@@ -164,7 +164,7 @@ def run_fl(
     if "lr" not in opts and cfg.info.client_level is False:
         cfg = cfg.replace(lr=lr)
     t0 = time.perf_counter()
-    s = simulate(cfg, progress=False, overwrite=out.exists())
+    s = simulate(cfg, quiet=True, overwrite=out.exists()).summary
     seconds = time.perf_counter() - t0
     rows = s["final"]["per_client"]
     priv = s["privacy"]
