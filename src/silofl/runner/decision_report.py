@@ -231,7 +231,7 @@ def markdown(decision: dict) -> str:
     lines += ["", "## Verdicts", ""]
     for row in decision["rows"]:
         ref = row["reference"].get("internal")
-        against = f" (going alone: {ref['name']})" if ref else ""
+        against = f" (going alone: {ref['name']}{_chosen(row.get('going_alone'))})" if ref else ""
         lines.append(f"- **{row['site']}**: {row['verdict']}{against}")
     lines += [
         "",
@@ -249,6 +249,19 @@ def markdown(decision: dict) -> str:
     if decision["notes"]:
         lines += ["", *[f"- {n}" for n in decision["notes"]]]
     return "\n".join(lines) + "\n"
+
+
+def _chosen(alone: dict | None) -> str:
+    """How going alone was chosen on the site's validation rows, in a few words."""
+    if not alone:
+        return ""
+    reg, sk = alone.get("regular") or {}, alone.get("sklearn") or {}
+    parts = []
+    if reg.get("validation") is not None:
+        parts.append(f"Regular at lr {reg['lr']:.3g} {reg['validation']:.3f}")
+    if sk.get("validation") is not None:
+        parts.append(f"logistic regression at C {sk['C']:g} {sk['validation']:.3f}")
+    return f"; on its validation rows: {', '.join(parts)}" if parts else ""
 
 
 def write(decision: dict, folder: str | Path) -> tuple[Path, Path]:
