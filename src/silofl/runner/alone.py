@@ -204,11 +204,15 @@ def tune_alone(base: RunConfig, trials: int = DEFAULT_TRIALS, trials_source: str
     sites: list[dict[str, Any]] = []
     for k in range(n):
         best = best_index(metric, by_lr[k])
+        undefined = best is None  # too few validation rows for a figure: the run's own learning rate
+        best = trials // 2 if undefined else best
         regular: dict[str, Any] = {
-            "lr": lrs[best] if best is not None else None,
-            "validation": by_lr[k][best] if best is not None else None,
+            "lr": lrs[best],
+            "validation": None if undefined else by_lr[k][best],
             "by_lr": by_lr[k],
         }
+        if undefined:
+            regular["note"] = "the validation figure is undefined at every learning rate: the run's own kept"
         sk = (
             logistic_search(val.parts[k], val.internal[k], metric, cs, classes)
             if is_classification(val.parts[k][1])
