@@ -203,9 +203,9 @@ def tune_alone(base: RunConfig, trials: int = DEFAULT_TRIALS, trials_source: str
             by_lr[k][i] = figure(metric, outputs_of(_private(folder / "models", k), xv, yv), yv)
     sites: list[dict[str, Any]] = []
     for k in range(n):
-        best = best_index(metric, by_lr[k])
-        undefined = best is None  # too few validation rows for a figure: the run's own learning rate
-        best = trials // 2 if undefined else best
+        found = best_index(metric, by_lr[k])
+        undefined = found is None  # too few validation rows for a figure: the run's own learning rate
+        best = trials // 2 if found is None else found
         regular: dict[str, Any] = {
             "lr": lrs[best],
             "validation": None if undefined else by_lr[k][best],
