@@ -134,3 +134,14 @@ def test_a_site_with_few_held_out_rows_gets_a_labelled_fallback(tmp_path):
     assert small["models"]["global"]["internal"]["low"] is None and small["verdict"].startswith("no verdict")
     assert "fallback" not in large and large["models"]["global"]["internal"]["low"] is not None
     assert "(no interval: 6 held-out rows, fewer than 20)" in (out / "report.md").read_text()
+
+
+def test_the_logistic_reference_serves_a_site_that_lacks_a_class():
+    """A site with two of three classes (the penguins' Biscoe island has no Chinstrap) gets a reference; the
+    class it lacks gets no probability."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 3, generator=g)
+    y = torch.where(x[:, 0] > 0, 2, 0)
+    held = {"internal": (x[:10], y[:10], None, "")}
+    ref = logistic_reference(x, y, held, 3)
+    assert ref is not None and torch.all(ref["internal"][:, 1] < -1e8)

@@ -135,9 +135,9 @@ def logistic_reference(x: torch.Tensor, y: torch.Tensor, held: dict[str, tuple],
     from sklearn.linear_model import LogisticRegressionCV
 
     xs, ys = x.flatten(1).cpu().numpy(), y.cpu().numpy()
-    if len(np.unique(ys)) < 2 or np.bincount(ys).min(initial=len(ys)) < 3 or len(ys) < 10:
+    present = np.unique(ys)  # a class the site lacks is no reason to skip it: its present classes count
+    if len(present) < 2 or np.bincount(ys)[present].min() < 3 or len(ys) < 10:
         return None
-    present = np.unique(ys)
     folds = int(min(3, np.bincount(ys)[present].min()))
     clf = LogisticRegressionCV(Cs=5, cv=folds, max_iter=500).fit(xs, ys)
     out = {}
