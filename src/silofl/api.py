@@ -351,6 +351,9 @@ def as_config(config: RunConfig | Mapping[str, Any] | str | Path | None = None, 
     """A RunConfig from a RunConfig, a mapping of options (as in a YAML file), a recipe's name or file
     (`silofl.runner.recipe`), a config file's path, or nothing (the defaults) — with ``options`` (any
     run option by its name: ``rounds=5``, ``private_model="tabmlp"``) over it."""
+    from silofl.runner.recipe import with_family_defaults
+
+    recipe = None
     if config is None:
         base: dict[str, Any] = {}
     elif isinstance(config, RunConfig):
@@ -360,24 +363,29 @@ def as_config(config: RunConfig | Mapping[str, Any] | str | Path | None = None, 
     elif isinstance(config, Mapping):
         base = dict(config)
     elif isinstance(config, (str, Path)):
-        base = _file_or_recipe(config)
+        base, recipe = _file_or_recipe(config)
     else:
         raise ConfigError(
             "a run config must be a RunConfig, a mapping, a recipe or a YAML file, got "
             f"{type(config).__name__}"
         )
-    return RunConfig.from_dict(merge_options(base, options))
+    merged = merge_options(base, options)
+    if recipe is not None or isinstance(config, RunConfig):  # a recipe named: its settings are the defaults
+        return RunConfig.from_dict(merged)
+    return RunConfig.from_dict(with_family_defaults(merged))  # else its data family's recipe's
 
 
-def _file_or_recipe(ref: str | Path) -> dict[str, Any]:
-    """The run options of a recipe (by name or file) or of a config file."""
+def _file_or_recipe(ref: str | Path) -> tuple[dict[str, Any], str | None]:
+    """(the run options of a recipe (by name or file) or of a config file, the recipe's name or None)."""
     from silofl.runner.config import load_yaml_mapping
     from silofl.runner.recipe import is_recipe_path, load_recipe, parse_recipe
 
     if not is_recipe_path(ref):
-        return load_recipe(ref).options
+        return load_recipe(ref).options, str(ref)
     data = load_yaml_mapping(ref)
-    return parse_recipe(data, str(ref)).options if "recipe" in data and "run" in data else data
+    if "recipe" in data and "run" in data:
+        return parse_recipe(data, str(ref)).options, str(ref)
+    return data, None
 
 
 ENGINE_OPTIONS = {  # run()'s keyword → EngineOptions field (the command line's engine flags, same names)

@@ -90,6 +90,8 @@ def test_a_bad_site_file_stops_the_run_with_one_line_and_writes_nothing(tmp_path
             f"{good},{good}",
             "--rounds",
             "1",
+            "--defaults",
+            "none",  # the bare defaults (a table's own recipe, proxyfl-table, gives tabmlp)
             "--quiet",
             "--out",
             str(tmp_path / "r2"),
@@ -97,5 +99,5 @@ def test_a_bad_site_file_stops_the_run_with_one_line_and_writes_nothing(tmp_path
     )
     assert (
         r.exit_code == 2 and "LeNet5 is a convolutional model for images" in r.output
-    )  # the default private model
+    )  # the bare default private model
     assert "(table rows) use tabmlp, logreg" in r.output

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from silofl.cli.main import app
@@ -239,3 +240,99 @@ def test_unseeded_run_records_its_split_and_alone_reuses_it(tmp_path):
             - row["reference"]["internal"]["figure"]["estimate"]
         )
         assert row["verdict"]
+
+
+# ------------------------------------------------------------------ going alone tuned on validation rows
+def _tables(folder, poison_test_rows: bool = False, seed: int = 7):
+    """Two sites' tables; with ``poison_test_rows`` every label of the rows the split holds out for testing
+    is flipped (the rows themselves, and so every training and validation row, stay the same)."""
+    from silofl.data.sites import holdout
+    from tests.data.test_tables import site_frame, write_csv, write_schema
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k in range(2):
+        df = site_frame(80, seed=k, shift=5.0 * k)
+        p = folder / f"s{k}.csv"
+        if poison_test_rows:
+            _, test = holdout(len(df), 0.3, seed, k, str(p))
+            df.loc[test, "outcome"] = df.loc[test, "outcome"].map({"yes": "no", "no": "yes"})
+        paths.append(str(write_csv(folder, df, p.name)))
+    return str(write_schema(folder)), paths
+
+
+def _table_cfg(schema, paths, out, seed=7):
+    return RunConfig.from_dict(
+        dict(
+            method="fedavg",
+            dataset="table",
+            schema=schema,
+            site_data=paths,
+            test_fraction=0.3,
+            rounds=2,
+            proxy_model="logreg",
+            metric="auroc",
+            lr=0.5,
+            optimizer="sgd",
+            target_epsilon=3.0,
+            delta=1e-3,
+            seed=0,
+            out=str(out),
+        )
+    ).resolve()
+
+
+def test_going_alone_is_tuned_on_validation_rows_and_never_reads_the_test_rows(tmp_path):
+    from silofl.runner.alone import REGULAR, SKLEARN, best_index, tune_alone
+
+    records = []
+    for poison in (False, True):
+        schema, paths = _tables(tmp_path / f"data{poison}", poison)
+        cfg = _table_cfg(schema, paths, tmp_path / f"run{poison}")
+        records.append(tune_alone(alone_config(cfg, 7), trials=2))
+    clean, poisoned = records
+    assert clean["grid"] == {"lr": pytest.approx([0.5 / 10**0.5, 0.5]), "C": [0.1, 1.0]}
+    assert "test rows are not read" in clean["validation_split"]
+    for a, b in zip(clean["sites"], poisoned["sites"], strict=True):
+        assert a == b  # every validation figure and choice the same: the test rows' labels are not read
+        assert a["regular"]["lr"] == clean["grid"]["lr"][best_index("auroc", a["regular"]["by_lr"])]
+        stronger = SKLEARN if a["sklearn"]["validation"] > a["regular"]["validation"] else REGULAR
+        assert a["chosen"] == stronger  # the stronger of the two on validation
+    assert all(
+        (tmp_path / "runFalse" / "alone" / "models" / f"client{k}_private.json").is_file() for k in (0, 1)
+    )
+
+
+def test_the_stronger_reference_is_picked_by_its_validation_figure():
+    from silofl.runner.alone import best_index
+
+    assert best_index("auroc", [0.7, 0.9, 0.8]) == 1
+    assert best_index("auroc", [0.8, float("nan"), 0.8]) == 0  # ties: the first (Regular); NaN never wins
+    assert best_index("ece", [0.2, 0.05, 0.1]) == 1  # lower is better
+    assert best_index("auroc", [float("nan")]) is None
+
+
+def test_the_sklearn_reference_is_a_direct_sklearn_fit_on_the_same_rows():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    from silofl.runner.alone import SKLEARN, c_grid, logistic_search, reference_outputs
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 4, generator=g)
+    y = (x[:, 0] + 0.5 * torch.randn(120, generator=g) > 0).long()
+    train, val = (x[:80], y[:80]), (x[80:], y[80:])
+    found = logistic_search(train, val, "auroc", c_grid(3), 2)
+    direct = [
+        roc_auc_score(
+            val[1], LogisticRegression(C=c, max_iter=1000).fit(train[0], train[1]).decision_function(val[0])
+        )
+        for c in c_grid(3)
+    ]
+    assert found is not None and found["by_C"] == pytest.approx(direct)
+    assert found["C"] == c_grid(3)[int(np.argmax(direct))]
+    held = {"internal": (val[0], val[1], None, "")}
+    site = {"chosen": SKLEARN, "sklearn": found}
+    outs = reference_outputs(site, None, 0, train, held, 2)[SKLEARN]["internal"]
+    clf = LogisticRegression(C=found["C"], max_iter=1000).fit(train[0].numpy(), train[1].numpy())
+    assert np.allclose(outs.numpy(), clf.predict_log_proba(val[0].numpy()))

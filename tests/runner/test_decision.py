@@ -89,3 +89,59 @@ def test_a_benchmarks_internal_set_has_the_sites_label_mix():
     assert len(set(rows.tolist())) == len(rows) and 2 not in picked.tolist()
     assert (picked == 0).float().mean().item() == pytest.approx(0.8)
     assert np.array_equal(rows, skewed_internal(y_train, y_test, seed=5, k=0))  # the run and going alone
+
+
+def test_a_site_with_few_held_out_rows_gets_a_labelled_fallback(tmp_path):
+    """A site holding out 6 rows (20 × 0.3) gets its figures without an interval and the reason, the other
+    (120 rows, 36 held out) its intervals; no traceback."""
+    from tests.data.test_tables import site_frame
+
+    sites = [str(write_csv(tmp_path, site_frame(n, seed=n), f"s{n}.csv")) for n in (20, 120)]
+    cfg = RunConfig.from_dict(
+        dict(
+            method="fedavg",
+            dataset="table",
+            schema=str(write_schema(tmp_path)),
+            site_data=sites,
+            test_fraction=0.3,
+            split_seed=3,
+            proxy_model="logreg",
+            metric="accuracy",
+            target_epsilon=3.0,
+            delta=1e-3,
+            out=str(tmp_path / "r"),
+        )
+    ).resolve()
+    split = prepare_split(cfg, torch.device("cpu"))
+    out = tmp_path / "r"
+    for k, (x, _) in enumerate(split.parts):
+        spec = ModelSpec("logreg", tuple(x.shape[1:]), 2)
+        save_model(build_model("logreg", spec.input_shape, 2), spec, out / "models" / f"client{k}_global")
+    summary = {
+        "final": {"per_client": [{"client": k, "epsilon": 2.5} for k in range(2)]},
+        "privacy": {"formal_guarantee": True, "unit": "one row"},
+        "data_split_seed": 3,
+        "sites_trained": 2,
+    }
+    d = report(cfg, split, summary, out)
+    assert d is not None
+    small, large = d["rows"]
+    assert small["sets"]["internal"]["rows"] == 6
+    assert small["fallback"] == (
+        "no interval on the site's own held-out set: 6 held-out rows, too few for a bootstrap interval "
+        "(at least 20)"
+    )
+    assert small["models"]["global"]["internal"]["low"] is None and small["verdict"].startswith("no verdict")
+    assert "fallback" not in large and large["models"]["global"]["internal"]["low"] is not None
+    assert "(no interval: 6 held-out rows, fewer than 20)" in (out / "report.md").read_text()
+
+
+def test_the_logistic_reference_serves_a_site_that_lacks_a_class():
+    """A site with two of three classes (the penguins' Biscoe island has no Chinstrap) gets a reference; the
+    class it lacks gets no probability."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 3, generator=g)
+    y = torch.where(x[:, 0] > 0, 2, 0)
+    held = {"internal": (x[:10], y[:10], None, "")}
+    ref = logistic_reference(x, y, held, 3)
+    assert ref is not None and torch.all(ref["internal"][:, 1] < -1e8)

@@ -111,3 +111,30 @@ def test_a_large_held_out_set_gets_fewer_resamples_recorded():
         {},
     )
     assert row["models"]["proxy"]["external"]["resamples"] == 400
+
+
+@pytest.mark.parametrize("n", [12, 1, 0])
+def test_too_few_held_out_rows_give_a_labelled_fallback_and_no_verdict(n):
+    """Fewer held-out rows than an interval needs (or none): the figures without an interval, the reason
+    stated in the row, the table and the verdict — never an interval, never a gain called sure."""
+    y = torch.tensor([0, 1] * 6)[:n]
+    sets = {"internal": HeldOut(y, None, "own")}
+    row = site_decision(
+        "tiny",
+        "auroc",
+        sets,
+        {"proxy": {"internal": _logits(y, 0.9, 1)}},
+        {"alone": {"internal": _logits(y, 0.5, 2)}},
+        {},
+    )
+    fig = row["models"]["proxy"]["internal"]
+    assert fig["low"] is None and fig["high"] is None and f"{n} held-out rows, fewer than 20" in fig["note"]
+    assert row["fallback"].startswith(
+        f"no interval on the site's own held-out set: {n} held-out rows, too few"
+    )
+    assert row["verdict"].startswith(f"no verdict on your own patients: {n} held-out rows")
+    md = markdown(decide([row], "auroc"))
+    assert (
+        f"(no interval: {n} held-out rows, fewer than 20)" in md
+        and "[" not in md.split("## Verdicts")[0].split("|---|")[-1]
+    )

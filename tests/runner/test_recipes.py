@@ -178,3 +178,80 @@ def test_a_bad_recipe_or_option_is_one_line_exit_2_and_writes_nothing(name, tmp_
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     assert message in lines[0], lines[0]
     assert _files(tmp_path) == before
+
+
+# ------------------------------------------------------------------ defaults per kind of data
+def _table_options(tmp_path, **extra):
+    from tests.data.test_tables import site_frame, write_csv, write_schema
+
+    sites = [str(write_csv(tmp_path, site_frame(40, seed=k), f"s{k}.csv")) for k in range(2)]
+    return {"dataset": "table", "schema": str(write_schema(tmp_path)), "site_data": sites, **extra}
+
+
+def test_a_table_without_a_recipe_takes_the_table_recipes_settings(tmp_path):
+    from silofl.runner.recipe import data_family, with_family_defaults
+
+    opts = _table_options(tmp_path)
+    assert data_family(opts) == "table" and data_family({"dataset": "digits"}) is None
+    cfg = RunConfig.from_dict(with_family_defaults(opts)).resolve()
+    recipe = load_recipe("proxyfl-table").config(opts).resolve()
+    assert cfg.defaults == "proxyfl-table" and cfg.replace(defaults="x") == recipe.replace(defaults="x")
+    assert (cfg.options.optimizer, cfg.options.lr, cfg.rounds, cfg.options.private_model) == (
+        "sgd",
+        0.5,
+        60,
+        "tabmlp",
+    )
+
+
+def test_what_is_given_wins_group_by_group_and_another_method_takes_what_it_has(tmp_path):
+    from silofl.runner.recipe import with_family_defaults
+
+    given = with_family_defaults(_table_options(tmp_path, method="fedavg", lr=0.01, noise_multiplier=1.2))
+    cfg = RunConfig.from_dict(given).resolve()
+    # the optimiser group and the privacy group are the run's own: Adam (the bare default) at its lr, its σ
+    assert (cfg.options.optimizer, cfg.options.lr, cfg.noise_multiplier, cfg.target_epsilon) == (
+        "adam",
+        0.01,
+        1.2,
+        None,
+    )
+    assert (cfg.options.sample_rate, cfg.rounds, cfg.options.proxy_model) == (0.5, 60, "logreg")  # the rest
+    assert "graph" not in given  # a ProxyFL option FedAvg does not have
+    assert cfg.defaults == "proxyfl-table"
+
+
+def test_defaults_none_keeps_the_bare_defaults_and_a_family_without_a_recipe_says_so(tmp_path):
+    from silofl.runner.recipe import data_family, defaults_line, with_family_defaults
+
+    opts = _table_options(tmp_path, defaults="none")
+    assert with_family_defaults(opts) == opts
+    assert RunConfig.from_dict(with_family_defaults(opts)) == RunConfig.from_dict(opts)
+    from tests.helpers import write_survival_sites
+
+    schema, sites, _ = write_survival_sites(tmp_path / "surv", sites=2, rows=30)
+    sopts = {"dataset": "table", "schema": str(schema), "site_data": [str(p) for p in sites]}
+    assert data_family(sopts) == "table-survival"
+    assert with_family_defaults(sopts) == {**sopts, "defaults": "none"}
+    line = defaults_line(RunConfig.from_dict({**sopts, "defaults": "none"}))
+    assert line.startswith("defaults: silofl's bare defaults")
+
+
+def test_the_command_line_states_the_recipe_chosen_from_the_data(monkeypatch, tmp_path):
+    from silofl.runner.recipe import defaults_line
+
+    opts = _table_options(tmp_path)
+    args = [
+        "run",
+        "--dataset",
+        "table",
+        "--schema",
+        opts["schema"],
+        "--site-data",
+        ",".join(opts["site_data"]),
+    ]
+    cfg, _ = _asked(monkeypatch, [*args, "--out", str(tmp_path / "r")])
+    assert cfg.defaults == "proxyfl-table" and cfg.options.lr == 0.5
+    assert defaults_line(cfg).startswith("defaults: recipe proxyfl-table, chosen from the data (a table)")
+    named, _ = _asked(monkeypatch, ["run", "proxyfl-table", *args[1:], "--out", str(tmp_path / "r")])
+    assert named.defaults is None and named.replace(defaults="x") == cfg.replace(defaults="x")

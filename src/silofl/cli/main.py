@@ -81,6 +81,10 @@ def describe(resolved) -> None:
         console.print(
             head + f"{' / '.join(models)}, privacy [bold]{resolved.privacy}[/]{dml} → {resolved.out}"
         )
+    if resolved.defaults:
+        from silofl.runner.recipe import defaults_line
+
+        console.print(defaults_line(resolved))
     if resolved.seed is not None and resolved.is_private:
         console.print(
             f"[bold yellow]seed {resolved.seed}:[/] a seeded research run — noise and sampling come from the "
@@ -212,7 +216,7 @@ def run(
     check_seconds("--deploy-timeout", deploy_timeout)
     # an engine whose sites read their own data (their site.json): the coordinator reads none
     fixed = {"data_at_sites": True} if engine_entry(engine).data_at_sites else {}
-    cfg = RunConfig.from_dict(run_options(config, set_, recipe, **fixed))
+    cfg = RunConfig.from_dict(_with_defaults(run_options(config, set_, recipe, **fixed), recipe))
     opts = EngineOptions(
         timeout_s=deploy_timeout,
         peer_timeout_s=peer_timeout,
@@ -234,6 +238,13 @@ def run(
         vs_alone=vs_alone,
         engine_options=opts,
     )
+
+
+def _with_defaults(options: dict, recipe: str | None) -> dict:
+    """A run naming no recipe takes its defaults from its data family's (silofl.runner.recipe)."""
+    from silofl.runner.recipe import with_family_defaults
+
+    return options if recipe else with_family_defaults(options)
 
 
 def _launch_run(

@@ -132,6 +132,14 @@ class RunConfig:
         },
     )
     out: str = field(default="runs/latest", metadata={"panel": "output", "help": "Run folder to write."})
+    defaults: str | None = field(
+        default=None,
+        metadata={
+            "panel": "method",
+            "help": "The recipe whose settings fill in what is not given ('none': the bare defaults). "
+            "Default: chosen from the data (a table with a class target: proxyfl-table).",
+        },
+    )
     device: str = field(default="auto", metadata={"panel": "engine", "help": "Where models train."})
     threads: int | None = field(
         default=None, metadata={"panel": "engine", "help": "torch threads per process (default 1)."}

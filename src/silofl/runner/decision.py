@@ -10,10 +10,12 @@ Held-out sets per site (none of their rows trains or tunes anything):
 - **external**: the common test set as the site sees it; with the ``site`` partition also every other
   site's held-out rows (``others``).
 
-Going alone: the Regular run without DP in ``OUT/alone`` (``--vs-alone``: same split, rows and rounds) and,
-for tables, a scikit-learn logistic regression fitted on the site's training rows (its regularisation chosen
-by cross-validation on those rows alone). A run scored on its validation split (a tuning trial) gets no
-decision: its test rows are not read.
+Going alone (:mod:`silofl.runner.alone`, ``--vs-alone``: the same split and rows): for per-site tables the
+stronger on each site's own validation rows of Regular without DP (learning rate tuned) and a scikit-learn
+logistic regression (C tuned), as ``OUT/alone/alone.json`` records and each site's row names; for other
+data the Regular run without DP in ``OUT/alone``. A table run without ``--vs-alone`` is compared with a
+scikit-learn logistic regression fitted on the site's training rows (C by cross-validation on them). A run
+scored on its validation split (a tuning trial) gets no decision: its test rows are not read.
 """
 
 from __future__ import annotations
@@ -102,7 +104,10 @@ def outputs_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: 
     for i in range(0, len(y), batch):
         o = model(x[i : i + batch])
         outs.append(segmentation_counts(o, y[i : i + batch]).cpu() if y.dim() == 3 else o.float().cpu())
-    return torch.cat(outs) if outs else torch.zeros(0)
+    if not outs:  # no held-out rows: an empty output of the model's own width
+        o = model(x[:0])
+        return segmentation_counts(o, y[:0]).cpu() if y.dim() == 3 else o.float().cpu()
+    return torch.cat(outs)
 
 
 def roles(models: Path, k: int) -> list[str]:
@@ -130,9 +135,9 @@ def logistic_reference(x: torch.Tensor, y: torch.Tensor, held: dict[str, tuple],
     from sklearn.linear_model import LogisticRegressionCV
 
     xs, ys = x.flatten(1).cpu().numpy(), y.cpu().numpy()
-    if len(np.unique(ys)) < 2 or np.bincount(ys).min(initial=len(ys)) < 3 or len(ys) < 10:
+    present = np.unique(ys)  # a class the site lacks is no reason to skip it: its present classes count
+    if len(present) < 2 or np.bincount(ys)[present].min() < 3 or len(ys) < 10:
         return None
-    present = np.unique(ys)
     folds = int(min(3, np.bincount(ys)[present].min()))
     clf = LogisticRegressionCV(Cs=5, cv=folds, max_iter=500).fit(xs, ys)
     out = {}
@@ -177,21 +182,25 @@ def decision_of(cfg: RunConfig, split, summary: dict, out: Path, alone: Path | N
         return None
     seed = summary.get("data_split_seed")
     held = held_out_sets(cfg, split, seed)
+    from silofl.runner.alone import read_record, reference_outputs
+
     table = cfg.dataset == "table" and split.parts[0][1].dim() == 1
     names = split.sites or [f"client{k}" for k in range(n)]
+    record = read_record(alone)
+    classes = int(split.dataset.num_classes)
     rows = []
     for k in range(n):
         sets = {
             s: HeldOut(y, np.asarray(p) if p is not None else None, lab)
             for s, (_, y, p, lab) in held[k].items()
         }
-        refs: dict[str, dict] = {}
-        if alone is not None and (alone / "models" / f"client{k}_private.json").is_file():
-            refs["silofl Regular, no DP"] = scored(alone / "models", k, held[k], ["private"])["private"]
-        if table:
-            lr = logistic_reference(*split.parts[k], held[k], int(split.dataset.num_classes))
-            if lr is not None:
-                refs["scikit-learn logistic regression"] = lr
+        site = record["sites"][k] if record is not None and k < len(record["sites"]) else None
+        if record is not None or alone is not None:
+            refs = reference_outputs(site, alone, k, split.parts[k], held[k], classes)
+        else:  # no going-alone run: a logistic regression on the site's training rows (tables)
+            x_k, y_k = split.parts[k]
+            lr = logistic_reference(x_k, y_k, held[k], classes) if table else None
+            refs = {"scikit-learn logistic regression": lr} if lr is not None else {}
         rows.append(
             site_decision(
                 str(names[k]),
@@ -203,13 +212,30 @@ def decision_of(cfg: RunConfig, split, summary: dict, out: Path, alone: Path | N
                 seed,
             )
         )
+        if site is not None:  # how going alone was chosen: each kind's validation figure, the one kept
+            rows[-1]["going_alone"] = site
     notes = [
         "intervals: 95% percentile bootstrap over the held-out rows (persons where the site has an id "
         "column); gains: paired, on the same resampled rows",
-        "going alone: the stronger reference on each held-out set (chosen on that set, which favours "
-        "going alone)",
+        _reference_note(record, alone),
     ]
     return decide(rows, cfg.metric, notes)
+
+
+def _reference_note(record: dict | None, alone: Path | None) -> str:
+    if record is not None:
+        return (
+            "going alone: per site the stronger on its own validation rows (never its test rows) of silofl's "
+            f"Regular without DP over {record['trials']} learning rates and a scikit-learn logistic "
+            f"regression over {record['trials']} values of C ({record['trials_source']} trial budget), "
+            "retrained on all of its training rows; each site's row names the one chosen"
+        )
+    if alone is not None:
+        return "going alone: silofl's Regular without DP on the same rows, at the run's learning rate"
+    return (
+        "going alone: a scikit-learn logistic regression on the site's training rows (C by cross-validation "
+        "on them); --vs-alone adds silofl's Regular and tunes both on each site's validation rows"
+    )
 
 
 def report(

@@ -5,8 +5,10 @@ report gives the figure of the run's metric on the site's **internal** held-out 
 rows or persons it never trained or tuned on) and on **external** ones (the common test set as the site sees
 it; the other sites' held-out rows where the sites share one encoding), each with a percentile bootstrap
 interval (:mod:`silofl.training.bootstrap`), and its **gain over going alone** — the stronger of the site's
-own references (silofl's Regular without DP on the same rows; for tables a scikit-learn model), chosen per
-held-out set on that set, which favours going alone — with a paired interval on the same resampled rows.
+own references (silofl's Regular without DP on the same rows; for tables a scikit-learn model; the caller
+passes the one chosen on the site's validation rows, or several, and then the stronger on each held-out set
+is taken, which favours going alone) — with a paired interval on the same resampled rows. A site with too
+few held-out rows or persons for an interval gets its figures alone, labelled, and no verdict.
 The site's ε, δ and the parties it holds against come next to it, and one verdict line in plain words.
 
 This module is pure: it gets each model's outputs on each held-out set (:mod:`silofl.runner.decision`
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from silofl.training.bootstrap import interval, metric_statistic, paired_difference
+from silofl.training.bootstrap import MIN_UNITS, interval, metric_statistic, paired_difference
 from silofl.training.metrics import higher_is_better, metric_label
 
 ROLE_LABELS = {
@@ -123,6 +125,9 @@ def site_decision(
         "reference": {s: {"name": r["name"], "figure": r["figure"]} for s, r in refs.items()},
         "models": rows,
     }
+    few = too_few(row)
+    if few is not None:  # the fallback, labelled: figures without intervals, and why
+        row["fallback"] = f"no interval on the site's own held-out set: {few}"
     row["verdict"] = verdict(row, metric)
     return row
 
@@ -135,9 +140,9 @@ def _fmt(v: float | None, sign: bool = False) -> str:
 
 def _with_interval(d: dict | None, sign: bool = False) -> str:
     if d is None or d.get("estimate") is None:
-        return "n/a"
+        return "n/a" if d is None or not d.get("note") else f"n/a ({d['note']})"
     if d.get("low") is None:
-        return f"{_fmt(d['estimate'], sign)} (no interval)"
+        return f"{_fmt(d['estimate'], sign)} ({d.get('note') or 'no interval'})"
     return f"{_fmt(d['estimate'], sign)} [{_fmt(d['low'], sign)}, {_fmt(d['high'], sign)}]"
 
 
@@ -148,16 +153,39 @@ def _budget(row: dict) -> str:
     return f"at ε = {eps:.2f} {row.get('threat') or ''}".rstrip()
 
 
+def too_few(row: dict) -> str | None:
+    """Why the site's own held-out set gives no interval when it is too small for one (fewer than
+    :data:`silofl.training.bootstrap.MIN_UNITS` rows or persons, or none), else None."""
+    held = row["sets"].get("internal")
+    if held is None:
+        return None
+    figs = [e["internal"] for e in row["models"].values() if e.get("internal")]
+    units = figs[0]["units"] if figs else held["rows"]
+    unit = figs[0]["unit"] if figs else "rows"
+    if units >= MIN_UNITS:
+        return None
+    return f"{units} held-out {unit}, too few for a bootstrap interval (at least {MIN_UNITS})"
+
+
 def verdict(row: dict, metric: str) -> str:
     """One line in plain words: the model with the largest gain on the site's own held-out rows whose whole
     interval is a gain; else that no model gains there (a loss named when a whole interval is one)."""
     label = metric_label(metric)
+    few = too_few(row)
+    if few is not None:
+        return f"no verdict on your own patients: {few}; the figures stand alone, without an interval"
     gains = [(r, e["gain"]["internal"]) for r, e in row["models"].items() if "internal" in e["gain"]]
     if not row["reference"].get("internal"):
         return "no going-alone reference on your own held-out rows in this run (--vs-alone adds one)"
     gains = [(r, g) for r, g in gains if g.get("estimate") is not None]
     if not gains:
         return f"no {label} on your own held-out rows: the figure is undefined there"
+    if all(g.get("low") is None for _, g in gains):  # no interval for any gain: no verdict either
+        role, g = max(gains, key=lambda rg: rg[1]["estimate"])
+        return (
+            f"no verdict on your own patients: {g.get('note') or 'no interval'} (best: the "
+            f"{row['models'][role]['label']} {_fmt(g['estimate'], True)} {label}, without an interval)"
+        )
     sure = [(r, g) for r, g in gains if g.get("low") is not None and g["low"] > 0]
     if sure:
         role, g = max(sure, key=lambda rg: rg[1]["estimate"])
@@ -231,7 +259,7 @@ def markdown(decision: dict) -> str:
     lines += ["", "## Verdicts", ""]
     for row in decision["rows"]:
         ref = row["reference"].get("internal")
-        against = f" (going alone: {ref['name']})" if ref else ""
+        against = f" (going alone: {ref['name']}{_chosen(row.get('going_alone'))})" if ref else ""
         lines.append(f"- **{row['site']}**: {row['verdict']}{against}")
     lines += [
         "",
@@ -249,6 +277,19 @@ def markdown(decision: dict) -> str:
     if decision["notes"]:
         lines += ["", *[f"- {n}" for n in decision["notes"]]]
     return "\n".join(lines) + "\n"
+
+
+def _chosen(alone: dict | None) -> str:
+    """How going alone was chosen on the site's validation rows, in a few words."""
+    if not alone:
+        return ""
+    reg, sk = alone.get("regular") or {}, alone.get("sklearn") or {}
+    parts = []
+    if reg.get("validation") is not None:
+        parts.append(f"Regular at lr {reg['lr']:.3g} {reg['validation']:.3f}")
+    if sk.get("validation") is not None:
+        parts.append(f"logistic regression at C {sk['C']:g} {sk['validation']:.3f}")
+    return f"; on its validation rows: {', '.join(parts)}" if parts else ""
 
 
 def write(decision: dict, folder: str | Path) -> tuple[Path, Path]:

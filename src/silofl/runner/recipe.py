@@ -19,6 +19,16 @@ run:                  # the run options, as in a config file (a method's own und
 options override the recipe's (flags > ``--set`` > ``--config`` > the recipe > the defaults). A recipe is
 validated like any config when it is read (`RunConfig.from_dict`: a key given twice, an unknown option,
 an option the method does not have, a value of the wrong type are one-line ConfigErrors).
+
+Defaults per kind of data (:func:`with_family_defaults`): a run that names no recipe takes the settings it
+does not give from the recipe of its data's family (:data:`FAMILY_RECIPES`), chosen from the data
+declaration — a table with a class target (``--dataset table`` and a schema): ``proxyfl-table`` — and
+records it (``defaults``: config.yaml, the plan). A family without a recipe (survival and regression tables,
+the image benchmarks: their bare defaults are the papers' settings) keeps the bare defaults.
+``--defaults NAME`` takes another recipe's settings as defaults, ``--defaults none`` the bare ones. A
+recipe's settings fill in by group (:data:`GROUPS`): a run that gives any of a group's options (its
+optimiser, its sampling, its privacy budget) keeps its own group whole, so a recipe's SGD learning rate never
+meets a given Adam. With a method other than the recipe's, only the options that method has are taken.
 """
 
 from __future__ import annotations
@@ -121,3 +131,84 @@ def recipe_of(cfg: RunConfig, name: str, summary: str, source: str, version: int
     for where in ("out", "device", "threads"):
         data.pop(where, None)
     return Recipe(name, version, summary, source, data, "")
+
+
+# the family of a run's data → the recipe its defaults come from (None: silofl's bare defaults)
+FAMILY_RECIPES: dict[str, str | None] = {
+    "table": "proxyfl-table",  # a table with a class target
+    "table-survival": None,
+    "table-regression": None,
+}
+NO_RECIPE = "none"  # --defaults none: the bare defaults
+GROUPS = (  # a recipe's options that only make sense together: given one, the run keeps its own group
+    ("optimizer", "lr", "momentum", "nesterov", "weight_decay", "optimizer_state", "clip"),
+    ("sample_rate", "batch_size", "local_steps", "samples_per_client"),
+    ("target_epsilon", "target_epsilons", "noise_multiplier", "calibrate_noise", "delta", "privacy"),
+)
+
+
+def data_family(options: Mapping[str, Any]) -> str | None:
+    """The family of the data a run's options declare: ``table`` (a class target), ``table-survival``,
+    ``table-regression``; None for anything else or a schema that does not load (the run reports that)."""
+    if options.get("dataset") != "table" or not options.get("schema"):
+        return None
+    from silofl.data.schema import Schema
+
+    try:
+        task = Schema.load(str(options["schema"])).task
+    except Exception:  # noqa: BLE001 - the run itself reports a bad schema, with its one-line error
+        return None
+    return "table" if task == "classification" else f"table-{task}"
+
+
+def family_recipe(options: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(the recipe whose settings fill in what ``options`` do not give — None: the bare defaults —, the
+    data family it was chosen for, None when named by ``defaults``)."""
+    given = options.get("defaults")
+    if given == NO_RECIPE:
+        return None, None
+    if given:
+        return str(given), None
+    family = data_family(options)
+    return (FAMILY_RECIPES.get(family) if family else None), family
+
+
+def with_family_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` (a run that names no recipe) over the settings of its data family's recipe
+    (:func:`family_recipe`), group by group (:data:`GROUPS`), with ``defaults`` recording the recipe (or
+    ``none``); unchanged but for that record when there is none."""
+    from silofl.fl.registry import method_info, methods
+
+    name, family = family_recipe(options)
+    if name is None:
+        return {**options, "defaults": NO_RECIPE} if family or options.get("defaults") else dict(options)
+    recipe = load_recipe(name)
+    method = options.get("method", recipe.options.get("method", RunConfig.method))
+    known = methods()
+    flat = {k: v for k, v in recipe.options.items() if not (k in known and isinstance(v, dict))}
+    for k, v in recipe.options.items():  # the recipe's method section, flat
+        if k == recipe.options.get("method") and isinstance(v, dict):
+            flat.update(v)
+    own = set(RunConfig.common_fields()) | set(method_info(str(method)).options.field_names())
+    given = set(options)
+    for k, v in options.items():  # a method section's options count as given
+        if k in known and isinstance(v, dict):
+            given |= set(v)
+    kept = {k: v for k, v in flat.items() if k in own and k not in given}
+    for group in GROUPS:
+        if given & set(group):
+            kept = {k: v for k, v in kept.items() if k not in group}
+    return {**kept, **options, "method": method, "defaults": name}
+
+
+def defaults_line(cfg: RunConfig) -> str:
+    """The plan's line on where the run's defaults came from."""
+    name = cfg.defaults
+    if name == NO_RECIPE:
+        family = data_family({"dataset": cfg.dataset, "schema": cfg.schema})
+        why = f" (no recipe for a {family.replace('-', ' ')} yet)" if family else ""
+        return f"defaults: silofl's bare defaults{why}"
+    family = data_family({"dataset": cfg.dataset, "schema": cfg.schema})
+    chosen = FAMILY_RECIPES.get(family) == name if family else False
+    how = f", chosen from the data (a {family.replace('-', ' ')})" if chosen and family else ""
+    return f"defaults: recipe {name}{how}; what was given wins (--defaults none: the bare defaults)"
