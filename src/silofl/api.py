@@ -454,14 +454,18 @@ def run(
         _check_makeable(resolved.track[1], f"--track {resolved.track[0]} DIR")
     with OutLock(resolved.out):  # one run at a time into OUT (the OS drops the lock on a crash)
         check_out(resolved.out, resume=resume, overwrite=overwrite)  # before any engine starts
-        summary = entry.starter()(
-            resolved,
-            resume=resume,
-            overwrite=overwrite,
-            progress=not quiet,
-            console=console,
-            opts=opts,
-        )
+        from silofl.runner.decision import deferred
+
+        # with a baseline to come, the decision table is printed once, after it (runner.alone)
+        with deferred() if vs_alone else contextlib.nullcontext():
+            summary = entry.starter()(
+                resolved,
+                resume=resume,
+                overwrite=overwrite,
+                progress=not quiet,
+                console=console,
+                opts=opts,
+            )
         if on_summary is not None:
             on_summary(summary)
         alone = None

@@ -132,6 +132,9 @@ def test_the_30_second_run_as_written(tmp_path):
     assert all(row["reference"]["internal"]["name"] == "silofl Regular, no DP" for row in decision["rows"])
     for k in range(4):
         assert (out / "sites" / f"client{k}" / "ledger.jsonl").stat().st_size > 0
+    # the decision table once, with going alone in it (not first without it, then again)
+    assert r.stdout.count("Decision per site") == 1, r.stdout[-4000:]
+    assert "no going-alone reference" not in r.stdout
 
 
 @pytest.mark.slow

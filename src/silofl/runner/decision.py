@@ -20,8 +20,11 @@ scored on its validation split (a tuning trial) gets no decision: its test rows 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +241,20 @@ def _reference_note(record: dict | None, alone: Path | None) -> str:
     )
 
 
+_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("silofl_decision_deferred", default=False)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Within it, :func:`report` writes the decision but prints no table: a going-alone baseline trained
+    after the run (``--vs-alone``) reports it again, with that baseline, and prints it once."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
 def report(
     cfg: RunConfig, split, summary: dict, out: Path, console=None, alone: Path | None = None
 ) -> dict | None:
@@ -255,7 +272,7 @@ def report(
     if d is None:
         return None
     write(d, out)
-    if console is not None:
+    if console is not None and not _DEFERRED.get():
         from silofl.runner.decision_report import print_table
 
         print_table(d, console)
