@@ -54,7 +54,7 @@ def config(tmp_path, drop: tuple[str, ...] = (), **kw):
         (dict(secagg_min_survivors=5), "min_survivors"),
         (dict(optimizer="adam"), "optimizer sgd"),
         (dict(privacy="off"), "privacy on"),
-        (dict(method="fml", private_model="linear"), "fedavg only"),
+        (dict(method="fml", private_model="linear"), "not implemented for this method"),
         (dict(noise_placement="central"), "unknown noise_placement"),
     ],
 )

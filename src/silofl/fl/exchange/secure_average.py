@@ -102,6 +102,8 @@ class SecureAveragingOptions(SecAggOptions):
     )
 
     supports_pooled: ClassVar[bool] = False  # a method whose sites and server take pooled noise says so
+    # why a method refuses pooled noise (one line; None: the generic refusal)
+    pooled_refusal: ClassVar[str | None] = None
 
     def resolve(self, run: Any):
         q, steps = getattr(self, "sample_rate", 1.0), getattr(self, "local_steps", 1)
@@ -114,7 +116,9 @@ class SecureAveragingOptions(SecAggOptions):
         """One-line ConfigErrors for what pooled noise does not cover (module doc of
         :mod:`silofl.fl.exchange.pooled`)."""
         if not self.supports_pooled:
-            raise ConfigError("noise_placement pooled is implemented for fedavg only")
+            raise ConfigError(
+                self.pooled_refusal or "noise_placement pooled is not implemented for this method"
+            )
         if not getattr(run, "secure_aggregation", False):
             raise ConfigError(
                 "noise_placement pooled needs --secure-aggregation: the server may see only the sum"
@@ -245,9 +249,16 @@ class SecureCentralized(Centralized):
     """The averaging server with secure aggregation (module doc): it decodes only the survivors' sum."""
 
     def __init__(
-        self, cfg, n_sites: int, spec, device, settings: SecureAverageSettings, uniform: bool = False
+        self,
+        cfg,
+        n_sites: int,
+        spec,
+        device,
+        settings: SecureAverageSettings,
+        uniform: bool = False,
+        server_optimizer: str | None = None,
     ):
-        super().__init__(cfg, n_sites, spec, device, uniform=uniform)
+        super().__init__(cfg, n_sites, spec, device, uniform=uniform, server_optimizer=server_optimizer)
         self.secure = settings
         state = self.server.state()
         self.float_keys = _float_keys(state)

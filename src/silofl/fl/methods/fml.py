@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized, CentralSite
-from silofl.fl.exchange.secure_average import SecureAveragingOptions, SecureCentralized, SecureCentralSite
-from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.exchange.secure_average import SecureAveragingOptions
+from silofl.fl.methods.common import ServerAveraged, spec
 from silofl.fl.options import AveragingOptions, MutualLearningOptions, SharedModelOptions
 from silofl.fl.registry import register
 
@@ -32,29 +30,9 @@ class FMLOptions(SecureAveragingOptions, AveragingOptions, MutualLearningOptions
     metrics=("private_acc", "proxy_acc"),
     description="private + DP meme per client, memes averaged by a central server",
 )
-class FML(Method):
+class FML(ServerAveraged):
     opts: FMLOptions
+    shared_field = "proxy"
 
     def make_site(self, k, x, y, data):
-        o = self.opts
-        secure = o.secure_average(self.plan)
-        site = (SecureCentralSite if secure is not None else CentralSite)(
-            k,
-            x,
-            y,
-            spec(o.proxy_model, data),
-            dpsgd_settings(self.plan, k),
-            private_spec=spec(o.private_model_of(k), data),
-            shared_field="proxy",
-        )
-        if secure is not None:
-            site.enable_secure(secure, self.plan.seed)
-        return site
-
-    def make_coordinator(self, n_sites, data, device):
-        args = (self.plan, n_sites, spec(self.opts.proxy_model, data), device)
-        uniform = self.opts.aggregation == "uniform"
-        secure = self.opts.secure_average(self.plan)
-        if secure is not None:  # the memes' sum only (silofl.fl.exchange.secure_average)
-            return SecureCentralized(*args, secure, uniform=uniform)
-        return Centralized(*args, uniform=uniform)
+        return self.averaging_site(k, x, y, data, private_spec=spec(self.opts.private_model_of(k), data))
