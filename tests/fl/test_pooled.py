@@ -68,6 +68,72 @@ def test_pooled_noise_fills_full_batch_single_steps(tmp_path):
     assert o.sample_rate == 1.0 and o.local_steps == 1 and o.noise_placement == "pooled"
 
 
+# every example-level method that takes pooled noise, with what it needs on top of config()
+POOLED = {
+    "fedavg": {},
+    "fedavg-adam": {},
+    "fedavg-yogi": {},
+}
+
+
+def pooled_rounds(tmp_path, method: str, rounds: int = 1, **kw):
+    """``rounds`` seeded pooled rounds of ``method`` (four sites, floor 3), each site's ledger in
+    ``tmp_path``; the run's parts and the global model's flat weights before and after."""
+    from silofl.privacy.ledger import Ledger
+
+    b = build_run(
+        config(tmp_path / method, method=method, secagg_min_survivors=3, **{**POOLED[method], **kw})
+    )
+    c = b.coordinator
+    c.start()
+    for s in b.sites:
+        s.ledger = Ledger(tmp_path / method / f"ledger{s.cid}")
+    w0 = torch.cat([v.reshape(-1).double() for v in c.server.state().values()])
+    for r in range(1, rounds + 1):
+        c.run_round(r)
+    c.flush()
+    return b, w0, torch.cat([v.reshape(-1).double() for v in c.server.state().values()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(POOLED))
+def test_every_pooled_method_runs_seeded_rounds_and_books_them_as_secure_discrete(tmp_path, method):
+    """Two pooled rounds: each steps the shared model, every site's metrics are finite, and its ledger holds
+    one secagg-discrete entry per round, one example the unit, placed in the secure sum; its ε is the
+    discrete accountant's of those entries."""
+    b, w0, w1 = pooled_rounds(tmp_path, method, rounds=2)
+    c = b.coordinator
+    assert [h["step"] for h in c.history] == [True, True] and float((w1 - w0).norm()) > 0
+    assert torch.isfinite(w1).all()
+    for s in b.sites:
+        metrics = s.evaluate(*b.test)
+        assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
+        entries = [e for e in s.ledger.entries if e["kind"] == "secagg-discrete"]
+        assert [(e["round"], e["unit"], e["placement"]) for e in entries] == [
+            (1, "row", "secure"),
+            (2, "row", "secure"),
+        ]
+        mechs = [D.DiscreteMechanism.from_dict(m) for e in entries for m in e["mechanisms"]]
+        assert s.epsilon() == D.epsilon(mechs, rounds=1, delta=1e-3) > 0
+        assert not any(e["kind"] == "dp-sgd" for e in s.ledger.entries)  # no DP-SGD step ran besides
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fedavg-adam", "fedavg-yogi"])
+def test_fedopt_steps_on_the_decoded_pooled_step_as_post_processing(tmp_path, method):
+    """The same seeded round as pooled FedAvg decodes the same step Δ (the sites' shares and the rotation
+    are the run's seeds'); the adaptive server's first moment is (1 − β1)·Δ: its step is post-processing of
+    the one release, and the sites' books are FedAvg's."""
+    plain, v0, v1 = pooled_rounds(tmp_path, "fedavg")
+    b, w0, _ = pooled_rounds(tmp_path, method)
+    opt = b.coordinator.server.opt
+    assert type(opt).__name__ == {"fedavg-adam": "FedAdam", "fedavg-yogi": "FedYogi"}[method]
+    assert torch.equal(w0, v0)
+    assert torch.allclose(opt.m.double() / (1 - opt.beta1), v1 - v0, rtol=1e-9, atol=1e-12)
+    for s, t in zip(b.sites, plain.sites, strict=True):
+        assert s.pooled_epsilons() == t.pooled_epsilons()
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [

@@ -513,9 +513,12 @@ class RunConfig:
         self._validate_combine()
         self._validate_track()
         if self.secure_aggregation and not getattr(self.options, "supports_secure_aggregation", False):
+            able = [
+                n for n, m in methods().items() if getattr(m.options, "supports_secure_aggregation", False)
+            ]
             raise ConfigError(
-                f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
-                f"dp-fednova, dp2-rmsprop), fedavg and fml, not {self.method}"
+                getattr(self.options, "pooled_refusal", None)
+                or f"--secure-aggregation is available for {', '.join(able)}; not for {self.method}"
             )
         _check_secure_flags(self)
         if self.eval_split == "validation" and (
