@@ -73,6 +73,7 @@ POOLED = {
     "fedavg": {},
     "fedavg-adam": {},
     "fedavg-yogi": {},
+    "fedprox": {"mu": 0.5},
 }
 
 
@@ -132,6 +133,15 @@ def test_fedopt_steps_on_the_decoded_pooled_step_as_post_processing(tmp_path, me
     assert torch.allclose(opt.m.double() / (1 - opt.beta1), v1 - v0, rtol=1e-9, atol=1e-12)
     for s, t in zip(b.sites, plain.sites, strict=True):
         assert s.pooled_epsilons() == t.pooled_epsilons()
+
+
+@pytest.mark.slow
+def test_a_pooled_fedprox_round_is_pooled_fedavgs_bit_for_bit(tmp_path):
+    """Each site clips its data term's gradients only, at the received global model, where the proximal
+    gradient μ·(w − w_g) is zero: the same seeded round moves the global model exactly as pooled FedAvg's."""
+    _, v0, v1 = pooled_rounds(tmp_path, "fedavg", rounds=2)
+    b, w0, w1 = pooled_rounds(tmp_path, "fedprox", rounds=2)
+    assert torch.equal(w0, v0) and torch.equal(w1, v1) and b.sites[0].mu == 0.5
 
 
 @pytest.mark.parametrize(
