@@ -55,6 +55,10 @@ def config(tmp_path, drop: tuple[str, ...] = (), **kw):
         (dict(optimizer="adam"), "optimizer sgd"),
         (dict(privacy="off"), "privacy on"),
         (dict(method="fml", private_model="linear"), "not implemented for this method"),
+        (
+            dict(method="scaffold"),
+            "refused for scaffold: a site's control variate would be its own un-noised",
+        ),
         (dict(noise_placement="central"), "unknown noise_placement"),
     ],
 )
@@ -291,6 +295,8 @@ def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
     "args, message",
     [
         ([], "needs --secure-aggregation"),
+        (["--method", "scaffold", "--secure-aggregation"], "refused for scaffold"),
+        (["--method", "scaffold"], "refused for scaffold"),
         (["--secure-aggregation", "--sample-rate", "0.5"], "no amplification can be claimed"),
         (
             ["--secure-aggregation", "--secagg-min-survivors", "5"],

@@ -38,10 +38,17 @@ from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import RoundEvents
 from silofl.fl.exchange.centralized import Centralized, CentralSite
 from silofl.fl.exchange.secure_round import SecAggOptions, SecureParty, SecureRound, plausible
+from silofl.fl.options import MethodOptions
 
 log = logging.getLogger("silofl")
 
-__all__ = ["SecureAverageSettings", "SecureAveragingOptions", "SecureCentralSite", "SecureCentralized"]
+__all__ = [
+    "NoisePlacementOptions",
+    "SecureAverageSettings",
+    "SecureAveragingOptions",
+    "SecureCentralSite",
+    "SecureCentralized",
+]
 
 
 @dataclass(frozen=True)
@@ -70,33 +77,18 @@ class SecureAverageSettings:
 
 
 @dataclass
-class SecureAveragingOptions(SecAggOptions):
-    """FedAvg's and FML's secure aggregation settings (used with the run's ``secure_aggregation``; the shared
-    ones: :class:`SecAggOptions`)."""
-
-    secagg_bits: int = dataclasses.field(
-        default=32,
-        metadata={
-            "help": "--secure-aggregation, FedAvg/FML: bits per coordinate (default 32: the wire carries 32 "
-            "bits per coordinate up to 32).",
-            "panel": "privacy",
-        },
-    )
-    secagg_range: float = dataclasses.field(
-        default=100.0,
-        metadata={
-            "help": "--secure-aggregation, FedAvg/FML: the L2 bound R on a site's weighted model move per "
-            "round; a longer move is clipped to R at the site (logged), the sum never wraps around.",
-            "panel": "privacy",
-        },
-    )
+class NoisePlacementOptions(MethodOptions):
+    """Where an example-level method averaged by a server adds its DP noise (``noise_placement``): each site
+    its own (local), or a share of one pooled mechanism's through the secure sum (pooled,
+    :mod:`silofl.fl.exchange.pooled`) where the method :attr:`supports_pooled` — else refused with its
+    :attr:`pooled_refusal`."""
 
     noise_placement: str = dataclasses.field(
         default="local",
         metadata={
-            "help": "FedAvg: local (each site's DP-SGD adds its own full noise) | pooled (with "
-            "--secure-aggregation: each site adds a share of one pooled DP-GD step's noise, full batch; "
-            "silofl.fl.exchange.pooled).",
+            "help": "Example-level methods averaged by a server: local (each site's DP-SGD adds its own full "
+            "noise) | pooled (with --secure-aggregation: each site adds a share of one pooled DP-GD step's "
+            "noise, full batch; silofl.fl.exchange.pooled).",
             "panel": "privacy",
         },
     )
@@ -142,6 +134,38 @@ class SecureAveragingOptions(SecAggOptions):
                 "server_momentum): set optimizer sgd, and no augmult"
             )
 
+    def validate(self, run: Any) -> None:
+        super().validate(run)
+        if self.noise_placement not in ("local", "pooled"):
+            raise ConfigError(
+                f"unknown noise_placement {self.noise_placement!r}; choose one of: local, pooled"
+            )
+        if self.noise_placement == "pooled":
+            self.validate_pooled(run)
+
+
+@dataclass
+class SecureAveragingOptions(NoisePlacementOptions, SecAggOptions):
+    """FedAvg's and FML's secure aggregation settings (used with the run's ``secure_aggregation``; the shared
+    ones: :class:`SecAggOptions`)."""
+
+    secagg_bits: int = dataclasses.field(
+        default=32,
+        metadata={
+            "help": "--secure-aggregation, methods averaged by a server: bits per coordinate (default 32: the wire carries 32 "
+            "bits per coordinate up to 32).",
+            "panel": "privacy",
+        },
+    )
+    secagg_range: float = dataclasses.field(
+        default=100.0,
+        metadata={
+            "help": "--secure-aggregation, methods averaged by a server: the L2 bound R on a site's weighted model move per "
+            "round; a longer move is clipped to R at the site (logged), the sum never wraps around.",
+            "panel": "privacy",
+        },
+    )
+
     def secure_average(self, run: Any) -> SecureAverageSettings | None:
         """The sites' and the server's settings (None when secure aggregation is off)."""
         if not getattr(run, "secure_aggregation", False):
@@ -156,12 +180,6 @@ class SecureAveragingOptions(SecAggOptions):
 
     def validate(self, run: Any) -> None:
         super().validate(run)
-        if self.noise_placement not in ("local", "pooled"):
-            raise ConfigError(
-                f"unknown noise_placement {self.noise_placement!r}; choose one of: local, pooled"
-            )
-        if self.noise_placement == "pooled":
-            self.validate_pooled(run)
         if not getattr(run, "secure_aggregation", False):
             return
         if not (math.isfinite(self.secagg_range) and self.secagg_range > 0):
