@@ -152,16 +152,17 @@ class SecureAveragingOptions(NoisePlacementOptions, SecAggOptions):
     secagg_bits: int = dataclasses.field(
         default=32,
         metadata={
-            "help": "--secure-aggregation, methods averaged by a server: bits per coordinate (default 32: the wire carries 32 "
-            "bits per coordinate up to 32).",
+            "help": "--secure-aggregation, methods averaged by a server: bits per coordinate (default 32: "
+            "the wire carries 32 bits per coordinate up to 32).",
             "panel": "privacy",
         },
     )
     secagg_range: float = dataclasses.field(
         default=100.0,
         metadata={
-            "help": "--secure-aggregation, methods averaged by a server: the L2 bound R on a site's weighted model move per "
-            "round; a longer move is clipped to R at the site (logged), the sum never wraps around.",
+            "help": "--secure-aggregation, methods averaged by a server: the L2 bound R on a site's weighted "
+            "model move per round; a longer move is clipped to R at the site (logged), the sum never wraps "
+            "around.",
             "panel": "privacy",
         },
     )

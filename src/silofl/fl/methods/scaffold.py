@@ -47,8 +47,8 @@ from silofl.comm.messages import Packet
 from silofl.comm.wire import encode, read_model
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Method
-from silofl.fl.exchange.secure_average import NoisePlacementOptions
 from silofl.fl.exchange.centralized import AveragingServer, Centralized, CentralSite
+from silofl.fl.exchange.secure_average import NoisePlacementOptions
 from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.options import AveragingOptions, SharedModelOptions
 from silofl.fl.registry import register
