@@ -78,6 +78,8 @@ POOLED = {
     "fedavg-adam": {},
     "fedavg-yogi": {},
     "fedprox": {"mu": 0.5},
+    "ditto": {},
+    "apfl": {},
 }
 
 
@@ -95,6 +97,11 @@ def pooled_rounds(tmp_path, method: str, rounds: int = 1, **kw):
         s.ledger = Ledger(tmp_path / method / f"ledger{s.cid}")
     w0 = torch.cat([v.reshape(-1).double() for v in c.server.state().values()])
     for r in range(1, rounds + 1):
+        c.flush()
+        for s in b.sites:  # the models that never leave the site, as the last round starts
+            s.private_start = (
+                None if s.private is None else {k: v.clone() for k, v in s.private.state_dict().items()}
+            )
         c.run_round(r)
     c.flush()
     return b, w0, torch.cat([v.reshape(-1).double() for v in c.server.state().values()])
@@ -121,6 +128,8 @@ def test_every_pooled_method_runs_seeded_rounds_and_books_them_as_secure_discret
         mechs = [D.DiscreteMechanism.from_dict(m) for e in entries for m in e["mechanisms"]]
         assert s.epsilon() == D.epsilon(mechs, rounds=1, delta=1e-3) > 0
         assert not any(e["kind"] == "dp-sgd" for e in s.ledger.entries)  # no DP-SGD step ran besides
+        if s.private is not None:  # a personal / private model trains at the site every round, as without:
+            assert any(not torch.equal(v, s.private.state_dict()[k]) for k, v in s.private_start.items())
 
 
 @pytest.mark.slow

@@ -76,7 +76,7 @@ def test_fedavg_secure_settings_are_checked(tmp_path, kw, match):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedavg", "fml", "fedavg-adam", "fedprox"])
+@pytest.mark.parametrize("method", ["fedavg", "fml", "fedavg-adam", "fedprox", "apfl"])
 def test_the_server_sees_masked_vectors_and_the_average_equals_the_plain_run(tmp_path, method):
     """One round at 48 bits: the global model equals the plain run's (weighted by the public sizes) within
     the quantisation error; every upload to the server is a masked group vector."""
