@@ -54,7 +54,7 @@ def config(tmp_path, drop: tuple[str, ...] = (), **kw):
         (dict(secagg_min_survivors=5), "min_survivors"),
         (dict(optimizer="adam"), "optimizer sgd"),
         (dict(privacy="off"), "privacy on"),
-        (dict(method="fml", private_model="linear"), "not implemented for this method"),
+        (dict(method="fml", private_model="linear", privacy="paper", dml_beta=0.5), "dml_beta must be 0"),
         (
             dict(method="scaffold"),
             "refused for scaffold: a site's control variate would be its own un-noised",
@@ -70,6 +70,8 @@ def test_pooled_noise_refuses_what_its_analysis_does_not_cover(tmp_path, kw, mat
 def test_pooled_noise_fills_full_batch_single_steps(tmp_path):
     o = config(tmp_path).resolve().options
     assert o.sample_rate == 1.0 and o.local_steps == 1 and o.noise_placement == "pooled"
+    fml = config(tmp_path, method="fml", private_model="linear", privacy="paper").resolve().options
+    assert fml.dml_beta == 0.0  # the meme learns from the labels only (paper mode's default is 0.5)
 
 
 # every example-level method that takes pooled noise, with what it needs on top of config()
@@ -80,6 +82,7 @@ POOLED = {
     "fedprox": {"mu": 0.5},
     "ditto": {},
     "apfl": {},
+    "fml": {"private_model": "linear"},
 }
 
 
