@@ -86,6 +86,13 @@ POOLED = {
 }
 
 
+def test_the_pooled_table_is_every_method_that_takes_pooled_noise():
+    from silofl.fl.registry import methods
+
+    able = {n for n, m in methods().items() if getattr(m.options, "supports_pooled", False)}
+    assert able == set(POOLED)
+
+
 def pooled_rounds(tmp_path, method: str, rounds: int = 1, **kw):
     """``rounds`` seeded pooled rounds of ``method`` (four sites, floor 3), each site's ledger in
     ``tmp_path``; the run's parts and the global model's flat weights before and after."""
@@ -309,6 +316,10 @@ def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
         ([], "needs --secure-aggregation"),
         (["--method", "scaffold", "--secure-aggregation"], "refused for scaffold"),
         (["--method", "scaffold"], "refused for scaffold"),
+        (
+            ["--secure-aggregation", "--client-rate", "0.5"],
+            "option client_rate does not apply",
+        ),  # no sampling
         (["--secure-aggregation", "--sample-rate", "0.5"], "no amplification can be claimed"),
         (
             ["--secure-aggregation", "--secagg-min-survivors", "5"],
