@@ -159,6 +159,29 @@ def test_fedopt_steps_on_the_decoded_pooled_step_as_post_processing(tmp_path, me
 
 
 @pytest.mark.slow
+def test_the_ema_of_the_global_models_is_released_under_pooled_noise_too(tmp_path):
+    """ema_decay d: after three pooled rounds a site releases d·EMA + (1 − d)·w₃, the EMA over the
+    broadcasts w₁, w₂ (post-processing of the released models, as without pooling)."""
+    from silofl.privacy.ledger import Ledger
+
+    b = build_run(config(tmp_path, secagg_min_survivors=3, ema_decay=0.5))
+    c = b.coordinator
+    c.start()
+    for s in b.sites:
+        s.ledger = Ledger(tmp_path / f"ledger{s.cid}")
+    seen = []
+    for r in (1, 2, 3):
+        c.run_round(r)
+        c.flush()
+        seen.append({k: v.detach().clone() for k, v in b.sites[0].shared.state_dict().items()})
+    got = b.sites[0].released().state_dict()
+    for k, v in got.items():
+        want = 0.5 * (0.5 * seen[0][k] + 0.5 * seen[1][k]) + 0.5 * seen[2][k]
+        assert torch.allclose(v, want, atol=1e-6), k
+    assert not all(torch.equal(v, seen[2][k]) for k, v in got.items())  # not the last broadcast alone
+
+
+@pytest.mark.slow
 def test_a_pooled_fedprox_round_is_pooled_fedavgs_bit_for_bit(tmp_path):
     """Each site clips its data term's gradients only, at the received global model, where the proximal
     gradient μ·(w − w_g) is zero: the same seeded round moves the global model exactly as pooled FedAvg's."""

@@ -288,6 +288,8 @@ class PooledSite(SecureCentralSite):
             out = self.secure_upload(rnd, server, enc, parts, graph_seed)
         except (SecAggRefused, ValueError, RuntimeError) as e:
             return self._refuse("mask", rnd, str(e))
+        if self.settings.ema_decay and self.rounds_trained > 0:
+            self._commit_ema()  # the weights the last round ended with (the broadcast), as train() does
         self.record_pooled(rnd, mech)
         self.local_round(rnd)
         return out
