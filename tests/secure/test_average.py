@@ -64,7 +64,11 @@ def test_exact_range_never_wraps_even_for_aligned_vectors_at_the_bound():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(method="proxyfl"), "available for fedavg, fml, .*not for proxyfl"),
+        (dict(method="proxyfl"), "client-level methods .* example-level fedavg, fml, .*not for proxyfl"),
+        (
+            dict(method="scaffold"),
+            "example-level fedavg, .*not for scaffold",
+        ),  # its pooled reason: pooled only
         (dict(secagg_range=0.0), "secagg_range"),
         (dict(secagg_min_survivors=4), "min_survivors"),
         (dict(secagg_bits=4), "secagg_bits"),
