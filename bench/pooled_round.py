@@ -1,7 +1,8 @@
-"""FedAvg rounds with each site's own noise and with the noise pooled under secure aggregation, side by side
-in one run: seconds per round and bytes per site per round (the simulator; interleaved repetitions).
+"""FedAvg rounds (or another method that takes pooled noise: ``--method``, e.g. fedavg-adam, ditto) with each
+site's own noise and with the noise pooled under secure aggregation, side by side in one run: seconds per
+round and bytes per site per round (the simulator; interleaved repetitions).
 
-    python bench/pooled_round.py [--rounds 3] [--threads 1] [--sites 8] [--features scatter]
+    python bench/pooled_round.py [--rounds 3] [--threads 1] [--sites 8] [--features scatter] [--method fedavg]
 
 Set-up (issue 44's benchmark): Fashion-MNIST, p_major 0.8, 1000 images per site, ScatterNet features (from
 the feature cache when warm), a linear head (39,700 parameters, padded to 2^16 for the rotation), full batch,
@@ -30,11 +31,11 @@ VARIANTS = {
 }
 
 
-def setup(k: int, features: str, extra: dict):
-    """A built, started FedAvg run of ``k`` sites (see the module doc) with ``extra`` settings."""
+def setup(k: int, features: str, extra: dict, method: str = "fedavg"):
+    """A built, started run of ``method`` with ``k`` sites (see the module doc) with ``extra`` settings."""
     cfg = RunConfig.from_dict(
         dict(
-            method="fedavg",
+            method=method,
             dataset="fashion-mnist",
             partition="p_major",
             p_major=0.8,
@@ -70,10 +71,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sites", type=int, default=8)
     ap.add_argument("--features", default="scatter")
+    ap.add_argument("--method", default="fedavg", help="a method that takes pooled noise")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     k = a.sites
-    runs = {name: setup(k, a.features, extra) for name, extra in VARIANTS.items()}
+    runs = {name: setup(k, a.features, extra, a.method) for name, extra in VARIANTS.items()}
     times: dict = {v: [] for v in runs}
     nbytes: dict = {v: [] for v in runs}
     for rep in range(a.rounds + 1):
@@ -86,8 +88,8 @@ def main() -> None:
                 times[v].append(time.perf_counter() - t0)
                 nbytes[v].append((site_bytes(engine, k) - before) / k)
     print(
-        f"FedAvg, Fashion-MNIST, {k} sites × 1000, features {a.features}, linear head; median of {a.rounds} "
-        f"rounds, {a.threads} thread(s)"
+        f"{a.method}, Fashion-MNIST, {k} sites × 1000, features {a.features}, linear head; median of "
+        f"{a.rounds} rounds, {a.threads} thread(s)"
     )
     print(f"{'variant':>13} | {'s/round':>8} | {'× local':>7} | {'B/site/round':>12} | {'× local':>7}")
     t0, b0 = statistics.median(times["local"]), statistics.median(nbytes["local"])

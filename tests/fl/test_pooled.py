@@ -54,7 +54,11 @@ def config(tmp_path, drop: tuple[str, ...] = (), **kw):
         (dict(secagg_min_survivors=5), "min_survivors"),
         (dict(optimizer="adam"), "optimizer sgd"),
         (dict(privacy="off"), "privacy on"),
-        (dict(method="fml", private_model="linear"), "fedavg only"),
+        (dict(method="fml", private_model="linear", privacy="paper", dml_beta=0.5), "dml_beta must be 0"),
+        (
+            dict(method="scaffold"),
+            "refused for scaffold: a site's control variate would be its own un-noised",
+        ),
         (dict(noise_placement="central"), "unknown noise_placement"),
     ],
 )
@@ -66,6 +70,124 @@ def test_pooled_noise_refuses_what_its_analysis_does_not_cover(tmp_path, kw, mat
 def test_pooled_noise_fills_full_batch_single_steps(tmp_path):
     o = config(tmp_path).resolve().options
     assert o.sample_rate == 1.0 and o.local_steps == 1 and o.noise_placement == "pooled"
+    fml = config(tmp_path, method="fml", private_model="linear", privacy="paper").resolve().options
+    assert fml.dml_beta == 0.0  # the meme learns from the labels only (paper mode's default is 0.5)
+
+
+# every example-level method that takes pooled noise, with what it needs on top of config()
+POOLED = {
+    "fedavg": {},
+    "fedavg-adam": {},
+    "fedavg-yogi": {},
+    "fedprox": {"mu": 0.5},
+    "ditto": {},
+    "apfl": {},
+    "fml": {"private_model": "linear"},
+}
+
+
+def test_the_pooled_table_is_every_method_that_takes_pooled_noise():
+    from silofl.fl.registry import methods
+
+    able = {n for n, m in methods().items() if getattr(m.options, "supports_pooled", False)}
+    assert able == set(POOLED)
+
+
+def pooled_rounds(tmp_path, method: str, rounds: int = 1, **kw):
+    """``rounds`` seeded pooled rounds of ``method`` (four sites, floor 3), each site's ledger in
+    ``tmp_path``; the run's parts and the global model's flat weights before and after."""
+    from silofl.privacy.ledger import Ledger
+
+    b = build_run(
+        config(tmp_path / method, method=method, secagg_min_survivors=3, **{**POOLED[method], **kw})
+    )
+    c = b.coordinator
+    c.start()
+    for s in b.sites:
+        s.ledger = Ledger(tmp_path / method / f"ledger{s.cid}")
+    w0 = torch.cat([v.reshape(-1).double() for v in c.server.state().values()])
+    for r in range(1, rounds + 1):
+        c.flush()
+        for s in b.sites:  # the models that never leave the site, as the last round starts
+            s.private_start = (
+                None if s.private is None else {k: v.clone() for k, v in s.private.state_dict().items()}
+            )
+        c.run_round(r)
+    c.flush()
+    return b, w0, torch.cat([v.reshape(-1).double() for v in c.server.state().values()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(POOLED))
+def test_every_pooled_method_runs_seeded_rounds_and_books_them_as_secure_discrete(tmp_path, method):
+    """Two pooled rounds: each steps the shared model, every site's metrics are finite, and its ledger holds
+    one secagg-discrete entry per round, one example the unit, placed in the secure sum; its ε is the
+    discrete accountant's of those entries."""
+    b, w0, w1 = pooled_rounds(tmp_path, method, rounds=2)
+    c = b.coordinator
+    assert [h["step"] for h in c.history] == [True, True] and float((w1 - w0).norm()) > 0
+    assert torch.isfinite(w1).all()
+    for s in b.sites:
+        metrics = s.evaluate(*b.test)
+        assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
+        entries = [e for e in s.ledger.entries if e["kind"] == "secagg-discrete"]
+        assert [(e["round"], e["unit"], e["placement"]) for e in entries] == [
+            (1, "row", "secure"),
+            (2, "row", "secure"),
+        ]
+        mechs = [D.DiscreteMechanism.from_dict(m) for e in entries for m in e["mechanisms"]]
+        assert s.epsilon() == D.epsilon(mechs, rounds=1, delta=1e-3) > 0
+        assert not any(e["kind"] == "dp-sgd" for e in s.ledger.entries)  # no DP-SGD step ran besides
+        if s.private is not None:  # a personal / private model trains at the site every round, as without:
+            assert any(not torch.equal(v, s.private.state_dict()[k]) for k, v in s.private_start.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fedavg-adam", "fedavg-yogi"])
+def test_fedopt_steps_on_the_decoded_pooled_step_as_post_processing(tmp_path, method):
+    """The same seeded round as pooled FedAvg decodes the same step Δ (the sites' shares and the rotation
+    are the run's seeds'); the adaptive server's first moment is (1 − β1)·Δ: its step is post-processing of
+    the one release, and the sites' books are FedAvg's."""
+    plain, v0, v1 = pooled_rounds(tmp_path, "fedavg")
+    b, w0, _ = pooled_rounds(tmp_path, method)
+    opt = b.coordinator.server.opt
+    assert type(opt).__name__ == {"fedavg-adam": "FedAdam", "fedavg-yogi": "FedYogi"}[method]
+    assert torch.equal(w0, v0)
+    assert torch.allclose(opt.m.double() / (1 - opt.beta1), v1 - v0, rtol=1e-9, atol=1e-12)
+    for s, t in zip(b.sites, plain.sites, strict=True):
+        assert s.pooled_epsilons() == t.pooled_epsilons()
+
+
+@pytest.mark.slow
+def test_the_ema_of_the_global_models_is_released_under_pooled_noise_too(tmp_path):
+    """ema_decay d: after three pooled rounds a site releases d·EMA + (1 − d)·w₃, the EMA over the
+    broadcasts w₁, w₂ (post-processing of the released models, as without pooling)."""
+    from silofl.privacy.ledger import Ledger
+
+    b = build_run(config(tmp_path, secagg_min_survivors=3, ema_decay=0.5))
+    c = b.coordinator
+    c.start()
+    for s in b.sites:
+        s.ledger = Ledger(tmp_path / f"ledger{s.cid}")
+    seen = []
+    for r in (1, 2, 3):
+        c.run_round(r)
+        c.flush()
+        seen.append({k: v.detach().clone() for k, v in b.sites[0].shared.state_dict().items()})
+    got = b.sites[0].released().state_dict()
+    for k, v in got.items():
+        want = 0.5 * (0.5 * seen[0][k] + 0.5 * seen[1][k]) + 0.5 * seen[2][k]
+        assert torch.allclose(v, want, atol=1e-6), k
+    assert not all(torch.equal(v, seen[2][k]) for k, v in got.items())  # not the last broadcast alone
+
+
+@pytest.mark.slow
+def test_a_pooled_fedprox_round_is_pooled_fedavgs_bit_for_bit(tmp_path):
+    """Each site clips its data term's gradients only, at the received global model, where the proximal
+    gradient μ·(w − w_g) is zero: the same seeded round moves the global model exactly as pooled FedAvg's."""
+    _, v0, v1 = pooled_rounds(tmp_path, "fedavg", rounds=2)
+    b, w0, w1 = pooled_rounds(tmp_path, "fedprox", rounds=2)
+    assert torch.equal(w0, v0) and torch.equal(w1, v1) and b.sites[0].mu == 0.5
 
 
 @pytest.mark.parametrize(
@@ -215,6 +337,12 @@ def test_pooled_fedavg_on_torch_distributed_equals_the_simulator(tmp_path):
     "args, message",
     [
         ([], "needs --secure-aggregation"),
+        (["--method", "scaffold", "--secure-aggregation"], "refused for scaffold"),
+        (["--method", "scaffold"], "refused for scaffold"),
+        (
+            ["--secure-aggregation", "--client-rate", "0.5"],
+            "option client_rate does not apply",
+        ),  # no sampling
         (["--secure-aggregation", "--sample-rate", "0.5"], "no amplification can be claimed"),
         (
             ["--secure-aggregation", "--secagg-min-survivors", "5"],

@@ -64,7 +64,11 @@ def test_exact_range_never_wraps_even_for_aligned_vectors_at_the_bound():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(method="proxyfl"), "fedavg and fml"),
+        (dict(method="proxyfl"), "client-level methods .* example-level fedavg, fml, .*not for proxyfl"),
+        (
+            dict(method="scaffold"),
+            "example-level fedavg, .*not for scaffold",
+        ),  # its pooled reason: pooled only
         (dict(secagg_range=0.0), "secagg_range"),
         (dict(secagg_min_survivors=4), "min_survivors"),
         (dict(secagg_bits=4), "secagg_bits"),
@@ -76,7 +80,7 @@ def test_fedavg_secure_settings_are_checked(tmp_path, kw, match):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedavg", "fml"])
+@pytest.mark.parametrize("method", ["fedavg", "fml", "fedavg-adam", "fedprox", "apfl"])
 def test_the_server_sees_masked_vectors_and_the_average_equals_the_plain_run(tmp_path, method):
     """One round at 48 bits: the global model equals the plain run's (weighted by the public sizes) within
     the quantisation error; every upload to the server is a masked group vector."""

@@ -521,9 +521,13 @@ class RunConfig:
         self._validate_combine()
         self._validate_track()
         if self.secure_aggregation and not getattr(self.options, "supports_secure_aggregation", False):
+            able = [m for m in methods().values() if getattr(m.options, "supports_secure_aggregation", False)]
+            kinds = [", ".join(m.name for m in able if m.client_level == c) for c in (True, False)]
+            pooled = getattr(self.options, "noise_placement", None) == "pooled"  # why not, if the method says
             raise ConfigError(
-                f"--secure-aggregation is available for the client-level methods (dp-fedavg, dp-fedadam, "
-                f"dp-fednova, dp2-rmsprop), fedavg and fml, not {self.method}"
+                (getattr(self.options, "pooled_refusal", None) if pooled else None)
+                or f"--secure-aggregation is available for the client-level methods ({kinds[0]}) and the "
+                f"example-level {kinds[1]}; not for {self.method}"
             )
         _check_secure_flags(self)
         if self.eval_split == "validation" and (

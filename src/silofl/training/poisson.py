@@ -117,7 +117,7 @@ def poisson_steps(
                 opt.step()
             continue
         partner_logits = partner.model(xb) if partner is not None else None
-        partner_logp = _partner_view(partner_logits.detach(), yb) if partner_logits is not None else no_logp
+        partner_logp = partner_view(partner_logits.detach(), yb) if partner_logits is not None else no_logp
         if augment is not None:
             logits, ast = _augmented_step(
                 model, augment, xb, yb, partner_logp, loss_fn, dp, partner is not None
@@ -140,7 +140,7 @@ def poisson_steps(
         opt.step()
         seen += B
         if partner is not None and partner_logits is not None:
-            loss = dml_loss(partner_logits, yb, _partner_view(logits, yb), partner.alpha).mean()
+            loss = dml_loss(partner_logits, yb, partner_view(logits, yb), partner.alpha).mean()
             partner.opt.zero_grad(set_to_none=True)
             loss.backward()
             partner.opt.step()
@@ -152,7 +152,7 @@ def poisson_steps(
     }
 
 
-def _partner_view(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def partner_view(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """What a mutual-learning partner sees of a model's (detached) outputs: its log-probabilities, or its
     task's own view (a survival model's log hazards, :mod:`silofl.training.tasks`)."""
     from silofl.training.tasks import target_task

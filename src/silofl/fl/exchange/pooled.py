@@ -288,8 +288,36 @@ class PooledSite(SecureCentralSite):
             out = self.secure_upload(rnd, server, enc, parts, graph_seed)
         except (SecAggRefused, ValueError, RuntimeError) as e:
             return self._refuse("mask", rnd, str(e))
+        if self.settings.ema_decay and self.rounds_trained > 0:
+            self._commit_ema()  # the weights the last round ended with (the broadcast), as train() does
         self.record_pooled(rnd, mech)
+        self.local_round(rnd)
         return out
+
+    def local_round(self, rnd: int) -> None:
+        """The round's training of the models that never leave the site (no DP: nothing of them is sent),
+        against the shared model received — which pooled noise never moves at the site. Here: a private
+        model trained by mutual learning (FML) takes the round's steps on the KL to the shared model's
+        outputs, as its partner steps do without pooling; a method training its own way (Ditto's personal
+        model, APFL's mixture) overrides this."""
+        from silofl.privacy.sampling import poisson_batch
+        from silofl.training import dml_loss
+        from silofl.training.poisson import partner_view
+
+        if self.private is None or self.private_opt is None or not self.mutual_learning_partner:
+            return
+        self.private.train()
+        for _ in range(self.steps_per_round):
+            idx = poisson_batch(self.n, self.sample_rate, self.sampler).to(self.x.device)
+            if not len(idx):
+                continue
+            xb, yb = self.x[idx], self.y[idx]
+            with torch.no_grad():
+                view = partner_view(self.shared(xb), yb)
+            loss = dml_loss(self.private(xb), yb, view, self.alpha).mean()
+            self.private_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.private_opt.step()
 
     def record_pooled(self, rnd: int, mech) -> None:
         """The round in this site's books: its ledger first (durably), then the run's list."""
@@ -326,8 +354,25 @@ class PooledSite(SecureCentralSite):
 class PooledCentralized(SecureCentralized):
     """The pooled noise server: it decodes only the survivors' noisy gradient sum and steps (module doc)."""
 
-    def __init__(self, cfg, n_sites: int, spec, device, settings: PooledSettings, uniform: bool = False):
-        super().__init__(cfg, n_sites, spec, device, settings, uniform=uniform)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        cfg,
+        n_sites: int,
+        spec,
+        device,
+        settings: PooledSettings,
+        uniform: bool = False,
+        server_optimizer: str | None = None,
+    ):
+        super().__init__(
+            cfg,
+            n_sites,
+            spec,
+            device,
+            settings,
+            uniform=uniform,
+            server_optimizer=server_optimizer,  # type: ignore[arg-type]
+        )
         self.pooled = settings
         _param_keys(self.server.model)
         o = cfg.options

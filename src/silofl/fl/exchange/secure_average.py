@@ -38,10 +38,17 @@ from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import RoundEvents
 from silofl.fl.exchange.centralized import Centralized, CentralSite
 from silofl.fl.exchange.secure_round import SecAggOptions, SecureParty, SecureRound, plausible
+from silofl.fl.options import MethodOptions
 
 log = logging.getLogger("silofl")
 
-__all__ = ["SecureAverageSettings", "SecureAveragingOptions", "SecureCentralSite", "SecureCentralized"]
+__all__ = [
+    "NoisePlacementOptions",
+    "SecureAverageSettings",
+    "SecureAveragingOptions",
+    "SecureCentralSite",
+    "SecureCentralized",
+]
 
 
 @dataclass(frozen=True)
@@ -70,38 +77,25 @@ class SecureAverageSettings:
 
 
 @dataclass
-class SecureAveragingOptions(SecAggOptions):
-    """FedAvg's and FML's secure aggregation settings (used with the run's ``secure_aggregation``; the shared
-    ones: :class:`SecAggOptions`)."""
-
-    secagg_bits: int = dataclasses.field(
-        default=32,
-        metadata={
-            "help": "--secure-aggregation, FedAvg/FML: bits per coordinate (default 32: the wire carries 32 "
-            "bits per coordinate up to 32).",
-            "panel": "privacy",
-        },
-    )
-    secagg_range: float = dataclasses.field(
-        default=100.0,
-        metadata={
-            "help": "--secure-aggregation, FedAvg/FML: the L2 bound R on a site's weighted model move per "
-            "round; a longer move is clipped to R at the site (logged), the sum never wraps around.",
-            "panel": "privacy",
-        },
-    )
+class NoisePlacementOptions(MethodOptions):
+    """Where an example-level method averaged by a server adds its DP noise (``noise_placement``): each site
+    its own (local), or a share of one pooled mechanism's through the secure sum (pooled,
+    :mod:`silofl.fl.exchange.pooled`) where the method :attr:`supports_pooled` — else refused with its
+    :attr:`pooled_refusal`."""
 
     noise_placement: str = dataclasses.field(
         default="local",
         metadata={
-            "help": "FedAvg: local (each site's DP-SGD adds its own full noise) | pooled (with "
-            "--secure-aggregation: each site adds a share of one pooled DP-GD step's noise, full batch; "
-            "silofl.fl.exchange.pooled).",
+            "help": "Example-level methods averaged by a server: local (each site's DP-SGD adds its own full "
+            "noise) | pooled (with --secure-aggregation: each site adds a share of one pooled DP-GD step's "
+            "noise, full batch; silofl.fl.exchange.pooled).",
             "panel": "privacy",
         },
     )
 
     supports_pooled: ClassVar[bool] = False  # a method whose sites and server take pooled noise says so
+    # why a method refuses pooled noise (one line; None: the generic refusal)
+    pooled_refusal: ClassVar[str | None] = None
 
     def resolve(self, run: Any):
         q, steps = getattr(self, "sample_rate", 1.0), getattr(self, "local_steps", 1)
@@ -114,7 +108,9 @@ class SecureAveragingOptions(SecAggOptions):
         """One-line ConfigErrors for what pooled noise does not cover (module doc of
         :mod:`silofl.fl.exchange.pooled`)."""
         if not self.supports_pooled:
-            raise ConfigError("noise_placement pooled is implemented for fedavg only")
+            raise ConfigError(
+                self.pooled_refusal or "noise_placement pooled is not implemented for this method"
+            )
         if not getattr(run, "secure_aggregation", False):
             raise ConfigError(
                 "noise_placement pooled needs --secure-aggregation: the server may see only the sum"
@@ -138,6 +134,39 @@ class SecureAveragingOptions(SecAggOptions):
                 "server_momentum): set optimizer sgd, and no augmult"
             )
 
+    def validate(self, run: Any) -> None:
+        super().validate(run)
+        if self.noise_placement not in ("local", "pooled"):
+            raise ConfigError(
+                f"unknown noise_placement {self.noise_placement!r}; choose one of: local, pooled"
+            )
+        if self.noise_placement == "pooled":
+            self.validate_pooled(run)
+
+
+@dataclass
+class SecureAveragingOptions(NoisePlacementOptions, SecAggOptions):
+    """FedAvg's and FML's secure aggregation settings (used with the run's ``secure_aggregation``; the shared
+    ones: :class:`SecAggOptions`)."""
+
+    secagg_bits: int = dataclasses.field(
+        default=32,
+        metadata={
+            "help": "--secure-aggregation, methods averaged by a server: bits per coordinate (default 32: "
+            "the wire carries 32 bits per coordinate up to 32).",
+            "panel": "privacy",
+        },
+    )
+    secagg_range: float = dataclasses.field(
+        default=100.0,
+        metadata={
+            "help": "--secure-aggregation, methods averaged by a server: the L2 bound R on a site's weighted "
+            "model move per round; a longer move is clipped to R at the site (logged), the sum never wraps "
+            "around.",
+            "panel": "privacy",
+        },
+    )
+
     def secure_average(self, run: Any) -> SecureAverageSettings | None:
         """The sites' and the server's settings (None when secure aggregation is off)."""
         if not getattr(run, "secure_aggregation", False):
@@ -152,12 +181,6 @@ class SecureAveragingOptions(SecAggOptions):
 
     def validate(self, run: Any) -> None:
         super().validate(run)
-        if self.noise_placement not in ("local", "pooled"):
-            raise ConfigError(
-                f"unknown noise_placement {self.noise_placement!r}; choose one of: local, pooled"
-            )
-        if self.noise_placement == "pooled":
-            self.validate_pooled(run)
         if not getattr(run, "secure_aggregation", False):
             return
         if not (math.isfinite(self.secagg_range) and self.secagg_range > 0):
@@ -245,9 +268,16 @@ class SecureCentralized(Centralized):
     """The averaging server with secure aggregation (module doc): it decodes only the survivors' sum."""
 
     def __init__(
-        self, cfg, n_sites: int, spec, device, settings: SecureAverageSettings, uniform: bool = False
+        self,
+        cfg,
+        n_sites: int,
+        spec,
+        device,
+        settings: SecureAverageSettings,
+        uniform: bool = False,
+        server_optimizer: str | None = None,
     ):
-        super().__init__(cfg, n_sites, spec, device, uniform=uniform)
+        super().__init__(cfg, n_sites, spec, device, uniform=uniform, server_optimizer=server_optimizer)
         self.secure = settings
         state = self.server.state()
         self.float_keys = _float_keys(state)

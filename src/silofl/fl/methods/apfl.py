@@ -29,6 +29,12 @@ over the parts' log-probabilities — α·log_softmax(v(x)) + (1 − α)·log_so
 (1 − α)·w(x) by a constant per example, so its class probabilities are exactly the mixture's. ``silofl
 predict`` / ``export`` load it with ``--model combined``; the run's own ``--combine`` therefore does not
 apply to APFL.
+
+With ``--secure-aggregation`` the server sees only the sum of the global models' moves
+(:mod:`silofl.fl.exchange.secure_average`); with ``noise_placement: pooled`` only the noisy sum of the sites'
+clipped full-batch gradients of the global model's own cross-entropy at w^t (:mod:`silofl.fl.exchange.pooled`;
+the mixture never enters them): the global model is pooled FedAvg's, its ε pooled FedAvg's per threat, and v
+and α still take their round against w^t at the site (:meth:`APFLSite.local_round`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ from silofl.comm.messages import Message
 from silofl.core.errors import ConfigError
 from silofl.core.randomness import party_seeds
 from silofl.fl.exchange.centralized import CentralSite
+from silofl.fl.exchange.pooled import PooledSite
+from silofl.fl.exchange.secure_average import SecureAveragingOptions, SecureCentralSite
+from silofl.fl.methods.common import SiteClasses
 from silofl.fl.methods.ditto import PersonalizedMethod
 from silofl.fl.methods.fedprox import non_negative
 from silofl.fl.options import AveragingOptions, SharedModelOptions, unit_interval
@@ -90,8 +99,10 @@ def mixture_step(
 
 
 @dataclass
-class APFLOptions(AveragingOptions, SharedModelOptions):
+class APFLOptions(SecureAveragingOptions, AveragingOptions, SharedModelOptions):
     """APFL: a DP global model (FedAvg) and a local model mixed with a learned α, kept at the site."""
+
+    supports_pooled = True  # the global model's round is pooled FedAvg's; v and α stay local
 
     apfl_alpha: float = field(
         default=0.5,
@@ -140,9 +151,15 @@ class APFLSite(CentralSite):
     def train(self, rnd: int) -> dict:
         """The local model's and α's round against the global model held now, then the global model's DP
         round."""
-        assert self.private_opt is not None
         if self.budget is not None:  # nothing trains in a round the budget cannot pay for
             self.budget.require(self.settings.noise_multiplier, self.sample_rate, self.steps_per_round)
+        self.local_round(rnd)
+        return super().train(rnd)
+
+    def local_round(self, rnd: int) -> None:
+        """The local model's and α's non-DP round against the global model held now (with pooled noise the
+        only training at the site: the global model's step is the server's)."""
+        assert self.private_opt is not None
         self.private.train()  # type: ignore[union-attr]
         was = self.shared.training
         self.shared.eval()
@@ -151,7 +168,6 @@ class APFLSite(CentralSite):
             if len(idx):
                 mixture_step(self.mixture, self.private_opt, self.x[idx], self.y[idx], self.alpha_lr)
         self.shared.train(was)
-        return super().train(rnd)
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
         out = super().evaluate(x, y, cache)
@@ -221,6 +237,15 @@ class APFLSite(CentralSite):
             self.local_sampler.set_state(state["local_sampler"])
 
 
+class SecureAPFLSite(APFLSite, SecureCentralSite):
+    """An APFL site uploading only the masked encoding of its global model's move (secure aggregation)."""
+
+
+class PooledAPFLSite(APFLSite, PooledSite):
+    """An APFL site whose global model takes pooled noise; its local model and α train every round as
+    without."""
+
+
 @register(
     "apfl",
     options=APFLOptions,
@@ -232,7 +257,7 @@ class APFLSite(CentralSite):
 )
 class APFL(PersonalizedMethod):
     opts: APFLOptions
-    site_cls = APFLSite
+    sites = SiteClasses(APFLSite, SecureAPFLSite, PooledAPFLSite)
 
     def site_options(self) -> dict[str, Any]:
         """The mixture weight α's start and learning rate."""

@@ -24,6 +24,12 @@ sent, so the guarantee of what is shared is DP-SGD's. λ → 0 is each site alon
 pulls
 v to the global model. The method is judged by the personal models (``private_acc``); ``global_acc`` is the
 aggregate's.
+
+With ``--secure-aggregation`` the server sees only the sum of the global models' moves
+(:mod:`silofl.fl.exchange.secure_average`); with ``noise_placement: pooled`` only the noisy sum of the sites'
+clipped full-batch gradients of the global model at w^t (:mod:`silofl.fl.exchange.pooled`): the global model
+is pooled FedAvg's, its ε pooled FedAvg's per threat, and the personal model still takes its round towards
+w^t at the site (:meth:`DittoSite.local_round`).
 """
 
 from __future__ import annotations
@@ -35,9 +41,10 @@ import torch
 
 from silofl.comm.messages import Message
 from silofl.core.randomness import party_seeds
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized, CentralSite
-from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.exchange.centralized import CentralSite
+from silofl.fl.exchange.pooled import PooledSite
+from silofl.fl.exchange.secure_average import SecureAveragingOptions, SecureCentralSite
+from silofl.fl.methods.common import ServerAveraged, SiteClasses, spec
 from silofl.fl.methods.fedprox import non_negative, proximal_hook, snapshot
 from silofl.fl.options import AveragingOptions, SharedModelOptions, option
 from silofl.fl.registry import register
@@ -45,8 +52,10 @@ from silofl.training import dml_loss, poisson_steps
 
 
 @dataclass
-class DittoOptions(AveragingOptions, SharedModelOptions):
+class DittoOptions(SecureAveragingOptions, AveragingOptions, SharedModelOptions):
     """Ditto: a DP global model (FedAvg) and a personal model pulled towards it with weight λ."""
+
+    supports_pooled = True  # the global model's round is pooled FedAvg's; the personal model stays local
 
     ditto_lambda: float = option(0.1, "Ditto: the personal model's pull λ towards the received global model.")
 
@@ -85,9 +94,19 @@ class DittoSite(CentralSite):
 
     def train(self, rnd: int) -> dict:
         """The global model's DP round, then the personal model's round towards the global model received."""
-        assert self.private is not None and self.private_opt is not None
         _, anchor = snapshot(self.shared)  # w^t, before the DP round moves it
         stats = super().train(rnd)
+        self.personal_round(anchor)
+        return stats
+
+    def local_round(self, rnd: int) -> None:
+        """With pooled noise (the shared model is not trained here): the personal model's round towards the
+        global model received."""
+        self.personal_round(snapshot(self.shared)[1])
+
+    def personal_round(self, anchor: list[torch.Tensor]) -> None:
+        """The personal model's non-DP round: cross-entropy plus the pull λ·(v − ``anchor``)."""
+        assert self.private is not None and self.private_opt is not None
         params = [p for p in self.private.parameters() if p.requires_grad]
         hook = proximal_hook(params, anchor, self.ditto_lambda) if self.ditto_lambda else None
         poisson_steps(
@@ -101,7 +120,6 @@ class DittoSite(CentralSite):
             loss_fn=_ce,
             grad_hook=hook,
         )
-        return stats
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "personal_sampler": self.personal_sampler.get_state()}
@@ -118,39 +136,29 @@ def _personal_seed(seed: int | None, cid: int) -> int:
     return party_seeds(seed, cid, 5)[4]
 
 
-class PersonalizedMethod(Method):
-    """A method whose clients train a DP global model averaged by a :class:`Centralized` server, and a
-    personal model of the same architecture that never leaves the client (Ditto, APFL): a :attr:`site_cls`
-    per client, told its own options by :meth:`site_options`."""
+class PersonalizedMethod(ServerAveraged):
+    """A method whose clients train a DP global model averaged by a server (local noise, secure aggregation or
+    pooled noise: :class:`ServerAveraged`), and a personal model of the same architecture that never leaves
+    the client (Ditto, APFL): its :attr:`sites` per placement, told their own options by
+    :meth:`site_options`."""
 
     opts: Any
-    site_cls: type[CentralSite] = CentralSite
 
     def site_options(self) -> dict[str, Any]:
-        """Keyword arguments of :attr:`site_cls` beyond the shared ones."""
+        """Keyword arguments of the site classes beyond the shared ones."""
         return {}
 
     def make_site(self, k, x, y, data):
         s = spec(self.opts.proxy_model, data)
-        return self.site_cls(
-            k,
-            x,
-            y,
-            s,
-            dpsgd_settings(self.plan, k),
-            private_spec=s,
-            shared_field="global",
-            **self.site_options(),
-        )
+        return self.averaging_site(k, x, y, data, private_spec=s, **self.site_options())
 
-    def make_coordinator(self, n_sites, data, device):
-        return Centralized(
-            self.plan,
-            n_sites,
-            spec(self.opts.proxy_model, data),
-            device,
-            uniform=self.opts.aggregation == "uniform",
-        )
+
+class SecureDittoSite(DittoSite, SecureCentralSite):
+    """A Ditto site uploading only the masked encoding of its global model's move (secure aggregation)."""
+
+
+class PooledDittoSite(DittoSite, PooledSite):
+    """A Ditto site whose global model takes pooled noise; its personal model trains each round as without."""
 
 
 @register(
@@ -164,7 +172,7 @@ class PersonalizedMethod(Method):
 )
 class Ditto(PersonalizedMethod):
     opts: DittoOptions
-    site_cls = DittoSite
+    sites = SiteClasses(DittoSite, SecureDittoSite, PooledDittoSite)
 
     def site_options(self) -> dict[str, Any]:
         """The pull λ of the personal model towards the global one."""

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized, CentralSite
-from silofl.fl.exchange.pooled import PooledCentralized, PooledSite, pooled_settings
-from silofl.fl.exchange.secure_average import SecureAveragingOptions, SecureCentralized, SecureCentralSite
-from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.exchange.secure_average import SecureAveragingOptions
+from silofl.fl.methods.common import ServerAveraged
 from silofl.fl.options import AveragingOptions, SharedModelOptions
 from silofl.fl.registry import register
 
@@ -36,35 +33,7 @@ class FedAvgOptions(SecureAveragingOptions, AveragingOptions, SharedModelOptions
     metrics=("global_acc",),
     description="one DP model averaged by a central server",
 )
-class FedAvg(Method):
+class FedAvg(ServerAveraged):
+    """FedAvg's sites and server, per the placement of the noise (:class:`ServerAveraged`)."""
+
     opts: FedAvgOptions
-
-    def make_site(self, k, x, y, data):
-        if self.opts.noise_placement == "pooled":
-            site = PooledSite(
-                k,
-                x,
-                y,
-                spec(self.opts.proxy_model, data),
-                dpsgd_settings(self.plan, k),
-                shared_field="global",
-            )
-            site.enable_pooled(pooled_settings(self.opts, self.plan), self.plan.seed)
-            return site
-        secure = self.opts.secure_average(self.plan)
-        site = (SecureCentralSite if secure is not None else CentralSite)(
-            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
-        )
-        if secure is not None:
-            site.enable_secure(secure, self.plan.seed)
-        return site
-
-    def make_coordinator(self, n_sites, data, device):
-        args = (self.plan, n_sites, spec(self.opts.proxy_model, data), device)
-        uniform = self.opts.aggregation == "uniform"
-        if self.opts.noise_placement == "pooled":  # the server decodes only the noisy gradient sum
-            return PooledCentralized(*args, pooled_settings(self.opts, self.plan), uniform=uniform)
-        secure = self.opts.secure_average(self.plan)
-        if secure is not None:  # the server sees only the sum (silofl.fl.exchange.secure_average)
-            return SecureCentralized(*args, secure, uniform=uniform)
-        return Centralized(*args, uniform=uniform)

@@ -8,6 +8,12 @@ minus its current global model w as a pseudo-gradient and steps with Adam or Yog
 m ← β₁m + (1−β₁)Δ̄; Adam u ← β₂u + (1−β₂)Δ̄², Yogi u ← u − (1−β₂)Δ̄²·sign(u − Δ̄²); w ← w + η·m/(√u + τ).
 The server sees only the sites' DP uploads, so its optimizer is post-processing: ε is FedAvg's, per site.
 
+With ``--secure-aggregation`` the server sees only the sum of the sites' moves
+(:mod:`silofl.fl.exchange.secure_average`), and with ``noise_placement: pooled`` only the noisy sum of their
+clipped full-batch gradients (:mod:`silofl.fl.exchange.pooled`): the pseudo-gradient Δ̄ is then the pooled
+DP-GD step −lr·(ĝ/N + weight_decay·w) and Adam/Yogi step on it — post-processing of the decoded sum, so ε is
+pooled FedAvg's, per threat.
+
 Two registrations, ``fedavg-adam`` and ``fedavg-yogi`` (``fedadam`` names the client-level non-DP upper
 bound);
 options ``server_lr`` η (default 0.03), ``adam_beta1``, ``adam_beta2``, ``server_tau`` τ, ``bias_correction``.
@@ -20,9 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from silofl.core.errors import ConfigError
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized, CentralSite
-from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.exchange.secure_average import SecureAveragingOptions
+from silofl.fl.methods.common import ServerAveraged
 from silofl.fl.options import (
     AveragingOptions,
     MethodOptions,
@@ -37,8 +42,10 @@ DEFAULT_SERVER_LR = 0.03  # as client-level FedAdam's (dp-fedadam)
 
 
 @dataclass
-class FedOptOptions(AveragingOptions, SharedModelOptions):
+class FedOptOptions(SecureAveragingOptions, AveragingOptions, SharedModelOptions):
     """FedAvg's sites with an adaptive server optimizer (FedAdam / FedYogi)."""
+
+    supports_pooled = True  # the optimizer steps on the pooled step: post-processing of the decoded sum
 
     adam_beta1: float = option(0.9, "Adaptive server optimizers: β1.")
     adam_beta2: float = option(
@@ -64,27 +71,11 @@ class FedOptOptions(AveragingOptions, SharedModelOptions):
         positive("server_tau", self.server_tau)
 
 
-class FedOpt(Method):
-    """FedAvg's sites, a server stepping with ``optimizer`` on the average of their DP models."""
+class FedOpt(ServerAveraged):
+    """FedAvg's sites, a server stepping with :attr:`server_optimizer` on the average of their DP models (or
+    on the pooled DP-GD step)."""
 
     opts: FedOptOptions
-
-    optimizer = "fedadam"
-
-    def make_site(self, k, x, y, data):
-        return CentralSite(
-            k, x, y, spec(self.opts.proxy_model, data), dpsgd_settings(self.plan, k), shared_field="global"
-        )
-
-    def make_coordinator(self, n_sites, data, device):
-        return Centralized(
-            self.plan,
-            n_sites,
-            spec(self.opts.proxy_model, data),
-            device,
-            uniform=self.opts.aggregation == "uniform",
-            server_optimizer=self.optimizer,
-        )
 
 
 @register(
@@ -96,7 +87,7 @@ class FedOpt(Method):
     description="FedAvg's DP sites, FedAdam's server step on the average of their models",
 )
 class FedAvgAdam(FedOpt):
-    optimizer = "fedadam"
+    server_optimizer = "fedadam"
 
 
 @register(
@@ -108,4 +99,4 @@ class FedAvgAdam(FedOpt):
     description="FedAvg's DP sites, FedYogi's server step on the average of their models",
 )
 class FedAvgYogi(FedOpt):
-    optimizer = "fedyogi"
+    server_optimizer = "fedyogi"

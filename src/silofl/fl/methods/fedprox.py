@@ -13,6 +13,14 @@ the received global — itself a DP release — so it is post-processing of the 
 accountant and ε are exactly FedAvg's; ``mu`` 0 is FedAvg. The server's ``server_lr``/``server_momentum``
 apply as
 for FedAvg.
+
+With ``--secure-aggregation`` the server sees only the sum of the sites' moves
+(:mod:`silofl.fl.exchange.secure_average`). With ``noise_placement: pooled``
+(:mod:`silofl.fl.exchange.pooled`) each site clips and sums its examples' gradients of the data term only —
+the proximal term is not clipped, as without pooling: it depends on no example — and a round is one
+full-batch gradient at the received global model w_g, where the proximal gradient μ·(w_g − w_g) is zero: a
+pooled FedProx round is exactly a pooled FedAvg round (``mu`` has no effect; the test checks it bit for bit),
+and its ε is pooled FedAvg's, per threat.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from typing import Any
 import torch
 
 from silofl.core.errors import ConfigError
-from silofl.fl.coordinator import Method
-from silofl.fl.exchange.centralized import Centralized, CentralSite
-from silofl.fl.methods.common import dpsgd_settings, spec
+from silofl.fl.exchange.centralized import CentralSite
+from silofl.fl.exchange.pooled import PooledSite
+from silofl.fl.exchange.secure_average import SecureAveragingOptions, SecureCentralSite
+from silofl.fl.methods.common import ServerAveraged, SiteClasses
 from silofl.fl.options import AveragingOptions, SharedModelOptions, option
 from silofl.fl.registry import register
 
@@ -63,8 +72,10 @@ def snapshot(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[tor
 
 
 @dataclass
-class FedProxOptions(AveragingOptions, SharedModelOptions):
+class FedProxOptions(SecureAveragingOptions, AveragingOptions, SharedModelOptions):
     """FedProx: FedAvg with a proximal term μ/2·‖w − w_global‖² in the sites' local objective."""
+
+    supports_pooled = True  # a pooled round is pooled FedAvg's (module doc)
 
     mu: float = option(0.01, "FedProx: the proximal weight μ of μ/2·‖w − w_global‖² (0: FedAvg).")
 
@@ -87,6 +98,14 @@ class ProxSite(CentralSite):
         return proximal_hook(params, anchor, self.mu)
 
 
+class SecureProxSite(ProxSite, SecureCentralSite):
+    """A FedProx site uploading only the masked encoding of its move (secure aggregation)."""
+
+
+class PooledProxSite(ProxSite, PooledSite):
+    """A FedProx site taking pooled noise (module doc: its round is pooled FedAvg's)."""
+
+
 @register(
     "fedprox",
     options=FedProxOptions,
@@ -95,25 +114,9 @@ class ProxSite(CentralSite):
     metrics=("global_acc",),
     description="FedAvg with a proximal term μ/2·‖w − w_global‖² in the local DP-SGD objective",
 )
-class FedProx(Method):
+class FedProx(ServerAveraged):
     opts: FedProxOptions
+    sites = SiteClasses(ProxSite, SecureProxSite, PooledProxSite)
 
     def make_site(self, k, x, y, data):
-        return ProxSite(
-            k,
-            x,
-            y,
-            spec(self.opts.proxy_model, data),
-            dpsgd_settings(self.plan, k),
-            shared_field="global",
-            mu=self.opts.mu,
-        )
-
-    def make_coordinator(self, n_sites, data, device):
-        return Centralized(
-            self.plan,
-            n_sites,
-            spec(self.opts.proxy_model, data),
-            device,
-            uniform=self.opts.aggregation == "uniform",
-        )
+        return self.averaging_site(k, x, y, data, mu=self.opts.mu)

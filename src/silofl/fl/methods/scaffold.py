@@ -24,6 +24,15 @@ the
 model and Δc_i — is post-processing of the DP releases, so the accountant's ε (FedAvg's, for the steps that
 ran)
 covers it.
+
+Pooled noise (``noise_placement: pooled``, :mod:`silofl.fl.exchange.pooled`) is refused: there no site
+releases a DP gradient of its own — only the sum of the sites' clipped gradients plus the pooled noise is DP,
+each site adding a share too small to protect its own — so c_i would be the site's un-noised (share-noised)
+gradient, and uploading Δc_i, or adding −c_i to what it masks (the sum's sensitivity bounds the clipped
+gradients, not c_i), would release it. Noising the control variates through a second secure sum would double
+the spend for nothing: with one pooled step a round and every site in the sum, Σ_i w_i·(g_i − c_i + c)
+carries the corrections only as Σ_i w_i·(c − c_i), which vanishes when c is the sites' weighted mean —
+pooled SCAFFOLD is pooled FedAvg. The refusal is one line (:attr:`ScaffoldOptions.pooled_refusal`).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from silofl.comm.wire import encode, read_model
 from silofl.core.randomness import party_seeds
 from silofl.fl.coordinator import Method
 from silofl.fl.exchange.centralized import AveragingServer, Centralized, CentralSite
+from silofl.fl.exchange.secure_average import NoisePlacementOptions
 from silofl.fl.methods.common import dpsgd_settings, spec
 from silofl.fl.options import AveragingOptions, SharedModelOptions
 from silofl.fl.registry import register
@@ -47,8 +57,14 @@ CV = "__cv__."  # the control variates' tensors in a message: CV + the parameter
 
 
 @dataclass
-class ScaffoldOptions(AveragingOptions, SharedModelOptions):
-    """SCAFFOLD: FedAvg with control variates from the DP gradients."""
+class ScaffoldOptions(NoisePlacementOptions, AveragingOptions, SharedModelOptions):
+    """SCAFFOLD: FedAvg with control variates from the DP gradients (local noise only: module doc)."""
+
+    pooled_refusal = (
+        "noise_placement pooled is refused for scaffold: a site's control variate would be its own un-noised "
+        "gradient (only the sites' sum is DP) and uploading Δc_i releases it; with one pooled step a round "
+        "the corrections cancel in the sum anyway: use fedavg"
+    )
 
 
 class ScaffoldSite(CentralSite):
