@@ -20,13 +20,13 @@ options override the recipe's (flags > ``--set`` > ``--config`` > the recipe > t
 validated like any config when it is read (`RunConfig.from_dict`: a key given twice, an unknown option,
 an option the method does not have, a value of the wrong type are one-line ConfigErrors).
 
-Defaults per kind of data (:func:`with_family_defaults`): a run that names no recipe takes the settings it
-does not give from the recipe of its data's family (:data:`FAMILY_RECIPES`), chosen from the data
+Defaults per kind of data (`with_family_defaults`): a run that names no recipe takes the settings it
+does not give from the recipe of its data's family (`FAMILY_RECIPES`), chosen from the data
 declaration — a table with a class target (``--dataset table`` and a schema): ``proxyfl-table`` — and
 records it (``defaults``: config.yaml, the plan). A family without a recipe (survival and regression tables,
 the image benchmarks: their bare defaults are the papers' settings) keeps the bare defaults.
 ``--defaults NAME`` takes another recipe's settings as defaults, ``--defaults none`` the bare ones. A
-recipe's settings fill in by group (:data:`GROUPS`): a run that gives any of a group's options (its
+recipe's settings fill in by group (`GROUPS`): a run that gives any of a group's options (its
 optimiser, its sampling, its privacy budget) keeps its own group whole, so a recipe's SGD learning rate never
 meets a given Adam. With a method other than the recipe's, only the options that method has are taken.
 """
@@ -175,7 +175,7 @@ def family_recipe(options: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 def with_family_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` (a run that names no recipe) over the settings of its data family's recipe
-    (:func:`family_recipe`), group by group (:data:`GROUPS`), with ``defaults`` recording the recipe (or
+    (`family_recipe`), group by group (`GROUPS`), with ``defaults`` recording the recipe (or
     ``none``); unchanged but for that record when there is none."""
     from silofl.fl.registry import method_info, methods
 
