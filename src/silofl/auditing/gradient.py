@@ -790,12 +790,10 @@ def read_spec(path: Path) -> dict:
 
 def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     """Gradient canaries in PubSub-ML's published dp-nn (``silofl audit --pubsub-model dp-nn --canary-kind
-    dirac``):
-    the publisher's DP-SGD (:func:`silofl.pubsub.dp_models.train`, the code ``silofl pubsub publish`` runs)
-    with the
-    canaries installed through its ``dp_hook``; scored per step and from the published model's movement from
-    its
-    (data-independent) initialisation along each canary (white-box final model)."""
+    dirac``): the publisher's DP-SGD (:func:`silofl.pubsub.dp_models.train`, the code ``silofl pubsub
+    publish`` runs) with the canaries installed through its ``dp_hook``; scored per step and from the
+    published model's movement from its (data-independent) initialisation along each canary (white-box
+    final model)."""
     import inspect
 
     from silofl.auditing.published import publisher_data
@@ -857,6 +855,15 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         PER_STEP: bounds_for(scores["steps"], coins, delta, s.confidence, s.derived(0), PER_STEP),
         WHITE_FINAL: bounds_for(scores["final"], coins, delta, s.confidence, s.derived(0), WHITE_FINAL),
     }
+    audit_json, split = _published_report(
+        cfg, s, model, canaries, public, coins, by_threat, delta, n, split_seed, nonprivate, train_s
+    )
+    return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+
+
+def _published_report(cfg, s, model, canaries, public, coins, by_threat, delta, n, split_seed, nonprivate, t):
+    """(audit.json content, split) of a published dp-nn audited with gradient canaries; ``t``: seconds the
+    publisher trained."""
     head = by_threat[PER_STEP]
     mech = model.mechanism
     sigma = float(mech["noise_multiplier"]) if not nonprivate else 0.0
@@ -865,8 +872,8 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         f"gradient canaries ({s.canary_kind}) were added inside the publisher's DP-SGD step (dp-nn) as extra "
         f"clipped per-example gradients sampled at its q = {q:.4g}; the accountant's inputs are unchanged",
         "the headline bound is fixed in advance to the white-box per-step threat model; the white-box "
-        "final-model "
-        "bound (the published weights' movement from their data-independent initialisation) is beside it",
+        "final-model bound (the published weights' movement from their data-independent initialisation) is "
+        "beside it",
         "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.auditing.gauss) is an estimate under a "
         "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
         "not be reproduced here (its text with them was not available)",
@@ -931,14 +938,14 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
             "input-space canaries (--canary-kind mislabelled)",
             "targets": {},
         },
-        "seconds": {"publish": train_s},
+        "seconds": {"publish": t},
         "notes": notes,
     }
     split = {
         "canaries": [f"gradient-canary:{i}" for i in range(s.canaries)],
         "included": coins.astype(int).tolist(),
     }
-    return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+    return audit_json, split
 
 
 SITE_HOOKS.register("gradient-audit", SiteHook(marker=f"{AUDIT_DIR}/spec.json", arm=SiteAudit, rejoins=False))
