@@ -620,34 +620,7 @@ def report(
     eps_acc = ev.epsilon
     mech = dataclasses.replace(resolved, seed=None).guarantee()
     g = resolved.guarantee()
-    notes = [
-        f"gradient canaries ({s.canary_kind}) were added inside the audited site's DP step as extra clipped "
-        f"per-example gradients, sampled at the site's q = {q:.4g}; the accountant's inputs (σ, q, steps) "
-        f"are the "
-        "site's own, unchanged by them",
-        "the headline bound is fixed in advance to the white-box per-step threat model; the per-release "
-        "bound "
-        "is reported beside it (each with its own Bonferroni correction over the guess counts)",
-        "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.auditing.gauss) is an estimate under a "
-        "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
-        "not be reproduced here (its text with them was not available)",
-    ]
-    if not ev.releases:
-        notes.append(
-            f"nothing leaves a site in {cfg.method}: the site's shared model after each round was scored as "
-            "if it were released"
-        )
-    if private and not mech.formal:
-        notes.append(
-            "the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
-            "would be a measured violation, not a bug"
-        )
-    if not private:
-        notes.append(
-            "no DP: there is no accountant ε; the bounds are computed at δ = 1e-5 and the canaries were "
-            "added "
-            "to the plain mean gradient with weight 1/(q·n)"
-        )
+    notes = _notes(cfg, s, ev, mech)
     mu_expected = q * math.sqrt(T) / sigma if sigma > 0 else None
     audit_json = {
         "kind": "example-level",
@@ -713,6 +686,37 @@ def report(
         "included": coins.astype(int).tolist(),
     }
     return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+
+
+def _notes(cfg: RunConfig, s: AuditSettings, ev: Evidence, mech: Any) -> list[str]:
+    """A gradient-canary audit's notes: how the canaries entered, which bound leads, what the mode means."""
+    q, private = ev.q, ev.private
+    notes = [
+        f"gradient canaries ({s.canary_kind}) were added inside the audited site's DP step as extra clipped "
+        f"per-example gradients, sampled at the site's q = {q:.4g}; the accountant's inputs (σ, q, steps) "
+        "are the site's own, unchanged by them",
+        "the headline bound is fixed in advance to the white-box per-step threat model; the per-release "
+        "bound is reported beside it (each with its own Bonferroni correction over the guess counts)",
+        "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.auditing.gauss) is an estimate under a "
+        "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
+        "not be reproduced here (its text with them was not available)",
+    ]
+    if not ev.releases:
+        notes.append(
+            f"nothing leaves a site in {cfg.method}: the site's shared model after each round was scored as "
+            "if it were released"
+        )
+    if private and not mech.formal:
+        notes.append(
+            "the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
+            "would be a measured violation, not a bug"
+        )
+    if not private:
+        notes.append(
+            "no DP: there is no accountant ε; the bounds are computed at δ = 1e-5 and the canaries were "
+            "added to the plain mean gradient with weight 1/(q·n)"
+        )
+    return notes
 
 
 AUDIT_DIR = "audit"  # in a deployed site's folder: the auditor's spec.json and public.npz; its evidence
