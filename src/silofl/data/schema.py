@@ -147,33 +147,7 @@ class Schema:
                 f"{where}: target must be a mapping {{name: COLUMN, levels: [CLASS, ...]}} (or, for "
                 "regression, {name: COLUMN, bounds: [LOW, HIGH]})"
             )
-        target_bounds: tuple[float, float] | None = None
-        classes: list[str] = []
-        if "bounds" in target and "levels" not in target:
-            b = target["bounds"]
-            if (
-                not isinstance(b, list)
-                or len(b) != 2
-                or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in b
-                )
-                or b[0] >= b[1]
-            ):
-                raise DataError(
-                    f"{where}: the regression target {target['name']!r} needs bounds [LOW, HIGH] with LOW < "
-                    f"HIGH"
-                )
-            target_bounds = (float(b[0]), float(b[1]))
-        else:
-            levels = target.get("levels")
-            if not isinstance(levels, list) or len(levels) < 2:
-                raise DataError(
-                    f"{where}: the target {target['name']!r} needs at least two levels (its classes), or "
-                    "bounds for a regression target"
-                )
-            classes = [_level(c) for c in levels]
-            if len(set(classes)) != len(classes):
-                raise DataError(f"{where}: the target's levels repeat a value")
+        target_bounds, classes = _target_kind(target, where)
         raw = data.get("features")
         if isinstance(raw, dict):
             items = [{"name": k, **(v if isinstance(v, dict) else {"type": v})} for k, v in raw.items()]
@@ -201,8 +175,7 @@ class Schema:
             if lacking:
                 raise DataError(
                     f"{where}: scaling 'bounds' needs bounds for every numeric feature; {lacking[0]!r} has "
-                    f"none "
-                    "(declare them, or use scaling: site)"
+                    "none (declare them, or use scaling: site)"
                 )
         ignore = data.get("ignore", [])
         if not isinstance(ignore, list):
@@ -472,6 +445,37 @@ def _survival_bins(target: dict, where: str) -> tuple[float, ...]:
         return check_edges(raw)
     except ValueError as e:
         raise DataError(f"{where}: {e}") from None
+
+
+def _target_kind(target: dict, where: str) -> tuple[tuple[float, float] | None, list[str]]:
+    """(bounds, classes) of the target: bounds [LOW, HIGH] for a regression target, else its levels."""
+    target_bounds: tuple[float, float] | None = None
+    classes: list[str] = []
+    if "bounds" in target and "levels" not in target:
+        b = target["bounds"]
+        if (
+            not isinstance(b, list)
+            or len(b) != 2
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in b
+            )
+            or b[0] >= b[1]
+        ):
+            raise DataError(
+                f"{where}: the regression target {target['name']!r} needs bounds [LOW, HIGH] with LOW < HIGH"
+            )
+        target_bounds = (float(b[0]), float(b[1]))
+    else:
+        levels = target.get("levels")
+        if not isinstance(levels, list) or len(levels) < 2:
+            raise DataError(
+                f"{where}: the target {target['name']!r} needs at least two levels (its classes), or "
+                "bounds for a regression target"
+            )
+        classes = [_level(c) for c in levels]
+        if len(set(classes)) != len(classes):
+            raise DataError(f"{where}: the target's levels repeat a value")
+    return target_bounds, classes
 
 
 def _level(v: Any) -> str:
