@@ -2,19 +2,13 @@
 setting).
 
 The canaries are *gradients*, not examples: m vectors of norm C in the shared model's parameter space —
-``dirac``
-(one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal) or
-``random``
-(a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the model's largest
-parameter tensor and fixed before the run — each included with probability ½
-(the audit's secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a
-real
-example (independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones
-are
-added to the clipped per-example sum *before* the noise (:attr:`silofl.privacy.DPGradient.canaries`): a canary
-is
-an example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's
-inputs —
+``dirac`` (one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal)
+or ``random`` (a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the
+model's largest parameter tensor and fixed before the run — each included with probability ½ (the audit's
+secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a real example
+(independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones are added
+to the clipped per-example sum *before* the noise (:attr:`silofl.privacy.DPGradient.canaries`): a canary is an
+example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's inputs —
 are unchanged; the gradient is still divided by the site's expected batch size q·n.
 
 **Placement** (``--canary-placement``). ``quiet`` (the default): on the pool's coordinates where the real
@@ -29,21 +23,17 @@ where the sites' inputs are not the data set's rows as they are).
 
 Scores (higher: more likely included), one per threat model:
 
-* **white-box per step** — the auditor sees every step's noisy gradient g̃_t (the optimizer's input):
-  Σ_t ⟨g̃_t, u_i⟩ · q·n / C, with u_i the canary's unit direction. Each step contributes N(0, σ²) noise, +1
-  when
+* **white-box per step** — the auditor sees every step's noisy gradient g̃_t (the optimizer's input): Σ_t
+  ⟨g̃_t, u_i⟩ · q·n / C, with u_i the canary's unit direction. Each step contributes N(0, σ²) noise, +1 when
   the canary was sampled, and the (small) projection of the real examples' clipped gradients;
 * **white-box per release** — the auditor sees the shared models the site releases (the observer at the engine
   seam, :mod:`silofl.auditing.tap`): −Σ_rounds ⟨θ_released − θ_start, u_i⟩ / lr (the site descends along a
-  canary it
-  sampled). Methods in which nothing leaves a site (Regular, Joint) are scored on the site's shared model
-  after each
-  round, as if it were released.
+  canary it sampled). Methods in which nothing leaves a site (Regular, Joint) are scored on the site's shared
+  model after each round, as if it were released.
 
 Without DP (the no-DP control) there is no mechanism to hook: the sampled canaries are added to the plain mean
 gradient, with the same weight 1/(q·n), just before the optimizer steps (an optimizer step pre-hook, which
-also
-reads the per-step score in both cases). Input-space canaries (:mod:`silofl.auditing.example`) stay the
+also reads the per-step score in both cases). Input-space canaries (:mod:`silofl.auditing.example`) stay the
 black-box option.
 """
 
@@ -229,8 +219,7 @@ class GradientCanaries:
 
     def before_step(self, clip: float) -> None:
         """The optimizer's step pre-hook: without DP add the sampled canaries to the mean gradient; then read
-        the
-        step's (noisy) gradient along every canary."""
+        the step's (noisy) gradient along every canary."""
         if self.plain_weight is not None:
             v = self.flat(self.draw(), clip * self.plain_weight)
             for p, piece in zip(self.params, self.pieces(v), strict=True):
@@ -354,8 +343,7 @@ def placement_note(
 
 def attach(site: Any, canaries: GradientCanaries) -> None:
     """Install ``canaries`` at a DP-SGD site: in its mechanism (DP) or on its plain gradient (no DP), and read
-    every
-    step through the shared optimizer's step pre-hook."""
+    every step through the shared optimizer's step pre-hook."""
     attach_to(site.dp, site.shared_opt, canaries, float(site.settings.clip), site.sample_rate * site.n)
 
 
@@ -363,8 +351,7 @@ def attach_to(
     dp: Any, opt: torch.optim.Optimizer, canaries: GradientCanaries, clip: float, expected: float
 ) -> None:
     """Install ``canaries`` in the mechanism ``dp`` (None: on the plain gradient, weight 1/``expected``) and
-    read every
-    step of ``opt``; ``expected`` is the mechanism's expected batch size q·n."""
+    read every step of ``opt``; ``expected`` is the mechanism's expected batch size q·n."""
     canaries.scale = expected / clip
     if dp is not None:
         dp.canaries = canaries
@@ -453,8 +440,7 @@ def audit(
 ) -> tuple[dict, dict]:
     """Run ``cfg`` with gradient canaries at site ``s.site``; (audit.json content, plot/CSV material).
     ``engine_factory`` (default: the simulator) makes the engine from the site factory — e.g. the
-    torch.distributed
-    engine on rank 0, where the audited site must live (site 0 always does)."""
+    torch.distributed engine on rank 0, where the audited site must live (site 0 always does)."""
     cfg = run_config(cfg, s, out)
     audited = audited_site(cfg, s)
     coins = coins_for(s)

@@ -38,8 +38,7 @@ def _target(m: PublishedModel) -> attacks.Target:
 
 def publisher_data(cfg: RunConfig, s: AuditSettings):
     """What an audited publisher holds: (resolved config, whether it publishes without DP, split seed, the
-    data set,
-    flattened training and test inputs, the publisher's rows, the models' input bounds)."""
+    data set, flattened training and test inputs, the publisher's rows, the models' input bounds)."""
     cfg = cfg.resolve()
     nonprivate = not cfg.is_private
     if not nonprivate and s.epsilon is None:

@@ -230,8 +230,7 @@ class Schema:
         """(raw matrix, class index (or regression value) per row or None, rows dropped) of a table read by
         :func:`read_table`, checked against the schema. ``need_target``: the target column must be there
         (training); without, it is used when present (new data to predict on). ``extra``: further columns the
-        file
-        may hold (e.g. record ids); ``kept`` receives the indices of the rows kept."""
+        file may hold (e.g. record ids); ``kept`` receives the indices of the rows kept."""
         n = len(df)
         if n == 0:
             raise DataError(f"{source}: the file has a header but no data rows")
@@ -552,8 +551,7 @@ def is_table(path: str | Path) -> bool:
 
 def read_table(path: str | Path):
     """A CSV (header row; comma, or tab for .tsv) or Parquet file as a pandas DataFrame. CSV cells stay text
-    (the
-    schema decides types); a DataError names the file when it cannot be read."""
+    (the schema decides types); a DataError names the file when it cannot be read."""
     import pandas as pd
 
     p = Path(path)
