@@ -81,12 +81,11 @@ def run_audit(
     engine: str = "simulator",
 ) -> dict:
     """Run the audit ``settings`` asks for on ``cfg`` (a RunConfig) and write ``out``; returns audit.json's
-    content.
-    ``command``: the command line that asked for it (recorded in audit.json). ``engine_factory`` (default:
-    the simulator) makes the audited run's engine from its site factory, as :func:`silofl.runner.loop.run`'s
-    does — the torch.distributed engine on process 0 of ``silofl launch … audit`` (gradient canaries only,
-    :func:`check_engine`). ``engine`` ``flower-local``: the audited run is a local Flower deployment
-    (``silofl deploy local``; gradient canaries only)."""
+    content. ``command``: the command line that asked for it (recorded in audit.json). ``engine_factory``
+    (default: the simulator) makes the audited run's engine from its site factory, as
+    :func:`silofl.runner.loop.run`'s does — the torch.distributed engine on process 0 of ``silofl launch …
+    audit`` (gradient canaries only, :func:`check_engine`). ``engine`` ``flower-local``: the audited run is a
+    local Flower deployment (``silofl deploy local``; gradient canaries only)."""
     import time
 
     from silofl.auditing import report

@@ -175,9 +175,8 @@ def draw(
 ) -> AuditData:
     """Draw the audit's sets from ``pool`` (module doc); ``member_y``: the audited site's real labels.
     ``canaries`` may be 0 (a client-level audit's canaries are clients, not examples). ``kind``: mislabelled
-    pool
-    examples, or ``noise`` — inputs drawn uniformly within the data's value range, with uniformly drawn labels
-    (out-of-distribution canaries, which a model can fit without contradicting its real data)."""
+    pool examples, or ``noise`` — inputs drawn uniformly within the data's value range, with uniformly drawn
+    labels (out-of-distribution canaries, which a model can fit without contradicting its real data)."""
     if canaries < 0:
         raise ConfigError(f"the number of canaries cannot be negative, got {canaries}")
     if kind not in CANARY_KINDS:

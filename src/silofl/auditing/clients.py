@@ -179,6 +179,32 @@ def audit(
     from silofl.auditing.settings import AUDIT_ATTACKS, AttackContext
 
     extra_attacks = {name: AUDIT_ATTACKS.get(name)(s) for name in s.attacks}  # --attack NAME
+    t0 = time.perf_counter()
+    summary, held = _run_with_canaries(cfg, s, coins, extra_attacks, progress, console)
+    run_s = time.perf_counter() - t0
+    obs: GlobalModelObserver = held["observer"]
+    if obs.broadcasts < 2 or obs.last_state is None:
+        raise ConfigError("the server never released a model after the first round: nothing to audit")
+    from silofl.runner.folder import read_config
+
+    rc = RunConfig.from_dict(read_config(out / "run"), strict=False).resolve()
+    scores = {"final": obs.final(), "rounds": obs.rounds}
+    delta = rc.delta if rc.is_private else 1e-5
+    bound = one_run_bound(scores, coins, delta, s.confidence, s.derived(0))
+
+    # membership inference on the audited hospital's real examples
+    t1 = time.perf_counter()
+    mia = _membership_inference(held, s, rc, obs.last_state)
+    attack_s = time.perf_counter() - t1
+    eps_h = summary["privacy"].get("epsilon_hospital") if rc.is_private else None
+    ctx = AttackContext(cfg=rc, split=held["split"], site=s.site, out=out, epsilon=eps_h)
+    extra_results = {name: a.run(ctx) for name, a in extra_attacks.items()}
+    seconds = {"run": run_s, "attacks": attack_s}
+    return _report(s, rc, summary, held, coins, scores, bound, delta, mia, seconds, extra_results)
+
+
+def _run_with_canaries(cfg: RunConfig, s: AuditSettings, coins, extra_attacks: dict, progress, console):
+    """Run ``cfg`` on a tapped engine with the included canary clients added; (summary, what the run held)."""
     held: dict = {}
 
     def keep_split(run_cfg: RunConfig, split: SplitData) -> SplitData:
@@ -220,7 +246,6 @@ def audit(
         held.update(engine=engine, observer=obs)
         return engine
 
-    t0 = time.perf_counter()
     summary = run_loop(
         cfg,
         progress=progress,
@@ -228,21 +253,12 @@ def audit(
         engine_factory=engine_factory,
         hooks=RunHooks(split=keep_split, sites=add_canary_clients),
     )
-    run_s = time.perf_counter() - t0
-    obs: GlobalModelObserver = held["observer"]
-    if obs.broadcasts < 2 or obs.last_state is None:
-        raise ConfigError("the server never released a model after the first round: nothing to audit")
-    from silofl.runner.folder import read_config
+    return summary, held
 
-    rc = RunConfig.from_dict(read_config(out / "run"), strict=False).resolve()
-    o = rc.options
-    assert rc.batch_size is not None  # filled from the data by the run
-    scores = {"final": obs.final(), "rounds": obs.rounds}
-    delta = rc.delta if rc.is_private else 1e-5
-    bound = one_run_bound(scores, coins, delta, s.confidence, s.derived(0))
 
-    # membership inference on the audited hospital's real examples
-    t1 = time.perf_counter()
+def _membership_inference(held: dict, s: AuditSettings, rc: RunConfig, last_state):
+    """Membership inference on the audited hospital's real examples against the server's final model:
+    (the drawn candidates, the members, the reference recipe, figures, curves)."""
     split: SplitData = held["split"]
     x_a, y_a = split.parts[s.site]
     ds = split.dataset
@@ -267,6 +283,8 @@ def audit(
         np.asarray(split.indices[s.site]) if split.indices else np.arange(len(y_a)),
     )
     spec: ModelSpec = held["spec"]
+    o = rc.options
+    assert rc.batch_size is not None  # filled from the data by the run
     recipe = attacks.Recipe(
         steps=max(1, rc.rounds * o.local_epochs * (n_real_total // rc.batch_size)),
         batch_size=rc.batch_size,
@@ -277,31 +295,35 @@ def audit(
         attacks.as_target(attacks.train_reference(spec, move(r), recipe, s.derived(100 + j), dev))
         for j, r in enumerate(data.references)
     ]
-    target = attacks.with_state(spec, obs.last_state, dev)
+    target = attacks.with_state(spec, last_state, dev)
     figures, curves = attacks.membership_inference(
         attacks.as_target(target), refs, members, move(data.nonmembers), move(data.population)
     )
-    attack_s = time.perf_counter() - t1
+    return data, members, recipe, figures, curves
 
+
+def _report(s, rc, summary, held, coins, scores, bound, delta, mia, seconds, extras) -> tuple[dict, dict]:
+    """(audit.json content, plot/CSV material) of a client-level audit."""
+    data, members, recipe, figures, curves = mia
+    split: SplitData = held["split"]
+    spec: ModelSpec = held["spec"]
+    obs: GlobalModelObserver = held["observer"]
+    o = rc.options
     priv = summary["privacy"]
     g = rc.guarantee()  # the run's (not formal when seeded)
     mech = dataclasses.replace(rc, seed=None).guarantee()  # the mechanism's, with secret randomness
     eps_h = priv.get("epsilon_hospital") if rc.is_private else None
-    ctx = AttackContext(cfg=rc, split=split, site=s.site, out=out, epsilon=eps_h)
-    extra_results = {name: a.run(ctx) for name, a in extra_attacks.items()}
     notes = list(data.notes)
     if rc.is_private and o.privacy_unit == "subclient":
         notes.append(
             f"the run is calibrated per sub-client (its ε {priv.get('epsilon_subclient'):.3f}); a canary is "
-            f"a "
-            "hospital, so the bound is compared with epsilon_hospital"
+            "a hospital, so the bound is compared with epsilon_hospital"
         )
     if not rc.is_private:
         notes.append("no DP: there is no accountant ε; the bound is computed at δ = 1e-5")
     notes.append(
         f"{len(held['canary_ids'])} canary clients joined {held['n_real']} real ones: the server averaged "
-        f"over "
-        "all of them, so the audit run's accuracy is not the method's"
+        "over all of them, so the audit run's accuracy is not the method's"
     )
     audit_json = {
         "kind": "client-level",
@@ -331,8 +353,8 @@ def audit(
             "excluded": int((~coins).sum()),
             "inclusion_probability": 0.5,
             "kind": f"canary clients: a random unit direction on {held['dirs'].support.shape[1]} of the "
-            f"model's "
-            f"{held['dirs'].d} coordinates, uploaded at one hospital's bound every round they are selected",
+            f"model's {held['dirs'].d} coordinates, "
+            "uploaded at one hospital's bound every round they are selected",
             "real_clients": held["n_real"],
             "public_size": max(len(p[1]) for p in split.parts),
             "scores": {
@@ -344,7 +366,7 @@ def audit(
         "membership_inference": {
             "members": f"hospital {s.site}'s {len(members)} real training examples",
             "nonmembers": f"{len(data.nonmembers)} examples no hospital trains on, with its class "
-            f"proportions",
+            "proportions",
             "population": f"{len(data.population)} further such examples (RMIA's z)",
             "reference_models": f"{len(data.references)}, standalone (no DP, not federated), each on "
             f"{len(data.references[0]) if data.references else 0} examples no hospital trains on "
@@ -360,10 +382,10 @@ def audit(
         },
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
         "run_folder": "run",
-        "seconds": {"run": run_s, "attacks": attack_s},
+        "seconds": seconds,
         "notes": notes,
-        "attacks_run": list(extra_results),
-        **extra_results,
+        "attacks_run": list(extras),
+        **extras,
     }
     split_json = {
         "members": members.ids(),

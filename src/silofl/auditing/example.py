@@ -127,6 +127,32 @@ def audit(
     """Run ``cfg`` with canaries at site ``s.site``; (audit.json content, plot/CSV material)."""
     info = cfg.info
     cfg = run_config(cfg, s, out)
+    t0 = time.perf_counter()
+    summary, held = _run_with_canaries(cfg, s, info.traits.pooled, progress, console)
+    run_s = time.perf_counter() - t0
+    obs: SharedModelObserver = held["observer"]
+    data: AuditData = held["data"]
+    site: Any = held["engine"].sites[obs.site]
+    if obs.final is None or obs.last_state is None:
+        raise ConfigError("the audited site never trained: nothing to audit (raise --rounds or the budget)")
+    resolved = RunConfig.from_dict(summary_config(out / "run"), strict=False).resolve()
+    canary_scores = {"final": obs.final, "rounds": obs.rounds}
+    delta = resolved.delta
+    bound = one_run_bound(
+        canary_scores, data.included, delta if resolved.is_private else 1e-5, s.confidence, s.derived(0)
+    )
+
+    # membership inference on real examples
+    t1 = time.perf_counter()
+    steps = site.rounds_trained * site.steps_per_round
+    mi, curves = _membership_inference(s, resolved, site, obs, data, held["members"], steps)
+    attack_s = time.perf_counter() - t1
+    seconds = {"run": run_s, "attacks": attack_s}
+    return _report(cfg, s, resolved, summary, held, site, bound, steps, mi, curves, canary_scores, seconds)
+
+
+def _run_with_canaries(cfg: RunConfig, s: AuditSettings, pooled: bool, progress, console):
+    """Run ``cfg`` on a tapped engine with the canaries added to site ``s.site``; (summary, what it held)."""
     held: dict = {}
 
     def add_canaries(run_cfg: RunConfig, split: SplitData) -> SplitData:
@@ -161,7 +187,7 @@ def audit(
         parts[a] = (torch.cat([x_a, cin.x]), torch.cat([y_a, cin.y]))
         idx = split.indices[a] if split.indices else np.arange(len(y_a))
         held.update(data=data, members=Rows(x_a, y_a, ["train"] * len(y_a), np.asarray(idx)), split=split)
-        held["observer"] = SharedModelObserver(0 if info.traits.pooled else a, data.canaries)
+        held["observer"] = SharedModelObserver(0 if pooled else a, data.canaries)
         return dataclasses.replace(split, parts=parts)
 
     def engine_factory(make, n_sites):
@@ -169,7 +195,6 @@ def audit(
         held["engine"] = engine
         return engine
 
-    t0 = time.perf_counter()
     summary = run_loop(
         cfg,
         progress=progress,
@@ -177,24 +202,13 @@ def audit(
         engine_factory=engine_factory,
         hooks=RunHooks(split=add_canaries),
     )
-    run_s = time.perf_counter() - t0
-    obs: SharedModelObserver = held["observer"]
-    data: AuditData = held["data"]
-    site: Any = held["engine"].sites[obs.site]
-    if obs.final is None or obs.last_state is None:
-        raise ConfigError("the audited site never trained: nothing to audit (raise --rounds or the budget)")
-    resolved = RunConfig.from_dict(summary_config(out / "run"), strict=False).resolve()
+    return summary, held
+
+
+def _membership_inference(s: AuditSettings, resolved: RunConfig, site: Any, obs, data, members, steps: int):
+    """Membership inference on the site's real examples against each model it holds: (figures, curves)."""
     o = resolved.options
     assert resolved.batch_size is not None  # filled from the data by the run
-    canary_scores = {"final": obs.final, "rounds": obs.rounds}
-    delta = resolved.delta
-    bound = one_run_bound(
-        canary_scores, data.included, delta if resolved.is_private else 1e-5, s.confidence, s.derived(0)
-    )
-
-    # membership inference on real examples
-    t1 = time.perf_counter()
-    steps = site.rounds_trained * site.steps_per_round
     shared_recipe = attacks.Recipe(
         steps=steps,
         batch_size=resolved.batch_size,
@@ -245,11 +259,17 @@ def audit(
     mi, curves = {}, {}
     for name, (arch, target, refs, recipe, desc) in targets.items():
         figures, curves[name] = attacks.membership_inference(
-            target, refs, held["members"], data.nonmembers, data.population
+            target, refs, members, data.nonmembers, data.population
         )
         mi[name] = {"model": arch, "what": desc, "reference_recipe": recipe.describe(), "attacks": figures}
-    attack_s = time.perf_counter() - t1
+    return mi, curves
 
+
+def _report(cfg, s, resolved, summary, held, site, bound, steps, mi, curves, canary_scores, seconds):
+    """(audit.json content, plot/CSV material) of an example-level audit."""
+    obs: SharedModelObserver = held["observer"]
+    data: AuditData = held["data"]
+    delta = resolved.delta
     g = resolved.guarantee()  # the run's (not formal when seeded)
     mech = dataclasses.replace(resolved, seed=None).guarantee()  # the mechanism's, with secret randomness
     eps_acc = site.epsilon()
@@ -308,7 +328,7 @@ def audit(
         "membership_inference": {
             "members": f"the audited site's {len(members)} real training examples",
             "nonmembers": f"{len(data.nonmembers)} examples no site trains on, with the site's class "
-            f"proportions",
+            "proportions",
             "population": f"{len(data.population)} further such examples (RMIA's z)",
             "reference_models": f"{len(data.references)} per target, standalone (not federated), each on "
             f"{len(data.references[0]) if data.references else 0} examples no site trains on, "
@@ -317,7 +337,7 @@ def audit(
         },
         "accuracy": {k: v for k, v in summary["final"].items() if k.endswith("_acc")},
         "run_folder": "run",
-        "seconds": {"run": run_s, "attacks": attack_s},
+        "seconds": seconds,
         "notes": notes,
     }
     split = {

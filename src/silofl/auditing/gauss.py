@@ -38,10 +38,9 @@ Indistinguishability Spectrum" (NDIS) of Wei, Lu, Magdon-Ismail & Zikas (arXiv 2
 * The paper's worked figures could not be reproduced: the readable text holds no table or example with its
   inputs. The one figure the summaries quote (a lower bound of about 6.7 at ε = 8, WideResNet-16-4 DP-SGD on
   CIFAR-10) needs a CIFAR-10 training run with the paper's canary count, steps and sampling rate, which the
-  readable text does not give, and far more compute than this project's shared CPUs. The tests therefore
-  check the arithmetic against independent references instead (numerical integration of the hockey-stick
-  divergence, Dong et al.'s μ-GDP closed form, dp-accounting's Gaussian mechanism) and the confidence step
-  by simulation.
+  readable text does not give, and far more compute than this project's shared CPUs. The tests therefore check
+  the arithmetic against independent references instead (numerical integration of the hockey-stick divergence,
+  Dong et al.'s μ-GDP closed form, dp-accounting's Gaussian mechanism) and the confidence step by simulation.
 * The paper's confidence step may differ (bootstrap ellipse rather than a Bonferroni box); a box is the more
   conservative of the two at the same confidence.
 * Like the paper's, this is an estimate under the Gaussian model and the canaries' independence — not a

@@ -2,19 +2,13 @@
 setting).
 
 The canaries are *gradients*, not examples: m vectors of norm C in the shared model's parameter space —
-``dirac``
-(one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal) or
-``random``
-(a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the model's largest
-parameter tensor and fixed before the run — each included with probability ½
-(the audit's secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a
-real
-example (independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones
-are
-added to the clipped per-example sum *before* the noise (:attr:`silofl.privacy.DPGradient.canaries`): a canary
-is
-an example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's
-inputs —
+``dirac`` (one coordinate at the clip norm C, m distinct coordinates, so the canaries are exactly orthogonal)
+or ``random`` (a random ±1/√s direction on s = min(1024, ·) coordinates, scaled to norm C), drawn on the
+model's largest parameter tensor and fixed before the run — each included with probability ½ (the audit's
+secret coins). At every DP-SGD step of the audited site, each included canary is sampled like a real example
+(independently with the site's Poisson rate q, from the audit's own generator) and the sampled ones are added
+to the clipped per-example sum *before* the noise (:attr:`silofl.privacy.DPGradient.canaries`): a canary is an
+example whose clipped gradient is its vector. The site's n, q, σ, C and step count — the accountant's inputs —
 are unchanged; the gradient is still divided by the site's expected batch size q·n.
 
 **Placement** (``--canary-placement``). ``quiet`` (the default): on the pool's coordinates where the real
@@ -29,21 +23,17 @@ where the sites' inputs are not the data set's rows as they are).
 
 Scores (higher: more likely included), one per threat model:
 
-* **white-box per step** — the auditor sees every step's noisy gradient g̃_t (the optimizer's input):
-  Σ_t ⟨g̃_t, u_i⟩ · q·n / C, with u_i the canary's unit direction. Each step contributes N(0, σ²) noise, +1
-  when
+* **white-box per step** — the auditor sees every step's noisy gradient g̃_t (the optimizer's input): Σ_t
+  ⟨g̃_t, u_i⟩ · q·n / C, with u_i the canary's unit direction. Each step contributes N(0, σ²) noise, +1 when
   the canary was sampled, and the (small) projection of the real examples' clipped gradients;
 * **white-box per release** — the auditor sees the shared models the site releases (the observer at the engine
   seam, :mod:`silofl.auditing.tap`): −Σ_rounds ⟨θ_released − θ_start, u_i⟩ / lr (the site descends along a
-  canary it
-  sampled). Methods in which nothing leaves a site (Regular, Joint) are scored on the site's shared model
-  after each
-  round, as if it were released.
+  canary it sampled). Methods in which nothing leaves a site (Regular, Joint) are scored on the site's shared
+  model after each round, as if it were released.
 
 Without DP (the no-DP control) there is no mechanism to hook: the sampled canaries are added to the plain mean
 gradient, with the same weight 1/(q·n), just before the optimizer steps (an optimizer step pre-hook, which
-also
-reads the per-step score in both cases). Input-space canaries (:mod:`silofl.auditing.example`) stay the
+also reads the per-step score in both cases). Input-space canaries (:mod:`silofl.auditing.example`) stay the
 black-box option.
 """
 
@@ -229,8 +219,7 @@ class GradientCanaries:
 
     def before_step(self, clip: float) -> None:
         """The optimizer's step pre-hook: without DP add the sampled canaries to the mean gradient; then read
-        the
-        step's (noisy) gradient along every canary."""
+        the step's (noisy) gradient along every canary."""
         if self.plain_weight is not None:
             v = self.flat(self.draw(), clip * self.plain_weight)
             for p, piece in zip(self.params, self.pieces(v), strict=True):
@@ -354,8 +343,7 @@ def placement_note(
 
 def attach(site: Any, canaries: GradientCanaries) -> None:
     """Install ``canaries`` at a DP-SGD site: in its mechanism (DP) or on its plain gradient (no DP), and read
-    every
-    step through the shared optimizer's step pre-hook."""
+    every step through the shared optimizer's step pre-hook."""
     attach_to(site.dp, site.shared_opt, canaries, float(site.settings.clip), site.sample_rate * site.n)
 
 
@@ -363,8 +351,7 @@ def attach_to(
     dp: Any, opt: torch.optim.Optimizer, canaries: GradientCanaries, clip: float, expected: float
 ) -> None:
     """Install ``canaries`` in the mechanism ``dp`` (None: on the plain gradient, weight 1/``expected``) and
-    read every
-    step of ``opt``; ``expected`` is the mechanism's expected batch size q·n."""
+    read every step of ``opt``; ``expected`` is the mechanism's expected batch size q·n."""
     canaries.scale = expected / clip
     if dp is not None:
         dp.canaries = canaries
@@ -453,8 +440,7 @@ def audit(
 ) -> tuple[dict, dict]:
     """Run ``cfg`` with gradient canaries at site ``s.site``; (audit.json content, plot/CSV material).
     ``engine_factory`` (default: the simulator) makes the engine from the site factory — e.g. the
-    torch.distributed
-    engine on rank 0, where the audited site must live (site 0 always does)."""
+    torch.distributed engine on rank 0, where the audited site must live (site 0 always does)."""
     cfg = run_config(cfg, s, out)
     audited = audited_site(cfg, s)
     coins = coins_for(s)
@@ -620,34 +606,7 @@ def report(
     eps_acc = ev.epsilon
     mech = dataclasses.replace(resolved, seed=None).guarantee()
     g = resolved.guarantee()
-    notes = [
-        f"gradient canaries ({s.canary_kind}) were added inside the audited site's DP step as extra clipped "
-        f"per-example gradients, sampled at the site's q = {q:.4g}; the accountant's inputs (σ, q, steps) "
-        f"are the "
-        "site's own, unchanged by them",
-        "the headline bound is fixed in advance to the white-box per-step threat model; the per-release "
-        "bound "
-        "is reported beside it (each with its own Bonferroni correction over the guess counts)",
-        "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.auditing.gauss) is an estimate under a "
-        "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
-        "not be reproduced here (its text with them was not available)",
-    ]
-    if not ev.releases:
-        notes.append(
-            f"nothing leaves a site in {cfg.method}: the site's shared model after each round was scored as "
-            "if it were released"
-        )
-    if private and not mech.formal:
-        notes.append(
-            "the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
-            "would be a measured violation, not a bug"
-        )
-    if not private:
-        notes.append(
-            "no DP: there is no accountant ε; the bounds are computed at δ = 1e-5 and the canaries were "
-            "added "
-            "to the plain mean gradient with weight 1/(q·n)"
-        )
+    notes = _notes(cfg, s, ev, mech)
     mu_expected = q * math.sqrt(T) / sigma if sigma > 0 else None
     audit_json = {
         "kind": "example-level",
@@ -713,6 +672,37 @@ def report(
         "included": coins.astype(int).tolist(),
     }
     return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+
+
+def _notes(cfg: RunConfig, s: AuditSettings, ev: Evidence, mech: Any) -> list[str]:
+    """A gradient-canary audit's notes: how the canaries entered, which bound leads, what the mode means."""
+    q, private = ev.q, ev.private
+    notes = [
+        f"gradient canaries ({s.canary_kind}) were added inside the audited site's DP step as extra clipped "
+        f"per-example gradients, sampled at the site's q = {q:.4g}; the accountant's inputs (σ, q, steps) "
+        "are the site's own, unchanged by them",
+        "the headline bound is fixed in advance to the white-box per-step threat model; the per-release "
+        "bound is reported beside it (each with its own Bonferroni correction over the guess counts)",
+        "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.auditing.gauss) is an estimate under a "
+        "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
+        "not be reproduced here (its text with them was not available)",
+    ]
+    if not ev.releases:
+        notes.append(
+            f"nothing leaves a site in {cfg.method}: the site's shared model after each round was scored as "
+            "if it were released"
+        )
+    if private and not mech.formal:
+        notes.append(
+            "the accountant's ε is NOT a formal guarantee in this mode (paper mode): a lower bound above it "
+            "would be a measured violation, not a bug"
+        )
+    if not private:
+        notes.append(
+            "no DP: there is no accountant ε; the bounds are computed at δ = 1e-5 and the canaries were "
+            "added to the plain mean gradient with weight 1/(q·n)"
+        )
+    return notes
 
 
 AUDIT_DIR = "audit"  # in a deployed site's folder: the auditor's spec.json and public.npz; its evidence
@@ -790,12 +780,10 @@ def read_spec(path: Path) -> dict:
 
 def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     """Gradient canaries in PubSub-ML's published dp-nn (``silofl audit --pubsub-model dp-nn --canary-kind
-    dirac``):
-    the publisher's DP-SGD (:func:`silofl.pubsub.dp_models.train`, the code ``silofl pubsub publish`` runs)
-    with the
-    canaries installed through its ``dp_hook``; scored per step and from the published model's movement from
-    its
-    (data-independent) initialisation along each canary (white-box final model)."""
+    dirac``): the publisher's DP-SGD (:func:`silofl.pubsub.dp_models.train`, the code ``silofl pubsub
+    publish`` runs) with the canaries installed through its ``dp_hook``; scored per step and from the
+    published model's movement from its (data-independent) initialisation along each canary (white-box
+    final model)."""
     import inspect
 
     from silofl.auditing.published import publisher_data
@@ -857,6 +845,15 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         PER_STEP: bounds_for(scores["steps"], coins, delta, s.confidence, s.derived(0), PER_STEP),
         WHITE_FINAL: bounds_for(scores["final"], coins, delta, s.confidence, s.derived(0), WHITE_FINAL),
     }
+    audit_json, split = _published_report(
+        cfg, s, model, canaries, public, coins, by_threat, delta, n, split_seed, nonprivate, train_s
+    )
+    return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+
+
+def _published_report(cfg, s, model, canaries, public, coins, by_threat, delta, n, split_seed, nonprivate, t):
+    """(audit.json content, split) of a published dp-nn audited with gradient canaries; ``t``: seconds the
+    publisher trained."""
     head = by_threat[PER_STEP]
     mech = model.mechanism
     sigma = float(mech["noise_multiplier"]) if not nonprivate else 0.0
@@ -865,8 +862,8 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         f"gradient canaries ({s.canary_kind}) were added inside the publisher's DP-SGD step (dp-nn) as extra "
         f"clipped per-example gradients sampled at its q = {q:.4g}; the accountant's inputs are unchanged",
         "the headline bound is fixed in advance to the white-box per-step threat model; the white-box "
-        "final-model "
-        "bound (the published weights' movement from their data-independent initialisation) is beside it",
+        "final-model bound (the published weights' movement from their data-independent initialisation) is "
+        "beside it",
         "the Gaussian-pair figure (Agrawal et al.'s estimator, silofl.auditing.gauss) is an estimate under a "
         "Gaussian-scores assumption, not a guarantee like the SNJ bound; the paper's worked figures could "
         "not be reproduced here (its text with them was not available)",
@@ -931,14 +928,14 @@ def audit_published(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
             "input-space canaries (--canary-kind mislabelled)",
             "targets": {},
         },
-        "seconds": {"publish": train_s},
+        "seconds": {"publish": t},
         "notes": notes,
     }
     split = {
         "canaries": [f"gradient-canary:{i}" for i in range(s.canaries)],
         "included": coins.astype(int).tolist(),
     }
-    return audit_json, {"canary_scores": scores, "included": coins, "curves": {}, "split": split}
+    return audit_json, split
 
 
 SITE_HOOKS.register("gradient-audit", SiteHook(marker=f"{AUDIT_DIR}/spec.json", arm=SiteAudit, rejoins=False))

@@ -464,36 +464,14 @@ class InversionAttack:
         """The attack on the audited hospital's images; writes inversion.png; audit.json's ``inversion``."""
         import time
 
-        from silofl.models import ModelSpec
         from silofl.privacy.analysis import COUNT_SENSITIVITY, update_noise_multiplier
 
         t0 = time.perf_counter()
         s, rc, split = self.s, ctx.cfg, ctx.split
         o = rc.options
+        model, x, y, idx, box = self._subject(ctx)  # a ConfigError where there is nothing to invert
         rec = self.recorder
-        if rec is None or rec.state is None:
-            raise ConfigError(
-                f"the server broadcast no model for round {s.inversion_round}: nothing to invert"
-            )
-        if len(split.input_shape) != 3:
-            raise ConfigError(f"--attack inversion needs image inputs (C×H×W), got shape {split.input_shape}")
-        spec = ModelSpec(o.proxy_model, split.input_shape, split.num_classes)
-        model = spec.build().float()
-        model.load_state_dict({k: v.float() for k, v in rec.state.items()})
-        x_a, y_a = split.parts[ctx.site]
-        if s.inversion_images > len(y_a):
-            raise ConfigError(
-                f"--inversion-images {s.inversion_images}: hospital {ctx.site} holds {len(y_a)} examples"
-            )
-        pick = np.random.default_rng(s.derived(7)).choice(len(y_a), size=s.inversion_images, replace=False)
-        idx = torch.as_tensor(np.sort(pick))
-        x, y = x_a[idx].detach().cpu().float(), y_a[idx].detach().cpu().long()
-        box = (
-            float(min(float(p[0].min()) for p in split.parts)),
-            float(max(float(p[0].max()) for p in split.parts)),
-        )
-        if box[1] <= box[0]:
-            raise ConfigError("the inputs are constant: there is no image to reconstruct")
+        assert rec is not None  # checked by _subject
         steps = o.local_epochs
         if rc.is_private:
             unit_bound = rec.clip * rec.v if o.privacy_unit == "hospital" else rec.clip
@@ -578,6 +556,38 @@ class InversionAttack:
             "figure": "inversion.png",
             "seconds": time.perf_counter() - t0,
         }
+
+    def _subject(self, ctx):
+        """The attacked round's global model and the audited hospital's images it attacks: (model, x, y, their
+        indices, the data's value range); a one-line ConfigError where there is nothing to invert."""
+        from silofl.models import ModelSpec
+
+        s, split, o = self.s, ctx.split, ctx.cfg.options
+        rec = self.recorder
+        if rec is None or rec.state is None:
+            raise ConfigError(
+                f"the server broadcast no model for round {s.inversion_round}: nothing to invert"
+            )
+        if len(split.input_shape) != 3:
+            raise ConfigError(f"--attack inversion needs image inputs (C×H×W), got shape {split.input_shape}")
+        spec = ModelSpec(o.proxy_model, split.input_shape, split.num_classes)
+        model = spec.build().float()
+        model.load_state_dict({k: v.float() for k, v in rec.state.items()})
+        x_a, y_a = split.parts[ctx.site]
+        if s.inversion_images > len(y_a):
+            raise ConfigError(
+                f"--inversion-images {s.inversion_images}: hospital {ctx.site} holds {len(y_a)} examples"
+            )
+        pick = np.random.default_rng(s.derived(7)).choice(len(y_a), size=s.inversion_images, replace=False)
+        idx = torch.as_tensor(np.sort(pick))
+        x, y = x_a[idx].detach().cpu().float(), y_a[idx].detach().cpu().long()
+        box = (
+            float(min(float(p[0].min()) for p in split.parts)),
+            float(max(float(p[0].max()) for p in split.parts)),
+        )
+        if box[1] <= box[0]:
+            raise ConfigError("the inputs are constant: there is no image to reconstruct")
+        return model, x, y, idx, box
 
     @staticmethod
     def markdown(r: dict) -> list[str]:

@@ -109,8 +109,7 @@ def _tpr_at(fpr, tpr, targets):
 
 def attack_metrics(scores, labels, fprs=(1e-3, 1e-2)):
     """AUC, TPR at each FPR in ``fprs`` and the member / non-member counts of ``scores`` (higher: member); the
-    ROC
-    curve is computed once."""
+    ROC curve is computed once."""
     s, y = _prep(scores, labels)
     fpr, tpr, _ = roc_curve(s, y)
     res = {"auc": _auc(fpr, tpr), "n_members": int(y.sum()), "n_nonmembers": int((~y).sum())}

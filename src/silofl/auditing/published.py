@@ -38,8 +38,7 @@ def _target(m: PublishedModel) -> attacks.Target:
 
 def publisher_data(cfg: RunConfig, s: AuditSettings):
     """What an audited publisher holds: (resolved config, whether it publishes without DP, split seed, the
-    data set,
-    flattened training and test inputs, the publisher's rows, the models' input bounds)."""
+    data set, flattened training and test inputs, the publisher's rows, the models' input bounds)."""
     cfg = cfg.resolve()
     nonprivate = not cfg.is_private
     if not nonprivate and s.epsilon is None:
@@ -119,6 +118,22 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
     refs = [_target(publish(r, s.derived(100 + j))) for j, r in enumerate(data.references)]
     figures, curves = attacks.membership_inference(target, refs, members, data.nonmembers, data.population)
     attack_s = time.perf_counter() - t1
+    seconds = {"publish": train_s, "attacks": attack_s}
+    audit_json, split = _report(
+        cfg, s, kind, model, data, members, bound, bound_delta, figures, split_seed, nonprivate, seconds
+    )
+    return audit_json, {
+        "canary_scores": scores,
+        "included": data.included,
+        "curves": {"published": curves},
+        "split": split,
+    }
+
+
+def _report(cfg, s, kind, model, data, members, bound, bound_delta, figures, split_seed, nonprivate, seconds):
+    """(audit.json content, split) of an audit of a published model with input-space canaries."""
+    n, cin = len(members), data.canaries_in
+    epsilon = s.epsilon if s.epsilon is not None else 1.0
     eps_acc = None if nonprivate or not math.isfinite(model.epsilon) else float(model.epsilon)
     notes = list(data.notes)
     if nonprivate:
@@ -163,8 +178,7 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
             "nonmembers": f"{len(data.nonmembers)} rows it does not hold, with its class proportions",
             "population": f"{len(data.population)} further such rows (RMIA's z)",
             "reference_models": f"{len(data.references)} models of the same kind and ε, each on {n} rows "
-            f"disjoint from "
-            "every candidate",
+            "disjoint from every candidate",
             "targets": {
                 "published": {
                     "model": kind,
@@ -174,7 +188,7 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
                 }
             },
         },
-        "seconds": {"publish": train_s, "attacks": attack_s},
+        "seconds": seconds,
         "notes": notes,
     }
     split = {
@@ -187,9 +201,4 @@ def audit(cfg: RunConfig, s: AuditSettings) -> tuple[dict, dict]:
         "canary_true_labels": data.canary_true_labels.tolist(),
         "included": data.included.astype(int).tolist(),
     }
-    return audit_json, {
-        "canary_scores": scores,
-        "included": data.included,
-        "curves": {"published": curves},
-        "split": split,
-    }
+    return audit_json, split

@@ -130,6 +130,5 @@ class AuditSettings:
 
     def derived(self, offset: int) -> int:
         """The seed of one of the audit's own draws: ``seed + offset`` in a seeded audit, else a fresh secret
-        one
-        (from ``secrets``, never written), as for every other non-guarantee draw of an unseeded run."""
+        one (from ``secrets``, never written), as for every other non-guarantee draw of an unseeded run."""
         return self.seed + offset if self.seed is not None else secrets.randbits(63)

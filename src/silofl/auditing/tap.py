@@ -68,8 +68,7 @@ def model_tensors(packet: Packet) -> dict[str, torch.Tensor]:
 def tap(engine: Engine, observers: list[Observer]) -> Engine:
     """Any engine — the torch.distributed one included — with ``observers`` called around every call, as
     :class:`TappedEngine` does for the simulator. Observers that read a site's state (``engine.sites[k]``)
-    need that
-    site in this process: over torch.distributed, a site on rank 0 (site 0 always is)."""
+    need that site in this process: over torch.distributed, a site on rank 0 (site 0 always is)."""
     inner = engine.call
     if not isinstance(engine, InProcessEngine):
         # an engine that runs a batch elsewhere would show the observers its parts only all at once: each step

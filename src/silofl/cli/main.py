@@ -17,6 +17,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import typer
 import typer.main
@@ -931,9 +932,14 @@ def audit(
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
     membership inference on real examples (silofl.auditing). The run options below set the audited run
-    (--eval-every
-    defaults to the last round only). Over torch.distributed: `silofl launch --nproc-per-node N audit …`
-    (gradient canaries of an example-level method; the audited site on process 0)."""
+    (--eval-every defaults to the last round only). Over torch.distributed: `silofl launch --nproc-per-node N
+    audit …` (gradient canaries of an example-level method; the audited site on process 0)."""
+    _audit(SimpleNamespace(**locals()))  # the options above, by name
+
+
+def _audit(o: SimpleNamespace) -> None:
+    """``silofl audit`` from its options ``o``: the audited run's config and the audit's settings, then the
+    audit (in this process, or as this process's part of ``silofl launch … audit``)."""
     import shlex
 
     from silofl import api
@@ -941,7 +947,7 @@ def audit(
     from silofl.runner.config import RunConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    merged = run_options(config, set_)
+    merged = run_options(o.config, o.set_)
     if "eval_every" not in merged:
         merged["eval_every"] = int(merged.get("rounds", RunConfig.rounds))
     if str(merged.get("features") or "none") != "none":
@@ -950,23 +956,23 @@ def audit(
         )
     cfg = RunConfig.from_dict(merged)
     settings = AuditSettings(
-        canaries=canaries,
-        canary_kind=canary_kind,
-        canary_placement=canary_placement,
-        site=audited_site,
-        reference_models=reference_models,
-        nonmembers=nonmembers,
-        confidence=confidence,
-        seed=seed if seed is not None else cfg.seed,  # --seed, else a seed in --config / --set
-        pubsub_model=pubsub_model,
-        epsilon=epsilon,
-        pubsub_epochs=epochs,
-        attacks=tuple(attack),
-        inversion_images=inversion_images,
-        inversion_round=inversion_round,
-        inversion_iterations=inversion_iterations,
+        canaries=o.canaries,
+        canary_kind=o.canary_kind,
+        canary_placement=o.canary_placement,
+        site=o.audited_site,
+        reference_models=o.reference_models,
+        nonmembers=o.nonmembers,
+        confidence=o.confidence,
+        seed=o.seed if o.seed is not None else cfg.seed,  # --seed, else a seed in --config / --set
+        pubsub_model=o.pubsub_model,
+        epsilon=o.epsilon,
+        pubsub_epochs=o.epochs,
+        attacks=tuple(o.attack),
+        inversion_images=o.inversion_images,
+        inversion_round=o.inversion_round,
+        inversion_iterations=o.inversion_iterations,
     )
-    what = f"published {pubsub_model}" if pubsub_model else f"{cfg.method} ({cfg.resolve().privacy})"
+    what = f"published {o.pubsub_model}" if o.pubsub_model else f"{cfg.method} ({cfg.resolve().privacy})"
     how = (
         f"seed {settings.seed} (seeded research run: the run's ε holds only while the seed stays secret)"
         if settings.seeded
@@ -974,22 +980,24 @@ def audit(
     )
     launching = _launching()
     if launching is None or launching["check"]:
-        console.print(f"[bold]silofl audit[/] {what} on {cfg.dataset}: {canaries} canaries, {how} → {out}")
+        console.print(
+            f"[bold]silofl audit[/] {what} on {cfg.dataset}: {o.canaries} canaries, {how} → {o.out}"
+        )
     if launching is not None:  # `silofl launch … audit`: its processes' entry, from these options
-        _launch_audit(cfg, settings, out, engine, peer_timeout, overwrite, quiet, launching)
+        _launch_audit(cfg, settings, o.out, o.engine, o.peer_timeout, o.overwrite, o.quiet, launching)
         return
     command = "silofl " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["audit"] else None
     a = api.audit(
         cfg,
-        out=out,
+        out=o.out,
         settings=settings,
-        overwrite=overwrite,
-        quiet=quiet,
+        overwrite=o.overwrite,
+        quiet=o.quiet,
         console=console,
         command=command,
-        engine=engine,
+        engine=o.engine,
     ).audit
-    print_audit(a, out)
+    print_audit(a, o.out)
 
 
 def _launch_audit(

@@ -2,13 +2,10 @@
 :func:`require`.
 
 The core install (``pip install silofl``) is the simulator; deployment, PubSub-ML, ONNX export and the studies
-add
-packages through extras (``pip install 'silofl[deploy]'``; ``[all]`` installs every one). A command that needs
-a
-package of an extra that is not installed stops with one line naming the extra and the command that installs
-it —
-a :class:`MissingExtra`, which the CLI prints like every other :class:`~silofl.core.errors.ConfigError` (exit
-code 2), never an ``ImportError`` traceback.
+add packages through extras (``pip install 'silofl[deploy]'``; ``[all]`` installs every one). A command that
+needs a package of an extra that is not installed stops with one line naming the extra and the command that
+installs it — a :class:`MissingExtra`, which the CLI prints like every other
+:class:`~silofl.core.errors.ConfigError` (exit code 2), never an ``ImportError`` traceback.
 """
 
 from __future__ import annotations
@@ -47,10 +44,9 @@ def require(module: str, extra: str, what: str | None = None) -> ModuleType:
     installed.
 
     ``what`` names what needs it in the message (default: the extra's description). Only a missing ``module``
-    (or a
-    missing parent package of it) becomes :class:`MissingExtra`: an installed package that fails to import for
-    another reason (a broken dependency of its own) raises its own error, so the message never hides a real
-    fault.
+    (or a missing parent package of it) becomes :class:`MissingExtra`: an installed package that fails to
+    import for another reason (a broken dependency of its own) raises its own error, so the message never
+    hides a real fault.
     """
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r}; one of {', '.join(EXTRAS)}")

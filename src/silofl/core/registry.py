@@ -10,10 +10,8 @@ adds one without editing silofl by exposing a module in the registry's entry-poi
     mydata = "mypkg.mydata"
 
 Importing that module registers it (``@DATASETS.register("mydata")``). A plug-in that fails to import is
-logged
-and skipped: it must not break silofl. Lookups of unknown names raise a one-line :class:`ConfigError` that
-names
-the choices, so CLI errors and help texts come from the registries, never from a hand-kept list.
+logged and skipped: it must not break silofl. Lookups of unknown names raise a one-line :class:`ConfigError`
+that names the choices, so CLI errors and help texts come from the registries, never from a hand-kept list.
 """
 
 from __future__ import annotations

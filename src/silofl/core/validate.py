@@ -1,6 +1,5 @@
 """Type checks for settings read from a JSON or YAML file a person may have edited (``site.json``): a wrong
-type is a
-one-line ConfigError naming the file and the field, never a TypeError deep inside."""
+type is a one-line ConfigError naming the file and the field, never a TypeError deep inside."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def _matches(value: Any, annotation: str) -> bool:
 
 def check_field_types(obj: Any, where: str) -> None:
     """Raise ConfigError unless every field of the dataclass ``obj`` holds a value of its annotated type
-    (``str``,
-    ``float`` (an int is a float; a bool is neither; NaN is refused), ``int``, ``bool``, unions with
+    (``str``, ``float`` (an int is a float; a bool is neither; NaN is refused), ``int``, ``bool``, unions with
     ``None``)."""
     for f in fields(obj):
         annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))

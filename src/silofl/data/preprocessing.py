@@ -172,8 +172,7 @@ class TablePreprocessing:
 
     def read(self, path: str | Path) -> tuple[torch.Tensor, np.ndarray | None, list[str]]:
         """(raw inputs, class indices if the file has the target, row ids) of a new file, checked against the
-        schema.
-        Rows are never dropped here: a missing value where the schema does not impute is an error."""
+        schema. Rows are never dropped here: a missing value where the schema does not impute is an error."""
         from silofl.data.schema import read_table
 
         schema = self.schema

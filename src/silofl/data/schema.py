@@ -147,33 +147,7 @@ class Schema:
                 f"{where}: target must be a mapping {{name: COLUMN, levels: [CLASS, ...]}} (or, for "
                 "regression, {name: COLUMN, bounds: [LOW, HIGH]})"
             )
-        target_bounds: tuple[float, float] | None = None
-        classes: list[str] = []
-        if "bounds" in target and "levels" not in target:
-            b = target["bounds"]
-            if (
-                not isinstance(b, list)
-                or len(b) != 2
-                or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in b
-                )
-                or b[0] >= b[1]
-            ):
-                raise DataError(
-                    f"{where}: the regression target {target['name']!r} needs bounds [LOW, HIGH] with LOW < "
-                    f"HIGH"
-                )
-            target_bounds = (float(b[0]), float(b[1]))
-        else:
-            levels = target.get("levels")
-            if not isinstance(levels, list) or len(levels) < 2:
-                raise DataError(
-                    f"{where}: the target {target['name']!r} needs at least two levels (its classes), or "
-                    "bounds for a regression target"
-                )
-            classes = [_level(c) for c in levels]
-            if len(set(classes)) != len(classes):
-                raise DataError(f"{where}: the target's levels repeat a value")
+        target_bounds, classes = _target_kind(target, where)
         raw = data.get("features")
         if isinstance(raw, dict):
             items = [{"name": k, **(v if isinstance(v, dict) else {"type": v})} for k, v in raw.items()]
@@ -201,8 +175,7 @@ class Schema:
             if lacking:
                 raise DataError(
                     f"{where}: scaling 'bounds' needs bounds for every numeric feature; {lacking[0]!r} has "
-                    f"none "
-                    "(declare them, or use scaling: site)"
+                    "none (declare them, or use scaling: site)"
                 )
         ignore = data.get("ignore", [])
         if not isinstance(ignore, list):
@@ -257,8 +230,7 @@ class Schema:
         """(raw matrix, class index (or regression value) per row or None, rows dropped) of a table read by
         :func:`read_table`, checked against the schema. ``need_target``: the target column must be there
         (training); without, it is used when present (new data to predict on). ``extra``: further columns the
-        file
-        may hold (e.g. record ids); ``kept`` receives the indices of the rows kept."""
+        file may hold (e.g. record ids); ``kept`` receives the indices of the rows kept."""
         n = len(df)
         if n == 0:
             raise DataError(f"{source}: the file has a header but no data rows")
@@ -474,6 +446,37 @@ def _survival_bins(target: dict, where: str) -> tuple[float, ...]:
         raise DataError(f"{where}: {e}") from None
 
 
+def _target_kind(target: dict, where: str) -> tuple[tuple[float, float] | None, list[str]]:
+    """(bounds, classes) of the target: bounds [LOW, HIGH] for a regression target, else its levels."""
+    target_bounds: tuple[float, float] | None = None
+    classes: list[str] = []
+    if "bounds" in target and "levels" not in target:
+        b = target["bounds"]
+        if (
+            not isinstance(b, list)
+            or len(b) != 2
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in b
+            )
+            or b[0] >= b[1]
+        ):
+            raise DataError(
+                f"{where}: the regression target {target['name']!r} needs bounds [LOW, HIGH] with LOW < HIGH"
+            )
+        target_bounds = (float(b[0]), float(b[1]))
+    else:
+        levels = target.get("levels")
+        if not isinstance(levels, list) or len(levels) < 2:
+            raise DataError(
+                f"{where}: the target {target['name']!r} needs at least two levels (its classes), or "
+                "bounds for a regression target"
+            )
+        classes = [_level(c) for c in levels]
+        if len(set(classes)) != len(classes):
+            raise DataError(f"{where}: the target's levels repeat a value")
+    return target_bounds, classes
+
+
 def _level(v: Any) -> str:
     """A categorical value as the schema writes it (integral floats without '.0', strings stripped)."""
     if isinstance(v, bool):
@@ -548,8 +551,7 @@ def is_table(path: str | Path) -> bool:
 
 def read_table(path: str | Path):
     """A CSV (header row; comma, or tab for .tsv) or Parquet file as a pandas DataFrame. CSV cells stay text
-    (the
-    schema decides types); a DataError names the file when it cannot be read."""
+    (the schema decides types); a DataError names the file when it cannot be read."""
     import pandas as pd
 
     p = Path(path)

@@ -429,8 +429,7 @@ def generate_sites(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m silofl.data.segmentation OUT [--sites K] [--per-site N] [--size S] [--seed R] [--format]
-    [--classes C]``:
-    write generated sites and print their paths (comma-separated, for ``--site-data``)."""
+    [--classes C]``: write generated sites and print their paths (comma-separated, for ``--site-data``)."""
     ap = argparse.ArgumentParser(prog="python -m silofl.data.segmentation", description=main.__doc__)
     ap.add_argument("out")
     ap.add_argument("--sites", type=int, default=3)

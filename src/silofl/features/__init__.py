@@ -95,8 +95,7 @@ def stage_from_record(rec: dict[str, Any]) -> FeatureStage:
 
 def value_bounds(rec: dict[str, Any]) -> tuple[float, float] | None:
     """Public bounds of every feature value for a stage's record (the run's ``split.features``), whatever the
-    data —
-    what PubSub-ML's ``dp-nn`` declares as its inputs' bounds on features — or None when the stage has
+    data — what PubSub-ML's ``dp-nn`` declares as its inputs' bounds on features — or None when the stage has
     none."""
     stage = stage_from_record(rec)
     fn = getattr(stage, "value_bounds", None)

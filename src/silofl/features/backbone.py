@@ -122,8 +122,7 @@ class BackboneFeatures(FeatureStage):
 
     def check_run(self, cfg: Any) -> None:
         """A backbone trained on a split's validation rows fits only runs on that split: other splits may hand
-        those
-        rows to a client."""
+        those rows to a client."""
         pub = self.card.get("public_data") or {}
         if pub.get("kind") == "validation":
             rec = pub.get("split") or {}

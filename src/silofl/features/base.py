@@ -57,6 +57,5 @@ class FeatureStage:
 
     def module(self, input_shape: tuple[int, ...]) -> torch.nn.Module:
         """The stage as a torch module on inputs of ``input_shape`` (what ``predict`` and ``export`` put
-        between the
-        preprocessing and the model)."""
+        between the preprocessing and the model)."""
         raise NotImplementedError

@@ -167,8 +167,7 @@ def features(
     stage: FeatureStage, x: torch.Tensor, cache: FeatureCache | None = None, label: str = "features"
 ) -> torch.Tensor:
     """Features of ``x`` (on ``x``'s device): rows already in ``cache`` are read back, the others computed
-    (batched)
-    and stored."""
+    (batched) and stored."""
     if stage.identity:
         return x
     out_shape = stage.output_shape(tuple(x.shape[1:]))

@@ -142,10 +142,8 @@ class ScatterFeatures(FeatureStage):
 
     def value_bounds(self, input_shape: tuple[int, ...]) -> tuple[float, float]:
         """Public bounds of every feature value, whatever the data: after GroupNorm a group of n values has
-        mean 0 and
-        (biased) variance ≤ 1, so no value exceeds √(n − 1) in magnitude (for PubSub-ML's ``dp-nn``, whose
-        inputs are
-        clipped to declared bounds)."""
+        mean 0 and (biased) variance ≤ 1, so no value exceeds √(n − 1) in magnitude (for PubSub-ML's
+        ``dp-nn``, whose inputs are clipped to declared bounds)."""
         c, h, w = self.output_shape(tuple(input_shape))
         n = (c // math.gcd(GROUPS, c)) * h * w
         b = math.sqrt(max(n - 1, 1))

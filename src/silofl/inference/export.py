@@ -2,11 +2,9 @@
 
 With a feature stage (``--features``, :mod:`silofl.features`) the graph holds it too when torch's exporter can
 trace it (a backbone); otherwise (kymatio's scattering: complex FFTs) the export has two stages:
-``model.onnx``
-takes the *features* (``features``), which silofl computes (``silofl predict``, or
+``model.onnx`` takes the *features* (``features``), which silofl computes (``silofl predict``, or
 ``silofl.features.stage_from_record(json.load(open("features.json")))``), and ``features.json`` names the
-stage
-exactly. The model card says which, what the features are and why they cost no budget.
+stage exactly. The model card says which, what the features are and why they cost no budget.
 
 ``OUT/model.onnx`` takes the *raw* inputs (``x``: a table's features in schema order, numbers as they are and
 categories as level indices, NaN where missing; or images in [0, 1] at the run's size) and returns class
@@ -55,8 +53,7 @@ def export(
     overwrite: bool = False,
 ) -> dict:
     """Write ``model.onnx``, ``preprocessing.json``, ``model_card.json`` and ``model_card.md`` under ``out``;
-    returns the
-    card."""
+    returns the card."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format takes {', '.join(FORMATS)}, got {fmt!r}")
     for module in ("onnx", "onnxscript"):  # torch's exporter imports them; checked before anything is written

@@ -2,14 +2,12 @@
 
 * :class:`VGG` — a VGG-style CNN (Kvasir experiment): 3×3 conv blocks 32-32 / 64-64 / 128-128 with
   max-pooling, global average pooling, a 256-unit hidden layer.
-* :class:`ResNet18` — ResNet-18 (BasicBlock ×[2, 2, 2, 2], widths 64…512) with GroupNorm instead
-  of BatchNorm (BatchNorm mixes examples, so per-example clipping would be undefined); a 3×3
-  stride-1 stem for small images, a 7×7 stride-2 stem with max-pooling from 64 pixels up
-  (histopathology patches).
-* :class:`DeepSet` — a set / multiple-instance classifier (pan-cancer WSI experiment): an
-  element-wise network φ on every instance, a masked mean over the bag, an MLP head ρ. Input is
-  ``(B, M, d + 1)``: ``M`` padded instances of ``d`` features and a last column that is 1 for a
-  real instance and 0 for padding.
+* :class:`ResNet18` — ResNet-18 (BasicBlock ×[2, 2, 2, 2], widths 64…512) with GroupNorm instead of BatchNorm
+  (BatchNorm mixes examples, so per-example clipping would be undefined); a 3×3 stride-1 stem for small
+  images, a 7×7 stride-2 stem with max-pooling from 64 pixels up (histopathology patches).
+* :class:`DeepSet` — a set / multiple-instance classifier (pan-cancer WSI experiment): an element-wise network
+  φ on every instance, a masked mean over the bag, an MLP head ρ. Input is ``(B, M, d + 1)``: ``M`` padded
+  instances of ``d`` features and a last column that is 1 for a real instance and 0 for padding.
 
 All parameters live in Linear, Conv2d or GroupNorm layers, so DP-SGD's per-layer norms apply.
 """

@@ -109,8 +109,7 @@ class Broker:
     # ------------------------------------------------------------------ publishers' keys and budgets
     def register_publisher(self, site: str, public_key: str, lifetime: tuple[float, float]) -> None:
         """Record a site's Ed25519 public key (hex) and declared lifetime budget; once per site (ConfigError
-        if it
-        is registered already)."""
+        if it is registered already)."""
         from silofl.privacy.ledger import check_site_name
         from silofl.pubsub.signing import parse_public_key
 
@@ -298,8 +297,7 @@ class Broker:
     def publish(self, data: bytes) -> int:
         """Validate and store a published model (bytes of :meth:`PublishedModel.to_bytes`, signed with
         :func:`~silofl.pubsub.signing.sign_model`); its id. A signed model whose site has not joined yet joins
-        it
-        with the public feature metadata in its receipt, and only if the model is accepted."""
+        it with the public feature metadata in its receipt, and only if the model is accepted."""
         model = PublishedModel.from_bytes(data, self.max_bytes)
         rel = self._check_signed(data, model)
         joined = False
@@ -424,8 +422,7 @@ class Broker:
 
     def fetch(self, model_id: int) -> PublishedModel:
         """The stored model, re-validated (checksum, signature, format, shapes); ModelRejected if it was
-        tampered
-        with."""
+        tampered with."""
         return PublishedModel.from_bytes(self.fetch_bytes(model_id), self.max_bytes)
 
     def unpublish(self, model_id: int) -> None:
@@ -559,14 +556,10 @@ def _publisher(row) -> dict:
 
 def check_ledger_head(head, seq: int, kept: dict | None, site: str) -> str | None:
     """The signed ledger head a release receipt presents (the publisher's ledger just before the entry that
-    records
-    this release: ``{"entries": seq, "mac": hex}``), as the JSON the broker keeps; ModelRejected if it is
-    malformed,
-    does not sit at the receipt's entry, or is missing while the broker keeps an earlier head of this site (a
-    site
-    folder replaced by one without a ledger's history). Kept heads only move forward (the receipt's
-    ``ledger_seq`` is
-    checked against the kept one before this)."""
+    records this release: ``{"entries": seq, "mac": hex}``), as the JSON the broker keeps; ModelRejected if it
+    is malformed, does not sit at the receipt's entry, or is missing while the broker keeps an earlier head of
+    this site (a site folder replaced by one without a ledger's history). Kept heads only move forward (the
+    receipt's ``ledger_seq`` is checked against the kept one before this)."""
     if head is None:
         if kept is not None:
             raise ModelRejected(
@@ -601,8 +594,7 @@ MAX_FEATURES = 10_000
 
 def check_id(value, what: str = "id") -> int:
     """A model or channel id (or a ``since``) as an int in SQLite's range, or a ConfigError (a request's 10^23
-    is a
-    refusal, not an overflow)."""
+    is a refusal, not an overflow)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
         raise ConfigError(f"{what} must be an integer in [0, 2^63 - 1], got {value!r}"[:200])
     return value

@@ -2,11 +2,9 @@
 :class:`~silofl.pubsub.broker.Broker`, so publishing, streams, subscriptions and customization work unchanged.
 
 A site's credential file (JSON, written by ``silofl pubsub register``) holds the broker's URL, the site's
-name,
-its API token and, optionally, the CA certificate to trust (a path relative to the file). Every model fetched
-is verified against its publisher's registered Ed25519 key before it is parsed or used, so a broker that
-altered
-a model is caught by every subscriber.
+name, its API token and, optionally, the CA certificate to trust (a path relative to the file). Every model
+fetched is verified against its publisher's registered Ed25519 key before it is parsed or used, so a broker
+that altered a model is caught by every subscriber.
 """
 
 from __future__ import annotations
@@ -255,8 +253,7 @@ def _channel(d: dict) -> Channel:
 def open_broker(broker: str, credential: str | None = None, site: str | None = None, create: bool = True):
     """A folder broker (a path) or the service at an https:// URL with ``credential`` (whose site must be
     ``site`` when given). Without ``create``, a folder that holds no broker is refused (a mistyped
-    ``--broker``
-    of a command that only reads or removes is not made into a new, empty broker)."""
+    ``--broker`` of a command that only reads or removes is not made into a new, empty broker)."""
     if broker.startswith(("https://", "http://")):
         if not credential:
             raise ConfigError(

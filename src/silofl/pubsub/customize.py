@@ -183,23 +183,7 @@ def customize(
     if own == "auto" and data.task == "classification" and len(np.unique(data.y[tr])) < 2:
         own, own_note = None, "no own model: the subscriber's training rows hold a single class"
     if own is not None:
-        kind = ("dp-logreg" if data.task == "classification" else "dp-linreg") if own == "auto" else own
-        xb = data.x[tr]
-        own_model = train(
-            kind,
-            xb,
-            data.y[tr],
-            publisher="own",
-            features=data.features,
-            task=data.task,
-            bounds=Bounds(xb.min(0), xb.max(0)),
-            epsilon=1.0,
-            delta=1e-5,
-            classes=data.classes,
-            seed=seed,
-            nonprivate=True,
-        )
-        cands.append(own_model)
+        cands.append(_own_model(data, tr, own, seed))
         names.append("own")
     if not cands:
         raise ConfigError("nothing to customize: no subscribed models and no own model")
@@ -221,21 +205,7 @@ def customize(
 
     # fuse: train the fusion network on the selected models' outputs
     t2 = time.perf_counter()
-    feats = torch.cat([_fusion_input(data.task, outs[i]) for i in keep], 1).float()
-    torch.manual_seed(seed)
-    n_out = len(data.classes) if data.task == "classification" else 1
-    if hidden == "auto":  # no hidden layer when the customize part is small (it over-fits less)
-        hidden = 0 if len(cu) < SMALL else 64
-    y_mean, y_std = 0.0, 1.0
-    if data.task == "classification":
-        target = torch.as_tensor(data.y[cu], dtype=torch.long)
-    else:
-        y_mean, y_std = float(data.y[cu].mean()), float(data.y[cu].std() or 1.0)
-        target = torch.as_tensor((data.y[cu] - y_mean) / y_std, dtype=torch.float32)
-    fusion = Fusion(feats.shape[1], n_out, len(keep), hidden, data.task, y_mean, y_std, start=start)
-    # full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps swung the logits
-    # of log-probability inputs by whole units and lost the ensemble it started from
-    fit_fusion(fusion, feats, target, data.task, weight_decay, epochs)
+    fusion, y_mean, y_std = _fuse(data, outs, keep, cu, seed, hidden, start, weight_decay, epochs)
     t_fuse = time.perf_counter() - t2
     result = Customized(
         [cands[i] for i in keep],
@@ -280,7 +250,48 @@ def customize(
             if names[i] != "own"
         },
         "privacy": "the subscriber spends no privacy budget: customization post-processes published DP "
-        "models "
-        "(each under its publisher's own (ε, δ)) and the subscriber's own data, which never leaves it",
+        "models (each under its publisher's own (ε, δ)) and the subscriber's own data, which never leaves it",
     }
     return result
+
+
+def _own_model(data: LocalData, tr, own: str, seed: int) -> PublishedModel:
+    """The subscriber's own (non-private) model on its training rows (``auto``: logistic or linear
+    regression)."""
+    kind = ("dp-logreg" if data.task == "classification" else "dp-linreg") if own == "auto" else own
+    xb = data.x[tr]
+    return train(
+        kind,
+        xb,
+        data.y[tr],
+        publisher="own",
+        features=data.features,
+        task=data.task,
+        bounds=Bounds(xb.min(0), xb.max(0)),
+        epsilon=1.0,
+        delta=1e-5,
+        classes=data.classes,
+        seed=seed,
+        nonprivate=True,
+    )
+
+
+def _fuse(data: LocalData, outs: list, keep: list, cu, seed: int, hidden, start: str, weight_decay, epochs):
+    """The fusion network trained on the selected (``keep``) models' outputs on the customize rows ``cu``;
+    (fusion, y_mean, y_std)."""
+    feats = torch.cat([_fusion_input(data.task, outs[i]) for i in keep], 1).float()
+    torch.manual_seed(seed)
+    n_out = len(data.classes) if data.task == "classification" else 1
+    if hidden == "auto":  # no hidden layer when the customize part is small (it over-fits less)
+        hidden = 0 if len(cu) < SMALL else 64
+    y_mean, y_std = 0.0, 1.0
+    if data.task == "classification":
+        target = torch.as_tensor(data.y[cu], dtype=torch.long)
+    else:
+        y_mean, y_std = float(data.y[cu].mean()), float(data.y[cu].std() or 1.0)
+        target = torch.as_tensor((data.y[cu] - y_mean) / y_std, dtype=torch.float32)
+    fusion = Fusion(feats.shape[1], n_out, len(keep), hidden, data.task, y_mean, y_std, start=start)
+    # full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps swung the logits
+    # of log-probability inputs by whole units and lost the ensemble it started from
+    fit_fusion(fusion, feats, target, data.task, weight_decay, epochs)
+    return fusion, y_mean, y_std

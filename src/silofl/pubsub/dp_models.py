@@ -82,11 +82,9 @@ def train(
 ) -> PublishedModel:
     """Train one model of ``kind`` on (x, y) under (ε, δ) and return it in the published format. Without a
     ``seed`` (the default) the mechanism's randomness is cryptographically secure (silofl's noise and
-    sampling;
-    diffprivlib's ``secrets.SystemRandom``); a seed makes a reproducible research model whose guarantee holds
-    only while the seed stays secret. ``dp_hook`` (research, :mod:`silofl.auditing.gradient`; dp-nn only) is
-    called as
-    ``dp_hook(dp, model, opt, n)`` before training (``dp`` None without DP)."""
+    sampling; diffprivlib's ``secrets.SystemRandom``); a seed makes a reproducible research model whose
+    guarantee holds only while the seed stays secret. ``dp_hook`` (research, :mod:`silofl.auditing.gradient`;
+    dp-nn only) is called as ``dp_hook(dp, model, opt, n)`` before training (``dp`` None without DP)."""
     _check(kind, x, y, features, task, bounds, epsilon, delta, classes, nonprivate)
     xs = bounds.scale(np.asarray(x, dtype=np.float64))
     if kind == "dp-nn":
@@ -334,13 +332,10 @@ def _diffprivlib(kind, x, y, task, classes, epsilon, seed, nonprivate, y_bounds,
 
 def _declared_class_logreg(x, y, k: int, epsilon: float, data_norm: float, seed):
     """diffprivlib's DP logistic regression (objective perturbation, one-vs-rest, ε split evenly over the
-    classes)
-    fitted over the *declared* classes 0…k−1 rather than the classes present in the rows — diffprivlib's own
-    fit
-    takes its classes from the data, so a class missing from a site's rows would show in the published model.
-    Every step is diffprivlib's (``_logistic_regression_path`` per class, the same random state), so when
-    every
-    declared class is present the result is the one ``LogisticRegression.fit`` gives."""
+    classes) fitted over the *declared* classes 0…k−1 rather than the classes present in the rows —
+    diffprivlib's own fit takes its classes from the data, so a class missing from a site's rows would show in
+    the published model. Every step is diffprivlib's (``_logistic_regression_path`` per class, the same random
+    state), so when every declared class is present the result is the one ``LogisticRegression.fit`` gives."""
     from diffprivlib.models import LogisticRegression
     from diffprivlib.models.logistic_regression import _logistic_regression_path
     from diffprivlib.utils import check_random_state

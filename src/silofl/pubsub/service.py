@@ -2,13 +2,11 @@
 
 FastAPI on uvicorn, TLS by default. The state folder holds the broker (:class:`~silofl.pubsub.broker.Broker`
 in ``broker/``: SQLite in WAL mode for the registry, channels and models; the model store is
-content-addressed,
-one file per SHA-256) and ``access.log`` (one JSON object per request). Identity:
+content-addressed, one file per SHA-256) and ``access.log`` (one JSON object per request). Identity:
 
 * the **operator** holds the admin credential (written once, mode 0600, to ``admin.json`` in the state folder
   on first start) and registers each site once, with the site's Ed25519 public key and declared lifetime
-  budget
-  (``POST /v1/sites``); the site gets an API token, shown once and stored only as its SHA-256;
+  budget (``POST /v1/sites``); the site gets an API token, shown once and stored only as its SHA-256;
 * a **site** acts only as itself: it publishes models it signed (the publisher in the model must be the
   credential's site, the signature must verify against its registered key, the declared spend must be present
   and within its declared budget), withdraws its own models, leaves, opens channels, and reads the models its
@@ -18,8 +16,7 @@ one file per SHA-256) and ``access.log`` (one JSON object per request). Identity
 Limits: a request body larger than its route's bound is refused with 413 from its ``Content-Length`` before
 the body is read, or as soon as a chunked body passes the bound; each credential (and each client address
 without a valid credential) has a token bucket (``rate`` requests per second, ``burst`` at once), 429 beyond
-it.
-A refused request changes nothing.
+it. A refused request changes nothing.
 """
 
 import hashlib
@@ -225,13 +222,9 @@ def create_app(
     public_url: str | None = None,
 ):
     """The FastAPI application serving the broker in ``state`` (see the module doc). On first use it writes
-    the
-    operator's credential to ``state/admin.json`` (mode 0600)."""
+    the operator's credential to ``state/admin.json`` (mode 0600)."""
     require("fastapi", "pubsub", "the PubSub-ML broker service")
-    from fastapi import Depends, FastAPI, HTTPException, Request
-    from fastapi.concurrency import run_in_threadpool
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi import FastAPI
 
     state = Path(state)
     state.mkdir(parents=True, exist_ok=True)
@@ -245,6 +238,18 @@ def create_app(
     lock = threading.Lock()  # one writer at a time (checks and writes of a publish stay together)
 
     app = FastAPI(title="silofl PubSub-ML broker", docs_url=None, redoc_url=None, openapi_url=None)
+    caller, require_admin, require_site, json_body = _guard(app, creds, limiter, rate, burst)
+    _add_site_routes(app, broker, creds, lock, max_upload, caller, require_admin, require_site, json_body)
+    _add_model_routes(app, broker, lock, max_upload, caller, require_site, json_body)
+    return LimitsAndLog(app, max_upload, state / "access.log")
+
+
+def _guard(app, creds: Credentials, limiter: RateLimiter, rate: float, burst: int):
+    """Install the error handlers (one JSON reason each) and return the routes' dependencies: the caller
+    (rate-limited, authenticated), the admin, a site, a JSON body."""
+    from fastapi import Depends, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
     @app.exception_handler(SiloflError)
     async def refused(request: Request, exc: SiloflError):
@@ -300,19 +305,19 @@ def create_app(
             )
         return who[0]
 
-    def may_read(who: tuple[str, str], meta: dict, channels: list | None = None) -> bool:
-        if who[1] == "admin" or meta["publisher"] == who[0]:
-            return True
-        return any(
-            ch.matches(meta["features"])
-            for ch in (channels if channels is not None else broker.channels(who[0]))
-        )
+    async def json_body(request: Request) -> dict:
+        """The request's JSON object, numbers bounded before they are parsed (broker.strict_json)."""
+        body = strict_json(await request.body())
+        if not isinstance(body, dict):
+            raise ConfigError("malformed request: the body is a JSON object")
+        return body
 
-    def model_meta(model_id: int) -> dict:
-        meta = broker.model(model_id)
-        if meta is None:
-            raise HTTPException(404, f"no published model {model_id}")
-        return meta
+    return caller, require_admin, require_site, json_body
+
+
+def _add_site_routes(app, broker, creds, lock, max_upload, caller, require_admin, require_site, json_body):
+    """Health, identity and the site registry: register, list, join, leave."""
+    from fastapi import Depends, HTTPException
 
     @app.get("/health")
     def health():
@@ -323,13 +328,6 @@ def create_app(
     @app.get("/v1/whoami")
     def whoami(who=Depends(caller)):
         return {"site": who[0], "role": who[1]}
-
-    async def json_body(request: Request) -> dict:
-        """The request's JSON object, numbers bounded before they are parsed (broker.strict_json)."""
-        body = strict_json(await request.body())
-        if not isinstance(body, dict):
-            raise ConfigError("malformed request: the body is a JSON object")
-        return body
 
     @app.post("/v1/sites")
     def register(who=Depends(require_admin), body: dict = Depends(json_body)):
@@ -370,6 +368,28 @@ def create_app(
             raise HTTPException(403, f"{who[0]!r} may not remove {site!r}: a site leaves only as itself")
         with lock:
             return {"withdrawn": broker.leave(site)}
+
+
+def _add_model_routes(app, broker, lock, max_upload, caller, require_site, json_body):
+    """Publish, list, fetch and withdraw models; open, read and close the channels that deliver them (a caller
+    reads only what its channels deliver); the broker's public defaults."""
+    from fastapi import Depends, HTTPException, Request
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.responses import Response
+
+    def may_read(who: tuple[str, str], meta: dict, channels: list | None = None) -> bool:
+        if who[1] == "admin" or meta["publisher"] == who[0]:
+            return True
+        return any(
+            ch.matches(meta["features"])
+            for ch in (channels if channels is not None else broker.channels(who[0]))
+        )
+
+    def model_meta(model_id: int) -> dict:
+        meta = broker.model(model_id)
+        if meta is None:
+            raise HTTPException(404, f"no published model {model_id}")
+        return meta
 
     @app.post("/v1/models")
     async def publish(request: Request, site=Depends(require_site)):
@@ -441,8 +461,6 @@ def create_app(
     @app.get("/v1/defaults")
     def defaults(who=Depends(caller)):
         return broker.public_defaults()
-
-    return LimitsAndLog(app, max_upload, state / "access.log")
 
 
 def _channel_json(ch) -> dict:

@@ -178,8 +178,7 @@ def check_receipt(
     rel: dict, model_publisher: str, model_eps: float, model_delta: float, lifetime: tuple[float, float]
 ) -> tuple[float, float]:
     """The declared (ε, δ) spend of a receipt, after checking it names the model's publisher, covers at least
-    the
-    model's own (ε, δ) and stays within the site's declared lifetime budget (ModelRejected otherwise)."""
+    the model's own (ε, δ) and stays within the site's declared lifetime budget (ModelRejected otherwise)."""
     if rel.get("site") != model_publisher:
         raise ModelRejected(
             f"the release receipt names site {rel.get('site')!r}, the model {model_publisher!r}"

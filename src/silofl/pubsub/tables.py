@@ -84,8 +84,7 @@ def encode(schema: Schema, raw: np.ndarray, y: np.ndarray) -> PubSubTable:
 def read(path: str, schema_path: str, id_column: str | None = None) -> PubSubTable:
     """A site's file checked against the schema and encoded for PubSub-ML, with each row's record id: the
     ``id_column``'s value, or else a digest of the row's content (the same record read again gets the same id,
-    in
-    any file or order; the k-th identical copy of a row gets ``#k``)."""
+    in any file or order; the k-th identical copy of a row gets ``#k``)."""
     from silofl.data.schema import read_table
 
     schema = Schema.load(schema_path)

@@ -8,10 +8,8 @@ from pathlib import Path
 
 def make_test_certificates(out: str | Path, hosts: list[str], days: int = 30) -> dict[str, Path]:
     """Write ``ca.pem`` (give it to every client), ``server.pem`` and ``server.key`` (the broker's, mode 0600)
-    under
-    ``out`` for the DNS names / IP addresses ``hosts``. The CA's key is not kept: nothing else can be signed
-    by it.
-    (The certificates are made as for a deployment: :mod:`silofl.deploy.pki`.)"""
+    under ``out`` for the DNS names / IP addresses ``hosts``. The CA's key is not kept: nothing else can be
+    signed by it. (The certificates are made as for a deployment: :mod:`silofl.deploy.pki`.)"""
     from silofl.deploy.pki import make_ca, make_server_cert
 
     out = Path(out)

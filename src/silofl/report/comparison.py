@@ -303,7 +303,46 @@ def write_report(out: Path, runs, results, comm, cc) -> dict:
         "compare": {"methods": cc.methods, "seeds": cc.seeds, "preset": cc.preset},
     }
     (out / "results.json").write_text(json.dumps(clean_json(report), indent=2) + "\n")
-    with (out / "results.csv").open("w", newline="") as f:
+    _write_csv(out / "results.csv", rows)
+    md = ["# silofl compare report", ""]
+    if rows:
+        md += [
+            markdown_table(rows),
+            "",
+            f"{_figures_note(rows)}: mean ± std over every client's final value in every seed. ε: final, at "
+            f"δ = {next((r['delta'] for r in rows if r['delta']), 0):g}, from the runs' accountants; † = "
+            "not a formal guarantee (paper privacy mode). Bytes: measured on the serialized messages."
+            + (
+                " Every run is a seeded research run (reproducible): its ε holds only while the seed stays "
+                "secret."
+                if any(r.get("seeded") for r in rows)
+                else ""
+            ),
+            "",
+        ]
+    if failed:
+        md += ["## Failed runs", ""] + [f"- `{f['run']}`: {f['error']}" for f in failed] + [""]
+    if comm:
+        md += [
+            "## Communication per round (measured)",
+            "",
+            "| method | K | bytes / round | bytes / client / round |",
+            "|---|---|---|---|",
+        ]
+        md += [
+            f"| {r['method']} | {r['clients']} | {_bytes(r['bytes_per_round'])} | "
+            f"{_bytes(r['bytes_per_client_per_round'])} |"
+            for r in comm
+        ]
+        md.append("")
+    md += [f"![{p}]({p})" for p in plots]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    return report
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    """results.csv: one line per variant, the figures of results.json's rows."""
+    with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
             [
@@ -356,39 +395,3 @@ def write_report(out: Path, runs, results, comm, cc) -> dict:
                     m,
                 ]
             )
-    md = ["# silofl compare report", ""]
-    if rows:
-        md += [
-            markdown_table(rows),
-            "",
-            f"{_figures_note(rows)}: mean ± std over every client's final value in every seed. ε: final, at "
-            f"δ = "
-            f"{next((r['delta'] for r in rows if r['delta']), 0):g}, from the runs' accountants; † = not a "
-            f"formal "
-            "guarantee (paper privacy mode). Bytes: measured on the serialized messages."
-            + (
-                " Every run is a seeded research run (reproducible): its ε holds only while the seed stays "
-                "secret."
-                if any(r.get("seeded") for r in rows)
-                else ""
-            ),
-            "",
-        ]
-    if failed:
-        md += ["## Failed runs", ""] + [f"- `{f['run']}`: {f['error']}" for f in failed] + [""]
-    if comm:
-        md += [
-            "## Communication per round (measured)",
-            "",
-            "| method | K | bytes / round | bytes / client / round |",
-            "|---|---|---|---|",
-        ]
-        md += [
-            f"| {r['method']} | {r['clients']} | {_bytes(r['bytes_per_round'])} | "
-            f"{_bytes(r['bytes_per_client_per_round'])} |"
-            for r in comm
-        ]
-        md.append("")
-    md += [f"![{p}]({p})" for p in plots]
-    (out / "report.md").write_text("\n".join(md) + "\n")
-    return report

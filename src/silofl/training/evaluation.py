@@ -2,26 +2,19 @@
 
 Evaluation dominates a round when every site's models are scored on a 10 000-image test set every round (a
 LeNet5 pass costs more than a whole ProxyFL training round on 2 cores). :func:`accuracies` scores every model
-of
-one architecture in a single vectorised pass under ``torch.inference_mode``: for the conv nets the first
+of one architecture in a single vectorised pass under ``torch.inference_mode``: for the conv nets the first
 convolution (whose input all K models share) is one matmul over the input's patches with the K models' filters
-side
-by side, every later convolution one grouped convolution in channels-last layout, each block max-pooled before
-its
-bias and ReLU (exactly equal, and a quarter of the work), every linear layer one batched matmul (``baddbmm``),
-in
-cache-sized chunks; MLPs one ``baddbmm`` per layer; any other architecture goes through ``torch.func.vmap`` of
-``functional_call`` over the stacked weights. The
-predictions equal those of scoring each model alone except where two logits of an example tie to within
-floating-
-point rounding (the batched kernels sum in another order: logits agree to about 1e-6 relative); accuracies can
-then differ by such examples only — none in the checks of ``tests/training/test_evaluation.py`` and
-``bench/eval_round.py``.
+side by side, every later convolution one grouped convolution in channels-last layout, each block max-pooled
+before its bias and ReLU (exactly equal, and a quarter of the work), every linear layer one batched matmul
+(``baddbmm``), in cache-sized chunks; MLPs one ``baddbmm`` per layer; any other architecture goes through
+``torch.func.vmap`` of ``functional_call`` over the stacked weights. The predictions equal those of scoring
+each model alone except where two logits of an example tie to within floating-point rounding (the batched
+kernels sum in another order: logits agree to about 1e-6 relative); accuracies can then differ by such
+examples only — none in the checks of ``tests/training/test_evaluation.py`` and ``bench/eval_round.py``.
 
 :func:`scores` and :func:`all_scores` do the same passes and keep the logits: every classification metric of
 :mod:`silofl.training.metrics` (accuracy — the same figure :func:`accuracy` gives —, AUROC, balanced accuracy,
-macro
-F1, ECE) comes from that one forward pass per model.
+macro F1, ECE) comes from that one forward pass per model.
 """
 
 from __future__ import annotations
@@ -60,8 +53,7 @@ def accuracies(
     models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000, min_group: int = 2
 ) -> list[float]:
     """Top-1 accuracy of each model over (x, y): models of one architecture in one vectorised pass (see the
-    module
-    doc), any other (or a group smaller than ``min_group``) alone with :func:`accuracy`."""
+    module doc), any other (or a group smaller than ``min_group``) alone with :func:`accuracy`."""
     return [
         float(a) for a in _by_architecture(models, x, y, batch_size, min_group, accuracy, _stacked_accuracies)
     ]
@@ -77,9 +69,8 @@ def _by_architecture(
     stacked: Callable,
 ) -> list:
     """``alone(model, x, y, batch_size)`` or, for each group of at least ``min_group`` models of one
-    architecture
-    (without mode-dependent layers), ``stacked(models, x, y, batch_size)`` in one pass; in the models'
-    order."""
+    architecture (without mode-dependent layers), ``stacked(models, x, y, batch_size)`` in one pass; in the
+    models' order."""
     out: list = [None] * len(models)
     groups: dict[tuple, list[int]] = {}
     for i, m in enumerate(models):
@@ -108,10 +99,8 @@ def _stacked_forward(models: Sequence[nn.Module]):
     """A function x ↦ (K, n, classes) logits of all K models, or None when the family has no stacked form.
 
     Conv nets (LeNet5, CNN1, CNN2): every convolution of the K models is one grouped convolution over the
-    input
-    repeated K times, in channels-last layout (oneDNN's fastest path on this CPU); fully connected layers (and
-    MLPs)
-    are one ``baddbmm`` each."""
+    input repeated K times, in channels-last layout (oneDNN's fastest path on this CPU); fully connected
+    layers (and MLPs) are one ``baddbmm`` each."""
     from silofl.models import MLP, _ConvNet
 
     k = len(models)
@@ -187,9 +176,8 @@ _CONV_CHUNK_BYTES = (
 
 def _chunk(models: Sequence[nn.Module], x: torch.Tensor, batch_size: int) -> int:
     """Examples per vectorised pass: ``batch_size``, but for conv nets few enough that the K models'
-    first-layer
-    activations stay cache-sized (8 LeNet5 on 10 000 images, 2 threads: 0.47 s at 32 a pass, 0.95 s at
-    1000)."""
+    first-layer activations stay cache-sized (8 LeNet5 on 10 000 images, 2 threads: 0.47 s at 32 a pass, 0.95
+    s at 1000)."""
     from silofl.models import _ConvNet
 
     if not isinstance(models[0], _ConvNet) or x.dim() != 4:
@@ -237,9 +225,8 @@ def scores(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
 ) -> dict[str, float | None]:
     """Every metric of :mod:`silofl.training.metrics` for one model over (x, y), from one pass in batches
-    under
-    no_grad, in eval mode: ``{acc, auroc, balanced_accuracy, f1, ece}`` (None where undefined). ``acc`` equals
-    :func:`accuracy`."""
+    under no_grad, in eval mode: ``{acc, auroc, balanced_accuracy, f1, ece}`` (None where undefined). ``acc``
+    equals :func:`accuracy`."""
     was_training = model.training
     model.eval()
     try:
@@ -257,8 +244,7 @@ def all_scores(
     models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000, min_group: int = 2
 ) -> list[dict[str, float | None]]:
     """:func:`scores` of each model over (x, y), grouped and vectorised as :func:`accuracies` does (its
-    ``acc``
-    values are :func:`accuracies`' figures)."""
+    ``acc`` values are :func:`accuracies`' figures)."""
     return _by_architecture(models, x, y, batch_size, min_group, scores, _stacked_scores)
 
 

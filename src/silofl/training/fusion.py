@@ -26,12 +26,11 @@ FUSION_STARTS = ("best", "mean", "zero")
 
 class Fusion(nn.Module):
     """A linear layer over m(x) that starts as the best model on the fitting rows (``start="best"``; the
-    models
-    come ranked), as the plain ensemble (``"mean"``: the mean of the models' log-probabilities, or of their
-    predictions) or at zero (``"zero"``: plain logistic regression), plus optionally one hidden layer whose
-    output
-    starts at zero. Training moves it away from its start only as far as the fitting rows support: ``penalty``
-    is the squared distance of the linear layer from its start plus the squared weights of the hidden part."""
+    models come ranked), as the plain ensemble (``"mean"``: the mean of the models' log-probabilities, or of
+    their predictions) or at zero (``"zero"``: plain logistic regression), plus optionally one hidden layer
+    whose output starts at zero. Training moves it away from its start only as far as the fitting rows
+    support: ``penalty`` is the squared distance of the linear layer from its start plus the squared weights
+    of the hidden part."""
 
     def __init__(
         self,
@@ -92,9 +91,8 @@ def fit_fusion(
     class_weight: torch.Tensor | None = None,
 ) -> Fusion:
     """Fit ``fusion`` on (feats, target) by full-batch L-BFGS of the mean loss plus ``weight_decay ·
-    penalty``;
-    returns it in eval mode. ``class_weight``: each class's weight in the mean cross-entropy (classification).
-    (Full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps
+    penalty``; returns it in eval mode. ``class_weight``: each class's weight in the mean cross-entropy
+    (classification). (Full batch L-BFGS: the objective is smooth and small; Adam's sign-like first steps
     swung the logits of log-probability inputs by whole units and lost the ensemble it started from.)"""
     opt = torch.optim.LBFGS(
         fusion.parameters(),

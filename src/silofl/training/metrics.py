@@ -2,8 +2,7 @@
 
 Every evaluation computes all of them from the one forward pass that accuracy already needs
 (:func:`silofl.training.evaluation.scores`); ``--metric`` only picks which one is the headline. Definitions
-(the
-tests compare each with scikit-learn 1.7 as the independent reference, ties and absent classes included):
+(the tests compare each with scikit-learn 1.7 as the independent reference, ties and absent classes included):
 
 - ``acc``: top-1 accuracy, the share of examples whose arg-max class is the label.
 - ``auroc``: area under the ROC curve, ties counted half (Mann–Whitney U with mid-ranks). Two classes: the
@@ -29,8 +28,7 @@ probability):
 
 A metric that is undefined (AUROC with one class present; anything on no examples) is NaN here and reported as
 ``null`` (None) in metrics.jsonl and summary.json. Scores may be probabilities or any per-class transform that
-is
-monotone in them (log-probabilities) for AUROC; ECE needs probabilities.
+is monotone in them (log-probabilities) for AUROC; ECE needs probabilities.
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ def metric_field(acc_field: str, metric: str) -> str:
 
 def acc_field_of(key: str) -> str | None:
     """The accuracy field of the same model as a metric figure (``private_auroc`` → ``private_acc``); None for
-    a key
-    that is no metric figure."""
+    a key that is no metric figure."""
     for sfx in EXTRA_SUFFIXES:
         if key.endswith("_" + sfx) and len(key) > len(sfx) + 1:
             return key[: -len(sfx) - 1] + "_acc"
@@ -199,8 +196,7 @@ def balanced_accuracy(y, pred, classes: int | None = None) -> float:
 
 def f1_macro(y, pred, classes: int | None = None) -> float:
     """Macro F1 over the classes in ``y`` or ``pred`` (a class predicted but absent from ``y`` scores 0); NaN
-    on
-    no examples."""
+    on no examples."""
     t, q = _np(y).astype(np.int64), _np(pred).astype(np.int64)
     if len(t) == 0:
         return math.nan
@@ -214,8 +210,7 @@ def f1_macro(y, pred, classes: int | None = None) -> float:
 
 def ece(probs, y, pred=None, bins: int = ECE_BINS) -> float:
     """Expected calibration error with ``bins`` equal-width bins (lo, hi] of the confidence max_c p_c; the
-    prediction
-    is ``pred`` (default: the arg-max of ``probs``). NaN on no examples."""
+    prediction is ``pred`` (default: the arg-max of ``probs``). NaN on no examples."""
     p, t = _np(probs).astype(np.float64), _np(y).astype(np.int64)
     if len(t) == 0:
         return math.nan
@@ -235,11 +230,9 @@ def classification_metrics(
     logits: torch.Tensor, y: torch.Tensor, pred: torch.Tensor | None = None
 ) -> dict[str, float]:
     """Every metric of one model from its logits (n, C) on labels y (n,): ``{acc, auroc, balanced_accuracy,
-    f1,
-    ece}`` (NaN where undefined). ``pred``: the predictions accuracy counts (default: the logits' arg-max).
-    Scores for
-    AUROC are the float64 log-probabilities (monotone in the probabilities, without float32 saturation
-    ties)."""
+    f1, ece}`` (NaN where undefined). ``pred``: the predictions accuracy counts (default: the logits'
+    arg-max). Scores for AUROC are the float64 log-probabilities (monotone in the probabilities, without
+    float32 saturation ties)."""
     n = len(y)
     if pred is None:
         pred = logits.argmax(-1)

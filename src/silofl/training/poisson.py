@@ -84,12 +84,11 @@ def poisson_steps(
     site's data, NOT privatised). ``augment``: augmentation multiplicity — the model steps on K views of each
     sampled example, an example's loss the mean over its views (clipped as one example under DP); a partner
     trains on the un-augmented batch. ``grad_hook``: called after every step's gradient is in ``p.grad``
-    (under DP:
-    the noised one) and before the optimizer steps — a data-independent term such as a proximal pull towards a
-    received model (FedProx, Ditto, MR-MTL) added there is post-processing of the DP gradient. ``persons``
-    (person-level DP, :mod:`silofl.privacy.person`): Poisson sampling of persons at rate ``sample_rate``, each
-    with all of their rows, and under DP each person's rows clipped together (the statistics are then per
-    person)."""
+    (under DP: the noised one) and before the optimizer steps — a data-independent term such as a proximal
+    pull towards a received model (FedProx, Ditto, MR-MTL) added there is post-processing of the DP gradient.
+    ``persons`` (person-level DP, :mod:`silofl.privacy.person`): Poisson sampling of persons at rate
+    ``sample_rate``, each with all of their rows, and under DP each person's rows clipped together (the
+    statistics are then per person)."""
     model.train()
     if partner is not None:
         partner.model.train()
@@ -174,8 +173,7 @@ def _augmented_step(
     want_logits: bool,
 ):
     """Gradients of one augmentation-multiplicity step in ``p.grad``: (the model's logits on the un-augmented
-    batch
-    when a partner needs them, else None; the DP step's statistics or None)."""
+    batch when a partner needs them, else None; the DP step's statistics or None)."""
     K = augment.views
     xv = augment(xb)
     logits = None

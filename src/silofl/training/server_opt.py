@@ -4,20 +4,19 @@ Every optimizer returns the step to add to the global weights. They see only the
 aggregate, so whatever they do is post-processing of the DP mechanism.
 
 * ``fedavg``: w ← w + η·Δ̄ (McMahan et al.).
-* ``fedadam``: Adam on the pseudo-gradient −Δ̄ (Reddi et al., "Adaptive Federated Optimization"):
-  m ← β₁m + (1−β₁)Δ̄, u ← β₂u + (1−β₂)Δ̄², w ← w + η·m̂/(√û + τ); bias correction optional
-  (Reddi et al. run without it), τ the adaptivity.
-* ``fedavgm``: server momentum (Hsu et al., 2019): m ← μ·m + Δ̄, w ← w + η·m; example-level
-  FedAvg/FML use it on the average of the sites' DP models (``server_lr``, ``server_momentum``).
-* ``fednova``: the clients normalise (see :mod:`silofl.site.subclients`), the server then steps
-  like FedAvg.
+* ``fedadam``: Adam on the pseudo-gradient −Δ̄ (Reddi et al., "Adaptive Federated Optimization"): m ← β₁m +
+  (1−β₁)Δ̄, u ← β₂u + (1−β₂)Δ̄², w ← w + η·m̂/(√û + τ); bias correction optional (Reddi et al. run without
+  it), τ the adaptivity.
+* ``fedavgm``: server momentum (Hsu et al., 2019): m ← μ·m + Δ̄, w ← w + η·m; example-level FedAvg/FML use it
+  on the average of the sites' DP models (``server_lr``, ``server_momentum``).
+* ``fednova``: the clients normalise (see :mod:`silofl.site.subclients`), the server then steps like FedAvg.
 * ``dp2-rmsprop``: DP² (Li et al., "Differentially Private Adaptive Optimization with Delayed
-  Preconditioners", 2023) on the server: phases of ``delay`` rounds alternate, starting with SGD.
-  In SGD phases w ← w + η_sgd·Δ̄ and the updates are averaged into an accumulator; at the start of
-  each adaptive phase the preconditioner becomes u ← β·u + (1−β)·(accumulated mean)² — the mean of
-  several noisy updates, so less noise enters it — and the accumulator restarts. In adaptive phases
-  w ← w + η·Δ̄/(√û + τ) with that delayed, fixed u, bias-corrected û = u/(1−β^k) after k refreshes
-  (50 rounds give only a handful of refreshes: without the correction u stays ~(1−β) too small).
+  Preconditioners", 2023) on the server: phases of ``delay`` rounds alternate, starting with SGD. In SGD
+  phases w ← w + η_sgd·Δ̄ and the updates are averaged into an accumulator; at the start of each adaptive
+  phase the preconditioner becomes u ← β·u + (1−β)·(accumulated mean)² — the mean of several noisy updates, so
+  less noise enters it — and the accumulator restarts. In adaptive phases w ← w + η·Δ̄/(√û + τ) with that
+  delayed, fixed u, bias-corrected û = u/(1−β^k) after k refreshes (50 rounds give only a handful of
+  refreshes: without the correction u stays ~(1−β) too small).
 """
 
 from __future__ import annotations
@@ -109,9 +108,8 @@ class FedAdam(ServerOptimizer):
 
 class FedYogi(FedAdam):
     """Yogi on the pseudo-gradient −Δ̄ (Reddi et al.; Zaheer et al. 2018): FedAdam's step with the second
-    moment
-    u ← u − (1−β₂)·Δ̄²·sign(u − Δ̄²), which grows or shrinks by at most (1−β₂)·Δ̄² a round instead of decaying
-    geometrically. u starts at 0, as FedAdam's does (its first round equals FedAdam's)."""
+    moment u ← u − (1−β₂)·Δ̄²·sign(u − Δ̄²), which grows or shrinks by at most (1−β₂)·Δ̄² a round instead of
+    decaying geometrically. u starts at 0, as FedAdam's does (its first round equals FedAdam's)."""
 
     def step(self, mean_update: torch.Tensor) -> torch.Tensor:
         """The step to add to the global weights for this round's mean update."""
