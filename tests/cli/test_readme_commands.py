@@ -3,7 +3,9 @@ from
 the docs pages they moved to (docs/howto/, tests/readme.py), with the files it names generated for the test in
 its working folder; the
 between-institutions section runs in tests/deploy/test_readme_site_commands.py. A command added to these
-sections without a way to run it fails test_every_readme_command_has_a_runner at once."""
+sections without a way to run it fails test_every_readme_command_has_a_runner at once. A command runs with its
+argv as written through the command-line app in the test's process (typer's CliRunner); one that serves
+(`pubsub serve`) runs as a process of its own."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -156,19 +159,26 @@ def test_the_extraction_joins_continued_lines_and_drops_comments():
 ENV = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
-def silofl(args: list[str], cwd: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
-    r = subprocess.run(
-        [sys.executable, "-m", "silofl.cli.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+def silofl(args: list[str], cwd: Path, env: dict) -> None:
+    """``silofl ARGS`` run to completion (exit 0) in ``cwd`` with ``env``: the command-line app itself, in
+    this process (typer's CliRunner). A process per command cost about 2 s of CPU for importing torch each,
+    most of these tests' time; a command that serves (``pubsub serve``) stays a process of its own."""
+    import torch
+    from typer.testing import CliRunner
+
+    from silofl.cli.main import app
+
+    here, threads = os.getcwd(), torch.get_num_threads()
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(app, args, env={k: v for k, v in env.items() if os.environ.get(k) != v})
+    finally:
+        os.chdir(here)
+        torch.set_num_threads(threads)  # a run sets its own; this worker's other tests keep theirs
+    crash = "".join(traceback.format_exception(r.exception)) if r.exception and r.exit_code != 0 else ""
+    assert r.exit_code == 0 and not crash, (
+        f"silofl {' '.join(args)} → {r.exit_code}\n{r.output[-3000:]}\n{crash}"
     )
-    assert r.returncode == 0, (
-        f"silofl {' '.join(args)} → {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    )
-    return r
 
 
 def _images(root: Path, rng: np.random.Generator, per_class: int = 6) -> None:
