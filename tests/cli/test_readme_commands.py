@@ -175,7 +175,8 @@ def silofl(args: list[str], cwd: Path, env: dict) -> None:
     finally:
         os.chdir(here)
         torch.set_num_threads(threads)  # a run sets its own; this worker's other tests keep theirs
-    crash = "".join(traceback.format_exception(r.exception)) if r.exception and r.exit_code != 0 else ""
+    escaped = r.exception is not None and not isinstance(r.exception, SystemExit)  # an exit code is no crash
+    crash = "".join(traceback.format_exception(r.exception)) if escaped else ""
     assert r.exit_code == 0 and not crash, (
         f"silofl {' '.join(args)} → {r.exit_code}\n{r.output[-3000:]}\n{crash}"
     )
