@@ -18,13 +18,13 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests import readme
+from tests.helpers import silofl_here
 
 # (file, title): the sections moved from the README into the docs site's how-tos (issue 27)
 TABLES, PREDICT, PUBSUB, DEPLOY = readme.TABLES, readme.PREDICT, readme.PUBSUB, readme.DEPLOY
@@ -160,25 +160,11 @@ ENV = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS
 
 
 def silofl(args: list[str], cwd: Path, env: dict) -> None:
-    """``silofl ARGS`` run to completion (exit 0) in ``cwd`` with ``env``: the command-line app itself, in
-    this process (typer's CliRunner). A process per command cost about 2 s of CPU for importing torch each,
-    most of these tests' time; a command that serves (``pubsub serve``) stays a process of its own."""
-    import torch
-    from typer.testing import CliRunner
-
-    from silofl.cli.main import app
-
-    here, threads = os.getcwd(), torch.get_num_threads()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(app, args, env={k: v for k, v in env.items() if os.environ.get(k) != v})
-    finally:
-        os.chdir(here)
-        torch.set_num_threads(threads)  # a run sets its own; this worker's other tests keep theirs
-    escaped = r.exception is not None and not isinstance(r.exception, SystemExit)  # an exit code is no crash
-    crash = "".join(traceback.format_exception(r.exception)) if escaped else ""
-    assert r.exit_code == 0 and not crash, (
-        f"silofl {' '.join(args)} → {r.exit_code}\n{r.output[-3000:]}\n{crash}"
+    """``silofl ARGS`` run to completion (exit 0, no traceback) in ``cwd`` with ``env``, in this process
+    (tests.helpers.silofl_here)."""
+    r = silofl_here(args, cwd, env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, (
+        f"silofl {' '.join(args)} → {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     )
 
 

@@ -36,7 +36,6 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +43,7 @@ import pytest
 import yaml
 
 from tests import readme
+from tests.helpers import silofl_here
 
 DEPLOY = readme.DEPLOY  # (file, title): docs/howto/deploy.md since issue 27
 SITES = ("a", "b", "c")
@@ -61,26 +61,6 @@ def _per_site(args: list[str], x: str) -> list[str]:
         else f"hospital-{x}"
         for a in args
     ]
-
-
-def in_process(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    """``silofl ARGS`` through the command-line app in this process, in ``cwd`` with ``env``, as a completed
-    process (an exception's traceback, if one escaped, in its stderr); torch's thread count is restored."""
-    import torch
-    from typer.testing import CliRunner
-
-    from silofl.cli.main import app
-
-    here, threads = os.getcwd(), torch.get_num_threads()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(app, args, env={k: v for k, v in env.items() if os.environ.get(k) != v})
-    finally:
-        os.chdir(here)
-        torch.set_num_threads(threads)
-    escaped = r.exception is not None and not isinstance(r.exception, SystemExit)  # an exit code is no crash
-    crash = "".join(traceback.format_exception(r.exception)) if escaped else ""
-    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr + crash)
 
 
 def _stop(p: subprocess.Popen, first: int = signal.SIGTERM) -> None:
@@ -155,7 +135,7 @@ def test_the_readme_deployment_commands_as_written(tmp_path):
         CliRunner: a process each cost about 2 s of CPU importing torch), in ``tmp_path`` with ``env``;
         otherwise as a process of its own."""
         if here:
-            r = in_process(args, tmp_path, env)
+            r = silofl_here(args, tmp_path, env)
         else:
             r = subprocess.run(
                 [*cli, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
