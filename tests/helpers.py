@@ -51,6 +51,34 @@ def spy_packets(engine: InProcessEngine) -> list[tuple[int, int, bytes]]:
     return seen
 
 
+def silofl_here(args: list[str], cwd, env: dict | None = None):
+    """``silofl ARGS`` through the command-line app in this process (typer's CliRunner), in ``cwd`` with
+    ``env`` (the variables it sets or changes), as a completed process: return code, stdout, stderr (with the
+    traceback of an exception that escaped; SystemExit is an exit code). A python process per command costs
+    about 2 s of CPU importing torch; the tests of commands "as written" run their argv this way unless the
+    command serves. The working folder and torch's thread count are restored."""
+    import os
+    import subprocess
+    import traceback
+
+    import torch
+    from typer.testing import CliRunner
+
+    from silofl.cli.main import app
+
+    here, threads = os.getcwd(), torch.get_num_threads()
+    os.chdir(cwd)
+    try:
+        changed = {k: v for k, v in (env or {}).items() if os.environ.get(k) != v}
+        r = CliRunner().invoke(app, args, env=changed)
+    finally:
+        os.chdir(here)
+        torch.set_num_threads(threads)
+    escaped = r.exception is not None and not isinstance(r.exception, SystemExit)
+    crash = "".join(traceback.format_exception(r.exception)) if escaped else ""
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr + crash)
+
+
 # a two-process ProxyFL run on digits, one round: what tests of torch.distributed runs launch
 TINY_LAUNCH = (
     "launch --nproc-per-node 2 --method proxyfl --dataset digits --clients 2 --rounds 1 "

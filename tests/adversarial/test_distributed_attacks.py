@@ -1,7 +1,8 @@
-"""Hostile processes in a torch.distributed run: an impostor that joined the rendezvous knowing only its
-address (no run key) sends a forged reply (a proxy with PushSum weight 1e300), or a frame header declaring
-2^62 or −7 bytes. Process 0 refuses it before allocating anything, logs it, drops that process's sites, and
-the run finishes with the others."""
+"""Hostile processes in a torch.distributed run: impostors that joined the rendezvous knowing only its
+address (no run key) send a forged reply (a proxy with PushSum weight 1e300), or a frame header declaring
+2^62 or −7 bytes. Process 0 refuses each before allocating anything, logs it, drops that process's sites, and
+the run finishes with the others. One run holds all three impostors (ranks 1–3) beside two genuine processes
+(ranks 0 and 4): a run of its own for each took 3 launches for the same checks."""
 
 import json
 import os
@@ -17,10 +18,17 @@ from silofl.runner.entry import RankOptions, rank_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
+# the impostors, by rank: (mode of tests/adversarial/impostor.py, the reason process 0 gives)
+IMPOSTORS = {
+    1: ("forge", "fails its MAC"),
+    2: ("huge", "declared size 4611686018427387904"),
+    3: ("negative", "declared size -7"),
+}
+GENUINE = (0, 4)
 RUN = {  # the run every genuine process is started with, as data (silofl.runner.entry.run_rank)
     "method": "proxyfl",
     "dataset": "digits",
-    "clients": 3,
+    "clients": 5,  # site k on rank k % 5: one site per process
     "rounds": 2,
     "samples_per_client": 100,
     "batch_size": 25,
@@ -36,19 +44,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(
-    "mode, reason",
-    [
-        ("forge", "fails its MAC"),
-        ("huge", "declared size 4611686018427387904"),
-        ("negative", "declared size -7"),
-    ],
-)
-def test_an_impostor_without_the_run_key_is_refused_and_the_others_finish(tmp_path, mode, reason):
+def test_impostors_without_the_run_key_are_refused_and_the_others_finish(tmp_path):
     port, out = str(free_port()), tmp_path / "run"
     base = {
         **os.environ,
-        "WORLD_SIZE": "3",
+        "WORLD_SIZE": str(len(IMPOSTORS) + len(GENUINE)),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": port,
         "SILOFL_NO_PROGRESS": "1",
@@ -57,28 +57,16 @@ def test_an_impostor_without_the_run_key_is_refused_and_the_others_finish(tmp_pa
     key = os.urandom(32).hex()
     cfg = RunConfig.from_dict({**RUN, "out": str(out)})
     genuine = rank_entry(cfg, RankOptions(peer_timeout_s=30, quiet=True)).command()
+    impostor = [sys.executable, str(Path(__file__).with_name("impostor.py"))]
     procs = [
         subprocess.Popen(
-            genuine,
-            env={**base, "RANK": "0", "SILOFL_RUN_KEY": key},
+            genuine if rank in GENUINE else [*impostor, IMPOSTORS[rank][0]],
+            env={**base, "RANK": str(rank), **({"SILOFL_RUN_KEY": key} if rank in GENUINE else {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        ),
-        subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("impostor.py")), mode],
-            env={**base, "RANK": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ),
-        subprocess.Popen(
-            genuine,
-            env={**base, "RANK": "2", "SILOFL_RUN_KEY": key},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ),
+        )
+        for rank in range(len(IMPOSTORS) + len(GENUINE))
     ]
     try:
         outs = [p.communicate(timeout=240) for p in procs]
@@ -86,10 +74,12 @@ def test_an_impostor_without_the_run_key_is_refused_and_the_others_finish(tmp_pa
         for p in procs:
             p.kill()
     assert procs[0].returncode == 0, outs[0][1][-3000:]
-    assert reason in outs[0][1] and "lost process 1" in outs[0][1]
     s = json.loads((out / "summary.json").read_text())
-    assert s["rounds_run"] == 2 and [r["client"] for r in s["final"]["per_client"]] == [0, 2]
-    assert reason in s["lost_processes"]["1"]
+    for rank, (_, reason) in IMPOSTORS.items():
+        assert reason in outs[0][1] and f"lost process {rank}" in outs[0][1], (rank, outs[0][1][-3000:])
+        assert reason in s["lost_processes"][str(rank)]
+    assert sorted(s["lost_processes"]) == [str(r) for r in IMPOSTORS]
+    assert s["rounds_run"] == 2 and [r["client"] for r in s["final"]["per_client"]] == list(GENUINE)
     assert all(
         r["pushsum_weight"] <= 3 for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
     )

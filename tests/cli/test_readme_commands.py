@@ -3,7 +3,9 @@ from
 the docs pages they moved to (docs/howto/, tests/readme.py), with the files it names generated for the test in
 its working folder; the
 between-institutions section runs in tests/deploy/test_readme_site_commands.py. A command added to these
-sections without a way to run it fails test_every_readme_command_has_a_runner at once."""
+sections without a way to run it fails test_every_readme_command_has_a_runner at once. A command runs with its
+argv as written through the command-line app in the test's process (typer's CliRunner); one that serves
+(`pubsub serve`) runs as a process of its own."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests import readme
+from tests.helpers import silofl_here
 
 # (file, title): the sections moved from the README into the docs site's how-tos (issue 27)
 TABLES, PREDICT, PUBSUB, DEPLOY = readme.TABLES, readme.PREDICT, readme.PUBSUB, readme.DEPLOY
@@ -156,19 +159,13 @@ def test_the_extraction_joins_continued_lines_and_drops_comments():
 ENV = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
-def silofl(args: list[str], cwd: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
-    r = subprocess.run(
-        [sys.executable, "-m", "silofl.cli.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert r.returncode == 0, (
+def silofl(args: list[str], cwd: Path, env: dict) -> None:
+    """``silofl ARGS`` run to completion (exit 0, no traceback) in ``cwd`` with ``env``, in this process
+    (tests.helpers.silofl_here)."""
+    r = silofl_here(args, cwd, env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, (
         f"silofl {' '.join(args)} → {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     )
-    return r
 
 
 def _images(root: Path, rng: np.random.Generator, per_class: int = 6) -> None:

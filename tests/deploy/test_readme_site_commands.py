@@ -8,6 +8,10 @@ schema.yaml),
 then
 `deploy local` as written (`.venv/bin/silofl`, run beside the others: a Flower deployment mostly waits).
 
+The short commands (certs, init, pin, register) run through the command-line app in the test's process
+(typer's CliRunner, argv as written); the servers, the sites, `deploy start` and `deploy local` are processes
+of their own.
+
 The README names the coordinator `$COORD` (`COORD=coord.example.org`, set on every machine); here every
 machine is
 this one, so the test sets COORD=localhost — the only value it changes. The SuperLink listens on 9092 as
@@ -39,6 +43,7 @@ import pytest
 import yaml
 
 from tests import readme
+from tests.helpers import silofl_here
 
 DEPLOY = readme.DEPLOY  # (file, title): docs/howto/deploy.md since issue 27
 SITES = ("a", "b", "c")
@@ -125,8 +130,16 @@ def test_the_readme_deployment_commands_as_written(tmp_path):
             f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.iterdir())
         )
 
-    def silofl(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run([*cli, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    def silofl(args: list[str], check: bool = True, here: bool = True) -> subprocess.CompletedProcess:
+        """A command run to completion: ``here``, through the command-line app in this process (typer's
+        CliRunner: a process each cost about 2 s of CPU importing torch), in ``tmp_path`` with ``env``;
+        otherwise as a process of its own."""
+        if here:
+            r = silofl_here(args, tmp_path, env)
+        else:
+            r = subprocess.run(
+                [*cli, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+            )
         assert not check or r.returncode == 0 and "Traceback" not in r.stderr, (
             f"silofl {' '.join(args)} → {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n{tails()}"
         )
@@ -187,7 +200,7 @@ def test_the_readme_deployment_commands_as_written(tmp_path):
         for x in SITES:
             start(f"site-{x}", [*cli, *_per_site(cmds[("site", "run")], x)], tmp_path)
         t1 = time.monotonic()
-        silofl([*cmds[("deploy", "start")], *APPENDED.get(("deploy", "start"), [])])
+        silofl([*cmds[("deploy", "start")], *APPENDED.get(("deploy", "start"), [])], here=False)
         t_start = time.monotonic() - t1
 
         out = tmp_path / "runs" / "hospitals"

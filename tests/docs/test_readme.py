@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from tests import readme
+from tests.helpers import silofl_here
 
 ROOT = readme.ROOT
 
@@ -101,14 +102,7 @@ def test_the_30_second_run_as_written(tmp_path):
 
     (cmd,) = readme.commands(readme.FIRST_RUN)
     args = readme.argv(cmd)
-    r = subprocess.run(
-        [sys.executable, "-m", "silofl.cli.main", *args],
-        cwd=tmp_path,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = silofl_here(args, tmp_path, ENV)  # as written, in this process (a process costs ~2 s of imports)
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / args[args.index("--out") + 1]
     s = json.loads((out / "summary.json").read_text())

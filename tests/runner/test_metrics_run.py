@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from sklearn.metrics import balanced_accuracy_score, f1_score, roc_auc_score
 
 from silofl.training.metrics import METRICS
 from tests import readme
+from tests.helpers import silofl_here
 
 SECTION = readme.METRIC  # (file, title): docs/howto/run.md since issue 27
 EXTRA = ("auroc", "balanced_accuracy", "f1", "ece")
@@ -32,14 +31,7 @@ def test_the_readme_metric_command_as_written(tmp_path):
     (cmd,) = readme.commands(SECTION)
     args = readme.argv(cmd)
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    r = subprocess.run(
-        [sys.executable, "-m", "silofl.cli.main", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = silofl_here(args, tmp_path, env)  # as written, in this process (a process costs ~2 s of imports)
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / args[args.index("--out") + 1]
     s = json.loads((out / "summary.json").read_text())

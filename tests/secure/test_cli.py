@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests import readme
+from tests.helpers import silofl_here
 
 SECTION = readme.SECURE
 
@@ -21,14 +22,17 @@ def test_the_docs_commands_as_written(tmp_path):
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     for cmd in cmds:
         args = readme.argv(cmd)
-        r = subprocess.run(
-            [sys.executable, "-m", "silofl.cli.main", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        if args[0] == "run":  # as written, in this process (a process costs ~2 s of imports)
+            r = silofl_here(args, tmp_path, env)
+        else:
+            r = subprocess.run(
+                [sys.executable, "-m", "silofl.cli.main", *args],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         assert r.returncode == 0, r.stderr[-3000:]
         out = tmp_path / args[args.index("--out") + 1]
         s = json.loads((out / "summary.json").read_text())
@@ -58,14 +62,17 @@ def test_sampling_and_the_subclient_unit_on_torch_distributed_equal_the_simulato
     env = {**os.environ, "SILOFL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     runs, outs = {}, {}
     for name, head in (("l", ["launch", "--nproc-per-node", "2"]), ("s", ["run"])):
-        r = subprocess.run(
-            [sys.executable, "-m", "silofl.cli.main", *head, *SAMPLED, "--out", name],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        if head == ["run"]:  # the simulator in this process (a process costs ~2 s of imports)
+            r = silofl_here([*head, *SAMPLED, "--out", name], tmp_path, env)
+        else:
+            r = subprocess.run(
+                [sys.executable, "-m", "silofl.cli.main", *head, *SAMPLED, "--out", name],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         assert r.returncode == 0, r.stderr[-3000:]
         runs[name], outs[name] = json.loads((tmp_path / name / "summary.json").read_text()), r.stdout
     keys = (

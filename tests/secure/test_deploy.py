@@ -34,6 +34,7 @@ def test_deploy_local_with_secure_aggregation_equals_the_simulator(tmp_path, mon
     assert rows["d"] == rows["s"]
     assert runs["d"]["privacy"]["epsilon_vs_server"] == runs["s"]["privacy"]["epsilon_vs_server"]
     assert "secure aggregation: on" in dep.stdout
+    deploy.deployed_as_simulated(tmp_path)  # the checks of every deployment (test_deploy_local: FedAvg's)
     if method == "dp-fedavg":
         assert "ε against the server" in dep.stdout
     else:
