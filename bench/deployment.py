@@ -278,10 +278,18 @@ def requests_per_task(k: int, rounds: int, out: Path, env: dict | None = None) -
     more `deploy local` run with Flower's debug log, which lists every request (the routine ones included)."""
     measure("flower", k, rounds, out, env={"FLWR_LOG_LEVEL": "DEBUG", **(env or {})})
     logs = out / "deployment" / "logs"
-    counts: dict[str, int] = {}
     text = (logs / "superlink.log").read_text(errors="replace")
-    for m in ACCESS.finditer(text):
-        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    routes = ACCESS.findall(text)
+    counts: dict[str, int] = {}
+    for r in routes:
+        counts[r] = counts.get(r, 0) + 1
+    # the run proper: from the ServerApp's first message to its last confirmed reply (before: the SuperNodes
+    # polling while the run starts; after: while it ends and the sites stop)
+    first = routes.index("/v1/runtime/push-messages") if "/v1/runtime/push-messages" in routes else 0
+    last = max((i for i, r in enumerate(routes) if r == "/v1/runtime/confirm-message-received"), default=-1)
+    in_run: dict[str, int] = {}
+    for r in routes[first : last + 1]:
+        in_run[r] = in_run.get(r, 0) + 1
     tasks = sum(len(TRACE.findall(f.read_text(errors="replace"))) for f in logs.glob("site*.log"))
     # a SuperNode's pulls of one object beyond the first: asked before the ServerApp had pushed it
     pulled = FLEET_PULL_OBJECT.findall(text)
@@ -290,6 +298,7 @@ def requests_per_task(k: int, rounds: int, out: Path, env: dict | None = None) -
         "rounds": rounds,
         "tasks": tasks,
         "per_task": {r: n / tasks for r, n in counts.items()},
+        "in_run_per_task": {r: n / tasks for r, n in in_run.items()},
         "fleet_object_repulls_per_task": (len(pulled) - len(set(pulled))) / tasks,
         "env": {x: v for x, v in (env or {}).items()},
     }
@@ -350,22 +359,36 @@ def requests_section(req: dict) -> list[str]:
         "",
         "The requests the SuperLink serves per task (one message to a site and its reply; "
         f"K = {k}, {req['rounds']} rounds, {req['tasks']} tasks; one more `deploy local` run "
-        f"with Flower's debug log, which lists them; measured on {req.get('date', 'the date above')}):",
+        f"with Flower's debug log, which lists them; measured on {req.get('date', 'the date above')}; "
+        "*in the run*: from the ServerApp's first message to its last confirmed reply, the SuperNodes' "
+        "pulls while the run starts and ends left out):",
         "",
-        "| route | requests / task | fewest | what it is |",
-        "|---|---|---|---|",
+        "| route | requests / task | in the run | fewest | what it is |",
+        "|---|---|---|---|---|",
     ]
-    rare, floor = 0.0, 0.0
+    run = req.get("in_run_per_task")
+
+    def during(n: float) -> str:
+        return "—" if run is None else f"{n:.2f}"
+
+    rare, rare_run, floor = 0.0, 0.0, 0.0
     for route, n in sorted(req["per_task"].items(), key=lambda x: -x[1]):
         if route in ROUTES:
             what, least = ROUTES[route]
             least = 1 / k if least is None else least
             floor += least
-            lines.append(f"| `{route}` | {n:.2f} | {least:.2f} | {what} |")
+            lines.append(
+                f"| `{route}` | {n:.2f} | {during((run or {}).get(route, 0.0))} | {least:.2f} | {what} |"
+            )
         else:
             rare += n
-    lines.append(f"| the others (set-up, heartbeats, the run's task) | {rare:.2f} | — | |")
-    lines.append(f"| all | {sum(req['per_task'].values()):.2f} | {floor:.2f} | |")
+            rare_run += (run or {}).get(route, 0.0)
+    lines.append(
+        f"| the others (set-up, heartbeats, the run's task) | {rare:.2f} | {during(rare_run)} | — | |"
+    )
+    lines.append(
+        f"| all | {sum(req['per_task'].values()):.2f} | {during(sum((run or {}).values()))} | {floor:.2f} | |"
+    )
     repulls = req.get("fleet_object_repulls_per_task")
     lines += [
         "",
@@ -536,7 +559,12 @@ def write_doc(result: dict, path: Path) -> None:
             f"{per.get('superlink', 0):.2f} s, the SuperNodes {per.get('supernodes', 0):.2f} s, the "
             f"ServerApp {per.get('serverapp', 0):.2f} s. Every task is "
             f"{sum(req['per_task'].values()):.0f} HTTPS "
-            f"requests to the SuperLink (the ServerApp pushes {pt.get('/v1/runtime/push-object', 0):.1f} "
+            + (
+                f"requests to the SuperLink (counted on {req['date']}, the CPU above on {result['date']}; "
+                if req.get("date", result["date"]) != result["date"]
+                else "requests to the SuperLink ("
+            )
+            + f"the ServerApp pushes {pt.get('/v1/runtime/push-object', 0):.1f} "
             f"objects per message and a SuperNode {pt.get('/v1/fleet/push-object', 0):.1f} per reply, a "
             "request each; the SuperNodes' pulls of messages and objects, the empty ones included, are "
             f"{pt.get('/v1/fleet/pull-messages', 0) + pt.get('/v1/fleet/pull-object', 0):.1f}), each a few "
