@@ -46,8 +46,9 @@ SUPPORTED = "1.41.0"
 ACTIVE_S = float(os.environ.get("SILOFL_SUPERNODE_POLL_S", "0.1"))
 IDLE_AFTER_S = 15.0  # no message for this long: back off towards Flower's 3 s
 # after a reply, the first pull is followed by a sleep to LEAD × the shortest of the site's last GAPS waits
-# for its next message (K = 8 on 2 cores: 6.3 empty pulls per task at a flat ACTIVE_S, see
-# bench/deployment.py); a wait shorter than those costs up to LEAD × their minimum, once
+# for its next message (K = 8 on 2 cores, between the first message and the last reply: 7.1 pulls of
+# messages per task at a flat ACTIVE_S, 3.1 so; bench/deployment.py); a wait shorter than those costs up to
+# LEAD × their minimum, once
 LEAD = 0.75
 GAPS = 3
 REPLY_S = 0.005  # the wait between two checks for the reply of the message in work (in-memory, cheap)
