@@ -398,8 +398,9 @@ def requests_section(req: dict) -> list[str]:
         "entry of one ConfigRecord; an ArrayRecord would add an Array and its chunks). So 3 objects are "
         "pushed per message and 3 per reply, and pulled again at the other end; *fewest* is that floor. "
         "The rest depends on waiting: a SuperNode's empty pulls while its site waits for the next step "
-        "(paced by `flower_shim.Pacer`: after a reply, one sleep to 3/4 of the site's shortest recent "
-        "wait, then every 0.1 s), the ServerApp's polls for the replies (`coordinator.POLL_SHARE`), and "
+        "(paced by `flower_shim.Pacer`: one sleep until 3/4 of the shortest of the last intervals "
+        "between two messages has passed since the last one, then every 0.1 s), the ServerApp's polls for "
+        "the replies (`coordinator.POLL_SHARE`), and "
         "an object pulled before its sender has pushed it (the SuperLink lists a message as soon as it is "
         "registered, before its objects arrive"
         + (f"; {repulls:.2f} such SuperNode pulls per task here" if repulls is not None else "")
