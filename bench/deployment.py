@@ -8,6 +8,7 @@ and
 the SuperLink (`flower+20ms`: a delaying TCP relay, as this kernel has no netem).
 
     python bench/deployment.py [--ks 2,4,8] [--rounds 5] [--out docs/data/deployment.json]
+    python bench/deployment.py --requests-only --ks 8   # only the requests per task, counted again
 
 Writes the JSON and docs/deployment.md (the table and how to read it). Scikit-learn's digits, K sites ×
 min(120, 1340/K) examples, MLP private and proxy models, evaluation at the last round only (so the seconds
@@ -269,18 +270,38 @@ def measure(engine: str, k: int, rounds: int, out: Path, env: dict | None = None
 
 KINDS = ("superlink", "supernodes", "workers", "serverapp", "clientapps", "command")
 ACCESS = re.compile(r'"POST (/v1/[a-z-]+/[a-z-]+) HTTP')
+FLEET_PULL_OBJECT = re.compile(r"\[Fleet\.PullObject\] Pull Object with object_id=([0-9a-f]+)")
 
 
-def requests_per_task(k: int, rounds: int, out: Path) -> dict:
+def requests_per_task(k: int, rounds: int, out: Path, env: dict | None = None) -> dict:
     """The HTTP requests the SuperLink serves per task (one message to a site and its reply), by route: one
     more `deploy local` run with Flower's debug log, which lists every request (the routine ones included)."""
-    measure("flower", k, rounds, out, env={"FLWR_LOG_LEVEL": "DEBUG"})
+    measure("flower", k, rounds, out, env={"FLWR_LOG_LEVEL": "DEBUG", **(env or {})})
     logs = out / "deployment" / "logs"
+    text = (logs / "superlink.log").read_text(errors="replace")
+    routes = ACCESS.findall(text)
     counts: dict[str, int] = {}
-    for m in ACCESS.finditer((logs / "superlink.log").read_text(errors="replace")):
-        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    for r in routes:
+        counts[r] = counts.get(r, 0) + 1
+    # the run proper: from the ServerApp's first message to its last confirmed reply (before: the SuperNodes
+    # polling while the run starts; after: while it ends and the sites stop)
+    first = routes.index("/v1/runtime/push-messages") if "/v1/runtime/push-messages" in routes else 0
+    last = max((i for i, r in enumerate(routes) if r == "/v1/runtime/confirm-message-received"), default=-1)
+    in_run: dict[str, int] = {}
+    for r in routes[first : last + 1]:
+        in_run[r] = in_run.get(r, 0) + 1
     tasks = sum(len(TRACE.findall(f.read_text(errors="replace"))) for f in logs.glob("site*.log"))
-    return {"k": k, "rounds": rounds, "tasks": tasks, "per_task": {r: n / tasks for r, n in counts.items()}}
+    # a SuperNode's pulls of one object beyond the first: asked before the ServerApp had pushed it
+    pulled = FLEET_PULL_OBJECT.findall(text)
+    return {
+        "k": k,
+        "rounds": rounds,
+        "tasks": tasks,
+        "per_task": {r: n / tasks for r, n in counts.items()},
+        "in_run_per_task": {r: n / tasks for r, n in in_run.items()},
+        "fleet_object_repulls_per_task": (len(pulled) - len(set(pulled))) / tasks,
+        "env": {x: v for x, v in (env or {}).items()},
+    }
 
 
 TRACE = re.compile(
@@ -312,6 +333,82 @@ def task_trace(logs: Path) -> dict | None:
         "reply_s": statistics.fmean(r[5] for r in mid),
         "tasks_per_site_round": len(mid) / sites / rounds,
     }
+
+
+# what each route the SuperLink serves is, per task (one message to a site and its reply), and the fewest
+# requests Flower 1.41's API allows it: a Message with content is three objects (the Message, its RecordDict,
+# the one ConfigRecord holding silofl's frame), each pushed and pulled in a request of its own
+ROUTES = {
+    "/v1/runtime/push-messages": ("the ServerApp registers a step's K messages, one request for all", None),
+    "/v1/runtime/push-object": ("the ServerApp pushes each message's 3 objects, a request each", 3),
+    "/v1/fleet/pull-messages": ("a SuperNode asks for its next message: the pull finding it, empty ones", 1),
+    "/v1/fleet/pull-object": ("the SuperNode pulls the message's 3 objects (again if not pushed yet)", 3),
+    "/v1/fleet/confirm-message-received": ("the SuperNode confirms the message", 1),
+    "/v1/fleet/push-messages": ("the SuperNode registers the site's reply", 1),
+    "/v1/fleet/push-object": ("the SuperNode pushes the reply's 3 objects, a request each", 3),
+    "/v1/runtime/pull-messages": ("the ServerApp polls for the replies, one request for all pending", None),
+    "/v1/runtime/pull-object": ("the ServerApp pulls each reply's 3 objects (again if not pushed yet)", 3),
+    "/v1/runtime/confirm-message-received": ("the ServerApp confirms the reply", 1),
+}
+
+
+def requests_section(req: dict) -> list[str]:
+    """The doc's table of the requests per task, by route, beside the fewest Flower's API allows."""
+    k = req["k"]
+    lines = [
+        "",
+        "The requests the SuperLink serves per task (one message to a site and its reply; "
+        f"K = {k}, {req['rounds']} rounds, {req['tasks']} tasks; one more `deploy local` run "
+        f"with Flower's debug log, which lists them; measured on {req.get('date', 'the date above')}; "
+        "*in the run*: from the ServerApp's first message to its last confirmed reply, the SuperNodes' "
+        "pulls while the run starts and ends left out):",
+        "",
+        "| route | requests / task | in the run | fewest | what it is |",
+        "|---|---|---|---|---|",
+    ]
+    run = req.get("in_run_per_task")
+
+    def during(n: float) -> str:
+        return "—" if run is None else f"{n:.2f}"
+
+    rare, rare_run, floor = 0.0, 0.0, 0.0
+    for route, n in sorted(req["per_task"].items(), key=lambda x: -x[1]):
+        if route in ROUTES:
+            what, least = ROUTES[route]
+            least = 1 / k if least is None else least
+            floor += least
+            lines.append(
+                f"| `{route}` | {n:.2f} | {during((run or {}).get(route, 0.0))} | {least:.2f} | {what} |"
+            )
+        else:
+            rare += n
+            rare_run += (run or {}).get(route, 0.0)
+    lines.append(
+        f"| the others (set-up, heartbeats, the run's task) | {rare:.2f} | {during(rare_run)} | — | |"
+    )
+    lines.append(
+        f"| all | {sum(req['per_task'].values()):.2f} | {during(sum((run or {}).values()))} | {floor:.2f} | |"
+    )
+    repulls = req.get("fleet_object_repulls_per_task")
+    lines += [
+        "",
+        "Why these: in Flower 1.41 a message travels as content-addressed objects, each pushed and pulled "
+        "in a request of its own, and a Message with content is at least three — the Message (its metadata), "
+        "its RecordDict (the names of its records) and a record (silofl's whole sealed frame is one bytes "
+        "entry of one ConfigRecord; an ArrayRecord would add an Array and its chunks). So 3 objects are "
+        "pushed per message and 3 per reply, and pulled again at the other end; *fewest* is that floor. "
+        "The rest depends on waiting: a SuperNode's empty pulls while its site waits for the next step "
+        "(paced by `flower_shim.Pacer`: one sleep until 3/4 of the shortest of the last intervals "
+        "between two messages has passed since the last one, then every 0.1 s), the ServerApp's polls for "
+        "the replies (`coordinator.POLL_SHARE`), and "
+        "an object pulled before its sender has pushed it (the SuperLink lists a message as soon as it is "
+        "registered, before its objects arrive"
+        + (f"; {repulls:.2f} such SuperNode pulls per task here" if repulls is not None else "")
+        + "). A task's reply and its status (the executor's PushMessages, 3 PushObject and PushTaskOutput) "
+        "go to the site's own SuperNode on loopback, not to the SuperLink; Flower 1.41's "
+        "`PushTaskOutputRequest` has no field for a message, so they stay separate requests there.",
+    ]
+    return lines
 
 
 def write_doc(result: dict, path: Path) -> None:
@@ -385,23 +482,7 @@ def write_doc(result: dict, path: Path) -> None:
         )
     req = result.get("requests")
     if req:
-        lines += [
-            "",
-            "The requests the SuperLink serves per task (one message to a site and its reply; "
-            f"K = {req['k']}, {req['rounds']} rounds, {req['tasks']} tasks; one more `deploy local` run "
-            "with Flower's debug log, which lists them):",
-            "",
-            "| route | requests / task |",
-            "|---|---|",
-        ]
-        rare = 0.0
-        for route, n in sorted(req["per_task"].items(), key=lambda x: -x[1]):
-            if n >= 0.5:
-                lines.append(f"| `{route}` | {n:.2f} |")
-            else:
-                rare += n
-        lines.append(f"| the others (set-up, heartbeats, the run's task) | {rare:.2f} |")
-        lines.append(f"| all | {sum(req['per_task'].values()):.2f} |")
+        lines += requests_section(req)
     phased = [r for r in rows if r.get("setup_phases_s")]
     if phased:
         names = list(phased[0]["setup_phases_s"])
@@ -479,7 +560,12 @@ def write_doc(result: dict, path: Path) -> None:
             f"{per.get('superlink', 0):.2f} s, the SuperNodes {per.get('supernodes', 0):.2f} s, the "
             f"ServerApp {per.get('serverapp', 0):.2f} s. Every task is "
             f"{sum(req['per_task'].values()):.0f} HTTPS "
-            f"requests to the SuperLink (the ServerApp pushes {pt.get('/v1/runtime/push-object', 0):.1f} "
+            + (
+                f"requests to the SuperLink (counted on {req['date']}, the CPU above on {result['date']}; "
+                if req.get("date", result["date"]) != result["date"]
+                else "requests to the SuperLink ("
+            )
+            + f"the ServerApp pushes {pt.get('/v1/runtime/push-object', 0):.1f} "
             f"objects per message and a SuperNode {pt.get('/v1/fleet/push-object', 0):.1f} per reply, a "
             "request each; the SuperNodes' pulls of messages and objects, the empty ones included, are "
             f"{pt.get('/v1/fleet/pull-messages', 0) + pt.get('/v1/fleet/pull-object', 0):.1f}), each a few "
@@ -502,7 +588,23 @@ def main() -> None:
     ap.add_argument("--doc", default=str(ROOT / "docs" / "deployment.md"))
     ap.add_argument("--note", default="", help="A line about the machine's state, added to the doc.")
     ap.add_argument("--render", action="store_true", help="Only write the doc from --out's JSON (no runs).")
+    ap.add_argument(
+        "--requests-only",
+        action="store_true",
+        help="Only count the requests per task again (at the largest of --ks) into --out's JSON, then write "
+        "the doc.",
+    )
     a = ap.parse_args()
+    if a.requests_only:
+        result = json.loads(Path(a.out).read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            k = max(int(x) for x in a.ks.split(","))
+            result["requests"] = requests_per_task(k, a.rounds, Path(tmp) / "flower-debug")
+        result["requests"]["date"] = time.strftime("%Y-%m-%d")
+        print(json.dumps(result["requests"]), flush=True)
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_doc(result, Path(a.doc))
+        return
     if a.render:
         result = json.loads(Path(a.out).read_text())
         if a.note:
@@ -521,6 +623,7 @@ def main() -> None:
         requests = None
         if "flower" in a.engines.split(","):
             requests = requests_per_task(max(ks), a.rounds, Path(tmp) / "flower-debug")
+            requests["date"] = time.strftime("%Y-%m-%d")
             print(json.dumps(requests), flush=True)
     result = {
         "ks": ks,

@@ -39,6 +39,31 @@ def test_the_pacer_polls_fast_while_a_run_is_on_and_backs_off_to_flowers_3_s_whe
     assert p.delay(3) == shim.ACTIVE_S
 
 
+def test_the_pacer_sleeps_towards_the_next_step_then_polls():
+    c = Clock()
+    p = shim.Pacer(clock=c, sleep=c.sleep)
+    p.pulled()  # the first message: no interval known yet, the active pace
+    assert p.delay(3) == shim.ACTIVE_S
+    for period in (0.8, 1.2, 1.0):  # a step every this many seconds
+        c.t += period
+        p.pulled()
+    assert p.periods == pytest.approx([0.8, 1.2, 1.0])
+    c.t += 0.3  # the site worked 0.3 s, answered, and finds no message
+    first = p.delay(3)  # one sleep until LEAD × the shortest interval since the last message
+    assert first == pytest.approx(shim.LEAD * 0.8 - 0.3)
+    c.t += first
+    assert p.delay(3) == shim.ACTIVE_S  # from there on, the active pace
+    c.t += 0.05
+    p.pulled()
+    c.t += 0.7  # a site that worked longer than that: no early sleep, the active pace
+    assert p.delay(3) == shim.ACTIVE_S
+    p.pulled()  # a shorter step is remembered
+    assert p.periods[-1] == pytest.approx(0.7)
+    c.t += shim.IDLE_AFTER_S + 5
+    p.pulled()  # an idle spell is not a step's interval
+    assert p.periods[-1] == pytest.approx(0.7) and len(p.periods) == shim.PERIODS
+
+
 def test_the_patched_loop_rings_the_doorbell_only_when_a_message_was_stored(tmp_path):
     bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     bell.bind(str(tmp_path / "bell"))

@@ -46,6 +46,9 @@ log = logging.getLogger("silofl")
 
 MESSAGE_TYPE = "query.silofl"
 MAX_REPLY = 256 << 20
+# the replies of a step out are pulled (one request for all pending sites) after poll_s, then a tenth of the
+# time the step has taken so far, up to POLL_CAP_S: a reply waits at most that for the coordinator to see it
+POLL_SHARE, POLL_CAP_S = 0.1, 0.05
 ANY_ROUND = object()  # a request whose round the coordinator did not keep (sent outside a call)
 
 
@@ -71,9 +74,9 @@ class FlowerEngine(Engine):
 
     def __init__(self, grid, nodes: dict[int, int], timeout_s: float, security: dict, poll_s: float = 0.02):
         super().__init__(sorted(nodes))
-        # poll_s: how often the replies are pulled from the SuperLink while a step is out (one request for all
-        # the
-        # sites still pending); a paced SuperNode picks a message up within tens of milliseconds (flower_shim)
+        # poll_s: the shortest wait between two pulls of the replies while a step is out (one request for all
+        # the sites still pending; see POLL_SHARE); a paced SuperNode picks a message up within tens of
+        # milliseconds (flower_shim)
         self.grid, self.nodes, self.timeout_s, self.security, self.poll_s = (
             grid,
             nodes,
@@ -281,8 +284,8 @@ class FlowerEngine(Engine):
                 reply = self._reply(k, step, r)
                 if reply is not None:
                     replies[k] = reply
-            if pending:
-                time.sleep(self.poll_s)
+            if pending:  # each poll is a request: a tenth of the time the step has taken, within bounds
+                time.sleep(min(POLL_CAP_S, max(self.poll_s, POLL_SHARE * (time.perf_counter() - t0))))
         for mid in pending:
             self._lose(ids[mid], f"no answer within {timeout_s or self.timeout_s:g} s")
         log.debug(

@@ -9,10 +9,11 @@ the last site to notice it. This module runs the same SuperNode (``python -m sil
 takes ``flower-supernode``'s arguments) with two module globals of that file replaced — nothing else:
 
 - ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` (0.1 s)
-while a
-  run is on (a message was pulled within the last :data:`IDLE_AFTER_S`, or the SuperNode started within it),
-  then backs off by doubling up to
-  Flower's 3 s when idle, so K idle sites do not flood the SuperLink; the reply check waits :data:`REPLY_S`;
+  while a run is on (a message was pulled within the last :data:`IDLE_AFTER_S`, or the SuperNode started
+  within it) — until :data:`LEAD` of the shortest of the last intervals between two messages has passed
+  since the last one, an empty pull waits that long (:class:`Pacer`) — then backs off by doubling up to
+  Flower's 3 s when idle,
+  so K idle sites do not flood the SuperLink; the reply check waits :data:`REPLY_S`;
 - ``_pull_and_store_message``: the same function, which also rings the site's *doorbell* (a datagram on the
   Unix socket named by ``SILOFL_DOORBELL``, if set) after a message is stored, so the site's warm executor
   (:mod:`silofl.deploy.executor`) takes the task at once instead of polling for it.
@@ -45,6 +46,11 @@ SUPPORTED = "1.41.0"
 # (bench/deployment.py)
 ACTIVE_S = float(os.environ.get("SILOFL_SUPERNODE_POLL_S", "0.1"))
 IDLE_AFTER_S = 15.0  # no message for this long: back off towards Flower's 3 s
+# an empty pull sleeps until LEAD × the shortest of the last PERIODS intervals between two messages has
+# passed since the last one (each empty pull is a request the SuperLink serves; see bench/deployment.py); a
+# step that comes sooner than that costs up to LEAD × that interval, once
+LEAD = 0.75
+PERIODS = 3
 REPLY_S = 0.005  # the wait between two checks for the reply of the message in work (in-memory, cheap)
 DOORBELL_ENV = "SILOFL_DOORBELL"
 PULL_BACKOFF_S = (0.01, 1.0)  # first retry, cap (Flower: 1 s, 10 s; up to 500 tries per object either way)
@@ -83,7 +89,12 @@ def fast_pulls() -> bool:
 
 
 class Pacer:
-    """The sleeps of the SuperNode's loop, as a function of how recently a message came."""
+    """The sleeps of the SuperNode's loop, as a function of how recently a message came and of the intervals
+    between the site's last messages (:data:`PERIODS` of them): while a run is on, an empty pull sleeps until
+    :data:`LEAD` of the shortest of those intervals has passed since the last message, then pulls every
+    :data:`ACTIVE_S` (each empty pull is a request the SuperLink serves). The interval between two messages
+    is the step's, the same for every site (each step waits for the last reply), so the site that answers
+    last — the one a step waits for — is not held back by the waits of the rounds when it was early."""
 
     def __init__(self, clock=time.monotonic, sleep=time.sleep):
         self.clock, self._sleep = clock, sleep
@@ -91,18 +102,26 @@ class Pacer:
         # it starts at the active pace, as if a message had just come
         self.last_message = clock()
         self.idle_s = ACTIVE_S
+        self.periods: list[float] = []  # the last PERIODS intervals between two messages (none idle)
+        self.had_message = False
 
     def pulled(self) -> None:
         """A message was pulled: the run is on."""
-        self.last_message = self.clock()
+        now = self.clock()
+        if self.had_message and now - self.last_message < IDLE_AFTER_S:
+            self.periods = [*self.periods, now - self.last_message][-PERIODS:]
+        self.had_message = True
+        self.last_message = now
         self.idle_s = ACTIVE_S
 
     def delay(self, asked: float) -> float:
         """What to sleep where stock Flower sleeps ``asked`` seconds."""
         if asked < 1.0:  # the reply / object checks (0.5 s in flwr 1.41)
             return min(asked, REPLY_S)
-        if self.clock() - self.last_message < IDLE_AFTER_S:
-            return min(asked, ACTIVE_S)
+        now = self.clock()
+        if now - self.last_message < IDLE_AFTER_S:
+            early = self.last_message + LEAD * min(self.periods, default=0.0) - now
+            return min(asked, max(ACTIVE_S, early))
         self.idle_s = min(asked, self.idle_s * 2)
         return self.idle_s
 
