@@ -133,6 +133,32 @@ def test_tuning_cost_composes_histories():
     assert c["per_party"]["client0"] == pytest.approx(epsilon_of("rdp", ((1.0, 0.25, 16),), 1e-5))
 
 
+@pytest.mark.slow  # two pooled runs
+def test_tuning_cost_of_pooled_trials_composes_their_site_ledgers(tmp_path):
+    """Trials with pooled noise record no DP-SGD history: their cost is every trial's secure-sum entries of
+    each site's ledger composed by the site accountant — above one trial's ε, at most the trials' sum."""
+    from silofl.privacy.site_accountant import compose, epsilon_at, spend_of
+
+    base = _base(tmp_path).replace(
+        method="fedavg",
+        secure_aggregation=True,
+        noise_placement="pooled",
+        optimizer="sgd",
+        sample_rate=1.0,
+    )
+    res = tune(base, parse_grid(["lr=0.01,0.1"]), tmp_path / "t")
+    cost = res["tuning_cost"]
+    assert "site-ledger" in cost["method"] and set(cost["per_party"]) == {"client0", "client1", "client2"}
+    one = []
+    for trial in ("trial0", "trial1"):
+        lines = (tmp_path / "t" / "trials" / trial / "sites" / "client0" / "ledger.jsonl").read_text()
+        spends = [x for x in map(spend_of, map(json.loads, lines.splitlines())) if x is not None]
+        assert spends and all(x.kind == "secagg-discrete" for x in spends)
+        curve, eps, dlt, _ = compose(spends, "server")
+        one.append(epsilon_at(curve, (eps, dlt), 1e-3))
+    assert max(one) < cost["per_party"]["client0"] <= sum(one) + 1e-9
+
+
 # ------------------------------------------------------------------------ random trials (Papernot & Steinke
 # 2022)
 RANDOM_ARGS = [

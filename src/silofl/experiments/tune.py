@@ -108,30 +108,64 @@ def _label(combo: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in combo.items()) or "base"
 
 
-def tuning_cost(summaries: list[dict]) -> dict[str, Any]:
-    """Each party's ε at δ for the composition of every trial it took part in (see the module doc)."""
+def tuning_cost(summaries: list[dict], folders: list[Path] | None = None) -> dict[str, Any]:
+    """Each party's ε at δ for the composition of every trial it took part in (see the module doc): the
+    trials' DP-SGD (σ, q, steps) by RDP, or — for a party whose trials record no DP-SGD history (secure sums
+    with pooled noise, dp-ssp's one release) — every entry of its site ledger in the trials' ``folders``,
+    composed by the site accountant against the server."""
     histories: dict[str, list] = {}
     kinds: dict[str, str] = {}
     delta = None
+    ledgered: set[str] = set()
     for s in summaries:
         for a in s.get("accounting", []):
+            party = f"client{a['client']}" if "client" in a else str(a.get("party", "server"))
             hist = a.get("history") or a.get("history_hospital")
             if not hist:
+                if a.get("site_ledger") and a.get("delta") is not None:
+                    ledgered.add(party)
+                    delta = a["delta"]
                 continue
-            party = f"client{a['client']}" if "client" in a else str(a.get("party", "server"))
             histories.setdefault(party, []).extend(tuple(h) for h in hist)
             kinds[party] = "prv" if a.get("accountant") == "opacus.prv" else "rdp"
             delta = a["delta"]
     if delta is None:
         return {"per_party": {}, "max": None, "delta": None}
     per = {p: epsilon_of(kinds[p], tuple(h), delta) for p, h in histories.items()}
+    methods = ["RDP composition of every trial's (σ, q, steps) per party"] if per else []
+    if folders is not None:
+        for party in sorted(ledgered - set(per)):
+            eps = _ledger_epsilon([f / "sites" / party / "ledger.jsonl" for f in folders], delta)
+            if eps is not None:
+                per[party] = eps
+        if set(per) - set(histories):
+            methods.append("the site accountant's composition of every trial's site-ledger entries per party")
+    if not per:
+        return {"per_party": {}, "max": None, "delta": None}
     return {
         "per_party": per,
         "max": max(per.values()),
         "delta": delta,
         "trials": len(summaries),
-        "method": "RDP composition of every trial's (σ, q, steps) per party",
+        "method": "; ".join(methods),
     }
+
+
+def _ledger_epsilon(paths: list[Path], delta: float) -> float | None:
+    """ε at ``delta`` against the server of every spending entry of the ledgers at ``paths`` composed (None
+    when a trial wrote no ledger)."""
+    from silofl.privacy.site_accountant import compose, epsilon_at, spend_of, with_tail
+
+    spends = []
+    for path in paths:
+        if not path.is_file():
+            return None
+        for line in path.read_text().splitlines():
+            spend = spend_of(json.loads(line))
+            if spend is not None:
+                spends.append(spend)
+    curve, eps, dlt, tail = compose(spends, "server")
+    return with_tail(lambda d: epsilon_at(curve, (eps, dlt), d), delta, tail)
 
 
 def tune(
@@ -197,7 +231,7 @@ def tune(
         if rows
         else None
     )
-    cost = tuning_cost(summaries)
+    cost = tuning_cost(summaries, [out / "trials" / f"trial{i}" for i in range(len(summaries))])
     result: dict[str, Any] = {
         "method": base.method,
         "headline": headline,
