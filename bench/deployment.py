@@ -1,11 +1,10 @@
-"""Per-round seconds and bytes per site of ProxyFL on three engines, K sites, in one run of this script:
-the in-process simulator (`silofl run`), torch.distributed (`silofl launch --survive-faults`, one process per
+"""Per-round seconds and bytes per site of ProxyFL on three engines, K sites, in one run of this script: the
+in-process simulator (`silofl run`), torch.distributed (`silofl launch --survive-faults`, one process per
 site, gloo on loopback) and Flower (`silofl deploy local`: a SuperLink and K SuperNodes as processes, TLS,
 node authentication, payloads sealed end to end) — as silofl runs it (each site's warm executor, a paced
 SuperNode, one message per site per round), as Flower ships it (`flower-stock`: a ClientApp process per
 message, the SuperNode's 3 s idle sleep; the same fused protocol), and with 10 ms each way between the sites
-and
-the SuperLink (`flower+20ms`: a delaying TCP relay, as this kernel has no netem).
+and the SuperLink (`flower+20ms`: a delaying TCP relay, as this kernel has no netem).
 
     python bench/deployment.py [--ks 2,4,8] [--rounds 5] [--out docs/data/deployment.json]
     python bench/deployment.py --requests-only --ks 8   # only the requests per task, counted again
@@ -312,11 +311,9 @@ TRACE = re.compile(
 
 def task_trace(logs: Path) -> dict | None:
     """Where a task's seconds go at the sites (their executors' trace lines), over the tasks of rounds ≥ 1 but
-    the
-    last (the set-up and the final evaluation aside): mean seconds queued (from the coordinator creating the
-    message
-    to the site's executor taking it), pulling its input, working, pushing the reply; tasks per site and
-    round."""
+    the last (the set-up and the final evaluation aside): mean seconds queued (from the coordinator creating
+    the message to the site's executor taking it), pulling its input, working, pushing the reply; tasks per
+    site and round."""
     rows = []
     for f in sorted(logs.glob("site*.log")):
         rows += [tuple(float(x) for x in m.groups()) for m in TRACE.finditer(f.read_text(errors="replace"))]

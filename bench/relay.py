@@ -17,9 +17,8 @@ def free_port() -> int:
 
 class DelayRelay:
     """A TCP relay on loopback that holds every chunk ``delay_s`` before passing it on, both ways: the
-    wide-area
-    stand-in of ``bench/deployment.py`` where the kernel has no ``netem``. Bytes pass unchanged (TLS end to
-    end)."""
+    wide-area stand-in of ``bench/deployment.py`` where the kernel has no ``netem``. Bytes pass unchanged (TLS
+    end to end)."""
 
     def __init__(self, target: tuple[str, int], delay_s: float):
         import asyncio

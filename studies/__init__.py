@@ -1,8 +1,7 @@
 """The studies behind the result documents, and their generators: not part of the installed package.
 
 Run from the repository root as ``python -m studies.<name>`` (each document under ``docs/`` names its command
-at its
-top; the ``bench/*_study.sh`` scripts run the studies and then the generators):
+at its top; the ``bench/*_study.sh`` scripts run the studies and then the generators):
 
 * ``privacy_utility`` — every method at ε = 1, 3, 8 per site, tuned on the validation split
 (docs/privacy_utility.md);

@@ -63,8 +63,7 @@ def auc_se(auc: float, n1: int, n2: int) -> float:
 
 def blind_controls(rows: list[dict], method: str | None = None) -> list[dict]:
     """No-DP rows whose released model the audit could not tell from chance (bound 0): at those settings the
-    audit
-    has no power on that method's releases, so a zero bound on its DP rows measures nothing."""
+    audit has no power on that method's releases, so a zero bound on its DP rows measures nothing."""
     return [
         a
         for a in rows

@@ -73,8 +73,7 @@ def run_method(method: str, out: Path, extra: dict | None = None, name: str | No
 
 def opacus_epsilon(history: list, delta: float) -> float:
     """ε at δ by Opacus' RDP analysis on the same orders as :func:`dp_accounting_epsilon` (so the two
-    libraries
-    are compared on one grid; the printed ε uses Opacus' default orders, fractional ones from 1.1
+    libraries are compared on one grid; the printed ε uses Opacus' default orders, fractional ones from 1.1
     included)."""
     from opacus.accountants.analysis import rdp
 

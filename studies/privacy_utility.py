@@ -1,6 +1,5 @@
 """Generate docs/privacy_utility.md: what each method reaches at ε = 1, 3, 8 per site, each tuned for the
-budget on
-the validation split (never the test set), then run once on the test set.
+budget on the validation split (never the test set), then run once on the test set.
 
     python -m studies.privacy_utility --out runs/privacy_utility [--jobs 2] [--seeds 0]
     python -m studies.privacy_utility --out runs/privacy_utility --report-only
@@ -45,9 +44,8 @@ BASE: dict[str, Any] = {
 ROUNDS = [30, 100]
 TUNE_SEED = 0  # settings are tuned on this seed's split; the other seeds re-run the settings it chose
 # (label, method, fixed options, grid) per feature stage. The grids are deliberately small: 2 cores shared by
-# several
-# jobs. features none: the papers' models (private LeNet5, shared MLP) and recipe (Adam, lr 1e-3, clip 1, q =
-# 0.25).
+# several jobs. features none: the papers' models (private LeNet5, shared MLP) and recipe (Adam, lr 1e-3, clip
+# 1, q = 0.25).
 METHODS_NONE: list[tuple[str, str, dict, dict]] = [
     ("ProxyFL (strict)", "proxyfl", {}, {"rounds": ROUNDS, "dml_alpha": [0.0, 0.5]}),
     ("FML", "fml", {}, {"rounds": ROUNDS}),
@@ -60,12 +58,9 @@ METHODS_NONE: list[tuple[str, str, dict, dict]] = [
     ("DP-FedAvg (adaptive intermediaries)", "dp-fedavg", {"intermediaries": "adaptive"}, {"rounds": ROUNDS}),
 ]
 # features scatter (Tramèr & Boneh): ScatterNet J = 2 + GroupNorm, linear heads, the DP-SGD recipe — SGD with
-# momentum,
-# clip 0.1, q = 0.5; the server methods take one local DP step per round (the sites' noise averaged every
-# step) and
-# server momentum; every site also fits the combination of its own non-DP model with the DP model(s) it holds
-# on 20 %
-# of its rows (combined_acc: post-processing, non-private, stays at the site).
+# momentum, clip 0.1, q = 0.5; the server methods take one local DP step per round (the sites' noise averaged
+# every step) and server momentum; every site also fits the combination of its own non-DP model with the DP
+# model(s) it holds on 20 % of its rows (combined_acc: post-processing, non-private, stays at the site).
 SCATTER_HEADS = {"features": "scatter", "private_model": "linear", "proxy_model": "linear"}
 PRIVATE_LR = (
     0.003  # the non-DP models' Adam lr on features (a private model, the combination's own model, alone)
@@ -232,8 +227,7 @@ def _job(
     root: str,
 ) -> dict:
     """One tuning + final run (or one untuned run) on feature stage ``feats``: returns its row. Runs in a
-    worker
-    process."""
+    worker process."""
     import torch
 
     from silofl.api import RunConfig, run, tune
@@ -377,8 +371,8 @@ def _final_run(final: Path, settings: dict, method: str, seed: int, eps: float |
 
 def score_on_test(trial: Path) -> dict:
     """The chosen trial's released models, scored once on the test split (the seeded trial is deterministic,
-    so
-    this equals re-running its settings with eval_split test, without training again): a summary-like dict."""
+    so this equals re-running its settings with eval_split test, without training again): a summary-like
+    dict."""
     from silofl.experiments.evaluate import evaluate_run
     from silofl.runner.folder import mean_std
 
@@ -410,11 +404,10 @@ def jobs(
     refinal: dict | None = None,
 ) -> list[tuple]:
     """Every (kind, label, method, fixed, grid, ε, seed, features), the cheap budgets first: the go-it-alone
-    runs, the
-    tuning on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait for their
-    tuning). ``labels``: only these rows (None: all). ``refinal``: {(features, label, ε): settings} — rows
-    re-run on every seed with the settings an earlier generation's tuning chose (``refinal`` jobs), not tuned
-    again."""
+    runs, the tuning on TUNE_SEED, PubSub-ML, then every other seed's run of the tuned settings (those wait
+    for their tuning). ``labels``: only these rows (None: all). ``refinal``: {(features, label, ε): settings}
+    — rows re-run on every seed with the settings an earlier generation's tuning chose (``refinal`` jobs), not
+    tuned again."""
 
     def want(label: str) -> bool:
         return labels is None or label in labels
@@ -464,8 +457,7 @@ def run_all(
     refinal: dict | None = None,
 ) -> list[dict]:
     """Run (or pick up) every job; rows as they finish, also appended to ROOT/rows.jsonl. A seed's run of
-    tuned
-    settings starts once the tuning it reads has finished."""
+    tuned settings starts once the tuning it reads has finished."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     rows = []
@@ -566,8 +558,7 @@ def _own_model(path: Path, x, y, feats: list[str], classes: list[str], seed: int
 
 def _split(seed: int, feats: str, eval_split: str = "test"):
     """The study's split of seed ``seed`` (the sites' rows and the test or validation split) after feature
-    stage
-    ``feats``, as every run of the study sees it."""
+    stage ``feats``, as every run of the study sees it."""
     import torch
 
     from silofl.runner.config import RunConfig
@@ -589,19 +580,16 @@ def _split(seed: int, feats: str, eval_split: str = "test"):
 
 
 # Public input bounds of features for PubSub-ML's models (they scale inputs to [0, 1] by bounds a site
-# declares, never
-# by its data): GroupNorm-ed scattering coefficients have zero mean and unit variance per group of every
-# example, so a
-# fixed ±4 keeps nearly all of them; a constant of the study, not computed from any site's rows.
+# declares, never by its data): GroupNorm-ed scattering coefficients have zero mean and unit variance per
+# group of every example, so a fixed ±4 keeps nearly all of them; a constant of the study, not computed from
+# any site's rows.
 FEATURE_BOUND = 4.0
 
 
 def _own_alone(seed: int, folder: Path, feats: str) -> dict:
     """Each site going it alone without DP on the same features: scikit-learn's logistic regression on all its
-    own
-    rows, its L2 strength chosen from OWN_C on the validation split (the public split the methods tune on);
-    the mean
-    over sites on the test split. Cached in FOLDER/own.json."""
+    own rows, its L2 strength chosen from OWN_C on the validation split (the public split the methods tune
+    on); the mean over sites on the test split. Cached in FOLDER/own.json."""
     cache = folder / "own.json"
     if cache.exists():
         return json.loads(cache.read_text())
@@ -638,11 +626,9 @@ def _own_alone(seed: int, folder: Path, feats: str) -> dict:
 
 def _pubsub(eps: float, seed: int, folder: Path, feats: str = "none") -> dict:
     """PubSub-ML on the study's split: each of the 8 sites publishes a DP-SGD model (dp-nn) trained on its own
-    rows
-    at (eps, δ), then each site customizes — selects and fuses every published model, its own included, plus a
-    non-private model of its own that never leaves it — on its own rows (60 % for its own model, 40 % to
-    fuse), and
-    the fused model is scored on the test split. The headline: the mean over sites. Cached in
+    rows at (eps, δ), then each site customizes — selects and fuses every published model, its own included,
+    plus a non-private model of its own that never leaves it — on its own rows (60 % for its own model, 40 %
+    to fuse), and the fused model is scored on the test split. The headline: the mean over sites. Cached in
     FOLDER/pubsub.json."""
     cache = folder / "pubsub.json"
     if cache.exists():
@@ -699,8 +685,7 @@ def _pubsub(eps: float, seed: int, folder: Path, feats: str = "none") -> dict:
             folder.parent.parent / f"own-seed{seed}-site{i}.pkl", x[tr], y[tr], feats_names, classes, seed
         )
         # the own model is what customize(own="auto") trains (non-private logistic regression on the training
-        # part,
-        # never published); trained once per site and seed, as it does not depend on the budget
+        # part, never published); trained once per site and seed, as it does not depend on the budget
         fused = customize(
             [*published, own],
             LocalData(x, y, feats_names, "classification", classes),
@@ -732,11 +717,9 @@ def _pubsub(eps: float, seed: int, folder: Path, feats: str = "none") -> dict:
 
 def _random_trials_epsilon(tdir: Path) -> float | None:
     """The ε per site (largest over parties) that ``silofl tune --random-trials poisson:μ`` with μ = the
-    grid's size
-    would report for this tuning: Papernot & Steinke's Theorem 6 on the largest RDP curve of any grid setting
-    (each
-    random trial draws its settings from the grid), from the (σ, q, steps) every trial of the grid actually
-    ran."""
+    grid's size would report for this tuning: Papernot & Steinke's Theorem 6 on the largest RDP curve of any
+    grid setting (each random trial draws its settings from the grid), from the (σ, q, steps) every trial of
+    the grid actually ran."""
     import numpy as np
 
     from silofl.privacy.analysis import DEFAULT_ORDERS, rdp_curve
@@ -1608,12 +1591,10 @@ def carried_rows(
     budgets: tuple[float, ...] = BUDGETS,
 ) -> list[dict]:
     """The rows of ``csv_path`` (an earlier generation's CSV) whose feature stage is not among ``features``:
-    kept as
-    they were (headline figure, ε, σ, settings), marked ``carried``; a CSV without a ``features`` column is of
-    the
-    pixel stage (``none``). With ``labels``, a row of a feature stage in ``features`` is carried too when its
-    label is not among them, and so is a row whose budget is not among ``budgets`` (the rows this generation
-    did not run)."""
+    kept as they were (headline figure, ε, σ, settings), marked ``carried``; a CSV without a ``features``
+    column is of the pixel stage (``none``). With ``labels``, a row of a feature stage in ``features`` is
+    carried too when its label is not among them, and so is a row whose budget is not among ``budgets`` (the
+    rows this generation did not run)."""
     import csv
 
     if not csv_path.is_file():

@@ -338,8 +338,7 @@ def start_flower(
 
 
 def engine_names() -> tuple[str, ...]:
-    """The engines a run can be given by name (the registry `silofl.comm.engines.ENGINES`; ``silofl
-    launch``
+    """The engines a run can be given by name (the registry `silofl.comm.engines.ENGINES`; ``silofl launch``
     starts torch.distributed runs)."""
     from silofl.comm.engines import selectable_engines
 
@@ -568,13 +567,11 @@ def tune(
 ) -> TuneResult:
     """Search ``grid`` (``{"lr": [1e-3, 3e-3]}`` or ``["lr=0.001,0.003"]``) around ``config`` for its budget
     (``target_epsilon``: every trial's σ is set from it) on the validation split — never the test split — and
-    write
-    ``out`` (trials/, tune.json, tune.md, tune.csv, best.yaml). ``random_trials``: K ~ ``poisson:MU`` |
+    write ``out`` (trials/, tune.json, tune.md, tune.csv, best.yaml). ``random_trials``: K ~ ``poisson:MU`` |
     ``negbin:ETA,GAMMA`` | ``geometric:GAMMA`` | ``logarithmic:GAMMA`` random trials instead of every
-    combination,
-    at most ``max_trials``. ``site_folders``: each site's folder, in the order of its table; the tuning is
-    charged to each one's ledger before the first trial. ``options``: any run option by its name, over
-    ``config``."""
+    combination, at most ``max_trials``. ``site_folders``: each site's folder, in the order of its table; the
+    tuning is charged to each one's ledger before the first trial. ``options``: any run option by its name,
+    over ``config``."""
     from silofl.experiments.tune import parse_grid
     from silofl.experiments.tune import tune as run_tune
     from silofl.privacy.tuning import parse_trial_count
@@ -649,15 +646,14 @@ def audit(
     **settings_kw: Any,
 ) -> AuditResult:
     """Measure what a run of ``config`` leaks and write ``out`` (audit.json, audit.md, attacks.csv, …; the
-    audited
-    run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and membership
-    inference.
-    ``settings``: a `silofl.auditing.AuditSettings`, or its fields as keywords (``canaries=1000``,
-    ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``; ``attacks=("inversion",)``: the
-    server's gradient inversion of a hospital's update, client-level methods on images). Given as a mapping,
-    the config evaluates only at the last round unless it says ``eval_every``. ``engine``: ``simulator`` or
-    ``flower-local`` (a local Flower deployment; gradient canaries); ``engine_factory``: the audited run's
-    engine made here (torch.distributed; see `silofl.auditing.run_audit`)."""
+    audited run in OUT/run): canaries → a one-run empirical ε lower bound beside the accountant's ε, and
+    membership inference. ``settings``: a `silofl.auditing.AuditSettings`, or its fields as keywords
+    (``canaries=1000``, ``canary_kind="mislabelled"``, ``site=0``, ``seed=…``, ``pubsub_model=…``;
+    ``attacks=("inversion",)``: the server's gradient inversion of a hospital's update, client-level methods
+    on images). Given as a mapping, the config evaluates only at the last round unless it says ``eval_every``.
+    ``engine``: ``simulator`` or ``flower-local`` (a local Flower deployment; gradient canaries);
+    ``engine_factory``: the audited run's engine made here (torch.distributed; see
+    `silofl.auditing.run_audit`)."""
     from silofl.auditing import AuditSettings, run_audit
 
     if isinstance(config, Mapping):
@@ -714,8 +710,7 @@ def compare(
     console: Any = None,
 ) -> CompareResult:
     """Run methods × variants × seeds with shared run options and write a report (report.md, results.csv/json,
-    plots). ``config``: a `silofl.experiments.compare.CompareConfig` or its YAML file; the keywords
-    override
+    plots). ``config``: a `silofl.experiments.compare.CompareConfig` or its YAML file; the keywords override
     it. ``run``: the shared run options (a mapping, or a RunConfig whose method, seed and out are ignored)."""
     from silofl.experiments.compare import CompareConfig, run_compare
 

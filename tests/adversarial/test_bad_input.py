@@ -1,10 +1,8 @@
 """Bad input on the command line (issue 25, item 8): each case is one line on stderr, exit code 2, no
-traceback, and
-nothing written or changed — the test folder is the same, file for file, before and after. The first eleven
-are the
-cases the issue found; the rest were found scanning numeric flags at their extremes, wrong types and unusable
-paths.
-Two runs started at once into one ``--out`` are refused by a lock (two real processes)."""
+traceback, and nothing written or changed — the test folder is the same, file for file, before and after. The
+first eleven are the cases the issue found; the rest were found scanning numeric flags at their extremes,
+wrong types and unusable paths. Two runs started at once into one ``--out`` are refused by a lock (two real
+processes)."""
 
 from __future__ import annotations
 
@@ -260,10 +258,9 @@ def _start_run(out: Path, rounds: int) -> subprocess.Popen:
 @pytest.mark.multiprocess
 def test_two_runs_into_one_out_the_second_is_refused_by_the_lock_and_a_crash_releases_it(tmp_path):
     """Two real processes into one --out: the second, started while the first holds OUT/.lock, exits 2 in one
-    line and
-    writes nothing; the first finishes a complete run. A run killed (SIGKILL) mid-way leaves its lock file,
-    which the
-    kernel released: the next run takes the folder (here: refused only because a run's files are there)."""
+    line and writes nothing; the first finishes a complete run. A run killed (SIGKILL) mid-way leaves its lock
+    file, which the kernel released: the next run takes the folder (here: refused only because a run's files
+    are there)."""
     out = tmp_path / "o"
     first = _start_run(out, 40)
     try:

@@ -1,17 +1,13 @@
 """The broker service answers every malformed request with a 4xx and a reason, and a refused request changes
-nothing
-(issue 25, item 8). Every route of its OpenAPI schema is fuzzed by schemathesis (valid and invalid path
-parameters,
-queries and bodies), each case sent as the operator, as a registered site and with no credential; the listed
-requests are those seen to crash it (500) before.
+nothing (issue 25, item 8). Every route of its OpenAPI schema is fuzzed by schemathesis (valid and invalid
+path parameters, queries and bodies), each case sent as the operator, as a registered site and with no
+credential; the listed requests are those seen to crash it (500) before.
 
 What "no state change" means here: after every refused request (4xx), the broker's database (every table,
-credentials
-included) and the file names under its state folder are exactly what they were before it; the access log grows
-by
-design (one line per request), SQLite's WAL files are physical, not state. A 2xx request of the operator or a
-site is a
-legitimate write (a registration, a join, a channel) and is the only thing that may change them."""
+credentials included) and the file names under its state folder are exactly what they were before it; the
+access log grows by design (one line per request), SQLite's WAL files are physical, not state. A 2xx request
+of the operator or a site is a legitimate write (a registration, a join, a channel) and is the only thing that
+may change them."""
 
 from __future__ import annotations
 
@@ -78,8 +74,7 @@ class Broker:
 
     def check(self, send) -> int:
         """Send one request (``send(headers)``) as operator, site and anonymous; each answer is < 500, a
-        refusal
-        carries {"error": reason} and changes nothing. The statuses seen."""
+        refusal carries {"error": reason} and changes nothing. The statuses seen."""
         seen = []
         for headers in (self.admin, self.site, {}):
             before = self.snapshot()

@@ -1,8 +1,6 @@
 """The broker keeps each publishing site's last signed ledger head and refuses a publish that presents an
-older one
-(issue 25, item 6, the broker's part): a site folder put back to an earlier copy (its ledger rolled back)
-cannot
-publish again as if its later releases had not happened."""
+older one (issue 25, item 6, the broker's part): a site folder put back to an earlier copy (its ledger rolled
+back) cannot publish again as if its later releases had not happened."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Client-level DP with the sub-client unit: one absent sub-client moves the centred unclipped count by 1, not
-½
-(finding 4: z = 1.0 was recorded and ε 8.416 reported where the mechanism that ran had z 0.945 and ε 9.059).
+½ (finding 4: z = 1.0 was recorded and ε 8.416 reported where the mechanism that ran had z 0.945 and ε 9.059).
 Each unit's multiplier is now composed block by block, checked here against an independent computation and
 Google's dp-accounting."""
 
@@ -23,8 +22,7 @@ from tests.helpers import build_run
 
 def test_the_count_moves_by_one_when_a_subclient_is_absent(tmp_path):
     """What the server centres: a hospital's unclipped count u with its v fixed and public; removing one
-    sub-client
-    (its update absent, so it no longer counts) moves u − v/2 by 1."""
+    sub-client (its update absent, so it no longer counts) moves u − v/2 by 1."""
     v = 4
     present = [1, 0, 1, 1]  # which sub-clients' updates needed no clipping
     with_all = sum(present) - v / 2

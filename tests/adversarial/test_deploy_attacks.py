@@ -1,8 +1,6 @@
 """A deployment holds against the coordinator and relay that carry its messages (issue 25): every attack below
-was
-carried out against today's code before it was fixed, on real site folders and real site workers (the socket
-ones
-against a real ``silofl site run`` process).
+was carried out against today's code before it was fixed, on real site folders and real site workers (the
+socket ones against a real ``silofl site run`` process).
 
 1. sealed means sealed: an unsealed model claiming any node id is never taken; nothing leaves in the clear;
 2. replay-proof: rounds only move forward, a run id is used once, the replay state survives re-setups and
@@ -179,8 +177,7 @@ def test_rounds_only_move_forward(tiny_cfg, tmp_path):
 @pytest.mark.deploy
 def test_a_batch_cannot_smuggle_a_setup_nor_move_rounds_back(tiny_cfg, tmp_path):
     """Several steps in one message (silofl.comm.batch) are checked as the steps they are: a hello or setup
-    inside
-    a batch, a batch inside a batch, a part whose round goes back, are refused and change nothing."""
+    inside a batch, a batch inside a batch, a part whose round goes back, are refused and change nothing."""
     from silofl.comm import batch
 
     engine, workers, spec, _ = joined(tiny_cfg.replace(clients=2), tmp_path)

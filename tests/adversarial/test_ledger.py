@@ -67,10 +67,9 @@ def test_a_truncated_ledger_is_refused_against_a_head_it_once_had(tmp_path):
 @pytest.mark.slow
 def test_editing_a_checkpoints_step_count_does_not_roll_the_spend_back(tiny_cfg, tmp_path):
     """The attack: run 2 rounds with checkpoints, edit client 0's recorded steps from 8 to 1, resume with a
-    budget
-    of exactly 4 rounds. Before: the site trained past its budget and reported fewer steps. Now: the ledger
-    says 8
-    steps ran, the site trains 2 more rounds, leaves, and reports 16 steps, within its budget."""
+    budget of exactly 4 rounds. Before: the site trained past its budget and reported fewer steps. Now: the
+    ledger says 8 steps ran, the site trains 2 more rounds, leaves, and reports 16 steps, within its
+    budget."""
     target = 1.0001 * epsilon_of("rdp", ((1.0, 0.25, 16),), 1e-3)
     cfg = tiny_cfg.replace(
         rounds=2, checkpoint_every=1, target_epsilon=target, calibrate_noise=False, out=str(tmp_path / "r")

@@ -1,9 +1,7 @@
 """A worker nothing can wedge (issue 25, item 4): against a real ``silofl site run`` process, a header nesting
 200,000 lists, requesters that hang up before the reply or mid-frame, a writer that stalls holding its
-connection
-open, and a few hundred malformed and truncated frames each cost their own request — then the same worker
-answers a
-normal hello, joins a run and trains a round."""
+connection open, and a few hundred malformed and truncated frames each cost their own request — then the same
+worker answers a normal hello, joins a run and trains a round."""
 
 import os
 import random

@@ -71,9 +71,8 @@ def test_example_level_dp(tmp_path, method):
 @pytest.mark.slow
 def test_unseeded_audit_draws_secret_randomness(tmp_path):
     """Without a seed an audit runs the mechanism a deployment runs: noise and sampling from the secure
-    source,
-    canaries and coins from fresh secret seeds (two audits draw different coins), no seed written anywhere; a
-    seeded audit is labelled as a research run while its mechanism's guarantee stays formal."""
+    source, canaries and coins from fresh secret seeds (two audits draw different coins), no seed written
+    anywhere; a seeded audit is labelled as a research run while its mechanism's guarantee stays formal."""
     kw = dict(EXAMPLE, rounds=3, eval_every=3, noise_multiplier=1.0)
     a = audit(tmp_path, "a", refs=1, seed=None, **kw)
     b = audit(tmp_path, "b", refs=1, seed=None, **kw)

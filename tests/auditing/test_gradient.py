@@ -48,8 +48,7 @@ def canaries_for(dp, included, q=1.0, kind="dirac", m=8):
 
 def test_hook_off_is_the_unhooked_mechanism():
     """canaries None: p.grad is the pre-hook formula (clipped sum + N(0, σ²C²), over q·n) bit for bit, and a
-    hook
-    whose canaries are all out changes no bit either."""
+    hook whose canaries are all out changes no bit either."""
     x, y = batch()
     model, dp = mechanism()
     dp.compute(x, loss_fn, y, torch.zeros(9, 1))
@@ -70,8 +69,7 @@ def test_hook_off_is_the_unhooked_mechanism():
 @pytest.mark.parametrize("kind", ["dirac", "random"])
 def test_canaries_are_clipped_and_noised_like_examples(kind):
     """Each canary has norm C; the sampled ones join the sum before the same noise draw, divided by the same
-    q·n;
-    σ, q and the step count the accountant reads are unchanged, empty batches included."""
+    q·n; σ, q and the step count the accountant reads are unchanged, empty batches included."""
     x, y = batch()
     model, dp = mechanism()
     model_c, dp_c = mechanism()

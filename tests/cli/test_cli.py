@@ -187,8 +187,7 @@ def test_an_existing_run_folder_or_a_file_is_never_overwritten_silently(tmp_path
 @pytest.mark.slow
 def test_digits_runs_with_the_default_split_and_batch(tmp_path):
     """No --samples-per-client or --batch-size: the defaults fit the bundled data set (as many examples per
-    client
-    as the p_major split can serve from the smallest class's 122 training images: 112; batch 28)."""
+    client as the p_major split can serve from the smallest class's 122 training images: 112; batch 28)."""
     r = runner.invoke(
         app,
         [

@@ -1,9 +1,7 @@
 """The CLI generated from the config: every flag of the hand-written CLI is still there, the commands share
-the
-generated flags, a plug-in method's options become flags without editing silofl, and the value forms (comma
-lists,
-two-value options, --clip adaptive:C0, --report-nonprivate/--keep-nonprivate) and precedence (flags > --set >
---config > defaults) hold."""
+the generated flags, a plug-in method's options become flags without editing silofl, and the value forms
+(comma lists, two-value options, --clip adaptive:C0, --report-nonprivate/--keep-nonprivate) and precedence
+(flags > --set > --config > defaults) hold."""
 
 import json
 from dataclasses import dataclass, field

@@ -1,11 +1,10 @@
 """Every command of the README's tables, predict/export and PubSub-ML (broker) sections runs as written, read
-from
-the docs pages they moved to (docs/howto/, tests/readme.py), with the files it names generated for the test in
-its working folder; the
-between-institutions section runs in tests/deploy/test_readme_site_commands.py. A command added to these
-sections without a way to run it fails test_every_readme_command_has_a_runner at once. A command runs with its
-argv as written through the command-line app in the test's process (typer's CliRunner); one that serves
-(`pubsub serve`) runs as a process of its own."""
+from the docs pages they moved to (docs/howto/, tests/readme.py), with the files it names generated for the
+test in its working folder; the between-institutions section runs in
+tests/deploy/test_readme_site_commands.py. A command added to these sections without a way to run it fails
+test_every_readme_command_has_a_runner at once. A command runs with its argv as written through the
+command-line app in the test's process (typer's CliRunner); one that serves (`pubsub serve`) runs as a process
+of its own."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ from tests.helpers import silofl_here
 TABLES, PREDICT, PUBSUB, DEPLOY = readme.TABLES, readme.PREDICT, readme.PUBSUB, readme.DEPLOY
 
 # how each command is run: "run" (to completion, exit 0), "serve" (started in the background, stopped at the
-# end),
-# "each site" (run once per site of the example, the site's name put in), "site-serve" (both)
+# end), "each site" (run once per site of the example, the site's name put in), "site-serve" (both)
 RUNNERS = {
     ("pubsub", "serve"): "serve",
     ("deploy", "superlink"): "serve",
@@ -56,8 +54,7 @@ RUNNERS = {
 }
 
 # the one kind of change a test makes to a README command: options appended (the CLI takes an option's last
-# value)
-# where the command as written runs for minutes; nothing is removed or replaced
+# value) where the command as written runs for minutes; nothing is removed or replaced
 APPENDED = {  # the start of a command's arguments → what is appended
     ("run", "--method", "fedavg", "--dataset", "folder"): [
         "--rounds",
@@ -75,8 +72,7 @@ def appended(args: list[str]) -> list[str]:
 
 
 # the between-institutions section: every command run as written by tests/deploy/test_readme_site_commands.py
-# (its
-# variable COORD set to localhost; `deploy start` with --rounds 2 appended), in the order it knows
+# (its variable COORD set to localhost; `deploy start` with --rounds 2 appended), in the order it knows
 DEPLOY_AS_WRITTEN = {
     ("deploy", "certs"),
     ("deploy", "superlink"),
@@ -263,11 +259,9 @@ def _port_is_free(port: int) -> None:
 @pytest.mark.multiprocess
 def test_the_readme_pubsub_commands_as_written(tmp_path):
     """The PubSub-ML section: the folder broker's commands, then the service's (a test CA, `pubsub serve` in
-    the
-    background, enroll and register each site the commands name — a and s — publish, subscribe, customize,
-    list).
-    The README names the broker's host `$BROKER` (set on every machine); here every machine is this one:
-    localhost."""
+    the background, enroll and register each site the commands name — a and s — publish, subscribe, customize,
+    list). The README names the broker's host `$BROKER` (set on every machine); here every machine is this
+    one: localhost."""
     _breast_cancer_files(tmp_path)
     env = {**ENV, "SILOFL_HOME": str(tmp_path / "home")}
     cmds = readme.commands(PUBSUB)

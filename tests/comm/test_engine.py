@@ -1,6 +1,5 @@
 """The in-process engine: steps reach the addressed sites in order, and every packet's bytes are counted once
-for
-its source when it leaves and once for its destination when it arrives."""
+for its source when it leaves and once for its destination when it arrives."""
 
 from silofl.comm.engine import InProcessEngine
 from silofl.comm.messages import Message, Packet

@@ -120,12 +120,11 @@ def test_a_hung_process_is_dropped_after_the_timeout_and_killed_at_the_end(tmp_p
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_torchrun_restart_resumes_every_process_from_its_checkpoint(tmp_path):
-    """Process 2 crashes at the start of round 3; torchrun stops the group and starts it again, every
-    process resumes from round 2, and the run ends with the models and figures of an uninterrupted one. The
-    privacy spend is the one exception: DP-SGD steps a process ran in the round that was cut short still count
-    (they ran, and their proxy may have left), so each ε is at least the uninterrupted run's and is exactly
-    what
-    the site's ledger holds."""
+    """Process 2 crashes at the start of round 3; torchrun stops the group and starts it again, every process
+    resumes from round 2, and the run ends with the models and figures of an uninterrupted one. The privacy
+    spend is the one exception: DP-SGD steps a process ran in the round that was cut short still count (they
+    ran, and their proxy may have left), so each ε is at least the uninterrupted run's and is exactly what the
+    site's ledger holds."""
     sim = simulate(
         RunConfig.from_dict({**ARGS, "method": "proxyfl", "rounds": 4, "out": str(tmp_path / "sim")}),
         progress=False,

@@ -57,10 +57,8 @@ def test_oversized_frame_is_refused_before_parsing():
 
 def test_the_depth_scan_of_a_hostile_header_does_not_hang():
     """Over 64 brackets, then 1 MB of '"\\' (a string that never closes, a trailing backslash): the scan must
-    stay
-    linear — a string pattern that could fail rescanned from every quote (20 kB took 5.8 s; 1 MB would take
-    hours).
-    Checked as a hang (a generous 20 s bound on a thread), not as a speed figure."""
+    stay linear — a string pattern that could fail rescanned from every quote (20 kB took 5.8 s; 1 MB would
+    take hours). Checked as a hang (a generous 20 s bound on a thread), not as a speed figure."""
     import threading
 
     from silofl.comm.messages import json_depth

@@ -1,7 +1,6 @@
 """Equivalence of the simulator and the torch.distributed engine: the same config and seed give identical
 per-client metrics (AUROC and ECE to floating point: see LOOSE), bytes and privacy accounting for every
-method, with
-sites spread unevenly over 3 gloo processes on loopback (and through `silofl launch`, with 2)."""
+method, with sites spread unevenly over 3 gloo processes on loopback (and through `silofl launch`, with 2)."""
 
 import json
 import subprocess
@@ -58,12 +57,9 @@ def records(out: Path) -> list[dict]:
 
 
 # The simulator scores models of one architecture in one vectorised pass, a process one model at a time:
-# logits agree
-# to about 1e-6 relative (silofl.training.evaluation), so predictions — accuracy, balanced accuracy, F1 — are
-# equal,
-# while figures of the probabilities may move: AUROC by a near-tied pair swapping ranks (1 / (n1·n0) each),
-# ECE by
-# an example crossing a bin edge (at most 2 / n; 200 test examples here)
+# logits agree to about 1e-6 relative (silofl.training.evaluation), so predictions — accuracy, balanced
+# accuracy, F1 — are equal, while figures of the probabilities may move: AUROC by a near-tied pair swapping
+# ranks (1 / (n1·n0) each), ECE by an example crossing a bin edge (at most 2 / n; 200 test examples here)
 LOOSE = {"auroc": 1e-3, "ece": 2 / 200 + 1e-9}
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 def install(
     root: Path, monkeypatch, dist: str, modules: dict[str, str], entry_points: dict[str, dict[str, str]]
 ) -> Path:
-    """Write ``modules`` (name → source) and ``dist``'s dist-info with ``entry_points``
-    (group → {name: module}) under ``root``, put ``root`` first on ``sys.path`` (undone by ``monkeypatch``)
-    and
-    return it. The caller forgets the modules and its registrations afterwards (:func:`forget`)."""
+    """Write ``modules`` (name → source) and ``dist``'s dist-info with ``entry_points`` (group → {name:
+    module}) under ``root``, put ``root`` first on ``sys.path`` (undone by ``monkeypatch``) and return it. The
+    caller forgets the modules and its registrations afterwards (:func:`forget`)."""
     root.mkdir(parents=True, exist_ok=True)
     for name, source in modules.items():
         (root / f"{name}.py").write_text(textwrap.dedent(source))

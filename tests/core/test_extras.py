@@ -1,6 +1,5 @@
 """silofl.core.extras: a command whose extra is not installed stops with one line naming the extra, before it
-writes
-anything. A missing package is simulated by ``sys.modules[name] = None`` (Python then refuses to import
+writes anything. A missing package is simulated by ``sys.modules[name] = None`` (Python then refuses to import
 it)."""
 
 import sys

@@ -28,8 +28,7 @@ def test_image_folder_with_and_without_train_test_split(tmp_path):
     assert d.class_names == ["benign", "malignant", "normal"]
     assert d.input_shape == (1, 16, 16) and len(d.y_train) == 24 and len(d.y_test) == 6
     # finding 8 of the hardening issue: scaled by public constants, not the pooled mean/std of every client's
-    # images
-    # (which would make each site's inputs depend on the others' images)
+    # images (which would make each site's inputs depend on the others' images)
     assert abs(float(d.x_train.mean())) > 0.05 and d.preprocessing["site_statistics"] == []
     raw = torch.from_numpy(
         np.asarray(

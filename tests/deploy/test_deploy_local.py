@@ -2,8 +2,8 @@
 separate processes, TLS, SuperNode authentication, sealed payloads) gives the simulator's numbers.
 
 The slow tests' deployments run side by side (the ``started`` fixture starts them all when the first is
-needed;
-each test waits for its own): a Flower deployment spends most of its time waiting on its own processes."""
+needed; each test waits for its own): a Flower deployment spends most of its time waiting on its own
+processes."""
 
 import json
 import os
@@ -63,9 +63,8 @@ def silofl(*args, timeout=600):
 
 def deploy_and_simulate(method, root):
     """``silofl deploy local`` and ``silofl run`` of ``method`` with the same arguments, side by side (the
-    simulator
-    works while the deployment's processes wait on each other); (the deployment's, the simulator's) completed
-    processes."""
+    simulator works while the deployment's processes wait on each other); (the deployment's, the simulator's)
+    completed processes."""
     args = ["--method", method, *BASE, *CASES[method]]
     cmd = [sys.executable, "-m", "silofl.cli.main"]
     dep = subprocess.Popen(
@@ -106,13 +105,11 @@ def site_dies_and_rejoins(tmp_path):
     """The job of test_a_site_that_dies_is_lost_and_rejoins_from_its_checkpoint_with_its_spend (its checks
     included)."""
     # The killed worker's SuperNode gets SIGTERM (it dies with its worker) and usually leaves the SuperLink,
-    # so the
-    # restarted one connects at once. When its goodbye does not get through, the SuperLink holds the dead node
-    # (up to
-    # two 30 s heartbeats) and the restarted one retries: --peer-timeout 60 then retires the site by the time
-    # its
-    # node is free. Either way it is retired before round 4 and back once its restarted process has loaded and
-    # connected (seconds); a round takes about half a second here, so 40 rounds leave it 15-20 s to come back.
+    # so the restarted one connects at once. When its goodbye does not get through, the SuperLink holds the
+    # dead node (up to two 30 s heartbeats) and the restarted one retries: --peer-timeout 60 then retires the
+    # site by the time its node is free. Either way it is retired before round 4 and back once its restarted
+    # process has loaded and connected (seconds); a round takes about half a second here, so 40 rounds leave
+    # it 15-20 s to come back.
     rounds = 40
     r = subprocess.run(
         [
@@ -165,9 +162,8 @@ def site_dies_and_rejoins(tmp_path):
 def started(request, tmp_path_factory):
     """The deployments of this module's selected slow tests, started together when the first is needed (each
     test then waits for its own and checks it): test name -> future. The rejoin test's long run goes first on
-    its
-    own, the others PARALLEL at a time in the order of the tests (a deployment's processes wait on each other
-    between steps, so two share the machine's cores well). Each is its own: its SuperLink, fresh site
+    its own, the others PARALLEL at a time in the order of the tests (a deployment's processes wait on each
+    other between steps, so two share the machine's cores well). Each is its own: its SuperLink, fresh site
     folders (their ledgers start empty, so their ε is the simulator's)."""
     jobs = {
         f"test_deploy_local_gives_the_simulators_numbers[{m}]": (

@@ -46,8 +46,7 @@ def test_a_fab_other_than_the_sites_own_is_refused(tmp_path):
 def test_a_site_refuses_a_run_whose_fab_is_not_its_own(tmp_path, monkeypatch):
     """A real deployment (SuperLink and two `silofl site run` processes): the coordinator submits a FAB whose
     ClientApp differs from the sites' silofl; every site answers the first message with an error and the run
-    ends
-    with that reason — the coordinator's code never runs at a site."""
+    ends with that reason — the coordinator's code never runs at a site."""
     from silofl.core.errors import SiloflError
     from silofl.deploy import local, superlink
     from silofl.runner.config import RunConfig

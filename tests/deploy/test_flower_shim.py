@@ -1,6 +1,5 @@
 """The paced SuperNode (silofl.deploy.flower_shim): its pacing, its doorbell and its object-pull backoff. The
-real
-SuperNode it runs is exercised by every deployment test (tests/deploy/test_deploy_local.py)."""
+real SuperNode it runs is exercised by every deployment test (tests/deploy/test_deploy_local.py)."""
 
 import socket
 import types

@@ -1,30 +1,23 @@
 """The README's between-institutions commands, exactly as written (read from docs/howto/deploy.md,
-tests/readme.py), with real
-processes on loopback: the coordinator's `deploy certs`, `deploy superlink` (kept running), each of the three
-example
-sites' (hospital-a, -b, -c) `site init` on its own table (hospital_a.csv … with the collaboration's
-schema.yaml),
-`site pin`, the coordinator's `deploy register`, every site's `site run` (kept running) and `deploy start` —
-then
-`deploy local` as written (`.venv/bin/silofl`, run beside the others: a Flower deployment mostly waits).
+tests/readme.py), with real processes on loopback: the coordinator's `deploy certs`, `deploy superlink` (kept
+running), each of the three example sites' (hospital-a, -b, -c) `site init` on its own table (hospital_a.csv …
+with the collaboration's schema.yaml), `site pin`, the coordinator's `deploy register`, every site's `site
+run` (kept running) and `deploy start` — then `deploy local` as written (`.venv/bin/silofl`, run beside the
+others: a Flower deployment mostly waits).
 
 The short commands (certs, init, pin, register) run through the command-line app in the test's process
 (typer's CliRunner, argv as written); the servers, the sites, `deploy start` and `deploy local` are processes
 of their own.
 
 The README names the coordinator `$COORD` (`COORD=coord.example.org`, set on every machine); here every
-machine is
-this one, so the test sets COORD=localhost — the only value it changes. The SuperLink listens on 9092 as
-written.
-`deploy start` runs its 50 rounds as written; the plan the README states (σ 3: ε ≈ 6.1 at most, within the
-sites'
-lifetime ε 8; σ 1: ≈ 30, refused) is checked from the accountant inputs (σ, q, steps) each site reported.
+machine is this one, so the test sets COORD=localhost — the only value it changes. The SuperLink listens on
+9092 as written. `deploy start` runs its 50 rounds as written; the plan the README states (σ 3: ε ≈ 6.1 at
+most, within the sites' lifetime ε 8; σ 1: ≈ 30, refused) is checked from the accountant inputs (σ, q, steps)
+each site reported.
 
 `site init … --data hospital_a.csv --schema schema.yaml` ended in a traceback before (`TypeError: object of
-type
-'NoneType' has no len()`: the split seed), and `deploy start … --dataset table` was refused ("needs
---site-data")
-though the sites hold the data."""
+type 'NoneType' has no len()`: the split seed), and `deploy start … --dataset table` was refused ("needs
+--site-data") though the sites hold the data."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One budget per institution across protocols: what a site published with PubSub-ML is what its deployed runs
-and
-simulations have less to train with (the same ledger, the same lifetime budget), and the other way round."""
+and simulations have less to train with (the same ledger, the same lifetime budget), and the other way
+round."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """`silofl tune`: trials are scored on the validation split (training data no client holds), never the test
-set;
-the best config and the tuning-inclusive spend are written."""
+set; the best config and the tuning-inclusive spend are written."""
 
 import json
 

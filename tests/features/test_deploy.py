@@ -1,6 +1,5 @@
 """Deployed sites compute their own features (in their worker, cached in their own folder): the same numbers
-as the
-simulator on the same features."""
+as the simulator on the same features."""
 
 import pytest
 import torch

@@ -1,6 +1,5 @@
 """A quick ``--features scatter`` run of every example-level method and a client-level one on digits (16×16, J
-= 2:
-81×4×4 features), and the feature stage's record in the run folder."""
+= 2: 81×4×4 features), and the feature stage's record in the run folder."""
 
 import json
 

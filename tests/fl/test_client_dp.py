@@ -208,8 +208,7 @@ def test_client_level_methods_run_end_to_end_and_report_both_units(cl_cfg, metho
     assert priv["privacy_unit"] == "hospital" and priv["formal_guarantee"]
     assert last["epsilon"] == pytest.approx(priv["epsilon_hospital"])
     # hospital-calibrated: the accountant saw z every round; the sub-client unit its own multiplier of round
-    # t's
-    # mechanism (update sum with clip C/v_t, the unclipped count and the norm sum, block by block)
+    # t's mechanism (update sum with clip C/v_t, the unclipped count and the norm sum, block by block)
     hist = s["accounting"][0]["history"]
     assert hist == [[1.0, 1.0, 3]]
     vs = [h["v"] for h in s["server_rounds"]]

@@ -1,8 +1,6 @@
 """Ditto: the personal model's update is the mean cross-entropy gradient plus λ·(v − w^t), w^t the global
-model the
-site received (not the one its DP round moved), by the personal model's own (non-DP) optimizer; the accountant
-counts
-only the global model's DP steps."""
+model the site received (not the one its DP round moved), by the personal model's own (non-DP) optimizer; the
+accountant counts only the global model's DP steps."""
 
 import torch
 import torch.nn.functional as F

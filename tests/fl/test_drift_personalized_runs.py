@@ -92,8 +92,7 @@ def test_the_cli_flags_set_the_methods_options(tmp_path):
 @pytest.mark.parametrize("method", ["scaffold", "ditto", "mr-mtl", "fedavg-yogi"])
 def test_a_resumed_run_continues_exactly_where_it_stopped(method, tmp_path):
     """The state these methods add (control variates, the personal model and its batches, the mean to pull
-    towards,
-    the server's Yogi moments) is checkpointed: 2 rounds + resume to 3 = 3 rounds straight."""
+    towards, the server's Yogi moments) is checkpointed: 2 rounds + resume to 3 = 3 rounds straight."""
     cfg = RunConfig.from_dict(
         {
             **BASE,

@@ -1,6 +1,5 @@
 """MR-MTL: a site keeps its own DP model; the server's mean is only the target of the pull λ·(w − w̄) added to
-the DP
-gradient."""
+the DP gradient."""
 
 import torch
 import torch.nn.functional as F

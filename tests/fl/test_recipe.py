@@ -1,8 +1,6 @@
 """The DP-SGD recipe as method options: validated with one-line errors, today's defaults, budget-first σ from
-the
-steps that will run; whole FedAvg runs with one local DP step per round, server momentum, SGD momentum, EMA
-and
-augmentation multiplicity whose accountant counts exactly what ran (dp-accounting agrees)."""
+the steps that will run; whole FedAvg runs with one local DP step per round, server momentum, SGD momentum,
+EMA and augmentation multiplicity whose accountant counts exactly what ran (dp-accounting agrees)."""
 
 import pytest
 import torch

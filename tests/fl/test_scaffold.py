@@ -1,6 +1,5 @@
 """SCAFFOLD with DP gradients: corrected steps g̃ − c_i + c, c_i⁺ = the mean of the round's DP gradients, and
-the
-server's c ← c + (|S|/N)·mean(Δc_i) — against a hand computation."""
+the server's c ← c + (|S|/N)·mean(Δc_i) — against a hand computation."""
 
 from types import SimpleNamespace
 

@@ -1,6 +1,5 @@
 """`silofl predict` and `silofl export` on tables and images: the preprocessing is applied exactly as in
-training,
-the ONNX graph gives the PyTorch outputs, and the model card states what the privacy covers."""
+training, the ONNX graph gives the PyTorch outputs, and the model card states what the privacy covers."""
 
 import csv
 import json
@@ -317,8 +316,7 @@ def test_image_sites_predict_and_onnx(tmp_path):
 @pytest.mark.slow
 def test_a_combined_table_run_compares_with_going_alone_and_predicts_and_exports(tmp_path):
     """`--dataset table --site-data … --schema … --combine stack --vs-alone` runs through; the combined model
-    (own
-    private + DP proxy, fused on held-out rows) is reported, saved, predicted with and exported as
+    (own private + DP proxy, fused on held-out rows) is reported, saved, predicted with and exported as
     non-private."""
     paths = [str(write_csv(tmp_path, site_frame(60, seed=k, shift=6 * k), f"h{k}.csv")) for k in range(2)]
     out = tmp_path / "run"

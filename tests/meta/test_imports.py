@@ -1,6 +1,5 @@
 """The core install is enough for the simulator: importing silofl, its run loop and its CLI loads no package
-of an
-extra, and a run goes through with every extra's packages made unimportable (each test a fresh
+of an extra, and a run goes through with every extra's packages made unimportable (each test a fresh
 interpreter)."""
 
 import json
@@ -52,10 +51,8 @@ def test_importing_the_library_and_the_cli_loads_no_extra(tmp_path):
 @pytest.mark.slow
 def test_a_run_needs_no_extra_and_an_extra_s_command_says_which(tmp_path):
     """With every extra's packages blocked: the main job's kind of run (ProxyFL on ScatterNet features,
-    against going
-    alone) completes on digits; `silofl pubsub serve` and `silofl deploy local` stop with the one line naming
-    their
-    extra (exit code 2)."""
+    against going alone) completes on digits; `silofl pubsub serve` and `silofl deploy local` stop with the
+    one line naming their extra (exit code 2)."""
     cp = python(
         f"""
         import sys

@@ -1,7 +1,6 @@
 """Augmentation multiplicity: an example's K views' gradients are averaged *before* clipping, so the clipped
 per-example gradient is that of the mean loss over its views (sensitivity C). Both backends against a
-reference
-computed by hand, one example at a time."""
+reference computed by hand, one example at a time."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """Budget-first σ: a run given --target-epsilon E and its planned rounds ends at ε ≤ E, close to E — checked
-with
-the run's own accountant (Opacus RDP) and with an independent one (Google's dp-accounting RDP accountant)."""
+with the run's own accountant (Opacus RDP) and with an independent one (Google's dp-accounting RDP
+accountant)."""
 
 import json
 

@@ -119,8 +119,7 @@ def test_bound_holds_against_exact_best_of_k(mech, count):
 )
 def test_capped_tuning_meets_its_epsilon_delta_exactly(count, cap):
     """A cap changes the output when K > cap (τ of the time): the exact hockey-stick δ of the capped best-of-K
-    at
-    the ε reported stays below the δ asked for."""
+    at the ε reported stays below the δ asked for."""
     p, q = randomized_response(1.0, 4, 3), randomized_response(1.0, 4, 2)
     delta = 1e-2
     res = repeat_and_select_epsilon(ORDERS, exact_curve(p, q), count, delta, cap)
@@ -144,9 +143,9 @@ def test_capped_tuning_meets_its_epsilon_delta_exactly(count, cap):
 )
 def test_matches_dp_accounting(count):
     """dp_accounting's repeat-and-select RDP (it applies RDP monotonicity to the negative binomial only;
-    applied
-    here to both, so its Poisson values are compared after the same step). It takes the mean and finds γ by a
-    bisection, conservatively: equal to 1e-6 relative. η < 0 is outside its range (it needs shape ≥ 0)."""
+    applied here to both, so its Poisson values are compared after the same step). It takes the mean and
+    finds γ by a bisection, conservatively: equal to 1e-6 relative. η < 0 is outside its range (it needs
+    shape ≥ 0)."""
     from dp_accounting.rdp import rdp_privacy_accountant as ra
 
     o = np.asarray(DEFAULT_ORDERS)
@@ -187,8 +186,7 @@ def test_poisson_formula_fails_below_mean_one_so_it_is_refused():
 
 def test_theorem_formulas_at_one_order():
     """The formulas by hand at λ ∈ {2, 4} for the curve ε(λ) = λ/8 (a Gaussian of σ = 2); order 2 takes the
-    smaller
-    of its own value and order 4's (RDP is monotone in λ)."""
+    smaller of its own value and order 4's (RDP is monotone in λ)."""
     o = np.array([2.0, 4.0])
     r = o / 8
     eta, gamma = 1.0, 0.25  # geometric, E[K] = 4

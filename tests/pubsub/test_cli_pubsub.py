@@ -188,8 +188,7 @@ def test_leave(tmp_path):
 
 def test_schema_tables_publish_with_the_schemas_public_bounds(tmp_path):
     """With --schema a site's CSV or Parquet is checked, categories become 0/1 columns, and the site joins the
-    broker
-    with the schema's declared bounds (not its data's min/max)."""
+    broker with the schema's declared bounds (not its data's min/max)."""
     from silofl.pubsub.broker import Broker
     from tests.data.test_tables import site_frame, write_schema
 

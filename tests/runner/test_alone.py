@@ -79,8 +79,7 @@ def test_cli_vs_alone_prints_and_records(tmp_path):
 
 def test_alone_config_copies_every_data_setting_of_a_table_run(tmp_path):
     """The reference of a per-site table run reads the same files with the same schema and shares (it used to
-    lose
-    --site-data and fail: "dataset 'table' needs --site-data")."""
+    lose --site-data and fail: "dataset 'table' needs --site-data")."""
     cfg = RunConfig.from_dict(
         dict(
             method="fedavg",

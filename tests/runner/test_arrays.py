@@ -1,7 +1,6 @@
 """A registered method on in-memory per-site arrays (silofl.runner.arrays): the adapter keeps one client per
-site
-and refuses bad arrays; a run goes through the method's own sites, coordinator and the simulator engine, and
-its ε is the server accountant's, checked against an independent accountant (Google's dp-accounting)."""
+site and refuses bad arrays; a run goes through the method's own sites, coordinator and the simulator engine,
+and its ε is the server accountant's, checked against an independent accountant (Google's dp-accounting)."""
 
 import dp_accounting
 import numpy as np

@@ -98,9 +98,8 @@ def test_data_dependent_defaults_fit_the_data_set():
 
 def test_a_deployed_run_takes_dataset_table_without_the_sites_files():
     """`silofl deploy start … --dataset table` (the README's): each site reads its own table and schema
-    (site.json);
-    the coordinator names none, and is refused one it could not use. A run that reads data here still needs
-    them."""
+    (site.json); the coordinator names none, and is refused one it could not use. A run that reads data here
+    still needs them."""
     import torch
 
     from silofl.runner.data import prepare_data

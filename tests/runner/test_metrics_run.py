@@ -1,6 +1,5 @@
 """Runs carry every classification metric (silofl.training.metrics): the README's `--metric auroc` command as
-written,
-and a run whose sites keep non-private figures — a model's AUROC, F1 … stay with its accuracy."""
+written, and a run whose sites keep non-private figures — a model's AUROC, F1 … stay with its accuracy."""
 
 from __future__ import annotations
 
@@ -92,8 +91,8 @@ def _breast_cancer_sites(d) -> list:
 @pytest.mark.slow
 def test_metrics_are_kept_with_their_accuracy_and_equal_sklearn_on_the_saved_model(tmp_path):
     """Sites that keep non-private figures keep the private and combined models' metrics too (only the DP
-    proxy's are
-    reported); the reported proxy figures equal scikit-learn's on the saved proxy model and the test set."""
+    proxy's are reported); the reported proxy figures equal scikit-learn's on the saved proxy model and the
+    test set."""
     from silofl.models import load_model
     from silofl.runner.config import RunConfig
     from silofl.runner.data import prepare_data

@@ -1,7 +1,6 @@
 """Combination at inference (silofl.site.combine): held-out rows carved once from the site's own training
-rows, a
-combiner fitted on them only (never the test split), equal to an independent fit, no worse than its worse
-part."""
+rows, a combiner fitted on them only (never the test split), equal to an independent fit, no worse than its
+worse part."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """One site folder, one budget: PubSub-ML releases, deployed runs and simulations charge the same ledger, and
-folders
-of both earlier formats are converted in place (or refused in one line, left as they were)."""
+folders of both earlier formats are converted in place (or refused in one line, left as they were)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def snapshot(folder):
 
 def pubsub_v1(folder, name="a", lifetime=(10.0, 1e-4), releases=((1.0, 1e-6, ("r1", "r2")),), sign=True):
     """A folder as PubSub-ML wrote it before this format: site.json silofl.site/1, site.key + ledger.jsonl and
-    a hex
-    sign.key at the top; returns the old ledger."""
+    a hex sign.key at the top; returns the old ledger."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     folder.mkdir(parents=True)

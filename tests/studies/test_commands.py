@@ -1,6 +1,5 @@
 """The commands the documents and bench scripts name for the studies exist: every ``python -m studies.NAME``
-is a
-module of studies/ that runs as a script, and none names the old places (scripts/*_doc.py,
+is a module of studies/ that runs as a script, and none names the old places (scripts/*_doc.py,
 silofl.experiments.docs)."""
 
 import importlib.util

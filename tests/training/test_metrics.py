@@ -95,8 +95,7 @@ def test_balanced_accuracy_and_f1_equal_sklearn(seed):
 
 def test_ece_hand_computed():
     # 15 bins of width 1/15 ≈ 0.0667. Confidences 0.95, 0.95 (bin 14), 0.6, 0.62 (bin 9: (0.6, 0.667]; 0.6 =
-    # 9/15 is
-    # the upper edge of bin 8), 0.4 (bin 5)
+    # 9/15 is the upper edge of bin 8), 0.4 (bin 5)
     p = np.array([[0.95, 0.05, 0.0], [0.05, 0.95, 0.0], [0.6, 0.4, 0.0], [0.38, 0.62, 0.0], [0.4, 0.3, 0.3]])
     y = np.array([0, 0, 0, 0, 2])
     # bin 14: correct {1, 0}, conf {0.95, 0.95}: |0.5 − 0.95| · 2/5 = 0.18

@@ -117,10 +117,8 @@ class GradientCanaries:
         self.d = sum(p.numel() for p in self.params)
         self.m, self.kind, self.q = m, kind, float(sample_rate)
         # the canaries live on the largest parameter tensor (the first layer of an MLP), fixed before the run:
-        # its
-        # coordinates carry the least real-gradient signal each, so the canary stands out of the noise (on
-        # small
-        # layers and biases the real examples' clipped gradients pile up)
+        # its coordinates carry the least real-gradient signal each, so the canary stands out of the noise (on
+        # small layers and biases the real examples' clipped gradients pile up)
         sizes = [p.numel() for p in self.params]
         big = int(np.argmax(sizes))
         lo = sum(sizes[:big])

@@ -72,8 +72,7 @@ def tap(engine: Engine, observers: list[Observer]) -> Engine:
     inner = engine.call
     if not isinstance(engine, InProcessEngine):
         # an engine that runs a batch elsewhere would show the observers its parts only all at once: each step
-        # is
-        # sent on its own instead (the simulator runs a batch's parts through engine.call, seen one by one)
+        # is sent on its own instead (the simulator runs a batch's parts through engine.call, seen one by one)
         engine.batches = False
 
     def call(step: str, requests: dict[int, Message]) -> dict[int, Message]:

@@ -32,12 +32,10 @@ def _oserror_line(e: OSError) -> str:
 
 def friendly_errors(fn):
     """Wrap a CLI command: a SiloflError, or an OSError from the file system (a path under a file, a folder
-    that
-    cannot be written, a full disk), becomes one red line and exit code 2; Ctrl-C exit code 130. An ``out``
-    option
-    given as an empty string is refused before the command runs (it would mean the current folder). What the
-    command
-    :func:`hold` s (e.g. the lock on its run folder) is released when it returns or fails."""
+    that cannot be written, a full disk), becomes one red line and exit code 2; Ctrl-C exit code 130. An
+    ``out`` option given as an empty string is refused before the command runs (it would mean the current
+    folder). What the command :func:`hold` s (e.g. the lock on its run folder) is released when it returns or
+    fails."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -84,10 +82,8 @@ FLOAT_LIMIT = 3.4e38  # the largest float32 (as silofl.runner.config.FLOAT_LIMIT
 
 def check_options(kwargs: dict) -> None:
     """Checks every command's options get (one-line ConfigErrors): no number is NaN or finite beyond the
-    float32
-    range (1e308 is nobody's ε, σ or learning rate; ∞ stays for options that mean "no limit"), and ``--out``
-    is not
-    an empty string (it would mean the current folder)."""
+    float32 range (1e308 is nobody's ε, σ or learning rate; ∞ stays for options that mean "no limit"), and
+    ``--out`` is not an empty string (it would mean the current folder)."""
     for name, v in kwargs.items():
         flag = "--" + name.rstrip("_").replace("_", "-")
         if isinstance(v, float) and math.isnan(v):

@@ -3,8 +3,7 @@
 :class:`ConfigCommand` (through the :func:`config_command` decorator) gives a command one flag per field of
 :class:`~silofl.runner.config.RunConfig` and per field of every registered method's options dataclass
 (:mod:`silofl.fl.options`, each method's ``options=`` class), so a plug-in method's options become flags
-without
-editing silofl:
+without editing silofl:
 
 * the flag name comes from the field name (``noise_multiplier`` → ``--noise-multiplier``; a ``bool`` gives
   ``--name/--no-name``), its type from the annotation (``int``, ``float``, ``str``, ``bool``, comma-separated
@@ -251,8 +250,7 @@ def _default(f: dataclasses.Field) -> Any:
 
 def generated_flags() -> dict[str, Flag]:
     """Every generated flag by field name: RunConfig's fields, then every registered method's options (the
-    first
-    definition's type and help; the methods that have it)."""
+    first definition's type and help; the methods that have it)."""
     from silofl.fl.registry import methods
     from silofl.runner.config import RunConfig
 
@@ -345,8 +343,7 @@ def parse_list(text: Any, flag: str, item: str = "float") -> list[Any]:
 # class
 class ConfigCommand(TyperCommand):
     """A typer command with the generated flags after its own options (those it declares itself, and the names
-    in
-    ``exclude``, are not generated). The given flags reach the command through :func:`config_flags`."""
+    in ``exclude``, are not generated). The given flags reach the command through :func:`config_flags`."""
 
     exclude: tuple[str, ...] = ()
 
@@ -383,8 +380,7 @@ def config_command(
     app: typer.Typer, name: str | None = None, *, exclude: tuple[str, ...] = (), **kwargs: Any
 ) -> Callable[[Callable], Callable]:
     """``@config_command(app)`` in place of ``@app.command()``: the command gets every generated flag (minus
-    its
-    own and ``exclude``) and one-line errors (:func:`silofl.cli.common.friendly_errors`)."""
+    its own and ``exclude``) and one-line errors (:func:`silofl.cli.common.friendly_errors`)."""
     from silofl.cli.common import friendly_errors
 
     cls = type("ConfigCommand", (ConfigCommand,), {"exclude": tuple(exclude)})
@@ -397,9 +393,8 @@ def config_command(
 
 def config_flags() -> dict[str, Any]:
     """The generated flags the user gave to the running command, as configuration options (``--clip
-    adaptive:0.5``
-    → ``adaptive_clip`` and ``clip``; comma lists as lists); one-line ConfigErrors for values that cannot
-    work."""
+    adaptive:0.5`` → ``adaptive_clip`` and ``clip``; comma lists as lists); one-line ConfigErrors for values
+    that cannot work."""
     from silofl.cli.common import check_options
 
     flags, given = click.get_current_context().meta.get(FLAGS_KEY, ({}, {}))

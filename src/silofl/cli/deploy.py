@@ -223,8 +223,7 @@ def site_budget(
     why: str = typer.Option(..., "--why", help="Why it changes (recorded in the ledger)."),
 ):
     """Change the site's lifetime budget: a ledger entry (old → new, when, why); site.json follows. Editing
-    site.json
-    alone changes nothing (the ledger is the budget of record)."""
+    site.json alone changes nothing (the ledger is the budget of record)."""
     from silofl.deploy.site import SiteWorker
     from silofl.site.folder import SiteFolder
 
@@ -544,10 +543,8 @@ def deploy_start(
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel="Output", help="No progress bar."),
 ):
     """Start a run on the registered sites (each running `silofl site run`); run on the SuperLink's machine.
-    Each site
-    reads its own data (its site.json); every run option below applies (e.g. --method proxyfl --rounds 100
-    --out
-    runs/x)."""
+    Each site reads its own data (its site.json); every run option below applies (e.g. --method proxyfl
+    --rounds 100 --out runs/x)."""
     from silofl.api import EngineOptions
     from silofl.cli.main import run_command
     from silofl.runner.config import RunConfig

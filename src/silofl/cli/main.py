@@ -1,6 +1,5 @@
 """``silofl`` command line: ``run``, ``launch``, ``tune``, ``compare``, ``evaluate``, ``predict``, ``export``,
-``audit``
-and the ``pubsub``, ``site`` and ``deploy`` groups.
+``audit`` and the ``pubsub``, ``site`` and ``deploy`` groups.
 
 The run options of ``run``, ``compare``, ``audit``, ``tune`` and ``deploy local/start`` are generated from
 :class:`~silofl.runner.config.RunConfig` and every registered method's options
@@ -579,10 +578,8 @@ def tune(
     ),
 ):
     """Search settings for a budget (--target-epsilon, required) on the validation split (training data no
-    client
-    holds, as public data; per-site tables: each site's own validation rows) — never the test set; write the
-    best config to OUT/best.yaml and the tuning-inclusive ε to
-    tune.json."""
+    client holds, as public data; per-site tables: each site's own validation rows) — never the test set;
+    write the best config to OUT/best.yaml and the tuning-inclusive ε to tune.json."""
     from silofl import api
     from silofl.runner.config import RunConfig
 
@@ -679,8 +676,7 @@ def compare(
     quiet: bool = typer.Option(False, "--quiet", rich_help_panel=OUTPUT, help="No progress bar."),
 ):
     """Run methods × variants × seeds and write a report (report.md, results.csv/json, plots); every run
-    option
-    below applies to every run (where its method has it)."""
+    option below applies to every run (where its method has it)."""
     from silofl import api
     from silofl.cli.config_options import config_flags, parse_sets
     from silofl.experiments.compare import CompareConfig

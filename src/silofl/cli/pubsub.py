@@ -51,9 +51,8 @@ def read_csv(path: str, target: str, task: str) -> tuple[np.ndarray, np.ndarray,
 
 def read_site(path: str, target: str | None, task: str, schema: str | None):
     """(x, y, features, classes, public metadata or None) of a subscriber's data: with ``schema``, the file
-    (CSV or
-    Parquet) is checked against it and encoded with the schema's public bounds (:mod:`silofl.pubsub.tables`);
-    without, a CSV of numbers."""
+    (CSV or Parquet) is checked against it and encoded with the schema's public bounds
+    (:mod:`silofl.pubsub.tables`); without, a CSV of numbers."""
     if schema is None:
         if target is None:
             raise ConfigError("--target is needed without --schema")
@@ -121,8 +120,7 @@ def _sender(b):
 
 def _seal(folder, table):
     """Sign a model with the site's key (``keys/sign.key`` in its folder) and its ledger's receipt, plus the
-    schema's
-    public metadata for joining the broker (nothing computed from its rows)."""
+    schema's public metadata for joining the broker (nothing computed from its rows)."""
     from silofl.pubsub.signing import sign_model
 
     key = folder.signing_key()  # keys/sign.key: the site's one identity (deployment signs with it too)
@@ -420,9 +418,8 @@ def stream(
     seed: int | None = typer.Option(None, help=SEED_HELP),
 ):
     """Algorithm 4: publish one DP model per disjoint chunk of DATA, keeping the k latest published. Within
-    one
-    stream every record is in exactly one chunk (parallel composition); across streams, publishes and runs the
-    site's ledger composes each record's spend and refuses a chunk that would pass the lifetime budget."""
+    one stream every record is in exactly one chunk (parallel composition); across streams, publishes and runs
+    the site's ledger composes each record's spend and refuses a chunk that would pass the lifetime budget."""
     from silofl.pubsub import tables
     from silofl.pubsub.dp_models import Bounds
     from silofl.pubsub.stream import StreamPublisher
@@ -554,8 +551,7 @@ def cert(
     days: int = typer.Option(30, help="Validity in days."),
 ):
     """Make a self-signed test CA and a server certificate for the broker (for trials and tests; a real
-    deployment
-    uses the institutions' own CA)."""
+    deployment uses the institutions' own CA)."""
     from silofl.pubsub.tls import make_test_certificates
 
     if days < 1:

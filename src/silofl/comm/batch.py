@@ -86,10 +86,9 @@ def split_reply(msg: Message, n: int) -> list[Message]:
 
 def phases(requests: dict[int, Message]) -> list[tuple[str, dict[int, int], dict[int, Message]]]:
     """Batch requests to several sites as steps to run one after another: the parts right-aligned across the
-    sites
-    (every site's last part — the step asked of all — together, so an ``evaluate`` runs as one call) and
-    grouped by
-    step name; each site's parts stay in its own order. [(step, {site: part index}, {site: part})]."""
+    sites (every site's last part — the step asked of all — together, so an ``evaluate`` runs as one call)
+    and grouped by step name; each site's parts stay in its own order. [(step, {site: part index}, {site:
+    part})]."""
     parts = {k: split(m) for k, m in requests.items()}
     n = max((len(p) for p in parts.values()), default=0)
     out: list[tuple[str, dict[int, int], dict[int, Message]]] = []

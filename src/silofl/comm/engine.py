@@ -76,8 +76,7 @@ class Engine(ABC):
     def rejoin_ready(self, rnd: int, candidates: set[int]) -> list[int]:
         """Those of the lost sites ``candidates`` that are back before round ``rnd``, restored from their own
         checkpoints with their spend intact, and no longer lost (an engine that cannot bring a site back
-        returns
-        none)."""
+        returns none)."""
         return []
 
     def describe(self) -> dict:
@@ -134,10 +133,8 @@ class InProcessEngine(Engine):
 
     def call(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
         """As :meth:`Engine.call`; a batch (:mod:`silofl.comm.batch`) runs as its parts, right-aligned across
-        the
-        sites — every site's last part (the step asked of all) together, so an ``evaluate`` keeps its shared
-        cache —
-        each site's parts in its own order."""
+        the sites — every site's last part (the step asked of all) together, so an ``evaluate`` keeps its
+        shared cache — each site's parts in its own order."""
         from silofl.comm import batch
 
         if step != batch.BATCH:

@@ -27,9 +27,8 @@ GRACE_S = 30.0  # how long the other processes may take to exit after rank 0 (or
 
 def ensure_run_key(nnodes: int, key_file: str | None = None) -> None:
     """Put the run's shared key in the environment the processes inherit (``SILOFL_RUN_KEY``): from
-    ``key_file``,
-    or the environment, or — on one machine — a fresh one. Several machines must share one: ConfigError
-    without."""
+    ``key_file``, or the environment, or — on one machine — a fresh one. Several machines must share one:
+    ConfigError without."""
     from silofl.comm.torchdist import KEY_ENV
 
     if key_file:

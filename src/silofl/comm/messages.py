@@ -24,19 +24,16 @@ MAX_FRAME_BYTES = 1 << 30  # one call's frame (all packets of all sites of one p
 MAX_HEADER_BYTES = 16 << 20
 MAX_JSON_DEPTH = 64  # nesting of a frame's JSON header (a parser recursing 200,000 levels deep never returns)
 # a whole string, or a bracket. Once a string has started the match cannot fail — it ends at its closing quote
-# or at
-# the header's end (an unterminated string, a lone trailing backslash) — so nothing is backtracked or
-# rescanned and the
-# scan stays linear (a failing string match from every quote made it quadratic: 20 kB of '"\\' took 5.8 s)
+# or at the header's end (an unterminated string, a lone trailing backslash) — so nothing is backtracked or
+# rescanned and the scan stays linear (a failing string match from every quote made it quadratic: 20 kB of
+# '"\\' took 5.8 s)
 _STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
 
 
 def json_depth(text: bytes, limit: int = MAX_JSON_DEPTH) -> int:
     """The nesting depth of JSON ``text`` (at most ``limit`` when it has no more brackets than that) by one
-    linear
-    scan over its strings and brackets (no recursion; brackets inside strings do not count); PeerModelRejected
-    as soon
-    as it exceeds ``limit``."""
+    linear scan over its strings and brackets (no recursion; brackets inside strings do not count);
+    PeerModelRejected as soon as it exceeds ``limit``."""
     if (
         text.count(b"[") + text.count(b"{") <= limit
     ):  # cannot nest deeper than it has brackets (the common case)

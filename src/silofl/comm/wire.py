@@ -48,8 +48,7 @@ def validate(
     tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], max_abs: float = DEFAULT_MAX_ABS
 ) -> None:
     """Raise PeerModelRejected unless ``tensors`` matches ``reference`` in names, shapes, dtypes, and is
-    finite
-    and bounded by ``max_abs``."""
+    finite and bounded by ``max_abs``."""
     missing = sorted(set(reference) - set(tensors))
     extra = sorted(set(tensors) - set(reference))
     if missing or extra:

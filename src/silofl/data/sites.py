@@ -76,10 +76,9 @@ def holdout(
     what: str = "internal test set",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(training rows, internal test rows) of a site with ``n`` rows: a seeded random ``fraction`` held out,
-    drawn
-    from the site's own stream (seed, site index), so it does not depend on the other sites. ``salt``: another
-    stream of the same seed and site (the validation rows, :data:`VALIDATION_SALT`); ``cap``: hold out at most
-    that many; ``what``: the held-out rows' name in the refusal."""
+    drawn from the site's own stream (seed, site index), so it does not depend on the other sites. ``salt``:
+    another stream of the same seed and site (the validation rows, :data:`VALIDATION_SALT`); ``cap``: hold out
+    at most that many; ``what``: the held-out rows' name in the refusal."""
     n_test = int(round(n * fraction))
     if cap is not None:
         n_test = min(n_test, cap)

@@ -126,8 +126,7 @@ class FlowerEngine(Engine):
 
     def seal_server(self, step: str, requests: dict[int, Message]) -> dict[int, Message]:
         """Every packet a server role sends, sealed to its site and signed with the coordinator's key (sites
-        take a
-        server's model only so); in a batch, each part's under its own step and round."""
+        take a server's model only so); in a batch, each part's under its own step and round."""
         out = {}
         for k, m in requests.items():
             if step == batch.BATCH:
@@ -175,8 +174,7 @@ class FlowerEngine(Engine):
 
     def open_upload(self, k: int, p: Packet) -> Packet | None:
         """A site's payload to a server role, opened (sealed to the coordinator's key by the site's pinned
-        key);
-        None (recorded) if it is not."""
+        key); None (recorded) if it is not."""
         from silofl.deploy.pki import load_public
 
         name = self.cards[k]["name"]
@@ -310,8 +308,7 @@ class FlowerEngine(Engine):
 
     def reply_of(self, k: int, step: str, frame) -> Message | None:
         """Site ``k``'s reply in ``frame``, checked; None (and the site lost, with the reason) if it is
-        malformed,
-        a refusal, an answer to another step or for another site, or speaks for another node."""
+        malformed, a refusal, an answer to another step or for another site, or speaks for another node."""
         try:
             if not isinstance(frame, bytes):
                 raise PeerModelRejected("a reply carries one frame of bytes")
@@ -407,8 +404,8 @@ class FlowerEngine(Engine):
 
     def rejoin_ready(self, rnd: int, candidates: set[int]) -> list[int]:
         """Lost sites whose node is connected again: greeted (signed hello), sent the run with ``resume`` (the
-        site
-        restores its latest checkpoint from its own folder; its ledger keeps its spend); those that joined."""
+        site restores its latest checkpoint from its own folder; its ledger keeps its spend); those that
+        joined."""
         if not self.lost or self.setup_meta is None:
             return []
         try:
@@ -524,8 +521,7 @@ def greet(
     engine: FlowerEngine, ks: list[int], cards: list[dict], timeout_s: float | None = None
 ) -> dict[int, Message]:
     """Each site's hello, its signature over a fresh nonce checked against its pinned key; SiloflError if a
-    site
-    does not answer or answers without its key."""
+    site does not answer or answers without its key."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -572,9 +568,9 @@ def keep_heads(engine: FlowerEngine, hellos: dict[int, Message], ks) -> None:
 
 def join(engine: FlowerEngine, spec: dict):
     """Greet every site (its signed hello checked against its pinned key), fill the run's data-dependent
-    settings
-    from the sizes the sites declare, and send every site the run, which each decides to join or refuses;
-    (the config, the :class:`RemoteSplit`). SiloflError if a site is missing, impersonated or refuses."""
+    settings from the sizes the sites declare, and send every site the run, which each decides to join or
+    refuses; (the config, the :class:`RemoteSplit`). SiloflError if a site is missing, impersonated or
+    refuses."""
     from silofl.privacy.ledger import HeadStore
     from silofl.runner.config import RunConfig
 

@@ -5,16 +5,13 @@ imports before any app code runs). ``silofl site run`` instead runs its SuperNod
 isolation — the SuperNode executes nothing itself and serves its runtime API on loopback, ``AcquireTask``
 guarded by a secret only the site's processes know — and this executor, a thread of the site's worker process,
 takes each task through that API exactly as ``flwr-clientapp`` does (pull the task's input, run, push the
-reply
-and the task's output, heartbeat while it runs), with the site's data and models already in memory. One
+reply and the task's output, heartbeat while it runs), with the site's data and models already in memory. One
 process per site for the whole run.
 
 The site no longer runs code the coordinator ships: a task's FAB is checked once, by its SHA-256, against the
-FAB
-Flower builds from the silofl the site itself installed (the build is deterministic), and a task carrying any
-other FAB is answered with an error; the message itself is handed to
-:meth:`silofl.deploy.site.SiteWorker.handle_frame`, the
-same bounded, checked path the local socket serves.
+FAB Flower builds from the silofl the site itself installed (the build is deterministic), and a task carrying
+any other FAB is answered with an error; the message itself is handed to
+:meth:`silofl.deploy.site.SiteWorker.handle_frame`, the same bounded, checked path the local socket serves.
 
 The executor waits for work on a *doorbell* (a Unix datagram socket in the site's private run folder) that the
 paced SuperNode (:mod:`silofl.deploy.flower_shim`) rings when it has stored a message, and polls every
@@ -45,8 +42,7 @@ ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 
 def own_fab_hash(fab_dir: Path) -> str:
     """The SHA-256 of the FAB Flower builds from silofl's app as installed here (Flower's build is
-    deterministic:
-    sorted files, fixed dates), the one FAB this site accepts."""
+    deterministic: sorted files, fixed dates), the one FAB this site accepts."""
     require("flwr", "deploy")
     from flwr.cli.build import build_fab_from_disk
 

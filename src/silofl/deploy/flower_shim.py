@@ -3,10 +3,9 @@ Flower.
 
 Stock ``flower-supernode`` (``flwr/supernode/start_client_internal.py``) pulls one message at a time from the
 SuperLink and, when a pull comes back empty, sleeps a literal 3 s; while a message is being worked on it
-checks
-for the reply every 0.5 s. In a silofl round every site answers every step, so each step waited about 3 s for
-the last site to notice it. This module runs the same SuperNode (``python -m silofl.deploy.flower_shim ARGS``
-takes ``flower-supernode``'s arguments) with two module globals of that file replaced — nothing else:
+checks for the reply every 0.5 s. In a silofl round every site answers every step, so each step waited about 3
+s for the last site to notice it. This module runs the same SuperNode (``python -m silofl.deploy.flower_shim
+ARGS`` takes ``flower-supernode``'s arguments) with two module globals of that file replaced — nothing else:
 
 - ``time``: a copy of the module whose ``sleep`` paces the loop: an empty pull waits :data:`ACTIVE_S` (0.1 s)
   while a run is on (a message was pulled within the last :data:`IDLE_AFTER_S`, or the SuperNode started
@@ -41,8 +40,7 @@ import warnings
 
 SUPPORTED = "1.41.0"
 # an empty pull while a run is on waits this long (SILOFL_SUPERNODE_POLL_S): each pull costs the SuperLink and
-# the
-# SuperNode CPU, and on 2 cores with 8 sites 0.05 / 0.1 / 0.2 s gave 1.45 / 1.35 / 1.16 s a round
+# the SuperNode CPU, and on 2 cores with 8 sites 0.05 / 0.1 / 0.2 s gave 1.45 / 1.35 / 1.16 s a round
 # (bench/deployment.py)
 ACTIVE_S = float(os.environ.get("SILOFL_SUPERNODE_POLL_S", "0.1"))
 IDLE_AFTER_S = 15.0  # no message for this long: back off towards Flower's 3 s

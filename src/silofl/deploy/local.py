@@ -42,10 +42,8 @@ SITE_RELAY: Callable[[tuple[str, int]], Any] | None = None  # see LocalDeploymen
 
 class LocalDeployment:
     """A CA, a SuperLink and one ``silofl site run`` process per partition of ``split`` under ``dep`` (TLS and
-    node
-    authentication unless ``insecure``), ready for runs (:meth:`run`) until :meth:`close`. The sites keep
-    running
-    between runs, as an institution's service does."""
+    node authentication unless ``insecure``), ready for runs (:meth:`run`) until :meth:`close`. The sites keep
+    running between runs, as an institution's service does."""
 
     def __init__(
         self,
@@ -146,9 +144,8 @@ class LocalDeployment:
         restart_sites: bool = False,
     ) -> dict:
         """Run ``cfg`` on the sites, writing the run folder ``out``; its summary. A lost site is the
-        coordinator's
-        business (it retires it; with ``restart_sites`` its process is restarted and it may rejoin); a lost
-        SuperLink ends the run."""
+        coordinator's business (it retires it; with ``restart_sites`` its process is restarted and it may
+        rejoin); a lost SuperLink ends the run."""
         return start_run(
             cfg.replace(out=str(out), report_nonprivate=True),
             self.sites,

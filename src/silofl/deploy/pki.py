@@ -110,10 +110,9 @@ def make_server_cert(folder: Path, hosts: list[str], days: int = 365) -> None:
 
 def make_coordinator_keys(folder: Path) -> dict:
     """The coordinator's sealing keys under ``folder``: ``coordinator.seal.key`` (X25519: sites seal what they
-    send a
-    server role to it) and ``coordinator.sign.key`` (Ed25519: it signs what a server role sends); returns its
-    public
-    card (also written to ``coordinator.json``), which every site pins (``silofl site pin --coordinator``)."""
+    send a server role to it) and ``coordinator.sign.key`` (Ed25519: it signs what a server role sends);
+    returns its public card (also written to ``coordinator.json``), which every site pins (``silofl site pin
+    --coordinator``)."""
     seal, sign = x25519.X25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
     write_private(folder / "coordinator.seal.key", _pkcs8(seal))
     write_private(folder / "coordinator.sign.key", _pkcs8(sign))

@@ -71,8 +71,7 @@ def free_port() -> int:
 
 def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM when the parent dies, so a site's SuperNode never outlives
-    its
-    worker (it would hold the site's node id with nobody behind it)."""
+    its worker (it would hold the site's node id with nobody behind it)."""
     import ctypes
 
     try:

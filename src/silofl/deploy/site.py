@@ -88,8 +88,7 @@ def init_site(
 
 def pin_federation(folder: Path, cards: list[dict], coordinator: dict | None = None) -> None:
     """Pin the federation's public cards (every site's, this one's included) in ``folder/federation.json``,
-    and the
-    coordinator's card (its keys sign and receive what a server role sends and gets; kept if already
+    and the coordinator's card (its keys sign and receive what a server role sends and gets; kept if already
     pinned)."""
     from silofl.deploy.pki import check_card, check_keys
 
@@ -355,8 +354,8 @@ class SiteWorker:
 
     def check_ledger(self) -> tuple[tuple[float, float], str | None]:
         """Open and check the ledger; (the lifetime budget available, a note if site.json disagrees with the
-        ledger).
-        Refuses (LedgerTampered) a missing, shorter, foreign or broken ledger of a site that has history."""
+        ledger). Refuses (LedgerTampered) a missing, shorter, foreign or broken ledger of a site that has
+        history."""
         from silofl.privacy.ledger import (
             Ledger,
             LedgerTampered,
@@ -645,8 +644,7 @@ class SiteWorker:
 
     def _inputs(self, cfg: Any) -> tuple[Any, _Shape]:
         """The site's inputs after the run's feature stage (silofl.features), computed here, from the site's
-        own data,
-        and kept by content in its own folder (``features/``), with the shape the models see."""
+        own data, and kept by content in its own folder (``features/``), with the shape the models see."""
         from silofl.features import apply, record, stage_from_config
         from silofl.runner.loop import SiteInputs
 
@@ -776,8 +774,7 @@ class SiteWorker:
 
     def _destination(self, d: object) -> str:
         """The pinned name of node ``d`` a site may send to: another site of the run, or the server role of a
-        method
-        that has one (sealed to the pinned coordinator key); anything else is refused."""
+        method that has one (sealed to the pinned coordinator key); anything else is refused."""
         n = len(self.order)
         if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= n or d == self.index:
             raise PeerModelRejected(
@@ -861,8 +858,7 @@ class SiteWorker:
     def serve(self, path: Path, stop: Any = None) -> None:
         """Answer frames on a Unix socket at ``path`` (mode 0600: only this user) until ``stop`` is set. Each
         connection is read in its own thread with a timeout and answered under one lock: a requester that
-        stalls,
-        hangs up or sends garbage costs its own request, never the worker."""
+        stalls, hangs up or sends garbage costs its own request, never the worker."""
         path.unlink(missing_ok=True)
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)

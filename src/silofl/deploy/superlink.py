@@ -222,12 +222,11 @@ def start_run(
     launch: Callable[[], Proc] | None = None,
 ) -> dict:
     """Submit ``cfg`` to the SuperLink the ``flwr`` environment ``env`` points at, over ``sites`` (their
-    public
-    cards with their node ids), and wait for the coordinator's ServerApp to write the run folder ``out``; its
-    summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run failed.
-    ``extra``:
-    the coordinator's key folder (``coordinator_keys``) and state folder (``state_dir``: the sites' ledger
-    heads). ``launch``: starts the run's ServerApp once it is submitted (else the SuperLink starts it)."""
+    public cards with their node ids), and wait for the coordinator's ServerApp to write the run folder
+    ``out``; its summary (with a ``deployment`` section). ``procs``: local processes whose exit means the run
+    failed. ``extra``: the coordinator's key folder (``coordinator_keys``) and state folder (``state_dir``:
+    the sites' ledger heads). ``launch``: starts the run's ServerApp once it is submitted (else the SuperLink
+    starts it)."""
     coord = out / "coordinator"
     coord.mkdir(parents=True)
     spec = {

@@ -18,11 +18,9 @@ def evaluate_run(
     run_dir: str | Path, data_dir: str | None = None, eval_split: str | None = None
 ) -> list[dict]:
     """Each saved model's accuracy on the run's own test set, next to the figure summary.json recorded, and
-    its
-    other metrics (``metrics``: AUROC, balanced accuracy, F1, ECE of the same pass).
-    ``eval_split``: score on this split instead of the one the run evaluated on (e.g. ``test`` for a tuning
-    trial
-    that was scored on the validation split)."""
+    its other metrics (``metrics``: AUROC, balanced accuracy, F1, ECE of the same pass). ``eval_split``: score
+    on this split instead of the one the run evaluated on (e.g. ``test`` for a tuning trial that was scored on
+    the validation split)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")

@@ -21,26 +21,17 @@ recorded had all trials been one run), at the run's δ. That bound holds for any
 trials, the chosen one included.
 
 Random trials (``random_trials``, ``silofl tune --random-trials poisson:MU`` …). Instead of the whole grid, a
-number
-K of trials is drawn from a distribution fixed in advance (Poisson, truncated negative binomial, geometric,
-logarithmic) with the run's secret randomness (:class:`silofl.core.randomness.SecureRandom`; a seeded research
-run
-draws it from the seed), each trial's settings drawn uniformly from the grid (repeats allowed), each trial
-with its
-own independent randomness, and only the best one is kept. Papernot & Steinke (ICLR 2022) bound what releasing
-the
-best trial alone costs (:mod:`silofl.privacy.tuning`): about one trial's ε plus a few units, however large
-E[K] is,
-where composition grows with the number of trials. It covers ``best.yaml`` and the chosen trial's own output,
-not
-K, the other trials' scores or their folders, which stay with whoever runs the tuning: ``tune.json`` states
-both,
-the Papernot–Steinke ε (best trial only) and the plain composition of the K trials that ran (everything, given
-K).
-Trials are selected on a score of their DP output: the proxies' accuracy (``proxy_acc``) for a method with
-mutual
-learning, whose private models are not DP, the headline otherwise. Every trial of a tuning run uses one data
-split.
+number K of trials is drawn from a distribution fixed in advance (Poisson, truncated negative binomial,
+geometric, logarithmic) with the run's secret randomness (:class:`silofl.core.randomness.SecureRandom`; a
+seeded research run draws it from the seed), each trial's settings drawn uniformly from the grid (repeats
+allowed), each trial with its own independent randomness, and only the best one is kept. Papernot & Steinke
+(ICLR 2022) bound what releasing the best trial alone costs (:mod:`silofl.privacy.tuning`): about one trial's
+ε plus a few units, however large E[K] is, where composition grows with the number of trials. It covers
+``best.yaml`` and the chosen trial's own output, not K, the other trials' scores or their folders, which stay
+with whoever runs the tuning: ``tune.json`` states both, the Papernot–Steinke ε (best trial only) and the
+plain composition of the K trials that ran (everything, given K). Trials are selected on a score of their DP
+output: the proxies' accuracy (``proxy_acc``) for a method with mutual learning, whose private models are not
+DP, the headline otherwise. Every trial of a tuning run uses one data split.
 
 Per-site tables (``dataset: table`` with ``site_data``) have no training rows that no site holds: each site's
 validation rows are carved from its own training rows (:func:`silofl.data.sites.validation_rows`: a seeded
@@ -181,9 +172,8 @@ def tune(
     """Run every grid combination of ``base`` on the validation split — or, with ``random_trials``, K ~ that
     distribution trials of settings drawn from the grid, at most ``max_trials`` (default: see
     :func:`default_cap`) — and write ``OUT/tune.json``, ``tune.md`` and ``best.yaml``; return the result.
-    Every
-    check runs before the first trial: a ConfigError leaves nothing written. ``site_folders`` (one per site,
-    in the order of its table): each site's one ledger is charged the tuning before the first trial
+    Every check runs before the first trial: a ConfigError leaves nothing written. ``site_folders`` (one per
+    site, in the order of its table): each site's one ledger is charged the tuning before the first trial
     (:func:`charge_sites`)."""
     out = Path(out)
     if (out / "tune.json").exists():
@@ -484,8 +474,7 @@ def _uniforms(seed: int | None) -> Callable[[int], list[float]]:
 def default_cap(count: TrialCount, delta: float, epsilon: float = 0.0) -> int:
     """The cap on K when none is given: the smallest whose cut-off tail τ = P[K > cap] is at most
     ``AUTO_CAP_TAIL`` × δ / (1 + e^{ε+1}), ``epsilon`` being the uncapped bound — so the cap's cost (1 +
-    e^ε')τ
-    stays below ``AUTO_CAP_TAIL`` × δ for any ε' ≤ ε + 1, and moves ε next to nothing."""
+    e^ε')τ stays below ``AUTO_CAP_TAIL`` × δ for any ε' ≤ ε + 1, and moves ε next to nothing."""
     target = AUTO_CAP_TAIL * delta / (1 + math.exp(min(epsilon + 1, 700.0)))
     hi = max(1, math.ceil(count.mean))
     while count.tail(hi) > target:
@@ -601,8 +590,7 @@ def _draw_random_trials(
 
 def _random_cost(part: dict, summaries: list[dict]) -> dict:
     """tune.json's ``random_trials``: the draws, and per party the ε of one trial and the Papernot–Steinke ε
-    of the
-    best trial, each trial's curve being the planned one raised to what any trial that ran actually
+    of the best trial, each trial's curve being the planned one raised to what any trial that ran actually
     recorded."""
     count: TrialCount = part["count"]
     delta = part["delta"]

@@ -63,8 +63,7 @@ class ScatterModule(nn.Module):
 @register("scatter")
 class ScatterFeatures(FeatureStage):
     # torch 2.13's ONNX exporter did not produce a graph of kymatio's complex FFTs here (the process ended
-    # during
-    # "Optimize the ONNX graph"): `silofl export` writes a two-stage export instead
+    # during "Optimize the ONNX graph"): `silofl export` writes a two-stage export instead
     in_onnx = False
     budget_note = (
         "a fixed transform of each example alone (kymatio's scattering with its predefined Morlet filters, "

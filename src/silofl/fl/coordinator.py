@@ -85,12 +85,10 @@ class Coordinator(ABC):
         """``engine.call`` that also keeps every site's last word on whether it can continue.
 
         A step in :attr:`deferred_steps` is not sent now: it waits for the next step asked of the same site
-        and
-        goes with it in one message (:mod:`silofl.comm.batch`), so a round costs one message per site; its
-        reply
-        (the payloads the site refused) comes back then, into :meth:`take_late`. A site lost meanwhile never
-        gets
-        it; :attr:`delivered` says up to which round each site is known to have taken its deliveries."""
+        and goes with it in one message (:mod:`silofl.comm.batch`), so a round costs one message per site; its
+        reply (the payloads the site refused) comes back then, into :meth:`take_late`. A site lost meanwhile
+        never gets it; :attr:`delivered` says up to which round each site is known to have taken its
+        deliveries."""
         assert self.engine is not None, "connect() first"
         if step in self.deferred_steps and self.engine.batches:
             for k, m in requests.items():
@@ -129,8 +127,7 @@ class Coordinator(ABC):
 
     def _batch(self, parts: dict[int, list[tuple[str, Message]]]) -> dict[int, Message]:
         """Each site's parts in one batch request; the replies of the last parts (the earlier ones' refusals
-        go to
-        :meth:`take_late`, and their rounds to :attr:`delivered`)."""
+        go to :meth:`take_late`, and their rounds to :attr:`delivered`)."""
         from silofl.comm import batch
 
         assert self.engine is not None
@@ -195,8 +192,7 @@ class Coordinator(ABC):
     # ------------------------------------------------------------------ rounds
     def retire(self, rnd: int, events: RoundEvents) -> list[int]:
         """Lost sites that are back rejoin; sites the engine lost and sites whose budget cannot pay for this
-        round
-        leave; the active ones."""
+        round leave; the active ones."""
         lost = self.engine.lost if self.engine is not None else {}
         leaving = []
         for k in list(self.active):
@@ -232,8 +228,7 @@ class Coordinator(ABC):
 
     def routable(self, rnd: int, k: int, replies: dict, allowed: set[int], events: RoundEvents) -> list:
         """The packets in site ``k``'s reply that it may send this round — from itself, to one of ``allowed``;
-        any
-        other is refused (logged and recorded), never delivered."""
+        any other is refused (logged and recorded), never delivered."""
         ok = []
         for p in replies[k].packets if k in replies else []:
             if p.src == k and p.dst in allowed:

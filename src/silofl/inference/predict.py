@@ -21,8 +21,8 @@ def predict(
     overwrite: bool = False,
 ) -> dict:
     """Write one row per input to ``out`` (CSV: ``id``, ``prediction``, ``p_<class>`` per class, and ``label``
-    when the
-    data carry the target or class folders); returns a summary (rows, accuracy when labelled, model used)."""
+    when the data carry the target or class folders); returns a summary (rows, accuracy when labelled, model
+    used)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise ConfigError(f"{out} exists; choose another --out or pass --overwrite")

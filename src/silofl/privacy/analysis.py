@@ -170,8 +170,7 @@ def _epsilon(
 
 def rdp_curve(history: History, orders: tuple[float, ...] = DEFAULT_ORDERS) -> np.ndarray:
     """The RDP curve ε(λ) at ``orders`` of a Poisson-subsampled Gaussian history (Mironov et al., as the
-    ``rdp``
-    accountant computes it; zeros for an empty history)."""
+    ``rdp`` accountant computes it; zeros for an empty history)."""
     curve = np.zeros(len(orders), dtype=np.float64)
     for sigma, q, steps in history:
         check_mechanism(sigma, q, steps)
@@ -332,11 +331,10 @@ def calibrate_sigma(
     target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
 ) -> float:
     """Budget-first σ: the noise multiplier with which ``steps`` steps of the Poisson-subsampled Gaussian
-    mechanism at rate ``sample_rate`` end at ε ≤ ``target_epsilon`` (within :data:`CALIBRATION_TOLERANCE`
-    of it) under the run's own accountant. Raises ConfigError, in one line, when the target cannot be met.
-    Cached (a pure function; Opacus' search takes seconds): tuning trials that differ only in, say, the
-    learning
-    rate calibrate once."""
+    mechanism at rate ``sample_rate`` end at ε ≤ ``target_epsilon`` (within :data:`CALIBRATION_TOLERANCE` of
+    it) under the run's own accountant. Raises ConfigError, in one line, when the target cannot be met. Cached
+    (a pure function; Opacus' search takes seconds): tuning trials that differ only in, say, the learning rate
+    calibrate once."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ConfigError(f"target_epsilon must be positive and finite, got {target_epsilon}")
     if steps < 1 or not 0 < sample_rate <= 1:

@@ -55,8 +55,7 @@ class DPGradient:
         self.clipper = make_clipper(model, backend)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._names = {id(p): n for n, p in model.named_parameters()}
-        # research hook (auditing.gradient): canary gradients sampled and added to the clipped sum before
-        # the
+        # research hook (auditing.gradient): canary gradients sampled and added to the clipped sum before the
         # noise, like examples; None (the default) leaves the mechanism untouched
         self.canaries: CanaryHook | None = None
         # person-level DP (silofl.privacy.person): every step must say each row's person (``groups``); the
@@ -88,14 +87,11 @@ class DPGradient:
         groups: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, StepStats]:
         """Set ``p.grad`` to the DP gradient of Σ_i loss_fn(model(x), *extras)_i; return the logits. ``views``
-        > 1
-        (augmentation multiplicity): ``x`` holds that many consecutive augmented views of each of the B
-        examples
-        of ``extras``; example i's loss is the mean over its views, so its clipped gradient — the sensitivity
-        —
-        is still at most C. ``groups`` (person-level DP): each row's person 0 … b−1 among the batch's b
-        persons; a person's rows' gradients are summed and clipped together, so one person moves the sum
-        by at most C (the statistics are then per person)."""
+        > 1 (augmentation multiplicity): ``x`` holds that many consecutive augmented views of each of the B
+        examples of ``extras``; example i's loss is the mean over its views, so its clipped gradient — the
+        sensitivity — is still at most C. ``groups`` (person-level DP): each row's person 0 … b−1 among the
+        batch's b persons; a person's rows' gradients are summed and clipped together, so one person moves the
+        sum by at most C (the statistics are then per person)."""
         if views < 1 or x.shape[0] % views:
             raise ValueError(f"{x.shape[0]} inputs are not {views} views of each example")
         if self.person_level and groups is None:

@@ -110,13 +110,11 @@ class GhostClipper:
     ):
         """Forward + per-example norms + clipped gradient sum. Returns (logits, grads, sq_norms). ``only``:
         the ids of the parameters whose gradient is clipped and returned (None: all; the others' layers add
-        nothing to the norm — a step that updates only those). ``views`` >
-        1:
-        ``x`` holds that many consecutive views of each example (augmentation multiplicity); an example's loss
-        is
-        the mean of its views' and its gradient — the sum over views in every layer's identity — is
-        clipped. ``groups`` (person-level DP, :mod:`silofl.privacy.person`): each row's unit 0 … P−1; a
-        unit's rows' gradients are summed and the sum clipped (sq_norms then has one entry per unit)."""
+        nothing to the norm — a step that updates only those). ``views`` > 1: ``x`` holds that many
+        consecutive views of each example (augmentation multiplicity); an example's loss is the mean of its
+        views' and its gradient — the sum over views in every layer's identity — is clipped. ``groups``
+        (person-level DP, :mod:`silofl.privacy.person`): each row's unit 0 … P−1; a unit's rows' gradients are
+        summed and the sum clipped (sq_norms then has one entry per unit)."""
         if groups is not None:
             return self._grouped_sum(x, loss_fn, extras, clip, views, groups, only)
         self._records = []
@@ -340,8 +338,8 @@ class VmapClipper:
         only: frozenset[int] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Per-example gradients of the summed losses (torch.func vmap over grad); with ``views`` > 1 (``x``:
-        that
-        many consecutive views of each example) the gradient of the mean of an example's views' losses."""
+        that many consecutive views of each example) the gradient of the mean of an example's views'
+        losses."""
         from torch.func import functional_call, grad, vmap
 
         params = {

@@ -254,16 +254,12 @@ def check_site_name(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- identity,
-# budget, heads
-# A site's ledger is the budget of record: its first entry names the site it belongs to (``kind: "genesis"``),
-# its
-# lifetime budget is set and changed only by entries (``kind: "budget"``: old → new, when, why), and a lost
-# ledger
-# comes back only by an explicit restore (``kind: "restore"``: the prior spend the operator declares). A
-# ledger head
-# carries the number of restores (its *epoch*) so that whoever keeps a site's last head (the coordinator, the
-# broker:
-# :class:`HeadStore`) can tell an older ledger from a restored one.
+# budget, heads A site's ledger is the budget of record: its first entry names the site it belongs to (``kind:
+# "genesis"``), its lifetime budget is set and changed only by entries (``kind: "budget"``: old → new, when,
+# why), and a lost ledger comes back only by an explicit restore (``kind: "restore"``: the prior spend the
+# operator declares). A ledger head carries the number of restores (its *epoch*) so that whoever keeps a
+# site's last head (the coordinator, the broker: :class:`HeadStore`) can tell an older ledger from a restored
+# one.
 
 
 def identity_of(ledger: Ledger) -> dict | None:
@@ -286,8 +282,7 @@ def start_site_ledger(
 
 def require_identity(ledger: Ledger, site: str, key_id: str) -> None:
     """LedgerTampered unless the ledger's genesis names this site and key (another site's ledger, copied in
-    with its
-    key, chains correctly but names its own site)."""
+    with its key, chains correctly but names its own site)."""
     g = identity_of(ledger)
     if g is None:
         raise LedgerTampered(
@@ -351,12 +346,9 @@ def restore_ledger(
     previous: dict | None = None,
 ) -> Ledger:
     """A new ledger for site ``site`` in ``folder`` after its ledger was lost: genesis, the lifetime budget,
-    and a
-    restore entry with the prior spend the operator declares (ε, δ; it counts against the budget by basic
-    composition)
-    and a new epoch (after the one of ``previous``, the last head the site announced). A ledger file still
-    there is
-    kept beside it (``ledger.jsonl.lost-<time>``), never deleted."""
+    and a restore entry with the prior spend the operator declares (ε, δ; it counts against the budget by
+    basic composition) and a new epoch (after the one of ``previous``, the last head the site announced). A
+    ledger file still there is kept beside it (``ledger.jsonl.lost-<time>``), never deleted."""
     import math
 
     if not (math.isfinite(spent_epsilon) and spent_epsilon >= 0 and 0 <= spent_delta < 1):
@@ -413,9 +405,8 @@ def head_order(old: dict, new: dict) -> int:
 
 class HeadStore:
     """The last ledger head each site announced, kept by a party that is not the site (a coordinator in its
-    state
-    folder, a broker): :meth:`accept` refuses a head older than the one it holds, so a site whose ledger was
-    deleted, truncated or replaced cannot join as if nothing had been spent. One JSON file, written
+    state folder, a broker): :meth:`accept` refuses a head older than the one it holds, so a site whose ledger
+    was deleted, truncated or replaced cannot join as if nothing had been spent. One JSON file, written
     atomically."""
 
     def __init__(self, path: str | Path):

@@ -30,15 +30,14 @@ releases nothing below that floor), against server + c colluders the min_survivo
 colluders cannot subtract (none left: no guarantee; a site's policy keeps its floor at c + 2 or more). A
 client-level round whose server adds the noise protects nothing against that server (∞).
 
-**Units.** A ``dp-sgd`` block protects one row (``unit: row``) or one person (``person (column X)``); a
-secure client-level round the whole hospital (``whole_party``). A guarantee for a larger unit holds for every
-smaller one, so the composed ε holds for the *smallest* unit any block names; a row-level block protects a
-person with k rows only at group-privacy level (k·ε), which :meth:`SiteAccountant.report` says
-(``caveat``). The lifetime check (:meth:`SiteAccountant.require`) compares the composed ε against the
-strongest threat the site assumes (server + c colluders) at the lifetime δ, *before* the step, with the
-planned mechanisms of the run added (:func:`planned_dpsgd`, :func:`planned_secure`, :func:`planned_release`,
-:func:`planned_tuning`:
-ledger-shaped dicts, so planned and recorded spend take one path).
+**Units.** A ``dp-sgd`` block protects one row (``unit: row``) or one person (``person (column X)``); a secure
+client-level round the whole hospital (``whole_party``). A guarantee for a larger unit holds for every smaller
+one, so the composed ε holds for the *smallest* unit any block names; a row-level block protects a person with
+k rows only at group-privacy level (k·ε), which :meth:`SiteAccountant.report` says (``caveat``). The lifetime
+check (:meth:`SiteAccountant.require`) compares the composed ε against the strongest threat the site assumes
+(server + c colluders) at the lifetime δ, *before* the step, with the planned mechanisms of the run added
+(:func:`planned_dpsgd`, :func:`planned_secure`, :func:`planned_release`, :func:`planned_tuning`: ledger-shaped
+dicts, so planned and recorded spend take one path).
 
 :func:`ledger_events` turns a ledger into dp-accounting ``DpEvent``\\ s (the discrete sums, which
 dp-accounting lacks, as their RDP curves; the (ε, δ) parts as given), and :func:`recompute` composes them

@@ -1,24 +1,17 @@
 """Pure privacy analysis of hyperparameter tuning by random repetition (Papernot & Steinke, "Hyperparameter
-Tuning
-with Renyi Differential Privacy", ICLR 2022, arXiv:2110.03620 v2). No state lives here, as in
+Tuning with Renyi Differential Privacy", ICLR 2022, arXiv:2110.03620 v2). No state lives here, as in
 :mod:`silofl.privacy.analysis`.
 
 The tuned algorithm A draws a number K of trials from a distribution fixed in advance and independent of the
 data, runs K independent trials of one randomized algorithm Q (a trial: draw settings, train, score on data
-that
-is not private), and releases only the best trial's output — never K, never the other trials. If K = 0
-(possible
-for the Poisson distribution only) A releases a fixed output ⊥ ("nothing"). "Best" must be a total order on
-Q's
-outputs (ties broken by a fixed rule or by uniform chance, not by anything private).
+that is not private), and releases only the best trial's output — never K, never the other trials. If K = 0
+(possible for the Poisson distribution only) A releases a fixed output ⊥ ("nothing"). "Best" must be a total
+order on Q's outputs (ties broken by a fixed rule or by uniform chance, not by anything private).
 
 **Theorem 2 (truncated negative binomial).** Let Q be (λ, ε)-RDP and (λ̂, ε̂)-RDP with λ ∈ (1, ∞), λ̂ ∈ [1,
-∞);
-let η ∈ (−1, ∞), γ ∈ (0, 1) and K ~ D_{η,γ}: P[K = k] = (1 − γ)^k / (γ^{−η} − 1) · ∏_{ℓ=0}^{k−1} (ℓ + η)/(ℓ +
-1)
-for k ≥ 1 (η = 0, logarithmic: P[K = k] = (1 − γ)^k / (k · log(1/γ)); η = 1, geometric: P[K = k] = γ(1 −
-γ)^{k−1}).
-Then A is (λ, ε')-RDP with
+∞); let η ∈ (−1, ∞), γ ∈ (0, 1) and K ~ D_{η,γ}: P[K = k] = (1 − γ)^k / (γ^{−η} − 1) · ∏_{ℓ=0}^{k−1} (ℓ +
+η)/(ℓ + 1) for k ≥ 1 (η = 0, logarithmic: P[K = k] = (1 − γ)^k / (k · log(1/γ)); η = 1, geometric: P[K = k] =
+γ(1 − γ)^{k−1}). Then A is (λ, ε')-RDP with
 
     ε' = ε + (1 + η)(1 − 1/λ̂) ε̂ + (1 + η) log(1/γ)/λ̂ + log(E[K])/(λ − 1),
 
@@ -31,22 +24,17 @@ e^{ε̂} ≤ 1 + 1/(λ − 1), A is (λ, ε')-RDP with
 
 Here ε̂ = log(1 + 1/(λ − 1)) (the largest the condition allows) and δ̂ is Q's δ at ε̂ from its own RDP curve
 (:func:`silofl.privacy.analysis.delta_from_rdp`). P[K = 0] = e^{−μ}. silofl takes μ ≥ 1 only, as
-``dp_accounting``
-does: below 1 the formula is not an upper bound (see :func:`poisson`).
+``dp_accounting`` does: below 1 the formula is not an upper bound (see :func:`poisson`).
 
 Both are applied at every order of Q's RDP curve (λ̂ minimised over the curve's orders ≥ 1), and then RDP's
 monotonicity in λ (D_λ is non-decreasing in λ) lowers each order to the smallest value at any order above it,
-as
-Google's ``dp_accounting`` does (``_compute_rdp_repeat_and_select``, which these functions are tested
-against).
-The tuned curve goes to (ε, δ) by the conversion every ε of silofl's ``rdp`` accountant uses.
+as Google's ``dp_accounting`` does (``_compute_rdp_repeat_and_select``, which these functions are tested
+against). The tuned curve goes to (ε, δ) by the conversion every ε of silofl's ``rdp`` accountant uses.
 
 **Trials with different settings.** Q must be one algorithm: when a trial first draws its settings uniformly
-from
-a grid, Q is the mixture over the grid, and by the joint quasi-convexity of Rényi divergence (van Erven &
+from a grid, Q is the mixture over the grid, and by the joint quasi-convexity of Rényi divergence (van Erven &
 Harremoës 2014, Thm. 13) its RDP curve is at most the pointwise maximum of every grid setting's curve — of
-every
-setting, not only of those drawn.
+every setting, not only of those drawn.
 
 **A cap on K.** Running at most ``cap`` trials (K' = min(K, cap)) changes A's output only when K > cap, an
 event of
@@ -147,8 +135,8 @@ class TrialCount:
 
     def tail(self, cap: int) -> float:
         """An upper bound on P[K > cap]: the terms summed until what is left is at most 10⁻⁹ of the sum
-        (bounded
-        by a geometric series of the largest ratio of consecutive probabilities to come), plus that bound."""
+        (bounded by a geometric series of the largest ratio of consecutive probabilities to come), plus that
+        bound."""
         if cap < self.smallest:
             return 1.0
         p = self.pmf(cap + 1)
@@ -166,8 +154,7 @@ class TrialCount:
 
     def draw(self, u: float, cap: int) -> tuple[int, bool]:
         """(K, truncated) from one uniform ``u`` in [0, 1) by the inverse of the distribution function,
-        capped:
-        when the K drawn exceeds ``cap`` the result is (cap, True)."""
+        capped: when the K drawn exceeds ``cap`` the result is (cap, True)."""
         if not 0 <= u < 1:
             raise ConfigError(f"a uniform draw must lie in [0, 1), got {u}")
         k = self.smallest
@@ -198,10 +185,9 @@ class TrialCount:
 
 def poisson(mu: float) -> TrialCount:
     """K ~ Poisson(μ), μ ≥ 1 (K = 0 has probability e^{−μ} ≤ 0.37). Below μ = 1, log(μ)/(λ − 1) < 0 and
-    Theorem 6's
-    ε' falls below the exact divergence of the best of K (tests/privacy/test_tuning.py shows it at μ = 0.5;
-    for
-    μ → 0 it even turns negative, which no divergence is); ``dp_accounting`` also refuses a mean below 1."""
+    Theorem 6's ε' falls below the exact divergence of the best of K (tests/privacy/test_tuning.py shows it at
+    μ = 0.5; for μ → 0 it even turns negative, which no divergence is); ``dp_accounting`` also refuses a mean
+    below 1."""
     if not (math.isfinite(mu) and mu >= 1):
         raise ConfigError(
             f"the Poisson mean μ must be finite and at least 1 (Theorem 6's bound fails below), got {mu}"
@@ -312,12 +298,10 @@ def repeat_and_select_rdp(orders, rdp, count: TrialCount) -> np.ndarray:
 
 def repeat_and_select_epsilon(orders, rdp, count: TrialCount, delta: float, cap: int | None = None) -> dict:
     """ε at ``delta`` of releasing the best of K ~ ``count`` runs of an algorithm with RDP curve ``rdp``, at
-    most
-    ``cap`` runs (None: no cap). With a cap, τ = P[K > cap] costs (1 + e^ε)τ of ``delta`` (module doc): the ε
-    returned is one at which the tuned curve's δ₀ = ``delta`` − (1 + e^ε)τ gives at most ε. ConfigError when
-    the
-    cap leaves no δ for the curve. Returns epsilon, the order that attains it, tail τ, the δ spent on the cap
-    (truncation_delta) and the curve's δ₀ (delta_rdp)."""
+    most ``cap`` runs (None: no cap). With a cap, τ = P[K > cap] costs (1 + e^ε)τ of ``delta`` (module doc):
+    the ε returned is one at which the tuned curve's δ₀ = ``delta`` − (1 + e^ε)τ gives at most ε. ConfigError
+    when the cap leaves no δ for the curve. Returns epsilon, the order that attains it, tail τ, the δ spent on
+    the cap (truncation_delta) and the curve's δ₀ (delta_rdp)."""
     if not 0 < delta < 1:
         raise ConfigError(f"δ must lie in (0, 1), got {delta}")
     if cap is not None and cap < max(1, count.smallest):

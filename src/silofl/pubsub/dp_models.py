@@ -176,8 +176,8 @@ def _dp_nn(
     x, y, task, classes, epsilon, delta, seed, nonprivate, epochs, hidden, batch_size, clip, lr, dp_hook=None
 ):
     """An MLP trained with the core's Poisson DP-SGD loop (:func:`silofl.training.poisson_steps`), σ
-    calibrated
-    by Opacus for (ε, δ) at the exact q and step count; the ε published is the accountant's for what ran."""
+    calibrated by Opacus for (ε, δ) at the exact q and step count; the ε published is the accountant's for
+    what ran."""
     from silofl.core.randomness import party_seeds
     from silofl.models import MLP
     from silofl.privacy import Accountant, DPGradient, NoiseSource, noise_multiplier_for

@@ -30,8 +30,7 @@ TASKS = ("classification", "regression")
 MAX_BYTES = 64 * 1024 * 1024
 MAX_ABS = 1e9  # the largest magnitude of a regression output on the probe inputs
 # (weights themselves are not bounded: diffprivlib's objective perturbation leaves the intercept unregularised
-# and
-# a few percent of its legitimate DP fits end with |intercept| ≈ 1e17, a saturated but finite classifier)
+# and a few percent of its legitimate DP fits end with |intercept| ≈ 1e17, a saturated but finite classifier)
 PROBE_ROWS = (
     64  # random probe inputs inside the model's public bounds (besides the box's corners lo, hi and middle)
 )

@@ -36,10 +36,8 @@ from silofl.runner.config import RunConfig
 from silofl.training.metrics import METRICS, higher_is_better, metric_field, metric_label
 
 # what going alone does not take from the run: its method, privacy mechanism, combination, output and
-# reporting.
-# Everything else — the data set and its sources, schema, split, sizes, features, evaluation — is copied, so
-# the
-# reference trains on the same rows, with the same inputs, and is scored on the same test set
+# reporting. Everything else — the data set and its sources, schema, split, sizes, features, evaluation — is
+# copied, so the reference trains on the same rows, with the same inputs, and is scored on the same test set
 NOT_COPIED = (
     "method",
     "privacy",
@@ -66,8 +64,7 @@ NOT_COPIED = (
 
 def alone_config(cfg: RunConfig, split_seed: int | None) -> RunConfig:
     """Regular without DP on ``cfg``'s split: every data and feature setting of ``cfg`` (same data, sources,
-    clients,
-    examples, rounds, features, test set), the run's private architecture (else its shared one)."""
+    clients, examples, rounds, features, test set), the run's private architecture (else its shared one)."""
     flat = {k: getattr(cfg, k) for k in RunConfig.common_fields() if k not in NOT_COPIED}
     regular = RunConfig.from_dict({"method": "regular"}).options
     opts = {

@@ -29,11 +29,9 @@ COORDINATOR = "coordinator"
 @dataclass
 class RunState:
     """The round loop's state: the last round run, each client's latest metrics record, who left, rejoined or
-    had
-    messages refused, the time spent training and evaluating, and (at a checkpoint) the engine's byte counts.
-    The
-    parties' own state — models, optimizers, accountants, RNGs — is theirs (each site's ``node<k>.*``, the
-    coordinator's ``coordinator.*`` with the torch RNG); this is what ``run.json`` adds."""
+    had messages refused, the time spent training and evaluating, and (at a checkpoint) the engine's byte
+    counts. The parties' own state — models, optimizers, accountants, RNGs — is theirs (each site's
+    ``node<k>.*``, the coordinator's ``coordinator.*`` with the torch RNG); this is what ``run.json`` adds."""
 
     round: int = 0
     last: dict[int, dict] = field(default_factory=dict)
@@ -93,8 +91,7 @@ def round_dir(root: str | Path, rnd: int) -> Path:
 
 def save_run(root: str | Path, rnd: int, coordinator_state: dict, run_state: dict, keep: int = 1) -> Path:
     """Complete round ``rnd``'s checkpoint (the sites have written theirs): the coordinator's state,
-    ``run.json``,
-    ``latest``; then remove all but the newest ``keep`` rounds."""
+    ``run.json``, ``latest``; then remove all but the newest ``keep`` rounds."""
     root = Path(root)
     d = round_dir(root, rnd)
     save_node(d, COORDINATOR, coordinator_state, meta={"round": rnd})

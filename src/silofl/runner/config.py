@@ -229,9 +229,8 @@ class RunConfig:
         default=None, metadata={"panel": "output", "help": "Evaluate on the first N test examples only."}
     )
     # what the models are scored on: "test" (the data set's test split) or "validation" (validation_size
-    # training
-    # examples that no client holds, treated as public data: what `silofl tune` selects on — never the test
-    # split)
+    # training examples that no client holds, treated as public data: what `silofl tune` selects on — never
+    # the test split)
     eval_split: str = field(
         default="test",
         metadata={
@@ -250,9 +249,8 @@ class RunConfig:
         },
     )
     # the headline figure of a run's summary, --vs-alone, compare tables and tune's selection
-    # (silofl.training.metrics):
-    # accuracy | auroc | balanced_accuracy | f1 | ece; every one of them is computed and written whatever this
-    # is
+    # (silofl.training.metrics): accuracy | auroc | balanced_accuracy | f1 | ece; every one of them is
+    # computed and written whatever this is
     metric: str = field(
         default="accuracy",
         metadata={
@@ -263,9 +261,8 @@ class RunConfig:
         },
     )
     # whether sites report figures computed from non-private data (the private model's accuracy, un-noised
-    # gradient
-    # norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no across
-    # processes
+    # gradient norms, a server's raw diagnostics); None: yes in the one-process simulator (labelled), no
+    # across processes
     report_nonprivate: bool | None = field(
         default=None,
         metadata={
@@ -276,10 +273,9 @@ class RunConfig:
         },
     )
     # a site-side feature stage before the models (silofl.features): none | scatter | backbone:DIR — a fixed
-    # function of
-    # each example (no budget); scatter_j/scatter_l: the scattering's scales and angles; features_cache: where
-    # features
-    # are kept by content (None: $SILOFL_CACHE/features or ~/.cache/silofl/features; "off": not kept)
+    # function of each example (no budget); scatter_j/scatter_l: the scattering's scales and angles;
+    # features_cache: where features are kept by content (None: $SILOFL_CACHE/features or
+    # ~/.cache/silofl/features; "off": not kept)
     features: str = field(
         default="none",
         metadata={
@@ -306,12 +302,9 @@ class RunConfig:
         },
     )
     # combination at inference (silofl.site.combine): each site fuses its own non-DP model with the DP
-    # model(s) it holds
-    # on combine_holdout of its own training rows (set aside before training; no model trains on them); none |
-    # weights |
-    # stack. Reported as combined_acc (non-private); combine_epochs: the own model's epochs where the method
-    # has none
-    # (None: rounds); combine_l2: the stacker's L2 weight
+    # model(s) it holds on combine_holdout of its own training rows (set aside before training; no model
+    # trains on them); none | weights | stack. Reported as combined_acc (non-private); combine_epochs: the own
+    # model's epochs where the method has none (None: rounds); combine_l2: the stacker's L2 weight
     combine: str = field(
         default="none",
         metadata={
@@ -346,9 +339,8 @@ class RunConfig:
         default=True, metadata={"panel": "method", "help": "With --combine: fit the combiner class-balanced."}
     )
     # a deployed run (`silofl deploy start`): each site reads its own data and schema, named in its site.json,
-    # and
-    # announces their shape and classes; the coordinator reads none (no --site-data, --schema or --test-data
-    # here)
+    # and announces their shape and classes; the coordinator reads none (no --site-data, --schema or
+    # --test-data here)
     data_at_sites: bool = False
     # a deployed run: the task the sites declared for their targets in their hellos (silofl.training.tasks,
     # e.g. survival; None: the data set's), set by the coordinator from them (it reads no schema); no flag
@@ -904,8 +896,7 @@ RunConfig.__init__ = _init_with_options  # type: ignore[method-assign]
 
 def _site_defaults(flat: dict[str, Any]) -> None:
     """With per-site sources: a comma-separated list is split, and unless given, one client per site and
-    partition
-    'site'."""
+    partition 'site'."""
     sites = flat.get("site_data")
     if isinstance(sites, str):
         sites = flat["site_data"] = [s.strip() for s in sites.split(",") if s.strip()]
@@ -1012,8 +1003,7 @@ def _check_secure_flags(cfg: RunConfig) -> None:
 
 def check_float_range(name: str, v: Any) -> None:
     """Raise a one-line ConfigError if a finite number in ``v`` (a float or a list of floats) exceeds
-    FLOAT_LIMIT in
-    magnitude: beyond it a learning rate, σ or clip overflows the float32 tensors it meets."""
+    FLOAT_LIMIT in magnitude: beyond it a learning rate, σ or clip overflows the float32 tensors it meets."""
     for x in v if isinstance(v, list) else [v]:
         if (
             math.isfinite(x) and abs(x) > FLOAT_LIMIT

@@ -1,6 +1,5 @@
-"""The data a run trains on: load the data set, choose the settings left to ``auto`` from its size,
-partition it among the clients (or by site), check the privacy settings against the clients' sizes, and plan
-the run
+"""The data a run trains on: load the data set, choose the settings left to ``auto`` from its size, partition
+it among the clients (or by site), check the privacy settings against the clients' sizes, and plan the run
 (:mod:`silofl.runner.plan`: σ, each site's q and steps) — :func:`prepare_run`."""
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ def prepare_run(
     cfg: RunConfig, device: torch.device, data: Dataset | None = None, features: bool = True
 ) -> tuple[RunPlan, SplitData]:
     """(the run's plan — what was derived from ``cfg``, resolved, and the data —, the split after the config's
-    feature
-    stage: every site's training data and test sets as features — unless ``features`` is False: the raw
-    inputs, for
-    sites that compute their own). ``data``: the data set, if already loaded for this config."""
+    feature stage: every site's training data and test sets as features — unless ``features`` is False: the
+    raw inputs, for sites that compute their own). ``data``: the data set, if already loaded for this
+    config."""
     if cfg.data_at_sites:
         from silofl.core.errors import ConfigError
 
@@ -88,8 +86,7 @@ def prepare_split(cfg: RunConfig, device: torch.device, features: bool = True) -
 def unit_sizes(cfg: RunConfig, split: SplitData) -> list[int]:
     """Each site's count of privacy units, as its sampling rate and steps are planned from: training examples
     (:func:`silofl.runner.plan.sizes_of_sites`), or with ``--id-column`` persons (a site pooling several
-    clients'
-    rows counts each client's persons apart: a person is a unit of one site's table)."""
+    clients' rows counts each client's persons apart: a person is a unit of one site's table)."""
     if split.persons is None:
         return sizes_of_sites(cfg, split.parts)
     counts = [int(p.max()) + 1 if len(p) else 0 for p in split.persons]
@@ -116,10 +113,9 @@ def prepare_data(
 
 def with_features(cfg: RunConfig, split: SplitData) -> SplitData:
     """The split with the config's feature stage (:mod:`silofl.features`) applied to each site's training data
-    and to
-    every test set a site scores (external, internal, validation); unchanged with ``features: none``. Features
-    are a
-    fixed function of each example (no budget), computed once per tensor and kept on disk by content."""
+    and to every test set a site scores (external, internal, validation); unchanged with ``features: none``.
+    Features are a fixed function of each example (no budget), computed once per tensor and kept on disk by
+    content."""
     from silofl.features import apply, cache_root, record, stage_from_config
 
     stage = stage_from_config(cfg)
@@ -168,8 +164,7 @@ def _prepare_inputs(
     cfg: RunConfig, device: torch.device, data: Dataset | None = None
 ) -> tuple[RunConfig, SplitData]:
     """(a working copy of ``cfg`` with the split seed, examples per client and batch size it was drawn with,
-    the
-    split)."""
+    the split)."""
     if cfg.data_seed is None:  # a fresh split (not a secret: recorded so the run can be repeated on it)
         cfg = dataclasses.replace(cfg, split_seed=secrets.randbits(32))
     if cfg.site_data:
@@ -240,8 +235,7 @@ def unheld_rows(n: int, held: list) -> np.ndarray:
 def validation_split(cfg: RunConfig, data: Dataset, shards: list) -> tuple[torch.Tensor, torch.Tensor, str]:
     """``validation_size`` training examples that no client holds (drawn with the split seed), limited by
     ``test_limit``: the data tuning selects on. They stand for public data of the same kind; the test split is
-    not
-    read."""
+    not read."""
     free = unheld_rows(len(data.y_train), shards)
     if len(free) == 0:
         from silofl.core.errors import ConfigError
@@ -354,9 +348,8 @@ def _site_sources(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, Spli
 
 def _p_major_cap(cfg: RunConfig, labels: np.ndarray) -> int | None:
     """About the most examples per client the ``p_major`` split can give every client: a fraction p of each
-    comes
-    from its major class (shared by several clients when there are more clients than classes), and the other
-    clients' minority draws take their share of it too; 10% is left as a margin for the random draws."""
+    comes from its major class (shared by several clients when there are more clients than classes), and the
+    other clients' minority draws take their share of it too; 10% is left as a margin for the random draws."""
     if cfg.partition != "p_major":
         return None
     counts = np.bincount(labels)

@@ -1,10 +1,8 @@
 """The run folder contract (shared/CONVENTIONS.md): config.yaml (what the user asked, resolved), plan.json
-(what the
-run derived from it and the data: :mod:`silofl.runner.plan`), metrics.jsonl (+ .csv), summary.json, PNG plots
-and
-models/*.safetensors with a JSON spec each. :func:`read_run_config` reads a finished run's config as it ran
-(config.yaml
-with plan.json's values; a folder written before plans were has them in its config.yaml)."""
+(what the run derived from it and the data: :mod:`silofl.runner.plan`), metrics.jsonl (+ .csv), summary.json,
+PNG plots and models/*.safetensors with a JSON spec each. :func:`read_run_config` reads a finished run's
+config as it ran (config.yaml with plan.json's values; a folder written before plans were has them in its
+config.yaml)."""
 
 from __future__ import annotations
 
@@ -23,10 +21,8 @@ RUN_DIRS = ("models", "checkpoint", "sites")
 
 def check_out_path(out: str | Path, flag: str = "--out") -> Path:
     """``out`` as a folder path that can be made: refuse an empty path (it would mean the current folder), a
-    path
-    that is a file or lies under a file, and one whose nearest existing folder cannot be written — before
-    anything is
-    written (one-line ConfigErrors)."""
+    path that is a file or lies under a file, and one whose nearest existing folder cannot be written — before
+    anything is written (one-line ConfigErrors)."""
     if not str(out).strip():
         raise ConfigError(f"{flag} is empty: name the folder to write")
     p = Path(out)
@@ -59,8 +55,7 @@ def check_out(out: str | Path, resume: bool = False, overwrite: bool = False) ->
 
 class Stash:
     """A previous run's files moved aside (for --overwrite) until the new run has started: :meth:`drop`
-    deletes
-    them, :meth:`restore` puts them back (the new run failed before writing anything of its own)."""
+    deletes them, :meth:`restore` puts them back (the new run failed before writing anything of its own)."""
 
     def __init__(self, out: str | Path):
         self.out = Path(out)
@@ -180,15 +175,13 @@ def values_by_round(run_dir: str | Path, key: str) -> dict[int, list[float]]:
 
 def read_config(run_dir: str | Path) -> dict:
     """A run folder's settings as it ran, as one flat mapping (common settings and the method's options),
-    whether its
-    config.yaml nests the method's section or is flat (:func:`read_run_config`)."""
+    whether its config.yaml nests the method's section or is flat (:func:`read_run_config`)."""
     return read_run_config(run_dir).to_flat()
 
 
 def read_run_config(run_dir: str | Path):
     """A finished run's config as it ran: config.yaml (what was asked) with the derived values of plan.json
-    (split
-    seed, examples per client, batch size, σ) filled in; a folder written before plans has them in
+    (split seed, examples per client, batch size, σ) filled in; a folder written before plans has them in
     config.yaml."""
     from silofl.runner.config import RunConfig, load_yaml_mapping
     from silofl.runner.plan import as_run, read_plan
@@ -203,14 +196,10 @@ LOCK_FILE = ".lock"
 
 class OutLock:
     """An exclusive OS-level lock on a run folder (``OUT/.lock``, ``fcntl.flock``) held for the life of the
-    run that
-    writes it: a second run into the same ``--out`` is refused at once with a one-line ConfigError, whatever
-    state the
-    folder is in. The kernel releases the lock when the process ends, crashed or killed, so a stale lock file
-    never
-    blocks a later run. Leaving the block removes the lock file, and the folders it made when the run left
-    nothing
-    else in them (bad input writes nothing)."""
+    run that writes it: a second run into the same ``--out`` is refused at once with a one-line ConfigError,
+    whatever state the folder is in. The kernel releases the lock when the process ends, crashed or killed, so
+    a stale lock file never blocks a later run. Leaving the block removes the lock file, and the folders it
+    made when the run left nothing else in them (bad input writes nothing)."""
 
     def __init__(self, out: str | Path, flag: str = "--out"):
         self.out = check_out_path(out, flag)

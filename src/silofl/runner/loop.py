@@ -147,8 +147,7 @@ def make_site(
     release_nonprivate: bool = True,
 ) -> Site:
     """Site ``k`` of ``method`` built from its inputs (``shape``: input shape and classes), keeping its ledger
-    and the
-    figures it does not release in ``folder`` when given."""
+    and the figures it does not release in ``folder`` when given."""
     from silofl.site.combine import combination_for
 
     x, y, combination = combination_for(  # rows held out for the combiner, if on
@@ -182,8 +181,7 @@ def site_factory(
     method: Method, split: SplitData, ledgers: Path | None = None, release_nonprivate: bool = True
 ) -> tuple[Callable[[int], Site], int]:
     """(a function building site k with its training data and test sets — and, with ``ledgers``, its own
-    folder
-    ``ledgers/client<k>`` for its privacy ledger and the figures it keeps —, the number of sites)."""
+    folder ``ledgers/client<k>`` for its privacy ledger and the figures it keeps —, the number of sites)."""
     inputs = site_inputs(method, split)
 
     def make(k: int) -> Site:
@@ -223,15 +221,12 @@ def build_run(
     hooks: RunHooks | None = None,
     remote=None,
 ) -> Built:
-    """Resolve ``cfg``, prepare its data, plan the run (:mod:`silofl.runner.plan`) and connect its
-    coordinator to
-    its
-    sites over an engine (in-process unless ``engine_factory`` makes another). With ``ledgers`` every party
-    keeps its
-    privacy ledger under ``OUT/sites/``. ``remote``: the sites hold their own data elsewhere (a deployment,
-    :class:`silofl.deploy.coordinator.RemoteSplit`: shapes and public facts only); nothing is loaded here and
-    ``engine_factory`` gets no site factory. Raises ConfigError / BudgetExhausted before a run folder is
-    written."""
+    """Resolve ``cfg``, prepare its data, plan the run (:mod:`silofl.runner.plan`) and connect its coordinator
+    to its sites over an engine (in-process unless ``engine_factory`` makes another). With ``ledgers`` every
+    party keeps its privacy ledger under ``OUT/sites/``. ``remote``: the sites hold their own data elsewhere
+    (a deployment, :class:`silofl.deploy.coordinator.RemoteSplit`: shapes and public facts only); nothing is
+    loaded here and ``engine_factory`` gets no site factory. Raises ConfigError / BudgetExhausted before a run
+    folder is written."""
     cfg = cfg.resolve()
     device = device if device is not None else resolve_device(cfg.device)
     root = ledger_root(cfg) if ledgers else None
@@ -354,9 +349,8 @@ def _run(
     built: Built, asked: RunConfig, state: RunState, progress: bool, console, resume: bool, tracker=None
 ) -> dict:
     """The rounds of a built run, from ``state`` (a fresh one, or the checkpoint's when resuming), and the run
-    folder
-    (``asked``: the config as the user asked, config.yaml; the plan: plan.json); ``tracker``: --track's, or
-    None."""
+    folder (``asked``: the config as the user asked, config.yaml; the plan: plan.json); ``tracker``:
+    --track's, or None."""
     cfg, coordinator, engine = built.cfg, built.coordinator, built.engine
     info = cfg.info
     root = Path(cfg.out) / CHECKPOINT_DIR
@@ -521,8 +515,7 @@ def _record(cfg: RunConfig, facts: dict, replies: dict[int, dict]) -> list[dict]
 
 def _save(built: Built, root: Path, state: RunState) -> None:
     """Checkpoint round ``state.round``: every site saves its own state, then the coordinator's state and the
-    round
-    loop's (:class:`RunState`, with the torch RNG and the engine's byte counts) complete the round's
+    round loop's (:class:`RunState`, with the torch RNG and the engine's byte counts) complete the round's
     folder."""
     coordinator, engine, rnd = built.coordinator, built.engine, state.round
     keep = 2 if engine.processes > 1 else 1
@@ -588,8 +581,7 @@ def _resume(built: Built, root: Path, state: RunState) -> RunState:
 
 def _summary(built: Built, state: RunState, reports: dict[int, dict], wall: float) -> dict:
     """summary.json's content (shared/CONVENTIONS.md) from the built run, the round loop's state and the
-    sites'
-    final reports."""
+    sites' final reports."""
     cfg, split, coordinator, engine = built.cfg, built.split, built.coordinator, built.engine
     last, rounds_run = state.last, state.round
     info = cfg.info
@@ -774,8 +766,7 @@ def metrics_note(dataset: str | None = None, task: str | None = None) -> dict:
 
 def calibration_report(cfg: RunConfig, split: SplitData) -> dict | None:
     """How a budget-first run chose σ (None when σ was given): ``cfg`` as it runs (σ calibrated), the split it
-    runs
-    on (:func:`silofl.runner.plan.calibration_report`; a run has it in its plan)."""
+    runs on (:func:`silofl.runner.plan.calibration_report`; a run has it in its plan)."""
     if not cfg.calibrates:
         return None
     from silofl.runner.data import unit_sizes

@@ -1,14 +1,13 @@
 """What a run derived from its config and its data, computed once: `silofl.fl.plan.RunPlan`.
 
-`silofl.runner.config.RunConfig` holds what the user asked (resolved: defaults and the effective
-privacy
-mode filled in), frozen; a `silofl.fl.plan.RunPlan` holds it (``plan.config``) and what was derived
-from it and the data before the first round — the simulated split's seed, the examples per client and batch
-size left to ``auto``, each site's size, σ (given, or calibrated from the budget: `calibrated_sigma`),
-each party's Poisson rate q, DP steps per round and target ε (`party_plans`, with the sites' own
-`silofl.site.dpsgd.round_schedule`), and the feature stage. This module computes it; the dataclass
-lives in `silofl.fl.plan`, below the run layer, because methods are built from it (``Method(plan)``) and
-read it typed: asked values as ``plan.config.X``, derived ones as ``plan.X``.
+`silofl.runner.config.RunConfig` holds what the user asked (resolved: defaults and the effective privacy mode
+filled in), frozen; a `silofl.fl.plan.RunPlan` holds it (``plan.config``) and what was derived from it and the
+data before the first round — the simulated split's seed, the examples per client and batch size left to
+``auto``, each site's size, σ (given, or calibrated from the budget: `calibrated_sigma`), each party's Poisson
+rate q, DP steps per round and target ε (`party_plans`, with the sites' own
+`silofl.site.dpsgd.round_schedule`), and the feature stage. This module computes it; the dataclass lives in
+`silofl.fl.plan`, below the run layer, because methods are built from it (``Method(plan)``) and read it typed:
+asked values as ``plan.config.X``, derived ones as ``plan.X``.
 
 The plan is written next to ``config.yaml`` as ``plan.json`` (`write_plan`; `read_plan`,
 `as_run` read a run folder back). `config_with_plan` writes the derived values into a flat config
@@ -68,11 +67,9 @@ def auto_sizes(
     cfg: RunConfig, n_train: int, smallest: int | None = None, cap: int | None = None
 ) -> tuple[int, int]:
     """(examples per client, batch size) with those left to ``auto`` filled from the data: examples per client
-    at most
-    1000, no more than an equal share of the ``n_train`` training examples, nor than ``cap`` (what the
-    partition can
-    serve); the batch a quarter of a client's examples — the papers' q = 0.25 — at most 250. ``smallest``: the
-    smallest client's size where sizes are given by the data (partition ``site``)."""
+    at most 1000, no more than an equal share of the ``n_train`` training examples, nor than ``cap`` (what the
+    partition can serve); the batch a quarter of a client's examples — the papers' q = 0.25 — at most 250.
+    ``smallest``: the smallest client's size where sizes are given by the data (partition ``site``)."""
     spc = cfg.samples_per_client
     if spc is None:
         spc = min(DEFAULT_SAMPLES_PER_CLIENT, max(1, n_train // cfg.clients), cap or n_train)
@@ -100,8 +97,7 @@ def calibrates(cfg: RunConfig) -> bool:
 
 def party_plans(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = None) -> list[PartyPlan]:
     """What each party's accountant will see over the planned rounds: per party its target ε, sampling rate q
-    and
-    steps (example level: a site of n examples takes n // B steps a round at q = B/n, or the method's own
+    and steps (example level: a site of n examples takes n // B steps a round at q = B/n, or the method's own
     ``sample_rate``/``local_steps``; client level: the server's one mechanism a round at the client rate)."""
     if cfg.is_client_level:
         # secure aggregation: the server picks the sample, so no amplification by sampling is claimed
@@ -134,10 +130,8 @@ def calibration_plan(
 
 def calibrated_sigma(cfg: RunConfig, site_sizes: list[int], batch_size: int | None = None) -> float | None:
     """With a budget-first config: σ such that every party's planned rounds end at ε ≤ its target (the largest
-    σ any
-    party needs — the run has one σ — so every party ends at or below its target and the party that needs most
-    ends
-    at it, within the calibration's tolerance). None when σ is given."""
+    σ any party needs — the run has one σ — so every party ends at or below its target and the party that
+    needs most ends at it, within the calibration's tolerance). None when σ is given."""
     from silofl.privacy.analysis import calibrate_sigma
 
     if not calibrates(cfg):
@@ -184,13 +178,10 @@ def plan(
     batch_size: int | None,
     site_sizes: list[int] | None = None,
 ) -> RunPlan:
-    """The plan of ``cfg`` (resolved: what the user asked) on ``data`` (a `silofl.data.SplitData`, or
-    None
+    """The plan of ``cfg`` (resolved: what the user asked) on ``data`` (a `silofl.data.SplitData`, or None
     when the sites hold their data elsewhere), given what the data step chose to draw the split with: its seed
-    and the
-    examples per client and batch size. ``site_sizes``: each site's training examples (default: from the
-    split's
-    partitions, as the method builds its sites, less the combiner's held-out rows)."""
+    and the examples per client and batch size. ``site_sizes``: each site's training examples (default: from
+    the split's partitions, as the method builds its sites, less the combiner's held-out rows)."""
     if site_sizes is None:
         site_sizes = sizes_of_sites(cfg, data.parts) if data is not None else []
     private = cfg.is_private and not cfg.info.traits.nonprivate
@@ -250,8 +241,7 @@ def config_with_plan(p: RunPlan) -> RunConfig:
 
 def sizes_of_sites(cfg: RunConfig, parts: list) -> list[int]:
     """The number of training examples of each site the method builds from the clients' partitions (less the
-    rows
-    each site holds out for its combiner)."""
+    rows each site holds out for its combiner)."""
     sizes = [len(y) for _, y in cfg.info.cls(cfg).site_data(parts)]
     if cfg.combine != "none":
         sizes = [n - int(round(cfg.combine_holdout * n)) for n in sizes]
@@ -260,8 +250,7 @@ def sizes_of_sites(cfg: RunConfig, parts: list) -> list[int]:
 
 def read_plan(folder: str | Path) -> dict[str, Any] | None:
     """A run folder's plan.json (None for a folder written before plans were: its config.yaml holds the
-    derived
-    values). A ConfigError when the file is there but unreadable."""
+    derived values). A ConfigError when the file is there but unreadable."""
     p = Path(folder) / PLAN_FILE
     if not p.is_file():
         return None

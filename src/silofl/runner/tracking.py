@@ -1,9 +1,8 @@
 """Experiment tracking: a run's figures, round by round, in TensorBoard or MLflow (``--track KIND DIR``).
 
 A :class:`Tracker` gets three calls from the round loop (:mod:`silofl.runner.loop`): :meth:`Tracker.start`
-with
-the resolved config (logged as text / parameters), :meth:`Tracker.log_round` after each evaluated round with
-the records that round wrote to ``metrics.jsonl``, and :meth:`Tracker.finish` with the summary;
+with the resolved config (logged as text / parameters), :meth:`Tracker.log_round` after each evaluated round
+with the records that round wrote to ``metrics.jsonl``, and :meth:`Tracker.finish` with the summary;
 :meth:`Tracker.close` ends it (a run that stopped before :meth:`Tracker.finish` is marked failed where the
 backend has a status). A backend that fails during the run stops tracking with a warning; the run goes on.
 

@@ -58,8 +58,7 @@ class Site(ABC):
             None  # lent by silofl.comm.engine.run_here for one step: shared decoding
         )
         # how this site turns its raw rows or images into model inputs (silofl.data.preprocessing JSON);
-        # written
-        # next to its models, for `silofl predict` and `silofl export`
+        # written next to its models, for `silofl predict` and `silofl export`
         self.preprocessing: dict | None = None
         # the feature stage between preprocessing and the models (silofl.features record); written next to its
         # models
@@ -76,9 +75,8 @@ class Site(ABC):
         self, folder: str | Path, run_label: str = "run", release_nonprivate: bool = True
     ) -> None:
         """Keep this site's ledger (its privacy spend, recomputed from it: :mod:`silofl.privacy.ledger`) and
-        the
-        figures it does not release in ``folder``; ``release_nonprivate``: whether it reports figures computed
-        from non-private data."""
+        the figures it does not release in ``folder``; ``release_nonprivate``: whether it reports figures
+        computed from non-private data."""
         self.folder = Path(folder)
         self.ledger = Ledger(self.folder)
         self.run_label = run_label
@@ -154,8 +152,7 @@ class Site(ABC):
 
     def _scores(self, x: torch.Tensor, y: torch.Tensor, cache: dict | None = None) -> dict[str, float]:
         """:meth:`evaluate`, plus the combined model's figures (``combined_acc``, ``combined_auroc``, …) when
-        the site
-        combines."""
+        the site combines."""
         out = self.evaluate(x, y, cache)
         if self.combination is not None:
             from silofl.training.metrics import prefixed
@@ -173,10 +170,9 @@ class Site(ABC):
         store: bool = True,
     ) -> dict:
         """Every metric of ``model`` on (x, y) (:func:`silofl.training.evaluation.scores`: ``acc``, ``auroc``,
-        …),
-        taken from an engine's evaluation cache when it holds them under ``("scores", key)``; with ``store``
-        what is
-        computed here is put there too (and its accuracy under ``key``, as :func:`accuracy`'s figure)."""
+        …), taken from an engine's evaluation cache when it holds them under ``("scores", key)``; with
+        ``store`` what is computed here is put there too (and its accuracy under ``key``, as
+        :func:`accuracy`'s figure)."""
         from silofl.training.evaluation import scores
 
         found = cache.get(("scores", key)) if cache is not None and key is not None else None
@@ -232,8 +228,7 @@ class Site(ABC):
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly where this site stopped (for checkpoints), with the head of
-        its
-        ledger (a resume refuses a ledger older than that)."""
+        its ledger (a resume refuses a ledger older than that)."""
         head = self.ledger.head.to_dict() if self.ledger is not None else None
         return {"active": self.active, "left_at": self.left_at, "ledger_head": head}
 
@@ -277,8 +272,7 @@ class Site(ABC):
         if msg.meta.get("score", True) and "external" in self.tests:
             x, y = self.tests["external"]
             # the cache shares one model's score among sites holding it, per test set: sites that see the
-            # shared
-            # test set through their own preprocessing (per-site sources) hold different tensors
+            # shared test set through their own preprocessing (per-site sources) hold different tensors
             cache = (
                 self.eval_cache.setdefault(("test set", id(x)), {}) if self.eval_cache is not None else None
             )

@@ -64,10 +64,8 @@ OWN = "own"  # the role of the own model a site without one trains for the combi
 def holdout_rows(n: int, fraction: float, split_seed: int | None, site: int) -> tuple[np.ndarray, np.ndarray]:
     """(rows the site trains on, rows kept for the combiner) of a site with ``n`` training rows: a random
     ``fraction`` (at least one row, at least one left), drawn from the split seed — which a run always sets
-    and
-    records: the draw depends on no record, so it is not secret and claims no amplification (a fresh draw only
-    when
-    called without one)."""
+    and records: the draw depends on no record, so it is not secret and claims no amplification (a fresh draw
+    only when called without one)."""
     if not 0.0 < fraction < 1.0:
         raise ConfigError(f"combine_holdout must lie in (0, 1), got {fraction}")
     k = int(round(fraction * n))
@@ -166,8 +164,7 @@ class Combination:
 
     def scores(self, site: Site, x: torch.Tensor, y: torch.Tensor) -> dict:
         """Every metric of the combined model on (x, y) from one pass (:mod:`silofl.training.metrics`);
-        ``acc`` as
-        :meth:`accuracy` gives it."""
+        ``acc`` as :meth:`accuracy` gives it."""
         from silofl.training.metrics import classification_metrics, finite_or_none
 
         logits = self.logits(site, x)
@@ -258,8 +255,8 @@ def fit_combiner(
 
 def train_own(spec: ModelSpec, x: torch.Tensor, y: torch.Tensor, s: CombineSettings) -> nn.Module:
     """A model of ``spec`` trained on (x, y) without DP: ``s.epochs`` epochs of shuffled minibatches, Adam.
-    Its
-    randomness comes from ``s.seed`` (secret without one) and leaves the run's random streams untouched."""
+    Its randomness comes from ``s.seed`` (secret without one) and leaves the run's random streams
+    untouched."""
     seed = s.seed if s.seed is not None else secrets.randbits(63)
     with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
         torch.manual_seed(seed)
@@ -324,8 +321,7 @@ class Combined(nn.Module):
 
 def load_combined(d: Path, client: int) -> tuple[Combined, ModelSpec]:
     """Client ``client``'s combined model from ``d`` (the combiner's safetensors + JSON and its parts' files),
-    and
-    the spec of its first part (input shape and classes)."""
+    and the spec of its first part (input shape and classes)."""
     from safetensors.torch import load_file
 
     p = d / f"client{client}_combined"

@@ -126,8 +126,7 @@ class DPSGDSite(Site):
     """See the module doc."""
 
     # whether a private model trains by mutual learning on the shared model's batches (ProxyFL, FML); a method
-    # whose
-    # private model trains its own way (Ditto's personal model) sets False and trains it in its own step
+    # whose private model trains its own way (Ditto's personal model) sets False and trains it in its own step
     mutual_learning_partner = True
 
     def __init__(
@@ -308,10 +307,8 @@ class DPSGDSite(Site):
 
     def shared_grad_hook(self) -> Callable[[], None] | None:
         """A data-independent term added to the shared model's (DP) gradient before every optimizer step of
-        this
-        round (:func:`~silofl.training.poisson.poisson_steps`' ``grad_hook``), or None; FedProx's and MR-MTL's
-        sites
-        add their proximal pull here."""
+        this round (:func:`~silofl.training.poisson.poisson_steps`' ``grad_hook``), or None; FedProx's and
+        MR-MTL's sites add their proximal pull here."""
         return None
 
     # ---------------------------------------------------------------- EMA of the shared model
@@ -332,8 +329,7 @@ class DPSGDSite(Site):
 
     def released(self) -> torch.nn.Module:
         """The shared model as evaluated and saved: the EMA of its round-end weights, the current weights
-        counting
-        as the latest (``ema_decay`` > 0), else the shared model itself."""
+        counting as the latest (``ema_decay`` > 0), else the shared model itself."""
         if not self.settings.ema_decay:
             return self.shared
         if self._ema_model is None:
@@ -374,9 +370,9 @@ class DPSGDSite(Site):
     ) -> tuple[dict, dict[str, float], dict]:
         """Decode and validate a received shared model — names, shapes, dtypes, finite and bounded values, the
         round ``rnd`` and the packet's sender in its metadata, finite outputs on a probe batch of the site's
-        own
-        data — before it touches any local model: (tensors, extras, meta). Raises PeerModelRejected. ``probe``
-        False: the caller probes (:meth:`read_many`); ``reference``: the shared model's state, if at hand."""
+        own data — before it touches any local model: (tensors, extras, meta). Raises PeerModelRejected.
+        ``probe`` False: the caller probes (:meth:`read_many`); ``reference``: the shared model's state, if at
+        hand."""
         expect = {"src": packet.src} if rnd is None else {"round": rnd, "src": packet.src}
         ref = reference if reference is not None else dict(self.shared.state_dict())
         tensors, extras, meta = read_model_shared(  # decoded once per payload among this process's sites
@@ -485,10 +481,8 @@ class DPSGDSite(Site):
     # ---------------------------------------------------------------- reporting
     def eval_models(self) -> list[tuple[object, torch.nn.Module]]:
         """(cache key, model) of each model :meth:`evaluate` scores, for an engine that scores many sites'
-        models
-        at once: the private model by identity, the shared one by its weights' token (sites holding one
-        broadcast
-        share it)."""
+        models at once: the private model by identity, the shared one by its weights' token (sites holding one
+        broadcast share it)."""
         out: list[tuple[object, torch.nn.Module]] = []
         if self.private is not None:
             out.append((("model", id(self.private)), self.private))

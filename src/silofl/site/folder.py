@@ -116,8 +116,7 @@ def load_private(path: Path):
 def make_site_keys(folder: Path, name: str, sign=None) -> dict:
     """A site's keys under ``folder``: ``node`` / ``node.pub`` (Flower node authentication, EC P-384 OpenSSH),
     ``seal.key`` (X25519) and ``sign.key`` (Ed25519; ``sign`` keeps an existing one); returns its public card
-    (also
-    written to ``public.json``)."""
+    (also written to ``public.json``)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, x25519
 
@@ -292,10 +291,8 @@ _ENVELOPE = ("format", "seq", "prev", "mac", "time")
 
 def _carry(new: Ledger, old: Ledger, same_key: bool, origin: str) -> int:
     """Append ``old``'s spending entries to ``new`` (each with where it came from); returns how many. Releases
-    keep
-    their record digests when both ledgers share the key; otherwise (``"*:<digest>"``) the most any old record
-    spent
-    counts for every record."""
+    keep their record digests when both ledgers share the key; otherwise (``"*:<digest>"``) the most any old
+    record spent counts for every record."""
     remap: dict[int, int] = {}
     n = 0
     for e in old.entries:
@@ -324,8 +321,7 @@ def _number(v: Any) -> bool:
 
 def _check_entry(e: dict, origin: str) -> None:
     """ConfigError unless a spending entry of an old ledger has the fields that make it count (a MAC proves
-    who wrote
-    it, not that it is well formed)."""
+    who wrote it, not that it is well formed)."""
     kind, ok = e["kind"], True
     if kind == "release":
         recs = e.get("records")
@@ -354,8 +350,7 @@ def _check_entry(e: dict, origin: str) -> None:
 
 def migrate(folder: Path) -> str | None:
     """Convert a site folder of an earlier format to ``silofl.site/2`` in place (see the module doc); what was
-    done,
-    or None if it is already current. ConfigError (one line; the folder as it was) if it cannot be
+    done, or None if it is already current. ConfigError (one line; the folder as it was) if it cannot be
     converted."""
     folder = Path(folder)
     d = read_site_json(folder)
@@ -385,8 +380,7 @@ def _commit(
     folder: Path, stage: Path, d_old: dict, cfg: SiteConfig, moves: list[str], old_files: list[str]
 ) -> None:
     """Move the staged ``moves`` into place, back up the old site.json, write the new one (the commit point),
-    then
-    keep the old top-level files under ``*.v1.bak`` names."""
+    then keep the old top-level files under ``*.v1.bak`` names."""
     for name in moves:
         (stage / name).replace(folder / name)
     _write_atomic(folder / BACKUP, json.dumps(d_old, indent=1) + "\n")
@@ -498,10 +492,8 @@ def _migrate_deploy(folder: Path, d: dict, where: str) -> str:
 # ---------------------------------------------------------------------------------------------- replay state
 class SiteState:
     """What a site remembers of its runs, in ``state/`` of its folder (so a re-setup or a restarted worker
-    cannot
-    reset it): every run id it joined, with the furthest round it reached and the sealed payloads it opened
-    (its
-    replay guard), and the last ledger head it announced."""
+    cannot reset it): every run id it joined, with the furthest round it reached and the sealed payloads it
+    opened (its replay guard), and the last ledger head it announced."""
 
     guard_type: Callable[[], Any] | None = None  # the replay guard's class (deployment's)
 
@@ -601,10 +593,8 @@ class SiteFolder:
         cls, path: str | Path | None, name: str, lifetime: tuple[float, float] | None = None
     ) -> SiteFolder:
         """Site ``name``'s folder at ``path`` (default: :func:`default_site_dir`), made on first use with the
-        lifetime
-        budget (ε, δ) given (PubSub-ML's way in: a site that only publishes needs no data). A budget other
-        than the
-        ledger's is refused: it changes only by ``silofl site budget``."""
+        lifetime budget (ε, δ) given (PubSub-ML's way in: a site that only publishes needs no data). A budget
+        other than the ledger's is refused: it changes only by ``silofl site budget``."""
         check_site_name(name)
         p = Path(path) if path is not None else default_site_dir(name)
         if lifetime is not None:
@@ -701,8 +691,7 @@ class SiteFolder:
 
     def announced_head(self) -> dict:
         """The head of this site's ledger as it announces it (epoch, entries, last MAC): what a broker or
-        coordinator
-        keeps for it with :class:`silofl.privacy.ledger.HeadStore` and compares with
+        coordinator keeps for it with :class:`silofl.privacy.ledger.HeadStore` and compares with
         :func:`silofl.privacy.ledger.head_order`."""
         return announced_head(self.ledger)
 
@@ -729,8 +718,7 @@ class SiteFolder:
 
     def outside_training(self) -> dict[str, tuple[float, float]]:
         """What the site spent outside DP-SGD training, by source: the prior spend its restores declare, and
-        the
-        largest spend of any record over its releases (PubSub-ML models and stream chunks)."""
+        the largest spend of any record over its releases (PubSub-ML models and stream chunks)."""
         return {"restored": restored_spend(self.ledger), "released": self.ledger.spent()}
 
     def training_budget(self) -> tuple[float, float]:
@@ -804,19 +792,13 @@ class SiteFolder:
     ) -> tuple[Any, Any]:
         """Release something computed from ``record_ids`` within the lifetime budget: check the budget for the
         (ε, δ) asked for, ``make()`` the artifact (it has ``.epsilon``, ``.delta`` and ``to_bytes()``), record
-        the
-        release at the artifact's actual (ε, δ) with its checksum, then ``send(bytes)``. A send refused before
-        anything
-        left (a :class:`~silofl.core.errors.SiloflError`, e.g. the broker rejecting the model) cancels the
-        record
-        and re-raises; any other failure keeps it counted (the artifact may have left). With ``seal``, the
-        bytes sent
-        are ``seal(bytes, receipt)``: the receipt declares the spend of the released records including this
-        release
-        (``epsilon_spent``, ``delta_spent``), the lifetime budget and the ledger entry (``ledger_seq``) that
-        records it,
-        for the publisher to sign (:func:`silofl.pubsub.signing.sign_model`). Returns (artifact, what ``send``
-        returned)."""
+        the release at the artifact's actual (ε, δ) with its checksum, then ``send(bytes)``. A send refused
+        before anything left (a :class:`~silofl.core.errors.SiloflError`, e.g. the broker rejecting the model)
+        cancels the record and re-raises; any other failure keeps it counted (the artifact may have left).
+        With ``seal``, the bytes sent are ``seal(bytes, receipt)``: the receipt declares the spend of the
+        released records including this release (``epsilon_spent``, ``delta_spent``), the lifetime budget and
+        the ledger entry (``ledger_seq``) that records it, for the publisher to sign
+        (:func:`silofl.pubsub.signing.sign_model`). Returns (artifact, what ``send`` returned)."""
         digests, before = self.require_release(record_ids, epsilon, delta)
         artifact = make()
         data = artifact.to_bytes()
@@ -873,10 +855,9 @@ def _mechanism_of(artifact: Any) -> dict:
 
 def attach(site: Any, folder: SiteFolder, run_label: str = "run", release_nonprivate: bool = True) -> Any:
     """Make ``site`` (a simulated site, :func:`silofl.runner.loop.make_site`) keep its spend in ``folder``'s
-    one ledger:
-    its accountant replays every DP-SGD round the ledger holds (every run, every protocol) and its budget is
-    capped at
-    what the lifetime leaves for training after restores and PubSub-ML releases. Returns ``site``."""
+    one ledger: its accountant replays every DP-SGD round the ledger holds (every run, every protocol) and its
+    budget is capped at what the lifetime leaves for training after restores and PubSub-ML releases. Returns
+    ``site``."""
     from silofl.core.errors import BudgetExhausted
 
     left = folder.training_budget()
@@ -907,10 +888,9 @@ def with_site_folders(
     folders: dict[int, SiteFolder], run_label: str = "run"
 ) -> Callable[[Any, int], tuple[Any, int]]:
     """A ``sites`` hook for :class:`silofl.runner.loop.RunHooks`: simulated site ``k`` charges
-    ``folders[k]``'s ledger
-    (:func:`attach`) — the same ledger and budget its PubSub-ML releases and deployed runs use. The run's plan
-    is checked against each folder's policy before any site is built (the hook's ``folders``:
-    :func:`silofl.runner.plan.check_site_policies`)."""
+    ``folders[k]``'s ledger (:func:`attach`) — the same ledger and budget its PubSub-ML releases and deployed
+    runs use. The run's plan is checked against each folder's policy before any site is built (the hook's
+    ``folders``: :func:`silofl.runner.plan.check_site_policies`)."""
 
     def hook(make: Callable[[int], Any], n: int) -> tuple[Callable[[int], Any], int]:
         def made(k: int) -> Any:

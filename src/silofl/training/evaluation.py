@@ -124,8 +124,7 @@ def _stacked_forward(models: Sequence[nn.Module]):
 
         def block_end(h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             # max-pool first, then bias and ReLU on a quarter of the values: max(relu(a + b)) = relu(max(a) +
-            # b)
-            # exactly, as a ↦ relu(a + b) is monotone in floating point too
+            # b) exactly, as a ↦ relu(a + b) is monotone in floating point too
             return F.max_pool2d(h, 2).add_(b).relu_()
 
         def conv_forward(x: torch.Tensor) -> torch.Tensor:

@@ -126,8 +126,7 @@ class AveragingServer:
         self, rnd: int, packets: list[Packet], weights: dict[int, float] | None = None
     ) -> list[dict]:
         """Average the valid uploads into the global model; the refused ones as records. ``weights``: each
-        site's
-        aggregation weight (its public data size, or 1): an upload claiming another is refused."""
+        site's aggregation weight (its public data size, or 1): an upload claiming another is refused."""
         template = {k: v.detach().clone() for k, v in self.state().items()}
         received, rejected = [], []
         for p in packets:
@@ -161,8 +160,7 @@ class AveragingServer:
 
     def absorb(self, average: dict[str, torch.Tensor], received: int) -> dict[str, torch.Tensor]:
         """Take a method's own averaged tensors out of ``average`` (``received`` uploads were averaged) and
-        return the
-        model's; the plain server has none."""
+        return the model's; the plain server has none."""
         return average
 
     def _server_step(

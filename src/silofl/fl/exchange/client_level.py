@@ -456,8 +456,7 @@ class ClientLevelSite(SecureParty, SubclientSite):
 # ---------------------------------------------------------------------------------------------- server
 class UnitAccountants:
     """The server's two accountants (hospital and sub-client unit), the budget of the run's unit, and the
-    ledger
-    they are rebuilt from."""
+    ledger they are rebuilt from."""
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -39,8 +39,8 @@ class GossipSite(DPSGDSite):
         self.pushsum_weight = 1.0
         self._kept_weight = 1.0
         # the last two rounds' sends, newest last: (round, θ, w each, to) — a round's deliveries reach their
-        # sites
-        # with the next round's request (silofl.comm.batch), so a node lost then may not have taken either
+        # sites with the next round's request (silofl.comm.batch), so a node lost then may not have taken
+        # either
         self._sends: list[tuple[int, dict[str, torch.Tensor], float, set[int]]] = []
 
     def state_dict(self) -> dict:
@@ -103,8 +103,7 @@ class GossipSite(DPSGDSite):
 
     def reclaim(self, lost: set[int], rnd: int, since: dict[int, int] | None = None) -> None:
         """Take back the PushSum mass sent to nodes since lost (the mass never entered a live site), so that
-        the
-        live sites' total weight stays what it was: what was sent to each lost node ``d`` in rounds from
+        the live sites' total weight stays what it was: what was sent to each lost node ``d`` in rounds from
         ``since[d]`` on (the rounds whose deliveries it did not answer), or, without ``since``, in the last
         send."""
         kept = []

@@ -5,25 +5,18 @@ Every site holds two models of the shared architecture (``proxy_model``):
 
 * the **global** model w, trained exactly as FedAvg's (DP-SGD on cross-entropy, one epoch of Poisson batches),
   uploaded, averaged by the server and replaced by its broadcast (:mod:`silofl.fl.exchange.centralized`). It
-  is
-  the only thing that leaves the site, and the accountant counts its DP-SGD steps: ε is FedAvg's.
+  is the only thing that leaves the site, and the accountant counts its DP-SGD steps: ε is FedAvg's.
 * the **personal** model v, started from the server's initial model and then trained every round on the site's
   data with the objective F_k(v) + (λ/2)·‖v − w^t‖², w^t the global model the site received at the round's
-  start:
-  plain (non-DP) Adam at ``private_lr`` on the mean cross-entropy of batches drawn like the global model's
-  (the same
-  rate and number of steps, from their own generator), plus the gradient λ·(v − w^t).
+  start: plain (non-DP) Adam at ``private_lr`` on the mean cross-entropy of batches drawn like the global
+  model's (the same rate and number of steps, from their own generator), plus the gradient λ·(v − w^t).
 
 The personal model **never leaves the site** — like ProxyFL's private model it is trained without DP, its
-figures
-(``private_acc``) are labelled non-private and released only if the site chooses (``report_nonprivate``), and
-it is
-saved in the site's own run folder. It reads w^t, a DP release, and the site's own data; nothing derived from
-it is
-sent, so the guarantee of what is shared is DP-SGD's. λ → 0 is each site alone (from a common start); large λ
-pulls
-v to the global model. The method is judged by the personal models (``private_acc``); ``global_acc`` is the
-aggregate's.
+figures (``private_acc``) are labelled non-private and released only if the site chooses
+(``report_nonprivate``), and it is saved in the site's own run folder. It reads w^t, a DP release, and the
+site's own data; nothing derived from it is sent, so the guarantee of what is shared is DP-SGD's. λ → 0 is
+each site alone (from a common start); large λ pulls v to the global model. The method is judged by the
+personal models (``private_acc``); ``global_acc`` is the aggregate's.
 
 With ``--secure-aggregation`` the server sees only the sum of the global models' moves
 (:mod:`silofl.fl.exchange.secure_average`); with ``noise_placement: pooled`` only the noisy sum of the sites'
@@ -79,9 +72,8 @@ class DittoSite(CentralSite):
         super().__init__(*args, **kwargs)
         self.ditto_lambda = float(ditto_lambda)
         # the personal model's batches: not behind any guarantee (nothing of the personal model leaves the
-        # site), so
-        # a seeded generator — the run's fifth seed of this site in a research run, a fresh secret one
-        # otherwise
+        # site), so a seeded generator — the run's fifth seed of this site in a research run, a fresh secret
+        # one otherwise
         self.personal_sampler = torch.Generator().manual_seed(_personal_seed(self.settings.seed, self.cid))
 
     def on_receive_global(self, msg: Message) -> Message:

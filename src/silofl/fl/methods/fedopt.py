@@ -2,11 +2,10 @@
 FedYogi server steps on the average of the sites' DP models.
 
 The sites are FedAvg's (DP-SGD, upload, replace by the broadcast). The server takes the average Δ̄ of the
-uploads
-minus its current global model w as a pseudo-gradient and steps with Adam or Yogi
-(:class:`~silofl.training.server_opt.FedAdam`, :class:`~silofl.training.server_opt.FedYogi`):
-m ← β₁m + (1−β₁)Δ̄; Adam u ← β₂u + (1−β₂)Δ̄², Yogi u ← u − (1−β₂)Δ̄²·sign(u − Δ̄²); w ← w + η·m/(√u + τ).
-The server sees only the sites' DP uploads, so its optimizer is post-processing: ε is FedAvg's, per site.
+uploads minus its current global model w as a pseudo-gradient and steps with Adam or Yogi
+(:class:`~silofl.training.server_opt.FedAdam`, :class:`~silofl.training.server_opt.FedYogi`): m ← β₁m +
+(1−β₁)Δ̄; Adam u ← β₂u + (1−β₂)Δ̄², Yogi u ← u − (1−β₂)Δ̄²·sign(u − Δ̄²); w ← w + η·m/(√u + τ). The server
+sees only the sites' DP uploads, so its optimizer is post-processing: ε is FedAvg's, per site.
 
 With ``--secure-aggregation`` the server sees only the sum of the sites' moves
 (:mod:`silofl.fl.exchange.secure_average`), and with ``noise_placement: pooled`` only the noisy sum of their

@@ -1,13 +1,10 @@
 """FedPer (Arivazhagan et al., "Federated Learning with Personalization Layers", 2019) with example-level DP:
-a shared
-body averaged by the server, a head kept at every site.
+a shared body averaged by the server, a head kept at every site.
 
 Every site trains its whole model (``proxy_model``; the head is the last layer with parameters, the body
-everything
-before it) with DP-SGD, as FedAvg does, then uploads **only the body**; the server averages the bodies
-(:mod:`silofl.fl.exchange.centralized` with ``shared_keys``) and broadcasts the average, and each site loads
-it under
-its own head. The head never leaves the site.
+everything before it) with DP-SGD, as FedAvg does, then uploads **only the body**; the server averages the
+bodies (:mod:`silofl.fl.exchange.centralized` with ``shared_keys``) and broadcasts the average, and each site
+loads it under its own head. The head never leaves the site.
 
 Why the head is trained with DP too: the body's per-example gradients flow through the head. A head trained
 without
@@ -89,8 +86,7 @@ class PersonalHeadSite(CentralSite):
         self, packet: Packet, extra_keys: tuple[str, ...] = (), rnd: int | None = None
     ) -> tuple[dict, dict[str, float], dict]:
         """A received body, validated against this site's body and probed under its own head: (the whole
-        model's
-        tensors, extras, meta). Raises PeerModelRejected."""
+        model's tensors, extras, meta). Raises PeerModelRejected."""
         expect = {"src": packet.src} if rnd is None else {"round": rnd, "src": packet.src}
         state = dict(self.shared.state_dict())
         tensors, extras, meta = read_model(

@@ -2,17 +2,13 @@
 DP-SGD.
 
 FedAvg's round (:mod:`silofl.fl.exchange.centralized`: train, upload, average, broadcast, replace) with a
-proximal
-term in every site's local objective, F_k(w) + (μ/2)·‖w − w_g‖², w_g the global model the site received (its
-weights when the round's training starts). Its gradient μ·(w − w_g) is added to the shared model's gradient
-after
-DP-SGD has clipped and noised the data term, before the optimizer steps
+proximal term in every site's local objective, F_k(w) + (μ/2)·‖w − w_g‖², w_g the global model the site
+received (its weights when the round's training starts). Its gradient μ·(w − w_g) is added to the shared
+model's gradient after DP-SGD has clipped and noised the data term, before the optimizer steps
 (:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): it depends on no example, only on the current iterate
-and
-the received global — itself a DP release — so it is post-processing of the DP gradient. The mechanism, its
-accountant and ε are exactly FedAvg's; ``mu`` 0 is FedAvg. The server's ``server_lr``/``server_momentum``
-apply as
-for FedAvg.
+and the received global — itself a DP release — so it is post-processing of the DP gradient. The mechanism,
+its accountant and ε are exactly FedAvg's; ``mu`` 0 is FedAvg. The server's ``server_lr``/``server_momentum``
+apply as for FedAvg.
 
 With ``--secure-aggregation`` the server sees only the sum of the sites' moves
 (:mod:`silofl.fl.exchange.secure_average`). With ``noise_placement: pooled``

@@ -1,30 +1,21 @@
 """MR-MTL, mean-regularised multi-task learning (Liu et al., "On Privacy and Personalization in Cross-Silo
-Federated
-Learning", NeurIPS 2022), with example-level DP: the silo-level setting that paper studies.
+Federated Learning", NeurIPS 2022), with example-level DP: the silo-level setting that paper studies.
 
 Every site keeps its **own** model w_k (the shared architecture, ``proxy_model``) for the whole run and trains
-it
-with DP-SGD on F_k(w_k) + (λ/2)·‖w_k − w̄‖², w̄ the mean of the sites' models the server broadcast last. Each
-round
-every site uploads w_k (a DP release: DP-SGD's guarantee, accounted as FedAvg's), the server averages the
-uploads
-(:mod:`silofl.fl.exchange.centralized`) and broadcasts w̄; a site validates w̄ like any received model and
-keeps it
-as its regularisation target — it does **not** replace its own model (except once, before round 1, when every
-site
-starts from the server's initial model). The pull λ·(w_k − w̄) is added to the DP gradient after clipping and
-noise
-(:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): a function of the iterate and of w̄, a DP release, so
-it is
-post-processing. λ = 0 is each site alone with DP (Regular with the shared architecture); λ → ∞ approaches
-FedAvg.
+it with DP-SGD on F_k(w_k) + (λ/2)·‖w_k − w̄‖², w̄ the mean of the sites' models the server broadcast last.
+Each round every site uploads w_k (a DP release: DP-SGD's guarantee, accounted as FedAvg's), the server
+averages the uploads (:mod:`silofl.fl.exchange.centralized`) and broadcasts w̄; a site validates w̄ like any
+received model and keeps it as its regularisation target — it does **not** replace its own model (except once,
+before round 1, when every site starts from the server's initial model). The pull λ·(w_k − w̄) is added to the
+DP gradient after clipping and noise (:meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`): a function of
+the iterate and of w̄, a DP release, so it is post-processing. λ = 0 is each site alone with DP (Regular with
+the shared architecture); λ → ∞ approaches FedAvg.
 
 The pull joins the gradient the optimizer sees. With SGD (the paper's) the step is lr·λ·(w_k − w̄), stable for
 lr·λ < 1; with Adam (silofl's default) it is normalised by Adam's moments like any gradient, so a large λ
-moves every
-coordinate by about lr per step towards w̄ whatever the distance — measured on digits (3 sites, 10 rounds, ε ≈
-12.5):
-λ = 0 0.821, λ = 0.1 0.792, λ = 1 0.351 with Adam. Hence the small default λ = 0.1; tune it (``silofl tune``).
+moves every coordinate by about lr per step towards w̄ whatever the distance — measured on digits (3 sites, 10
+rounds, ε ≈ 12.5): λ = 0 0.821, λ = 0.1 0.792, λ = 1 0.351 with Adam. Hence the small default λ = 0.1; tune it
+(``silofl tune``).
 
 The method is judged by the sites' own models: ``private_acc`` (a DP model's accuracy, labelled DP).
 """

@@ -3,27 +3,19 @@
 example-level DP-SGD, its control variates computed from the DP gradients only.
 
 FedAvg's round (:mod:`silofl.fl.exchange.centralized`) with control variates: the server's c and each site's
-c_i
-(zeros at the start). Every local step uses the corrected gradient g̃ − c_i + c, g̃ the step's DP-SGD gradient
-(clipped, summed, noised, divided — exactly FedAvg's mechanism; the correction joins it afterwards,
+c_i (zeros at the start). Every local step uses the corrected gradient g̃ − c_i + c, g̃ the step's DP-SGD
+gradient (clipped, summed, noised, divided — exactly FedAvg's mechanism; the correction joins it afterwards,
 :meth:`~silofl.site.dpsgd.DPSGDSite.shared_grad_hook`). After the round the site's new control variate is the
-mean of
-the round's K **DP** gradients, c_i⁺ = (1/K)·Σ g̃ — for plain SGD exactly the paper's option II,
-c_i − c + (x − y)/(K·η) — and it uploads its model with Δc_i = c_i⁺ − c_i. The server averages the models (and
-steps,
-with ``server_lr``/``server_momentum``) and sets c ← c + (|S|/N)·mean(Δc_i) (weighted as the models are: exact
-while
-every site takes part), then broadcasts the model and c.
+mean of the round's K **DP** gradients, c_i⁺ = (1/K)·Σ g̃ — for plain SGD exactly the paper's option II, c_i −
+c + (x − y)/(K·η) — and it uploads its model with Δc_i = c_i⁺ − c_i. The server averages the models (and
+steps, with ``server_lr``/``server_momentum``) and sets c ← c + (|S|/N)·mean(Δc_i) (weighted as the models
+are: exact while every site takes part), then broadcasts the model and c.
 
 Why the guarantee is DP-SGD's, with no extra budget: c_i is a function of the noised gradients g̃ the
-mechanism
-released (the accountant counts each of them), never of an un-noised per-example quantity; c is a function of
-the
-sites' c_i; the correction −c_i + c added to a step depends on no example. Everything that leaves the site —
-the
-model and Δc_i — is post-processing of the DP releases, so the accountant's ε (FedAvg's, for the steps that
-ran)
-covers it.
+mechanism released (the accountant counts each of them), never of an un-noised per-example quantity; c is a
+function of the sites' c_i; the correction −c_i + c added to a step depends on no example. Everything that
+leaves the site — the model and Δc_i — is post-processing of the DP releases, so the accountant's ε (FedAvg's,
+for the steps that ran) covers it.
 
 Pooled noise (``noise_placement: pooled``, :mod:`silofl.fl.exchange.pooled`) is refused: there no site
 releases a DP gradient of its own — only the sum of the sites' clipped gradients plus the pooled noise is DP,
@@ -120,8 +112,7 @@ class ScaffoldSite(CentralSite):
 
     def read_global(self, packet: Packet, rnd: int) -> tuple[dict, dict]:
         """A broadcast's model and control variate, validated (names, shapes, dtypes, finite and bounded
-        values,
-        round and sender; the model probed on local data). Raises PeerModelRejected."""
+        values, round and sender; the model probed on local data). Raises PeerModelRejected."""
         reference = {**dict(self.shared.state_dict()), **{CV + n: v for n, v in self.c_global.items()}}
         tensors, _, _ = read_model(packet.data, reference, expect={"round": rnd, "src": packet.src})
         model = {k: v for k, v in tensors.items() if not k.startswith(CV)}
