@@ -923,7 +923,7 @@ def audit(
         "silofl launch … audit.",
     ),
     peer_timeout: float = typer.Option(
-        300.0, "--peer-timeout", hidden=True, help="Seconds to wait for a peer's message (silofl launch)."
+        300.0, "--peer-timeout", help="Seconds to wait for a peer's message (silofl launch)."
     ),
 ):
     """Measure what a run leaks: canaries → a one-run empirical ε lower bound next to the accountant's ε, and
