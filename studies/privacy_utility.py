@@ -880,7 +880,9 @@ def _pooled_section(R: _Rows, f: str, root: Path | None) -> list[str]:
         "carries the noise of one pooled DP-GD step (*pooled noise*: the server sees only the masked sum). "
         "dp-ssp releases each site's clipped, noised XᵀX and Xᵀy of the scattering features (a random "
         "projection) once through the same secure sum; the ridge head is post-processing. The ε of every row "
-        "is against the server and outsiders, with the survivors floor of the sites' policies; *+1 colluder* "
+        "is against the server and outsiders, with the default survivors floor (K − 1 = 7 of the 8 sites: a "
+        "round with fewer survivors releases nothing; each site's policy accepts any floor of at least 4); "
+        "*+1 colluder* "
         "is the pooled row's ε against the server plus one colluding site, whose share no longer protects "
         "anyone (only the honest survivors' shares count). Mean ± spread over seeds; going alone (the "
         "stronger reference, as above) and all rows pooled without DP for scale.",
