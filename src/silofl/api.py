@@ -614,13 +614,14 @@ TUNED_RECIPE = "recipe.yaml"  # what `silofl tune` chose, as a recipe: `silofl r
 
 def _write_tuned_recipe(best: RunConfig, result: dict[str, Any], out: Path) -> None:
     """``OUT/recipe.yaml``: the chosen config as a recipe (what to run; ``silofl run OUT/recipe.yaml --out
-    DIR``), its source the search, with the validation figure and the search's own ε."""
+    DIR``), its source the search, with the validation figure and the search's own ε; ``tuning_trials``: how
+    many trials the search ran (a run from the recipe with ``--vs-alone`` tunes going alone with as many)."""
     from silofl.runner.recipe import recipe_of
 
     cost = result.get("random_trials") or result["tuning_cost"]
     chosen = result["best"]
     recipe = recipe_of(
-        best,
+        dataclasses.replace(best, tuning_trials=len(result["trials"])),
         f"tuned-{out.name}",
         f"{best.method} on {best.dataset} with the settings silofl tune chose: {chosen['settings']}.",
         f"silofl tune into {out}: {len(result['trials'])} trials on the validation split, the chosen one's "

@@ -335,3 +335,72 @@ def test_the_sklearn_reference_is_a_direct_sklearn_fit_on_the_same_rows():
     outs = reference_outputs(site, None, 0, train, held, 2)[SKLEARN]["internal"]
     clf = LogisticRegression(C=found["C"], max_iter=1000).fit(train[0].numpy(), train[1].numpy())
     assert np.allclose(outs.numpy(), clf.predict_log_proba(val[0].numpy()))
+
+
+# ------------------------------------------------------------------ going alone's trial budget
+def test_a_run_from_a_tuned_recipe_tunes_going_alone_with_as_many_trials(tmp_path):
+    """silofl tune's recipe records how many trials it ran; a run from it with --vs-alone tunes going alone
+    with as many per site, and its decision says so."""
+    import silofl
+    from silofl.api import _write_tuned_recipe
+    from silofl.runner.recipe import load_recipe
+
+    schema, paths = _tables(tmp_path / "data")
+    best = _table_cfg(schema, paths, tmp_path / "t" / "trials" / "best")
+    (tmp_path / "t").mkdir()
+    result = {  # what silofl tune's tune.json holds of a three-trial search (the fields the recipe reads)
+        "trials": [{"settings": {"lr": lr}} for lr in (0.05, 0.5, 5.0)],
+        "tuning_cost": {"max": 5.2},
+        "best": {"settings": {"lr": 0.5}, "validation": 0.8},
+    }
+    _write_tuned_recipe(best, result, tmp_path / "t")
+    recipe = load_recipe(tmp_path / "t" / "recipe.yaml")
+    assert recipe.options["tuning_trials"] == 3 and recipe.config().tuning_trials == 3
+    res = silofl.run(str(tmp_path / "t" / "recipe.yaml"), out=str(tmp_path / "run"), vs_alone=True)
+    assert res.config.tuning_trials == 3
+    record = json.loads((tmp_path / "run" / "alone" / "alone.json").read_text())
+    assert (record["trials"], record["trials_source"], record["tuning_trials"]) == (3, "tuning", 3)
+    assert len(record["grid"]["lr"]) == len(record["grid"]["C"]) == 3
+    assert all(len(s["regular"]["by_lr"]) == 3 for s in record["sites"])
+    said = "going alone tuned with 3 trials, as the federated run's tuning"
+    decision = json.loads((tmp_path / "run" / "decision.json").read_text())
+    assert decision["going_alone_budget"] == {
+        "trials": 3,
+        "source": "tuning",
+        "tuning_trials": 3,
+        "text": said,
+    }
+    assert any(said in n for n in decision["notes"]) and said in (tmp_path / "run" / "report.md").read_text()
+    assert res.summary["vs_alone"]["tuned"]["trials"] == 3
+
+
+def test_going_alone_without_a_recorded_tuning_takes_the_default_budget_and_says_so(tmp_path):
+    from silofl.runner.alone import DEFAULT_TRIALS, MIN_TRIALS, budget, c_grid, lr_grid
+    from silofl.runner.decision import _reference_note
+
+    schema, paths = _tables(tmp_path / "data")
+    cfg = _table_cfg(schema, paths, tmp_path / "r")
+    assert cfg.tuning_trials is None
+    spent = budget(cfg)
+    assert (spent["trials"], spent["source"]) == (DEFAULT_TRIALS, "default") == (4, "default")
+    assert spent["text"] == "default budget of 4: the run records no tuning"
+    record = {"trials": 4, "trials_source": "default", "budget": spent["text"]}
+    assert "default budget of 4: the run records no tuning" in _reference_note(record, None)
+    one = budget(cfg.replace(tuning_trials=1))  # a one-trial search: at least two settings to choose among
+    assert (one["trials"], one["source"], one["tuning_trials"]) == (MIN_TRIALS, "tuning", 1)
+    assert one["text"].startswith("going alone tuned with 2 trials, as the federated run's tuning")
+    assert budget(cfg.replace(tuning_trials=9))["trials"] == 9 == budget(cfg, trials=9)["trials"]
+    wide = lr_grid(0.5, 9)  # more trials than the default grid: it widens geometrically, half a decade a step
+    assert wide[4] == pytest.approx(0.5) and all(
+        b / a == pytest.approx(10**0.5) for a, b in zip(wide, wide[1:], strict=False)
+    )
+    assert c_grid(6) == pytest.approx([10.0**i for i in range(-3, 3)])
+
+
+def test_tuning_trials_is_a_common_option_every_method_takes_and_must_be_positive():
+    from silofl.core.errors import ConfigError
+
+    for method in ("fedavg", "proxyfl", "regular"):
+        assert RunConfig.from_dict({"method": method, "tuning_trials": 5}).tuning_trials == 5
+    with pytest.raises(ConfigError, match="^tuning_trials must be at least 1, got 0$"):
+        RunConfig.from_dict({"method": "fedavg", "tuning_trials": 0}).resolve()

@@ -12,11 +12,13 @@ read while choosing):
 
 Each site keeps, per kind, the setting with the best validation figure, and of the two kinds the stronger on
 validation (ties: Regular); that model, retrained on all of the site's training rows, is its going-alone
-reference in the decision report (``decision.json`` names it). ``trials`` is the federated method's tuning
-budget where the caller knows it (``compare_with_alone(…, trials=K)``); no run records its tuning's trial
-count today, so a run uses :data:`DEFAULT_TRIALS`. Survival targets get the Regular grid only (no Cox
-reference: lifelines is not a dependency of silofl). Other data (benchmarks, image folders) keep one Regular
-run at the run's own learning rate: their validation rows are not the sites' own.
+reference in the decision report (``decision.json`` names it). ``trials`` is the federated run's tuning
+budget (:func:`budget`): the number of trials ``silofl tune`` ran to choose the run's settings, which its
+``recipe.yaml`` records as ``tuning_trials`` (a run from it carries it; ``compare_with_alone(…, trials=K)``
+gives it directly), at least :data:`MIN_TRIALS`, the grids widening half a decade (lr) or a decade (C) per
+trial; a run that records no tuning uses :data:`DEFAULT_TRIALS`, and says so. Survival targets get the
+Regular grid only (no Cox reference: lifelines is not a dependency of silofl). Other data (benchmarks, image
+folders) keep one Regular run at the run's own learning rate: their validation rows are not the sites' own.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ NOT_COPIED = (
     "combine_l2",
     "combine_balance",
     "track",
+    "tuning_trials",
 )
 
 
@@ -93,6 +96,7 @@ def alone_config(cfg: RunConfig, split_seed: int | None) -> RunConfig:
 
 
 DEFAULT_TRIALS = 4  # going alone's trials per kind when the run's own tuning budget is not known
+MIN_TRIALS = 2  # the fewest settings a choice is made among
 REGULAR = "silofl Regular, no DP"
 SKLEARN = "scikit-learn logistic regression"
 RECORD = "alone.json"  # OUT/alone/alone.json: the tuning of going alone, per site
@@ -106,6 +110,21 @@ def lr_grid(lr: float, trials: int) -> list[float]:
 def c_grid(trials: int) -> list[float]:
     """``trials`` inverse regularisations of the logistic regression, a decade apart around 1."""
     return [10.0 ** (i - trials // 2) for i in range(trials)]
+
+
+def budget(cfg: RunConfig, trials: int | None = None) -> dict[str, Any]:
+    """Going alone's trials per kind: ``trials`` where given, else the run's own tuning's count
+    (``cfg.tuning_trials``), at least :data:`MIN_TRIALS`; else :data:`DEFAULT_TRIALS`. ``{trials, source
+    ("tuning" | "default"), tuning_trials, text}``, ``text`` the decision report's words for it."""
+    tuned = trials if trials is not None else cfg.tuning_trials
+    if tuned is None:
+        text = f"default budget of {DEFAULT_TRIALS}: the run records no tuning"
+        return {"trials": DEFAULT_TRIALS, "source": "default", "tuning_trials": None, "text": text}
+    n = max(MIN_TRIALS, int(tuned))
+    text = f"going alone tuned with {n} trials, as the federated run's tuning"
+    if n != tuned:
+        text += f" (its {tuned} raised to {MIN_TRIALS}, the fewest a choice is made among)"
+    return {"trials": n, "source": "tuning", "tuning_trials": int(tuned), "text": text}
 
 
 def tunes_alone(cfg: RunConfig) -> bool:
@@ -174,8 +193,10 @@ def _private(models: Path, k: int) -> torch.nn.Module:
     return load_model(models / f"client{k}_private")[0]
 
 
-def tune_alone(base: RunConfig, trials: int = DEFAULT_TRIALS, trials_source: str = "default") -> dict:
-    """Going alone tuned per site on its own validation rows (see the module doc): runs the Regular grid on
+def tune_alone(base: RunConfig, trials: int = DEFAULT_TRIALS, spent: dict | None = None) -> dict:
+    """Going alone tuned per site on its own validation rows (see the module doc), ``trials`` settings per
+    kind (``spent``: :func:`budget`'s account of them, recorded; default: :data:`DEFAULT_TRIALS`'s): runs the
+    Regular grid on
     the validation split into ``OUT/alone/tuning``, each chosen learning rate again on all training rows into
     ``OUT/alone/final``, gathers each site's chosen Regular model into ``OUT/alone/models`` and writes the
     record (``OUT/alone/alone.json``), which it returns."""
@@ -240,7 +261,9 @@ def tune_alone(base: RunConfig, trials: int = DEFAULT_TRIALS, trials_source: str
     record = {
         "metric": metric,
         "trials": trials,
-        "trials_source": trials_source,
+        "trials_source": (spent or {}).get("source", "default"),
+        "tuning_trials": (spent or {}).get("tuning_trials"),
+        "budget": (spent or {}).get("text") or f"{trials} trials per kind",
         "grid": {"lr": lrs, "C": cs},
         "validation_split": val.test_set,
         "sites": sites,
@@ -281,8 +304,8 @@ def reference_outputs(
 
 def compare_with_alone(cfg: RunConfig, summary: dict, console=None, trials: int | None = None) -> dict:
     """Run the go-it-alone baseline into ``OUT/alone`` (tuned per site for tables, :func:`tune_alone`, with
-    ``trials`` settings per kind: the federated method's tuning budget where known, else
-    :data:`DEFAULT_TRIALS`) and add the comparison to ``OUT/summary.json``."""
+    :func:`budget`'s settings per kind: ``trials``, else the run's own tuning's count ``cfg.tuning_trials``,
+    else :data:`DEFAULT_TRIALS`) and add the comparison to ``OUT/summary.json``."""
     from silofl.runner.loop import run
 
     metric = getattr(cfg, "metric", "accuracy")
@@ -291,9 +314,8 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None, trials: int 
     base_cfg = alone_config(cfg, seed)
     record = None
     if tunes_alone(cfg):
-        record = tune_alone(
-            base_cfg, trials or DEFAULT_TRIALS, "the federated method's" if trials else "the default"
-        )
+        spent = budget(cfg, trials)
+        record = tune_alone(base_cfg, spent["trials"], spent)
         base, alone_means = _tuned_mean(cfg, summary, record), {}
         note = (
             "training alone: per site the stronger on its own validation rows of Regular without DP (lr "
@@ -331,6 +353,7 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None, trials: int 
         result["tuned"] = {
             "trials": record["trials"],
             "trials_source": record["trials_source"],
+            "budget": record["budget"],
             "chosen": {s["site"]: s["chosen"] for s in record["sites"]},
             "seconds": record["seconds"],
         }
@@ -347,7 +370,11 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None, trials: int 
             if metric == "accuracy"
             else f", {metric_label(metric)}{'' if higher_is_better(metric) else ', lower is better'}"
         )
-        how = "tuned per site on its own validation rows" if record is not None else "same split and rounds"
+        how = (
+            f"tuned per site on its own validation rows, {record['budget']}"
+            if record is not None
+            else "same split and rounds"
+        )
         console.print(f"[bold]vs training alone[/] (no DP, {how}{what}: {base:.3f}): {parts}{eps_txt}")
     return result
 

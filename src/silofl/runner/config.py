@@ -140,6 +140,15 @@ class RunConfig:
             "Default: chosen from the data (a table with a class target: proxyfl-table).",
         },
     )
+    tuning_trials: int | None = field(
+        default=None,
+        metadata={
+            "panel": "method",
+            "help": "How many trials the tuning that chose these settings ran (silofl tune writes it into "
+            "its recipe.yaml); --vs-alone tunes going alone with as many per site (default 4). Trains "
+            "nothing.",
+        },
+    )
     device: str = field(default="auto", metadata={"panel": "engine", "help": "Where models train."})
     threads: int | None = field(
         default=None, metadata={"panel": "engine", "help": "torch threads per process (default 1)."}
@@ -540,6 +549,7 @@ class RunConfig:
             "checkpoint_every",
             "threads",
             "validation_size",
+            "tuning_trials",
         ):
             v = getattr(self, name)
             if v is not None and v < 1:

@@ -12,7 +12,9 @@ Held-out sets per site (none of their rows trains or tunes anything):
 
 Going alone (:mod:`silofl.runner.alone`, ``--vs-alone``: the same split and rows): for per-site tables the
 stronger on each site's own validation rows of Regular without DP (learning rate tuned) and a scikit-learn
-logistic regression (C tuned), as ``OUT/alone/alone.json`` records and each site's row names; for other
+logistic regression (C tuned), as ``OUT/alone/alone.json`` records and each site's row names, with as many
+trials as the run's own tuning ran (``tuning_trials``, from ``silofl tune``'s recipe; else a default of 4:
+``decision.json``'s ``going_alone_budget`` and the notes say which); for other
 data the Regular run without DP in ``OUT/alone``. A table run without ``--vs-alone`` is compared with a
 scikit-learn logistic regression fitted on the site's training rows (C by cross-validation on them). A run
 scored on its validation split (a tuning trial) gets no decision: its test rows are not read.
@@ -222,7 +224,15 @@ def decision_of(cfg: RunConfig, split, summary: dict, out: Path, alone: Path | N
         "column); gains: paired, on the same resampled rows",
         _reference_note(record, alone),
     ]
-    return decide(rows, cfg.metric, notes)
+    d = decide(rows, cfg.metric, notes)
+    if record is not None:  # going alone's trial budget, matched to the run's own tuning where it records one
+        d["going_alone_budget"] = {
+            "trials": record["trials"],
+            "source": record.get("trials_source"),
+            "tuning_trials": record.get("tuning_trials"),
+            "text": record.get("budget"),
+        }
+    return d
 
 
 def _reference_note(record: dict | None, alone: Path | None) -> str:
@@ -230,8 +240,8 @@ def _reference_note(record: dict | None, alone: Path | None) -> str:
         return (
             "going alone: per site the stronger on its own validation rows (never its test rows) of silofl's "
             f"Regular without DP over {record['trials']} learning rates and a scikit-learn logistic "
-            f"regression over {record['trials']} values of C ({record['trials_source']} trial budget), "
-            "retrained on all of its training rows; each site's row names the one chosen"
+            f"regression over {record['trials']} values of C, retrained on all of its training rows; each "
+            f"site's row names the one chosen ({record.get('budget') or 'trial budget not recorded'})"
         )
     if alone is not None:
         return "going alone: silofl's Regular without DP on the same rows, at the run's learning rate"
