@@ -281,6 +281,7 @@ def _table_cfg(schema, paths, out, seed=7):
     ).resolve()
 
 
+@pytest.mark.slow  # whole runs (the fast tier stays ≤ 60 s)
 def test_going_alone_is_tuned_on_validation_rows_and_never_reads_the_test_rows(tmp_path):
     from silofl.runner.alone import REGULAR, SKLEARN, best_index, tune_alone
 
@@ -338,6 +339,7 @@ def test_the_sklearn_reference_is_a_direct_sklearn_fit_on_the_same_rows():
 
 
 # ------------------------------------------------------------------ going alone's trial budget
+@pytest.mark.slow  # whole runs (the fast tier stays ≤ 60 s)
 def test_a_run_from_a_tuned_recipe_tunes_going_alone_with_as_many_trials(tmp_path):
     """silofl tune's recipe records how many trials it ran; a run from it with --vs-alone tunes going alone
     with as many per site, and its decision says so."""
