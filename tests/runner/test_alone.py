@@ -406,3 +406,34 @@ def test_tuning_trials_is_a_common_option_every_method_takes_and_must_be_positiv
         assert RunConfig.from_dict({"method": method, "tuning_trials": 5}).tuning_trials == 5
     with pytest.raises(ConfigError, match="^tuning_trials must be at least 1, got 0$"):
         RunConfig.from_dict({"method": "fedavg", "tuning_trials": 0}).resolve()
+
+
+@pytest.mark.slow  # a pooled run and its going-alone baseline
+def test_a_pooled_run_compares_with_going_alone_and_states_both_threats(tmp_path):
+    """Going alone releases nothing, so the run's secure aggregation is not copied to it (Regular refuses
+    it); the decision states the pooled ε against the server and against the server + 1 colluding site."""
+    import silofl
+
+    res = silofl.run(
+        method="fedavg",
+        dataset="digits",
+        clients=3,
+        rounds=2,
+        samples_per_client=100,
+        delta=1e-3,
+        target_epsilon=3.0,
+        proxy_model="mlp",
+        secure_aggregation=True,
+        noise_placement="pooled",
+        optimizer="sgd",
+        sample_rate=1.0,
+        test_limit=200,
+        vs_alone=True,
+        out=str(tmp_path / "run"),
+    )
+    assert res.vs_alone is not None and (tmp_path / "run" / "alone").is_dir()
+    plus = res.summary["privacy"]["epsilon_vs_server_plus_1_colluders"]
+    assert plus > res.epsilon  # one colluder's share no longer protects: a weaker guarantee
+    decision = json.loads((tmp_path / "run" / "decision.json").read_text())
+    threats = {row["threat"] for row in decision["rows"] if row.get("threat")}
+    assert threats and all(f"1 colluding site ε = {plus:.2f}" in t for t in threats), threats

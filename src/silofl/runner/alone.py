@@ -62,6 +62,7 @@ NOT_COPIED = (
     "combine_balance",
     "track",
     "tuning_trials",
+    "secure_aggregation",  # a mechanism of the run's releases; going alone releases nothing
 )
 
 
@@ -364,7 +365,10 @@ def compare_with_alone(cfg: RunConfig, summary: dict, console=None, trials: int 
     _decide(cfg, data, console)
     if console is not None and base is not None:
         parts = ", ".join(f"{k.removesuffix(suffix)} {v:.3f} ({v - base:+.3f})" for k, v in mine.items())
-        eps_txt = f" at ε = {eps:.2f}" if eps is not None else ""
+        from silofl.runner.decision import threat_of
+
+        threat = threat_of(cfg, data, 0).get("threat")
+        eps_txt = (f" at ε = {eps:.2f}" + (f" {threat}" if threat else "")) if eps is not None else ""
         what = (
             ""
             if metric == "accuracy"

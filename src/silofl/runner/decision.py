@@ -166,6 +166,13 @@ def threat_of(cfg: RunConfig, summary: dict, k: int) -> dict:
         threat = "against outsiders (the server adds the noise and is trusted)"
         if vs is not None:
             threat += f"; against the server ε = {vs:.2f}"
+    elif str(p.get("noise_placement", "")).startswith("pooled"):  # each site adds only a share
+        threat = (
+            "against the server and outsiders (each site adds a share of the noise under secure aggregation)"
+        )
+        plus = p.get("epsilon_vs_server_plus_1_colluders")
+        if isinstance(plus, (int, float)):
+            threat += f"; against the server + 1 colluding site ε = {plus:.2f}"
     else:
         threat = "against the server and the other sites (noise added at the site)"
     if not p.get("formal_guarantee"):
