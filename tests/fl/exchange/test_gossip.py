@@ -12,26 +12,18 @@ def bits(state):
     }
 
 
-def complete_round(k_sites, cache, seed=0, span=(-30, 6), equal_weights=False, site_scale=1.0):
+def complete_round(k_sites, cache, seed=0):
     """Every site's mix on a complete graph (self-weight 1/K, unequal PushSum weights, magnitudes far apart),
     the senders' decoded tensors shared among the readers as the simulator's wire cache shares them."""
     g = torch.Generator().manual_seed(seed)
     states = [
         {
-            "w": torch.randn(7, 5, generator=g) * torch.logspace(*span, 5),
+            "w": torch.randn(7, 5, generator=g) * torch.logspace(-30, 6, 5),
             "b": torch.randn(5, generator=g).double(),
         }
         for _ in range(k_sites)
     ]
-    for i, s in enumerate(states):
-        s["w"] *= site_scale**i
-    if site_scale != 1.0:  # cancellation: ±2^40 from two sites, the others' low bits lost in some orders
-        states[0]["w"][2], states[1]["w"][2] = 2.0**40, -(2.0**40)
     weights = [float(x) for x in torch.rand(k_sites, generator=g, dtype=torch.float64) + 0.5]
-    if equal_weights:  # the complete graph's steady state: kept = sent = 1/K, powers of two for K = 2^n
-        weights = [1.0] * k_sites
-        for i, s in enumerate(states):  # zeros: +0 unless every term is -0
-            s["w"][1, :2] = torch.tensor([-0.0, 0.0 if i == k_sites // 2 else -0.0])
     kept, each = zip(*(share(w, 1.0 / k_sites, k_sites - 1) for w in weights), strict=True)
     sent = [{n: t.clone() for n, t in s.items()} for s in states]  # decoded once per payload
     got, want = [], []
@@ -64,22 +56,3 @@ def test_mix_past_the_budget_and_without_a_cache_is_still_combine(monkeypatch):
     none, _ = complete_round(4, None, seed=1)
     for (a, _), (b, _), (c, _) in zip(got, want, none, strict=True):
         assert all(torch.equal(bits(a)[k], bits(b)[k]) and torch.equal(bits(c)[k], bits(b)[k]) for k in b)
-
-
-@pytest.mark.parametrize("k_sites", [4, 8, 32])
-def test_the_shared_sum_is_used_where_exact_and_gives_every_site_its_own_bits(k_sites):
-    cache: dict = {}
-    got, want = complete_round(k_sites, cache, span=(-2, 1), equal_weights=True)
-    for (g_state, _), (w_state, _) in zip(got, want, strict=True):
-        assert all(torch.equal(bits(g_state)[k], bits(w_state)[k]) for k in w_state)
-    sums = cache["pushsum reference"]["sums"]
-    assert sums["w"] is not None and "b" not in sums  # float32: summed once; float64 "b": each site's sum
-    assert all(torch.signbit(s["w"][1, 0]) and not torch.signbit(s["w"][1, 1]) for s, _ in got)
-
-
-def test_magnitudes_too_far_apart_for_an_exact_sum_take_each_sites_order():
-    cache: dict = {}
-    got, want = complete_round(8, cache, span=(-2, 1), equal_weights=True, site_scale=1e-4)
-    for (g_state, _), (w_state, _) in zip(got, want, strict=True):
-        assert all(torch.equal(bits(g_state)[k], bits(w_state)[k]) for k in w_state)
-    assert cache["pushsum reference"]["sums"]["w"] is not None  # shared, but refused per site by the bound

@@ -20,7 +20,6 @@ bits for most K).
 from __future__ import annotations
 
 import logging
-import math
 
 import torch
 
@@ -50,118 +49,13 @@ def mix(
     if cache is None or not received or total <= 0.0:
         return combine(own, kept_weight, received)
     masses = [_mass(cache, params, w) for params, w in received]
-    ref = _reference(cache, received, masses)
     out = {}
     for k, v in own.items():
-        acc = None if ref is None else _exact_sum(ref, k, v, kept_weight, received, masses)
-        if acc is None:
-            acc = v.double() * kept_weight
-            for (params, w), m in zip(received, masses, strict=True):
-                acc.add_(m[k] if m is not None else params[k].double() * w)
+        acc = v.double() * kept_weight
+        for (params, w), m in zip(received, masses, strict=True):
+            acc.add_(m[k] if m is not None else params[k].double() * w)
         out[k] = (acc / total).to(v.dtype)
     return out, total
-
-
-_FAR = 1 << 20  # an exponent beyond any float64's, for elements without a nonzero term
-
-
-def _pow2(c: float) -> bool:
-    """A power of two that scales a float32 without rounding (and far from under- or overflow)."""
-    m, e = math.frexp(c)
-    return c > 0.0 and m == 0.5 and -900 < e < 900
-
-
-def _ident(params: dict[str, torch.Tensor], w: float) -> tuple:
-    return (w, tuple(id(t) for t in params.values()))
-
-
-def _reference(cache: dict, received: list, masses: list) -> dict | None:
-    """The step's shared sum: the first reader's received masses, summed once per tensor (lazily,
-    :func:`_exact_sum`); None when this reader's masses are not all cached."""
-    if any(m is None for m in masses):
-        return None
-    ref = cache.get("pushsum reference")
-    if ref is None:
-        ids = [_ident(p, w) for p, w in received]
-        ref = cache["pushsum reference"] = {
-            "terms": {i: (p, m) for i, (p, _), m in zip(ids, received, masses, strict=True)},
-            "fit": all(_pow2(w) for _, w in received),
-            "sums": {},
-        }
-    return ref if ref["fit"] else None
-
-
-def _exponents(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per element of a mass θ·2^s (θ float32): the exponent e with |t| < 2^e, and e − 24 (t is a multiple of
-    2^(e−24)); ∓_FAR where t is 0."""
-    e = torch.frexp(t).exponent.long()
-    nz = t != 0
-    return torch.where(nz, e, -_FAR), torch.where(nz, e - 24, _FAR)
-
-
-def _negzero(t: torch.Tensor) -> torch.Tensor:
-    return ((t == 0) & torch.signbit(t)).long()
-
-
-def _exact_sum(ref: dict, k: str, v: torch.Tensor, kept: float, received: list, masses: list):
-    """This reader's float64 sum ``v·kept + Σ θ_j·w_j`` from the step's shared sum, in O(1) tensor operations,
-    where it is provably the value :func:`silofl.topology.combine`'s ordered sum gives; None otherwise.
-
-    Every term is a float32 times a power of two, so it is exact and a multiple of 2^lo (lo: the least
-    exponent − 24 among the terms); every partial sum, in any order, is then a multiple of 2^lo bounded by
-    n·2^hi (n terms, each below 2^hi). Where hi + ⌈log₂ n⌉ ≤ lo + 53 at every element, every partial sum is
-    a float64, so every order gives the exact sum — the shared one, adjusted by the terms this reader lacks
-    or has besides, included. A zero sum is +0 unless every term is −0, as in IEEE addition."""
-    if v.dtype != torch.float32 or not _pow2(kept) or not torch.isfinite(v).all():
-        return None
-    mine = {_ident(p, w): (p, w, m) for (p, w), m in zip(received, masses, strict=True)}
-    add = [x for i, x in mine.items() if i not in ref["terms"]]
-    sub = [m for i, (_, m) in ref["terms"].items() if i not in mine]
-    if len(add) + len(sub) > 4 or not all(_pow2(w) and p[k].dtype == torch.float32 for p, w, _ in add):
-        return None
-    if k not in ref["sums"]:
-        ref["sums"][k] = _shared_sum(ref["terms"], k)
-    shared = ref["sums"][k]
-    if shared is None:
-        return None
-    total, hi, lo, neg, n = shared
-    own = v.double() * kept
-    acc = total.clone()
-    negs = neg.clone()
-    for m in sub:
-        acc.sub_(m[k])
-        negs.sub_(_negzero(m[k]))
-    for t in [own] + [m[k] for _, _, m in add]:
-        h, low = _exponents(t)
-        hi, lo = torch.maximum(hi, h), torch.minimum(lo, low)
-        acc.add_(t)
-        negs.add_(_negzero(t))
-    n += 1 + len(add)
-    if not bool((hi + math.ceil(math.log2(n)) <= lo + 53).all()):
-        return None
-    zero = acc == 0
-    if zero.any():
-        every_negative = negs == n - len(sub)
-        acc = torch.where(zero, torch.where(every_negative, -0.0, 0.0).double(), acc)
-    return acc
-
-
-def _shared_sum(terms: dict, k: str) -> tuple | None:
-    """(Σ masses, max exponent, min exponent − 24, count of −0 terms, n) of tensor ``k``; None if a term is
-    not a finite float32's mass."""
-    parts = []
-    for p, m in terms.values():
-        if p[k].dtype != torch.float32 or not torch.isfinite(m[k]).all():
-            return None
-        parts.append(m[k])
-    acc, neg = parts[0].clone(), _negzero(parts[0])
-    hi, lo = _exponents(parts[0])
-    for t in parts[1:]:
-        acc.add_(t)
-        h, low = _exponents(t)
-        hi, lo = torch.maximum(hi, h), torch.minimum(lo, low)
-        neg.add_(_negzero(t))
-    return acc, hi, lo, neg, len(parts)
 
 
 def _mass(cache: dict, params: dict[str, torch.Tensor], w: float) -> dict[str, torch.Tensor] | None:
