@@ -12,9 +12,9 @@ message's mass can only be estimated: a site that received nothing keeps its own
 Sites that share a step's wire cache (the simulator's, :func:`silofl.comm.engine.run_here`) compute each
 received mass θ_j·w_j once (:func:`mix`); each site still adds them to its own kept mass in its own order
 (own first, then by sender), as :func:`silofl.topology.combine` does, so the result is the same bits. One
-average for all sites would not be: float64 addition is not associative and each site's sum starts with
-its own term, weighted by what it kept (w/K, which differs from a sent (1 − 1/K)·w/(K − 1) in the last
-bits for most K).
+average for all sites would not be: the sites add the same terms in different orders, float64 addition is
+not associative, and on the complete graph with self-weight 1/K their float32 results differ (K = 12 and
+48: in up to 0.8 % of a linear proxy's elements).
 """
 
 from __future__ import annotations
