@@ -15,22 +15,25 @@ from tests.data.test_person_tables import person_frame
 from tests.data.test_tables import write_csv, write_schema
 
 
-def _table_run(tmp_path):
-    sites = [str(write_csv(tmp_path, person_frame(60, s), f"h{s}.csv")) for s in (0, 1)]
+def _table_run(tmp_path, sites=None, split_seed=11, unit="one person", **options):
+    """A FedAvg table run's config, split, saved (untrained) global models and summary: by default two sites
+    of persons (``id_column``), AUROC; ``sites`` (CSV paths) and ``options`` override."""
+    if sites is None:
+        sites = [str(write_csv(tmp_path, person_frame(60, s), f"h{s}.csv")) for s in (0, 1)]
+        options = {"id_column": "patient_id", "metric": "auroc", **options}
     cfg = RunConfig.from_dict(
         dict(
             method="fedavg",
             dataset="table",
             schema=str(write_schema(tmp_path)),
             site_data=sites,
-            id_column="patient_id",
             test_fraction=0.3,
-            split_seed=11,
+            split_seed=split_seed,
             proxy_model="logreg",
-            metric="auroc",
             target_epsilon=3.0,
             delta=1e-3,
             out=str(tmp_path / "r"),
+            **options,
         )
     ).resolve()
     split = prepare_split(cfg, torch.device("cpu"))
@@ -40,8 +43,8 @@ def _table_run(tmp_path):
         save_model(build_model("logreg", spec.input_shape, 2), spec, out / "models" / f"client{k}_global")
     summary = {
         "final": {"per_client": [{"client": k, "epsilon": 2.5} for k in range(2)]},
-        "privacy": {"formal_guarantee": True, "unit": "one person"},
-        "data_split_seed": 11,
+        "privacy": {"formal_guarantee": True, "unit": unit},
+        "data_split_seed": split_seed,
         "sites_trained": 2,
     }
     return cfg, split, summary, out
@@ -97,32 +100,7 @@ def test_a_site_with_few_held_out_rows_gets_a_labelled_fallback(tmp_path):
     from tests.data.test_tables import site_frame
 
     sites = [str(write_csv(tmp_path, site_frame(n, seed=n), f"s{n}.csv")) for n in (20, 120)]
-    cfg = RunConfig.from_dict(
-        dict(
-            method="fedavg",
-            dataset="table",
-            schema=str(write_schema(tmp_path)),
-            site_data=sites,
-            test_fraction=0.3,
-            split_seed=3,
-            proxy_model="logreg",
-            metric="accuracy",
-            target_epsilon=3.0,
-            delta=1e-3,
-            out=str(tmp_path / "r"),
-        )
-    ).resolve()
-    split = prepare_split(cfg, torch.device("cpu"))
-    out = tmp_path / "r"
-    for k, (x, _) in enumerate(split.parts):
-        spec = ModelSpec("logreg", tuple(x.shape[1:]), 2)
-        save_model(build_model("logreg", spec.input_shape, 2), spec, out / "models" / f"client{k}_global")
-    summary = {
-        "final": {"per_client": [{"client": k, "epsilon": 2.5} for k in range(2)]},
-        "privacy": {"formal_guarantee": True, "unit": "one row"},
-        "data_split_seed": 3,
-        "sites_trained": 2,
-    }
+    cfg, split, summary, out = _table_run(tmp_path, sites, split_seed=3, unit="one row", metric="accuracy")
     d = report(cfg, split, summary, out)
     assert d is not None
     small, large = d["rows"]
