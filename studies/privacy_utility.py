@@ -230,7 +230,7 @@ def _job(
     worker process."""
     import torch
 
-    from silofl.api import RunConfig, run, tune
+    from silofl.api import RunConfig, run, threat_epsilons, tune
 
     torch.set_num_threads(1)
     folder = _folder(Path(root), (kind, label, method, fixed, grid, eps, seed, feats))
@@ -327,24 +327,13 @@ def _job(
         accs={k: s["final"][k]["mean"] for k in s["final"] if k.endswith("_acc")},
         epsilon=s["final"]["epsilon"]["mean"],
         sigma=(s["privacy"].get("noise_calibration") or {}).get("noise_multiplier"),
-        threats=_threats(s),
+        threats={t: eps for t, (eps, _) in threat_epsilons(s).items()},
         rounds=s["rounds_run"],
         seconds=time.perf_counter() - t0,
         final_seconds=s["wall_time_s"],
         test_set=s["test_set"],
     )
     return row
-
-
-def _threats(summary: dict) -> dict[str, float]:
-    """The largest ε over sites against each threat their site ledgers report (outsiders, server, server plus
-    the colluders each site's policy assumes); empty without a site ledger."""
-    out: dict[str, float] = {}
-    for site in summary.get("accounting") or []:
-        for threat, eps in ((site.get("site_ledger") or {}).get("epsilon") or {}).items():
-            if eps is not None:
-                out[threat] = max(out.get(threat, 0.0), eps)
-    return out
 
 
 def _final_run(final: Path, settings: dict, method: str, seed: int, eps: float | None) -> dict:

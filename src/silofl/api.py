@@ -151,13 +151,7 @@ class RunResult:
             )
         if base is not None:
             lines.append(f"  going alone (no DP, the same rows): {metric_label(metric)} {base:.3f}")
-        threats: dict[str, float] = {}  # the label of each threat (its ``against`` text) → the largest ε
-        for site in s.get("accounting") or []:
-            ledger = site.get("site_ledger") or {}
-            for threat, eps in (ledger.get("epsilon") or {}).items():
-                label = (ledger.get("against") or {}).get(threat, threat)
-                if eps is not None:
-                    threats[label] = max(threats.get(label, 0.0), eps)
+        threats = {label: eps for eps, label in threat_epsilons(s).values()}
         priv = s["privacy"]
         if priv.get("mode") == "off":
             lines.append("  privacy: off (no differential privacy)")
@@ -167,6 +161,18 @@ class RunResult:
         elif self.epsilon is not None:
             lines.append(f"  ε per site at δ = {priv['delta']:g}: at most {self.epsilon:.2f}")
         return "\n".join(lines)
+
+
+def threat_epsilons(summary: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """Each threat a run's site ledgers report (outsiders, server, server plus the colluders each site's
+    policy assumes) → (the largest ε over sites, what it holds against); empty without site ledgers."""
+    out: dict[str, tuple[float, str]] = {}
+    for site in summary.get("accounting") or []:
+        ledger = site.get("site_ledger") or {}
+        for threat, eps in (ledger.get("epsilon") or {}).items():
+            if eps is not None and eps >= out.get(threat, (-1.0, ""))[0]:
+                out[threat] = (float(eps), str((ledger.get("against") or {}).get(threat, threat)))
+    return out
 
 
 @dataclass
